@@ -1,0 +1,57 @@
+"""Watching a run: a rich progress bar fed by the run's counters until it ends."""
+
+from __future__ import annotations
+
+import time
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from shared.models import RunMeta, RunStatus
+from shared.results import ResultStore
+from shared.runs import RunStore
+
+__all__ = ["TERMINAL", "follow"]
+
+TERMINAL = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
+
+
+def follow(
+    runs: RunStore,
+    results: ResultStore,
+    run_id: str,
+    console: Console,
+    interval: float = 0.2,
+    timeout: float | None = None,
+) -> RunMeta:
+    """Show progress until the run is completed, failed or cancelled; return its record."""
+    meta = runs.get(run_id)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    columns = (
+        TextColumn(f"[bold]{meta.eval}[/] {meta.split}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TaskProgressColumn(),
+        TextColumn("failed {task.fields[failed]}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=console, transient=False) as bar:
+        task = bar.add_task("run", total=meta.n, failed=0)
+        while True:
+            counts = results.progress(run_id)
+            bar.update(task, completed=counts.done, failed=counts.failed)
+            meta = runs.get(run_id)
+            if meta.status in TERMINAL:
+                return meta
+            if deadline is not None and time.monotonic() > deadline:
+                return meta
+            time.sleep(interval)

@@ -1,0 +1,95 @@
+"""Local worker processes: what ``evalq demo`` (and the tests and benchmarks) start and stop."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from celery import Celery
+
+from shared.errors import EvalqError
+
+__all__ = ["LocalWorkers"]
+
+
+class LocalWorkers:
+    """``count`` ``evalq worker`` subprocesses against ``redis_url``, each in its own session."""
+
+    def __init__(
+        self,
+        redis_url: str,
+        count: int = 1,
+        concurrency: int = 1,
+        queues: str = "infer,score",
+        env: Mapping[str, str] | None = None,
+        log_dir: Path | None = None,
+    ) -> None:
+        self.redis_url = redis_url
+        self.count = count
+        self.concurrency = concurrency
+        self.queues = queues
+        self.env = dict(env or {})
+        self.log_dir = log_dir
+        self.processes: list[subprocess.Popen[bytes]] = []
+
+    def start(self, app: Celery, timeout: float = 60.0) -> LocalWorkers:
+        """Start the processes and wait until each answers a ping."""
+        env = {**os.environ, **self.env, "EVALQ_REDIS_URL": self.redis_url}
+        env.pop("EVALQ_BROKER_URL", None)
+        for index in range(self.count):
+            log = (
+                (self.log_dir / f"worker-{index}.log").open("ab")
+                if self.log_dir is not None
+                else subprocess.DEVNULL
+            )
+            command = [
+                sys.executable, "-m", "worker",
+                "--queues", self.queues,
+                "--concurrency", str(self.concurrency),
+            ]  # fmt: skip
+            self.processes.append(
+                subprocess.Popen(
+                    command,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
+        self.wait_ready(app, timeout)
+        return self
+
+    def wait_ready(self, app: Celery, timeout: float) -> None:
+        """Block until every started process answers a control ping."""
+        deadline = time.monotonic() + timeout
+        while True:
+            dead = [p.args for p in self.processes if p.poll() is not None]
+            if dead:
+                self.stop()
+                raise EvalqError(f"a worker exited during start-up: {dead[0]}")
+            replies = app.control.ping(timeout=0.5) or []
+            if len(replies) >= len(self.processes):
+                return
+            if time.monotonic() > deadline:
+                self.stop()
+                raise EvalqError(f"workers did not answer within {timeout:.0f}s")
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM every process (warm shutdown), then SIGKILL what is left after ``timeout``."""
+        for process in self.processes:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for process in self.processes:
+            try:
+                process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        self.processes = []

@@ -1,0 +1,21 @@
+"""The contract producers and workers share: settings, models, errors, keys, Lua scripts,
+stores, dataset specs, the Evaluation plugin API and the Celery app factory."""
+
+from shared.errors import EvalqError, PermanentError, RetryableError
+from shared.evaluation import Evaluation, register
+from shared.models import RunMeta, RunStatus, SampleResult, SampleTask
+from shared.settings import Settings, get_settings
+
+__all__ = [
+    "Evaluation",
+    "EvalqError",
+    "PermanentError",
+    "RetryableError",
+    "RunMeta",
+    "RunStatus",
+    "SampleResult",
+    "SampleTask",
+    "Settings",
+    "get_settings",
+    "register",
+]

@@ -1,0 +1,43 @@
+"""The Celery app factory shared by producer and workers: JSON only, late acks, two queues."""
+
+from __future__ import annotations
+
+from celery import Celery
+from kombu import Queue
+
+from shared.settings import Settings
+
+__all__ = ["INFER_QUEUE", "INFER_TASK", "SCORE_QUEUE", "SCORE_TASK", "create_app"]
+
+INFER_TASK = "evalq.infer"
+SCORE_TASK = "evalq.score"
+INFER_QUEUE = "infer"
+SCORE_QUEUE = "score"
+
+
+def create_app(settings: Settings) -> Celery:
+    """A Celery app configured for evalq; tasks are registered by the worker side."""
+    app = Celery("evalq", broker=settings.broker, set_as_current=False)
+    app.conf.update(
+        # JSON in, JSON out: a message can never make a worker unpickle or import anything.
+        task_serializer="json",
+        result_serializer="json",
+        event_serializer="json",
+        accept_content=["json"],
+        # Results live in evalq's own store, written idempotently per sample.
+        task_ignore_result=True,
+        # Ack after the work is stored, and requeue if the process running it dies, so a crash
+        # never loses a sample (duplicates are harmless: every write is HSETNX).
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        task_queues=(Queue(INFER_QUEUE), Queue(SCORE_QUEUE)),
+        task_default_queue=INFER_QUEUE,
+        task_routes={INFER_TASK: {"queue": INFER_QUEUE}, SCORE_TASK: {"queue": SCORE_QUEUE}},
+        # Batches gather prefetched messages; a process must be able to hold two full batches.
+        worker_prefetch_multiplier=2 * settings.max_batch,
+        # Events on, so Flower and `celery events` can watch workers and tasks.
+        worker_send_task_events=True,
+        broker_connection_retry_on_startup=True,
+        worker_hijack_root_logger=False,
+    )
+    return app

@@ -1,0 +1,86 @@
+"""The one exception tree of evalq.
+
+Everything evalq raises on purpose derives from :class:`EvalqError`. Two branches decide what a
+worker does with a failure: :class:`RetryableError` is tried again, :class:`PermanentError` ends
+the sample with a terminal error record. ``exit_code`` is what the CLI exits with: 1 error,
+2 bad input, 3 refused by policy.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "DataError",
+    "EvalqError",
+    "InputError",
+    "PayloadError",
+    "PermanentError",
+    "PluginError",
+    "RetryableError",
+    "SampleIdError",
+    "SourceUnreachableError",
+    "SpecError",
+    "SplitNotFoundError",
+    "StoreError",
+    "UnknownEvalError",
+    "UnknownRunError",
+]
+
+
+class EvalqError(Exception):
+    """Base of every error evalq raises on purpose; its message is one line for a person."""
+
+    exit_code = 1
+
+
+class RetryableError(EvalqError):
+    """A failure that may pass if the same work is tried again (a connection, a timeout)."""
+
+
+class PermanentError(EvalqError):
+    """A failure that will repeat on every try; the sample ends with a terminal error."""
+
+
+class StoreError(RetryableError):
+    """Redis could not be reached or answered unexpectedly."""
+
+
+class InputError(PermanentError):
+    """Something the user gave is wrong; nothing was enqueued or charged."""
+
+    exit_code = 2
+
+
+class UnknownEvalError(InputError):
+    """No evaluation is registered under that name."""
+
+
+class UnknownRunError(InputError):
+    """No run with that id exists in this Redis."""
+
+
+class SampleIdError(InputError):
+    """A sample id is malformed or outside the split."""
+
+
+class DataError(InputError):
+    """The dataset given with --data cannot be read as asked."""
+
+
+class SplitNotFoundError(DataError):
+    """The dataset has no split of that name."""
+
+
+class SourceUnreachableError(DataError):
+    """The dataset source (the Hugging Face Hub, a path) cannot be reached."""
+
+
+class SpecError(PermanentError):
+    """A published dataset spec is missing, malformed or does not match its fingerprint."""
+
+
+class PayloadError(PermanentError):
+    """A task message is not a valid evalq payload."""
+
+
+class PluginError(PermanentError):
+    """A plugin module could not be imported or registers something invalid."""

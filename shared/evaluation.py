@@ -1,0 +1,107 @@
+"""The Evaluation plugin API: what a user writes, and the registry workers and producers share.
+
+Plugins are imported by module name from ``EVALQ_PLUGINS`` at start-up, never from a message; a
+message names an evaluation only by its registered name.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Mapping
+from statistics import fmean
+from typing import Any, ClassVar, TypeVar
+
+from shared.errors import PayloadError, PluginError, UnknownEvalError
+
+__all__ = ["Evaluation", "create", "load_plugins", "register", "registered", "scrub"]
+
+BUILTIN_PLUGINS = ("shared.evals",)
+_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,127}$")
+_registry: dict[str, type[Evaluation]] = {}
+
+E = TypeVar("E", bound="type[Evaluation]")
+
+
+class Evaluation(ABC):
+    """Base class of an evaluation: a model, how to run it on rows, and how to score it.
+
+    ``load`` runs once per worker process and model; ``infer`` gets a batch of rows with every
+    field in ``label_fields`` removed; ``score`` gets one full row, labels included.
+    """
+
+    name: ClassVar[str] = ""
+    label_fields: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, **params: str) -> None:
+        self.params: dict[str, str] = dict(params)
+
+    def load(self, device: str) -> Any:
+        """Load and return the model on ``device``; called once per worker process."""
+        return None
+
+    @abstractmethod
+    def infer(self, model: Any, rows: list[dict[str, Any]]) -> list[Any]:
+        """Run the model on a batch of label-free rows; one JSON-able output per row."""
+
+    @abstractmethod
+    def score(self, row: dict[str, Any], output: Any) -> dict[str, float]:
+        """Score one output against its full row."""
+
+    def aggregate(self, scores: list[dict[str, float]]) -> dict[str, float]:
+        """Reduce per-sample metrics to run metrics; by default the mean of each metric."""
+        names = sorted({name for sample in scores for name in sample})
+        return {n: fmean(s[n] for s in scores if n in s) for n in names}
+
+
+def register(name: str) -> Callable[[E], E]:
+    """Class decorator: make an :class:`Evaluation` subclass available under ``name``."""
+    if not _NAME.match(name):
+        raise PluginError(f"invalid evaluation name {name!r}")
+
+    def decorate(cls: E) -> E:
+        if not (isinstance(cls, type) and issubclass(cls, Evaluation)):
+            raise PluginError(f"@register({name!r}) needs an Evaluation subclass")
+        current = _registry.get(name)
+        if current is not None and current.__qualname__ != cls.__qualname__:
+            raise PluginError(f"evaluation {name!r} is registered twice")
+        cls.name = name
+        _registry[name] = cls
+        return cls
+
+    return decorate
+
+
+def load_plugins(modules: Iterable[str]) -> None:
+    """Import the built-in evaluations and every module in ``modules`` (from settings only)."""
+    for module in (*BUILTIN_PLUGINS, *modules):
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise PluginError(f"cannot import plugin module {module!r}: {exc}") from exc
+
+
+def registered() -> list[str]:
+    """Names of the registered evaluations."""
+    return sorted(_registry)
+
+
+def create(name: str, params: Mapping[str, str] | None = None) -> Evaluation:
+    """Instantiate the evaluation registered as ``name``."""
+    cls = _registry.get(name)
+    if cls is None:
+        known = ", ".join(registered()) or "none"
+        raise UnknownEvalError(f"unknown evaluation '{name}' (registered: {known})")
+    try:
+        return cls(**dict(params or {}))
+    except TypeError as exc:
+        raise UnknownEvalError(f"evaluation '{name}' rejects its parameters: {exc}") from exc
+
+
+def scrub(row: object, label_fields: Iterable[str]) -> dict[str, Any]:
+    """A copy of ``row`` without its label fields; anything but a dict is refused."""
+    if not isinstance(row, dict):
+        raise PayloadError(f"row is a {type(row).__name__}, not a mapping; refusing to scrub")
+    hidden = set(label_fields)
+    return {k: v for k, v in row.items() if k not in hidden}

@@ -1,0 +1,61 @@
+"""The Redis key schema: every key evalq reads or writes is spelled here and only here.
+
+Per-run keys share the hash tag ``{run_id}`` so that one Lua script may touch all of a run's
+keys on a Redis Cluster too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["RUNS", "RunKeys", "spec_key"]
+
+RUNS = "evalq:runs"
+"""Sorted set: run id scored by its creation time."""
+
+
+def spec_key(fingerprint: str) -> str:
+    """String: the canonical JSON of a published dataset spec."""
+    return f"evalq:spec:{fingerprint}"
+
+
+@dataclass(frozen=True, slots=True)
+class RunKeys:
+    """The keys of one run."""
+
+    run_id: str
+
+    @property
+    def meta(self) -> str:
+        """Hash: eval, params, spec fingerprint, split, status, n, timestamps."""
+        return f"evalq:{{{self.run_id}}}:meta"
+
+    @property
+    def ids(self) -> str:
+        """String: JSON list of the run's sample ids, in submission order."""
+        return f"evalq:{{{self.run_id}}}:ids"
+
+    @property
+    def out(self) -> str:
+        """Hash: sample id -> JSON output of ``infer()``, written once."""
+        return f"evalq:{{{self.run_id}}}:out"
+
+    @property
+    def score(self) -> str:
+        """Hash: sample id -> JSON metrics of ``score()``, written once."""
+        return f"evalq:{{{self.run_id}}}:score"
+
+    @property
+    def err(self) -> str:
+        """Hash: sample id -> JSON terminal error record, written once."""
+        return f"evalq:{{{self.run_id}}}:err"
+
+    @property
+    def progress(self) -> str:
+        """Hash: inferred, scored, failed; bumped only when a write happened."""
+        return f"evalq:{{{self.run_id}}}:progress"
+
+    @property
+    def aggregate(self) -> str:
+        """String: JSON aggregate metrics, computed once from the store."""
+        return f"evalq:{{{self.run_id}}}:aggregate"

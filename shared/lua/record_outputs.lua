@@ -1,0 +1,17 @@
+-- record_outputs: write inference outputs once each; count only the writes that happened.
+-- KEYS[1] = evalq:{run}:out       hash, sample id -> output JSON (HSETNX)
+-- KEYS[2] = evalq:{run}:progress  hash, field 'inferred' bumped by the number written
+-- KEYS[3] = evalq:{run}:meta      hash, 'status' moves from 'queued' to 'running'
+-- ARGV    = id1, json1, id2, json2, ...
+-- Returns: the number of outputs newly written (a redelivered sample writes nothing).
+local written = 0
+for i = 1, #ARGV, 2 do
+  written = written + redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1])
+end
+if written > 0 then
+  redis.call('HINCRBY', KEYS[2], 'inferred', written)
+  if redis.call('HGET', KEYS[3], 'status') == 'queued' then
+    redis.call('HSET', KEYS[3], 'status', 'running')
+  end
+end
+return written

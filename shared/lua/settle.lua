@@ -1,0 +1,35 @@
+-- settle: give samples their terminal state (a score or an error) exactly once, and elect the
+-- one caller that finalizes the run.
+-- KEYS[1] = evalq:{run}:score     hash, sample id -> metrics JSON
+-- KEYS[2] = evalq:{run}:err       hash, sample id -> error record JSON
+-- KEYS[3] = evalq:{run}:progress  hash, fields 'scored' / 'failed' bumped per write
+-- KEYS[4] = evalq:{run}:meta      hash, reads 'n' and 'status', claims 'finalizing' (HSETNX)
+-- ARGV[1] = 'score' or 'err'      which hash the values go to
+-- ARGV[2..] = id1, json1, id2, json2, ...
+-- A value is written only when the sample has neither a score nor an error yet.
+-- Returns: {written, finalize}; finalize is 1 for exactly one caller, the one that saw every
+-- sample settled first, and 0 for everyone else.
+local target, other, counter = KEYS[1], KEYS[2], 'scored'
+if ARGV[1] == 'err' then
+  target, other, counter = KEYS[2], KEYS[1], 'failed'
+end
+local written = 0
+for i = 2, #ARGV, 2 do
+  if redis.call('HEXISTS', other, ARGV[i]) == 0 then
+    written = written + redis.call('HSETNX', target, ARGV[i], ARGV[i + 1])
+  end
+end
+if written > 0 then
+  redis.call('HINCRBY', KEYS[3], counter, written)
+  if redis.call('HGET', KEYS[4], 'status') == 'queued' then
+    redis.call('HSET', KEYS[4], 'status', 'running')
+  end
+end
+local finalize = 0
+local n = tonumber(redis.call('HGET', KEYS[4], 'n') or '-1')
+local done = tonumber(redis.call('HGET', KEYS[3], 'scored') or '0')
+  + tonumber(redis.call('HGET', KEYS[3], 'failed') or '0')
+if n >= 0 and done >= n then
+  finalize = redis.call('HSETNX', KEYS[4], 'finalizing', '1')
+end
+return {written, finalize}

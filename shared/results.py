@@ -1,0 +1,122 @@
+"""The per-sample result store: outputs, scores and errors written once each, progress counters
+bumped only by real writes, and the run's aggregate computed once from what is stored.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import redis
+
+from shared.evaluation import Evaluation
+from shared.keys import RunKeys
+from shared.models import ErrorRecord, Progress, RunStatus, SampleResult
+from shared.scripts import Scripts
+
+__all__ = ["ResultStore", "to_json"]
+
+_SCAN_COUNT = 1000
+
+
+def to_json(value: Any) -> str:
+    """Compact, strict JSON (no NaN): how every stored value is encoded."""
+    return json.dumps(value, separators=(",", ":"), allow_nan=False)
+
+
+class ResultStore:
+    """Per-sample writes (through Lua) and reads (through pipelines and scans) for runs."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self._client = client
+        self._scripts = Scripts(client)
+
+    def outputs(self, run_id: str, sample_ids: list[int]) -> dict[int, Any]:
+        """The stored outputs of those samples that have one."""
+        if not sample_ids:
+            return {}
+        raw = self._client.hmget(RunKeys(run_id).out, sample_ids)
+        return {i: json.loads(v) for i, v in zip(sample_ids, raw, strict=True) if v is not None}
+
+    def inferred(self, run_id: str, sample_ids: list[int]) -> set[int]:
+        """Those samples that already have an output."""
+        if not sample_ids:
+            return set()
+        flags = self._client.hmget(RunKeys(run_id).out, sample_ids)
+        return {i for i, v in zip(sample_ids, flags, strict=True) if v is not None}
+
+    def settled(self, run_id: str, sample_ids: list[int]) -> set[int]:
+        """Those samples that already have a score or a terminal error."""
+        if not sample_ids:
+            return set()
+        keys = RunKeys(run_id)
+        with self._client.pipeline(transaction=False) as pipe:
+            pipe.hmget(keys.score, sample_ids)
+            pipe.hmget(keys.err, sample_ids)
+            scores, errors = pipe.execute()
+        return {i for i, s, e in zip(sample_ids, scores, errors, strict=True) if s or e}
+
+    def record_outputs(self, run_id: str, outputs: dict[int, str]) -> int:
+        """Write each output (JSON text, see :func:`to_json`) unless one exists; return how many
+        were new."""
+        if not outputs:
+            return 0
+        return self._scripts.record_outputs(RunKeys(run_id), outputs)
+
+    def record_scores(self, run_id: str, scores: dict[int, dict[str, float]]) -> bool:
+        """Settle samples with their scores; True if this caller must finalize the run."""
+        return self._settle(run_id, "score", {i: to_json(s) for i, s in scores.items()})
+
+    def record_errors(self, run_id: str, errors: dict[int, ErrorRecord]) -> bool:
+        """Settle samples with terminal errors; True if this caller must finalize the run."""
+        encoded = {i: e.model_dump_json() for i, e in errors.items()}
+        return self._settle(run_id, "err", encoded)
+
+    def _settle(self, run_id: str, kind: str, values: dict[int, str]) -> bool:
+        if not values:
+            return False
+        _, finalize = self._scripts.settle(RunKeys(run_id), kind, values)
+        return finalize
+
+    def finalize(self, run_id: str, evaluation: Evaluation) -> dict[str, float]:
+        """Compute the aggregate from every stored score and mark the run completed."""
+        scores = [json.loads(v) for _, v in self._scan(RunKeys(run_id).score)]
+        aggregate = evaluation.aggregate(scores) if scores else {}
+        keys = RunKeys(run_id)
+        with self._client.pipeline(transaction=True) as pipe:
+            pipe.set(keys.aggregate, to_json(aggregate))
+            pipe.hset(
+                keys.meta,
+                mapping={"status": RunStatus.COMPLETED.value, "finished": str(time.time())},
+            )
+            pipe.execute()
+        return aggregate
+
+    def progress(self, run_id: str) -> Progress:
+        """The run's counters."""
+        return Progress.model_validate(self._client.hgetall(RunKeys(run_id).progress))
+
+    def aggregate(self, run_id: str) -> dict[str, float] | None:
+        """The aggregate written at completion, if the run has completed."""
+        raw = self._client.get(RunKeys(run_id).aggregate)
+        return None if raw is None else dict(json.loads(raw))
+
+    def results(self, run_id: str, sample_ids: Iterable[int]) -> Iterator[SampleResult]:
+        """Every sample's stored result, in the order of ``sample_ids``."""
+        keys = RunKeys(run_id)
+        outputs = dict(self._scan(keys.out))
+        scores = dict(self._scan(keys.score))
+        errors = dict(self._scan(keys.err))
+        for sample_id in sample_ids:
+            field = str(sample_id)
+            yield SampleResult(
+                sample_id=sample_id,
+                output=json.loads(outputs[field]) if field in outputs else None,
+                scores=json.loads(scores[field]) if field in scores else None,
+                error=ErrorRecord.model_validate_json(errors[field]) if field in errors else None,
+            )
+
+    def _scan(self, key: str) -> Iterator[tuple[str, str]]:
+        yield from self._client.hscan_iter(key, count=_SCAN_COUNT)

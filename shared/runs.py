@@ -1,0 +1,70 @@
+"""Run records in Redis: creation, lookup, listing and status changes."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import redis
+
+from shared.errors import UnknownRunError
+from shared.keys import RUNS, RunKeys
+from shared.models import RunMeta, RunStatus
+
+__all__ = ["RunStore"]
+
+
+def _encode(meta: RunMeta) -> dict[str, str]:
+    fields = meta.model_dump(mode="json", exclude_none=True)
+    fields["params"] = json.dumps(meta.params, sort_keys=True)
+    return {k: str(v) for k, v in fields.items()}
+
+
+def _decode(run_id: str, raw: dict[str, str]) -> RunMeta:
+    return RunMeta.model_validate({**raw, "run_id": run_id, "params": json.loads(raw["params"])})
+
+
+class RunStore:
+    """Reads and writes ``evalq:{run}:meta`` / ``:ids`` and the ``evalq:runs`` index."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self._client = client
+
+    def create(self, meta: RunMeta, sample_ids: list[int]) -> None:
+        """Record a new run and its sample ids in one transaction."""
+        keys = RunKeys(meta.run_id)
+        with self._client.pipeline(transaction=True) as pipe:
+            pipe.hset(keys.meta, mapping=_encode(meta))
+            pipe.set(keys.ids, json.dumps(sample_ids, separators=(",", ":")))
+            pipe.zadd(RUNS, {meta.run_id: meta.created})
+            pipe.execute()
+
+    def get(self, run_id: str) -> RunMeta:
+        """The run's record; :class:`UnknownRunError` if there is none."""
+        raw = self._client.hgetall(RunKeys(run_id).meta)
+        if not raw:
+            raise UnknownRunError(f"no run '{run_id}'")
+        return _decode(run_id, raw)
+
+    def sample_ids(self, run_id: str) -> list[int]:
+        """The run's sample ids in submission order."""
+        raw = self._client.get(RunKeys(run_id).ids)
+        if raw is None:
+            raise UnknownRunError(f"no run '{run_id}'")
+        return [int(i) for i in json.loads(raw)]
+
+    def recent(self, limit: int = 20) -> list[RunMeta]:
+        """The newest runs first."""
+        run_ids = self._client.zrevrange(RUNS, 0, limit - 1)
+        with self._client.pipeline(transaction=False) as pipe:
+            for run_id in run_ids:
+                pipe.hgetall(RunKeys(run_id).meta)
+            records = pipe.execute()
+        return [_decode(r, raw) for r, raw in zip(run_ids, records, strict=True) if raw]
+
+    def set_status(self, run_id: str, status: RunStatus) -> None:
+        """Move the run to ``status``; terminal statuses also stamp ``finished``."""
+        fields = {"status": status.value}
+        if status in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED):
+            fields["finished"] = str(time.time())
+        self._client.hset(RunKeys(run_id).meta, mapping=fields)

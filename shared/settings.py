@@ -1,0 +1,63 @@
+"""The one settings object, read from ``EVALQ_*`` environment variables in one place.
+
+Worker-local knobs (device, batch size, cache sizes) live here and nowhere else: a worker never
+takes them from a message or a published spec.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Annotated
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+__all__ = ["Settings", "get_settings"]
+
+
+class Settings(BaseSettings):
+    """evalq's configuration; every field is read from ``EVALQ_<NAME>``."""
+
+    model_config = SettingsConfigDict(env_prefix="EVALQ_", frozen=True, extra="ignore")
+
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    """Redis holding the ledger, the tier registry, specs, runs and results."""
+
+    broker_url: str | None = None
+    """Celery broker; defaults to ``redis_url``."""
+
+    plugins: Annotated[tuple[str, ...], NoDecode] = ()
+    """Comma-separated modules imported at start-up to register evaluations."""
+
+    device: str = "auto"
+    """Worker-local: torch device for models; ``auto`` picks CUDA when present."""
+
+    max_batch: int = Field(default=64, ge=1)
+    """Worker-local: most samples gathered into one ``infer()`` / scoring call."""
+
+    batch_wait: float = Field(default=0.05, gt=0)
+    """Worker-local: seconds a partial batch waits for more samples before it runs."""
+
+    max_shards: int = Field(default=4, ge=1)
+    """Worker-local: materialized dataset shards kept per worker process (LRU)."""
+
+    max_models: int = Field(default=2, ge=1)
+    """Worker-local: loaded models kept per worker process (LRU)."""
+
+    @field_validator("plugins", mode="before")
+    @classmethod
+    def _split_plugins(cls, value: object) -> object:
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @property
+    def broker(self) -> str:
+        """The broker URL in effect."""
+        return self.broker_url or self.redis_url
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """Read the environment once per process and hand out the same object after that."""
+    return Settings()

@@ -1,0 +1,107 @@
+"""Dataset specs: the small, fingerprinted description a worker rebuilds its rows from.
+
+A spec names where the rows come from and which split, never the rows themselves. Its
+fingerprint is the sha256 of its canonical JSON, so a worker can check that what it fetched is
+what the producer published. A spec carries no worker-local knob.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Annotated, Literal
+
+import redis
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from shared.errors import SpecError
+from shared.keys import spec_key
+
+__all__ = ["DatasetSpec", "HubSource", "LocalFile", "LocalSource", "fetch_spec", "publish_spec"]
+
+LocalFormat = Literal["parquet", "json", "csv", "arrow"]
+
+
+class LocalFile(BaseModel):
+    """One data file, pinned by content."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    path: str
+    """Absolute path; workers must see the same file at the same path."""
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    """Hex digest of the file's bytes."""
+
+
+class LocalSource(BaseModel):
+    """Rows read from local files of one format."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["local"] = "local"
+    format: LocalFormat
+    """The ``datasets`` builder that reads the files."""
+    files: tuple[LocalFile, ...] = Field(min_length=1)
+    """The split's files, in order."""
+
+
+class HubSource(BaseModel):
+    """Rows read from a Hugging Face Hub dataset."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["hub"] = "hub"
+    repo_id: str = Field(min_length=1)
+    """Hub dataset id, e.g. ``org/name``."""
+    revision: str | None = None
+    """Git revision; pin it for reproducible rows."""
+    config: str | None = None
+    """Dataset configuration name."""
+
+
+Source = Annotated[LocalSource | HubSource, Field(discriminator="kind")]
+
+
+class DatasetSpec(BaseModel):
+    """Everything a worker needs to rebuild a split's rows, and nothing machine-local."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    version: Literal[1] = 1
+    """Schema version of the spec."""
+    source: Source
+    """Where the rows come from."""
+    split: str = Field(min_length=1)
+    """Split name."""
+    n_rows: int = Field(ge=0)
+    """Rows in the split; sample ids are ``0 .. n_rows - 1``."""
+
+    def canonical_json(self) -> str:
+        """Sorted-key, whitespace-free JSON: the bytes the fingerprint is taken over."""
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+
+    @property
+    def fingerprint(self) -> str:
+        """sha256 of the canonical JSON."""
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()
+
+
+def publish_spec(client: redis.Redis, spec: DatasetSpec) -> str:
+    """Store the spec under its fingerprint (idempotent) and return the fingerprint."""
+    fingerprint = spec.fingerprint
+    client.set(spec_key(fingerprint), spec.canonical_json(), nx=True)
+    return fingerprint
+
+
+def fetch_spec(client: redis.Redis, fingerprint: str) -> DatasetSpec:
+    """Read a published spec and check that it hashes to ``fingerprint``."""
+    raw = client.get(spec_key(fingerprint))
+    if raw is None:
+        raise SpecError(f"no spec is published under fingerprint {fingerprint[:12]}")
+    try:
+        spec = DatasetSpec.model_validate_json(raw)
+    except ValidationError as exc:
+        raise SpecError(f"spec {fingerprint[:12]} is malformed: {exc.errors()[0]['msg']}") from exc
+    if spec.fingerprint != fingerprint:
+        raise SpecError(f"spec {fingerprint[:12]} does not match its fingerprint")
+    return spec

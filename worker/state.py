@@ -1,0 +1,56 @@
+"""Per-process worker state: the Redis client, stores, shard cache and runtime pool.
+
+Nothing is opened at import or in the parent process: a prefork child opens its own on first
+use after the fork, and frees models when it exits.
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from shared.connection import connect
+from shared.dispatch import publish
+from shared.models import SampleTask
+from shared.results import ResultStore
+from shared.runs import RunStore
+from shared.settings import Settings
+from worker.pipeline import Resources
+from worker.runtime_pool import RuntimePool
+from worker.shard_cache import ShardCache
+
+__all__ = ["WorkerState"]
+
+
+class WorkerState:
+    """Lazily opened :class:`Resources` of the current process."""
+
+    def __init__(self, app: Celery, settings: Settings) -> None:
+        self._app = app
+        self._settings = settings
+        self._resources: Resources | None = None
+
+    def get(self) -> Resources:
+        """This process's resources, opened on first use."""
+        if self._resources is None:
+            client = connect(self._settings.redis_url)
+            self._resources = Resources(
+                runs=RunStore(client),
+                results=ResultStore(client),
+                shards=ShardCache(client, self._settings.max_shards),
+                runtimes=RuntimePool(self._settings.device, self._settings.max_models),
+                publish=self._publish,
+            )
+        return self._resources
+
+    def _publish(self, task_name: str, tasks: list[SampleTask]) -> int:
+        return publish(self._app, task_name, tasks)
+
+    def reset(self) -> None:
+        """Forget what a parent process opened (called in a child right after fork)."""
+        self._resources = None
+
+    def close(self) -> None:
+        """Free loaded models (called when a worker process exits)."""
+        if self._resources is not None:
+            self._resources.runtimes.close()
+            self._resources = None
