@@ -10,14 +10,12 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import redis
 import typer
-from click import Context
 from rich.console import Console
 from rich.table import Table
-from typer.core import TyperGroup
 
 from shared.errors import EvalqError
 from shared.settings import Settings, get_settings
@@ -28,22 +26,7 @@ out = Console()
 err = Console(stderr=True)
 
 
-class _Group(TyperGroup):
-    """Turns evalq's errors into one line on stderr and the error's exit code."""
-
-    def invoke(self, ctx: Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except EvalqError as exc:
-            err.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
-            raise typer.Exit(exc.exit_code) from None
-        except redis.ConnectionError as exc:
-            err.print(f"[red]error:[/] cannot reach Redis: {exc}", highlight=False, soft_wrap=True)
-            raise typer.Exit(1) from None
-
-
 app = typer.Typer(
-    cls=_Group,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -121,7 +104,9 @@ def submit_command(
     split: Annotated[str, typer.Option(help="Split to evaluate.")],
     limit: Annotated[int | None, typer.Option(help="Evaluate the first N samples.")] = None,
     ids: Annotated[str | None, typer.Option(help="Comma-separated sample ids.")] = None,
-    param: Annotated[list[str] | None, typer.Option(help="Eval parameter k=v (repeatable).")] = None,
+    param: Annotated[
+        list[str] | None, typer.Option(help="Eval parameter k=v (repeatable).")
+    ] = None,
     revision: Annotated[str | None, typer.Option(help="Hub revision to pin.")] = None,
     config: Annotated[str | None, typer.Option(help="Hub dataset configuration.")] = None,
     dataset_id: Annotated[str | None, typer.Option(help="Id for tiers/budgets.")] = None,
@@ -247,6 +232,16 @@ def results(
         err.print(f"wrote {count} results to {out_path}")
 
 
+def _fail(message: str, code: int) -> NoReturn:
+    err.print(f"[red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise SystemExit(code)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    """Console-script entry point."""
-    app(args=list(argv) if argv is not None else sys.argv[1:], prog_name="evalq")
+    """Console-script entry point: evalq's errors become one line on stderr and an exit code."""
+    try:
+        app(args=list(argv) if argv is not None else sys.argv[1:], prog_name="evalq")
+    except EvalqError as exc:
+        _fail(str(exc), exc.exit_code)
+    except redis.ConnectionError as exc:
+        _fail(f"cannot reach Redis: {exc}", 1)

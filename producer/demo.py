@@ -71,8 +71,9 @@ def run_demo(samples: int, workers: int, out_dir: Path, console: Console) -> Dem
             if final.status is not RunStatus.COMPLETED:
                 raise EvalqError(f"demo run ended {final.status}")
             path = out_dir / "results.jsonl"
-            write_results(results.results(meta.run_id, runs.sample_ids(meta.run_id)),
-                          ExportFormat.JSONL, path)
+            write_results(
+                results.results(meta.run_id, runs.sample_ids(meta.run_id)), ExportFormat.JSONL, path
+            )
             counts = results.progress(meta.run_id)
             return DemoSummary(
                 run=final,

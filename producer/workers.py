@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import IO
 
 from celery import Celery
 
@@ -42,28 +43,29 @@ class LocalWorkers:
         env = {**os.environ, **self.env, "EVALQ_REDIS_URL": self.redis_url}
         env.pop("EVALQ_BROKER_URL", None)
         for index in range(self.count):
-            log = (
-                (self.log_dir / f"worker-{index}.log").open("ab")
-                if self.log_dir is not None
-                else subprocess.DEVNULL
-            )
             command = [
                 sys.executable, "-m", "worker",
                 "--queues", self.queues,
                 "--concurrency", str(self.concurrency),
             ]  # fmt: skip
-            self.processes.append(
-                subprocess.Popen(
-                    command,
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
+            with self._log(index) as log:
+                self.processes.append(
+                    subprocess.Popen(
+                        command,
+                        env=env,
+                        stdin=subprocess.DEVNULL,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
                 )
-            )
         self.wait_ready(app, timeout)
         return self
+
+    def _log(self, index: int) -> IO[bytes]:
+        if self.log_dir is None:
+            return open(os.devnull, "wb")
+        return (self.log_dir / f"worker-{index}.log").open("ab")
 
     def wait_ready(self, app: Celery, timeout: float) -> None:
         """Block until every started process answers a control ping."""
@@ -72,7 +74,7 @@ class LocalWorkers:
             dead = [p.args for p in self.processes if p.poll() is not None]
             if dead:
                 self.stop()
-                raise EvalqError(f"a worker exited during start-up: {dead[0]}")
+                raise EvalqError(f"a worker exited during start-up: {dead[0]!r}")
             replies = app.control.ping(timeout=0.5) or []
             if len(replies) >= len(self.processes):
                 return

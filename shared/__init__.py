@@ -7,8 +7,8 @@ from shared.models import RunMeta, RunStatus, SampleResult, SampleTask
 from shared.settings import Settings, get_settings
 
 __all__ = [
-    "Evaluation",
     "EvalqError",
+    "Evaluation",
     "PermanentError",
     "RetryableError",
     "RunMeta",

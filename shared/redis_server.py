@@ -71,7 +71,9 @@ class RedisServer:
             "--maxmemory-policy", "noeviction",
             "--logfile", str(self.data_dir / "redis.log"),
         ]  # fmt: skip
-        self._process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+        self._process = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL
+        )
         deadline = time.monotonic() + timeout
         client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
         try:
@@ -79,12 +81,14 @@ class RedisServer:
                 try:
                     if client.ping():
                         return self
-                except redis.ConnectionError:
+                except redis.ConnectionError as exc:
                     if self._process.poll() is not None or time.monotonic() > deadline:
                         self.stop()
                         log = self.data_dir / "redis.log"
                         tail = log.read_text()[-300:] if log.exists() else ""
-                        raise EvalqError(f"redis-server did not start on {self.port}: {tail}")
+                        raise EvalqError(
+                            f"redis-server did not start on {self.port}: {tail}"
+                        ) from exc
                     time.sleep(0.02)
         finally:
             client.close()

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 import redis
+from redis.typing import EncodableT, FieldT
 
 from shared.errors import UnknownRunError
 from shared.keys import RUNS, RunKeys
@@ -14,13 +16,13 @@ from shared.models import RunMeta, RunStatus
 __all__ = ["RunStore"]
 
 
-def _encode(meta: RunMeta) -> dict[str, str]:
+def _encode(meta: RunMeta) -> dict[FieldT, EncodableT]:
     fields = meta.model_dump(mode="json", exclude_none=True)
     fields["params"] = json.dumps(meta.params, sort_keys=True)
     return {k: str(v) for k, v in fields.items()}
 
 
-def _decode(run_id: str, raw: dict[str, str]) -> RunMeta:
+def _decode(run_id: str, raw: dict[Any, Any]) -> RunMeta:
     return RunMeta.model_validate({**raw, "run_id": run_id, "params": json.loads(raw["params"])})
 
 
@@ -55,7 +57,7 @@ class RunStore:
 
     def recent(self, limit: int = 20) -> list[RunMeta]:
         """The newest runs first."""
-        run_ids = self._client.zrevrange(RUNS, 0, limit - 1)
+        run_ids = [str(r) for r in self._client.zrevrange(RUNS, 0, limit - 1)]
         with self._client.pipeline(transaction=False) as pipe:
             for run_id in run_ids:
                 pipe.hgetall(RunKeys(run_id).meta)
@@ -64,7 +66,7 @@ class RunStore:
 
     def set_status(self, run_id: str, status: RunStatus) -> None:
         """Move the run to ``status``; terminal statuses also stamp ``finished``."""
-        fields = {"status": status.value}
+        fields: dict[FieldT, EncodableT] = {"status": status.value}
         if status in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED):
             fields["finished"] = str(time.time())
         self._client.hset(RunKeys(run_id).meta, mapping=fields)

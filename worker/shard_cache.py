@@ -31,7 +31,10 @@ class ShardCache:
         if bad:
             raise SampleIdError(f"sample id {bad[0]} is outside the split (0..{len(dataset) - 1})")
         columns = dataset[sample_ids]
-        return [dict(zip(columns, values, strict=True)) for values in zip(*columns.values())]
+        return [
+            dict(zip(columns, values, strict=True))
+            for values in zip(*columns.values(), strict=True)
+        ]
 
     def _materialize(self, fingerprint: str) -> Dataset:
         return load_rows(fetch_spec(self._client, fingerprint))

@@ -49,7 +49,7 @@ def register_tasks(app: Celery, state: WorkerState, settings: Settings) -> None:
                 run(state.get(), tasks)
 
         handle.__name__ = name.replace(".", "_")
-        app.task(
+        app.task(  # type: ignore[no-untyped-call]
             base=Batches,
             name=name,
             flush_every=settings.max_batch,

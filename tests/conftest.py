@@ -1,0 +1,79 @@
+"""Fixtures: a real redis-server on a free port and real Celery worker subprocesses."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import redis
+from celery import Celery
+
+from producer.workers import LocalWorkers
+from shared.celery_app import create_app
+from shared.connection import connect
+from shared.evaluation import load_plugins
+from shared.redis_server import RedisServer
+from shared.settings import Settings
+from tests.helpers import cli_env
+
+
+@dataclass
+class Stack:
+    """A Redis server, a producer-side app and client, and (maybe) workers."""
+
+    server: RedisServer
+    settings: Settings
+    app: Celery
+    client: redis.Redis
+    workers: LocalWorkers
+    log_dir: Path
+
+    def start_workers(self, count: int = 1, **env: str) -> LocalWorkers:
+        self.workers = LocalWorkers(
+            self.server.url,
+            count=count,
+            env={**cli_env(self.server.url), "EVALQ_MAX_BATCH": "16", **env},
+            log_dir=self.log_dir,
+        ).start(self.app)
+        return self.workers
+
+
+def _stack(root: Path) -> Stack:
+    server = RedisServer(root / "redis").start()
+    settings = Settings(redis_url=server.url, plugins=("tests.plugins",))
+    load_plugins(settings.plugins)
+    app = create_app(settings)
+    workers = LocalWorkers(server.url, count=0)
+    return Stack(server, settings, app, connect(server.url), workers, root)
+
+
+def _close(stack: Stack) -> None:
+    stack.workers.stop()
+    stack.client.close()
+    stack.server.stop()
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """One Redis and one worker shared by the tests that only add runs."""
+    shared = _stack(tmp_path_factory.mktemp("stack"))
+    shared.start_workers()
+    yield shared
+    _close(shared)
+
+
+@pytest.fixture
+def fresh_stack(tmp_path: Path) -> Iterator[Stack]:
+    """A Redis of its own, with no worker until the test starts one."""
+    own = _stack(tmp_path)
+    yield own
+    _close(own)
+
+
+@pytest.fixture
+def redis_only(tmp_path: Path) -> Iterator[RedisServer]:
+    """Just a redis-server, for tests that need no worker."""
+    with RedisServer(tmp_path / "redis") as server:
+        yield server

@@ -1,0 +1,70 @@
+"""Test helpers: waiting on conditions with deadlines, test data, running the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+from tests.plugins import predict
+
+T = TypeVar("T")
+REPO = Path(__file__).resolve().parent.parent
+
+
+def wait_for(probe: Callable[[], T], timeout: float = 60.0, what: str = "condition") -> T:
+    """Poll ``probe`` until it returns something truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+
+
+def write_rows(folder: Path, split: str, rows: list[dict[str, object]]) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{split}.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def labelled_rows(n: int, salt: str = "") -> list[dict[str, object]]:
+    """Rows with a label the spy gets right about a third of the time, and a secret field."""
+    rows: list[dict[str, object]] = []
+    for i in range(n):
+        text = f"sample {salt}{i} " + "x" * (i % 7)
+        rows.append({"text": text, "label": (i * 7) % 3, "secret": f"s{i}"})
+    return rows
+
+
+def expected_accuracy(rows: list[dict[str, object]]) -> float:
+    return sum(predict(str(r["text"])) == r["label"] for r in rows) / len(rows)
+
+
+def cli_env(redis_url: str, **extra: str) -> dict[str, str]:
+    env = {**os.environ, "EVALQ_REDIS_URL": redis_url, "EVALQ_PLUGINS": "tests.plugins"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env.pop("EVALQ_BROKER_URL", None)
+    env.update(extra)
+    return env
+
+
+def evalq(redis_url: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run the real ``evalq`` console entry point in a subprocess."""
+    return subprocess.run(
+        [sys.executable, "-c", "from producer.cli import main; main()", *args],
+        env=cli_env(redis_url, **env),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )

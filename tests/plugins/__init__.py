@@ -1,0 +1,50 @@
+"""Evaluations used by the tests: fakes at the outer edge (the model), nothing else."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shared.evaluation import Evaluation, register
+
+LABELS = ("label", "secret")
+
+
+def predict(text: str) -> int:
+    """The spy's deterministic 'model': a rule the tests can recompute directly."""
+    return len(text) % 3
+
+
+@register("spy")
+class Spy(Evaluation):
+    """Reports which fields reached ``infer()``; predicts ``len(text) % 3``."""
+
+    label_fields = LABELS
+
+    def load(self, device: str) -> Any:
+        return {"device": device}
+
+    def infer(self, model: Any, rows: list[dict[str, Any]]) -> list[Any]:
+        return [{"fields": sorted(row), "pred": predict(row["text"])} for row in rows]
+
+    def score(self, row: dict[str, Any], output: Any) -> dict[str, float]:
+        return {
+            "correct": float(output["pred"] == row["label"]),
+            "saw_label": float("label" in row),
+        }
+
+
+@register("flaky")
+class Flaky(Evaluation):
+    """Fails inference on texts containing 'boom' and scoring on texts containing 'bust'."""
+
+    label_fields = ("label",)
+
+    def infer(self, model: Any, rows: list[dict[str, Any]]) -> list[Any]:
+        if any("boom" in row["text"] for row in rows):
+            raise RuntimeError("boom in the batch")
+        return [{"pred": predict(row["text"])} for row in rows]
+
+    def score(self, row: dict[str, Any], output: Any) -> dict[str, float]:
+        if "bust" in row["text"]:
+            raise ValueError("cannot score a bust")
+        return {"correct": float(output["pred"] == row["label"])}

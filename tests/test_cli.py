@@ -1,0 +1,129 @@
+"""The real ``evalq`` entry point in subprocesses: exit codes, one-line errors, exports."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from shared.celery_app import INFER_QUEUE
+from shared.keys import RUNS
+from tests.conftest import Stack
+from tests.helpers import REPO, cli_env, evalq, labelled_rows, write_rows
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["nope", "--split", "validation"], "unknown evaluation 'nope'"),
+        (["spy", "--split", "test"], "split 'test' not found"),
+        (["spy", "--split", "validation", "--ids", "1,12"], "sample id 12 is out of range"),
+        (["spy", "--split", "validation", "--ids", "1,x"], "comma-separated non-negative"),
+        (["spy", "--split", "validation", "--limit", "3", "--ids", "1"], "not both"),
+    ],
+)
+def test_bad_input_gets_one_line_and_exit_2_and_enqueues_nothing(
+    stack: Stack, tmp_path: Path, args: list[str], message: str
+) -> None:
+    write_rows(tmp_path, "validation", labelled_rows(12))
+    before = stack.client.zcard(RUNS)
+    result = evalq(stack.server.url, "submit", args[0], "--data", str(tmp_path), *args[1:])
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert message in lines[0]
+    assert "Traceback" not in result.stderr
+    assert stack.client.zcard(RUNS) == before
+
+
+def test_unreachable_hub_is_one_line(redis_only: object, tmp_path: Path) -> None:
+    url = redis_only.url  # type: ignore[attr-defined]
+    result = evalq(
+        url, "submit", "spy", "--data", "someone/no-such-dataset", "--split", "test",
+        HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path),
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0
+    assert "cannot reach someone/no-such-dataset" in result.stderr
+
+
+def test_unknown_run_and_unreachable_redis(redis_only: object) -> None:
+    url = redis_only.url  # type: ignore[attr-defined]
+    missing = evalq(url, "status", "nope")
+    assert (missing.returncode, missing.stderr.strip()) == (2, "error: no run 'nope'")
+    down = evalq("redis://127.0.0.1:1/0", "status", "nope")
+    assert down.returncode == 1
+    assert down.stderr.startswith("error: cannot reach Redis")
+    assert len(down.stderr.strip().splitlines()) == 1
+
+
+def test_submit_follow_status_runs_results(stack: Stack, tmp_path: Path) -> None:
+    write_rows(tmp_path / "data", "validation", labelled_rows(50))
+    data = str(tmp_path / "data")
+    url = stack.server.url
+    followed = evalq(url, "submit", "spy", "--data", data, "--split", "validation",
+                     "--limit", "30", "--follow", "--json")  # fmt: skip
+    assert followed.returncode == 0, followed.stderr
+    first, last = (json.loads(line) for line in followed.stdout.strip().splitlines())
+    run_id = first["run_id"]
+    assert last["run_id"] == run_id
+    assert last["status"] == "completed"
+    assert set(last["aggregate"]) == {"correct", "saw_label"}
+
+    status = json.loads(evalq(url, "status", run_id, "--json").stdout)
+    assert status["progress"] == {"inferred": 30, "scored": 30, "failed": 0}
+    assert status["n"] == 30
+
+    listed = json.loads(evalq(url, "runs", "--json").stdout)
+    assert run_id in [r["run_id"] for r in listed]
+
+    jsonl = evalq(url, "results", run_id).stdout.splitlines()
+    assert [json.loads(line)["sample_id"] for line in jsonl] == list(range(30))
+
+    rows = list(
+        csv.DictReader(io.StringIO(evalq(url, "results", run_id, "--format", "csv").stdout))
+    )
+    assert len(rows) == 30
+    assert {"sample_id", "output", "score.correct", "score.saw_label"} <= set(rows[0])
+
+    path = tmp_path / "out.parquet"
+    written = evalq(url, "results", run_id, "--format", "parquet", "--out", str(path))
+    assert written.returncode == 0, written.stderr
+    assert pq.read_table(path).num_rows == 30
+
+    bad = evalq(url, "results", run_id, "--format", "xml")
+    assert bad.returncode == 2
+    assert "--format must be" in bad.stderr
+
+
+def test_redis_only_commands_import_no_torch(stack: Stack, tmp_path: Path) -> None:
+    write_rows(tmp_path, "validation", labelled_rows(5))
+    script = f"""
+import sys
+from typer.testing import CliRunner
+from producer.cli import app
+runner = CliRunner()
+submitted = runner.invoke(app, ["submit", "topic", "--data", {str(tmp_path)!r},
+                                "--split", "validation", "--json"])
+assert submitted.exit_code == 0, submitted.output
+run_id = submitted.output.strip().splitlines()[0].split('"')[3]
+for args in (["status", run_id], ["results", run_id], ["runs"]):
+    assert runner.invoke(app, args).exit_code == 0
+heavy = [m for m in ("torch", "sentence_transformers", "transformers") if m in sys.modules]
+print("heavy:", heavy)
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=cli_env(stack.server.url), cwd=REPO,
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "heavy: []" in result.stdout
+    stack.client.delete(INFER_QUEUE)

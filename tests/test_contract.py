@@ -1,0 +1,183 @@
+"""Unit tests of the shared contract: specs, plugins, scrubbing, settings, ids, payloads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from celery_batches import SimpleRequest
+
+from producer.export import flatten
+from producer.submit import parse_ids, parse_params, resolve_ids
+from shared.data import build_spec
+from shared.errors import (
+    DataError,
+    InputError,
+    PayloadError,
+    PluginError,
+    SampleIdError,
+    SplitNotFoundError,
+    UnknownEvalError,
+)
+from shared.evaluation import Evaluation, create, load_plugins, register, scrub
+from shared.keys import RunKeys
+from shared.models import ErrorRecord, SampleResult, Stage
+from shared.settings import Settings
+from tests.helpers import labelled_rows, write_rows
+from worker.lru import LRU
+from worker.tasks import parse_requests
+
+FP = "a" * 64
+
+
+def test_spec_fingerprint_is_stable_and_content_addressed(tmp_path: Path) -> None:
+    write_rows(tmp_path / "d", "validation", labelled_rows(5))
+    first, dataset = build_spec(str(tmp_path / "d"), "validation")
+    again, _ = build_spec(str(tmp_path / "d"), "validation")
+    assert first.fingerprint == again.fingerprint
+    assert first.n_rows == len(dataset) == 5
+    write_rows(tmp_path / "d", "validation", labelled_rows(5, salt="changed"))
+    changed, _ = build_spec(str(tmp_path / "d"), "validation")
+    assert changed.fingerprint != first.fingerprint
+
+
+def test_spec_carries_no_rows_and_no_worker_knobs(tmp_path: Path) -> None:
+    write_rows(tmp_path, "validation", labelled_rows(3))
+    spec, _ = build_spec(str(tmp_path), "validation")
+    text = spec.canonical_json()
+    assert "sample 0" not in text
+    for knob in ("max_batch", "device", "max_shards", "max_models", "batch_wait"):
+        assert knob not in text
+
+
+def test_a_files_split_is_its_stem(tmp_path: Path) -> None:
+    path = write_rows(tmp_path, "test", labelled_rows(3))
+    assert build_spec(str(path), "test")[0].n_rows == 3
+    with pytest.raises(SplitNotFoundError, match="split 'validation' not found"):
+        build_spec(str(path), "validation")
+
+
+def test_missing_split_and_missing_path_are_input_errors(tmp_path: Path) -> None:
+    write_rows(tmp_path, "train", labelled_rows(2))
+    with pytest.raises(SplitNotFoundError, match=r"splits: train"):
+        build_spec(str(tmp_path), "validation")
+    with pytest.raises(DataError, match="no such file"):
+        build_spec(str(tmp_path / "nope.jsonl"), "nope")
+
+
+def test_scrub_removes_labels_and_fails_closed() -> None:
+    row = {"text": "t", "label": 1, "secret": "s"}
+    assert scrub(row, ("label", "secret")) == {"text": "t"}
+    assert row == {"text": "t", "label": 1, "secret": "s"}
+    with pytest.raises(PayloadError):
+        scrub(["text", "label"], ("label",))
+
+
+def test_registry_rejects_unknown_names_and_double_registration() -> None:
+    load_plugins(["tests.plugins"])
+    with pytest.raises(UnknownEvalError, match=r"unknown evaluation 'nope'.*spy"):
+        create("nope")
+    with pytest.raises(PluginError):
+        register("Bad Name!")
+
+    with pytest.raises(PluginError, match="registered twice"):
+
+        @register("spy")
+        class Other(Evaluation):
+            def infer(self, model: object, rows: list[dict[str, object]]) -> list[object]:
+                return []
+
+            def score(self, row: dict[str, object], output: object) -> dict[str, float]:
+                return {}
+
+    with pytest.raises(PluginError, match="cannot import"):
+        load_plugins(["tests.no_such_plugin"])
+
+
+def test_default_aggregate_is_the_mean_of_each_metric() -> None:
+    load_plugins(["tests.plugins"])
+    spy = create("spy")
+    assert spy.aggregate([{"a": 1.0, "b": 0.0}, {"a": 0.0}]) == {"a": 0.5, "b": 0.0}
+
+
+def test_settings_parse_plugins_and_default_broker(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EVALQ_PLUGINS", "a.b, c ,")
+    monkeypatch.setenv("EVALQ_REDIS_URL", "redis://h:1/2")
+    settings = Settings()
+    assert settings.plugins == ("a.b", "c")
+    assert settings.broker == "redis://h:1/2"
+    monkeypatch.setenv("EVALQ_BROKER_URL", "redis://b:1/0")
+    assert Settings().broker == "redis://b:1/0"
+
+
+def test_sample_selection() -> None:
+    assert resolve_ids(10, 3, None) == [0, 1, 2]
+    assert resolve_ids(2, 5, None) == [0, 1]
+    assert resolve_ids(10, None, [9, 0]) == [9, 0]
+    assert resolve_ids(4, None, None) == [0, 1, 2, 3]
+    with pytest.raises(SampleIdError, match="out of range"):
+        resolve_ids(10, None, [10])
+    with pytest.raises(SampleIdError, match="twice"):
+        resolve_ids(10, None, [1, 1])
+    with pytest.raises(InputError, match="not both"):
+        resolve_ids(10, 1, [1])
+    with pytest.raises(SampleIdError):
+        parse_ids("1,x")
+    assert parse_ids("3, 7,9") == [3, 7, 9]
+    assert parse_params(["a=1", "b=x=y"]) == {"a": "1", "b": "x=y"}
+    with pytest.raises(InputError):
+        parse_params(["novalue"])
+
+
+def _request(kwargs: dict[str, object], args: tuple[object, ...] = ()) -> SimpleRequest:
+    return SimpleRequest("id", "evalq.infer", args, kwargs, {}, "h", False, None, None, {})
+
+
+def test_malformed_payloads_are_dropped_not_raised(caplog: pytest.LogCaptureFixture) -> None:
+    good = {"run_id": "r1", "eval": "spy", "spec": FP, "sample_id": 3}
+    parsed = parse_requests(
+        [
+            _request(good),
+            _request({**good, "sample_id": -1}),
+            _request({**good, "extra": "row bytes"}),
+            _request({"run_id": "r1"}),
+            _request(good, args=("positional",)),
+        ]
+    )
+    assert [t.sample_id for t in parsed] == [3]
+    assert caplog.text.count("dropping malformed") == 4
+
+
+def test_run_keys_share_one_hash_tag() -> None:
+    keys = RunKeys("abc")
+    tags = {k.split("{")[1].split("}")[0] for k in (keys.meta, keys.out, keys.score, keys.err)}
+    assert tags == {"abc"}
+
+
+def test_lru_evicts_least_recently_used() -> None:
+    evicted: list[str] = []
+    cache: LRU[str, int] = LRU(2, on_evict=lambda k, _: evicted.append(k))
+    cache.get_or_create("a", lambda: 1)
+    cache.get_or_create("b", lambda: 2)
+    cache.get_or_create("a", lambda: 99)
+    cache.get_or_create("c", lambda: 3)
+    assert evicted == ["b"]
+    assert len(cache) == 2
+    assert "a" in cache
+
+
+def test_flatten_for_csv_and_parquet() -> None:
+    result = SampleResult(
+        sample_id=4,
+        output={"b": 1, "a": 2},
+        scores={"acc": 1.0},
+        error=None,
+    )
+    assert flatten(result) == {
+        "sample_id": 4,
+        "output": '{"a": 2, "b": 1}',
+        "error": None,
+        "score.acc": 1.0,
+    }
+    failed = SampleResult(sample_id=5, error=ErrorRecord(stage=Stage.INFER, kind="E", message="m"))
+    assert flatten(failed)["error"] == "E: m"

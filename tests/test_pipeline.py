@@ -1,0 +1,145 @@
+"""End to end on a real redis-server and real Celery worker processes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from producer.submit import SubmitRequest, submit
+from shared.celery_app import INFER_QUEUE, INFER_TASK, SCORE_QUEUE, SCORE_TASK
+from shared.dispatch import publish
+from shared.models import RunStatus, SampleTask
+from shared.results import ResultStore
+from shared.runs import RunStore
+from tests.conftest import Stack
+from tests.helpers import expected_accuracy, labelled_rows, wait_for, write_rows
+from tests.plugins import LABELS
+
+pytestmark = pytest.mark.integration
+
+
+def _completed(stack: Stack, run_id: str, timeout: float = 90.0) -> None:
+    runs = RunStore(stack.client)
+    wait_for(
+        lambda: runs.get(run_id).status is RunStatus.COMPLETED, timeout, f"run {run_id} to complete"
+    )
+
+
+def test_every_sample_scored_once_with_the_direct_aggregate(stack: Stack, tmp_path: Path) -> None:
+    rows = labelled_rows(300)
+    write_rows(tmp_path, "validation", rows)
+    meta = submit(
+        stack.client, stack.app, SubmitRequest(eval="spy", data=str(tmp_path), split="validation")
+    )
+    _completed(stack, meta.run_id)
+
+    results = ResultStore(stack.client)
+    progress = results.progress(meta.run_id)
+    assert (progress.inferred, progress.scored, progress.failed) == (300, 300, 0)
+    exported = list(results.results(meta.run_id, RunStore(stack.client).sample_ids(meta.run_id)))
+    assert [r.sample_id for r in exported] == list(range(300))
+    assert all(r.scores is not None and r.error is None for r in exported)
+    assert results.aggregate(meta.run_id) == pytest.approx(
+        {"correct": expected_accuracy(rows), "saw_label": 1.0}
+    )
+
+
+def test_infer_never_receives_a_label_field(stack: Stack, tmp_path: Path) -> None:
+    write_rows(tmp_path, "validation", labelled_rows(40))
+    meta = submit(
+        stack.client, stack.app, SubmitRequest(eval="spy", data=str(tmp_path), split="validation")
+    )
+    _completed(stack, meta.run_id)
+    outputs = ResultStore(stack.client).outputs(meta.run_id, list(range(40)))
+    assert len(outputs) == 40
+    for output in outputs.values():
+        assert output["fields"] == ["text"]
+        assert not set(output["fields"]) & set(LABELS)
+    # scoring, in contrast, saw the full row (the spy's saw_label metric is 1.0 for every sample)
+    assert ResultStore(stack.client).aggregate(meta.run_id)["saw_label"] == 1.0  # type: ignore[index]
+
+
+def test_a_failing_sample_is_an_error_record_and_the_run_completes(
+    stack: Stack, tmp_path: Path
+) -> None:
+    rows = labelled_rows(60)
+    rows[5]["text"] = "boom goes infer"
+    rows[17]["text"] = "bust goes score"
+    write_rows(tmp_path, "validation", rows)
+    meta = submit(
+        stack.client, stack.app, SubmitRequest(eval="flaky", data=str(tmp_path), split="validation")
+    )
+    _completed(stack, meta.run_id)
+    results = ResultStore(stack.client)
+    progress = results.progress(meta.run_id)
+    assert (progress.scored, progress.failed) == (58, 2)
+    by_id = {r.sample_id: r for r in results.results(meta.run_id, range(60))}
+    assert by_id[5].error is not None
+    assert by_id[5].error.stage == "infer"
+    assert by_id[5].error.message == "boom in the batch"
+    assert by_id[17].error is not None
+    assert by_id[17].error.stage == "score"
+    assert by_id[17].output is not None
+    good = [r for i, r in enumerate(rows) if i not in (5, 17)]
+    assert results.aggregate(meta.run_id) == pytest.approx({"correct": expected_accuracy(good)})
+
+
+def test_malformed_messages_are_dropped_and_the_worker_goes_on(
+    stack: Stack, tmp_path: Path
+) -> None:
+    with stack.app.producer_or_acquire() as producer:
+        stack.app.send_task(INFER_TASK, kwargs={"run_id": "x", "rows": [1]}, producer=producer)
+        stack.app.send_task(INFER_TASK, args=["positional"], producer=producer)
+    write_rows(tmp_path, "validation", labelled_rows(10))
+    meta = submit(
+        stack.client, stack.app, SubmitRequest(eval="spy", data=str(tmp_path), split="validation")
+    )
+    _completed(stack, meta.run_id)
+    log = "".join(p.read_text() for p in stack.log_dir.glob("worker-*.log"))
+    assert log.count("dropping malformed evalq.infer message") >= 2
+
+
+def test_redelivered_messages_change_no_count_and_no_result(
+    fresh_stack: Stack, tmp_path: Path
+) -> None:
+    stack = fresh_stack
+    write_rows(tmp_path, "validation", labelled_rows(120))
+    meta = submit(
+        stack.client, stack.app, SubmitRequest(eval="spy", data=str(tmp_path), split="validation")
+    )
+    # Deliver every message twice, as a broker redelivery would: the copy (same task id and
+    # body) of each batch-sized chunk comes right after the next chunk, so it lands in a later
+    # batch, after the original's output is stored and while the run is still going.
+    queued = stack.client.lrange(INFER_QUEUE, 0, -1)[::-1]  # consumption order
+    assert len(queued) == 120
+    chunks = [queued[i : i + 16] for i in range(0, len(queued), 16)]
+    order = chunks[0] + [m for k in range(1, len(chunks)) for m in chunks[k] + chunks[k - 1]]
+    order += chunks[-1]
+    with stack.client.pipeline(transaction=True) as pipe:
+        pipe.delete(INFER_QUEUE)
+        pipe.lpush(INFER_QUEUE, *order)
+        pipe.execute()
+    stack.start_workers()
+    _completed(stack, meta.run_id)
+    results = ResultStore(stack.client)
+    aggregate = results.aggregate(meta.run_id)
+    # After completion, deliver infer and score messages for finished samples once more.
+    again = [
+        SampleTask(run_id=meta.run_id, eval="spy", spec=meta.spec, sample_id=i) for i in range(40)
+    ]
+    publish(stack.app, INFER_TASK, again)
+    publish(stack.app, SCORE_TASK, again)
+    wait_for(
+        lambda: (
+            stack.client.llen(INFER_QUEUE) == 0
+            and stack.client.llen(SCORE_QUEUE) == 0
+            and stack.client.hlen("unacked") == 0
+        ),
+        60,
+        "every duplicate to be consumed and acked",
+    )
+    progress = results.progress(meta.run_id)
+    assert (progress.inferred, progress.scored, progress.failed) == (120, 120, 0)
+    assert stack.client.hlen(f"evalq:{{{meta.run_id}}}:score") == 120
+    assert results.aggregate(meta.run_id) == aggregate

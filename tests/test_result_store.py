@@ -1,0 +1,72 @@
+"""The result store's Lua writes against a real redis-server: once per sample, counted once."""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from shared.connection import connect
+from shared.evaluation import create, load_plugins
+from shared.models import ErrorRecord, RunMeta, RunStatus, Stage
+from shared.redis_server import RedisServer
+from shared.results import ResultStore
+from shared.runs import RunStore
+
+pytestmark = pytest.mark.integration
+
+
+def _run(runs: RunStore, run_id: str, n: int) -> None:
+    meta = RunMeta(
+        run_id=run_id,
+        eval="spy",
+        spec="f" * 64,
+        dataset_id="d",
+        split="validation",
+        n=n,
+        status=RunStatus.QUEUED,
+        created=time.time(),
+    )
+    runs.create(meta, list(range(n)))
+
+
+def test_outputs_and_scores_are_written_once(redis_only: RedisServer) -> None:
+    client = connect(redis_only.url)
+    runs, results = RunStore(client), ResultStore(client)
+    _run(runs, "r1", 3)
+    assert results.record_outputs("r1", {0: '"a"', 1: '"b"'}) == 2
+    assert results.record_outputs("r1", {0: '"changed"', 2: '"c"'}) == 1
+    assert results.outputs("r1", [0, 1, 2]) == {0: "a", 1: "b", 2: "c"}
+    assert runs.get("r1").status is RunStatus.RUNNING
+
+    assert results.record_scores("r1", {0: {"m": 1.0}}) is False
+    assert results.record_scores("r1", {0: {"m": 0.0}}) is False
+    error = ErrorRecord(stage=Stage.SCORE, kind="E", message="m")
+    assert results.record_errors("r1", {0: error}) is False
+    progress = results.progress("r1")
+    assert (progress.inferred, progress.scored, progress.failed) == (3, 1, 0)
+    assert json.loads(str(client.hget("evalq:{r1}:score", "0"))) == {"m": 1.0}
+
+
+def test_exactly_one_concurrent_writer_is_elected_to_finalize(redis_only: RedisServer) -> None:
+    client = connect(redis_only.url)
+    runs, results = RunStore(client), ResultStore(client)
+    n = 200
+    _run(runs, "r2", n)
+
+    def settle(i: int) -> bool:
+        return results.record_scores("r2", {i: {"m": float(i % 2)}, (i + 1) % n: {"m": 0.0}})
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        elected = list(pool.map(settle, range(n)))
+    assert sum(elected) == 1
+    assert results.progress("r2").scored == n
+
+    load_plugins(["tests.plugins"])
+    aggregate = results.finalize("r2", create("spy"))
+    stored = [json.loads(v) for v in client.hvals("evalq:{r2}:score")]
+    assert aggregate == {"m": sum(s["m"] for s in stored) / n}
+    assert results.aggregate("r2") == aggregate
+    assert runs.get("r2").status is RunStatus.COMPLETED
