@@ -82,6 +82,11 @@ def test_submit_follow_status_runs_results(stack: Stack, tmp_path: Path) -> None
     assert status["progress"] == {"inferred": 30, "scored": 30, "failed": 0}
     assert status["n"] == 30
 
+    watched = evalq(url, "watch", run_id)
+    assert watched.returncode == 0, watched.stderr
+    assert f"{run_id} completed" in watched.stdout
+    assert "correct:" in watched.stdout
+
     listed = json.loads(evalq(url, "runs", "--json").stdout)
     assert run_id in [r["run_id"] for r in listed]
 

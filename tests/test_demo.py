@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import REPO, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -29,9 +30,13 @@ def _processes(marker: str) -> set[int]:
     return found
 
 
+def _demo_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("EVALQ_")}
+
+
 def test_demo_prints_accuracy_over_a_thousand_samples(tmp_path: Path) -> None:
     before = _processes("-m worker") | _processes("redis-server")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EVALQ_")}
+    env = _demo_env()
     result = subprocess.run(
         [sys.executable, "-c", "from producer.cli import main; main()",
          "demo", "--samples", "1000", "--out", str(tmp_path), "--json"],
@@ -47,3 +52,25 @@ def test_demo_prints_accuracy_over_a_thousand_samples(tmp_path: Path) -> None:
     assert json.loads(lines[0])["output"]["label"]
     # everything the demo started is gone: no worker and no redis-server of its own is left
     assert (_processes("-m worker") | _processes("redis-server")) <= before
+
+
+def test_ctrl_c_stops_everything_the_demo_started(tmp_path: Path) -> None:
+    before = _processes("-m worker") | _processes("redis-server")
+    log = tmp_path / "demo.log"
+    with log.open("w") as handle:
+        demo = subprocess.Popen(
+            [sys.executable, "-c", "from producer.cli import main; main()",
+             "demo", "--samples", "20000", "--out", str(tmp_path)],
+            env=_demo_env(), cwd=REPO, stdout=handle, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        wait_for(lambda: "run " in log.read_text(), 120, "the demo run to start")
+        started = _processes("-m worker") - before
+        assert started, "the demo started no worker"
+        demo.send_signal(signal.SIGINT)
+        assert demo.wait(60) != 0
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+    assert "accuracy" not in log.read_text()
+    assert not (_processes("-m worker") | _processes("redis-server")) - before
