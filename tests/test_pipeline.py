@@ -9,7 +9,7 @@ import pytest
 from producer.submit import SubmitRequest, submit
 from shared.celery_app import INFER_QUEUE, INFER_TASK, SCORE_QUEUE, SCORE_TASK
 from shared.dispatch import publish
-from shared.models import RunStatus, SampleTask
+from shared.models import RunMeta, RunStatus, SampleTask
 from shared.results import ResultStore
 from shared.runs import RunStore
 from tests.conftest import Stack
@@ -26,13 +26,19 @@ def _completed(stack: Stack, run_id: str, timeout: float = 90.0) -> None:
     )
 
 
-def test_every_sample_scored_once_with_the_direct_aggregate(stack: Stack, tmp_path: Path) -> None:
-    rows = labelled_rows(300)
-    write_rows(tmp_path, "validation", rows)
+def _run(stack: Stack, folder: Path, rows: list[dict[str, object]], eval_name: str) -> RunMeta:
+    """Write ``rows`` as a validation split, submit them all and wait for completion."""
+    write_rows(folder, "validation", rows)
     meta = submit(
-        stack.client, stack.app, SubmitRequest(eval="spy", data=str(tmp_path), split="validation")
+        stack.client, stack.app, SubmitRequest(eval=eval_name, data=str(folder), split="validation")
     )
     _completed(stack, meta.run_id)
+    return meta
+
+
+def test_every_sample_scored_once_with_the_direct_aggregate(stack: Stack, tmp_path: Path) -> None:
+    rows = labelled_rows(300)
+    meta = _run(stack, tmp_path, rows, "spy")
 
     results = ResultStore(stack.client)
     progress = results.progress(meta.run_id)
@@ -46,11 +52,7 @@ def test_every_sample_scored_once_with_the_direct_aggregate(stack: Stack, tmp_pa
 
 
 def test_infer_never_receives_a_label_field(stack: Stack, tmp_path: Path) -> None:
-    write_rows(tmp_path, "validation", labelled_rows(40))
-    meta = submit(
-        stack.client, stack.app, SubmitRequest(eval="spy", data=str(tmp_path), split="validation")
-    )
-    _completed(stack, meta.run_id)
+    meta = _run(stack, tmp_path, labelled_rows(40), "spy")
     outputs = ResultStore(stack.client).outputs(meta.run_id, list(range(40)))
     assert len(outputs) == 40
     for output in outputs.values():
@@ -66,11 +68,7 @@ def test_a_failing_sample_is_an_error_record_and_the_run_completes(
     rows = labelled_rows(60)
     rows[5]["text"] = "boom goes infer"
     rows[17]["text"] = "bust goes score"
-    write_rows(tmp_path, "validation", rows)
-    meta = submit(
-        stack.client, stack.app, SubmitRequest(eval="flaky", data=str(tmp_path), split="validation")
-    )
-    _completed(stack, meta.run_id)
+    meta = _run(stack, tmp_path, rows, "flaky")
     results = ResultStore(stack.client)
     progress = results.progress(meta.run_id)
     assert (progress.scored, progress.failed) == (58, 2)
@@ -91,11 +89,7 @@ def test_malformed_messages_are_dropped_and_the_worker_goes_on(
     with stack.app.producer_or_acquire() as producer:
         stack.app.send_task(INFER_TASK, kwargs={"run_id": "x", "rows": [1]}, producer=producer)
         stack.app.send_task(INFER_TASK, args=["positional"], producer=producer)
-    write_rows(tmp_path, "validation", labelled_rows(10))
-    meta = submit(
-        stack.client, stack.app, SubmitRequest(eval="spy", data=str(tmp_path), split="validation")
-    )
-    _completed(stack, meta.run_id)
+    _run(stack, tmp_path, labelled_rows(10), "spy")
     log = "".join(p.read_text() for p in stack.log_dir.glob("worker-*.log"))
     assert log.count("dropping malformed evalq.infer message") >= 2
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,11 +48,19 @@ def _error(stage: Stage, exc: BaseException) -> ErrorRecord:
     return ErrorRecord(stage=stage, kind=type(exc).__name__, message=text[0] if text else "")
 
 
-def _by_run(tasks: list[SampleTask]) -> dict[str, list[SampleTask]]:
+def _active_runs(res: Resources, tasks: list[SampleTask], stage: Stage) -> Iterator[_Run]:
+    """Each run's share of the batch, skipping unknown runs and runs that are over."""
     groups: dict[str, list[SampleTask]] = defaultdict(list)
     for task in tasks:
         groups[task.run_id].append(task)
-    return groups
+    for run_id, run_tasks in groups.items():
+        try:
+            run = _Run(res, run_id, run_tasks)
+        except UnknownRunError:
+            log.error("dropping %d %s messages of unknown run %s", len(run_tasks), stage, run_id)
+            continue
+        if run.active:
+            yield run
 
 
 class _Run:
@@ -134,14 +142,8 @@ def _infer(run: _Run, rows: dict[int, dict[str, Any]]) -> dict[int, str]:
 
 def infer_batch(res: Resources, tasks: list[SampleTask]) -> None:
     """Run inference for a batch of per-sample tasks, any mix of runs."""
-    for run_id, run_tasks in _by_run(tasks).items():
-        try:
-            run = _Run(res, run_id, run_tasks)
-        except UnknownRunError:
-            log.error("dropping %d infer messages of unknown run %s", len(run_tasks), run_id)
-            continue
-        if not run.active:
-            continue
+    for run in _active_runs(res, tasks, Stage.INFER):
+        run_id = run.meta.run_id
         inferred = res.results.inferred(run_id, run.ids)
         todo = [i for i in run.ids if i not in inferred and i not in run.errors]
         if todo:
@@ -180,14 +182,8 @@ def _checked_scores(scores: object) -> dict[str, float]:
 
 def score_batch(res: Resources, tasks: list[SampleTask]) -> None:
     """Score a batch of per-sample tasks, any mix of runs, and finalize finished runs."""
-    for run_id, run_tasks in _by_run(tasks).items():
-        try:
-            run = _Run(res, run_id, run_tasks)
-        except UnknownRunError:
-            log.error("dropping %d score messages of unknown run %s", len(run_tasks), run_id)
-            continue
-        if not run.active:
-            continue
+    for run in _active_runs(res, tasks, Stage.SCORE):
+        run_id = run.meta.run_id
         settled = res.results.settled(run_id, run.ids)
         todo = [i for i in run.ids if i not in settled and i not in run.errors]
         outputs = res.results.outputs(run_id, todo)
