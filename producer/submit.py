@@ -1,4 +1,4 @@
-"""Submitting a run: validate, publish the spec, record the run, enqueue one task per sample."""
+"""Submitting a run: validate, publish the spec, record the run, enqueue its samples."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from celery import Celery
 
 from shared.celery_app import INFER_TASK
 from shared.data import build_spec
-from shared.dispatch import publish
+from shared.dispatch import publish, split
 from shared.errors import InputError, SampleIdError
 from shared.evaluation import create
-from shared.models import RunMeta, RunStatus, SampleTask
+from shared.models import RunMeta, RunStatus
 from shared.runs import RunStore
 from shared.spec import publish_spec
 
@@ -103,12 +103,5 @@ def submit(client: redis.Redis, app: Celery, request: SubmitRequest) -> RunMeta:
         created=time.time(),
     )
     RunStore(client).create(meta, sample_ids)
-    publish(
-        app,
-        INFER_TASK,
-        (
-            SampleTask(run_id=meta.run_id, eval=meta.eval, spec=fingerprint, sample_id=i)
-            for i in sample_ids
-        ),
-    )
+    publish(app, INFER_TASK, split(meta.run_id, meta.eval, fingerprint, sample_ids))
     return meta

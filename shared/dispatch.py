@@ -1,24 +1,36 @@
-"""Publishing per-sample tasks: one message each, many messages per Redis round trip.
+"""Publishing per-sample work: a few samples of one run per message, many messages per Redis
+round trip.
 
-kombu's ``Producer.batch`` buffers the broker's LPUSHes in a Redis pipeline, so enqueueing a
-hundred thousand samples costs a few hundred round trips instead of a hundred thousand.
+Each message carries at most ``MESSAGE_SAMPLES`` sample ids of one run (a sample stays its own
+unit of work and result; the message is only how it travels). kombu's ``Producer.batch``
+buffers the broker's LPUSHes in a Redis pipeline.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 
 from celery import Celery
 
 from shared.models import SampleTask
 
-__all__ = ["publish"]
+__all__ = ["MESSAGE_SAMPLES", "publish", "split"]
 
+MESSAGE_SAMPLES = 32
 PIPELINE_SIZE = 1000
 
 
+def split(
+    run_id: str, eval_name: str, spec: str, sample_ids: Sequence[int], size: int = MESSAGE_SAMPLES
+) -> Iterator[SampleTask]:
+    """One payload per ``size`` consecutive sample ids."""
+    for start in range(0, len(sample_ids), size):
+        chunk = list(sample_ids[start : start + size])
+        yield SampleTask(run_id=run_id, eval=eval_name, spec=spec, sample_ids=chunk)
+
+
 def publish(app: Celery, task_name: str, tasks: Iterable[SampleTask]) -> int:
-    """Send one ``task_name`` message per task (kwargs = the payload); return how many."""
+    """Send one ``task_name`` message per payload (kwargs = the payload); return how many."""
     sent = 0
     with app.producer_or_acquire() as producer, producer.batch(max_size=PIPELINE_SIZE):
         for task in tasks:

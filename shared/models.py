@@ -5,11 +5,12 @@ error records and exported results. Payloads travel as JSON and carry ids only, 
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
+    "MAX_MESSAGE_SAMPLES",
     "ErrorRecord",
     "Progress",
     "RunMeta",
@@ -41,8 +42,15 @@ class Stage(StrEnum):
     SCORE = "score"
 
 
+MAX_MESSAGE_SAMPLES = 1024
+
+
 class SampleTask(BaseModel):
-    """The body of one ``evalq.infer`` or ``evalq.score`` message: ids, never row data."""
+    """The body of one ``evalq.infer`` or ``evalq.score`` message: ids, never row data.
+
+    A message carries a few samples of one run; each sample is still its own unit of work,
+    result and error.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -52,8 +60,10 @@ class SampleTask(BaseModel):
     """Registered name of the evaluation."""
     spec: str = Field(min_length=64, max_length=64, pattern=r"^[0-9a-f]{64}$")
     """Fingerprint of the published dataset spec the sample is read from."""
-    sample_id: int = Field(ge=0)
-    """Row index of the sample inside the spec's split."""
+    sample_ids: list[Annotated[int, Field(ge=0)]] = Field(
+        min_length=1, max_length=MAX_MESSAGE_SAMPLES
+    )
+    """Row indices of the samples inside the spec's split."""
 
 
 class RunMeta(BaseModel):

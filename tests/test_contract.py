@@ -10,6 +10,7 @@ from celery_batches import SimpleRequest
 from producer.export import flatten
 from producer.submit import parse_ids, parse_params, resolve_ids
 from shared.data import build_spec
+from shared.dispatch import split
 from shared.errors import (
     DataError,
     InputError,
@@ -134,18 +135,26 @@ def _request(kwargs: dict[str, object], args: tuple[object, ...] = ()) -> Simple
 
 
 def test_malformed_payloads_are_dropped_not_raised(caplog: pytest.LogCaptureFixture) -> None:
-    good = {"run_id": "r1", "eval": "spy", "spec": FP, "sample_id": 3}
+    good: dict[str, object] = {"run_id": "r1", "eval": "spy", "spec": FP, "sample_ids": [3, 4]}
     parsed = parse_requests(
         [
             _request(good),
-            _request({**good, "sample_id": -1}),
+            _request({**good, "sample_ids": [-1]}),
+            _request({**good, "sample_ids": []}),
             _request({**good, "extra": "row bytes"}),
             _request({"run_id": "r1"}),
             _request(good, args=("positional",)),
         ]
     )
-    assert [t.sample_id for t in parsed] == [3]
-    assert caplog.text.count("dropping malformed") == 4
+    assert [t.sample_ids for t in parsed] == [[3, 4]]
+    assert caplog.text.count("dropping malformed") == 5
+
+
+def test_split_packs_consecutive_ids_of_one_run() -> None:
+    tasks = list(split("r", "spy", FP, list(range(70)), size=32))
+    assert [len(t.sample_ids) for t in tasks] == [32, 32, 6]
+    assert [i for t in tasks for i in t.sample_ids] == list(range(70))
+    assert {t.run_id for t in tasks} == {"r"}
 
 
 def test_run_keys_share_one_hash_tag() -> None:

@@ -8,8 +8,8 @@ import pytest
 
 from producer.submit import SubmitRequest, submit
 from shared.celery_app import INFER_QUEUE, INFER_TASK, SCORE_QUEUE, SCORE_TASK
-from shared.dispatch import publish
-from shared.models import RunMeta, RunStatus, SampleTask
+from shared.dispatch import publish, split
+from shared.models import RunMeta, RunStatus
 from shared.results import ResultStore
 from shared.runs import RunStore
 from tests.conftest import Stack
@@ -103,25 +103,25 @@ def test_redelivered_messages_change_no_count_and_no_result(
         stack.client, stack.app, SubmitRequest(eval="spy", data=str(tmp_path), split="validation")
     )
     # Deliver every message twice, as a broker redelivery would: the copy (same task id and
-    # body) of each batch-sized chunk comes right after the next chunk, so it lands in a later
-    # batch, after the original's output is stored and while the run is still going.
+    # body) of each message comes right after the next message, so it lands in a later batch
+    # (each 32-sample message fills a 16-sample batch), after the original's outputs are
+    # stored and while the run is still going.
     queued = stack.client.lrange(INFER_QUEUE, 0, -1)[::-1]  # consumption order
-    assert len(queued) == 120
-    chunks = [queued[i : i + 16] for i in range(0, len(queued), 16)]
-    order = chunks[0] + [m for k in range(1, len(chunks)) for m in chunks[k] + chunks[k - 1]]
-    order += chunks[-1]
+    assert len(queued) == 4
+    order = [queued[0]]
+    for k in range(1, len(queued)):
+        order += [queued[k], queued[k - 1]]
+    order.append(queued[-1])
     with stack.client.pipeline(transaction=True) as pipe:
         pipe.delete(INFER_QUEUE)
-        pipe.lpush(INFER_QUEUE, *order)
+        pipe.lpush(INFER_QUEUE, *order[::-1])
         pipe.execute()
     stack.start_workers()
     _completed(stack, meta.run_id)
     results = ResultStore(stack.client)
     aggregate = results.aggregate(meta.run_id)
     # After completion, deliver infer and score messages for finished samples once more.
-    again = [
-        SampleTask(run_id=meta.run_id, eval="spy", spec=meta.spec, sample_id=i) for i in range(40)
-    ]
+    again = list(split(meta.run_id, "spy", meta.spec, list(range(40))))
     publish(stack.app, INFER_TASK, again)
     publish(stack.app, SCORE_TASK, again)
     wait_for(

@@ -1,9 +1,10 @@
-"""What the worker does with a batch of per-sample tasks, as plain functions (no Celery here).
+"""What the worker does with a batch of messages, as plain functions (no Celery here).
 
-Inference: skip samples already inferred (redeliveries), rebuild rows from the spec, remove
-label fields, run the warm model once per batch, store each output once, enqueue scoring.
-Scoring: full rows plus stored outputs through ``score()``, each score stored once; the caller
-that settles the last sample computes the aggregate from the store.
+Inference: skip samples already inferred (redeliveries), rebuild rows from each run's spec,
+remove label fields, and run each evaluation's warm model on batches of at most ``max_batch``
+rows drawn from every run in the batch that uses it; store each output once and enqueue
+scoring. Scoring: full rows plus stored outputs through ``score()``, each score stored once; the
+call that settles a run's last sample computes its aggregate from the store.
 Any failure of one sample becomes that sample's terminal error record; the batch goes on.
 """
 
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared.celery_app import SCORE_TASK
+from shared.dispatch import split
 from shared.errors import PayloadError, PermanentError, UnknownRunError
 from shared.evaluation import Evaluation, scrub
 from shared.models import ErrorRecord, RunMeta, RunStatus, SampleTask, Stage
@@ -41,6 +43,7 @@ class Resources:
     shards: ShardCache
     runtimes: RuntimePool
     publish: Publisher
+    max_batch: int
 
 
 def _error(stage: Stage, exc: BaseException) -> ErrorRecord:
@@ -48,41 +51,28 @@ def _error(stage: Stage, exc: BaseException) -> ErrorRecord:
     return ErrorRecord(stage=stage, kind=type(exc).__name__, message=text[0] if text else "")
 
 
-def _active_runs(res: Resources, tasks: list[SampleTask], stage: Stage) -> Iterator[_Run]:
-    """Each run's share of the batch, skipping unknown runs and runs that are over."""
-    groups: dict[str, list[SampleTask]] = defaultdict(list)
-    for task in tasks:
-        groups[task.run_id].append(task)
-    for run_id, run_tasks in groups.items():
-        try:
-            run = _Run(res, run_id, run_tasks)
-        except UnknownRunError:
-            log.error("dropping %d %s messages of unknown run %s", len(run_tasks), stage, run_id)
-            continue
-        if run.active:
-            yield run
-
-
 class _Run:
-    """One run's share of a batch: its record, evaluation and the samples to handle."""
+    """One run's share of a batch: its record, evaluation, samples and what became of them."""
 
     def __init__(self, res: Resources, run_id: str, tasks: list[SampleTask]) -> None:
         self.res = res
         self.meta: RunMeta = res.runs.get(run_id)
         self.errors: dict[int, ErrorRecord] = {}
+        self.outputs: dict[int, str] = {}
         self.ids: list[int] = []
         for task in tasks:
             if task.eval != self.meta.eval or task.spec != self.meta.spec:
-                self.errors[task.sample_id] = _error(
-                    Stage.PAYLOAD, PayloadError("message names another eval or spec than its run")
-                )
-            elif task.sample_id not in self.ids:
-                self.ids.append(task.sample_id)
+                mismatch = PayloadError("message names another eval or spec than its run")
+                for sample_id in task.sample_ids:
+                    self.errors[sample_id] = _error(Stage.PAYLOAD, mismatch)
+            else:
+                self.ids.extend(task.sample_ids)
+        self.ids = list(dict.fromkeys(self.ids))
         self.evaluation: Evaluation = res.runtimes.evaluation(self.meta.eval, self.meta.params)
 
     @property
-    def active(self) -> bool:
-        return self.meta.status not in (RunStatus.CANCELLED, RunStatus.COMPLETED)
+    def run_id(self) -> str:
+        return self.meta.run_id
 
     def rows(self, sample_ids: list[int], stage: Stage) -> dict[int, dict[str, Any]]:
         """Full rows by id; a bad id becomes that sample's error, the others still load."""
@@ -99,12 +89,31 @@ class _Run:
             return found
 
     def settle_errors(self) -> None:
-        if self.errors and self.res.results.record_errors(self.meta.run_id, self.errors):
+        if self.errors and self.res.results.record_errors(self.run_id, self.errors):
             self.finalize()
 
     def finalize(self) -> None:
-        aggregate = self.res.results.finalize(self.meta.run_id, self.evaluation)
-        log.info("run %s completed: %s", self.meta.run_id, aggregate)
+        aggregate = self.res.results.finalize(self.run_id, self.evaluation)
+        log.info("run %s completed: %s", self.run_id, aggregate)
+
+
+def _active_runs(res: Resources, tasks: list[SampleTask], stage: Stage) -> Iterator[_Run]:
+    """Each run's share of the batch, skipping unknown runs and runs that are over."""
+    groups: dict[str, list[SampleTask]] = defaultdict(list)
+    for task in tasks:
+        groups[task.run_id].append(task)
+    for run_id, run_tasks in groups.items():
+        try:
+            run = _Run(res, run_id, run_tasks)
+        except UnknownRunError:
+            log.error("dropping %d %s messages of unknown run %s", len(run_tasks), stage, run_id)
+            continue
+        if run.meta.status not in (RunStatus.CANCELLED, RunStatus.COMPLETED):
+            yield run
+
+
+Item = tuple[_Run, int, dict[str, Any]]
+"""A sample waiting for inference: its run, its id and its label-free row."""
 
 
 def _checked_outputs(outputs: object, expected: int) -> list[Any]:
@@ -114,53 +123,53 @@ def _checked_outputs(outputs: object, expected: int) -> list[Any]:
     return outputs
 
 
-def _infer(run: _Run, rows: dict[int, dict[str, Any]]) -> dict[int, str]:
-    """JSON outputs by id; if the batch raises, each row is tried alone to isolate the bad one."""
-    model = run.res.runtimes.model(run.evaluation)
-    scrubbed = {i: scrub(row, run.evaluation.label_fields) for i, row in rows.items()}
+def _infer(evaluation: Evaluation, model: Any, items: list[Item]) -> None:
+    """Give each item an output or an error; if the batch raises, rows are tried alone."""
     try:
-        outputs = _checked_outputs(run.evaluation.infer(model, list(scrubbed.values())), len(rows))
+        outputs = _checked_outputs(evaluation.infer(model, [row for *_, row in items]), len(items))
     except Exception as exc:
-        if len(rows) == 1:
-            run.errors[next(iter(rows))] = _error(Stage.INFER, exc)
-            return {}
-    else:
-        encoded: dict[int, str] = {}
-        for sample_id, output in zip(scrubbed, outputs, strict=True):
-            try:
-                encoded[sample_id] = to_json(output)
-            except (TypeError, ValueError) as exc:
-                run.errors[sample_id] = _error(
-                    Stage.INFER, PermanentError(f"output is not JSON: {exc}")
-                )
-        return encoded
-    found: dict[int, str] = {}
-    for sample_id, row in rows.items():
-        found.update(_infer(run, {sample_id: row}))
-    return found
+        if len(items) == 1:
+            run, sample_id, _ = items[0]
+            run.errors[sample_id] = _error(Stage.INFER, exc)
+        else:
+            for item in items:
+                _infer(evaluation, model, [item])
+        return
+    for (run, sample_id, _), output in zip(items, outputs, strict=True):
+        try:
+            run.outputs[sample_id] = to_json(output)
+        except (TypeError, ValueError) as exc:
+            run.errors[sample_id] = _error(Stage.INFER, PermanentError(f"output not JSON: {exc}"))
+
+
+def _pending(run: _Run, inferred: set[int]) -> list[Item]:
+    todo = [i for i in run.ids if i not in inferred and i not in run.errors]
+    items: list[Item] = []
+    for sample_id, row in run.rows(todo, Stage.DATA).items() if todo else ():
+        try:
+            items.append((run, sample_id, scrub(row, run.evaluation.label_fields)))
+        except PermanentError as exc:
+            run.errors[sample_id] = _error(Stage.DATA, exc)
+    return items
 
 
 def infer_batch(res: Resources, tasks: list[SampleTask]) -> None:
-    """Run inference for a batch of per-sample tasks, any mix of runs."""
-    for run in _active_runs(res, tasks, Stage.INFER):
-        run_id = run.meta.run_id
-        inferred = res.results.inferred(run_id, run.ids)
-        todo = [i for i in run.ids if i not in inferred and i not in run.errors]
-        if todo:
-            rows = run.rows(todo, Stage.DATA)
-            if rows:
-                outputs = _infer(run, rows)
-                res.results.record_outputs(run_id, outputs)
-                inferred.update(outputs)
+    """Run inference for a batch of messages, any mix of runs and evaluations."""
+    runs = list(_active_runs(res, tasks, Stage.INFER))
+    inferred = {run.run_id: res.results.inferred(run.run_id, run.ids) for run in runs}
+    by_evaluation: dict[int, list[Item]] = defaultdict(list)
+    for run in runs:
+        by_evaluation[id(run.evaluation)].extend(_pending(run, inferred[run.run_id]))
+    for items in by_evaluation.values():
+        evaluation = items[0][0].evaluation
+        model = res.runtimes.model(evaluation)
+        for start in range(0, len(items), res.max_batch):
+            _infer(evaluation, model, items[start : start + res.max_batch])
+    for run in runs:
+        res.results.record_outputs(run.run_id, run.outputs)
         run.settle_errors()
-        res.publish(
-            SCORE_TASK,
-            [
-                SampleTask(run_id=run_id, eval=run.meta.eval, spec=run.meta.spec, sample_id=i)
-                for i in run.ids
-                if i in inferred
-            ],
-        )
+        ready = [i for i in run.ids if i in inferred[run.run_id] or i in run.outputs]
+        res.publish(SCORE_TASK, list(split(run.run_id, run.meta.eval, run.meta.spec, ready)))
 
 
 def _checked_scores(scores: object) -> dict[str, float]:
@@ -181,24 +190,22 @@ def _checked_scores(scores: object) -> dict[str, float]:
 
 
 def score_batch(res: Resources, tasks: list[SampleTask]) -> None:
-    """Score a batch of per-sample tasks, any mix of runs, and finalize finished runs."""
+    """Score a batch of messages, any mix of runs, and finalize the runs it finishes."""
     for run in _active_runs(res, tasks, Stage.SCORE):
-        run_id = run.meta.run_id
-        settled = res.results.settled(run_id, run.ids)
+        settled = res.results.settled(run.run_id, run.ids)
         todo = [i for i in run.ids if i not in settled and i not in run.errors]
-        outputs = res.results.outputs(run_id, todo)
+        outputs = res.results.outputs(run.run_id, todo)
         if len(outputs) < len(todo):
             # Scoring is enqueued only after an output is stored, so this message is stray
             # (e.g. replayed by hand); the inference path will enqueue the sample again.
-            log.warning(
-                "run %s: %d score messages without an output", run_id, len(todo) - len(outputs)
-            )
+            missing = len(todo) - len(outputs)
+            log.warning("run %s: %d score messages without an output", run.run_id, missing)
         scores: dict[int, dict[str, float]] = {}
         for sample_id, row in run.rows(list(outputs), Stage.SCORE).items():
             try:
                 scores[sample_id] = _checked_scores(run.evaluation.score(row, outputs[sample_id]))
             except Exception as exc:
                 run.errors[sample_id] = _error(Stage.SCORE, exc)
-        if res.results.record_scores(run_id, scores):
+        if res.results.record_scores(run.run_id, scores):
             run.finalize()
         run.settle_errors()

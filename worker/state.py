@@ -39,6 +39,7 @@ class WorkerState:
                 shards=ShardCache(client, self._settings.max_shards),
                 runtimes=RuntimePool(self._settings.device, self._settings.max_models),
                 publish=self._publish,
+                max_batch=self._settings.max_batch,
             )
         return self._resources
 

@@ -1,14 +1,16 @@
 """The Celery tasks: thin. Each validates its messages and hands a batch to a plain function.
 
-Both tasks are celery-batches tasks: the worker gathers per-sample messages into batches of up
-to ``EVALQ_MAX_BATCH`` (or whatever arrived within ``EVALQ_BATCH_WAIT`` seconds) and runs them
-as one call. A message that is not a valid payload is logged and dropped, never crash-looped.
+Both tasks are celery-batches tasks: the worker buffers incoming messages and runs them as one
+call when the buffered messages hold ``EVALQ_MAX_BATCH`` samples, or every ``EVALQ_BATCH_WAIT``
+seconds, whichever comes first. A message that is not a valid payload is logged and dropped,
+never crash-looped.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from celery import Celery
 from celery_batches import Batches, SimpleRequest
@@ -20,9 +22,49 @@ from shared.settings import Settings
 from worker.pipeline import Resources, infer_batch, score_batch
 from worker.state import WorkerState
 
-__all__ = ["parse_requests", "register_tasks"]
+__all__ = ["SampleBatches", "parse_requests", "register_tasks"]
 
 log = logging.getLogger(__name__)
+
+
+def _samples_in(message: Any) -> int:
+    """How many sample ids a task message carries (1 if it cannot tell)."""
+    try:
+        ids = message.payload[1]["sample_ids"]
+    except (AttributeError, IndexError, KeyError, TypeError, ValueError):
+        return 1
+    return len(ids) if isinstance(ids, list) and ids else 1
+
+
+class SampleBatches(Batches):  # type: ignore[misc]
+    """celery-batches' buffer, flushed by the number of *samples* buffered, not of messages.
+
+    A message may carry one sample or dozens; counting samples makes ``flush_samples`` the
+    batch size the model sees, whatever the producers chose.
+    """
+
+    abstract = True
+    flush_samples = 64
+    flush_every = 1 << 30  # the base class's message count never triggers; samples do
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._buffered_samples = 0
+
+    def Strategy(self, task: Batches, app: Celery, consumer: Any) -> Callable[..., None]:
+        buffer_message = super().Strategy(task, app, consumer)
+
+        def handle(message: Any, *args: Any, **kwargs: Any) -> None:
+            buffer_message(message, *args, **kwargs)
+            self._buffered_samples += _samples_in(message)
+            if self._buffered_samples >= self.flush_samples:
+                self._do_flush()
+
+        return handle
+
+    def _do_flush(self) -> None:
+        self._buffered_samples = 0
+        super()._do_flush()
 
 
 def parse_requests(requests: Sequence[SimpleRequest]) -> list[SampleTask]:
@@ -49,10 +91,10 @@ def register_tasks(app: Celery, state: WorkerState, settings: Settings) -> None:
                 run(state.get(), tasks)
 
         handle.__name__ = name.replace(".", "_")
-        app.task(  # type: ignore[no-untyped-call]
-            base=Batches,
+        app.task(
+            base=SampleBatches,
             name=name,
-            flush_every=settings.max_batch,
+            flush_samples=settings.max_batch,
             flush_interval=settings.batch_wait,
             acks_late=True,
         )(handle)

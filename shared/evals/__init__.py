@@ -1,5 +1,5 @@
 """Built-in evaluations, registered whenever plugins are loaded."""
 
-from shared.evals import topic
+from shared.evals import null, topic
 
-__all__ = ["topic"]
+__all__ = ["null", "topic"]

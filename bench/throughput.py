@@ -1,0 +1,232 @@
+"""Side-by-side throughput: evalq against the in-process baseline and a naive Celery reference.
+
+For a real model (the demo's MiniLM topic eval) and a null model (answers instantly, exposing
+pure queue overhead), in one process tree on one machine:
+
+  (a) baseline: the same eval, model and batch size in a plain loop in this process;
+  (b) evalq end to end (submit -> every sample scored) with 1 and with 2 worker processes;
+  (c) naive: one Celery task per sample, no batching, model still warm (bench/naive.py);
+
+plus the time to submit 100,000 samples. Prints a table and writes JSON.
+
+    python -m bench.throughput [--real-samples N] [--null-samples N] [--out PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from celery import Celery
+from rich.console import Console
+from rich.table import Table
+
+from producer.demo_data import write_demo_dataset
+from producer.submit import SubmitRequest, submit
+from producer.workers import LocalWorkers
+from shared.celery_app import create_app
+from shared.connection import connect
+from shared.data import build_spec
+from shared.evaluation import create, load_plugins, scrub
+from shared.models import RunStatus
+from shared.redis_server import RedisServer
+from shared.runs import RunStore
+from shared.settings import Settings
+from shared.spec import publish_spec
+from worker.runtime_pool import resolve_device
+
+console = Console(stderr=True)
+
+
+@dataclass
+class Row:
+    """One measured configuration."""
+
+    model: str
+    config: str
+    samples: int
+    seconds: float
+    ratio: float | None = None
+
+    @property
+    def rate(self) -> float:
+        return self.samples / self.seconds
+
+
+def _wait(probe: Callable[[], bool], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not probe():
+        if time.monotonic() > deadline:
+            raise TimeoutError("benchmark run did not finish")
+        time.sleep(0.01)
+
+
+def baseline(eval_name: str, data: Path, n: int, batch: int, device: str) -> float:
+    """Seconds for the plain loop: scrub, infer in batches, score every sample."""
+    evaluation = create(eval_name)
+    model = evaluation.load(device)
+    _, dataset = build_spec(str(data), "validation")
+    rows = [dict(r) for r in dataset.select(range(n))]
+    evaluation.infer(model, [scrub(r, evaluation.label_fields) for r in rows[:batch]])
+    started = time.perf_counter()
+    for i in range(0, n, batch):
+        chunk = rows[i : i + batch]
+        outputs = evaluation.infer(model, [scrub(r, evaluation.label_fields) for r in chunk])
+        for row, output in zip(chunk, outputs, strict=True):
+            evaluation.score(row, output)
+    return time.perf_counter() - started
+
+
+@contextmanager
+def _redis() -> Iterator[RedisServer]:
+    with tempfile.TemporaryDirectory(prefix="evalq-bench-") as tmp, RedisServer(Path(tmp)) as s:
+        yield s
+
+
+def evalq_run(eval_name: str, data: Path, n: int, workers: int, batch: int) -> float:
+    """Seconds from submit to the last score, with ``workers`` warm worker processes."""
+    with _redis() as server:
+        settings = Settings(redis_url=server.url, max_batch=batch)
+        app = create_app(settings)
+        client = connect(server.url)
+        runs = RunStore(client)
+        env = {"EVALQ_MAX_BATCH": str(batch)}
+        pool = LocalWorkers(server.url, count=workers, env=env).start(app)
+        try:
+
+            def run(limit: int) -> float:
+                started = time.perf_counter()
+                meta = submit(
+                    client,
+                    app,
+                    SubmitRequest(eval=eval_name, data=str(data), split="validation", limit=limit),
+                )
+                _wait(lambda: runs.get(meta.run_id).status is RunStatus.COMPLETED, 600)
+                return time.perf_counter() - started
+
+            run(batch * workers * 4)  # warm-up: every worker loads its model
+            return run(n)
+        finally:
+            pool.stop()
+            client.close()
+
+
+def naive_run(eval_name: str, data: Path, n: int) -> float:
+    """Seconds for one hand-written Celery task per sample (bench/naive.py), one worker."""
+    with _redis() as server:
+        env = {**os.environ, "EVALQ_REDIS_URL": server.url}
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "bench.naive", "worker",
+             "--concurrency=1", "--pool=prefork", "--loglevel=WARNING"],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        client = connect(server.url)
+        try:
+            app = Celery("naive", broker=server.url, set_as_current=False)
+            app.conf.update(task_serializer="json", accept_content=["json"])
+            fingerprint = publish_spec(client, build_spec(str(data), "validation")[0])
+
+            def run(run_id: str, count: int) -> float:
+                started = time.perf_counter()
+                for i in range(count):  # what a user writes: one .delay() per sample
+                    app.send_task("naive.evaluate", args=[run_id, eval_name, fingerprint, i])
+                _wait(lambda: int(client.get(f"naive:{run_id}:done") or 0) >= count, 900)
+                return time.perf_counter() - started
+
+            run("warm", 32)
+            return run("timed", n)
+        finally:
+            worker.terminate()
+            worker.wait(30)
+            client.close()
+
+
+def submit_time(data: Path, n: int) -> float:
+    """Seconds for ``submit`` of ``n`` null-model samples (no worker consuming)."""
+    with _redis() as server:
+        client = connect(server.url)
+        app = create_app(Settings(redis_url=server.url))
+        build_spec(str(data), "validation")  # datasets' Arrow cache is warm, as for a user
+        started = time.perf_counter()
+        submit(client, app, SubmitRequest(eval="null", data=str(data), split="validation", limit=n))
+        seconds = time.perf_counter() - started
+        client.close()
+        return seconds
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--real-samples", type=int, default=2000)
+    parser.add_argument("--null-samples", type=int, default=20000)
+    parser.add_argument("--naive-null-samples", type=int, default=5000)
+    parser.add_argument("--submit-samples", type=int, default=100_000)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--skip-naive-real", action="store_true")
+    parser.add_argument("--out", type=Path, default=Path("bench/results/throughput.json"))
+    args = parser.parse_args(argv)
+
+    load_plugins([])
+    device = resolve_device("auto")
+    largest = max(args.real_samples, args.null_samples, args.submit_samples)
+    data = write_demo_dataset(Path(tempfile.mkdtemp(prefix="evalq-bench-data-")), largest)
+    rows: list[Row] = []
+    for model, eval_name, n, naive_n in (
+        ("null", "null", args.null_samples, args.naive_null_samples),
+        ("MiniLM", "topic", args.real_samples, None if args.skip_naive_real else args.real_samples),
+    ):
+        console.print(f"[bold]{model}[/]: baseline")
+        base = Row(
+            model, "in-process baseline", n, baseline(eval_name, data, n, args.batch, device)
+        )
+        base.ratio = 1.0
+        rows.append(base)
+        for workers in (1, 2):
+            console.print(f"[bold]{model}[/]: evalq, {workers} worker(s)")
+            seconds = evalq_run(eval_name, data, n, workers, args.batch)
+            rows.append(Row(model, f"evalq, {workers} worker(s)", n, seconds))
+        if naive_n:
+            console.print(f"[bold]{model}[/]: naive")
+            rows.append(
+                Row(model, "naive: 1 task/sample", naive_n, naive_run(eval_name, data, naive_n))
+            )
+        for row in rows:
+            if row.model == model and row.ratio is None:
+                row.ratio = row.rate / base.rate
+    console.print(f"submit of {args.submit_samples} samples")
+    submit_seconds = submit_time(data, args.submit_samples)
+
+    table = Table(title=f"evalq throughput ({platform.node()}, {os.cpu_count()} cores, {device})")
+    for column in ("model", "configuration", "samples", "samples/s", "ratio to baseline"):
+        table.add_column(column, justify="right" if column != "configuration" else "left")
+    for row in rows:
+        table.add_row(
+            row.model, row.config, str(row.samples), f"{row.rate:,.0f}", f"{row.ratio:.2f}"
+        )
+    Console().print(table)
+    Console().print(f"submit {args.submit_samples:,} samples: {submit_seconds:.2f} s")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(
+        json.dumps(
+            {
+                "machine": {"cores": os.cpu_count(), "device": device, "python": sys.version},
+                "batch": args.batch,
+                "rows": [{**asdict(r), "samples_per_s": r.rate} for r in rows],
+                "submit": {"samples": args.submit_samples, "seconds": submit_seconds},
+            },
+            indent=2,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
