@@ -39,6 +39,13 @@ class Stack:
         ).start(self.app)
         return self.workers
 
+    def worker_log(self) -> str:
+        return "".join(p.read_text() for p in sorted(self.log_dir.glob("worker-*.log")))
+
+    def assert_no_task_crashed(self) -> None:
+        """No batch raised out of evalq's code (per-sample errors are records, not crashes)."""
+        assert "Traceback" not in self.worker_log()
+
 
 def _stack(root: Path) -> Stack:
     server = RedisServer(root / "redis").start()
@@ -62,6 +69,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     shared.start_workers()
     yield shared
     _close(shared)
+    shared.assert_no_task_crashed()
 
 
 @pytest.fixture
@@ -70,6 +78,7 @@ def fresh_stack(tmp_path: Path) -> Iterator[Stack]:
     own = _stack(tmp_path)
     yield own
     _close(own)
+    own.assert_no_task_crashed()
 
 
 @pytest.fixture

@@ -159,7 +159,9 @@ def infer_batch(res: Resources, tasks: list[SampleTask]) -> None:
     inferred = {run.run_id: res.results.inferred(run.run_id, run.ids) for run in runs}
     by_evaluation: dict[int, list[Item]] = defaultdict(list)
     for run in runs:
-        by_evaluation[id(run.evaluation)].extend(_pending(run, inferred[run.run_id]))
+        pending = _pending(run, inferred[run.run_id])
+        if pending:
+            by_evaluation[id(run.evaluation)].extend(pending)
     for items in by_evaluation.values():
         evaluation = items[0][0].evaluation
         model = res.runtimes.model(evaluation)
