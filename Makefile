@@ -4,7 +4,7 @@ VENV   ?= .venv
 TORCH  ?= torch==2.13.0
 BIN     = $(VENV)/bin
 
-.PHONY: install demo test lint check bench clean
+.PHONY: install demo test lint bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,3 +29,6 @@ test: lint
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache evalq-demo
+
+bench: install
+	$(BIN)/python -m bench.throughput

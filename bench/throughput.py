@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -37,6 +37,7 @@ from producer.workers import LocalWorkers
 from shared.celery_app import create_app
 from shared.connection import connect
 from shared.data import build_spec
+from shared.dispatch import MESSAGE_SAMPLES
 from shared.evaluation import create, load_plugins, scrub
 from shared.models import RunStatus
 from shared.redis_server import RedisServer
@@ -68,23 +69,27 @@ def _wait(probe: Callable[[], bool], timeout: float) -> None:
     while not probe():
         if time.monotonic() > deadline:
             raise TimeoutError("benchmark run did not finish")
-        time.sleep(0.01)
+        time.sleep(0.05)
 
 
-def baseline(eval_name: str, data: Path, n: int, batch: int, device: str) -> float:
-    """Seconds for the plain loop: scrub, infer in batches, score every sample."""
+def baseline(eval_name: str, data: Path, n: int, batch: int, device: str, repeat: int) -> float:
+    """Median seconds of the plain loop: scrub, infer in batches, score every sample."""
     evaluation = create(eval_name)
     model = evaluation.load(device)
     _, dataset = build_spec(str(data), "validation")
     rows = [dict(r) for r in dataset.select(range(n))]
     evaluation.infer(model, [scrub(r, evaluation.label_fields) for r in rows[:batch]])
-    started = time.perf_counter()
-    for i in range(0, n, batch):
-        chunk = rows[i : i + batch]
-        outputs = evaluation.infer(model, [scrub(r, evaluation.label_fields) for r in chunk])
-        for row, output in zip(chunk, outputs, strict=True):
-            evaluation.score(row, output)
-    return time.perf_counter() - started
+
+    def run() -> float:
+        started = time.perf_counter()
+        for i in range(0, n, batch):
+            chunk = rows[i : i + batch]
+            outputs = evaluation.infer(model, [scrub(r, evaluation.label_fields) for r in chunk])
+            for row, output in zip(chunk, outputs, strict=True):
+                evaluation.score(row, output)
+        return time.perf_counter() - started
+
+    return statistics.median(run() for _ in range(repeat))
 
 
 @contextmanager
@@ -93,8 +98,8 @@ def _redis() -> Iterator[RedisServer]:
         yield s
 
 
-def evalq_run(eval_name: str, data: Path, n: int, workers: int, batch: int) -> float:
-    """Seconds from submit to the last score, with ``workers`` warm worker processes."""
+def evalq_run(eval_name: str, data: Path, n: int, workers: int, batch: int, repeat: int) -> float:
+    """Median seconds from submit to the last score, with ``workers`` warm worker processes."""
     with _redis() as server:
         settings = Settings(redis_url=server.url, max_batch=batch)
         app = create_app(settings)
@@ -115,7 +120,7 @@ def evalq_run(eval_name: str, data: Path, n: int, workers: int, batch: int) -> f
                 return time.perf_counter() - started
 
             run(batch * workers * 4)  # warm-up: every worker loads its model
-            return run(n)
+            return statistics.median(run(n) for _ in range(repeat))
         finally:
             pool.stop()
             client.close()
@@ -171,6 +176,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--naive-null-samples", type=int, default=5000)
     parser.add_argument("--submit-samples", type=int, default=100_000)
     parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--repeat", type=int, default=3, help="timed runs per config (median)")
     parser.add_argument("--skip-naive-real", action="store_true")
     parser.add_argument("--out", type=Path, default=Path("bench/results/throughput.json"))
     args = parser.parse_args(argv)
@@ -186,13 +192,16 @@ def main(argv: list[str] | None = None) -> None:
     ):
         console.print(f"[bold]{model}[/]: baseline")
         base = Row(
-            model, "in-process baseline", n, baseline(eval_name, data, n, args.batch, device)
+            model,
+            "in-process baseline",
+            n,
+            baseline(eval_name, data, n, args.batch, device, args.repeat),
         )
         base.ratio = 1.0
         rows.append(base)
         for workers in (1, 2):
             console.print(f"[bold]{model}[/]: evalq, {workers} worker(s)")
-            seconds = evalq_run(eval_name, data, n, workers, args.batch)
+            seconds = evalq_run(eval_name, data, n, workers, args.batch, args.repeat)
             rows.append(Row(model, f"evalq, {workers} worker(s)", n, seconds))
         if naive_n:
             console.print(f"[bold]{model}[/]: naive")
@@ -205,7 +214,8 @@ def main(argv: list[str] | None = None) -> None:
     console.print(f"submit of {args.submit_samples} samples")
     submit_seconds = submit_time(data, args.submit_samples)
 
-    table = Table(title=f"evalq throughput ({platform.node()}, {os.cpu_count()} cores, {device})")
+    title = f"evalq throughput ({os.cpu_count()} cores, {device}, median of {args.repeat})"
+    table = Table(title=title)
     for column in ("model", "configuration", "samples", "samples/s", "ratio to baseline"):
         table.add_column(column, justify="right" if column != "configuration" else "left")
     for row in rows:
@@ -220,6 +230,8 @@ def main(argv: list[str] | None = None) -> None:
             {
                 "machine": {"cores": os.cpu_count(), "device": device, "python": sys.version},
                 "batch": args.batch,
+                "repeat": args.repeat,
+                "message_samples": MESSAGE_SAMPLES,
                 "rows": [{**asdict(r), "samples_per_s": r.rate} for r in rows],
                 "submit": {"samples": args.submit_samples, "seconds": submit_seconds},
             },

@@ -42,6 +42,9 @@ class LocalWorkers:
         """Start the processes and wait until each answers a ping."""
         env = {**os.environ, **self.env, "EVALQ_REDIS_URL": self.redis_url}
         env.pop("EVALQ_BROKER_URL", None)
+        # processes sharing this machine split its cores for torch rather than oversubscribe
+        share = max(1, (os.cpu_count() or 1) // max(1, self.count * self.concurrency))
+        env.setdefault("EVALQ_TORCH_THREADS", str(share))
         for index in range(self.count):
             command = [
                 sys.executable, "-m", "worker",

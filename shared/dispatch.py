@@ -16,7 +16,7 @@ from shared.models import SampleTask
 
 __all__ = ["MESSAGE_SAMPLES", "publish", "split"]
 
-MESSAGE_SAMPLES = 32
+MESSAGE_SAMPLES = 64
 PIPELINE_SIZE = 1000
 
 

@@ -44,6 +44,10 @@ class Settings(BaseSettings):
     max_models: int = Field(default=2, ge=1)
     """Worker-local: loaded models kept per worker process (LRU)."""
 
+    torch_threads: int | None = Field(default=None, ge=1)
+    """Worker-local: torch CPU threads per worker process; unset = torch's default (all cores).
+    Set it to cores / processes when several worker processes share one machine's CPUs."""
+
     @field_validator("plugins", mode="before")
     @classmethod
     def _split_plugins(cls, value: object) -> object:

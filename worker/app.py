@@ -39,7 +39,14 @@ def create_worker_app(settings: Settings) -> Celery:
 def run_worker(
     settings: Settings, queues: str = "infer,score", concurrency: int = 1, loglevel: str = "INFO"
 ) -> None:
-    """Run a Celery worker in this process (what ``celery -A worker.main worker`` does)."""
+    """Run a Celery worker in this process (what ``celery -A worker.main worker`` does).
+
+    With several processes and no ``EVALQ_TORCH_THREADS``, each process gets an equal share of
+    the CPU cores for torch instead of every process using them all.
+    """
+    if concurrency > 1 and settings.torch_threads is None:
+        share = max(1, (os.cpu_count() or 1) // concurrency)
+        settings = settings.model_copy(update={"torch_threads": share})
     app = create_worker_app(settings)
     app.worker_main(
         [

@@ -6,6 +6,7 @@ use after the fork, and frees models when it exits.
 
 from __future__ import annotations
 
+from billiard.process import current_process
 from celery import Celery
 
 from shared.connection import connect
@@ -37,7 +38,13 @@ class WorkerState:
                 runs=RunStore(client),
                 results=ResultStore(client),
                 shards=ShardCache(client, self._settings.max_shards),
-                runtimes=RuntimePool(self._settings.device, self._settings.max_models),
+                runtimes=RuntimePool(
+                    self._settings.device,
+                    self._settings.max_models,
+                    self._settings.torch_threads,
+                    # billiard numbers a prefork pool's processes 0..N-1: process k uses GPU k
+                    getattr(current_process(), "index", 0),
+                ),
                 publish=self._publish,
                 max_batch=self._settings.max_batch,
             )

@@ -1,0 +1,36 @@
+"""GPU placement. Marked ``gpu``: skipped where torch sees no CUDA device (CI never has one)."""
+
+from __future__ import annotations
+
+import pytest
+
+from worker.runtime_pool import resolve_device
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.gpu
+
+
+def test_auto_is_cpu_without_cuda() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    assert resolve_device("auto", 3) == "cpu"
+    assert resolve_device("cuda:1", 0) == "cuda:1"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_one_worker_process_per_gpu() -> None:
+    count = torch.cuda.device_count()
+    devices = [resolve_device("auto", index) for index in range(2 * count)]
+    assert devices == [f"cuda:{i % count}" for i in range(2 * count)]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_demo_model_runs_on_the_gpu() -> None:
+    from shared.evaluation import create, load_plugins
+
+    load_plugins([])
+    topic = create("topic")
+    encoder, anchors = topic.load(resolve_device("auto"))
+    assert anchors.device.type == "cuda"
+    outputs = topic.infer((encoder, anchors), [{"text": "The striker scored twice."}])
+    assert outputs[0]["label"] == "sports"
