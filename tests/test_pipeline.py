@@ -8,7 +8,7 @@ import pytest
 
 from producer.submit import SubmitRequest, submit
 from shared.celery_app import INFER_QUEUE, INFER_TASK, SCORE_QUEUE, SCORE_TASK
-from shared.dispatch import publish, split
+from shared.dispatch import MESSAGE_SAMPLES, publish, split
 from shared.models import RunMeta, RunStatus
 from shared.results import ResultStore
 from shared.runs import RunStore
@@ -97,16 +97,17 @@ def test_redelivered_messages_change_no_count_and_no_result(
     fresh_stack: Stack, tmp_path: Path
 ) -> None:
     stack = fresh_stack
-    write_rows(tmp_path, "validation", labelled_rows(120))
+    n = 5 * MESSAGE_SAMPLES - 20  # five messages, each larger than the workers' batch of 16
+    write_rows(tmp_path, "validation", labelled_rows(n))
     meta = submit(
         stack.client, stack.app, SubmitRequest(eval="spy", data=str(tmp_path), split="validation")
     )
     # Deliver every message twice, as a broker redelivery would: the copy (same task id and
     # body) of each message comes right after the next message, so it lands in a later batch
-    # (each 32-sample message fills a 16-sample batch), after the original's outputs are
+    # (each message fills a 16-sample batch), after the original's outputs are
     # stored and while the run is still going.
     queued = stack.client.lrange(INFER_QUEUE, 0, -1)[::-1]  # consumption order
-    assert len(queued) == 4
+    assert len(queued) == 5
     order = [queued[0]]
     for k in range(1, len(queued)):
         order += [queued[k], queued[k - 1]]
@@ -133,7 +134,7 @@ def test_redelivered_messages_change_no_count_and_no_result(
         "every duplicate to be consumed and acked",
     )
     progress = results.progress(meta.run_id)
-    assert (progress.inferred, progress.scored, progress.failed) == (120, 120, 0)
-    assert stack.client.hlen(f"evalq:{{{meta.run_id}}}:score") == 120
+    assert (progress.inferred, progress.scored, progress.failed) == (n, n, 0)
+    assert stack.client.hlen(f"evalq:{{{meta.run_id}}}:score") == n
     assert results.aggregate(meta.run_id) == aggregate
     stack.assert_no_task_crashed()
