@@ -171,9 +171,10 @@ def submit_time(data: Path, n: int) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--real-samples", type=int, default=2000)
+    parser.add_argument("--real-samples", type=int, default=10000)
     parser.add_argument("--null-samples", type=int, default=20000)
     parser.add_argument("--naive-null-samples", type=int, default=5000)
+    parser.add_argument("--naive-real-samples", type=int, default=1000)
     parser.add_argument("--submit-samples", type=int, default=100_000)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--repeat", type=int, default=3, help="timed runs per config (median)")
@@ -188,7 +189,12 @@ def main(argv: list[str] | None = None) -> None:
     rows: list[Row] = []
     for model, eval_name, n, naive_n in (
         ("null", "null", args.null_samples, args.naive_null_samples),
-        ("MiniLM", "topic", args.real_samples, None if args.skip_naive_real else args.real_samples),
+        (
+            "MiniLM",
+            "topic",
+            args.real_samples,
+            0 if args.skip_naive_real else args.naive_real_samples,
+        ),
     ):
         console.print(f"[bold]{model}[/]: baseline")
         base = Row(

@@ -17,7 +17,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from shared.connection import connect
 from shared.errors import EvalqError
+from shared.results import ResultStore
+from shared.runs import RunStore
 from shared.settings import Settings, get_settings
 
 __all__ = ["app", "main"]
@@ -40,11 +43,7 @@ def _print_json(value: Any) -> None:
     typer.echo(json.dumps(value, sort_keys=True, default=str))
 
 
-def _stores(settings: Settings) -> tuple[Any, Any, Any]:
-    from shared.connection import connect
-    from shared.results import ResultStore
-    from shared.runs import RunStore
-
+def _stores(settings: Settings) -> tuple[redis.Redis, RunStore, ResultStore]:
     client = connect(settings.redis_url)
     return client, RunStore(client), ResultStore(client)
 
@@ -141,7 +140,7 @@ def submit_command(
         _follow_and_report(runs, results, meta.run_id, as_json)
 
 
-def _follow_and_report(runs: Any, results: Any, run_id: str, as_json: bool) -> None:
+def _follow_and_report(runs: RunStore, results: ResultStore, run_id: str, as_json: bool) -> None:
     from producer.follow import follow
 
     final = follow(runs, results, run_id, err if as_json else out)
@@ -154,7 +153,7 @@ def _follow_and_report(runs: Any, results: Any, run_id: str, as_json: bool) -> N
         out.print(f"  {name}: {value:.4f}")
 
 
-def _status_record(runs: Any, results: Any, run_id: str) -> dict[str, Any]:
+def _status_record(runs: RunStore, results: ResultStore, run_id: str) -> dict[str, Any]:
     meta = runs.get(run_id)
     return {
         **meta.model_dump(mode="json"),

@@ -1,5 +1,7 @@
 """``python -m worker``: the same as ``evalq worker``."""
 
+import sys
+
 from producer.cli import main
 
-main(["worker", *__import__("sys").argv[1:]])
+main(["worker", *sys.argv[1:]])
