@@ -17,11 +17,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from shared.connection import connect
+from producer.client import Client
 from shared.errors import EvalqError
-from shared.results import ResultStore
-from shared.runs import RunStore
-from shared.settings import Settings, get_settings
+from shared.ledger import Budget
+from shared.settings import get_settings
+from shared.tiers import Tier
 
 __all__ = ["app", "main"]
 
@@ -43,9 +43,13 @@ def _print_json(value: Any) -> None:
     typer.echo(json.dumps(value, sort_keys=True, default=str))
 
 
-def _stores(settings: Settings) -> tuple[redis.Redis, RunStore, ResultStore]:
-    client = connect(settings.redis_url)
-    return client, RunStore(client), ResultStore(client)
+AdminFlag = Annotated[
+    bool, typer.Option("--admin", help="Bypass tier and budget (recorded in the audit stream).")
+]
+
+
+def _client(admin: bool = False) -> Client:
+    return Client(get_settings(), admin=admin)
 
 
 @app.command()
@@ -110,15 +114,12 @@ def submit_command(
     config: Annotated[str | None, typer.Option(help="Hub dataset configuration.")] = None,
     dataset_id: Annotated[str | None, typer.Option(help="Id for tiers/budgets.")] = None,
     follow_run: Annotated[bool, typer.Option("--follow", help="Show progress until done.")] = False,
+    admin: AdminFlag = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Submit an evaluation; prints the run id."""
-    from producer.submit import SubmitRequest, parse_ids, parse_params, submit
-    from shared.celery_app import create_app
-    from shared.evaluation import load_plugins
+    from producer.submit import SubmitRequest, parse_ids, parse_params
 
-    settings = get_settings()
-    load_plugins(settings.plugins)
     request = SubmitRequest(
         eval=eval_name,
         data=data,
@@ -130,64 +131,76 @@ def submit_command(
         config=config,
         dataset_id=dataset_id,
     )
-    client, runs, results = _stores(settings)
-    meta = submit(client, create_app(settings), request)
+    client = _client(admin)
+    meta = client.submit(request)
     if as_json:
         _print_json({"run_id": meta.run_id})
     else:
         out.print(meta.run_id, highlight=False)
     if follow_run:
-        _follow_and_report(runs, results, meta.run_id, as_json)
+        _follow_and_report(client, meta.run_id, as_json)
 
 
-def _follow_and_report(runs: RunStore, results: ResultStore, run_id: str, as_json: bool) -> None:
+def _follow_and_report(client: Client, run_id: str, as_json: bool) -> None:
     from producer.follow import follow
 
-    final = follow(runs, results, run_id, err if as_json else out)
-    aggregate = results.aggregate(run_id)
+    follow(client.runs, client.store, run_id, err if as_json else out)
+    view = client.status(run_id)
     if as_json:
-        _print_json({"run_id": run_id, "status": final.status, "aggregate": aggregate})
+        _print_json(
+            {
+                "run_id": run_id,
+                "status": view.meta.status,
+                "aggregate": view.aggregate,
+                "withheld": view.withheld,
+            }
+        )
         return
-    out.print(f"{run_id} {final.status}")
-    for name, value in sorted((aggregate or {}).items()):
+    out.print(f"{run_id} {view.meta.status}")
+    for name, value in sorted((view.aggregate or {}).items()):
         out.print(f"  {name}: {value:.4f}")
-
-
-def _status_record(runs: RunStore, results: ResultStore, run_id: str) -> dict[str, Any]:
-    meta = runs.get(run_id)
-    return {
-        **meta.model_dump(mode="json"),
-        "progress": results.progress(run_id).model_dump(),
-        "aggregate": results.aggregate(run_id),
-    }
+    if view.withheld:
+        out.print(f"  aggregate withheld: {view.withheld}")
 
 
 @app.command()
 def status(
     run_id: Annotated[str, typer.Argument(metavar="RUN")],
+    admin: AdminFlag = False,
     as_json: JsonFlag = False,
 ) -> None:
-    """Show a run's status, counts and aggregate."""
-    _, runs, results = _stores(get_settings())
-    record = _status_record(runs, results, run_id)
+    """Show a run's status, counts and aggregate (as its split's tier allows)."""
+    view = _client(admin).status(run_id)
     if as_json:
-        _print_json(record)
+        _print_json(view.as_dict())
         return
-    progress = record["progress"]
     table = Table(show_header=False, box=None)
-    for key in ("run_id", "eval", "dataset_id", "split", "status", "n"):
-        table.add_row(key, str(record[key]))
+    meta = view.meta
+    for key, value in (
+        ("run", meta.run_id),
+        ("eval", meta.eval),
+        ("data", f"{meta.dataset_id} / {meta.split} ({view.tier})"),
+        ("status", meta.status),
+        ("samples", meta.n),
+    ):
+        table.add_row(key, str(value))
+    progress = view.progress.model_dump()
     table.add_row("progress", ", ".join(f"{k} {v}" for k, v in progress.items()))
-    for name, value in sorted((record["aggregate"] or {}).items()):
-        table.add_row(name, f"{value:.4f}")
+    for name, metric in sorted((view.aggregate or {}).items()):
+        table.add_row(name, f"{metric:.4f}")
+    if view.withheld:
+        table.add_row("aggregate", f"withheld: {view.withheld}")
     out.print(table)
 
 
 @app.command()
-def watch(run_id: Annotated[str, typer.Argument(metavar="RUN")], as_json: JsonFlag = False) -> None:
+def watch(
+    run_id: Annotated[str, typer.Argument(metavar="RUN")],
+    admin: AdminFlag = False,
+    as_json: JsonFlag = False,
+) -> None:
     """Follow a run live until it ends, then print its aggregate."""
-    _, runs, results = _stores(get_settings())
-    _follow_and_report(runs, results, run_id, as_json)
+    _follow_and_report(_client(admin), run_id, as_json)
 
 
 @app.command()
@@ -196,17 +209,15 @@ def runs(
     as_json: JsonFlag = False,
 ) -> None:
     """List recent runs, newest first."""
-    _, store, results = _stores(get_settings())
-    records = [_status_record(store, results, m.run_id) for m in store.recent(limit)]
+    views = _client().recent(limit)
     if as_json:
-        _print_json(records)
+        _print_json([v.as_dict() for v in views])
         return
-    table = Table("run", "eval", "data", "split", "status", "done", "n")
-    for r in records:
-        done = r["progress"]["scored"] + r["progress"]["failed"]
-        table.add_row(
-            r["run_id"], r["eval"], r["dataset_id"], r["split"], r["status"], str(done), str(r["n"])
-        )
+    table = Table("run", "eval", "data", "split", "tier", "status", "done", "n")
+    for v in views:
+        m = v.meta
+        done = str(v.progress.done)
+        table.add_row(m.run_id, m.eval, m.dataset_id, m.split, v.tier, m.status, done, str(m.n))
     out.print(table)
 
 
@@ -215,8 +226,9 @@ def results(
     run_id: Annotated[str, typer.Argument(metavar="RUN")],
     fmt: Annotated[str, typer.Option("--format", help="jsonl, csv or parquet.")] = "jsonl",
     out_path: Annotated[Path | None, typer.Option("--out", help="File to write.")] = None,
+    admin: AdminFlag = False,
 ) -> None:
-    """Export a run's per-sample results."""
+    """Export a run's per-sample results (viewable splits; admins see all, audited)."""
     from producer.export import ExportFormat, write_results
     from shared.errors import InputError
 
@@ -224,11 +236,114 @@ def results(
         export_format = ExportFormat(fmt)
     except ValueError:
         raise InputError(f"--format must be jsonl, csv or parquet, not {fmt!r}") from None
-    _, store, result_store = _stores(get_settings())
-    ids = store.sample_ids(run_id)
-    count = write_results(result_store.results(run_id, ids), export_format, out_path)
+    count = write_results(_client(admin).results(run_id), export_format, out_path)
     if out_path is not None:
         err.print(f"wrote {count} results to {out_path}")
+
+
+@app.command()
+def cancel(
+    run_id: Annotated[str, typer.Argument(metavar="RUN")], as_json: JsonFlag = False
+) -> None:
+    """Cancel a run: keep what finished, refund (once) the samples that produced nothing."""
+    done = _client().cancel(run_id)
+    if as_json:
+        _print_json(done.__dict__)
+        return
+    state = "cancelled" if done.cancelled_now else "was already cancelled"
+    out.print(f"{run_id} {state}; refunded {done.refunded_samples} samples")
+
+
+tiers_app = typer.Typer(help="Split tiers: viewable, non_viewable (aggregates only), no_access.")
+budget_app = typer.Typer(help="Per-split budgets of runs and samples.")
+policy_app = typer.Typer(help="Tiers and budgets from a file.")
+app.add_typer(tiers_app, name="tiers")
+app.add_typer(budget_app, name="budget")
+app.add_typer(policy_app, name="policy")
+
+
+@tiers_app.command("set")
+def tiers_set(
+    dataset: Annotated[str, typer.Argument()],
+    split: Annotated[str, typer.Argument()],
+    tier: Annotated[Tier, typer.Argument(case_sensitive=False)],
+) -> None:
+    """Set a split's tier (audited)."""
+    client = _client()
+    before = client.tiers.set(dataset, split, tier, client.settings.principal)
+    out.print(f"{dataset}/{split}: {before or 'unlisted'} -> {tier}")
+
+
+@tiers_app.command("list")
+def tiers_list(as_json: JsonFlag = False) -> None:
+    """List every listed split's tier (unlisted splits are no_access)."""
+    listed = _client().tiers.listed()
+    if as_json:
+        _print_json({d: {s: t.value for s, t in splits.items()} for d, splits in listed.items()})
+        return
+    table = Table("dataset", "split", "tier")
+    for dataset, splits in listed.items():
+        for split, tier in sorted(splits.items()):
+            table.add_row(dataset, split, tier)
+    out.print(table)
+
+
+@budget_app.command("set")
+def budget_set(
+    dataset: Annotated[str, typer.Argument()],
+    split: Annotated[str, typer.Argument()],
+    runs_total: Annotated[int | None, typer.Option("--runs", min=0, help="Runs in all.")] = None,
+    samples: Annotated[int | None, typer.Option(min=0, help="Samples in all.")] = None,
+    max_samples_per_run: Annotated[
+        int | None, typer.Option(min=1, help="Most samples in one run.")
+    ] = None,
+) -> None:
+    """Set a split's budget totals (unset = unlimited); what was used is kept (audited)."""
+    client = _client()
+    budget = client.ledger.set(
+        dataset, split, runs_total, samples, max_samples_per_run, client.settings.principal
+    )
+    out.print(f"{dataset}/{split}: " + _budget_line(budget))
+
+
+def _budget_line(budget: Budget) -> str:
+    def part(name: str, left: int | None, total: int | None) -> str:
+        return f"{name} unlimited" if total is None else f"{name} {left}/{total} left"
+
+    cap = budget.max_samples_per_run
+    return ", ".join(
+        [
+            part("runs", budget.runs_left, budget.runs_total),
+            part("samples", budget.samples_left, budget.samples_total),
+            f"max per run {cap if cap is not None else 'unlimited'}",
+        ]
+    )
+
+
+@budget_app.command("show")
+def budget_show(as_json: JsonFlag = False) -> None:
+    """Show every budget: totals, used and left."""
+    budgets = _client().ledger.all()
+    if as_json:
+        _print_json([b.summary() for b in budgets])
+        return
+    table = Table("dataset", "split", "budget")
+    for budget in budgets:
+        table.add_row(budget.dataset, budget.split, _budget_line(budget))
+    out.print(table)
+
+
+@policy_app.command("apply")
+def policy_apply(path: Annotated[Path, typer.Argument(metavar="FILE")]) -> None:
+    """Apply tiers and budgets from a YAML or JSON file (checked whole before anything is set)."""
+    from producer.policy_file import apply_policy, load_policy
+
+    client = _client()
+    policy = load_policy(path)
+    for warning in apply_policy(policy, client.tiers, client.ledger, client.settings.principal):
+        err.print(f"[yellow]warning:[/] {warning}", highlight=False)
+    splits = sum(len(s) for s in policy.datasets.values())
+    out.print(f"applied {path}: {splits} splits")
 
 
 def _fail(message: str, code: int) -> NoReturn:

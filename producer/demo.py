@@ -13,21 +13,22 @@ from pathlib import Path
 
 from rich.console import Console
 
+from producer.client import Client
 from producer.demo_data import write_demo_dataset
 from producer.export import ExportFormat, write_results
 from producer.follow import follow
-from producer.submit import SubmitRequest, submit
+from producer.submit import SubmitRequest
 from producer.workers import LocalWorkers
-from shared.celery_app import create_app
-from shared.connection import connect
 from shared.errors import EvalqError
 from shared.models import RunMeta, RunStatus
 from shared.redis_server import RedisServer
-from shared.results import ResultStore
-from shared.runs import RunStore
 from shared.settings import Settings
+from shared.tiers import Tier
 
-__all__ = ["DemoSummary", "run_demo"]
+__all__ = ["DEMO_DATASET", "DemoSummary", "run_demo"]
+
+DEMO_DATASET = "evalq-demo"
+DEMO_TIERS = {"train": Tier.VIEWABLE, "validation": Tier.VIEWABLE, "test": Tier.NO_ACCESS}
 
 
 @dataclass(frozen=True)
@@ -52,32 +53,35 @@ def run_demo(samples: int, workers: int, out_dir: Path, console: Console) -> Dem
     with tempfile.TemporaryDirectory(prefix="evalq-demo-") as tmp, RedisServer(Path(tmp)) as server:
         console.print(f"[dim]private redis-server on {server.url}[/]")
         settings = Settings(redis_url=server.url)
-        app = create_app(settings)
-        client = connect(server.url)
+        client = Client(settings)
         pool = LocalWorkers(server.url, count=workers, log_dir=out_dir)
         try:
             with console.status(f"starting {workers} worker(s)..."):
-                pool.start(app)
+                pool.start(client.app)
+            for split, tier in DEMO_TIERS.items():
+                client.tiers.set(DEMO_DATASET, split, tier, settings.principal)
             started = time.monotonic()
-            meta = submit(
-                client,
-                app,
-                SubmitRequest(eval="topic", data=str(data), split="validation", limit=samples),
+            meta = client.submit(
+                SubmitRequest(
+                    eval="topic",
+                    data=str(data),
+                    split="validation",
+                    limit=samples,
+                    dataset_id=DEMO_DATASET,
+                )
             )
             console.print(f"run [bold]{meta.run_id}[/]: {meta.n} samples of {data}/validation")
-            runs, results = RunStore(client), ResultStore(client)
-            final = follow(runs, results, meta.run_id, console)
+            final = follow(client.runs, client.store, meta.run_id, console)
             seconds = time.monotonic() - started
             if final.status is not RunStatus.COMPLETED:
                 raise EvalqError(f"demo run ended {final.status}")
             path = out_dir / "results.jsonl"
-            write_results(
-                results.results(meta.run_id, runs.sample_ids(meta.run_id)), ExportFormat.JSONL, path
-            )
-            counts = results.progress(meta.run_id)
+            write_results(client.results(meta.run_id), ExportFormat.JSONL, path)
+            view = client.status(meta.run_id)
+            counts = view.progress
             return DemoSummary(
                 run=final,
-                aggregate=results.aggregate(meta.run_id) or {},
+                aggregate=view.aggregate or {},
                 scored=counts.scored,
                 failed=counts.failed,
                 seconds=seconds,

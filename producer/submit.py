@@ -1,7 +1,15 @@
-"""Submitting a run: validate, publish the spec, record the run, enqueue its samples."""
+"""Submitting a run: gate it on the split's tier and budget, then publish and enqueue.
+
+Order for a non-admin: resolve the tier -> refuse ``no_access`` before the ledger is touched ->
+read the split and resolve the sample ids -> refuse a ``non_viewable`` run under the
+k-anonymity floor -> reserve run and samples in one Lua script -> publish the spec, record the
+run, enqueue. If anything fails after the reservation, it is refunded (once) and the run, if
+it was recorded, is cancelled. An admin bypasses tier and budget; the bypass is audited.
+"""
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -13,11 +21,15 @@ from celery import Celery
 from shared.celery_app import INFER_TASK
 from shared.data import build_spec
 from shared.dispatch import publish, split
-from shared.errors import InputError, SampleIdError
+from shared.errors import InputError, SampleIdError, TierRefusedError
 from shared.evaluation import create
+from shared.keys import AUDIT, RunKeys
+from shared.ledger import Ledger
 from shared.models import RunMeta, RunStatus
 from shared.runs import RunStore
+from shared.scripts import Scripts
 from shared.spec import publish_spec
+from shared.tiers import MIN_AGGREGATE_SAMPLES, Tier, TierRegistry
 
 __all__ = ["SubmitRequest", "parse_ids", "parse_params", "resolve_ids", "submit"]
 
@@ -35,6 +47,11 @@ class SubmitRequest:
     revision: str | None = None
     config: str | None = None
     dataset_id: str | None = None
+
+    @property
+    def dataset(self) -> str:
+        """The dataset id tiers and budgets are keyed by."""
+        return self.dataset_id or self.data
 
 
 def parse_ids(text: str) -> list[int]:
@@ -85,23 +102,70 @@ def resolve_ids(n_rows: int, limit: int | None, ids: Sequence[int] | None) -> li
     return resolved
 
 
-def submit(client: redis.Redis, app: Celery, request: SubmitRequest) -> RunMeta:
-    """Validate ``request``, publish its spec, record the run and enqueue its samples."""
+def _audit_admin(client: redis.Redis, meta: RunMeta) -> None:
+    client.xadd(
+        AUDIT,
+        {
+            "action": "admin_submit",
+            "who": meta.principal,
+            "dataset": meta.dataset_id,
+            "split": meta.split,
+            "run": meta.run_id,
+            "samples": str(meta.n),
+            "at": str(meta.created),
+            "before": json.dumps(None),
+            "after": json.dumps({"bypassed": ["tier", "budget"]}),
+        },
+    )
+
+
+def submit(
+    client: redis.Redis, app: Celery, request: SubmitRequest, principal: str, admin: bool = False
+) -> RunMeta:
+    """Gate, publish and enqueue ``request``; return the new run's record."""
     create(request.eval, request.params)
+    dataset = request.dataset
+    tier = None if admin else TierRegistry(client).resolve(dataset, request.split)
+    if tier is Tier.NO_ACCESS:
+        raise TierRefusedError(f"tier refused: {dataset}/{request.split} is no_access")
     spec, _ = build_spec(request.data, request.split, request.revision, request.config)
     sample_ids = resolve_ids(spec.n_rows, request.limit, request.ids)
-    fingerprint = publish_spec(client, spec)
+    if tier is Tier.NON_VIEWABLE and len(sample_ids) < MIN_AGGREGATE_SAMPLES:
+        raise TierRefusedError(
+            f"tier refused: {dataset}/{request.split} is non_viewable; a run needs at least "
+            f"{MIN_AGGREGATE_SAMPLES} samples, this one has {len(sample_ids)}"
+        )
     meta = RunMeta(
         run_id=uuid.uuid4().hex[:16],
         eval=request.eval,
         params=dict(request.params),
-        spec=fingerprint,
-        dataset_id=request.dataset_id or request.data,
+        spec=spec.fingerprint,
+        dataset_id=dataset,
         split=request.split,
         n=len(sample_ids),
         status=RunStatus.QUEUED,
         created=time.time(),
+        principal=principal,
+        admin=admin,
+        charged=not admin,
     )
-    RunStore(client).create(meta, sample_ids)
-    publish(app, INFER_TASK, split(meta.run_id, meta.eval, fingerprint, sample_ids))
+    ledger = Ledger(client)
+    if admin:
+        _audit_admin(client, meta)
+    else:
+        ledger.reserve(dataset, request.split, meta.n, meta.run_id, principal)
+    recorded = False
+    try:
+        publish_spec(client, spec)
+        RunStore(client).create(meta, sample_ids)
+        recorded = True
+        publish(app, INFER_TASK, split(meta.run_id, meta.eval, meta.spec, sample_ids))
+    except BaseException:
+        if recorded:
+            Scripts(client).cancel(RunKeys(meta.run_id))
+        if meta.charged:
+            ledger.refund(
+                dataset, request.split, meta.run_id, 1, meta.n, principal, "enqueue failed"
+            )
+        raise
     return meta

@@ -9,18 +9,22 @@ the sample with a terminal error record. ``exit_code`` is what the CLI exits wit
 from __future__ import annotations
 
 __all__ = [
+    "BudgetExhaustedError",
     "DataError",
     "EvalqError",
     "InputError",
     "PayloadError",
     "PermanentError",
     "PluginError",
+    "PolicyError",
+    "PolicyRefusedError",
     "RetryableError",
     "SampleIdError",
     "SourceUnreachableError",
     "SpecError",
     "SplitNotFoundError",
     "StoreError",
+    "TierRefusedError",
     "UnknownEvalError",
     "UnknownRunError",
 ]
@@ -84,3 +88,25 @@ class PayloadError(PermanentError):
 
 class PluginError(PermanentError):
     """A plugin module could not be imported or registers something invalid."""
+
+
+class PolicyError(InputError):
+    """A tier or budget setting (or a policy file) is invalid."""
+
+
+class PolicyRefusedError(EvalqError):
+    """A split's tier or budget refuses the request; final, never worth retrying."""
+
+    exit_code = 3
+
+
+class TierRefusedError(PolicyRefusedError):
+    """The split's tier does not allow this (``no_access``, aggregates only, too few samples)."""
+
+
+class BudgetExhaustedError(PolicyRefusedError):
+    """The split's budget has too few runs or samples left, or the run exceeds the per-run cap."""
+
+    def __init__(self, message: str, limit: str) -> None:
+        super().__init__(message)
+        self.limit = limit

@@ -8,10 +8,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["RUNS", "RunKeys", "spec_key"]
+__all__ = ["AUDIT", "RUNS", "RunKeys", "budget_key", "spec_key", "tiers_key"]
 
 RUNS = "evalq:runs"
 """Sorted set: run id scored by its creation time."""
+
+
+AUDIT = "evalq:audit"
+"""Stream: every reservation, refund, tier change and budget change."""
+
+
+def tiers_key(dataset: str) -> str:
+    """Hash: split -> tier."""
+    return f"evalq:tiers:{dataset}"
+
+
+def budget_key(dataset: str, split: str) -> str:
+    """Hash: ``runs_total``, ``samples_total``, ``max_samples_per_run`` (absent = unlimited),
+    ``runs_used``, ``samples_used``."""
+    return f"evalq:budget:{dataset}:{split}"
 
 
 def spec_key(fingerprint: str) -> str:
@@ -54,6 +69,12 @@ class RunKeys:
     def progress(self) -> str:
         """Hash: inferred, scored, failed; bumped only when a write happened."""
         return f"evalq:{{{self.run_id}}}:progress"
+
+    @property
+    def refund(self) -> str:
+        """String: set once when the run's charge was (partly) given back; makes refunds
+        idempotent."""
+        return f"evalq:{{{self.run_id}}}:refund"
 
     @property
     def aggregate(self) -> str:

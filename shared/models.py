@@ -87,6 +87,12 @@ class RunMeta(BaseModel):
     """Number of samples in the run."""
     status: RunStatus
     """Current status."""
+    principal: str = ""
+    """Who submitted it."""
+    admin: bool = False
+    """Submitted with --admin: tier and budget were bypassed."""
+    charged: bool = False
+    """Its run and samples were charged to the split's budget."""
     created: float
     """Unix time of submission."""
     finished: float | None = None

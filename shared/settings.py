@@ -6,6 +6,7 @@ takes them from a message or a published spec.
 
 from __future__ import annotations
 
+import getpass
 from functools import lru_cache
 from typing import Annotated
 
@@ -25,6 +26,9 @@ class Settings(BaseSettings):
 
     broker_url: str | None = None
     """Celery broker; defaults to ``redis_url``."""
+
+    principal: str = Field(default_factory=getpass.getuser, min_length=1)
+    """Who this process acts for; recorded with every reservation and policy change."""
 
     plugins: Annotated[tuple[str, ...], NoDecode] = ()
     """Comma-separated modules imported at start-up to register evaluations."""

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+from shared.tiers import Tier, TierRegistry
 from tests.plugins import predict
 
 T = TypeVar("T")
@@ -34,6 +35,13 @@ def write_rows(folder: Path, split: str, rows: list[dict[str, object]]) -> Path:
     path = folder / f"{split}.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     return path
+
+
+def list_splits(client: object, dataset: str, *splits: str, tier: str = "viewable") -> None:
+    """List ``splits`` of ``dataset`` with ``tier`` (unlisted splits are no_access)."""
+    registry = TierRegistry(client)  # type: ignore[arg-type]
+    for split in splits:
+        registry.set(dataset, split, Tier(tier), "tests")
 
 
 def labelled_rows(n: int, salt: str = "") -> list[dict[str, object]]:

@@ -15,7 +15,7 @@ import pytest
 from shared.celery_app import INFER_QUEUE
 from shared.keys import RUNS
 from tests.conftest import Stack
-from tests.helpers import REPO, cli_env, evalq, labelled_rows, write_rows
+from tests.helpers import REPO, cli_env, evalq, labelled_rows, list_splits, write_rows
 
 pytestmark = pytest.mark.integration
 
@@ -34,6 +34,7 @@ def test_bad_input_gets_one_line_and_exit_2_and_enqueues_nothing(
     stack: Stack, tmp_path: Path, args: list[str], message: str
 ) -> None:
     write_rows(tmp_path, "validation", labelled_rows(12))
+    list_splits(stack.client, str(tmp_path), "validation", "test")
     before = stack.client.zcard(RUNS)
     result = evalq(stack.server.url, "submit", args[0], "--data", str(tmp_path), *args[1:])
     assert result.returncode == 2, result.stderr
@@ -44,8 +45,9 @@ def test_bad_input_gets_one_line_and_exit_2_and_enqueues_nothing(
     assert stack.client.zcard(RUNS) == before
 
 
-def test_unreachable_hub_is_one_line(redis_only: object, tmp_path: Path) -> None:
-    url = redis_only.url  # type: ignore[attr-defined]
+def test_unreachable_hub_is_one_line(stack: Stack, tmp_path: Path) -> None:
+    url = stack.server.url
+    list_splits(stack.client, "someone/no-such-dataset", "test")
     result = evalq(
         url, "submit", "spy", "--data", "someone/no-such-dataset", "--split", "test",
         HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path),
@@ -68,6 +70,7 @@ def test_unknown_run_and_unreachable_redis(redis_only: object) -> None:
 def test_submit_follow_status_runs_results(stack: Stack, tmp_path: Path) -> None:
     write_rows(tmp_path / "data", "validation", labelled_rows(50))
     data = str(tmp_path / "data")
+    list_splits(stack.client, data, "validation")
     url = stack.server.url
     followed = evalq(url, "submit", "spy", "--data", data, "--split", "validation",
                      "--limit", "30", "--follow", "--json")  # fmt: skip
@@ -112,6 +115,7 @@ def test_submit_follow_status_runs_results(stack: Stack, tmp_path: Path) -> None
 
 def test_redis_only_commands_import_no_torch(stack: Stack, tmp_path: Path) -> None:
     write_rows(tmp_path, "validation", labelled_rows(5))
+    list_splits(stack.client, str(tmp_path), "validation")
     script = f"""
 import sys
 from typer.testing import CliRunner

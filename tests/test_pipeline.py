@@ -13,7 +13,7 @@ from shared.models import RunMeta, RunStatus
 from shared.results import ResultStore
 from shared.runs import RunStore
 from tests.conftest import Stack
-from tests.helpers import expected_accuracy, labelled_rows, wait_for, write_rows
+from tests.helpers import expected_accuracy, labelled_rows, list_splits, wait_for, write_rows
 from tests.plugins import LABELS
 
 pytestmark = pytest.mark.integration
@@ -29,8 +29,12 @@ def _completed(stack: Stack, run_id: str, timeout: float = 90.0) -> None:
 def _run(stack: Stack, folder: Path, rows: list[dict[str, object]], eval_name: str) -> RunMeta:
     """Write ``rows`` as a validation split, submit them all and wait for completion."""
     write_rows(folder, "validation", rows)
+    list_splits(stack.client, str(folder), "validation")
     meta = submit(
-        stack.client, stack.app, SubmitRequest(eval=eval_name, data=str(folder), split="validation")
+        stack.client,
+        stack.app,
+        SubmitRequest(eval=eval_name, data=str(folder), split="validation"),
+        principal="tests",
     )
     _completed(stack, meta.run_id)
     return meta
@@ -99,8 +103,12 @@ def test_redelivered_messages_change_no_count_and_no_result(
     stack = fresh_stack
     n = 5 * MESSAGE_SAMPLES - 20  # five messages, each larger than the workers' batch of 16
     write_rows(tmp_path, "validation", labelled_rows(n))
+    list_splits(stack.client, str(tmp_path), "validation")
     meta = submit(
-        stack.client, stack.app, SubmitRequest(eval="spy", data=str(tmp_path), split="validation")
+        stack.client,
+        stack.app,
+        SubmitRequest(eval="spy", data=str(tmp_path), split="validation"),
+        principal="tests",
     )
     # Deliver every message twice, as a broker redelivery would: the copy (same task id and
     # body) of each message comes right after the next message, so it lands in a later batch

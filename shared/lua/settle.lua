@@ -6,9 +6,11 @@
 -- KEYS[4] = evalq:{run}:meta      hash, reads 'n' and 'status', claims 'finalizing' (HSETNX)
 -- ARGV[1] = 'score' or 'err'      which hash the values go to
 -- ARGV[2..] = id1, json1, id2, json2, ...
--- A value is written only when the sample has neither a score nor an error yet.
+-- A value is written only when the sample has neither a score nor an error yet, and nothing
+-- is written once the run is cancelled.
 -- Returns: {written, finalize}; finalize is 1 for exactly one caller, the one that saw every
 -- sample settled first, and 0 for everyone else.
+if redis.call('HGET', KEYS[4], 'status') == 'cancelled' then return {0, 0} end
 local target, other, counter = KEYS[1], KEYS[2], 'scored'
 if ARGV[1] == 'err' then
   target, other, counter = KEYS[2], KEYS[1], 'failed'

@@ -1,0 +1,117 @@
+"""``evalq policy apply FILE``: tiers and budgets from a YAML or JSON file, reconciled.
+
+::
+
+    datasets:
+      demo:
+        validation:
+          tier: non_viewable
+          budget: {runs: 10, samples: 5000, max_samples_per_run: 500}
+        test: {tier: no_access}
+
+Reconciliation: a budgeted split with no tier (in the file or already stored) becomes
+``non_viewable``; a budgeted ``no_access`` split is an error; a budgeted ``viewable`` split is
+allowed with a warning (a budget meters compute, not information). Budgets keep what was used.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from shared.errors import PolicyError
+from shared.ledger import Ledger
+from shared.tiers import Tier, TierRegistry
+
+__all__ = ["PolicyFile", "apply_policy", "load_policy"]
+
+
+class BudgetLimits(BaseModel):
+    """A split's budget in a policy file; absent = unlimited."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    runs: int | None = Field(default=None, ge=0)
+    samples: int | None = Field(default=None, ge=0)
+    max_samples_per_run: int | None = Field(default=None, ge=1)
+
+
+class SplitPolicy(BaseModel):
+    """A split's tier and budget in a policy file."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tier: Tier | None = None
+    budget: BudgetLimits | None = None
+
+
+class PolicyFile(BaseModel):
+    """The whole file: datasets -> splits -> policy."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    datasets: dict[str, dict[str, SplitPolicy]]
+
+
+def load_policy(path: Path) -> PolicyFile:
+    """Read and validate a YAML or JSON policy file."""
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise PolicyError(f"cannot read {path}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise PolicyError(f"{path} is not valid YAML or JSON: {str(exc).splitlines()[0]}") from exc
+    try:
+        return PolicyFile.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise PolicyError(f"{path}: {where}: {first['msg']}") from exc
+
+
+@dataclass(frozen=True)
+class _Change:
+    dataset: str
+    split: str
+    tier: Tier | None
+    budget: BudgetLimits | None
+
+
+def _reconcile(policy: PolicyFile, tiers: TierRegistry) -> tuple[list[_Change], list[str]]:
+    changes: list[_Change] = []
+    warnings: list[str] = []
+    for dataset, splits in policy.datasets.items():
+        for split, entry in splits.items():
+            tier = entry.tier
+            if entry.budget is not None:
+                effective = tier or tiers.lookup(dataset, split)
+                if effective is None:
+                    tier = Tier.NON_VIEWABLE
+                    warnings.append(f"{dataset}/{split}: budgeted but unlisted, made non_viewable")
+                elif effective is Tier.NO_ACCESS:
+                    raise PolicyError(f"{dataset}/{split}: a no_access split cannot have a budget")
+                elif effective is Tier.VIEWABLE:
+                    warnings.append(f"{dataset}/{split}: budgeted but viewable (labels readable)")
+            changes.append(_Change(dataset, split, tier, entry.budget))
+    return changes, warnings
+
+
+def apply_policy(policy: PolicyFile, tiers: TierRegistry, ledger: Ledger, who: str) -> list[str]:
+    """Check the whole file first, then apply it; return its warnings."""
+    changes, warnings = _reconcile(policy, tiers)
+    for change in changes:
+        if change.tier is not None:
+            tiers.set(change.dataset, change.split, change.tier, who)
+        if change.budget is not None:
+            ledger.set(
+                change.dataset,
+                change.split,
+                change.budget.runs,
+                change.budget.samples,
+                change.budget.max_samples_per_run,
+                who,
+            )
+    return warnings

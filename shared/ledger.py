@@ -1,0 +1,144 @@
+"""The budget ledger: per (dataset, split) limits on runs and samples, charged atomically.
+
+A budget stores totals (absent = unlimited) and what has been used; what is left is derived.
+Reserving is one Lua script that checks runs, then samples, then the per-run cap, and charges
+and audits all at once or writes nothing. Setting new totals never touches what was used, so
+re-applying a policy never refunds spend: what is left is ``max(0, total - used)``.
+"""
+
+from __future__ import annotations
+
+import redis
+from pydantic import BaseModel, Field
+
+from shared.errors import BudgetExhaustedError
+from shared.keys import RunKeys, budget_key
+from shared.scripts import Scripts
+
+__all__ = ["Budget", "Ledger"]
+
+_TOTALS = ("runs_total", "samples_total", "max_samples_per_run")
+
+
+class Budget(BaseModel):
+    """One split's budget; ``None`` totals are unlimited."""
+
+    dataset: str
+    """Dataset id."""
+    split: str
+    """Split name."""
+    runs_total: int | None = Field(default=None, ge=0)
+    """Runs allowed in all."""
+    samples_total: int | None = Field(default=None, ge=0)
+    """Samples allowed in all."""
+    max_samples_per_run: int | None = Field(default=None, ge=1)
+    """Most samples one run may ask for."""
+    runs_used: int = 0
+    """Runs charged so far."""
+    samples_used: int = 0
+    """Samples charged so far."""
+
+    @property
+    def runs_left(self) -> int | None:
+        return None if self.runs_total is None else max(0, self.runs_total - self.runs_used)
+
+    @property
+    def samples_left(self) -> int | None:
+        if self.samples_total is None:
+            return None
+        return max(0, self.samples_total - self.samples_used)
+
+    @property
+    def limited(self) -> bool:
+        """Whether any limit is set."""
+        return any(getattr(self, name) is not None for name in _TOTALS)
+
+    def summary(self) -> dict[str, int | str | None]:
+        """Totals, used and left, for display and JSON."""
+        return {
+            **self.model_dump(),
+            "runs_left": self.runs_left,
+            "samples_left": self.samples_left,
+        }
+
+
+def _refusal(budget: Budget, limit: str, samples: int) -> str:
+    where = f"{budget.dataset}/{budget.split}"
+    if limit == "runs":
+        return f"budget refused: {where} has no runs left ({budget.runs_total} in all)"
+    if limit == "samples":
+        return (
+            f"budget refused: {where} has {budget.samples_left} samples left, "
+            f"the run needs {samples}"
+        )
+    return (
+        f"budget refused: {where} allows at most {budget.max_samples_per_run} samples per run, "
+        f"the run has {samples}"
+    )
+
+
+class Ledger:
+    """Budgets in ``evalq:budget:{dataset}:{split}``."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self._client = client
+        self._scripts = Scripts(client)
+
+    def get(self, dataset: str, split: str) -> Budget:
+        """The split's budget (unlimited and unused when none is stored)."""
+        raw = self._client.hgetall(budget_key(dataset, split))
+        return Budget.model_validate({**raw, "dataset": dataset, "split": split})
+
+    def reserve(self, dataset: str, split: str, samples: int, run_id: str, who: str) -> None:
+        """Charge one run of ``samples`` samples, or raise :class:`BudgetExhaustedError`."""
+        key = budget_key(dataset, split)
+        verdict = self._scripts.reserve(key, samples, run_id, who, dataset, split)
+        if verdict != "ok":
+            message = _refusal(self.get(dataset, split), verdict, samples)
+            raise BudgetExhaustedError(message, verdict)
+
+    def refund(
+        self,
+        dataset: str,
+        split: str,
+        run_id: str,
+        runs: int,
+        samples: int,
+        who: str,
+        reason: str,
+    ) -> int:
+        """Give back ``runs`` and ``samples`` of a run's charge, at most once per run."""
+        key = budget_key(dataset, split)
+        return self._scripts.refund(
+            key, RunKeys(run_id), runs, samples, who, dataset, split, reason
+        )
+
+    def set(
+        self,
+        dataset: str,
+        split: str,
+        runs: int | None,
+        samples: int | None,
+        max_samples_per_run: int | None,
+        who: str,
+    ) -> Budget:
+        """Replace the split's totals (None = unlimited), keep what was used, audit it."""
+        Budget(  # validates the totals before anything is written
+            dataset=dataset,
+            split=split,
+            runs_total=runs,
+            samples_total=samples,
+            max_samples_per_run=max_samples_per_run,
+        )
+        key = budget_key(dataset, split)
+        self._scripts.set_budget(key, dataset, split, [runs, samples, max_samples_per_run], who)
+        return self.get(dataset, split)
+
+    def all(self) -> list[Budget]:
+        """Every stored budget."""
+        budgets = []
+        for key in self._client.scan_iter(match=budget_key("*", "*"), count=500):
+            raw = self._client.hgetall(key)
+            if "dataset" in raw and "split" in raw:
+                budgets.append(Budget.model_validate(raw))
+        return sorted(budgets, key=lambda b: (b.dataset, b.split))

@@ -1,0 +1,20 @@
+-- cancel: stop a run (no result is written after this) and count the samples without result.
+-- KEYS[1] = evalq:{run}:meta   hash: status, n, finished
+-- KEYS[2] = evalq:{run}:out    hash, sample id -> output
+-- KEYS[3] = evalq:{run}:err    hash, sample id -> terminal error
+-- ARGV[1] = unix time
+-- Returns: {state, unproduced}. state: 1 cancelled by this call, 0 cancelled before,
+-- -1 the run had already finished (nothing changes). unproduced: samples with neither an
+-- output nor an error; stable once the run is cancelled, since writes then stop.
+local status = redis.call('HGET', KEYS[1], 'status')
+if status == 'completed' or status == 'failed' then return {-1, 0} end
+local state = 0
+if status ~= 'cancelled' then
+  redis.call('HSET', KEYS[1], 'status', 'cancelled', 'finished', ARGV[1])
+  state = 1
+end
+local produced = redis.call('HLEN', KEYS[2])
+for _, id in ipairs(redis.call('HKEYS', KEYS[3])) do
+  if redis.call('HEXISTS', KEYS[2], id) == 0 then produced = produced + 1 end
+end
+return {state, tonumber(redis.call('HGET', KEYS[1], 'n')) - produced}
