@@ -44,6 +44,13 @@ def list_splits(client: object, dataset: str, *splits: str, tier: str = "viewabl
         registry.set(dataset, split, Tier(tier), "tests")
 
 
+def audit_entries(client: object, run_id: str | None = None) -> list[dict[str, str]]:
+    """The audit stream's entries, oldest first (only those of ``run_id`` when given)."""
+    raw = client.xrange("evalq:audit") or []  # type: ignore[attr-defined]
+    entries = [{str(k): str(v) for k, v in (fields or {}).items()} for _, fields in raw]
+    return [e for e in entries if run_id is None or e.get("run") == run_id]
+
+
 def labelled_rows(n: int, salt: str = "") -> list[dict[str, object]]:
     """Rows with a label the spy gets right about a third of the time, and a secret field."""
     rows: list[dict[str, object]] = []

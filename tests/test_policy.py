@@ -1,0 +1,354 @@
+"""Tiers and the budget ledger against a real redis-server (invariants 1-3)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import redis
+
+from producer.client import Client
+from producer.submit import SubmitRequest
+from shared.connection import connect
+from shared.errors import BudgetExhaustedError, PolicyRefusedError, TierRefusedError
+from shared.keys import AUDIT, RUNS, budget_key
+from shared.ledger import Ledger
+from shared.models import RunStatus
+from shared.redis_server import RedisServer
+from shared.results import ResultStore
+from shared.settings import Settings
+from shared.tiers import Tier, TierRegistry
+from tests.conftest import Stack
+from tests.helpers import (
+    REPO,
+    audit_entries,
+    cli_env,
+    evalq,
+    labelled_rows,
+    list_splits,
+    wait_for,
+    write_rows,
+)
+
+pytestmark = pytest.mark.integration
+
+RACERS = 50
+
+
+_RACER = """
+import sys
+from shared.connection import connect
+from shared.errors import BudgetExhaustedError
+from shared.ledger import Ledger
+url, samples, index = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+client = connect(url)
+client.incr("test:ready")
+client.blpop(["test:go"], timeout=30)
+try:
+    Ledger(client).reserve("race", "validation", samples, "run" + index, "p" + index)
+    print("won")
+except BudgetExhaustedError:
+    print("refused")
+"""
+
+
+def _reserve(url: str, samples: int, index: int, start: threading.Event) -> bool:
+    start.wait(30)
+    client = connect(url)
+    try:
+        Ledger(client).reserve("race", "validation", samples, f"run{index}", f"t{index}")
+        return True
+    except BudgetExhaustedError:
+        return False
+    finally:
+        client.close()
+
+
+def _race(url: str, samples: int) -> int:
+    """Half the producers are threads, half separate processes, all released at once."""
+    half = RACERS // 2
+    client = connect(url)
+    client.delete("test:ready", "test:go")
+    env = cli_env(url)
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", _RACER, url, str(samples), str(i)],
+            env=env,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(half)
+    ]
+    start = threading.Event()
+    with ThreadPoolExecutor(half) as threads:
+        in_threads = [threads.submit(_reserve, url, samples, half + i, start) for i in range(half)]
+        wait_for(lambda: int(client.get("test:ready") or 0) == half, 60, "racers to connect")
+        client.rpush("test:go", *["go"] * half)
+        start.set()
+        thread_wins = sum(f.result(60) for f in in_threads)
+    process_wins = sum(p.communicate(timeout=60)[0].strip() == "won" for p in processes)
+    return thread_wins + process_wins
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[RedisServer]:
+    with RedisServer(tmp_path / "redis", appendonly=True) as running:
+        yield running
+
+
+def test_racing_producers_never_oversubscribe_runs(server: RedisServer) -> None:
+    ledger = Ledger(connect(server.url))
+    ledger.set("race", "validation", runs=7, samples=None, max_samples_per_run=None, who="admin")
+    assert _race(server.url, samples=1) == 7
+    budget = ledger.get("race", "validation")
+    assert (budget.runs_left, budget.runs_used, budget.samples_used) == (0, 7, 7)
+
+
+def test_racing_producers_never_oversubscribe_samples(server: RedisServer) -> None:
+    ledger = Ledger(connect(server.url))
+    ledger.set("race", "validation", runs=None, samples=70, max_samples_per_run=None, who="a")
+    assert _race(server.url, samples=10) == 7
+    budget = ledger.get("race", "validation")
+    assert (budget.samples_left, budget.samples_used, budget.runs_used) == (0, 70, 7)
+
+
+def test_a_refused_reservation_changes_nothing_and_names_its_limit(server: RedisServer) -> None:
+    client = connect(server.url)
+    ledger = Ledger(client)
+    ledger.set("d", "s", runs=3, samples=100, max_samples_per_run=20, who="admin")
+    ledger.reserve("d", "s", 20, "r1", "me")
+    before = client.hgetall(budget_key("d", "s")), client.xlen(AUDIT)
+    with pytest.raises(BudgetExhaustedError, match="at most 20 samples per run") as capped:
+        ledger.reserve("d", "s", 21, "r2", "me")
+    assert capped.value.limit == "max_samples_per_run"
+    ledger.set("d", "s", runs=1, samples=100, max_samples_per_run=20, who="admin")
+    with pytest.raises(BudgetExhaustedError, match="no runs left") as runs:
+        ledger.reserve("d", "s", 1, "r3", "me")
+    assert runs.value.limit == "runs"
+    ledger.set("d", "s", runs=9, samples=25, max_samples_per_run=None, who="admin")
+    with pytest.raises(BudgetExhaustedError, match="5 samples left") as samples:
+        ledger.reserve("d", "s", 6, "r4", "me")
+    assert samples.value.limit == "samples"
+    after = client.hgetall(budget_key("d", "s"))
+    assert (after["runs_used"], after["samples_used"]) == (before[0]["runs_used"], "20")
+
+
+class _Monitor:
+    """Every command the server receives while the block runs (Redis MONITOR)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.commands: list[str] = []
+
+    def __enter__(self) -> _Monitor:
+        self._client = redis.Redis.from_url(self.url, decode_responses=True)
+        self._monitor = self._client.monitor()  # type: ignore[no-untyped-call]
+        self._monitor.__enter__()
+        self._thread = threading.Thread(target=self._listen, daemon=True)
+        self._thread.start()
+        connect(self.url).echo("monitor-start")
+        wait_for(lambda: any("monitor-start" in c for c in self.commands), 10, "MONITOR")
+        return self
+
+    def _listen(self) -> None:
+        for event in self._monitor.listen():
+            self.commands.append(str(event["command"]))
+            if "monitor-stop" in event["command"]:
+                return
+
+    def __exit__(self, *exc: object) -> None:
+        connect(self.url).echo("monitor-stop")
+        self._thread.join(10)
+        self._monitor.__exit__(None, None, None)
+        self._client.close()
+
+
+def test_no_access_and_unlisted_are_refused_before_the_ledger(stack: Stack, tmp_path: Path) -> None:
+    write_rows(tmp_path, "test", labelled_rows(10))
+    write_rows(tmp_path, "train", labelled_rows(10))
+    data = str(tmp_path)
+    list_splits(stack.client, data, "test", tier="no_access")  # train stays unlisted
+    runs_before = stack.client.zcard(RUNS)
+    with _Monitor(stack.server.url) as seen:
+        for split in ("test", "train"):
+            refused = evalq(stack.server.url, "submit", "spy", "--data", data, "--split", split)
+            assert refused.returncode == 3, refused.stderr
+            assert refused.stderr.strip() == f"error: tier refused: {data}/{split} is no_access"
+    touched = [c for c in seen.commands if "evalq:budget:" in c or "EVALSHA" in c.upper()]
+    assert touched == []
+    assert not stack.client.exists(budget_key(data, "test"), budget_key(data, "train"))
+    assert stack.client.zcard(RUNS) == runs_before
+
+    admin = Client(Settings(redis_url=stack.server.url, principal="root-op"), admin=True)
+    meta = admin.submit(SubmitRequest(eval="spy", data=data, split="test"))
+    assert meta.admin
+    assert not meta.charged
+    entries = audit_entries(stack.client, meta.run_id)
+    assert [(e["action"], e["who"]) for e in entries] == [("admin_submit", "root-op")]
+    assert not stack.client.exists(budget_key(data, "test"))
+    wait_for(lambda: admin.status(meta.run_id).meta.status is RunStatus.COMPLETED, 60, "run")
+
+
+def test_non_viewable_runs_are_aggregate_only(stack: Stack, tmp_path: Path) -> None:
+    write_rows(tmp_path, "validation", labelled_rows(30))
+    data = str(tmp_path)
+    list_splits(stack.client, data, "validation", tier="non_viewable")
+    url = stack.server.url
+    user = Client(Settings(redis_url=url, principal="agent"))
+    meta = user.submit(SubmitRequest(eval="spy", data=data, split="validation", limit=10))
+    wait_for(lambda: user.status(meta.run_id).meta.status is RunStatus.COMPLETED, 60, "run")
+
+    # Python API: aggregate yes, per-sample rows no
+    view = user.status(meta.run_id)
+    assert set(view.aggregate or {}) == {"correct", "saw_label"}
+    with pytest.raises(TierRefusedError, match="non_viewable"):
+        user.results(meta.run_id)
+
+    # CLI: the same, with exit code 3 and one line
+    refused = evalq(url, "results", meta.run_id)
+    assert refused.returncode == 3
+    assert refused.stdout == ""
+    assert len(refused.stderr.strip().splitlines()) == 1
+    assert "per-sample results are not readable" in refused.stderr
+    status = json.loads(evalq(url, "status", meta.run_id, "--json").stdout)
+    assert status["aggregate"] == view.aggregate
+    assert status["tier"] == "non_viewable"
+
+    # an admin may read the rows; the read is audited
+    rows = evalq(url, "results", meta.run_id, "--admin").stdout.splitlines()
+    assert len(rows) == 10
+    actions = [e["action"] for e in audit_entries(stack.client, meta.run_id)]
+    assert "admin_read" in actions
+
+    # fewer than 5 samples of a non_viewable split is refused, before any charge
+    used = Ledger(stack.client).get(data, "validation").samples_used
+    small = evalq(url, "submit", "spy", "--data", data, "--split", "validation", "--ids", "1,2,3,4")
+    assert small.returncode == 3
+    assert "at least 5 samples" in small.stderr
+    assert Ledger(stack.client).get(data, "validation").samples_used == used
+    with pytest.raises(TierRefusedError):
+        user.submit(SubmitRequest(eval="spy", data=data, split="validation", limit=4))
+
+
+def test_budget_survives_a_redis_restart_and_reapplying_policy_never_refunds(
+    server: RedisServer, tmp_path: Path
+) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        "datasets:\n"
+        "  demo:\n"
+        "    validation:\n"
+        "      tier: non_viewable\n"
+        "      budget: {runs: 5, samples: 100, max_samples_per_run: 40}\n"
+    )
+    applied = evalq(server.url, "policy", "apply", str(policy))
+    assert applied.returncode == 0, applied.stderr
+    ledger = Ledger(connect(server.url))
+    ledger.reserve("demo", "validation", 30, "r1", "me")
+    ledger.reserve("demo", "validation", 25, "r2", "me")
+
+    server.restart()  # SIGTERM, then a new redis-server replaying the AOF
+    ledger = Ledger(connect(server.url))
+    budget = ledger.get("demo", "validation")
+    assert (budget.runs_used, budget.samples_used) == (2, 55)
+    assert TierRegistry(connect(server.url)).resolve("demo", "validation") is Tier.NON_VIEWABLE
+
+    assert evalq(server.url, "policy", "apply", str(policy)).returncode == 0
+    budget = ledger.get("demo", "validation")
+    assert (budget.runs_left, budget.samples_left) == (3, 45)
+    shown = json.loads(evalq(server.url, "budget", "show", "--json").stdout)
+    assert shown[0]["samples_left"] == 45
+
+    smaller = evalq(server.url, "budget", "set", "demo", "validation", "--runs", "1",
+                    "--samples", "50")  # fmt: skip
+    assert smaller.returncode == 0
+    budget = ledger.get("demo", "validation")
+    assert (budget.runs_left, budget.samples_left, budget.max_samples_per_run) == (0, 0, None)
+
+
+def test_policy_reconciliation(server: RedisServer, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"datasets": {"d": {
+        "a": {"tier": "viewable"},
+        "b": {"tier": "no_access", "budget": {"runs": 3}},
+    }}}))  # fmt: skip
+    refused = evalq(server.url, "policy", "apply", str(bad))
+    assert refused.returncode == 2
+    assert "d.b" not in refused.stderr
+    assert "d/b: a no_access split cannot have a budget" in refused.stderr
+    assert TierRegistry(connect(server.url)).lookup("d", "a") is None  # nothing applied
+
+    good = tmp_path / "good.yaml"
+    good.write_text(
+        "datasets:\n  d:\n    unlisted: {budget: {samples: 10}}\n"
+        "    open: {tier: viewable, budget: {runs: 2}}\n"
+    )
+    applied = evalq(server.url, "policy", "apply", str(good))
+    assert applied.returncode == 0, applied.stderr
+    assert "d/unlisted: budgeted but unlisted, made non_viewable" in applied.stderr
+    assert "d/open: budgeted but viewable" in applied.stderr
+    tiers = TierRegistry(connect(server.url))
+    assert tiers.resolve("d", "unlisted") is Tier.NON_VIEWABLE
+    assert tiers.resolve("d", "open") is Tier.VIEWABLE
+    malformed = tmp_path / "malformed.yaml"
+    malformed.write_text("datasets: {d: {s: {tier: secret}}}\n")
+    assert evalq(server.url, "policy", "apply", str(malformed)).returncode == 2
+
+
+def test_cancel_refunds_exactly_the_unproduced_samples_once(
+    fresh_stack: Stack, tmp_path: Path
+) -> None:
+    stack = fresh_stack  # no worker: the test decides which samples produced a result
+    write_rows(tmp_path, "validation", labelled_rows(20))
+    data = str(tmp_path)
+    list_splits(stack.client, data, "validation")
+    Ledger(stack.client).set(data, "validation", runs=5, samples=100, max_samples_per_run=None,
+                             who="admin")  # fmt: skip
+    user = Client(Settings(redis_url=stack.server.url, principal="agent"))
+    meta = user.submit(SubmitRequest(eval="spy", data=data, split="validation"))
+    assert Ledger(stack.client).get(data, "validation").samples_used == 20
+
+    store = ResultStore(stack.client)
+    store.record_outputs(meta.run_id, {i: '{"pred": 0}' for i in range(6)})
+    store.record_scores(meta.run_id, {0: {"correct": 1.0}})
+    from shared.models import ErrorRecord, Stage
+
+    store.record_errors(meta.run_id, {15: ErrorRecord(stage=Stage.INFER, kind="E", message="x")})
+
+    first = json.loads(evalq(stack.server.url, "cancel", meta.run_id, "--json").stdout)
+    assert first == {"run_id": meta.run_id, "cancelled_now": True, "refunded_samples": 13}
+    second = json.loads(evalq(stack.server.url, "cancel", meta.run_id, "--json").stdout)
+    assert second == {"run_id": meta.run_id, "cancelled_now": False, "refunded_samples": 0}
+    budget = Ledger(stack.client).get(data, "validation")
+    assert (budget.samples_used, budget.runs_used) == (7, 1)
+    # nothing is written after cancellation, so the refund stays exact
+    assert store.record_outputs(meta.run_id, {10: '{"pred": 1}'}) == 0
+    refunds = [e for e in audit_entries(stack.client) if e["action"] == "refund"]
+    assert [(e["run"], e["samples"]) for e in refunds] == [(meta.run_id, "13")]
+
+
+def test_a_failed_enqueue_rolls_the_reservation_back_once(
+    redis_only: RedisServer, tmp_path: Path
+) -> None:
+    write_rows(tmp_path, "validation", labelled_rows(8))
+    data = str(tmp_path)
+    store = connect(redis_only.url)
+    list_splits(store, data, "validation")
+    Ledger(store).set(data, "validation", runs=2, samples=None, max_samples_per_run=None, who="a")
+    broken = Settings(redis_url=redis_only.url, broker_url="redis://127.0.0.1:1/0")
+    with pytest.raises(Exception, match=r"(?i)connect|refused") as failed:
+        Client(broken).submit(SubmitRequest(eval="spy", data=data, split="validation"))
+    assert not isinstance(failed.value, PolicyRefusedError)
+    budget = Ledger(store).get(data, "validation")
+    assert (budget.runs_used, budget.samples_used) == (0, 0)
+    (run_id,) = [str(r) for r in store.zrange(RUNS, 0, -1)]
+    assert store.hget(f"evalq:{{{run_id}}}:meta", "status") == "cancelled"
+    actions = [e["action"] for e in audit_entries(store, run_id)]
+    assert actions == ["reserve", "refund"]
