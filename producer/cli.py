@@ -186,6 +186,12 @@ def status(
         table.add_row(key, str(value))
     progress = view.progress.model_dump()
     table.add_row("progress", ", ".join(f"{k} {v}" for k, v in progress.items()))
+    pace = f"{view.throughput:.1f} samples/s"
+    if view.eta_seconds is not None:
+        pace += f", about {view.eta_seconds:.0f}s left"
+    table.add_row("throughput", pace)
+    for kind, count in view.errors.items():
+        table.add_row("errors", f"{count} {kind}")
     for name, metric in sorted((view.aggregate or {}).items()):
         table.add_row(name, f"{metric:.4f}")
     if view.withheld:
@@ -226,6 +232,9 @@ def results(
     run_id: Annotated[str, typer.Argument(metavar="RUN")],
     fmt: Annotated[str, typer.Option("--format", help="jsonl, csv or parquet.")] = "jsonl",
     out_path: Annotated[Path | None, typer.Option("--out", help="File to write.")] = None,
+    follow_run: Annotated[
+        bool, typer.Option("--follow", help="Stream results as they are stored (jsonl).")
+    ] = False,
     admin: AdminFlag = False,
 ) -> None:
     """Export a run's per-sample results (viewable splits; admins see all, audited)."""
@@ -236,7 +245,11 @@ def results(
         export_format = ExportFormat(fmt)
     except ValueError:
         raise InputError(f"--format must be jsonl, csv or parquet, not {fmt!r}") from None
-    count = write_results(_client(admin).results(run_id), export_format, out_path)
+    client = _client(admin)
+    if follow_run and export_format is not ExportFormat.JSONL:
+        raise InputError("--follow streams jsonl only")
+    rows = client.follow_results(run_id) if follow_run else client.results(run_id)
+    count = write_results(rows, export_format, out_path)
     if out_path is not None:
         err.print(f"wrote {count} results to {out_path}")
 
@@ -252,6 +265,21 @@ def cancel(
         return
     state = "cancelled" if done.cancelled_now else "was already cancelled"
     out.print(f"{run_id} {state}; refunded {done.refunded_samples} samples")
+
+
+@app.command()
+def resume(
+    run_id: Annotated[str, typer.Argument(metavar="RUN")], as_json: JsonFlag = False
+) -> None:
+    """Re-enqueue the samples that have no terminal result yet (charges no budget)."""
+    done = _client().resume(run_id)
+    if as_json:
+        _print_json(done.__dict__)
+        return
+    out.print(
+        f"{run_id}: {done.inference} samples back to inference, {done.scoring} to scoring"
+        + (", aggregate computed" if done.finalized else "")
+    )
 
 
 tiers_app = typer.Typer(help="Split tiers: viewable, non_viewable (aggregates only), no_access.")

@@ -19,20 +19,21 @@ from functools import cached_property
 from celery import Celery
 
 from producer.submit import SubmitRequest, submit
-from shared.celery_app import create_app
+from shared.celery_app import INFER_TASK, SCORE_TASK, create_app
 from shared.connection import connect
+from shared.dispatch import publish, split
 from shared.errors import EvalqError, TierRefusedError
-from shared.evaluation import load_plugins
+from shared.evaluation import create, load_plugins
 from shared.keys import AUDIT, RunKeys
 from shared.ledger import Ledger
-from shared.models import Progress, RunMeta, SampleResult
+from shared.models import Progress, RunMeta, RunStatus, SampleResult
 from shared.results import ResultStore
 from shared.runs import RunStore
 from shared.scripts import Scripts
 from shared.settings import Settings, get_settings
 from shared.tiers import MIN_AGGREGATE_SAMPLES, Access, Tier, TierRegistry, access
 
-__all__ = ["Cancellation", "Client", "RunView"]
+__all__ = ["Cancellation", "Client", "Resumption", "RunView"]
 
 
 @dataclass(frozen=True)
@@ -45,15 +46,46 @@ class RunView:
     aggregate: dict[str, float] | None
     withheld: str | None
     """Why the aggregate is not shown, when it is not."""
+    errors: dict[str, int]
+    """Terminal errors by ``stage/kind``."""
+
+    @property
+    def throughput(self) -> float:
+        """Samples settled per second since submission (until it finished)."""
+        elapsed = (self.meta.finished or time.time()) - self.meta.created
+        return self.progress.done / elapsed if elapsed > 0 else 0.0
+
+    @property
+    def eta_seconds(self) -> float | None:
+        """Seconds left at the current throughput, while the run is going."""
+        if self.meta.status not in (RunStatus.QUEUED, RunStatus.RUNNING) or not self.throughput:
+            return None
+        return max(0, self.meta.n - self.progress.done) / self.throughput
 
     def as_dict(self) -> dict[str, object]:
         return {
             **self.meta.model_dump(mode="json"),
             "tier": self.tier.value,
             "progress": self.progress.model_dump(),
+            "throughput": round(self.throughput, 3),
+            "eta_seconds": None if self.eta_seconds is None else round(self.eta_seconds, 1),
+            "errors": self.errors,
             "aggregate": self.aggregate,
             "withheld": self.withheld,
         }
+
+
+@dataclass(frozen=True)
+class Resumption:
+    """What ``resume`` re-enqueued."""
+
+    run_id: str
+    inference: int
+    """Samples sent back to inference (no output stored)."""
+    scoring: int
+    """Samples sent back to scoring (output stored, no score or error)."""
+    finalized: bool
+    """Every sample was settled and the aggregate was (re)computed."""
 
 
 @dataclass(frozen=True)
@@ -105,7 +137,9 @@ class Client:
             )
         else:
             aggregate = self.store.aggregate(run_id)
-        return RunView(meta, self.store.progress(run_id), tier, aggregate, withheld)
+        progress = self.store.progress(run_id)
+        errors = self.store.errors_by_kind(run_id) if progress.failed else {}
+        return RunView(meta, progress, tier, aggregate, withheld, errors)
 
     def recent(self, limit: int = 20) -> list[RunView]:
         """The newest runs first, as :meth:`status` shows them."""
@@ -113,6 +147,21 @@ class Client:
 
     def results(self, run_id: str) -> Iterator[SampleResult]:
         """Per-sample results; refused unless the split is viewable (or this is an admin)."""
+        self._readable(run_id)
+        return self.store.results(run_id, self.runs.sample_ids(run_id))
+
+    def follow_results(self, run_id: str, block_ms: int = 500) -> Iterator[SampleResult]:
+        """Each sample's result as soon as it is settled, once each, until the run ends."""
+        self._readable(run_id)
+        cursor = "0-0"
+        while True:
+            ended = self.runs.get(run_id).status not in (RunStatus.QUEUED, RunStatus.RUNNING)
+            cursor, ids = self.store.settled_since(run_id, cursor, 0 if ended else block_ms)
+            yield from self.store.fetch(run_id, ids)
+            if ended and not ids:
+                return
+
+    def _readable(self, run_id: str) -> None:
         meta = self.runs.get(run_id)
         tier, allowed = self._access(meta)
         if allowed is not Access.FULL:
@@ -122,7 +171,6 @@ class Client:
             )
         if self.admin and tier is not Tier.VIEWABLE:
             self._audit_admin_read(meta, tier)
-        return self.store.results(run_id, self.runs.sample_ids(run_id))
 
     def _audit_admin_read(self, meta: RunMeta, tier: Tier) -> None:
         self.redis.xadd(
@@ -157,6 +205,33 @@ class Client:
                 "cancelled",
             )
         return Cancellation(run_id, state == 1, refunded)
+
+    def resume(self, run_id: str) -> Resumption:
+        """Re-enqueue every sample without a terminal result; charges nothing.
+
+        Samples with an output go back to scoring, the rest to inference with a fresh attempt
+        count. Duplicates of messages still queued are harmless (every write is once-only).
+        If every sample is settled but the run never finished, its aggregate is computed here.
+        """
+        meta = self.runs.get(run_id)
+        if meta.status is RunStatus.CANCELLED:
+            raise EvalqError(f"run {run_id} was cancelled and refunded; submit it again instead")
+        ids = self.runs.sample_ids(run_id)
+        settled = self.store.settled(run_id, ids)
+        missing = [i for i in ids if i not in settled]
+        if not missing:
+            finalize = meta.status not in (RunStatus.COMPLETED, RunStatus.FAILED)
+            if finalize:
+                load_plugins(self.settings.plugins)
+                self.store.finalize(run_id, create(meta.eval, meta.params))
+            return Resumption(run_id, 0, 0, finalize)
+        inferred = self.store.inferred(run_id, missing)
+        to_score = [i for i in missing if i in inferred]
+        to_infer = [i for i in missing if i not in inferred]
+        self.store.reset_attempts(run_id, to_infer)
+        publish(self.app, INFER_TASK, split(run_id, meta.eval, meta.spec, to_infer))
+        publish(self.app, SCORE_TASK, split(run_id, meta.eval, meta.spec, to_score))
+        return Resumption(run_id, len(to_infer), len(to_score), False)
 
     def close(self) -> None:
         """Close the Redis connection."""

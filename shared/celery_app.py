@@ -35,9 +35,21 @@ def create_app(settings: Settings) -> Celery:
         task_routes={INFER_TASK: {"queue": INFER_QUEUE}, SCORE_TASK: {"queue": SCORE_QUEUE}},
         # Batches gather prefetched messages; a process must be able to hold two full batches.
         worker_prefetch_multiplier=2 * settings.max_batch,
+        # A message a dead worker had taken comes back to the queue once it has been invisible
+        # for visibility_timeout seconds; sweep for such messages often enough to notice.
+        broker_transport_options={
+            "visibility_timeout": settings.visibility_timeout,
+            "unacked_restore_interval": max(1, min(10, settings.visibility_timeout // 5)),
+            "unacked_restore_throttle": 1,
+        },
+        # If the broker connection drops, work in flight cannot be acked any more and will be
+        # redelivered: cancel it rather than finish it twice.
+        worker_cancel_long_running_tasks_on_connection_loss=True,
+        # Keep reconnecting through a broker restart instead of exiting.
+        broker_connection_retry_on_startup=True,
+        broker_connection_max_retries=None,
         # Events on, so Flower and `celery events` can watch workers and tasks.
         worker_send_task_events=True,
-        broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,
     )
     return app

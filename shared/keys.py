@@ -66,6 +66,16 @@ class RunKeys:
         return f"evalq:{{{self.run_id}}}:err"
 
     @property
+    def attempts(self) -> str:
+        """Hash: sample id -> times its inference was started."""
+        return f"evalq:{{{self.run_id}}}:attempts"
+
+    @property
+    def settled(self) -> str:
+        """Stream: ids of samples as they get their terminal result, for followers."""
+        return f"evalq:{{{self.run_id}}}:settled"
+
+    @property
     def progress(self) -> str:
         """Hash: inferred, scored, failed; bumped only when a write happened."""
         return f"evalq:{{{self.run_id}}}:progress"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -58,6 +59,15 @@ class ResultStore:
             scores, errors = pipe.execute()
         return {i for i, s, e in zip(sample_ids, scores, errors, strict=True) if s or e}
 
+    def attempt(self, run_id: str, sample_ids: list[int]) -> dict[int, int]:
+        """Count one more inference attempt for each sample; return the new counts."""
+        return self._scripts.attempt(RunKeys(run_id), sample_ids) if sample_ids else {}
+
+    def reset_attempts(self, run_id: str, sample_ids: list[int]) -> None:
+        """Forget the attempt counts of samples (``evalq resume`` gives them a fresh start)."""
+        if sample_ids:
+            self._client.hdel(RunKeys(run_id).attempts, *[str(i) for i in sample_ids])
+
     def record_outputs(self, run_id: str, outputs: dict[int, str]) -> int:
         """Write each output (JSON text, see :func:`to_json`) unless one exists; return how many
         were new."""
@@ -81,16 +91,15 @@ class ResultStore:
         return finalize
 
     def finalize(self, run_id: str, evaluation: Evaluation) -> dict[str, float]:
-        """Compute the aggregate from every stored score and mark the run completed."""
+        """Compute the aggregate from every stored score; the run is then completed (or failed,
+        when no sample could be scored)."""
         scores = [json.loads(v) for _, v in self._scan(RunKeys(run_id).score)]
         aggregate = evaluation.aggregate(scores) if scores else {}
+        status = RunStatus.COMPLETED if scores else RunStatus.FAILED
         keys = RunKeys(run_id)
         with self._client.pipeline(transaction=True) as pipe:
             pipe.set(keys.aggregate, to_json(aggregate))
-            pipe.hset(
-                keys.meta,
-                mapping={"status": RunStatus.COMPLETED.value, "finished": str(time.time())},
-            )
+            pipe.hset(keys.meta, mapping={"status": status.value, "finished": str(time.time())})
             pipe.execute()
         return aggregate
 
@@ -103,20 +112,53 @@ class ResultStore:
         raw = self._client.get(RunKeys(run_id).aggregate)
         return None if raw is None else dict(json.loads(raw))
 
+    def fetch(self, run_id: str, sample_ids: list[int]) -> list[SampleResult]:
+        """The stored results of ``sample_ids``, in that order."""
+        if not sample_ids:
+            return []
+        keys = RunKeys(run_id)
+        with self._client.pipeline(transaction=False) as pipe:
+            for key in (keys.out, keys.score, keys.err):
+                pipe.hmget(key, sample_ids)
+            outputs, scores, errors = pipe.execute()
+        return [
+            SampleResult(
+                sample_id=sample_id,
+                output=None if output is None else json.loads(output),
+                scores=None if score is None else json.loads(score),
+                error=None if error is None else ErrorRecord.model_validate_json(error),
+            )
+            for sample_id, output, score, error in zip(
+                sample_ids, outputs, scores, errors, strict=True
+            )
+        ]
+
     def results(self, run_id: str, sample_ids: Iterable[int]) -> Iterator[SampleResult]:
         """Every sample's stored result, in the order of ``sample_ids``."""
-        keys = RunKeys(run_id)
-        outputs = dict(self._scan(keys.out))
-        scores = dict(self._scan(keys.score))
-        errors = dict(self._scan(keys.err))
-        for sample_id in sample_ids:
-            field = str(sample_id)
-            yield SampleResult(
-                sample_id=sample_id,
-                output=json.loads(outputs[field]) if field in outputs else None,
-                scores=json.loads(scores[field]) if field in scores else None,
-                error=ErrorRecord.model_validate_json(errors[field]) if field in errors else None,
-            )
+        ids = list(sample_ids)
+        for start in range(0, len(ids), _SCAN_COUNT):
+            yield from self.fetch(run_id, ids[start : start + _SCAN_COUNT])
+
+    def settled_since(self, run_id: str, cursor: str, block_ms: int) -> tuple[str, list[int]]:
+        """Ids settled after ``cursor`` in the run's settled stream (waiting up to ``block_ms``),
+        and the new cursor."""
+        reply: Any = self._client.xread(
+            {RunKeys(run_id).settled: cursor}, count=1000, block=block_ms
+        )
+        ids: list[int] = []
+        for _, entries in reply or []:
+            for entry_id, fields in entries:
+                cursor = str(entry_id)
+                ids.extend(int(i) for i in str(fields["ids"]).split(","))
+        return cursor, ids
+
+    def errors_by_kind(self, run_id: str) -> dict[str, int]:
+        """Terminal errors counted by stage and exception class, e.g. ``infer/RuntimeError``."""
+        counts: Counter[str] = Counter()
+        for _, raw in self._scan(RunKeys(run_id).err):
+            error = ErrorRecord.model_validate_json(raw)
+            counts[f"{error.stage.value}/{error.kind}"] += 1
+        return dict(counts.most_common())
 
     def _scan(self, key: str) -> Iterator[tuple[str, str]]:
         yield from self._client.hscan_iter(key, count=_SCAN_COUNT)

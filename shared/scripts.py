@@ -40,6 +40,7 @@ class Scripts:
         self._cancel = client.register_script(_source("cancel"))
         self._set_tier = client.register_script(_source("set_tier"))
         self._set_budget = client.register_script(_source("set_budget"))
+        self._attempt = client.register_script(_source("attempt"))
 
     def record_outputs(
         self, keys: RunKeys, outputs: dict[int, str], client: redis.Redis | None = None
@@ -59,7 +60,7 @@ class Scripts:
         Returns how many were written and whether this caller must finalize the run.
         """
         written, finalize = self._settle(
-            keys=[keys.score, keys.err, keys.progress, keys.meta],
+            keys=[keys.score, keys.err, keys.progress, keys.meta, keys.settled],
             args=[kind, *_flatten(values)],
             client=client,
         )
@@ -115,3 +116,8 @@ class Scripts:
         self._set_budget(
             keys=[budget_key, AUDIT], args=[dataset, split, *encoded, who, time.time()]
         )
+
+    def attempt(self, keys: RunKeys, sample_ids: list[int]) -> dict[int, int]:
+        """Count one more attempt for each sample; return the new counts."""
+        counts = self._attempt(keys=[keys.attempts], args=sample_ids)
+        return dict(zip(sample_ids, (int(c) for c in counts), strict=True))

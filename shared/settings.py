@@ -52,6 +52,14 @@ class Settings(BaseSettings):
     """Worker-local: torch CPU threads per worker process; unset = torch's default (all cores).
     Set it to cores / processes when several worker processes share one machine's CPUs."""
 
+    max_attempts: int = Field(default=3, ge=1)
+    """Worker-local: tries per sample (counted when it starts, so a sample that kills its
+    worker counts too) before it ends as a terminal error."""
+
+    visibility_timeout: int = Field(default=3600, ge=1)
+    """Seconds a delivered, unacknowledged message stays invisible before Redis hands it to
+    another worker; must exceed the longest batch (shorter = duplicate work, never lost work)."""
+
     @field_validator("plugins", mode="before")
     @classmethod
     def _split_plugins(cls, value: object) -> object:

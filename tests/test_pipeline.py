@@ -79,7 +79,10 @@ def test_a_failing_sample_is_an_error_record_and_the_run_completes(
     by_id = {r.sample_id: r for r in results.results(meta.run_id, range(60))}
     assert by_id[5].error is not None
     assert by_id[5].error.stage == "infer"
-    assert by_id[5].error.message == "boom in the batch"
+    # infer() raised on every attempt: retried, then one terminal error after MAX_ATTEMPTS (3)
+    assert by_id[5].error.message == "boom in the batch (attempt 3 of 3)"
+    assert stack.client.hget(f"evalq:{{{meta.run_id}}}:attempts", "5") == "3"
+    assert stack.client.hget(f"evalq:{{{meta.run_id}}}:attempts", "6") == "1"
     assert by_id[17].error is not None
     assert by_id[17].error.stage == "score"
     assert by_id[17].output is not None

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from shared.celery_app import SCORE_TASK
+from shared.celery_app import INFER_TASK, SCORE_TASK
 from shared.dispatch import split
 from shared.errors import PayloadError, PermanentError, UnknownRunError
 from shared.evaluation import Evaluation, scrub
@@ -44,6 +44,7 @@ class Resources:
     runtimes: RuntimePool
     publish: Publisher
     max_batch: int
+    max_attempts: int
 
 
 def _error(stage: Stage, exc: BaseException) -> ErrorRecord:
@@ -59,6 +60,8 @@ class _Run:
         self.meta: RunMeta = res.runs.get(run_id)
         self.errors: dict[int, ErrorRecord] = {}
         self.outputs: dict[int, str] = {}
+        self.attempts: dict[int, int] = {}
+        self.retry: list[int] = []
         self.ids: list[int] = []
         for task in tasks:
             if task.eval != self.meta.eval or task.spec != self.meta.spec:
@@ -108,7 +111,7 @@ def _active_runs(res: Resources, tasks: list[SampleTask], stage: Stage) -> Itera
         except UnknownRunError:
             log.error("dropping %d %s messages of unknown run %s", len(run_tasks), stage, run_id)
             continue
-        if run.meta.status not in (RunStatus.CANCELLED, RunStatus.COMPLETED):
+        if run.meta.status in (RunStatus.QUEUED, RunStatus.RUNNING):
             yield run
 
 
@@ -123,17 +126,28 @@ def _checked_outputs(outputs: object, expected: int) -> list[Any]:
     return outputs
 
 
-def _infer(evaluation: Evaluation, model: Any, items: list[Item]) -> None:
-    """Give each item an output or an error; if the batch raises, rows are tried alone."""
+def _failed(run: _Run, sample_id: int, exc: BaseException, max_attempts: int) -> None:
+    """An attempt raised: try the sample again later, or end it after the last attempt."""
+    attempt = run.attempts.get(sample_id, max_attempts)
+    if attempt < max_attempts and not isinstance(exc, PermanentError):
+        run.retry.append(sample_id)
+        return
+    record = _error(Stage.INFER, exc)
+    note = f" (attempt {attempt} of {max_attempts})"
+    run.errors[sample_id] = record.model_copy(update={"message": record.message + note})
+
+
+def _infer(evaluation: Evaluation, model: Any, items: list[Item], max_attempts: int) -> None:
+    """Give each item an output, a retry or an error; if a batch raises, rows go alone."""
     try:
         outputs = _checked_outputs(evaluation.infer(model, [row for *_, row in items]), len(items))
     except Exception as exc:
         if len(items) == 1:
             run, sample_id, _ = items[0]
-            run.errors[sample_id] = _error(Stage.INFER, exc)
+            _failed(run, sample_id, exc, max_attempts)
         else:
             for item in items:
-                _infer(evaluation, model, [item])
+                _infer(evaluation, model, [item], max_attempts)
         return
     for (run, sample_id, _), output in zip(items, outputs, strict=True):
         try:
@@ -142,8 +156,19 @@ def _infer(evaluation: Evaluation, model: Any, items: list[Item]) -> None:
             run.errors[sample_id] = _error(Stage.INFER, PermanentError(f"output not JSON: {exc}"))
 
 
-def _pending(run: _Run, inferred: set[int]) -> list[Item]:
+def _pending(res: Resources, run: _Run, inferred: set[int]) -> list[Item]:
+    """The run's samples to infer now, each counted as one more attempt; a sample whose
+    earlier attempts all died with their worker ends here as a terminal error."""
     todo = [i for i in run.ids if i not in inferred and i not in run.errors]
+    run.attempts = res.results.attempt(run.run_id, todo)
+    for sample_id in todo:
+        if run.attempts[sample_id] > res.max_attempts:
+            died = PermanentError(
+                f"gave up after {res.max_attempts} attempts: the worker process running this "
+                "sample died or was stopped each time"
+            )
+            run.errors[sample_id] = _error(Stage.INFER, died)
+    todo = [i for i in todo if i not in run.errors]
     items: list[Item] = []
     for sample_id, row in run.rows(todo, Stage.DATA).items() if todo else ():
         try:
@@ -153,25 +178,42 @@ def _pending(run: _Run, inferred: set[int]) -> list[Item]:
     return items
 
 
+def _batches(items: list[Item], size: int) -> Iterator[list[Item]]:
+    """Batches of at most ``size``; a sample on a second or later attempt runs alone, so one
+    that kills its worker cannot take its batch-mates' attempts with it again."""
+    fresh = [item for item in items if item[0].attempts.get(item[1], 1) <= 1]
+    for start in range(0, len(fresh), size):
+        yield fresh[start : start + size]
+    for item in items:
+        if item[0].attempts.get(item[1], 1) > 1:
+            yield [item]
+
+
 def infer_batch(res: Resources, tasks: list[SampleTask]) -> None:
     """Run inference for a batch of messages, any mix of runs and evaluations."""
     runs = list(_active_runs(res, tasks, Stage.INFER))
     inferred = {run.run_id: res.results.inferred(run.run_id, run.ids) for run in runs}
     by_evaluation: dict[int, list[Item]] = defaultdict(list)
     for run in runs:
-        pending = _pending(run, inferred[run.run_id])
+        pending = _pending(res, run, inferred[run.run_id])
         if pending:
             by_evaluation[id(run.evaluation)].extend(pending)
     for items in by_evaluation.values():
         evaluation = items[0][0].evaluation
         model = res.runtimes.model(evaluation)
-        for start in range(0, len(items), res.max_batch):
-            _infer(evaluation, model, items[start : start + res.max_batch])
+        for batch in _batches(items, res.max_batch):
+            _infer(evaluation, model, batch, res.max_attempts)
     for run in runs:
         res.results.record_outputs(run.run_id, run.outputs)
         run.settle_errors()
         ready = [i for i in run.ids if i in inferred[run.run_id] or i in run.outputs]
         res.publish(SCORE_TASK, list(split(run.run_id, run.meta.eval, run.meta.spec, ready)))
+        if run.retry:
+            log.warning("run %s: %d samples failed and go back to the queue", run.run_id,
+                        len(run.retry))  # fmt: skip
+            res.publish(
+                INFER_TASK, list(split(run.run_id, run.meta.eval, run.meta.spec, run.retry))
+            )
 
 
 def _checked_scores(scores: object) -> dict[str, float]:

@@ -47,6 +47,7 @@ class WorkerState:
                 ),
                 publish=self._publish,
                 max_batch=self._settings.max_batch,
+                max_attempts=self._settings.max_attempts,
             )
         return self._resources
 

@@ -4,6 +4,7 @@
 -- KEYS[2] = evalq:{run}:err       hash, sample id -> error record JSON
 -- KEYS[3] = evalq:{run}:progress  hash, fields 'scored' / 'failed' bumped per write
 -- KEYS[4] = evalq:{run}:meta      hash, reads 'n' and 'status', claims 'finalizing' (HSETNX)
+-- KEYS[5] = evalq:{run}:settled   stream, one entry listing the ids settled by this call
 -- ARGV[1] = 'score' or 'err'      which hash the values go to
 -- ARGV[2..] = id1, json1, id2, json2, ...
 -- A value is written only when the sample has neither a score nor an error yet, and nothing
@@ -15,13 +16,16 @@ local target, other, counter = KEYS[1], KEYS[2], 'scored'
 if ARGV[1] == 'err' then
   target, other, counter = KEYS[2], KEYS[1], 'failed'
 end
-local written = 0
+local written, ids = 0, {}
 for i = 2, #ARGV, 2 do
-  if redis.call('HEXISTS', other, ARGV[i]) == 0 then
-    written = written + redis.call('HSETNX', target, ARGV[i], ARGV[i + 1])
+  if redis.call('HEXISTS', other, ARGV[i]) == 0
+    and redis.call('HSETNX', target, ARGV[i], ARGV[i + 1]) == 1 then
+    written = written + 1
+    ids[#ids + 1] = ARGV[i]
   end
 end
 if written > 0 then
+  redis.call('XADD', KEYS[5], '*', 'ids', table.concat(ids, ','))
   redis.call('HINCRBY', KEYS[3], counter, written)
   if redis.call('HGET', KEYS[4], 'status') == 'queued' then
     redis.call('HSET', KEYS[4], 'status', 'running')
