@@ -21,12 +21,18 @@ PIPELINE_SIZE = 1000
 
 
 def split(
-    run_id: str, eval_name: str, spec: str, sample_ids: Sequence[int], size: int = MESSAGE_SAMPLES
+    run_id: str,
+    eval_name: str,
+    spec: str,
+    sample_ids: Sequence[int],
+    size: int = MESSAGE_SAMPLES,
+    solo: bool = False,
 ) -> Iterator[SampleTask]:
-    """One payload per ``size`` consecutive sample ids."""
-    for start in range(0, len(sample_ids), size):
-        chunk = list(sample_ids[start : start + size])
-        yield SampleTask(run_id=run_id, eval=eval_name, spec=spec, sample_ids=chunk)
+    """One payload per ``size`` consecutive sample ids (per sample when ``solo``)."""
+    step = 1 if solo else size
+    for start in range(0, len(sample_ids), step):
+        chunk = list(sample_ids[start : start + step])
+        yield SampleTask(run_id=run_id, eval=eval_name, spec=spec, sample_ids=chunk, solo=solo)
 
 
 def publish(app: Celery, task_name: str, tasks: Iterable[SampleTask]) -> int:

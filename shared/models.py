@@ -64,6 +64,9 @@ class SampleTask(BaseModel):
         min_length=1, max_length=MAX_MESSAGE_SAMPLES
     )
     """Row indices of the samples inside the spec's split."""
+    solo: bool = False
+    """The sample travels alone, to be run in a batch of its own: it was tried before and
+    may be one that kills its worker process."""
 
 
 class RunMeta(BaseModel):

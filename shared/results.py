@@ -59,9 +59,10 @@ class ResultStore:
             scores, errors = pipe.execute()
         return {i for i, s, e in zip(sample_ids, scores, errors, strict=True) if s or e}
 
-    def attempt(self, run_id: str, sample_ids: list[int]) -> dict[int, int]:
-        """Count one more inference attempt for each sample; return the new counts."""
-        return self._scripts.attempt(RunKeys(run_id), sample_ids) if sample_ids else {}
+    def attempt(self, run_id: str, samples: dict[int, bool]) -> dict[int, int]:
+        """Count inference attempts (sample id -> arrived alone); a negative count marks a
+        sample tried before that arrived with others and must be sent on alone."""
+        return self._scripts.attempt(RunKeys(run_id), samples) if samples else {}
 
     def reset_attempts(self, run_id: str, sample_ids: list[int]) -> None:
         """Forget the attempt counts of samples (``evalq resume`` gives them a fresh start)."""

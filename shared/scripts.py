@@ -117,7 +117,11 @@ class Scripts:
             keys=[budget_key, AUDIT], args=[dataset, split, *encoded, who, time.time()]
         )
 
-    def attempt(self, keys: RunKeys, sample_ids: list[int]) -> dict[int, int]:
-        """Count one more attempt for each sample; return the new counts."""
-        counts = self._attempt(keys=[keys.attempts], args=sample_ids)
-        return dict(zip(sample_ids, (int(c) for c in counts), strict=True))
+    def attempt(self, keys: RunKeys, samples: dict[int, bool]) -> dict[int, int]:
+        """Count an attempt for each sample (id -> arrived alone); see attempt.lua: a
+        negative count marks a sample tried before that must be sent on alone."""
+        flat: list[int] = []
+        for sample_id, solo in samples.items():
+            flat += [sample_id, int(solo)]
+        counts = self._attempt(keys=[keys.attempts], args=flat)
+        return dict(zip(samples, (int(c) for c in counts), strict=True))

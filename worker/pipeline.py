@@ -61,6 +61,7 @@ class _Run:
         self.errors: dict[int, ErrorRecord] = {}
         self.outputs: dict[int, str] = {}
         self.attempts: dict[int, int] = {}
+        self.solo: set[int] = set()
         self.retry: list[int] = []
         self.ids: list[int] = []
         for task in tasks:
@@ -70,6 +71,8 @@ class _Run:
                     self.errors[sample_id] = _error(Stage.PAYLOAD, mismatch)
             else:
                 self.ids.extend(task.sample_ids)
+                if task.solo:
+                    self.solo.update(task.sample_ids)
         self.ids = list(dict.fromkeys(self.ids))
         self.evaluation: Evaluation = res.runtimes.evaluation(self.meta.eval, self.meta.params)
 
@@ -157,18 +160,24 @@ def _infer(evaluation: Evaluation, model: Any, items: list[Item], max_attempts: 
 
 
 def _pending(res: Resources, run: _Run, inferred: set[int]) -> list[Item]:
-    """The run's samples to infer now, each counted as one more attempt; a sample whose
-    earlier attempts all died with their worker ends here as a terminal error."""
+    """The run's samples to infer now, each counted as one more attempt.
+
+    A sample tried before that arrived with others is not run: it goes to ``run.retry`` to
+    travel alone, so a sample that kills its worker cannot take its batch-mates down again.
+    A sample whose every attempt died with its worker ends here as a terminal error.
+    """
     todo = [i for i in run.ids if i not in inferred and i not in run.errors]
-    run.attempts = res.results.attempt(run.run_id, todo)
-    for sample_id in todo:
-        if run.attempts[sample_id] > res.max_attempts:
+    counts = res.results.attempt(run.run_id, {i: i in run.solo for i in todo})
+    run.retry.extend(i for i, count in counts.items() if count < 0)
+    run.attempts = {i: count for i, count in counts.items() if count > 0}
+    for sample_id, count in run.attempts.items():
+        if count > res.max_attempts:
             died = PermanentError(
                 f"gave up after {res.max_attempts} attempts: the worker process running this "
                 "sample died or was stopped each time"
             )
             run.errors[sample_id] = _error(Stage.INFER, died)
-    todo = [i for i in todo if i not in run.errors]
+    todo = [i for i in run.attempts if i not in run.errors]
     items: list[Item] = []
     for sample_id, row in run.rows(todo, Stage.DATA).items() if todo else ():
         try:
@@ -176,17 +185,6 @@ def _pending(res: Resources, run: _Run, inferred: set[int]) -> list[Item]:
         except PermanentError as exc:
             run.errors[sample_id] = _error(Stage.DATA, exc)
     return items
-
-
-def _batches(items: list[Item], size: int) -> Iterator[list[Item]]:
-    """Batches of at most ``size``; a sample on a second or later attempt runs alone, so one
-    that kills its worker cannot take its batch-mates' attempts with it again."""
-    fresh = [item for item in items if item[0].attempts.get(item[1], 1) <= 1]
-    for start in range(0, len(fresh), size):
-        yield fresh[start : start + size]
-    for item in items:
-        if item[0].attempts.get(item[1], 1) > 1:
-            yield [item]
 
 
 def infer_batch(res: Resources, tasks: list[SampleTask]) -> None:
@@ -201,19 +199,17 @@ def infer_batch(res: Resources, tasks: list[SampleTask]) -> None:
     for items in by_evaluation.values():
         evaluation = items[0][0].evaluation
         model = res.runtimes.model(evaluation)
-        for batch in _batches(items, res.max_batch):
-            _infer(evaluation, model, batch, res.max_attempts)
+        for start in range(0, len(items), res.max_batch):
+            _infer(evaluation, model, items[start : start + res.max_batch], res.max_attempts)
     for run in runs:
         res.results.record_outputs(run.run_id, run.outputs)
         run.settle_errors()
         ready = [i for i in run.ids if i in inferred[run.run_id] or i in run.outputs]
         res.publish(SCORE_TASK, list(split(run.run_id, run.meta.eval, run.meta.spec, ready)))
         if run.retry:
-            log.warning("run %s: %d samples failed and go back to the queue", run.run_id,
-                        len(run.retry))  # fmt: skip
-            res.publish(
-                INFER_TASK, list(split(run.run_id, run.meta.eval, run.meta.spec, run.retry))
-            )
+            log.warning("run %s: %d samples go back to the queue alone", run.run_id, len(run.retry))
+            again = split(run.run_id, run.meta.eval, run.meta.spec, run.retry, solo=True)
+            res.publish(INFER_TASK, list(again))
 
 
 def _checked_scores(scores: object) -> dict[str, float]:

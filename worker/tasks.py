@@ -27,20 +27,23 @@ __all__ = ["SampleBatches", "parse_requests", "register_tasks"]
 log = logging.getLogger(__name__)
 
 
-def _samples_in(message: Any) -> int:
-    """How many sample ids a task message carries (1 if it cannot tell)."""
+def _peek(message: Any) -> tuple[int, bool]:
+    """How many sample ids a task message carries (1 if it cannot tell), and whether it is
+    a ``solo`` message."""
     try:
-        ids = message.payload[1]["sample_ids"]
+        kwargs = message.payload[1]
+        ids, solo = kwargs["sample_ids"], kwargs.get("solo") is True
     except (AttributeError, IndexError, KeyError, TypeError, ValueError):
-        return 1
-    return len(ids) if isinstance(ids, list) and ids else 1
+        return 1, False
+    return (len(ids) if isinstance(ids, list) and ids else 1), solo
 
 
 class SampleBatches(Batches):  # type: ignore[misc]
     """celery-batches' buffer, flushed by the number of *samples* buffered, not of messages.
 
     A message may carry one sample or dozens; counting samples makes ``flush_samples`` the
-    batch size the model sees, whatever the producers chose.
+    batch size the model sees, whatever the producers chose. A ``solo`` message is flushed on
+    its own, so if its sample kills the worker process, only its own message is redelivered.
     """
 
     abstract = True
@@ -55,9 +58,12 @@ class SampleBatches(Batches):  # type: ignore[misc]
         buffer_message = super().Strategy(task, app, consumer)
 
         def handle(message: Any, *args: Any, **kwargs: Any) -> None:
+            samples, solo = _peek(message)
+            if solo and self._buffered_samples:
+                self._do_flush()  # a solo message runs in a batch (a pool job) of its own
             buffer_message(message, *args, **kwargs)
-            self._buffered_samples += _samples_in(message)
-            if self._buffered_samples >= self.flush_samples:
+            self._buffered_samples += samples
+            if solo or self._buffered_samples >= self.flush_samples:
                 self._do_flush()
 
         return handle

@@ -1,10 +1,18 @@
--- attempt: count one more inference attempt for each sample, before it runs.
+-- attempt: count inference attempts, and pick out the samples to isolate instead of running.
 -- KEYS[1] = evalq:{run}:attempts  hash, sample id -> attempts started
--- ARGV    = sample ids
--- Returns: the new attempt count of each id, in order. Counting before running means a
+-- ARGV    = id1, solo1, id2, solo2, ...   solo is 1 when the sample arrived in a message of its
+--           own, 0 when it arrived with others
+-- Returns: one number per id, in order: the new attempt count (> 0) of a sample that runs now,
+-- or minus its earlier count (< 0) of a sample that was tried before and came with others:
+-- it is not counted here; the caller sends it on alone. Counting before running means a
 -- sample whose inference kills the worker process is counted too.
 local counts = {}
-for i = 1, #ARGV do
-  counts[i] = redis.call('HINCRBY', KEYS[1], ARGV[i], 1)
+for i = 1, #ARGV, 2 do
+  local before = tonumber(redis.call('HGET', KEYS[1], ARGV[i]) or '0')
+  if before > 0 and ARGV[i + 1] == '0' then
+    counts[#counts + 1] = -before
+  else
+    counts[#counts + 1] = redis.call('HINCRBY', KEYS[1], ARGV[i], 1)
+  end
 end
 return counts
