@@ -156,7 +156,7 @@ class Client:
         cursor = "0-0"
         while True:
             ended = self.runs.get(run_id).status not in (RunStatus.QUEUED, RunStatus.RUNNING)
-            cursor, ids = self.store.settled_since(run_id, cursor, 0 if ended else block_ms)
+            cursor, ids = self.store.settled_since(run_id, cursor, None if ended else block_ms)
             yield from self.store.fetch(run_id, ids)
             if ended and not ids:
                 return

@@ -140,9 +140,11 @@ class ResultStore:
         for start in range(0, len(ids), _SCAN_COUNT):
             yield from self.fetch(run_id, ids[start : start + _SCAN_COUNT])
 
-    def settled_since(self, run_id: str, cursor: str, block_ms: int) -> tuple[str, list[int]]:
-        """Ids settled after ``cursor`` in the run's settled stream (waiting up to ``block_ms``),
-        and the new cursor."""
+    def settled_since(
+        self, run_id: str, cursor: str, block_ms: int | None
+    ) -> tuple[str, list[int]]:
+        """Ids settled after ``cursor`` in the run's settled stream (waiting up to ``block_ms``,
+        not at all when None), and the new cursor."""
         reply: Any = self._client.xread(
             {RunKeys(run_id).settled: cursor}, count=1000, block=block_ms
         )

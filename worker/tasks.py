@@ -9,11 +9,13 @@ never crash-looped.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from celery import Celery
+from celery.worker.request import Request
 from celery_batches import Batches, SimpleRequest
+from celery_batches.trace import apply_batches_task
 from pydantic import ValidationError
 
 from shared.celery_app import INFER_TASK, SCORE_TASK
@@ -71,6 +73,32 @@ class SampleBatches(Batches):  # type: ignore[misc]
     def _do_flush(self) -> None:
         self._buffered_samples = 0
         super()._do_flush()
+
+    def flush(self, requests: Collection[Request]) -> Any:
+        """Run the buffered requests as one pool job, acknowledged when it returns.
+
+        Unlike celery-batches' own ``flush``, a job whose pool process dies (killed, out of
+        memory, ``os._exit``) requeues its messages at once, as ``task_reject_on_worker_lost``
+        does for ordinary tasks, instead of leaving them for the visibility timeout.
+        """
+        batch = ([SimpleRequest.from_request(r) for r in requests],)
+
+        def on_return(_result: Any) -> None:
+            for request in requests:
+                request.acknowledge()
+
+        def on_error(_failure: Any) -> None:
+            # apply_batches_task catches what the task raises, so an error here means the job
+            # itself was lost: requeue; the per-sample attempt counter bounds the retries.
+            for request in requests:
+                request.reject(requeue=True)
+
+        return self._pool.apply_async(
+            apply_batches_task,
+            (self, batch, 0, None),
+            callback=on_return,
+            error_callback=on_error,
+        )
 
 
 def parse_requests(requests: Sequence[SimpleRequest]) -> list[SampleTask]:

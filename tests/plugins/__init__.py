@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import time
 from typing import Any
 
 from shared.evaluation import Evaluation, register
@@ -48,3 +50,22 @@ class Flaky(Evaluation):
         if "bust" in row["text"]:
             raise ValueError("cannot score a bust")
         return {"correct": float(output["pred"] == row["label"])}
+
+
+@register("slow")
+class Slow(Spy):
+    """The spy with a model that takes 5 ms per row, so a run lasts long enough to interrupt."""
+
+    def infer(self, model: Any, rows: list[dict[str, Any]]) -> list[Any]:
+        time.sleep(0.005 * len(rows))
+        return super().infer(model, rows)
+
+
+@register("killer")
+class Killer(Spy):
+    """Kills its own worker process on a row whose text contains 'kill'."""
+
+    def infer(self, model: Any, rows: list[dict[str, Any]]) -> list[Any]:
+        if any("kill" in row["text"] for row in rows):
+            os._exit(1)
+        return super().infer(model, rows)

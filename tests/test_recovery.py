@@ -1,0 +1,196 @@
+"""Crash safety with real processes: kills, shutdowns, Redis restarts, poison samples, resume
+and streaming results (invariant 4: every sample written exactly once, nothing lost)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from producer.client import Client
+from producer.submit import SubmitRequest
+from shared.ledger import Ledger
+from shared.models import RunMeta, RunStatus
+from shared.settings import Settings
+from tests.conftest import Stack
+from tests.helpers import (
+    REPO,
+    cli_env,
+    evalq,
+    expected_accuracy,
+    labelled_rows,
+    list_splits,
+    wait_for,
+    write_rows,
+)
+
+pytestmark = pytest.mark.integration
+
+N = 800
+FAST_RESTORE = "5"  # EVALQ_VISIBILITY_TIMEOUT: a dead worker's messages return after 5 s
+
+
+def _submit(stack: Stack, folder: Path, eval_name: str = "slow", n: int = N) -> RunMeta:
+    rows = labelled_rows(n)
+    write_rows(folder, "validation", rows)
+    list_splits(stack.client, str(folder), "validation")
+    client = Client(Settings(redis_url=stack.server.url, principal="tests"))
+    return client.submit(SubmitRequest(eval=eval_name, data=str(folder), split="validation"))
+
+
+def _view(stack: Stack, run_id: str) -> Client:
+    return Client(Settings(redis_url=stack.server.url, principal="tests"))
+
+
+def _wait_settled(stack: Stack, run_id: str, at_least: int) -> None:
+    client = _view(stack, run_id)
+    wait_for(lambda: client.status(run_id).progress.done >= at_least, 60, f"{at_least} settled")
+
+
+def _wait_finished(stack: Stack, run_id: str, timeout: float = 120) -> None:
+    client = _view(stack, run_id)
+    wait_for(
+        lambda: client.status(run_id).meta.status in (RunStatus.COMPLETED, RunStatus.FAILED),
+        timeout,
+        f"run {run_id} to finish",
+    )
+
+
+def _signal_workers(stack: Stack, sig: signal.Signals, group: bool) -> None:
+    for process in stack.workers.processes:
+        if group:
+            os.killpg(process.pid, sig)
+        else:
+            process.send_signal(sig)
+        process.wait(60)
+    stack.workers.processes = []
+
+
+def _assert_exactly_once(stack: Stack, meta: RunMeta) -> None:
+    view = _view(stack, meta.run_id).status(meta.run_id)
+    assert view.meta.status is RunStatus.COMPLETED
+    assert (view.progress.scored, view.progress.failed) == (meta.n, 0)
+    assert view.progress.inferred == meta.n
+    scored = {int(i) for i in stack.client.hkeys(f"evalq:{{{meta.run_id}}}:score")}
+    assert scored == set(range(meta.n))
+    assert view.aggregate == pytest.approx(
+        {"correct": expected_accuracy(labelled_rows(meta.n)), "saw_label": 1.0}
+    )
+
+
+def test_sigkill_mid_run_loses_nothing(fresh_stack: Stack, tmp_path: Path) -> None:
+    stack = fresh_stack
+    stack.start_workers(EVALQ_VISIBILITY_TIMEOUT=FAST_RESTORE)
+    meta = _submit(stack, tmp_path)
+    _wait_settled(stack, meta.run_id, 100)
+    assert _view(stack, meta.run_id).status(meta.run_id).progress.done < N
+    _signal_workers(stack, signal.SIGKILL, group=True)  # main process and its pool child
+    stack.start_workers(EVALQ_VISIBILITY_TIMEOUT=FAST_RESTORE)
+    _wait_finished(stack, meta.run_id)
+    _assert_exactly_once(stack, meta)
+
+
+def test_sigterm_mid_run_requeues_or_finishes_in_flight_work(
+    fresh_stack: Stack, tmp_path: Path
+) -> None:
+    stack = fresh_stack
+    stack.start_workers()  # default visibility timeout: recovery must not depend on it
+    meta = _submit(stack, tmp_path)
+    _wait_settled(stack, meta.run_id, 100)
+    worker = stack.workers.processes[0]
+    assert _view(stack, meta.run_id).status(meta.run_id).progress.done < N
+    _signal_workers(stack, signal.SIGTERM, group=False)  # warm shutdown of the main process
+    assert worker.returncode == 0
+    stack.start_workers()
+    _wait_finished(stack, meta.run_id)
+    _assert_exactly_once(stack, meta)
+
+
+def test_redis_restart_mid_run(fresh_stack: Stack, tmp_path: Path) -> None:
+    stack = fresh_stack
+    stack.crashes_expected = True  # Celery logs the lost connection with a traceback
+    stack.start_workers(EVALQ_VISIBILITY_TIMEOUT=FAST_RESTORE)
+    Ledger(stack.client).set(str(tmp_path), "validation", runs=3, samples=5000,
+                             max_samples_per_run=None, who="admin")  # fmt: skip
+    meta = _submit(stack, tmp_path)
+    _wait_settled(stack, meta.run_id, 100)
+    stack.server.restart()  # SIGTERM (AOF flushed), then a new server on the same port
+    _wait_finished(stack, meta.run_id)
+    _assert_exactly_once(stack, meta)
+    budget = Ledger(stack.client).get(str(tmp_path), "validation")
+    assert (budget.runs_used, budget.samples_used) == (1, N)
+
+
+def test_a_sample_that_kills_its_worker_ends_as_one_terminal_error(
+    fresh_stack: Stack, tmp_path: Path
+) -> None:
+    stack = fresh_stack
+    stack.crashes_expected = True
+    stack.start_workers(EVALQ_MAX_ATTEMPTS="3")
+    rows = labelled_rows(200)
+    rows[7]["text"] = "please kill the worker"
+    write_rows(tmp_path, "validation", rows)
+    list_splits(stack.client, str(tmp_path), "validation")
+    client = Client(Settings(redis_url=stack.server.url, principal="tests"))
+    meta = client.submit(SubmitRequest(eval="killer", data=str(tmp_path), split="validation"))
+    _wait_finished(stack, meta.run_id)
+    view = client.status(meta.run_id)
+    assert (view.progress.scored, view.progress.failed) == (199, 1)
+    assert view.errors == {"infer/PermanentError": 1}
+    (failed,) = [r for r in client.results(meta.run_id) if r.error is not None]
+    assert failed.sample_id == 7
+    assert failed.error is not None
+    assert failed.error.message.startswith("gave up after 3 attempts")
+    assert stack.client.hget(f"evalq:{{{meta.run_id}}}:attempts", "7") == "4"
+
+
+def test_resume_after_a_kill_reenqueues_only_the_missing(
+    fresh_stack: Stack, tmp_path: Path
+) -> None:
+    stack = fresh_stack
+    stack.start_workers()  # default visibility timeout: the killed worker's messages stay away
+    meta = _submit(stack, tmp_path)
+    _wait_settled(stack, meta.run_id, 100)
+    _signal_workers(stack, signal.SIGKILL, group=True)
+    ids = list(range(N))
+    scored = {int(i) for i in stack.client.hkeys(f"evalq:{{{meta.run_id}}}:score")}
+    inferred = {int(i) for i in stack.client.hkeys(f"evalq:{{{meta.run_id}}}:out")}
+    used = Ledger(stack.client).get(str(tmp_path), "validation").samples_used
+
+    resumed = evalq(stack.server.url, "resume", meta.run_id, "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    counts = json.loads(resumed.stdout)
+    assert counts["inference"] == len([i for i in ids if i not in inferred])
+    assert counts["scoring"] == len([i for i in ids if i in inferred and i not in scored])
+    assert counts["inference"] + counts["scoring"] == N - len(scored) > 0
+    assert Ledger(stack.client).get(str(tmp_path), "validation").samples_used == used
+
+    stack.start_workers()
+    _wait_finished(stack, meta.run_id)
+    _assert_exactly_once(stack, meta)  # the aggregate equals a clean run's
+
+
+def test_results_follow_streams_lines_before_the_run_completes(
+    stack: Stack, tmp_path: Path
+) -> None:
+    meta = _submit(stack, tmp_path, n=400)
+    follower = subprocess.Popen(
+        [sys.executable, "-c", "from producer.cli import main; main()",
+         "results", meta.run_id, "--follow"],
+        env=cli_env(stack.server.url), cwd=REPO, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert follower.stdout is not None
+    first = follower.stdout.readline()
+    status_at_first_line = _view(stack, meta.run_id).status(meta.run_id).meta.status
+    rest = follower.stdout.read().splitlines()
+    follower.stdout.close()
+    assert follower.wait(60) == 0
+    assert status_at_first_line is not RunStatus.COMPLETED
+    ids = [json.loads(line)["sample_id"] for line in [first, *rest]]
+    assert sorted(ids) == list(range(400))
+    assert _view(stack, meta.run_id).status(meta.run_id).meta.status is RunStatus.COMPLETED
