@@ -60,6 +60,10 @@ class Settings(BaseSettings):
     """Seconds a delivered, unacknowledged message stays invisible before Redis hands it to
     another worker; must exceed the longest batch (shorter = duplicate work, never lost work)."""
 
+    task_time_limit: int = Field(default=1800, ge=1)
+    """Worker-local: seconds one batch may run before its pool process is killed and its
+    messages requeued (each sample's attempt counts); keep it below the visibility timeout."""
+
     @field_validator("plugins", mode="before")
     @classmethod
     def _split_plugins(cls, value: object) -> object:

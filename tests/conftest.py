@@ -31,10 +31,10 @@ class Stack:
     log_dir: Path
     crashes_expected: bool = False
 
-    def start_workers(self, count: int = 1, **env: str) -> LocalWorkers:
+    def start_workers(self, **env: str) -> LocalWorkers:
+        """One worker process with the test plugins and batches of 16, plus ``env``."""
         self.workers = LocalWorkers(
             self.server.url,
-            count=count,
             env={**cli_env(self.server.url), "EVALQ_MAX_BATCH": "16", **env},
             log_dir=self.log_dir,
         ).start(self.app)

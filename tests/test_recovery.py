@@ -126,14 +126,21 @@ def test_redis_restart_mid_run(fresh_stack: Stack, tmp_path: Path) -> None:
     assert (budget.runs_used, budget.samples_used) == (1, N)
 
 
+@pytest.mark.parametrize(
+    ("text", "env"),
+    [
+        ("please kill the worker", {}),  # os._exit in infer(): the pool process dies
+        ("this one will hang", {"EVALQ_TASK_TIME_LIMIT": "2"}),  # killed at the time limit
+    ],
+)
 def test_a_sample_that_kills_its_worker_ends_as_one_terminal_error(
-    fresh_stack: Stack, tmp_path: Path
+    fresh_stack: Stack, tmp_path: Path, text: str, env: dict[str, str]
 ) -> None:
     stack = fresh_stack
     stack.crashes_expected = True
-    stack.start_workers(EVALQ_MAX_ATTEMPTS="3")
+    stack.start_workers(EVALQ_MAX_ATTEMPTS="3", **env)
     rows = labelled_rows(200)
-    rows[7]["text"] = "please kill the worker"
+    rows[7]["text"] = text
     write_rows(tmp_path, "validation", rows)
     list_splits(stack.client, str(tmp_path), "validation")
     client = Client(Settings(redis_url=stack.server.url, principal="tests"))

@@ -78,8 +78,10 @@ class SampleBatches(Batches):  # type: ignore[misc]
         """Run the buffered requests as one pool job, acknowledged when it returns.
 
         Unlike celery-batches' own ``flush``, a job whose pool process dies (killed, out of
-        memory, ``os._exit``) requeues its messages at once, as ``task_reject_on_worker_lost``
-        does for ordinary tasks, instead of leaving them for the visibility timeout.
+        memory, ``os._exit``, or past ``time_limit``) requeues its messages at once, as
+        ``task_reject_on_worker_lost`` does for ordinary tasks, instead of leaving them for the
+        visibility timeout. There is deliberately no soft limit: its exception would be caught
+        inside the batch and the messages acknowledged with their samples unfinished.
         """
         batch = ([SimpleRequest.from_request(r) for r in requests],)
 
@@ -98,6 +100,7 @@ class SampleBatches(Batches):  # type: ignore[misc]
             (self, batch, 0, None),
             callback=on_return,
             error_callback=on_error,
+            timeout=self.time_limit,
         )
 
 
@@ -130,6 +133,7 @@ def register_tasks(app: Celery, state: WorkerState, settings: Settings) -> None:
             name=name,
             flush_samples=settings.max_batch,
             flush_interval=settings.batch_wait,
+            time_limit=settings.task_time_limit,
             acks_late=True,
         )(handle)
 

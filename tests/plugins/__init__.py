@@ -63,9 +63,12 @@ class Slow(Spy):
 
 @register("killer")
 class Killer(Spy):
-    """Kills its own worker process on a row whose text contains 'kill'."""
+    """Kills its own worker process on a row whose text contains 'kill'; never returns on one
+    that contains 'hang'."""
 
     def infer(self, model: Any, rows: list[dict[str, Any]]) -> list[Any]:
         if any("kill" in row["text"] for row in rows):
             os._exit(1)
+        if any("hang" in row["text"] for row in rows):
+            time.sleep(3600)
         return super().infer(model, rows)
