@@ -84,6 +84,10 @@ def test_submit_follow_status_runs_results(stack: Stack, tmp_path: Path) -> None
     status = json.loads(evalq(url, "status", run_id, "--json").stdout)
     assert status["progress"] == {"inferred": 30, "scored": 30, "failed": 0}
     assert status["n"] == 30
+    assert status["status"] == "completed"
+    assert status["throughput"] > 0
+    assert status["eta_seconds"] is None  # finished: nothing left to estimate
+    assert status["errors"] == {}
 
     watched = evalq(url, "watch", run_id)
     assert watched.returncode == 0, watched.stderr

@@ -35,21 +35,30 @@ N = 800
 FAST_RESTORE = "5"  # EVALQ_VISIBILITY_TIMEOUT: a dead worker's messages return after 5 s
 
 
-def _submit(stack: Stack, folder: Path, eval_name: str = "slow", n: int = N) -> RunMeta:
+def _submit(stack: Stack, folder: Path, n: int = N) -> RunMeta:
+    """A run of the ``slow`` eval whose samples from 200 on wait for ``folder/gate``."""
     rows = labelled_rows(n)
     write_rows(folder, "validation", rows)
     list_splits(stack.client, str(folder), "validation")
     client = Client(Settings(redis_url=stack.server.url, principal="tests"))
-    return client.submit(SubmitRequest(eval=eval_name, data=str(folder), split="validation"))
+    gate = {"gate": str(folder / "gate"), "open_until": "200"}
+    request = SubmitRequest(eval="slow", data=str(folder), split="validation", params=gate)
+    return client.submit(request)
+
+
+def _open_gate(folder: Path) -> None:
+    (folder / "gate").touch()
 
 
 def _view(stack: Stack, run_id: str) -> Client:
     return Client(Settings(redis_url=stack.server.url, principal="tests"))
 
 
-def _wait_settled(stack: Stack, run_id: str, at_least: int) -> None:
+def _wait_inferred(stack: Stack, run_id: str, at_least: int = 100) -> None:
+    """Wait until the run is under way; with the gate closed it cannot finish meanwhile."""
     client = _view(stack, run_id)
-    wait_for(lambda: client.status(run_id).progress.done >= at_least, 60, f"{at_least} settled")
+    wait_for(lambda: client.status(run_id).progress.inferred >= at_least, 60, "inference")
+    assert client.status(run_id).progress.done < N
 
 
 def _wait_finished(stack: Stack, run_id: str, timeout: float = 120) -> None:
@@ -62,13 +71,15 @@ def _wait_finished(stack: Stack, run_id: str, timeout: float = 120) -> None:
 
 
 def _signal_workers(stack: Stack, sig: signal.Signals, group: bool) -> None:
-    for process in stack.workers.processes:
-        if group:
-            os.killpg(process.pid, sig)
-        else:
-            process.send_signal(sig)
-        process.wait(60)
-    stack.workers.processes = []
+    for workers in stack.workers:
+        for process in workers.processes:
+            if group:
+                os.killpg(process.pid, sig)
+            else:
+                process.send_signal(sig)
+            process.wait(60)
+            assert process.returncode is not None
+    stack.workers = []
 
 
 def _assert_exactly_once(stack: Stack, meta: RunMeta) -> None:
@@ -87,9 +98,9 @@ def test_sigkill_mid_run_loses_nothing(fresh_stack: Stack, tmp_path: Path) -> No
     stack = fresh_stack
     stack.start_workers(EVALQ_VISIBILITY_TIMEOUT=FAST_RESTORE)
     meta = _submit(stack, tmp_path)
-    _wait_settled(stack, meta.run_id, 100)
-    assert _view(stack, meta.run_id).status(meta.run_id).progress.done < N
+    _wait_inferred(stack, meta.run_id)
     _signal_workers(stack, signal.SIGKILL, group=True)  # main process and its pool child
+    _open_gate(tmp_path)
     stack.start_workers(EVALQ_VISIBILITY_TIMEOUT=FAST_RESTORE)
     _wait_finished(stack, meta.run_id)
     _assert_exactly_once(stack, meta)
@@ -101,9 +112,9 @@ def test_sigterm_mid_run_requeues_or_finishes_in_flight_work(
     stack = fresh_stack
     stack.start_workers()  # default visibility timeout: recovery must not depend on it
     meta = _submit(stack, tmp_path)
-    _wait_settled(stack, meta.run_id, 100)
-    worker = stack.workers.processes[0]
-    assert _view(stack, meta.run_id).status(meta.run_id).progress.done < N
+    _wait_inferred(stack, meta.run_id)
+    worker = stack.workers[0].processes[0]
+    _open_gate(tmp_path)  # so the batch in hand can finish during the warm shutdown
     _signal_workers(stack, signal.SIGTERM, group=False)  # warm shutdown of the main process
     assert worker.returncode == 0
     stack.start_workers()
@@ -118,8 +129,9 @@ def test_redis_restart_mid_run(fresh_stack: Stack, tmp_path: Path) -> None:
     Ledger(stack.client).set(str(tmp_path), "validation", runs=3, samples=5000,
                              max_samples_per_run=None, who="admin")  # fmt: skip
     meta = _submit(stack, tmp_path)
-    _wait_settled(stack, meta.run_id, 100)
+    _wait_inferred(stack, meta.run_id)
     stack.server.restart()  # SIGTERM (AOF flushed), then a new server on the same port
+    _open_gate(tmp_path)
     _wait_finished(stack, meta.run_id)
     _assert_exactly_once(stack, meta)
     budget = Ledger(stack.client).get(str(tmp_path), "validation")
@@ -162,8 +174,9 @@ def test_resume_after_a_kill_reenqueues_only_the_missing(
     stack = fresh_stack
     stack.start_workers()  # default visibility timeout: the killed worker's messages stay away
     meta = _submit(stack, tmp_path)
-    _wait_settled(stack, meta.run_id, 100)
+    _wait_inferred(stack, meta.run_id)
     _signal_workers(stack, signal.SIGKILL, group=True)
+    _open_gate(tmp_path)
     ids = list(range(N))
     scored = {int(i) for i in stack.client.hkeys(f"evalq:{{{meta.run_id}}}:score")}
     inferred = {int(i) for i in stack.client.hkeys(f"evalq:{{{meta.run_id}}}:out")}
@@ -183,8 +196,11 @@ def test_resume_after_a_kill_reenqueues_only_the_missing(
 
 
 def test_results_follow_streams_lines_before_the_run_completes(
-    stack: Stack, tmp_path: Path
+    fresh_stack: Stack, tmp_path: Path
 ) -> None:
+    stack = fresh_stack
+    stack.start_workers(queues="infer")
+    stack.start_workers(queues="score")  # scoring goes on while inference waits at the gate
     meta = _submit(stack, tmp_path, n=400)
     follower = subprocess.Popen(
         [sys.executable, "-c", "from producer.cli import main; main()",
@@ -194,10 +210,11 @@ def test_results_follow_streams_lines_before_the_run_completes(
     assert follower.stdout is not None
     first = follower.stdout.readline()
     status_at_first_line = _view(stack, meta.run_id).status(meta.run_id).meta.status
+    _open_gate(tmp_path)
     rest = follower.stdout.read().splitlines()
     follower.stdout.close()
     assert follower.wait(60) == 0
-    assert status_at_first_line is not RunStatus.COMPLETED
+    assert status_at_first_line is RunStatus.RUNNING
     ids = [json.loads(line)["sample_id"] for line in [first, *rest]]
     assert sorted(ids) == list(range(400))
     assert _view(stack, meta.run_id).status(meta.run_id).meta.status is RunStatus.COMPLETED

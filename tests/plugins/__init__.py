@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 from shared.evaluation import Evaluation, register
@@ -54,9 +55,15 @@ class Flaky(Evaluation):
 
 @register("slow")
 class Slow(Spy):
-    """The spy with a model that takes 5 ms per row, so a run lasts long enough to interrupt."""
+    """The spy with a model that takes 5 ms per row. With params ``gate`` (a file path) and
+    ``open_until`` (a sample number), samples numbered from ``open_until`` on wait until the
+    gate file exists, so a test can interrupt a run at a known point."""
 
     def infer(self, model: Any, rows: list[dict[str, Any]]) -> list[Any]:
+        gate, limit = self.params.get("gate"), int(self.params.get("open_until", "0"))
+        if gate and any(int(row["text"].split()[1]) >= limit for row in rows):
+            while not Path(gate).exists():
+                time.sleep(0.05)
         time.sleep(0.005 * len(rows))
         return super().infer(model, rows)
 
