@@ -17,8 +17,6 @@ from shared.scripts import Scripts
 
 __all__ = ["Budget", "Ledger"]
 
-_TOTALS = ("runs_total", "samples_total", "max_samples_per_run")
-
 
 class Budget(BaseModel):
     """One split's budget; ``None`` totals are unlimited."""
@@ -47,11 +45,6 @@ class Budget(BaseModel):
         if self.samples_total is None:
             return None
         return max(0, self.samples_total - self.samples_used)
-
-    @property
-    def limited(self) -> bool:
-        """Whether any limit is set."""
-        return any(getattr(self, name) is not None for name in _TOTALS)
 
     def summary(self) -> dict[str, int | str | None]:
         """Totals, used and left, for display and JSON."""

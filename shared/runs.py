@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import redis
@@ -11,7 +10,7 @@ from redis.typing import EncodableT, FieldT
 
 from shared.errors import UnknownRunError
 from shared.keys import RUNS, RunKeys
-from shared.models import RunMeta, RunStatus
+from shared.models import RunMeta
 
 __all__ = ["RunStore"]
 
@@ -63,10 +62,3 @@ class RunStore:
                 pipe.hgetall(RunKeys(run_id).meta)
             records = pipe.execute()
         return [_decode(r, raw) for r, raw in zip(run_ids, records, strict=True) if raw]
-
-    def set_status(self, run_id: str, status: RunStatus) -> None:
-        """Move the run to ``status``; terminal statuses also stamp ``finished``."""
-        fields: dict[FieldT, EncodableT] = {"status": status.value}
-        if status in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED):
-            fields["finished"] = str(time.time())
-        self._client.hset(RunKeys(run_id).meta, mapping=fields)
