@@ -19,12 +19,13 @@ from functools import cached_property
 from celery import Celery
 
 from producer.submit import SubmitRequest, submit
+from shared.audit import audit_admin
 from shared.celery_app import INFER_TASK, SCORE_TASK, create_app
 from shared.connection import connect
 from shared.dispatch import publish, split
 from shared.errors import EvalqError, TierRefusedError
 from shared.evaluation import create, load_plugins
-from shared.keys import AUDIT, RunKeys
+from shared.keys import RunKeys
 from shared.ledger import Ledger
 from shared.models import Progress, RunMeta, RunStatus, SampleResult
 from shared.results import ResultStore
@@ -170,22 +171,7 @@ class Client:
                 "per-sample results are not readable (use status for the aggregate)"
             )
         if self.admin and tier is not Tier.VIEWABLE:
-            self._audit_admin_read(meta, tier)
-
-    def _audit_admin_read(self, meta: RunMeta, tier: Tier) -> None:
-        self.redis.xadd(
-            AUDIT,
-            {
-                "action": "admin_read",
-                "who": self.settings.principal,
-                "dataset": meta.dataset_id,
-                "split": meta.split,
-                "run": meta.run_id,
-                "at": str(time.time()),
-                "before": "null",
-                "after": f'{{"tier": "{tier.value}"}}',
-            },
-        )
+            audit_admin(self.redis, "admin_read", self.settings.principal, meta, {"tier": tier})
 
     def cancel(self, run_id: str) -> Cancellation:
         """Stop a run, keep what finished, refund (once) the samples that produced nothing."""

@@ -9,7 +9,6 @@ it was recorded, is cancelled. An admin bypasses tier and budget; the bypass is 
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -18,12 +17,13 @@ from dataclasses import dataclass, field
 import redis
 from celery import Celery
 
+from shared.audit import audit_admin
 from shared.celery_app import INFER_TASK
 from shared.data import build_spec
 from shared.dispatch import publish, split
 from shared.errors import InputError, SampleIdError, TierRefusedError
 from shared.evaluation import create
-from shared.keys import AUDIT, RunKeys
+from shared.keys import RunKeys
 from shared.ledger import Ledger
 from shared.models import RunMeta, RunStatus
 from shared.runs import RunStore
@@ -102,23 +102,6 @@ def resolve_ids(n_rows: int, limit: int | None, ids: Sequence[int] | None) -> li
     return resolved
 
 
-def _audit_admin(client: redis.Redis, meta: RunMeta) -> None:
-    client.xadd(
-        AUDIT,
-        {
-            "action": "admin_submit",
-            "who": meta.principal,
-            "dataset": meta.dataset_id,
-            "split": meta.split,
-            "run": meta.run_id,
-            "samples": str(meta.n),
-            "at": str(meta.created),
-            "before": json.dumps(None),
-            "after": json.dumps({"bypassed": ["tier", "budget"]}),
-        },
-    )
-
-
 def submit(
     client: redis.Redis, app: Celery, request: SubmitRequest, principal: str, admin: bool = False
 ) -> RunMeta:
@@ -151,7 +134,7 @@ def submit(
     )
     ledger = Ledger(client)
     if admin:
-        _audit_admin(client, meta)
+        audit_admin(client, "admin_submit", principal, meta, {"bypassed": ["tier", "budget"]})
     else:
         ledger.reserve(dataset, request.split, meta.n, meta.run_id, principal)
     recorded = False
