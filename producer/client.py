@@ -59,7 +59,7 @@ class RunView:
     @property
     def eta_seconds(self) -> float | None:
         """Seconds left at the current throughput, while the run is going."""
-        if self.meta.status not in (RunStatus.QUEUED, RunStatus.RUNNING) or not self.throughput:
+        if not self.meta.status.active or not self.throughput:
             return None
         return max(0, self.meta.n - self.progress.done) / self.throughput
 
@@ -126,7 +126,10 @@ class Client:
 
     def status(self, run_id: str) -> RunView:
         """The run's record and counters, and its aggregate where the tier allows it."""
-        meta = self.runs.get(run_id)
+        return self._view(self.runs.get(run_id))
+
+    def _view(self, meta: RunMeta) -> RunView:
+        run_id = meta.run_id
         tier, allowed = self._access(meta)
         withheld = None
         aggregate = None
@@ -144,7 +147,7 @@ class Client:
 
     def recent(self, limit: int = 20) -> list[RunView]:
         """The newest runs first, as :meth:`status` shows them."""
-        return [self.status(meta.run_id) for meta in self.runs.recent(limit)]
+        return [self._view(meta) for meta in self.runs.recent(limit)]
 
     def results(self, run_id: str) -> Iterator[SampleResult]:
         """Per-sample results; refused unless the split is viewable (or this is an admin)."""
@@ -156,7 +159,7 @@ class Client:
         self._readable(run_id)
         cursor = "0-0"
         while True:
-            ended = self.runs.get(run_id).status not in (RunStatus.QUEUED, RunStatus.RUNNING)
+            ended = not self.runs.get(run_id).status.active
             cursor, ids = self.store.settled_since(run_id, cursor, None if ended else block_ms)
             yield from self.store.fetch(run_id, ids)
             if ended and not ids:
@@ -206,7 +209,7 @@ class Client:
         settled = self.store.settled(run_id, ids)
         missing = [i for i in ids if i not in settled]
         if not missing:
-            finalize = meta.status not in (RunStatus.COMPLETED, RunStatus.FAILED)
+            finalize = meta.status.active  # settled, but the finalizer never finished
             if finalize:
                 load_plugins(self.settings.plugins)
                 self.store.finalize(run_id, create(meta.eval, meta.params))

@@ -15,13 +15,11 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from shared.models import RunMeta, RunStatus
+from shared.models import RunMeta
 from shared.results import ResultStore
 from shared.runs import RunStore
 
-__all__ = ["TERMINAL", "follow"]
-
-TERMINAL = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
+__all__ = ["follow"]
 
 
 def follow(
@@ -50,7 +48,7 @@ def follow(
             counts = results.progress(run_id)
             bar.update(task, completed=counts.done, failed=counts.failed)
             meta = runs.get(run_id)
-            if meta.status in TERMINAL:
+            if not meta.status.active:
                 return meta
             if deadline is not None and time.monotonic() > deadline:
                 return meta

@@ -32,6 +32,11 @@ class RunStatus(StrEnum):
     FAILED = "failed"
     CANCELLED = "cancelled"
 
+    @property
+    def active(self) -> bool:
+        """Queued or running: its samples may still change."""
+        return self in (RunStatus.QUEUED, RunStatus.RUNNING)
+
 
 class Stage(StrEnum):
     """The step of the pipeline where a sample's error happened."""

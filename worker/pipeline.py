@@ -21,7 +21,7 @@ from shared.celery_app import INFER_TASK, SCORE_TASK
 from shared.dispatch import split
 from shared.errors import PayloadError, PermanentError, UnknownRunError
 from shared.evaluation import Evaluation, scrub
-from shared.models import ErrorRecord, RunMeta, RunStatus, SampleTask, Stage
+from shared.models import ErrorRecord, RunMeta, SampleTask, Stage
 from shared.results import ResultStore, to_json
 from shared.runs import RunStore
 from worker.runtime_pool import RuntimePool
@@ -114,7 +114,7 @@ def _active_runs(res: Resources, tasks: list[SampleTask], stage: Stage) -> Itera
         except UnknownRunError:
             log.error("dropping %d %s messages of unknown run %s", len(run_tasks), stage, run_id)
             continue
-        if run.meta.status in (RunStatus.QUEUED, RunStatus.RUNNING):
+        if run.meta.status.active:
             yield run
 
 
