@@ -20,7 +20,9 @@ from rich.table import Table
 from producer.client import Client
 from shared.errors import EvalqError
 from shared.ledger import Budget
+from shared.routing import RoutingKind
 from shared.settings import get_settings
+from shared.spec import MAX_SPEC_SHARDS
 from shared.tiers import Tier
 
 __all__ = ["app", "main"]
@@ -113,12 +115,26 @@ def submit_command(
     revision: Annotated[str | None, typer.Option(help="Hub revision to pin.")] = None,
     config: Annotated[str | None, typer.Option(help="Hub dataset configuration.")] = None,
     dataset_id: Annotated[str | None, typer.Option(help="Id for tiers/budgets.")] = None,
+    shards: Annotated[
+        int, typer.Option(min=1, max=MAX_SPEC_SHARDS, help="Shards to cut the split into.")
+    ] = 1,
+    routing: Annotated[
+        RoutingKind, typer.Option(help="Which shard each row goes to.")
+    ] = RoutingKind.CONTIGUOUS,
+    route_field: Annotated[str, typer.Option(help="Text field kmeans routes by.")] = "text",
+    router_sample: Annotated[
+        int, typer.Option(min=1, help="Texts the kmeans fit reads (bounds its memory).")
+    ] = 1000,
+    router_seed: Annotated[
+        int, typer.Option(min=0, help="Seed of the kmeans featurizer and initialisation.")
+    ] = 0,
     follow_run: Annotated[bool, typer.Option("--follow", help="Show progress until done.")] = False,
     admin: AdminFlag = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Submit an evaluation; prints the run id."""
     from producer.submit import SubmitRequest, parse_ids, parse_params
+    from shared.data import Sharding
 
     request = SubmitRequest(
         eval=eval_name,
@@ -130,6 +146,13 @@ def submit_command(
         revision=revision,
         config=config,
         dataset_id=dataset_id,
+        sharding=Sharding(
+            shards=shards,
+            routing=routing,
+            route_field=route_field,
+            sample_size=router_sample,
+            seed=router_seed,
+        ),
     )
     client = _client(admin)
     meta = client.submit(request)

@@ -1,10 +1,11 @@
 """Submitting a run: gate it on the split's tier and budget, then publish and enqueue.
 
 Order for a non-admin: resolve the tier -> refuse ``no_access`` before the ledger is touched ->
-read the split and resolve the sample ids -> refuse a ``non_viewable`` run under the
-k-anonymity floor -> reserve run and samples in one Lua script -> publish the spec, record the
-run, enqueue. If anything fails after the reservation, it is refunded (once) and the run, if
-it was recorded, is cancelled. An admin bypasses tier and budget; the bypass is audited.
+read the split (fitting its routing) and resolve the sample ids -> refuse a ``non_viewable``
+run under the k-anonymity floor -> reserve run and samples in one Lua script -> publish the
+spec, record the run, enqueue the ids shard by shard. If anything fails after the reservation,
+it is refunded (once) and the run, if it was recorded, is cancelled. An admin bypasses tier
+and budget; the bypass is audited.
 """
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ from celery import Celery
 
 from shared.audit import audit_admin
 from shared.celery_app import INFER_TASK
-from shared.data import build_spec
+from shared.data import Sharding, build_spec, shard_of_rows
 from shared.dispatch import publish, split
 from shared.errors import InputError, SampleIdError, TierRefusedError
 from shared.evaluation import create
 from shared.keys import RunKeys
 from shared.ledger import Ledger
 from shared.models import RunMeta, RunStatus
+from shared.routing import RoutingKind
 from shared.runs import RunStore
 from shared.scripts import Scripts
 from shared.spec import publish_spec
@@ -47,6 +49,7 @@ class SubmitRequest:
     revision: str | None = None
     config: str | None = None
     dataset_id: str | None = None
+    sharding: Sharding = field(default_factory=Sharding)
 
     @property
     def dataset(self) -> str:
@@ -106,12 +109,18 @@ def submit(
     client: redis.Redis, app: Celery, request: SubmitRequest, principal: str, admin: bool = False
 ) -> RunMeta:
     """Gate, publish and enqueue ``request``; return the new run's record."""
-    create(request.eval, request.params)
+    evaluation = create(request.eval, request.params)
+    sharding = request.sharding
+    if sharding.routing is RoutingKind.KMEANS and sharding.route_field in evaluation.label_fields:
+        raise InputError(
+            f"--route-field '{sharding.route_field}' is a label field of '{request.eval}': "
+            "shards cut by it would reveal labels"
+        )
     dataset = request.dataset
     tier = None if admin else TierRegistry(client).resolve(dataset, request.split)
     if tier is Tier.NO_ACCESS:
         raise TierRefusedError(f"tier refused: {dataset}/{request.split} is no_access")
-    spec, _ = build_spec(request.data, request.split, request.revision, request.config)
+    spec, rows = build_spec(request.data, request.split, request.revision, request.config, sharding)
     sample_ids = resolve_ids(spec.n_rows, request.limit, request.ids)
     if tier is Tier.NON_VIEWABLE and len(sample_ids) < MIN_AGGREGATE_SAMPLES:
         raise TierRefusedError(
@@ -142,7 +151,10 @@ def submit(
         publish_spec(client, spec)
         RunStore(client).create(meta, sample_ids)
         recorded = True
-        publish(app, INFER_TASK, split(meta.run_id, meta.eval, meta.spec, sample_ids))
+        # shard by shard, so each message (and so each batch) draws on as few shards as possible
+        shard_of = shard_of_rows(spec, rows)
+        in_order = sorted(sample_ids, key=lambda i: int(shard_of[i]))
+        publish(app, INFER_TASK, split(meta.run_id, meta.eval, meta.spec, in_order))
     except BaseException:
         if recorded:
             Scripts(client).cancel(RunKeys(meta.run_id))

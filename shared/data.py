@@ -1,9 +1,10 @@
 """Reading splits with Hugging Face ``datasets``: from ``--data`` to a spec, and from a spec
-back to rows.
+back to rows and shards.
 
 ``--data`` is a local file (its split is the file's stem, so ``test.jsonl`` holds ``test``), a
 local folder whose files are named after splits (``validation.jsonl``,
-``validation-00001.parquet``), or a Hub dataset id.
+``validation-00001.parquet``), or a Hub dataset id. A k-means routing is fitted on a stream of
+the split that is read no further than the fit's sample, so memory follows the sample size.
 """
 
 from __future__ import annotations
@@ -12,16 +13,47 @@ import hashlib
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from shared.errors import DataError, SourceUnreachableError, SpecError, SplitNotFoundError
+from shared.routing import (
+    Contiguous,
+    Featurizer,
+    KMeans,
+    KMeansFit,
+    RoundRobin,
+    RoutingKind,
+    assign,
+    fit_kmeans,
+)
 from shared.spec import DatasetSpec, HubSource, LocalFile, LocalFormat, LocalSource
 
 if TYPE_CHECKING:
-    from datasets import Dataset
+    import numpy as np
+    from datasets import Dataset, IterableDataset
 
-__all__ = ["build_spec", "load_rows"]
+__all__ = ["Sharding", "build_spec", "load_rows", "refit_routing", "shard_of_rows", "stream_texts"]
+
+
+@dataclass(frozen=True)
+class Sharding:
+    """How a split is to be cut into shards (``--shards``, ``--routing`` and the router knobs)."""
+
+    shards: int = 1
+    routing: RoutingKind = RoutingKind.CONTIGUOUS
+    route_field: str = "text"
+    """Text field read by ``kmeans``."""
+    sample_size: int = 1000
+    """``--router-sample``: texts the k-means fit reads."""
+    seed: int = 0
+    """``--router-seed``: seeds the featurizer's hash and the k-means initialisation."""
+    dim: int = 128
+    """Featurizer buckets."""
+    iterations: int = 50
+    """Most Lloyd iterations."""
+
 
 _FORMATS: dict[str, LocalFormat] = {
     ".parquet": "parquet",
@@ -85,16 +117,22 @@ def _quiet_datasets() -> Iterator[None]:
         datasets.logging.set_verbosity(previous)
 
 
-def _load(source: LocalSource | HubSource, split: str) -> Dataset:
+def _load(source: LocalSource | HubSource, split: str, streaming: bool = False) -> Any:
     import datasets
 
     with _quiet_datasets():
         try:
             if isinstance(source, LocalSource):
                 files = [f.path for f in source.files]
-                return datasets.load_dataset(source.format, data_files={split: files}, split=split)
+                return datasets.load_dataset(
+                    source.format, data_files={split: files}, split=split, streaming=streaming
+                )
             return datasets.load_dataset(
-                source.repo_id, name=source.config, revision=source.revision, split=split
+                source.repo_id,
+                name=source.config,
+                revision=source.revision,
+                split=split,
+                streaming=streaming,
             )
         except ValueError as exc:
             if "split" in str(exc).lower():
@@ -112,10 +150,70 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0]
 
 
+def _column(names: list[str] | None, field: str) -> None:
+    if names is not None and field not in names:
+        raise DataError(f"route field '{field}' is not a column of the split ({', '.join(names)})")
+
+
+def stream_texts(source: LocalSource | HubSource, split: str, field: str) -> Iterator[str]:
+    """The split's ``field`` row by row, streamed: only what the caller consumes is read."""
+    stream: IterableDataset = _load(source, split, streaming=True)
+    _column(stream.column_names, field)
+    with _quiet_datasets():
+        for row in stream.select_columns([field]):
+            yield str(row[field])
+
+
+def _split_texts(dataset: Dataset, field: str) -> Iterator[list[str]]:
+    _column(dataset.column_names, field)
+    for batch in dataset.select_columns([field]).iter(batch_size=4096):
+        yield [str(text) for text in batch[field]]
+
+
+def _fit(
+    source: LocalSource | HubSource, split: str, sharding: Sharding
+) -> Contiguous | RoundRobin | KMeans:
+    if sharding.routing is RoutingKind.CONTIGUOUS:
+        return Contiguous()
+    if sharding.routing is RoutingKind.ROUND_ROBIN:
+        return RoundRobin()
+    fit = KMeansFit(
+        sample_size=sharding.sample_size, seed=sharding.seed, iterations=sharding.iterations
+    )
+    featurizer = Featurizer(seed=sharding.seed, dim=sharding.dim)
+    texts = stream_texts(source, split, sharding.route_field)
+    return fit_kmeans(texts, sharding.shards, featurizer, fit)
+
+
+def refit_routing(spec: DatasetSpec) -> KMeans | RoundRobin | None:
+    """Fit a ``kmeans`` spec's routing again from its own source, featurizer and fit seeds.
+
+    ``None`` when the spec cannot be verified this way (not ``kmeans``, or no fit metadata).
+    """
+    routing = spec.routing
+    if not isinstance(routing, KMeans) or routing.fit is None or spec.route_field is None:
+        return None
+    texts = stream_texts(spec.source, spec.split, spec.route_field)
+    return fit_kmeans(texts, spec.shards, routing.featurizer, routing.fit)
+
+
+def shard_of_rows(spec: DatasetSpec, dataset: Dataset) -> np.ndarray:
+    """The shard of every row of the spec's split (``dataset`` is that split)."""
+    texts = None
+    if isinstance(spec.routing, KMeans) and spec.route_field is not None:
+        texts = _split_texts(dataset, spec.route_field)
+    return assign(spec.routing, spec.shards, spec.n_rows, texts)
+
+
 def build_spec(
-    data: str, split: str, revision: str | None = None, config: str | None = None
+    data: str,
+    split: str,
+    revision: str | None = None,
+    config: str | None = None,
+    sharding: Sharding | None = None,
 ) -> tuple[DatasetSpec, Dataset]:
-    """Resolve ``--data`` and ``--split`` into a spec, loading the split once to count rows."""
+    """Resolve ``--data``, ``--split`` and the sharding into a spec (fitting a k-means routing
+    on a bounded stream), loading the split once to count rows."""
     root = Path(data).expanduser()
     source: LocalSource | HubSource
     if root.exists():
@@ -126,8 +224,17 @@ def build_spec(
         raise DataError(f"no such file or folder: {data}")
     else:
         source = HubSource(repo_id=data, revision=revision, config=config)
-    dataset = _load(source, split)
-    return DatasetSpec(source=source, split=split, n_rows=len(dataset)), dataset
+    sharding = sharding or Sharding()
+    dataset: Dataset = _load(source, split)
+    spec = DatasetSpec(
+        source=source,
+        split=split,
+        n_rows=len(dataset),
+        shards=sharding.shards,
+        routing=_fit(source, split, sharding),
+        route_field=sharding.route_field if sharding.routing is RoutingKind.KMEANS else None,
+    )
+    return spec, dataset
 
 
 def load_rows(spec: DatasetSpec) -> Dataset:
@@ -139,7 +246,7 @@ def load_rows(spec: DatasetSpec) -> Dataset:
                 raise SpecError(f"data file {pinned.path} is missing on this worker")
             if _sha256(path) != pinned.sha256:
                 raise SpecError(f"data file {pinned.path} differs from the one the spec pins")
-    dataset = _load(spec.source, spec.split)
+    dataset: Dataset = _load(spec.source, spec.split)
     if len(dataset) != spec.n_rows:
         raise SpecError(f"spec expects {spec.n_rows} rows, the source now has {len(dataset)}")
     return dataset

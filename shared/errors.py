@@ -19,7 +19,10 @@ __all__ = [
     "PolicyError",
     "PolicyRefusedError",
     "RetryableError",
+    "RoutingError",
     "SampleIdError",
+    "ScriptError",
+    "ShardMismatchError",
     "SourceUnreachableError",
     "SpecError",
     "SplitNotFoundError",
@@ -80,6 +83,18 @@ class SourceUnreachableError(DataError):
 
 class SpecError(PermanentError):
     """A published dataset spec is missing, malformed or does not match its fingerprint."""
+
+
+class RoutingError(SpecError):
+    """A spec's routing does not verify: re-fitting it from its own source gave other centroids."""
+
+
+class ShardMismatchError(SpecError):
+    """A shard rebuilt on this worker holds other rows than the first worker recorded."""
+
+
+class ScriptError(PermanentError):
+    """A script scorer failed on one sample: it raised, timed out, crashed or exited."""
 
 
 class PayloadError(PermanentError):

@@ -14,6 +14,7 @@ from statistics import fmean
 from typing import Any, ClassVar, TypeVar
 
 from shared.errors import PayloadError, PluginError, UnknownEvalError
+from shared.scorer import ScriptCall, ScriptScorer, run_cold
 
 __all__ = ["Evaluation", "create", "load_plugins", "register", "registered", "scrub"]
 
@@ -29,10 +30,15 @@ class Evaluation(ABC):
 
     ``load`` runs once per worker process and model; ``infer`` gets a batch of rows with every
     field in ``label_fields`` removed; ``score`` gets one full row, labels included.
+
+    An evaluation that scores with a script sets ``scorer`` and implements ``script_call``
+    (and ``script_score`` when the answer is not one number) instead of ``score``: workers then
+    run the script in warm sandboxed subprocesses.
     """
 
     name: ClassVar[str] = ""
     label_fields: ClassVar[tuple[str, ...]] = ()
+    scorer: ClassVar[ScriptScorer | None] = None
 
     def __init__(self, **params: str) -> None:
         self.params: dict[str, str] = dict(params)
@@ -45,9 +51,19 @@ class Evaluation(ABC):
     def infer(self, model: Any, rows: list[dict[str, Any]]) -> list[Any]:
         """Run the model on a batch of label-free rows; one JSON-able output per row."""
 
-    @abstractmethod
     def score(self, row: dict[str, Any], output: Any) -> dict[str, float]:
-        """Score one output against its full row."""
+        """Score one output against its full row (for a script scorer: one cold run of it)."""
+        if self.scorer is None:
+            raise NotImplementedError(f"{type(self).__name__} defines neither score() nor scorer")
+        return self.script_score(run_cold(self.scorer, self.script_call(row, output)))
+
+    def script_call(self, row: dict[str, Any], output: Any) -> ScriptCall:
+        """The scorer script's arguments (and extra environment) for one full row and output."""
+        raise NotImplementedError(f"{type(self).__name__} has a scorer but no script_call()")
+
+    def script_score(self, answer: str) -> dict[str, float]:
+        """Metrics from what the scorer script returned; by default ``{"score": float(answer)}``."""
+        return {"score": float(answer)}
 
     def aggregate(self, scores: list[dict[str, float]]) -> dict[str, float]:
         """Reduce per-sample metrics to run metrics; by default the mean of each metric."""

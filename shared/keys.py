@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["AUDIT", "RUNS", "RunKeys", "budget_key", "spec_key", "tiers_key"]
+__all__ = ["AUDIT", "RUNS", "RunKeys", "budget_key", "shard_digests_key", "spec_key", "tiers_key"]
 
 RUNS = "evalq:runs"
 """Sorted set: run id scored by its creation time."""
@@ -32,6 +32,11 @@ def budget_key(dataset: str, split: str) -> str:
 def spec_key(fingerprint: str) -> str:
     """String: the canonical JSON of a published dataset spec."""
     return f"evalq:spec:{fingerprint}"
+
+
+def shard_digests_key(fingerprint: str) -> str:
+    """Hash: shard index -> sha256 of its rows, recorded by the first worker that built it."""
+    return f"evalq:spec:{fingerprint}:shards"
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,9 +45,14 @@ class Settings(BaseSettings):
     max_shards: int = Field(default=4, ge=1)
     """Worker-local: materialized dataset shards kept per worker process (LRU)."""
 
+    verify_routing: bool = False
+    """Worker-local: re-fit a ``kmeans`` spec's routing from its own source once per
+    fingerprint and refuse its samples if the centroids differ."""
     max_models: int = Field(default=2, ge=1)
     """Worker-local: loaded models kept per worker process (LRU)."""
 
+    scorer_procs: int = Field(default=2, ge=1)
+    """Worker-local: warm subprocesses per scorer script in each worker process."""
     torch_threads: int | None = Field(default=None, ge=1)
     """Worker-local: torch CPU threads per worker process; unset = torch's default (all cores).
     Set it to cores / processes when several worker processes share one machine's CPUs."""

@@ -1,6 +1,7 @@
 """Dataset specs: the small, fingerprinted description a worker rebuilds its rows from.
 
-A spec names where the rows come from and which split, never the rows themselves. Its
+A spec names where the rows come from, which split, and how the split is cut into shards
+(``shards``, ``routing``, ``route_field``), never the rows themselves. Its
 fingerprint is the sha256 of its canonical JSON, so a worker can check that what it fetched is
 what the producer published. A spec carries no worker-local knob.
 """
@@ -12,12 +13,23 @@ import json
 from typing import Annotated, Literal
 
 import redis
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from shared.errors import SpecError
 from shared.keys import spec_key
+from shared.routing import Contiguous, KMeans, Routing
 
-__all__ = ["DatasetSpec", "HubSource", "LocalFile", "LocalSource", "fetch_spec", "publish_spec"]
+__all__ = [
+    "MAX_SPEC_SHARDS",
+    "DatasetSpec",
+    "HubSource",
+    "LocalFile",
+    "LocalSource",
+    "fetch_spec",
+    "publish_spec",
+]
+
+MAX_SPEC_SHARDS = 1024
 
 LocalFormat = Literal["parquet", "json", "csv", "arrow"]
 
@@ -67,14 +79,35 @@ class DatasetSpec(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    version: Literal[1] = 1
-    """Schema version of the spec."""
+    version: Literal[2] = 2
+    """Schema version of the spec (2 added shards and routing)."""
     source: Source
     """Where the rows come from."""
     split: str = Field(min_length=1)
     """Split name."""
     n_rows: int = Field(ge=0)
     """Rows in the split; sample ids are ``0 .. n_rows - 1``."""
+    shards: int = Field(default=1, ge=1, le=MAX_SPEC_SHARDS)
+    """How many shards the split is cut into."""
+    routing: Routing = Contiguous()
+    """Which shard each row lives in."""
+    route_field: str | None = None
+    """The text field content-based routing reads (required by ``kmeans``)."""
+
+    @model_validator(mode="after")
+    def _routing_fits(self) -> DatasetSpec:
+        if isinstance(self.routing, KMeans):
+            if self.route_field is None:
+                raise ValueError("kmeans routing needs a route_field")
+            if len(self.routing.centroids) != self.shards:
+                raise ValueError(
+                    f"kmeans routing has {len(self.routing.centroids)} centroids "
+                    f"for {self.shards} shards"
+                )
+            dim = self.routing.featurizer.dim
+            if any(len(centroid) != dim for centroid in self.routing.centroids):
+                raise ValueError(f"every kmeans centroid needs {dim} coordinates")
+        return self
 
     def canonical_json(self) -> str:
         """Sorted-key, whitespace-free JSON: the bytes the fingerprint is taken over."""

@@ -28,6 +28,14 @@ pytestmark = pytest.mark.integration
         (["spy", "--split", "validation", "--ids", "1,12"], "sample id 12 is out of range"),
         (["spy", "--split", "validation", "--ids", "1,x"], "comma-separated non-negative"),
         (["spy", "--split", "validation", "--limit", "3", "--ids", "1"], "not both"),
+        (
+            ["spy", "--split", "validation", "--routing", "kmeans", "--route-field", "label"],
+            "is a label field",
+        ),
+        (
+            ["spy", "--split", "validation", "--routing", "kmeans", "--route-field", "body"],
+            "route field 'body' is not a column",
+        ),
     ],
 )
 def test_bad_input_gets_one_line_and_exit_2_and_enqueues_nothing(
@@ -73,7 +81,8 @@ def test_submit_follow_status_runs_results(stack: Stack, tmp_path: Path) -> None
     list_splits(stack.client, data, "validation")
     url = stack.server.url
     followed = evalq(url, "submit", "spy", "--data", data, "--split", "validation",
-                     "--limit", "30", "--follow", "--json")  # fmt: skip
+                     "--limit", "30", "--shards", "3", "--routing", "kmeans",
+                     "--router-sample", "40", "--follow", "--json")  # fmt: skip
     assert followed.returncode == 0, followed.stderr
     first, last = (json.loads(line) for line in followed.stdout.strip().splitlines())
     run_id = first["run_id"]

@@ -142,7 +142,7 @@ def test_redis_restart_mid_run(fresh_stack: Stack, tmp_path: Path) -> None:
     ("text", "env"),
     [
         ("please kill the worker", {}),  # os._exit in infer(): the pool process dies
-        ("this one will hang", {"EVALQ_TASK_TIME_LIMIT": "2"}),  # killed at the time limit
+        ("this one will hang", {"EVALQ_TASK_TIME_LIMIT": "4"}),  # killed at the time limit
     ],
 )
 def test_a_sample_that_kills_its_worker_ends_as_one_terminal_error(

@@ -19,7 +19,13 @@ __all__ = ["create_worker_app", "run_worker"]
 
 
 def create_worker_app(settings: Settings) -> Celery:
-    """A Celery app with plugins imported, tasks registered and per-process state hooked up."""
+    """A Celery app with plugins imported, tasks registered and per-process state hooked up.
+
+    ``datasets`` is imported here, before the pool forks, so a pool process that replaces a
+    dead one does not pay its import again; nothing is opened until after the fork.
+    """
+    import datasets  # noqa: F401
+
     load_plugins(settings.plugins)
     app = create_app(settings)
     state = WorkerState(app, settings)

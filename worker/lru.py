@@ -40,6 +40,10 @@ class LRU(Generic[K, V]):
             if self._on_evict is not None:
                 self._on_evict(key, value)
 
+    def keys(self) -> list[K]:
+        """The keys held, least recently used first."""
+        return list(self._items)
+
     def __len__(self) -> int:
         return len(self._items)
 

@@ -4,7 +4,8 @@ Inference: skip samples already inferred (redeliveries), rebuild rows from each 
 remove label fields, and run each evaluation's warm model on batches of at most ``max_batch``
 rows drawn from every run in the batch that uses it; store each output once and enqueue
 scoring. Scoring: full rows plus stored outputs through ``score()``, each score stored once; the
-call that settles a run's last sample computes its aggregate from the store.
+call that settles a run's last sample computes its aggregate from the store. An evaluation with a
+scorer script is scored on the runtime pool's warm script subprocesses, a batch at a time.
 Any failure of one sample becomes that sample's terminal error record; the batch goes on.
 """
 
@@ -19,11 +20,12 @@ from typing import Any
 
 from shared.celery_app import INFER_TASK, SCORE_TASK
 from shared.dispatch import split
-from shared.errors import PayloadError, PermanentError, UnknownRunError
+from shared.errors import PayloadError, PermanentError, ScriptError, UnknownRunError
 from shared.evaluation import Evaluation, scrub
 from shared.models import ErrorRecord, RunMeta, SampleTask, Stage
 from shared.results import ResultStore, to_json
 from shared.runs import RunStore
+from shared.scorer import ScriptCall
 from worker.runtime_pool import RuntimePool
 from worker.shard_cache import ShardCache
 
@@ -229,6 +231,46 @@ def _checked_scores(scores: object) -> dict[str, float]:
     return checked
 
 
+def _script_answers(
+    res: Resources, run: _Run, rows: dict[int, dict[str, Any]], outputs: dict[int, Any]
+) -> dict[int, str | ScriptError]:
+    """Each sample's answer from the evaluation's scorer script, run on the warm pool."""
+    evaluation = run.evaluation
+    assert evaluation.scorer is not None
+    calls: dict[int, ScriptCall] = {}
+    for sample_id, row in rows.items():
+        try:
+            calls[sample_id] = evaluation.script_call(row, outputs[sample_id])
+        except Exception as exc:
+            run.errors[sample_id] = _error(Stage.SCORE, exc)
+    answers = res.runtimes.scripts(evaluation.scorer).map(list(calls.values()))
+    return dict(zip(calls, answers, strict=True))
+
+
+def _score(
+    res: Resources, run: _Run, rows: dict[int, dict[str, Any]], outputs: dict[int, Any]
+) -> dict[int, dict[str, float]]:
+    """Scores of the samples that score cleanly; the others get their error record."""
+    evaluation = run.evaluation
+    answers = _script_answers(res, run, rows, outputs) if evaluation.scorer is not None else {}
+    scores: dict[int, dict[str, float]] = {}
+    for sample_id, row in rows.items():
+        if sample_id in run.errors:
+            continue
+        try:
+            if evaluation.scorer is None:
+                raw = evaluation.score(row, outputs[sample_id])
+            else:
+                answer = answers[sample_id]
+                if isinstance(answer, ScriptError):
+                    raise answer
+                raw = evaluation.script_score(answer)
+            scores[sample_id] = _checked_scores(raw)
+        except Exception as exc:
+            run.errors[sample_id] = _error(Stage.SCORE, exc)
+    return scores
+
+
 def score_batch(res: Resources, tasks: list[SampleTask]) -> None:
     """Score a batch of messages, any mix of runs, and finalize the runs it finishes."""
     for run in _active_runs(res, tasks, Stage.SCORE):
@@ -240,12 +282,7 @@ def score_batch(res: Resources, tasks: list[SampleTask]) -> None:
             # (e.g. replayed by hand); the inference path will enqueue the sample again.
             missing = len(todo) - len(outputs)
             log.warning("run %s: %d score messages without an output", run.run_id, missing)
-        scores: dict[int, dict[str, float]] = {}
-        for sample_id, row in run.rows(list(outputs), Stage.SCORE).items():
-            try:
-                scores[sample_id] = _checked_scores(run.evaluation.score(row, outputs[sample_id]))
-            except Exception as exc:
-                run.errors[sample_id] = _error(Stage.SCORE, exc)
+        scores = _score(res, run, run.rows(list(outputs), Stage.SCORE), outputs)
         if res.results.record_scores(run.run_id, scores):
             run.finalize()
         run.settle_errors()

@@ -1,17 +1,28 @@
 """Warm runtimes: each worker process loads a model once per (evaluation, params) and reuses it
-for every batch, keeping at most ``max_models`` loaded (LRU)."""
+for every batch, keeping at most ``max_models`` loaded (LRU), and keeps warm subprocess pools
+for scorer scripts (at most ``max_models`` scripts, ``scorer_procs`` subprocesses each).
+
+An evicted model is dropped and then, with no reference left, garbage-collected and its CUDA
+memory returned (``torch.cuda.empty_cache``); ``close`` frees every model and stops every
+scorer subprocess."""
 
 from __future__ import annotations
 
 import gc
 import json
+import logging
+import sys
 from collections.abc import Mapping
 from typing import Any
 
 from shared.evaluation import Evaluation, create
+from shared.scorer import ScriptScorer
 from worker.lru import LRU
+from worker.script_pool import ScriptPool
 
 __all__ = ["RuntimePool", "resolve_device"]
+
+log = logging.getLogger(__name__)
 
 RuntimeKey = tuple[str, str]
 
@@ -35,13 +46,15 @@ def resolve_device(device: str, process_index: int = 0) -> str:
     return f"cuda:{process_index % torch.cuda.device_count()}"
 
 
-def _release(_key: RuntimeKey, _model: Any) -> None:
+def _free_memory() -> None:
     gc.collect()
-    import sys
-
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+def _stop(_scorer: ScriptScorer, pool: ScriptPool) -> None:
+    pool.close()
 
 
 class RuntimePool:
@@ -53,12 +66,16 @@ class RuntimePool:
         max_models: int,
         cpu_threads: int | None = None,
         process_index: int = 0,
+        scorer_procs: int = 2,
     ) -> None:
         self._device = device
         self._cpu_threads = cpu_threads
         self._process_index = process_index
+        self._scorer_procs = scorer_procs
         self._evaluations: dict[RuntimeKey, Evaluation] = {}
-        self._models: LRU[RuntimeKey, Any] = LRU(max_models, on_evict=_release)
+        self._models: LRU[RuntimeKey, Any] = LRU(max_models, on_evict=self._evicted)
+        self._scripts: LRU[ScriptScorer, ScriptPool] = LRU(max_models, on_evict=_stop)
+        self._dropped = False
 
     def evaluation(self, name: str, params: Mapping[str, str]) -> Evaluation:
         """The evaluation instance for ``name`` with ``params``."""
@@ -70,7 +87,24 @@ class RuntimePool:
     def model(self, evaluation: Evaluation) -> Any:
         """The loaded model of ``evaluation``, loading it on first use in this process."""
         key = (evaluation.name, json.dumps(evaluation.params, sort_keys=True))
-        return self._models.get_or_create(key, lambda: self._load(evaluation))
+        model = self._models.get_or_create(key, lambda: self._load(evaluation))
+        if self._dropped:  # the evicted model has no reference left now
+            self._dropped = False
+            log.info("evicted a model (EVALQ_MAX_MODELS reached); %d loaded", len(self._models))
+            _free_memory()
+        return model
+
+    @property
+    def loaded(self) -> list[RuntimeKey]:
+        """(evaluation, params) of the models held now, least recently used first."""
+        return self._models.keys()
+
+    def scripts(self, scorer: ScriptScorer) -> ScriptPool:
+        """The warm subprocess pool of a scorer script, started on first use."""
+        return self._scripts.get_or_create(scorer, lambda: ScriptPool(scorer, self._scorer_procs))
+
+    def _evicted(self, _key: RuntimeKey, _model: Any) -> None:
+        self._dropped = True
 
     def _load(self, evaluation: Evaluation) -> Any:
         device = resolve_device(self._device, self._process_index)
@@ -79,5 +113,7 @@ class RuntimePool:
         return evaluation.load(device)
 
     def close(self) -> None:
-        """Free every loaded model."""
+        """Free every loaded model and stop every scorer subprocess."""
         self._models.clear()
+        self._scripts.clear()
+        _free_memory()

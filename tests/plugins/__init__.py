@@ -79,3 +79,33 @@ class Killer(Spy):
         if any("hang" in row["text"] for row in rows):
             time.sleep(3600)
         return super().infer(model, rows)
+
+
+def _note(path: str, line: str) -> None:
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(line + "\n")
+
+
+@register("sized")
+class Sized(Evaluation):
+    """A small torch model per ``name`` param; appends ``load PID NAME`` to the ``log`` file when
+    a worker loads it and ``free PID NAME`` when the model object is actually freed."""
+
+    label_fields = ("label",)
+
+    def load(self, device: str) -> Any:
+        import weakref
+
+        import torch
+
+        model = torch.nn.Linear(8, 2)
+        name, log = self.params["name"], self.params["log"]
+        _note(log, f"load {os.getpid()} {name}")
+        weakref.finalize(model, _note, log, f"free {os.getpid()} {name}")
+        return model
+
+    def infer(self, model: Any, rows: list[dict[str, Any]]) -> list[Any]:
+        return [model.out_features for _ in rows]
+
+    def score(self, row: dict[str, Any], output: Any) -> dict[str, float]:
+        return {"ok": float(output == 2)}

@@ -1,0 +1,323 @@
+"""Shards from specs: routing, deterministic re-materialization, the LRU cap, verification."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+import time
+import tracemalloc
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from producer.demo_data import write_demo_dataset
+from producer.submit import SubmitRequest, submit
+from shared.celery_app import INFER_QUEUE, INFER_TASK
+from shared.connection import connect
+from shared.data import Sharding, build_spec, shard_of_rows, stream_texts
+from shared.dispatch import publish, split
+from shared.errors import InputError
+from shared.keys import RunKeys
+from shared.models import RunMeta, RunStatus, SampleTask
+from shared.redis_server import RedisServer
+from shared.results import ResultStore
+from shared.routing import (
+    Contiguous,
+    Featurizer,
+    KMeans,
+    KMeansFit,
+    RoundRobin,
+    RoutingKind,
+    assign,
+    fit_kmeans,
+)
+from shared.runs import RunStore
+from shared.spec import DatasetSpec, LocalSource, publish_spec
+from tests.conftest import Stack
+from tests.helpers import REPO, list_splits, wait_for
+from worker.shard_cache import ShardCache, rows_digest
+
+ROUTINGS = (
+    Sharding(shards=3),
+    Sharding(shards=3, routing=RoutingKind.ROUND_ROBIN),
+    Sharding(shards=3, routing=RoutingKind.KMEANS, sample_size=200),
+)
+
+
+@pytest.fixture(scope="module")
+def demo_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_demo_dataset(tmp_path_factory.mktemp("demo"), validation_size=300)
+
+
+def _spec(folder: Path, sharding: Sharding) -> DatasetSpec:
+    spec, _ = build_spec(str(folder), "validation", sharding=sharding)
+    return spec
+
+
+def test_contiguous_and_round_robin_cover_every_row_once() -> None:
+    assert assign(Contiguous(), 3, 10).tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 2]
+    assert assign(Contiguous(), 4, 2).tolist() == [1, 3]  # more shards than rows: some empty
+    assert assign(RoundRobin(), 3, 7).tolist() == [0, 1, 2, 0, 1, 2, 0]
+
+
+def test_kmeans_fit_is_deterministic_and_reads_only_its_sample() -> None:
+    texts = [f"{topic} story number {i}" for i in range(50) for topic in ("rain", "goal", "chip")]
+    read = 0
+
+    def stream() -> Iterator[str]:
+        nonlocal read
+        for text in texts:
+            read += 1
+            yield text
+
+    fit = KMeansFit(sample_size=60, seed=1, iterations=20)
+    first = fit_kmeans(stream(), 3, Featurizer(seed=7), fit)
+    assert read == 60  # the stream is not read past the sample
+    assert first == fit_kmeans(iter(texts), 3, Featurizer(seed=7), fit)
+    assert first != fit_kmeans(iter(texts), 3, Featurizer(seed=8), fit)
+    assert isinstance(first, KMeans)
+    assert len(first.centroids) == 3
+    # fewer documents than shards: round robin instead of a crash
+    assert fit_kmeans(iter(texts[:2]), 3, Featurizer(seed=7), fit) == RoundRobin()
+
+
+def test_kmeans_groups_texts_by_content() -> None:
+    texts = [f"{word} {word} {word} item {i}" for word in ("alpha", "beta") for i in range(20)]
+    fit = KMeansFit(sample_size=40, seed=0, iterations=20)
+    routing = fit_kmeans(iter(texts), 2, Featurizer(seed=0), fit)
+    shards = assign(routing, 2, len(texts), iter([texts])).tolist()
+    assert len(set(shards[:20])) == 1
+    assert len(set(shards[20:])) == 1
+    assert shards[0] != shards[20]
+
+
+def test_a_spec_rejects_centroids_that_do_not_fit_its_shards(demo_folder: Path) -> None:
+    spec = _spec(demo_folder, ROUTINGS[2])
+    raw = spec.model_dump(mode="json")
+    raw["shards"] = 4
+    with pytest.raises(ValueError, match="3 centroids for 4 shards"):
+        DatasetSpec.model_validate(raw)
+    assert "max_shards" not in spec.canonical_json()
+    assert "verify" not in spec.canonical_json()
+
+
+def test_routing_by_a_label_field_is_refused(redis_only: RedisServer, demo_folder: Path) -> None:
+    from shared.celery_app import create_app
+    from shared.settings import Settings
+
+    client = connect(redis_only.url)
+    app = create_app(Settings(redis_url=redis_only.url))
+    request = SubmitRequest(
+        eval="null",
+        data=str(demo_folder),
+        split="validation",
+        sharding=Sharding(shards=2, routing=RoutingKind.KMEANS, route_field="label"),
+    )
+    with pytest.raises(InputError, match="label field"):
+        submit(client, app, request, principal="tests", admin=True)
+    assert client.llen(INFER_QUEUE) == 0
+
+
+def _big_split(path: Path, rows: int) -> LocalSource:
+    line = "lorem ipsum dolor sit amet " * 20
+    with path.open("w") as handle:
+        for i in range(rows):
+            handle.write(json.dumps({"text": f"{i} {line}"}) + "\n")
+    return LocalSource.model_validate(
+        {"format": "json", "files": [{"path": str(path), "sha256": "0" * 64}]}
+    )
+
+
+def _peak(work: Callable[[], object]) -> int:
+    tracemalloc.start()
+    try:
+        work()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_the_kmeans_fit_streams_only_its_sample(tmp_path: Path) -> None:
+    """Peak Python memory of a fit stays put when the split grows fourfold (14 -> 56 MB), while
+    reading the big split whole takes more than its size."""
+    small = _big_split(tmp_path / "small.jsonl", 25_000)
+    big = _big_split(tmp_path / "big.jsonl", 100_000)
+    fit = KMeansFit(sample_size=500, seed=0, iterations=10)
+
+    def fitted(source: LocalSource) -> Callable[[], object]:
+        return lambda: fit_kmeans(stream_texts(source, "x", "text"), 4, Featurizer(seed=0), fit)
+
+    fitted(small)()  # first use imports the streaming readers; measure after
+    small_peak, big_peak = _peak(fitted(small)), _peak(fitted(big))
+    whole_peak = _peak(lambda: list(stream_texts(big, "x", "text")))
+    size = Path(big.files[0].path).stat().st_size
+    assert big_peak < small_peak * 1.1, (small_peak, big_peak)
+    assert whole_peak > size, (whole_peak, size)
+
+
+_MATERIALIZE = """
+import json, sys
+from shared.connection import connect
+from worker.shard_cache import ShardCache, rows_digest
+cache = ShardCache(connect(sys.argv[1]), capacity=1)
+fp, shards = sys.argv[2], int(sys.argv[3])
+print(json.dumps([rows_digest(cache.shard(fp, k)) for k in range(shards)]))
+"""
+
+
+@pytest.mark.parametrize("sharding", ROUTINGS, ids=lambda s: s.routing.value)
+def test_two_worker_processes_build_identical_shards(
+    redis_only: RedisServer, demo_folder: Path, tmp_path: Path, sharding: Sharding
+) -> None:
+    client = connect(redis_only.url)
+    spec = _spec(demo_folder, sharding)
+    fingerprint = publish_spec(client, spec)
+    digests = []
+    for name in ("a", "b"):  # each with a datasets cache of its own: nothing shared but Redis
+        env = {"HF_DATASETS_CACHE": str(tmp_path / name), "PYTHONPATH": str(REPO), "PATH": ""}
+        done = subprocess.run(
+            [sys.executable, "-c", _MATERIALIZE, redis_only.url, fingerprint, str(spec.shards)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        digests.append(json.loads(done.stdout))
+    assert digests[0] == digests[1]
+    assert len(set(digests[0])) == spec.shards  # three different shards
+    assert client.hgetall(f"evalq:spec:{fingerprint}:shards") == {
+        str(k): d for k, d in enumerate(digests[0])
+    }
+
+
+def test_the_shard_cap_holds_and_a_rebuilt_shard_has_the_same_rows(
+    redis_only: RedisServer, demo_folder: Path
+) -> None:
+    client = connect(redis_only.url)
+    spec, rows = build_spec(str(demo_folder), "validation", sharding=Sharding(shards=6))
+    fingerprint = publish_spec(client, spec)
+    shard_of = shard_of_rows(spec, rows)
+    members = [[i for i in range(spec.n_rows) if shard_of[i] == k] for k in range(6)]
+    cache = ShardCache(client, capacity=2)
+
+    first = []
+    for k in range(6):
+        fetched = cache.rows(fingerprint, members[k][:5])
+        assert fetched == [rows[i] for i in members[k][:5]]
+        first.append(rows_digest(cache.shard(fingerprint, k)))
+        assert len(cache.resident) <= 2
+    assert cache.builds == 6
+    assert [k for _, k in cache.resident] == [4, 5]
+
+    again = cache.rows(fingerprint, members[0])  # evicted: rebuilt
+    assert cache.builds == 7
+    assert again == [rows[i] for i in members[0]]
+    assert rows_digest(cache.shard(fingerprint, 0)) == first[0]
+
+
+def test_a_message_body_holds_ids_only_grouped_by_shard(
+    redis_only: RedisServer, demo_folder: Path
+) -> None:
+    from shared.celery_app import create_app
+    from shared.settings import Settings
+
+    client = connect(redis_only.url)
+    app = create_app(Settings(redis_url=redis_only.url))
+    sharding = Sharding(shards=3, routing=RoutingKind.KMEANS, sample_size=200)
+    request = SubmitRequest(
+        eval="null", data=str(demo_folder), split="validation", sharding=sharding
+    )
+    meta = submit(client, app, request, principal="tests", admin=True)
+    spec, rows = build_spec(str(demo_folder), "validation", sharding=sharding)
+    texts = {str(r["text"]) for r in rows}
+
+    ids: list[int] = []
+    for raw in reversed(client.lrange(INFER_QUEUE, 0, -1)):
+        message = json.loads(raw)
+        body = base64.b64decode(message["body"]).decode()
+        assert not any(text in body for text in texts)
+        assert "label" not in body
+        _, kwargs, _ = json.loads(body)
+        assert set(kwargs) == set(SampleTask.model_fields)
+        task = SampleTask.model_validate(kwargs)
+        assert (task.run_id, task.spec) == (meta.run_id, spec.fingerprint)
+        ids.extend(task.sample_ids)
+    assert sorted(ids) == list(range(spec.n_rows))
+    shard_of = shard_of_rows(spec, rows)
+    in_order = [int(shard_of[i]) for i in ids]
+    assert in_order == sorted(in_order)  # enqueued shard by shard
+
+
+def _enqueue(stack: Stack, spec: DatasetSpec) -> str:
+    """Publish ``spec`` and a run over all its rows the way a producer does, without its gates
+    (what someone who can write to Redis could do with an altered spec)."""
+    publish_spec(stack.client, spec)
+    meta = RunMeta(
+        run_id=uuid.uuid4().hex[:16],
+        eval="null",
+        spec=spec.fingerprint,
+        dataset_id="altered",
+        split=spec.split,
+        n=spec.n_rows,
+        status=RunStatus.QUEUED,
+        created=time.time(),
+    )
+    ids = list(range(spec.n_rows))
+    RunStore(stack.client).create(meta, ids)
+    publish(stack.app, INFER_TASK, split(meta.run_id, meta.eval, meta.spec, ids))
+    return meta.run_id
+
+
+def _ended(stack: Stack, run_id: str) -> RunStatus:
+    runs = RunStore(stack.client)
+
+    wait_for(lambda: not runs.get(run_id).status.active, 90, f"run {run_id} to end")
+    return runs.get(run_id).status
+
+
+def test_verification_refuses_altered_routing_and_passes_honest_specs(
+    fresh_stack: Stack, demo_folder: Path
+) -> None:
+    fresh_stack.start_workers(EVALQ_VERIFY_ROUTING="1")
+    list_splits(fresh_stack.client, str(demo_folder), "validation")
+    honest = _spec(demo_folder, Sharding(shards=3, routing=RoutingKind.KMEANS, sample_size=200))
+    assert isinstance(honest.routing, KMeans)
+    routing = honest.routing
+    moved = routing.model_copy(
+        update={"centroids": (tuple(v + 0.5 for v in routing.centroids[0]), *routing.centroids[1:])}
+    )
+    reseeded = routing.model_copy(
+        update={"featurizer": Featurizer(seed=routing.featurizer.seed + 1)}
+    )
+    unverifiable = routing.model_copy(update={"fit": None})
+    runs = {
+        name: _enqueue(fresh_stack, honest.model_copy(update={"routing": r}))
+        for name, r in [
+            ("honest", routing),
+            ("moved", moved),
+            ("reseeded", reseeded),
+            ("unverifiable", unverifiable),
+        ]
+    }
+    results = ResultStore(fresh_stack.client)
+    n = honest.n_rows
+    for name in ("honest", "unverifiable"):
+        assert _ended(fresh_stack, runs[name]) is RunStatus.COMPLETED
+        progress = results.progress(runs[name])
+        assert (progress.scored, progress.failed) == (n, 0)
+    for name in ("moved", "reseeded"):
+        assert _ended(fresh_stack, runs[name]) is RunStatus.FAILED
+        progress = results.progress(runs[name])
+        assert (progress.inferred, progress.failed) == (0, n)
+        errors = [r.error for r in results.fetch(runs[name], list(range(n)))]
+        assert {e.kind for e in errors if e is not None} == {"RoutingError"}
+        assert all(e is not None and "routing does not verify" in e.message for e in errors)
+        attempts = fresh_stack.client.hvals(RunKeys(runs[name]).attempts)
+        assert attempts
+        assert max(map(int, attempts)) == 1
+    assert "cannot verify the kmeans routing" in fresh_stack.worker_log()
