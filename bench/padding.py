@@ -50,32 +50,46 @@ def _encoder() -> Any:
     return load_model(device="cpu")
 
 
-def _measure(encoder: Any, routing: RoutingKind, folder: Path, shards: int, batch: int) -> Row:
+def _batches(routing: RoutingKind, folder: Path, shards: int, batch: int) -> list[list[str]]:
+    """The demo texts in the order ``evalq submit`` enqueues them, cut into worker batches."""
     sharding = Sharding(shards=shards, routing=routing, sample_size=1000)
     spec, rows = build_spec(str(folder), "validation", sharding=sharding)
     shard_of = shard_of_rows(spec, rows)
     ids = sorted(range(spec.n_rows), key=lambda i: int(shard_of[i]))
     texts = [str(rows[i]["text"]) for i in ids]
-    batches = [texts[i : i + batch] for i in range(0, len(texts), batch)]
-    tokens = padded = 0
-    for texts_of_batch in batches:
-        lengths = [len(encoder.tokenizer(t)["input_ids"]) for t in texts_of_batch]
-        tokens += sum(lengths)
-        padded += max(lengths) * len(lengths)
-    timings = []
-    for _ in range(3):
-        start = time.perf_counter()
-        for texts_of_batch in batches:
-            encoder.encode(texts_of_batch, batch_size=len(texts_of_batch), show_progress_bar=False)
-        timings.append(time.perf_counter() - start)
-    return Row(
-        routing=routing.value,
-        batches=len(batches),
-        tokens=tokens,
-        padded=padded,
-        pad_share=(padded - tokens) / padded,
-        encode_seconds=statistics.median(timings),
-    )
+    return [texts[i : i + batch] for i in range(0, len(texts), batch)]
+
+
+def _embed_seconds(encoder: Any, batches: list[list[str]]) -> float:
+    start = time.perf_counter()
+    for texts in batches:
+        encoder.encode(texts, batch_size=len(texts), show_progress_bar=False)
+    return time.perf_counter() - start
+
+
+def _measure(encoder: Any, by_routing: dict[RoutingKind, list[list[str]]]) -> list[Row]:
+    timings: dict[RoutingKind, list[float]] = {kind: [] for kind in by_routing}
+    for _ in range(3):  # interleaved, so drift hits every routing alike
+        for kind, batches in by_routing.items():
+            timings[kind].append(_embed_seconds(encoder, batches))
+    rows = []
+    for kind, batches in by_routing.items():
+        tokens = padded = 0
+        for texts in batches:
+            lengths = [len(encoder.tokenizer(t)["input_ids"]) for t in texts]
+            tokens += sum(lengths)
+            padded += max(lengths) * len(lengths)
+        rows.append(
+            Row(
+                routing=kind.value,
+                batches=len(batches),
+                tokens=tokens,
+                padded=padded,
+                pad_share=(padded - tokens) / padded,
+                encode_seconds=statistics.median(timings[kind]),
+            )
+        )
+    return rows
 
 
 def main() -> None:
@@ -89,7 +103,8 @@ def main() -> None:
     encoder = _encoder()
     with tempfile.TemporaryDirectory() as tmp:
         folder = write_demo_dataset(Path(tmp), validation_size=args.samples)
-        rows = [_measure(encoder, kind, folder, args.shards, args.batch) for kind in RoutingKind]
+        by_routing = {kind: _batches(kind, folder, args.shards, args.batch) for kind in RoutingKind}
+        rows = _measure(encoder, by_routing)
 
     base = next(r for r in rows if r.routing == RoutingKind.CONTIGUOUS.value)
     table = Table(title=f"padding per batch: {args.samples} demo samples, {args.shards} shards")

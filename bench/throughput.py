@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -38,6 +38,7 @@ from shared.celery_app import create_app
 from shared.connection import connect
 from shared.data import build_spec
 from shared.dispatch import MESSAGE_SAMPLES
+from shared.errors import ScriptError
 from shared.evaluation import create, load_plugins, scrub
 from shared.models import RunStatus
 from shared.redis_server import RedisServer
@@ -46,6 +47,7 @@ from shared.settings import Settings
 from shared.spec import publish_spec
 from shared.tiers import Tier, TierRegistry
 from worker.runtime_pool import resolve_device
+from worker.script_pool import ScriptPool
 
 console = Console(stderr=True)
 
@@ -81,16 +83,30 @@ def baseline(eval_name: str, data: Path, n: int, batch: int, device: str, repeat
     rows = [dict(r) for r in dataset.select(range(n))]
     evaluation.infer(model, [scrub(r, evaluation.label_fields) for r in rows[:batch]])
 
+    scripts = None if evaluation.scorer is None else ScriptPool(evaluation.scorer, 1)
+
     def run() -> float:
         started = time.perf_counter()
         for i in range(0, n, batch):
             chunk = rows[i : i + batch]
             outputs = evaluation.infer(model, [scrub(r, evaluation.label_fields) for r in chunk])
-            for row, output in zip(chunk, outputs, strict=True):
-                evaluation.score(row, output)
+            if scripts is None:
+                for row, output in zip(chunk, outputs, strict=True):
+                    evaluation.score(row, output)
+            else:  # a script scorer, warm, as a worker process runs it
+                pairs = zip(chunk, outputs, strict=True)
+                answers = scripts.map([evaluation.script_call(r, o) for r, o in pairs])
+                for answer in answers:
+                    if isinstance(answer, ScriptError):
+                        raise answer
+                    evaluation.script_score(answer)
         return time.perf_counter() - started
 
-    return statistics.median(run() for _ in range(repeat))
+    try:
+        return statistics.median(run() for _ in range(repeat))
+    finally:
+        if scripts is not None:
+            scripts.close()
 
 
 @contextmanager
@@ -99,16 +115,25 @@ def _redis() -> Iterator[RedisServer]:
         yield s
 
 
-def evalq_run(eval_name: str, data: Path, n: int, workers: int, batch: int, repeat: int) -> float:
-    """Median seconds from submit to the last score, with ``workers`` warm worker processes."""
+def evalq_run(
+    eval_name: str,
+    data: Path,
+    n: int,
+    workers: int,
+    batch: int,
+    repeat: int,
+    env: Mapping[str, str] | None = None,
+) -> float:
+    """Median seconds from submit to the last score, with ``workers`` warm worker processes
+    (each with ``env`` added to its environment)."""
     with _redis() as server:
         settings = Settings(redis_url=server.url, max_batch=batch)
         app = create_app(settings)
         client = connect(server.url)
         runs = RunStore(client)
         TierRegistry(client).set(str(data), "validation", Tier.VIEWABLE, "bench")
-        env = {"EVALQ_MAX_BATCH": str(batch)}
-        pool = LocalWorkers(server.url, count=workers, env=env).start(app)
+        extra = {"EVALQ_MAX_BATCH": str(batch), **(env or {})}
+        pool = LocalWorkers(server.url, count=workers, env=extra).start(app)
         try:
 
             def run(limit: int) -> float:

@@ -233,6 +233,43 @@ def watch(
 
 
 @app.command()
+def report(
+    run_id: Annotated[str, typer.Argument(metavar="RUN")],
+    out_path: Annotated[Path, typer.Option("--out", help="HTML file to write.")] = Path(
+        "report.html"
+    ),
+    admin: AdminFlag = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Write a self-contained HTML report of a run (charts as the split's tier allows)."""
+    from producer.report import gather, render
+
+    page = render(gather(_client(admin), run_id))
+    out_path.write_text(page, encoding="utf-8")
+    if as_json:
+        _print_json({"run_id": run_id, "out": str(out_path)})
+    else:
+        out.print(f"wrote {out_path}", highlight=False)
+
+
+@app.command()
+def metrics(
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port to serve on.")] = 9808,
+    address: Annotated[str, typer.Option(help="Address to bind.")] = "0.0.0.0",
+    runs_shown: Annotated[
+        int, typer.Option("--runs", min=1, help="Most recent runs to export.")
+    ] = 100,
+) -> None:
+    """Serve Prometheus metrics: per-run samples, queue depths, budgets left (until Ctrl-C)."""
+    from producer.metrics import serve
+    from shared.connection import connect
+
+    server = serve(connect(get_settings().redis_url), address, port, runs_shown)
+    err.print(f"serving metrics on http://{address}:{server.port}/metrics")
+    server.wait()
+
+
+@app.command()
 def runs(
     limit: Annotated[int, typer.Option(min=1, help="How many recent runs.")] = 20,
     as_json: JsonFlag = False,

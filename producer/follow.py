@@ -1,4 +1,5 @@
-"""Watching a run: a rich progress bar fed by the run's counters until it ends."""
+"""Watching a run: a live rich progress bar fed by the run's counters until it ends (samples
+settled, inferred, failed, samples/s since submission, elapsed and remaining time)."""
 
 from __future__ import annotations
 
@@ -38,15 +39,23 @@ def follow(
         BarColumn(),
         MofNCompleteColumn(),
         TaskProgressColumn(),
-        TextColumn("failed {task.fields[failed]}"),
+        TextColumn("inferred {task.fields[inferred]}  failed {task.fields[failed]}"),
+        TextColumn("{task.fields[rate]:,.1f} samples/s"),
         TimeElapsedColumn(),
         TimeRemainingColumn(),
     )
     with Progress(*columns, console=console, transient=False) as bar:
-        task = bar.add_task("run", total=meta.n, failed=0)
+        task = bar.add_task("run", total=meta.n, failed=0, inferred=0, rate=0.0)
         while True:
             counts = results.progress(run_id)
-            bar.update(task, completed=counts.done, failed=counts.failed)
+            elapsed = max(time.time() - meta.created, 1e-9)
+            bar.update(
+                task,
+                completed=counts.done,
+                failed=counts.failed,
+                inferred=counts.inferred,
+                rate=counts.done / elapsed,
+            )
             meta = runs.get(run_id)
             if not meta.status.active:
                 return meta

@@ -155,6 +155,15 @@ class ResultStore:
                 ids.extend(int(i) for i in str(fields["ids"]).split(","))
         return cursor, ids
 
+    def timeline(self, run_id: str) -> list[tuple[float, int]]:
+        """(Unix time, samples settled) of every write that settled samples, oldest first; the
+        time is the settled stream's entry id."""
+        entries: Any = self._client.xrange(RunKeys(run_id).settled)
+        return [
+            (int(str(entry_id).split("-")[0]) / 1000, len(str(fields["ids"]).split(",")))
+            for entry_id, fields in entries or []
+        ]
+
     def errors_by_kind(self, run_id: str) -> dict[str, int]:
         """Terminal errors counted by stage and exception class, e.g. ``infer/RuntimeError``."""
         counts: Counter[str] = Counter()

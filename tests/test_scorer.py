@@ -67,6 +67,13 @@ def test_a_failure_is_one_clear_error_and_the_next_call_gets_a_fresh_subprocess(
         os.kill(int(first), 0)  # the old one is gone, not left running
 
 
+def test_the_cpu_limit_is_per_call_not_per_subprocess(pool: ScriptPool) -> None:
+    first = pool.call(_call("pid"))
+    for _ in range(4):  # 4 x 0.8 CPU seconds in one subprocess; each call is under its 2 s
+        assert pool.call(_call("burn", "0.8")) == "burnt"
+    assert pool.call(_call("pid")) == first
+
+
 def test_an_exception_is_an_error_and_the_subprocess_is_kept(pool: ScriptPool) -> None:
     first = pool.call(_call("pid"))
     with pytest.raises(ScriptError, match="ValueError: bad output"):

@@ -7,7 +7,8 @@ It applies its resource limits (address space, no core files), imports the scrip
 ``{"argv": [...], "env": {...}}`` -> ``{"ok": "<answer>"}`` or ``{"error": "<one line>"}``.
 Each call runs in a fresh empty working directory (also its ``TMPDIR``) that is deleted after
 it, with the caller's ``env`` laid over the process environment and restored after, and with a
-CPU limit of ``CPU_S`` seconds more than the process has used so far. A script that calls
+CPU limit of ``CPU_S`` seconds more than the process has used so far (past it the kernel
+sends SIGXCPU, which ends the process). A script that calls
 ``sys.exit`` gets its error reply and then this process exits, so the pool starts a fresh one.
 
 The protocol has its own file descriptor: what the script prints goes to stderr, not into it.
@@ -37,9 +38,14 @@ def _limit(memory_mb: int) -> None:
 
 
 def _cpu_budget(seconds: int) -> None:
+    """Let the next call use ``seconds`` more CPU seconds: the soft limit moves, the hard one
+    stays (an unprivileged process could not raise it again for the call after)."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     soft = math.ceil(usage.ru_utime + usage.ru_stime) + seconds
-    resource.setrlimit(resource.RLIMIT_CPU, (soft, soft + 1))
+    _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    if hard != resource.RLIM_INFINITY:
+        soft = min(soft, hard)
+    resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
 
 
 def _load(path: str) -> Main:

@@ -9,6 +9,7 @@ never crash-looped.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
@@ -38,6 +39,21 @@ def _peek(message: Any) -> tuple[int, bool]:
     except (AttributeError, IndexError, KeyError, TypeError, ValueError):
         return 1, False
     return (len(ids) if isinstance(ids, list) and ids else 1), solo
+
+
+def _announce(request: Request) -> None:
+    request.send_event(
+        "task-received",
+        name=request.name,
+        args=request.argsrepr,
+        kwargs=request.kwargsrepr,
+        root_id=request.root_id,
+        parent_id=request.parent_id,
+        retries=request.request_dict.get("retries", 0),
+        eta=None,
+        expires=None,
+    )
+    request.send_event("task-started")
 
 
 class SampleBatches(Batches):  # type: ignore[misc]
@@ -77,6 +93,11 @@ class SampleBatches(Batches):  # type: ignore[misc]
     def flush(self, requests: Collection[Request]) -> Any:
         """Run the buffered requests as one pool job, acknowledged when it returns.
 
+        Each message is reported to event monitors (Flower) as its own task, with the ids and
+        fingerprint its payload carries: received and started when the batch goes to the pool,
+        succeeded when it returns, rejected (requeued) when the job is lost; celery-batches
+        itself sends no task events.
+
         Unlike celery-batches' own ``flush``, a job whose pool process dies (killed, out of
         memory, ``os._exit``, or past ``time_limit``) requeues its messages at once, as
         ``task_reject_on_worker_lost`` does for ordinary tasks, instead of leaving them for the
@@ -84,10 +105,15 @@ class SampleBatches(Batches):  # type: ignore[misc]
         inside the batch and the messages acknowledged with their samples unfinished.
         """
         batch = ([SimpleRequest.from_request(r) for r in requests],)
+        started = time.monotonic()
+        for request in requests:
+            _announce(request)
 
         def on_return(_result: Any) -> None:
+            runtime = time.monotonic() - started
             for request in requests:
                 request.acknowledge()
+                request.send_event("task-succeeded", result="None", runtime=runtime)
 
         def on_error(_failure: Any) -> None:
             # apply_batches_task catches what the task raises, so an error here means the job

@@ -24,6 +24,11 @@ def main(argv: list[str]) -> str:
     if command == "sleep":
         time.sleep(float(args[0]))
         return "slept"
+    if command == "burn":
+        until = time.process_time() + float(args[0])
+        while time.process_time() < until:
+            pass
+        return "burnt"
     if command == "spin":
         while True:
             pass

@@ -1,0 +1,129 @@
+"""Prometheus metrics Flower does not have: ``evalq metrics --port 9808``.
+
+A prometheus-client collector reads Redis at each scrape (nothing is cached between scrapes):
+
+- ``evalq_run_samples{run, eval, dataset, split, state}``: samples of each recent run by state
+  (``total``, ``inferred``, ``scored``, ``failed``, ``done``);
+- ``evalq_run_active{run, ...}``: 1 while the run is queued or running;
+- ``evalq_queue_depth{queue}``: messages waiting in each broker queue (every priority level);
+- ``evalq_messages_unacked``: messages delivered to a worker and not acknowledged yet;
+- ``evalq_budget_remaining{dataset, split, unit}``: runs and samples left of each budget
+  (budgets with an unlimited total have no series for that unit).
+
+Counts only: no row, output, score or aggregate is exported, whatever the split's tier.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from wsgiref.simple_server import WSGIServer
+
+import redis
+from prometheus_client import start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from shared.celery_app import INFER_QUEUE, SCORE_QUEUE
+from shared.ledger import Ledger
+from shared.results import ResultStore
+from shared.runs import RunStore
+
+__all__ = ["EvalqCollector", "MetricsServer", "serve"]
+
+_PRIORITY_STEPS = (0, 3, 6, 9)
+_PRIORITY_SEP = "\x06\x16"
+"""How kombu's Redis transport names a queue's priority lists (``name``, ``name\\x06\\x163``...)."""
+_UNACKED = "unacked"
+"""kombu's hash of delivered, unacknowledged messages."""
+_RUN_LABELS = ("run", "eval", "dataset", "split")
+
+
+class EvalqCollector(Collector):
+    """Run, queue and budget gauges, read from Redis when scraped."""
+
+    def __init__(self, client: redis.Redis, runs: int = 100) -> None:
+        self._client = client
+        self._runs = runs
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        samples = GaugeMetricFamily(
+            "evalq_run_samples", "Samples of a run by state.", labels=[*_RUN_LABELS, "state"]
+        )
+        active = GaugeMetricFamily(
+            "evalq_run_active", "1 while the run is queued or running.", labels=_RUN_LABELS
+        )
+        store = ResultStore(self._client)
+        for meta in RunStore(self._client).recent(self._runs):
+            labels = [meta.run_id, meta.eval, meta.dataset_id, meta.split]
+            progress = store.progress(meta.run_id)
+            states = {
+                "total": meta.n,
+                "inferred": progress.inferred,
+                "scored": progress.scored,
+                "failed": progress.failed,
+                "done": progress.done,
+            }
+            for state, value in states.items():
+                samples.add_metric([*labels, state], value)
+            active.add_metric(labels, 1 if meta.status.active else 0)
+        yield samples
+        yield active
+
+        depth = GaugeMetricFamily(
+            "evalq_queue_depth", "Messages waiting in a broker queue.", labels=["queue"]
+        )
+        for queue in (INFER_QUEUE, SCORE_QUEUE):
+            keys = [queue if p == 0 else f"{queue}{_PRIORITY_SEP}{p}" for p in _PRIORITY_STEPS]
+            with self._client.pipeline(transaction=False) as pipe:
+                for key in keys:
+                    pipe.llen(key)
+                depth.add_metric([queue], sum(pipe.execute()))
+        yield depth
+        yield GaugeMetricFamily(
+            "evalq_messages_unacked",
+            "Messages delivered to a worker and not acknowledged yet.",
+            value=self._client.hlen(_UNACKED),
+        )
+
+        budget = GaugeMetricFamily(
+            "evalq_budget_remaining",
+            "Runs or samples left in a split's budget.",
+            labels=["dataset", "split", "unit"],
+        )
+        for entry in Ledger(self._client).all():
+            for unit, left in (("runs", entry.runs_left), ("samples", entry.samples_left)):
+                if left is not None:
+                    budget.add_metric([entry.dataset, entry.split, unit], left)
+        yield budget
+
+
+@dataclass
+class MetricsServer:
+    """A running metrics endpoint."""
+
+    server: WSGIServer
+    thread: threading.Thread
+
+    @property
+    def port(self) -> int:
+        return int(self.server.server_port)
+
+    def wait(self) -> None:
+        """Block until the server stops (Ctrl-C)."""
+        self.thread.join()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def serve(
+    client: redis.Redis, address: str = "0.0.0.0", port: int = 9808, runs: int = 100
+) -> MetricsServer:
+    """Serve ``/metrics`` from a registry holding only evalq's collector (port 0: any free)."""
+    registry = CollectorRegistry()
+    registry.register(EvalqCollector(client, runs))
+    server, thread = start_http_server(port, addr=address, registry=registry)
+    return MetricsServer(server, thread)

@@ -1,0 +1,258 @@
+"""Run reports: ``evalq report RUN --out report.html``, one self-contained HTML page.
+
+Charts are drawn by matplotlib as inline SVG, so the page needs no script and no network:
+per-metric aggregates, the score distribution, throughput over time (from the run's settled
+stream), errors by kind and per-shard progress. The page shows what ``status`` would show the
+reader and no more: the score distribution needs per-sample access (a ``viewable`` split, or
+``--admin``); on a ``non_viewable`` split it is withheld and only aggregates appear.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from producer.client import Client, RunView
+from shared.data import load_rows, shard_of_rows
+from shared.errors import EvalqError, TierRefusedError
+from shared.spec import fetch_spec
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = ["Report", "gather", "render"]
+
+_TIMELINE_BINS = 40
+_COLORS = {"scored": "#2e7d32", "failed": "#c62828", "pending": "#b0bec5", "main": "#1565c0"}
+
+
+@dataclass
+class ShardProgress:
+    """Samples of one shard, by state."""
+
+    scored: int = 0
+    failed: int = 0
+    total: int = 0
+
+
+@dataclass
+class Report:
+    """What the page shows, already filtered by the reader's access."""
+
+    view: RunView
+    scores: dict[str, list[float]] | None
+    """Per-sample values of each metric; None when the tier withholds them."""
+    scores_withheld: str | None
+    timeline: list[tuple[float, int]]
+    shards: list[ShardProgress] = field(default_factory=list)
+    shards_note: str | None = None
+    generated: float = field(default_factory=time.time)
+
+
+def _scores(client: Client, run_id: str) -> tuple[dict[str, list[float]] | None, str | None]:
+    try:
+        results = client.results(run_id)
+    except TierRefusedError as exc:
+        return None, str(exc)
+    values: dict[str, list[float]] = {}
+    for result in results:
+        for name, value in (result.scores or {}).items():
+            values.setdefault(name, []).append(value)
+    return values, None
+
+
+def _shards(client: Client, view: RunView) -> tuple[list[ShardProgress], str | None]:
+    """Per-shard counts (states only, no values), or why they cannot be shown."""
+    meta = view.meta
+    try:
+        spec = fetch_spec(client.redis, meta.spec)
+        shard_of = shard_of_rows(spec, load_rows(spec))
+    except EvalqError as exc:
+        return [], f"per-shard progress needs the run's data on this machine: {exc}"
+    shards = [ShardProgress() for _ in range(spec.shards)]
+    for result in client.store.results(meta.run_id, client.runs.sample_ids(meta.run_id)):
+        shard = shards[int(shard_of[result.sample_id])]
+        shard.total += 1
+        shard.scored += result.scores is not None
+        shard.failed += result.error is not None
+    return shards, None
+
+
+def gather(client: Client, run_id: str) -> Report:
+    """Everything the report of ``run_id`` shows to this client's reader."""
+    view = client.status(run_id)
+    scores, withheld = _scores(client, run_id)
+    shards, note = _shards(client, view)
+    return Report(view, scores, withheld, client.store.timeline(run_id), shards, note)
+
+
+def _svg(figure: Figure) -> str:
+    import matplotlib.pyplot as plt
+
+    buffer = io.StringIO()
+    figure.savefig(buffer, format="svg", bbox_inches="tight")
+    plt.close(figure)
+    text = buffer.getvalue()
+    return text[text.index("<svg") :]
+
+
+def _figure(height: float = 3.0) -> tuple[Figure, Any]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update({"svg.fonttype": "none", "font.size": 10})
+    figure, axes = plt.subplots(figsize=(8, height))
+    axes.spines[["top", "right"]].set_visible(False)
+    return figure, axes
+
+
+def _aggregates_chart(aggregate: dict[str, float]) -> str:
+    figure, axes = _figure(max(1.6, 0.5 * len(aggregate) + 1))
+    names = list(aggregate)
+    axes.barh(names, [aggregate[n] for n in names], color=_COLORS["main"])
+    for y, name in enumerate(names):
+        axes.text(aggregate[name], y, f" {aggregate[name]:.4g}", va="center")
+    axes.set_xlabel("run value")
+    return _svg(figure)
+
+
+def _distribution_chart(scores: dict[str, list[float]]) -> str:
+    import matplotlib.pyplot as plt
+
+    names = list(scores)
+    figure, grid = plt.subplots(1, len(names), figsize=(8, 3), squeeze=False)
+    for axes, name in zip(grid[0], names, strict=True):
+        axes.hist(scores[name], bins=20, color=_COLORS["main"])
+        axes.set_title(name)
+        axes.set_xlabel("score")
+        axes.set_ylabel("samples")
+        axes.spines[["top", "right"]].set_visible(False)
+    return _svg(figure)
+
+
+def _throughput_chart(timeline: list[tuple[float, int]], start: float) -> str:
+    end = max(t for t, _ in timeline)
+    span = max(end - start, 1e-3)
+    width = span / _TIMELINE_BINS
+    counts = [0] * _TIMELINE_BINS
+    for moment, settled in timeline:
+        counts[min(int((moment - start) / width), _TIMELINE_BINS - 1)] += settled
+    figure, axes = _figure()
+    edges = [start + i * width - start for i in range(_TIMELINE_BINS)]
+    axes.bar(edges, [c / width for c in counts], width=width, align="edge", color=_COLORS["main"])
+    axes.set_xlabel("seconds since submission")
+    axes.set_ylabel("samples settled / s")
+    return _svg(figure)
+
+
+def _integer_ticks() -> Any:
+    from matplotlib.ticker import MaxNLocator
+
+    return MaxNLocator(integer=True)
+
+
+def _errors_chart(errors: dict[str, int]) -> str:
+    figure, axes = _figure(max(1.6, 0.5 * len(errors) + 1))
+    kinds = list(errors)
+    axes.barh(kinds, [errors[k] for k in kinds], color=_COLORS["failed"])
+    axes.xaxis.set_major_locator(_integer_ticks())
+    axes.set_xlabel("samples")
+    return _svg(figure)
+
+
+def _shards_chart(shards: list[ShardProgress]) -> str:
+    figure, axes = _figure(max(1.6, 0.35 * len(shards) + 1))
+    labels = [f"shard {k}" for k in range(len(shards))]
+    scored = [s.scored for s in shards]
+    failed = [s.failed for s in shards]
+    pending = [s.total - s.scored - s.failed for s in shards]
+    axes.barh(labels, scored, color=_COLORS["scored"], label="scored")
+    axes.barh(labels, failed, left=scored, color=_COLORS["failed"], label="failed")
+    lefts = [a + b for a, b in zip(scored, failed, strict=True)]
+    axes.barh(labels, pending, left=lefts, color=_COLORS["pending"], label="pending")
+    axes.set_xlabel("samples")
+    axes.xaxis.set_major_locator(_integer_ticks())
+    axes.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
+    return _svg(figure)
+
+
+def _section(title: str, name: str, chart: str | None, note: str | None = None) -> str:
+    body = f'<figure class="chart" data-chart="{name}">{chart}</figure>' if chart else ""
+    if note:
+        body += f'<p class="note">{html.escape(note)}</p>'
+    return f"<section><h2>{html.escape(title)}</h2>{body}</section>"
+
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 60rem; color: #222; }
+table { border-collapse: collapse; } td, th { padding: .2rem .8rem; text-align: left; }
+th { color: #555; font-weight: normal; } section { margin-top: 1.5rem; }
+figure.chart { margin: 0; } figure.chart svg { max-width: 100%; height: auto; }
+.note { color: #555; font-style: italic; }
+"""
+
+
+def render(report: Report) -> str:
+    """The report as one HTML page."""
+    view = report.view
+    meta = view.meta
+    progress = view.progress
+    facts = {
+        "run": meta.run_id,
+        "evaluation": meta.eval,
+        "data": f"{meta.dataset_id} / {meta.split} ({view.tier.value})",
+        "status": meta.status.value,
+        "samples": f"{meta.n:,}",
+        "inferred / scored / failed": f"{progress.inferred:,} / {progress.scored:,} / "
+        f"{progress.failed:,}",
+        "throughput": f"{view.throughput:,.1f} samples/s",
+        "submitted": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(meta.created)),
+    }
+    rows = "".join(
+        f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in facts.items()
+    )
+    sections = [
+        _section(
+            "Per-metric aggregates",
+            "aggregates",
+            _aggregates_chart(view.aggregate) if view.aggregate else None,
+            None if view.aggregate else (view.withheld or "no aggregate yet"),
+        ),
+        _section(
+            "Score distribution",
+            "distribution",
+            _distribution_chart(report.scores) if report.scores else None,
+            report.scores_withheld or (None if report.scores else "no scores yet"),
+        ),
+        _section(
+            "Throughput over time",
+            "throughput",
+            _throughput_chart(report.timeline, meta.created) if report.timeline else None,
+            None if report.timeline else "nothing settled yet",
+        ),
+        _section(
+            "Errors by kind",
+            "errors",
+            _errors_chart(view.errors) if view.errors else None,
+            None if view.errors else "no errors",
+        ),
+        _section(
+            "Per-shard progress",
+            "shards",
+            _shards_chart(report.shards) if report.shards else None,
+            report.shards_note,
+        ),
+    ]
+    title = f"evalq run {meta.run_id}"
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(report.generated))
+    return (
+        f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
+        f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>"
+        f"<h1>{html.escape(title)}</h1><table>{rows}</table>{''.join(sections)}"
+        f'<p class="note">generated {stamp} by evalq</p></body></html>'
+    )

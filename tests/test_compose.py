@@ -1,0 +1,130 @@
+"""compose.yaml and the Dockerfile, validated without a Docker engine (none runs here): the
+structure operators rely on, every command and entry point they name, health checks, and no
+secret written into the file."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shlex
+import tomllib
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+import yaml
+
+from producer.cli import app as cli_app
+from tests.helpers import REPO
+
+COMPOSE: dict[str, Any] = yaml.safe_load((REPO / "compose.yaml").read_text())
+SERVICES: dict[str, dict[str, Any]] = COMPOSE["services"]
+INTERPOLATION = re.compile(r"^\$\{[A-Z_][A-Z0-9_]*(:?[-?][^}]*)?\}$")
+
+
+def _words(value: str | list[str]) -> list[str]:
+    return shlex.split(value) if isinstance(value, str) else [str(v) for v in value]
+
+
+def test_the_services_operators_expect() -> None:
+    assert set(SERVICES) == {"redis", "worker-gpu", "worker-cpu", "flower", "producer", "metrics"}
+    for name, service in SERVICES.items():
+        if name != "redis":
+            assert service["build"] == "."  # one image, from the project's Dockerfile
+            assert service["image"] == "evalq:latest"
+            assert service["depends_on"]["redis"]["condition"] == "service_healthy"
+        if name != "producer":
+            assert service["healthcheck"]["test"], name
+    assert SERVICES["producer"]["profiles"] == ["tools"]  # one-shot, `docker compose run`
+
+
+def test_redis_is_durable_private_and_never_evicts() -> None:
+    redis = SERVICES["redis"]
+    command = _words(redis["command"])
+    assert command[0] == "redis-server"
+    options = dict(zip(command[1::2], command[2::2], strict=True))
+    assert options["--appendonly"] == "yes"
+    assert options["--appendfsync"] == "always"
+    assert options["--maxmemory-policy"] == "noeviction"
+    assert INTERPOLATION.match(options["--requirepass"])
+    assert any(v.endswith(":/data") for v in redis["volumes"])
+    assert "redis-data" in COMPOSE["volumes"]
+    assert _words(redis["healthcheck"]["test"])[1:] == ["redis-cli", "ping"]
+
+
+def test_workers_split_inference_and_scoring() -> None:
+    gpu, cpu = SERVICES["worker-gpu"], SERVICES["worker-cpu"]
+    assert _words(gpu["command"]) == ["worker", "--queues", "infer", "--concurrency", "1"]
+    assert _words(cpu["command"])[:3] == ["worker", "--queues", "score"]
+    (device,) = gpu["deploy"]["resources"]["reservations"]["devices"]
+    assert device["capabilities"] == ["gpu"]
+    assert device["count"] == 1  # one process per GPU: scale containers with --scale
+    assert "container_name" not in gpu  # a fixed name would forbid --scale
+    assert gpu["environment"]["EVALQ_DEVICE"] == "auto"
+
+
+def test_flower_has_auth_from_the_environment_and_no_persistent_state() -> None:
+    flower = SERVICES["flower"]
+    assert flower["entrypoint"] == ["celery", "-A", "worker.main"]
+    options = dict(arg.split("=", 1) for arg in _words(flower["command"])[1:])
+    pair = re.fullmatch(r"(\$\{[^}]+\}):(\$\{[^}]+\})", options["--basic-auth"])
+    assert pair is not None
+    assert all(INTERPOLATION.match(part) for part in pair.groups())
+    assert options["--persistent"] == "False"
+    assert options["--port"] == "5555"
+    assert flower["ports"] == ["5555:5555"]
+
+
+def _strings(node: Any, path: str = "") -> list[tuple[str, str]]:
+    if isinstance(node, dict):
+        return [s for k, v in node.items() for s in _strings(v, f"{path}.{k}")]
+    if isinstance(node, list):
+        return [s for i, v in enumerate(node) for s in _strings(v, f"{path}[{i}]")]
+    return [(path, str(node))]
+
+
+def test_no_secret_is_written_into_the_file() -> None:
+    for path, value in _strings(COMPOSE):
+        for secret in re.findall(r"://[^:/@]*:([^@]+)@", value):  # passwords inside URLs
+            assert INTERPOLATION.match(secret), (path, value)
+        if re.search(r"(PASSWORD|SECRET|TOKEN|_AUTH)$", path.rsplit(".", 1)[-1]):
+            assert INTERPOLATION.match(value), (path, value)
+        if value.startswith(("--basic-auth=", "--requirepass=")):
+            assert "${" in value, (path, value)
+
+
+def _evalq_command(argv: list[str]) -> None:
+    """Parse ``evalq ARGV`` with the real CLI (options and types checked, nothing run)."""
+    group = typer.main.get_command(cli_app)
+    name, *rest = argv
+    command = group.commands[name]  # type: ignore[attr-defined]
+    command.make_context(name, list(rest))
+
+
+@pytest.mark.parametrize("service", ["worker-gpu", "worker-cpu", "producer", "metrics"])
+def test_every_evalq_command_exists_with_its_options(service: str) -> None:
+    _evalq_command(_words(SERVICES[service]["command"]))
+
+
+def test_the_flower_entry_point_and_options_exist() -> None:
+    from flower.options import options
+
+    assert importlib.util.find_spec("worker.main") is not None
+    assert "flower" in {e.name for e in entry_points(group="celery.commands")}
+    for arg in _words(SERVICES["flower"]["command"])[1:]:
+        assert arg.split("=", 1)[0].removeprefix("--").replace("-", "_") in options
+
+
+def test_the_dockerfile_builds_what_compose_runs() -> None:
+    dockerfile = (REPO / "Dockerfile").read_text()
+    for line in dockerfile.splitlines():
+        if line.startswith("COPY "):
+            for source in line.split()[1:-1]:
+                assert (REPO / source).exists(), source
+    assert 'ENTRYPOINT ["evalq"]' in dockerfile
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["evalq"] == "producer.cli:main"
+    assert "torch==" in dockerfile  # pinned first, so pip never picks another build
+    assert Path(REPO / ".dockerignore").exists()

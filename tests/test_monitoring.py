@@ -1,0 +1,261 @@
+"""Monitoring: Flower against real workers, the Prometheus endpoint, and the HTML run report
+rendered in headless Chromium."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from io import BytesIO
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from producer.client import Client
+from producer.metrics import serve
+from producer.report import gather, render
+from producer.submit import SubmitRequest
+from shared.data import Sharding
+from shared.ledger import Ledger
+from shared.models import RunStatus
+from shared.runs import RunStore
+from shared.settings import Settings
+from tests.conftest import Stack
+from tests.helpers import REPO, cli_env, labelled_rows, list_splits, wait_for, write_rows
+
+pytestmark = pytest.mark.integration
+
+FLOWER_AUTH = ("watcher", "not-a-real-secret")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _get(url: str, auth: tuple[str, str] | None = None) -> Any:
+    request = urllib.request.Request(url)
+    if auth is not None:
+        token = base64.b64encode(":".join(auth).encode()).decode()
+        request.add_header("Authorization", f"Basic {token}")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        body = response.read().decode()
+    return json.loads(body) if body[:1] in "[{" else body
+
+
+def _ok(url: str) -> bool:
+    try:
+        return bool(_get(url) == "OK")
+    except OSError:
+        return False
+
+
+def _wait_completed(stack: Stack, run_id: str) -> None:
+    runs = RunStore(stack.client)
+    wait_for(lambda: runs.get(run_id).status is RunStatus.COMPLETED, 90, f"run {run_id}")
+
+
+@pytest.fixture
+def flower(fresh_stack: Stack, tmp_path: Path) -> Iterator[str]:
+    port = _free_port()
+    log = (tmp_path / "flower.log").open("w")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "worker.main", "flower", f"--port={port}",
+         "--address=127.0.0.1", f"--basic-auth={':'.join(FLOWER_AUTH)}", "--persistent=False"],
+        env=cli_env(fresh_stack.server.url),
+        cwd=REPO,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: _ok(f"{base}/healthcheck"), 60, "flower to answer")
+        yield base
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+        log.close()
+
+
+def test_flower_sees_the_worker_and_tasks_with_ids_only(
+    fresh_stack: Stack, flower: str, tmp_path: Path
+) -> None:
+    with pytest.raises(urllib.error.HTTPError):  # basic auth is on
+        _get(f"{flower}/api/workers")
+    fresh_stack.start_workers()
+    rows = labelled_rows(40, salt="flower-")
+    write_rows(tmp_path / "data", "validation", rows)
+    data = str(tmp_path / "data")
+    list_splits(fresh_stack.client, data, "validation", tier="non_viewable")
+    client = Client(Settings(redis_url=fresh_stack.server.url, principal="tests"))
+    meta = client.submit(SubmitRequest(eval="spy", data=data, split="validation"))
+    _wait_completed(fresh_stack, meta.run_id)
+    outputs = [json.dumps(o) for o in client.store.outputs(meta.run_id, list(range(40))).values()]
+
+    workers = wait_for(
+        lambda: _get(f"{flower}/api/workers?refresh=1", FLOWER_AUTH), 60, "flower's workers"
+    )
+    assert any(name.startswith("evalq-") for name in workers)
+
+    def both_kinds() -> dict[str, Any] | None:
+        tasks: dict[str, Any] = _get(f"{flower}/api/tasks", FLOWER_AUTH)
+        names = {task["name"] for task in tasks.values()}
+        return tasks if {"evalq.infer", "evalq.score"} <= names else None
+
+    tasks = wait_for(both_kinds, 60, "evalq.infer and evalq.score in flower")
+    assert tasks is not None
+    for task in tasks.values():
+        shown = json.dumps([task.get("args"), task.get("kwargs"), task.get("result")])
+        assert meta.run_id in shown
+        assert meta.spec in shown
+        assert "sample_ids" in shown
+        for row in rows:  # no row text, no label, no secret field
+            assert str(row["text"]) not in shown
+            assert str(row["secret"]) not in shown
+        assert "label" not in shown
+        assert not any(output in shown for output in outputs)  # non_viewable outputs
+
+
+def _metrics(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = _get(url)
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def test_the_metrics_endpoint_serves_runs_queues_and_budgets(
+    fresh_stack: Stack, tmp_path: Path
+) -> None:
+    write_rows(tmp_path / "data", "validation", labelled_rows(30))
+    data = str(tmp_path / "data")
+    list_splits(fresh_stack.client, data, "validation")
+    Ledger(fresh_stack.client).set(data, "validation", 5, 100, None, "tests")
+    client = Client(Settings(redis_url=fresh_stack.server.url, principal="tests"))
+    meta = client.submit(SubmitRequest(eval="spy", data=data, split="validation", limit=20))
+    server = serve(fresh_stack.client, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.port}/metrics"
+    labels = (("dataset", data), ("eval", "spy"), ("run", meta.run_id), ("split", "validation"))
+    try:
+        before = _metrics(url)
+        assert before["evalq_queue_depth", (("queue", "infer"),)] == 1  # 20 ids, one message
+        assert before["evalq_run_samples", (*labels, ("state", "total"))] == 20
+        assert before["evalq_run_samples", (*labels, ("state", "done"))] == 0
+        assert before["evalq_run_active", labels] == 1
+        budget = (("dataset", data), ("split", "validation"))
+        assert before["evalq_budget_remaining", (*budget, ("unit", "samples"))] == 80
+        assert before["evalq_budget_remaining", (*budget, ("unit", "runs"))] == 4
+
+        fresh_stack.start_workers()
+        _wait_completed(fresh_stack, meta.run_id)
+        after = _metrics(url)
+        assert after["evalq_run_samples", (*labels, ("state", "scored"))] == 20
+        assert after["evalq_run_samples", (*labels, ("state", "done"))] == 20
+        assert after["evalq_run_active", labels] == 0
+        assert after["evalq_queue_depth", (("queue", "infer"),)] == 0
+        assert after["evalq_queue_depth", (("queue", "score"),)] == 0
+    finally:
+        server.close()
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def _colored_pixels(png: bytes) -> int:
+    """Pixels that are clearly coloured (bars, lines), not white, grey or black text."""
+    import numpy as np
+    from PIL import Image
+
+    rgb = np.asarray(Image.open(BytesIO(png)).convert("RGB"), dtype=np.int16)
+    return int(((rgb.max(axis=-1) - rgb.min(axis=-1)) > 60).sum())
+
+
+def _render(html_path: Path, shot: Path) -> dict[str, int]:
+    """Open the page in headless Chromium; colored pixels of each chart, by chart name."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--no-first-run"],
+        )  # fmt: skip
+        try:
+            page = browser.new_page(viewport={"width": 1100, "height": 900})
+            page.goto(html_path.as_uri())
+            page.screenshot(path=str(shot), full_page=True)
+            charts = page.locator("figure.chart")
+            return {
+                str(charts.nth(i).get_attribute("data-chart")): _colored_pixels(
+                    charts.nth(i).screenshot()
+                )
+                for i in range(charts.count())
+            }
+        finally:
+            browser.close()
+
+
+@pytest.fixture
+def chromium() -> None:
+    if CHROMIUM is None:
+        if os.environ.get("EVALQ_REQUIRE_CHROMIUM"):
+            pytest.fail("chromium is required (EVALQ_REQUIRE_CHROMIUM) but not installed")
+        pytest.skip("needs chromium (apt-get install chromium)")
+
+
+@pytest.mark.usefixtures("chromium")
+def test_the_report_renders_its_charts_in_headless_chromium(stack: Stack, tmp_path: Path) -> None:
+    rows = labelled_rows(90, salt="report-")
+    for i in (3, 40):
+        rows[i]["text"] = f"boom {i}"  # inference error
+    rows[70]["text"] = "bust 70"  # scoring error
+    write_rows(tmp_path / "data", "validation", rows)
+    data = str(tmp_path / "data")
+    list_splits(stack.client, data, "validation")
+    client = Client(Settings(redis_url=stack.server.url, principal="tests"))
+    request = SubmitRequest(
+        eval="flaky", data=data, split="validation", sharding=Sharding(shards=3)
+    )
+    meta = client.submit(request)
+    _wait_completed(stack, meta.run_id)
+
+    report = gather(client, meta.run_id)
+    # one error in each shard of 30: rows 3 and 40 fail inference, row 70 fails scoring
+    assert [(s.scored, s.failed, s.total) for s in report.shards] == [(29, 1, 30)] * 3
+    page = tmp_path / "report.html"
+    page.write_text(render(report), encoding="utf-8")
+    text = page.read_text()
+    assert "<script" not in text  # self-contained: no script, nothing fetched
+    assert "src=" not in text
+
+    drawn = _render(page, tmp_path / "report.png")
+    assert list(drawn) == ["aggregates", "distribution", "throughput", "errors", "shards"]
+    for name, pixels in drawn.items():
+        assert pixels > 200, f"chart {name} looks empty ({pixels} coloured pixels)"
+
+
+def test_a_non_viewable_report_shows_aggregates_only(stack: Stack, tmp_path: Path) -> None:
+    rows = labelled_rows(30, salt="hidden-")
+    write_rows(tmp_path / "data", "validation", rows)
+    data = str(tmp_path / "data")
+    list_splits(stack.client, data, "validation", tier="non_viewable")
+    client = Client(Settings(redis_url=stack.server.url, principal="tests"))
+    meta = client.submit(SubmitRequest(eval="spy", data=data, split="validation"))
+    _wait_completed(stack, meta.run_id)
+
+    page = render(gather(client, meta.run_id))
+    assert 'data-chart="aggregates"' in page
+    assert 'data-chart="distribution"' not in page
+    assert "per-sample results are not readable" in page
+    admin_page = render(gather(Client(client.settings, admin=True), meta.run_id))
+    assert 'data-chart="distribution"' in admin_page
