@@ -169,7 +169,14 @@ def test_lru_evicts_least_recently_used() -> None:
     cache.get_or_create("a", lambda: 1)
     cache.get_or_create("b", lambda: 2)
     cache.get_or_create("a", lambda: 99)
-    cache.get_or_create("c", lambda: 3)
+    seen_at_create: list[str] = []
+
+    def create_c() -> int:
+        seen_at_create.extend(evicted)
+        return 3
+
+    cache.get_or_create("c", create_c)
+    assert seen_at_create == ["b"]  # evicted before the new value was created
     assert evicted == ["b"]
     assert len(cache) == 2
     assert "a" in cache

@@ -25,7 +25,7 @@ from producer.report import gather, render
 from producer.submit import SubmitRequest
 from shared.data import Sharding
 from shared.ledger import Ledger
-from shared.models import RunStatus
+from shared.models import RunMeta, RunStatus
 from shared.runs import RunStore
 from shared.settings import Settings
 from tests.conftest import Stack
@@ -64,6 +64,22 @@ def _wait_completed(stack: Stack, run_id: str) -> None:
     wait_for(lambda: runs.get(run_id).status is RunStatus.COMPLETED, 90, f"run {run_id}")
 
 
+def _submitted(
+    stack: Stack,
+    folder: Path,
+    rows: list[dict[str, object]],
+    tier: str = "viewable",
+    **request: Any,
+) -> tuple[Client, RunMeta]:
+    """Write ``rows`` as a validation split of ``tier`` and submit them (``request`` adds to
+    the :class:`SubmitRequest`); the run is not awaited."""
+    write_rows(folder, "validation", rows)
+    list_splits(stack.client, str(folder), "validation", tier=tier)
+    client = Client(Settings(redis_url=stack.server.url, principal="tests"))
+    options = {"eval": "spy", **request}
+    return client, client.submit(SubmitRequest(data=str(folder), split="validation", **options))
+
+
 @pytest.fixture
 def flower(fresh_stack: Stack, tmp_path: Path) -> Iterator[str]:
     port = _free_port()
@@ -93,11 +109,7 @@ def test_flower_sees_the_worker_and_tasks_with_ids_only(
         _get(f"{flower}/api/workers")
     fresh_stack.start_workers()
     rows = labelled_rows(40, salt="flower-")
-    write_rows(tmp_path / "data", "validation", rows)
-    data = str(tmp_path / "data")
-    list_splits(fresh_stack.client, data, "validation", tier="non_viewable")
-    client = Client(Settings(redis_url=fresh_stack.server.url, principal="tests"))
-    meta = client.submit(SubmitRequest(eval="spy", data=data, split="validation"))
+    client, meta = _submitted(fresh_stack, tmp_path / "data", rows, tier="non_viewable")
     _wait_completed(fresh_stack, meta.run_id)
     outputs = [json.dumps(o) for o in client.store.outputs(meta.run_id, list(range(40))).values()]
 
@@ -137,12 +149,9 @@ def _metrics(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 def test_the_metrics_endpoint_serves_runs_queues_and_budgets(
     fresh_stack: Stack, tmp_path: Path
 ) -> None:
-    write_rows(tmp_path / "data", "validation", labelled_rows(30))
     data = str(tmp_path / "data")
-    list_splits(fresh_stack.client, data, "validation")
     Ledger(fresh_stack.client).set(data, "validation", 5, 100, None, "tests")
-    client = Client(Settings(redis_url=fresh_stack.server.url, principal="tests"))
-    meta = client.submit(SubmitRequest(eval="spy", data=data, split="validation", limit=20))
+    _, meta = _submitted(fresh_stack, tmp_path / "data", labelled_rows(30), limit=20)
     server = serve(fresh_stack.client, "127.0.0.1", 0)
     url = f"http://127.0.0.1:{server.port}/metrics"
     labels = (("dataset", data), ("eval", "spy"), ("run", meta.run_id), ("split", "validation"))
@@ -219,14 +228,9 @@ def test_the_report_renders_its_charts_in_headless_chromium(stack: Stack, tmp_pa
     for i in (3, 40):
         rows[i]["text"] = f"boom {i}"  # inference error
     rows[70]["text"] = "bust 70"  # scoring error
-    write_rows(tmp_path / "data", "validation", rows)
-    data = str(tmp_path / "data")
-    list_splits(stack.client, data, "validation")
-    client = Client(Settings(redis_url=stack.server.url, principal="tests"))
-    request = SubmitRequest(
-        eval="flaky", data=data, split="validation", sharding=Sharding(shards=3)
+    client, meta = _submitted(
+        stack, tmp_path / "data", rows, eval="flaky", sharding=Sharding(shards=3)
     )
-    meta = client.submit(request)
     _wait_completed(stack, meta.run_id)
 
     report = gather(client, meta.run_id)
@@ -246,11 +250,7 @@ def test_the_report_renders_its_charts_in_headless_chromium(stack: Stack, tmp_pa
 
 def test_a_non_viewable_report_shows_aggregates_only(stack: Stack, tmp_path: Path) -> None:
     rows = labelled_rows(30, salt="hidden-")
-    write_rows(tmp_path / "data", "validation", rows)
-    data = str(tmp_path / "data")
-    list_splits(stack.client, data, "validation", tier="non_viewable")
-    client = Client(Settings(redis_url=stack.server.url, principal="tests"))
-    meta = client.submit(SubmitRequest(eval="spy", data=data, split="validation"))
+    client, meta = _submitted(stack, tmp_path / "data", rows, tier="non_viewable")
     _wait_completed(stack, meta.run_id)
 
     page = render(gather(client, meta.run_id))

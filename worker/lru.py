@@ -21,24 +21,25 @@ class LRU(Generic[K, V]):
         self._on_evict = on_evict
 
     def get_or_create(self, key: K, create: Callable[[], V]) -> V:
-        """The cached value for ``key``, creating (and maybe evicting) on a miss."""
+        """The cached value for ``key``; on a miss, evict down to ``capacity - 1`` values
+        first, then create, so the evicted and the new value are never held together."""
         if key in self._items:
             self._items.move_to_end(key)
             return self._items[key]
+        self._evict_down_to(self.capacity - 1)
         value = create()
         self._items[key] = value
-        while len(self._items) > self.capacity:
+        return value
+
+    def _evict_down_to(self, size: int) -> None:
+        while len(self._items) > size:
             old_key, old_value = self._items.popitem(last=False)
             if self._on_evict is not None:
                 self._on_evict(old_key, old_value)
-        return value
 
     def clear(self) -> None:
         """Evict everything."""
-        while self._items:
-            key, value = self._items.popitem(last=False)
-            if self._on_evict is not None:
-                self._on_evict(key, value)
+        self._evict_down_to(0)
 
     def keys(self) -> list[K]:
         """The keys held, least recently used first."""

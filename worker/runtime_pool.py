@@ -2,8 +2,9 @@
 for every batch, keeping at most ``max_models`` loaded (LRU), and keeps warm subprocess pools
 for scorer scripts (at most ``max_models`` scripts, ``scorer_procs`` subprocesses each).
 
-An evicted model is dropped and then, with no reference left, garbage-collected and its CUDA
-memory returned (``torch.cuda.empty_cache``); ``close`` frees every model and stops every
+A model is evicted before the next one loads, never after, so a process never holds more than
+``max_models``; with no reference left it is garbage-collected and its CUDA memory returned
+(``torch.cuda.empty_cache``) before the load. ``close`` frees every model and stops every
 scorer subprocess."""
 
 from __future__ import annotations
@@ -87,12 +88,7 @@ class RuntimePool:
     def model(self, evaluation: Evaluation) -> Any:
         """The loaded model of ``evaluation``, loading it on first use in this process."""
         key = (evaluation.name, json.dumps(evaluation.params, sort_keys=True))
-        model = self._models.get_or_create(key, lambda: self._load(evaluation))
-        if self._dropped:  # the evicted model has no reference left now
-            self._dropped = False
-            log.info("evicted a model (EVALQ_MAX_MODELS reached); %d loaded", len(self._models))
-            _free_memory()
-        return model
+        return self._models.get_or_create(key, lambda: self._load(evaluation))
 
     @property
     def loaded(self) -> list[RuntimeKey]:
@@ -107,6 +103,12 @@ class RuntimePool:
         self._dropped = True
 
     def _load(self, evaluation: Evaluation) -> Any:
+        if self._dropped:  # a model was evicted to make room and nothing refers to it now
+            self._dropped = False
+            log.info(
+                "evicted a model (EVALQ_MAX_MODELS reached) before loading %s", evaluation.name
+            )
+            _free_memory()
         device = resolve_device(self._device, self._process_index)
         if device == "cpu":
             _limit_cpu_threads(self._cpu_threads)
