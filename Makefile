@@ -4,7 +4,7 @@ VENV   ?= .venv
 TORCH  ?= torch==2.13.0
 BIN     = $(VENV)/bin
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test lint bench clean browser
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,7 +24,15 @@ lint: install
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-test: lint
+# Debian's Chromium, for the run report's headless screenshot test (skipped without it).
+browser:
+	@command -v chromium >/dev/null || { \
+	  SUDO=""; [ "$$(id -u)" -eq 0 ] || SUDO="sudo"; \
+	  $$SUDO apt-get update -qq && \
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null || \
+	  echo "could not install chromium: the report screenshot test will be skipped"; }
+
+test: lint browser
 	$(BIN)/python -m pytest
 
 clean:
@@ -32,3 +40,6 @@ clean:
 
 bench: install
 	$(BIN)/python -m bench.throughput
+	$(BIN)/python -m bench.padding
+	$(BIN)/python -m bench.scorer_warm
+	$(BIN)/python -m bench.scaling
