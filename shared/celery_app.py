@@ -48,8 +48,8 @@ def create_app(settings: Settings) -> Celery:
         # Keep reconnecting through a broker restart instead of exiting.
         broker_connection_retry_on_startup=True,
         broker_connection_max_retries=None,
-        # Events on, so Flower and `celery events` can watch workers and tasks.
-        worker_send_task_events=True,
+        # Task events (on by default), so Flower and `celery events` can watch tasks.
+        worker_send_task_events=settings.task_events,
         worker_hijack_root_logger=False,
     )
     return app

@@ -57,6 +57,9 @@ class Settings(BaseSettings):
     """Worker-local: torch CPU threads per worker process; unset = torch's default (all cores).
     Set it to cores / processes when several worker processes share one machine's CPUs."""
 
+    task_events: bool = True
+    """Worker-local: send a task event per message for Flower (``--task-events``); costs about
+    15% of throughput with a model that answers instantly, nothing visible with a real one."""
     max_attempts: int = Field(default=3, ge=1)
     """Worker-local: tries per sample (counted when it starts, so a sample that kills its
     worker counts too) before it ends as a terminal error."""

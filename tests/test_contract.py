@@ -9,6 +9,7 @@ from celery_batches import SimpleRequest
 
 from producer.export import flatten
 from producer.submit import parse_ids, parse_params, resolve_ids
+from shared.celery_app import create_app
 from shared.data import build_spec
 from shared.dispatch import split
 from shared.errors import (
@@ -109,6 +110,9 @@ def test_settings_parse_plugins_and_default_broker(monkeypatch: pytest.MonkeyPat
     assert settings.broker == "redis://h:1/2"
     monkeypatch.setenv("EVALQ_BROKER_URL", "redis://b:1/0")
     assert Settings().broker == "redis://b:1/0"
+    assert create_app(Settings()).conf.worker_send_task_events is True  # Flower sees tasks
+    monkeypatch.setenv("EVALQ_TASK_EVENTS", "0")
+    assert create_app(Settings()).conf.worker_send_task_events is False
 
 
 def test_sample_selection() -> None:

@@ -61,7 +61,7 @@ def run_worker(
             f"--concurrency={concurrency}",
             "--pool=prefork",
             f"--loglevel={loglevel}",
-            "--task-events",
             f"--hostname=evalq-{os.getpid()}@%h",
+            *(["--task-events"] if settings.task_events else []),
         ]
     )
