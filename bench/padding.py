@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from producer.demo_data import write_demo_dataset
-from shared.data import Sharding, build_spec, shard_of_rows
+from shared.data import Sharding, build_spec, shard_order
 from shared.routing import RoutingKind
 
 console = Console()
@@ -54,8 +54,7 @@ def _batches(routing: RoutingKind, folder: Path, shards: int, batch: int) -> lis
     """The demo texts in the order ``evalq submit`` enqueues them, cut into worker batches."""
     sharding = Sharding(shards=shards, routing=routing, sample_size=1000)
     spec, rows = build_spec(str(folder), "validation", sharding=sharding)
-    shard_of = shard_of_rows(spec, rows)
-    ids = sorted(range(spec.n_rows), key=lambda i: int(shard_of[i]))
+    ids = shard_order(spec, rows, list(range(spec.n_rows)))
     texts = [str(rows[i]["text"]) for i in ids]
     return [texts[i : i + batch] for i in range(0, len(texts), batch)]
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from wsgiref.simple_server import WSGIServer
 
 import redis
+from kombu.transport.redis import PRIORITY_STEPS, Channel
 from prometheus_client import start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
@@ -32,11 +33,6 @@ from shared.runs import RunStore
 
 __all__ = ["EvalqCollector", "MetricsServer", "serve"]
 
-_PRIORITY_STEPS = (0, 3, 6, 9)
-_PRIORITY_SEP = "\x06\x16"
-"""How kombu's Redis transport names a queue's priority lists (``name``, ``name\\x06\\x163``...)."""
-_UNACKED = "unacked"
-"""kombu's hash of delivered, unacknowledged messages."""
 _RUN_LABELS = ("run", "eval", "dataset", "split")
 
 
@@ -75,7 +71,8 @@ class EvalqCollector(Collector):
             "evalq_queue_depth", "Messages waiting in a broker queue.", labels=["queue"]
         )
         for queue in (INFER_QUEUE, SCORE_QUEUE):
-            keys = [queue if p == 0 else f"{queue}{_PRIORITY_SEP}{p}" for p in _PRIORITY_STEPS]
+            # kombu's Redis transport keeps one list per priority step: name, name\x06\x163, ...
+            keys = [queue if p == 0 else f"{queue}{Channel.sep}{p}" for p in PRIORITY_STEPS]
             with self._client.pipeline(transaction=False) as pipe:
                 for key in keys:
                     pipe.llen(key)
@@ -84,7 +81,7 @@ class EvalqCollector(Collector):
         yield GaugeMetricFamily(
             "evalq_messages_unacked",
             "Messages delivered to a worker and not acknowledged yet.",
-            value=self._client.hlen(_UNACKED),
+            value=self._client.hlen(Channel.unacked_key),
         )
 
         budget = GaugeMetricFamily(

@@ -21,6 +21,7 @@ from shared.errors import EvalqError, TierRefusedError
 from shared.spec import fetch_spec
 
 if TYPE_CHECKING:
+    import numpy as np
     from matplotlib.figure import Figure
 
 __all__ = ["Report", "gather", "render"]
@@ -52,40 +53,39 @@ class Report:
     generated: float = field(default_factory=time.time)
 
 
-def _scores(client: Client, run_id: str) -> tuple[dict[str, list[float]] | None, str | None]:
+def _shard_of(client: Client, view: RunView) -> tuple[np.ndarray | None, int, str | None]:
+    """The shard of every row of the run's split and the shard count, or why not."""
     try:
-        results = client.results(run_id)
-    except TierRefusedError as exc:
-        return None, str(exc)
-    values: dict[str, list[float]] = {}
-    for result in results:
-        for name, value in (result.scores or {}).items():
-            values.setdefault(name, []).append(value)
-    return values, None
-
-
-def _shards(client: Client, view: RunView) -> tuple[list[ShardProgress], str | None]:
-    """Per-shard counts (states only, no values), or why they cannot be shown."""
-    meta = view.meta
-    try:
-        spec = fetch_spec(client.redis, meta.spec)
-        shard_of = shard_of_rows(spec, load_rows(spec))
+        spec = fetch_spec(client.redis, view.meta.spec)
+        return shard_of_rows(spec, load_rows(spec)), spec.shards, None
     except EvalqError as exc:
-        return [], f"per-shard progress needs the run's data on this machine: {exc}"
-    shards = [ShardProgress() for _ in range(spec.shards)]
-    for result in client.store.results(meta.run_id, client.runs.sample_ids(meta.run_id)):
-        shard = shards[int(shard_of[result.sample_id])]
-        shard.total += 1
-        shard.scored += result.scores is not None
-        shard.failed += result.error is not None
-    return shards, None
+        return None, 0, f"per-shard progress needs the run's data on this machine: {exc}"
 
 
 def gather(client: Client, run_id: str) -> Report:
-    """Everything the report of ``run_id`` shows to this client's reader."""
+    """Everything the report of ``run_id`` shows to this client's reader, in one pass over the
+    run's results: score values only where the reader may read them, per-shard counts (states
+    only, no values) for every reader."""
     view = client.status(run_id)
-    scores, withheld = _scores(client, run_id)
-    shards, note = _shards(client, view)
+    try:
+        results = client.results(run_id)
+        withheld = None
+    except TierRefusedError as exc:
+        results = client.store.results(run_id, client.runs.sample_ids(run_id))
+        withheld = str(exc)
+    shard_of, count, note = _shard_of(client, view)
+    shards = [ShardProgress() for _ in range(count)]
+    values: dict[str, list[float]] = {}
+    for result in results:
+        if withheld is None:
+            for name, value in (result.scores or {}).items():
+                values.setdefault(name, []).append(value)
+        if shard_of is not None:
+            shard = shards[int(shard_of[result.sample_id])]
+            shard.total += 1
+            shard.scored += result.scores is not None
+            shard.failed += result.error is not None
+    scores = None if withheld is not None else values
     return Report(view, scores, withheld, client.store.timeline(run_id), shards, note)
 
 

@@ -20,7 +20,7 @@ from celery import Celery
 
 from shared.audit import audit_admin
 from shared.celery_app import INFER_TASK
-from shared.data import Sharding, build_spec, shard_of_rows
+from shared.data import Sharding, build_spec, shard_order
 from shared.dispatch import publish, split
 from shared.errors import InputError, SampleIdError, TierRefusedError
 from shared.evaluation import create
@@ -151,9 +151,7 @@ def submit(
         publish_spec(client, spec)
         RunStore(client).create(meta, sample_ids)
         recorded = True
-        # shard by shard, so each message (and so each batch) draws on as few shards as possible
-        shard_of = shard_of_rows(spec, rows)
-        in_order = sorted(sample_ids, key=lambda i: int(shard_of[i]))
+        in_order = shard_order(spec, rows, sample_ids)
         publish(app, INFER_TASK, split(meta.run_id, meta.eval, meta.spec, in_order))
     except BaseException:
         if recorded:

@@ -34,7 +34,15 @@ if TYPE_CHECKING:
     import numpy as np
     from datasets import Dataset, IterableDataset
 
-__all__ = ["Sharding", "build_spec", "load_rows", "refit_routing", "shard_of_rows", "stream_texts"]
+__all__ = [
+    "Sharding",
+    "build_spec",
+    "load_rows",
+    "refit_routing",
+    "shard_of_rows",
+    "shard_order",
+    "stream_texts",
+]
 
 
 @dataclass(frozen=True)
@@ -181,8 +189,18 @@ def _fit(
         sample_size=sharding.sample_size, seed=sharding.seed, iterations=sharding.iterations
     )
     featurizer = Featurizer(seed=sharding.seed, dim=sharding.dim)
-    texts = stream_texts(source, split, sharding.route_field)
-    return fit_kmeans(texts, sharding.shards, featurizer, fit)
+    return _fit_kmeans(source, split, sharding.route_field, sharding.shards, featurizer, fit)
+
+
+def _fit_kmeans(
+    source: LocalSource | HubSource,
+    split: str,
+    field: str,
+    shards: int,
+    featurizer: Featurizer,
+    fit: KMeansFit,
+) -> KMeans | RoundRobin:
+    return fit_kmeans(stream_texts(source, split, field), shards, featurizer, fit)
 
 
 def refit_routing(spec: DatasetSpec) -> KMeans | RoundRobin | None:
@@ -193,8 +211,9 @@ def refit_routing(spec: DatasetSpec) -> KMeans | RoundRobin | None:
     routing = spec.routing
     if not isinstance(routing, KMeans) or routing.fit is None or spec.route_field is None:
         return None
-    texts = stream_texts(spec.source, spec.split, spec.route_field)
-    return fit_kmeans(texts, spec.shards, routing.featurizer, routing.fit)
+    return _fit_kmeans(
+        spec.source, spec.split, spec.route_field, spec.shards, routing.featurizer, routing.fit
+    )
 
 
 def shard_of_rows(spec: DatasetSpec, dataset: Dataset) -> np.ndarray:
@@ -203,6 +222,15 @@ def shard_of_rows(spec: DatasetSpec, dataset: Dataset) -> np.ndarray:
     if isinstance(spec.routing, KMeans) and spec.route_field is not None:
         texts = _split_texts(dataset, spec.route_field)
     return assign(spec.routing, spec.shards, spec.n_rows, texts)
+
+
+def shard_order(spec: DatasetSpec, dataset: Dataset, sample_ids: list[int]) -> list[int]:
+    """``sample_ids`` shard by shard (stable within a shard): the order runs are enqueued in,
+    so each message, and so each worker batch, draws on as few shards as possible."""
+    import numpy as np
+
+    ids = np.asarray(sample_ids, dtype=np.int64)
+    return list(ids[np.argsort(shard_of_rows(spec, dataset)[ids], kind="stable")].tolist())
 
 
 def build_spec(

@@ -27,6 +27,11 @@ def to_json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), allow_nan=False)
 
 
+def _settled_ids(fields: Any) -> list[int]:
+    """The sample ids of one entry of a run's settled stream (written by ``settle.lua``)."""
+    return [int(i) for i in str(fields["ids"]).split(",")]
+
+
 class ResultStore:
     """Per-sample writes (through Lua) and reads (through pipelines and scans) for runs."""
 
@@ -152,7 +157,7 @@ class ResultStore:
         for _, entries in reply or []:
             for entry_id, fields in entries:
                 cursor = str(entry_id)
-                ids.extend(int(i) for i in str(fields["ids"]).split(","))
+                ids.extend(_settled_ids(fields))
         return cursor, ids
 
     def timeline(self, run_id: str) -> list[tuple[float, int]]:
@@ -160,7 +165,7 @@ class ResultStore:
         time is the settled stream's entry id."""
         entries: Any = self._client.xrange(RunKeys(run_id).settled)
         return [
-            (int(str(entry_id).split("-")[0]) / 1000, len(str(fields["ids"]).split(",")))
+            (int(str(entry_id).split("-")[0]) / 1000, len(_settled_ids(fields)))
             for entry_id, fields in entries or []
         ]
 

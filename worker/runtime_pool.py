@@ -90,11 +90,6 @@ class RuntimePool:
         key = (evaluation.name, json.dumps(evaluation.params, sort_keys=True))
         return self._models.get_or_create(key, lambda: self._load(evaluation))
 
-    @property
-    def loaded(self) -> list[RuntimeKey]:
-        """(evaluation, params) of the models held now, least recently used first."""
-        return self._models.keys()
-
     def scripts(self, scorer: ScriptScorer) -> ScriptPool:
         """The warm subprocess pool of a scorer script, started on first use."""
         return self._scripts.get_or_create(scorer, lambda: ScriptPool(scorer, self._scorer_procs))
