@@ -22,7 +22,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from bench.throughput import Row, baseline, evalq_run
+from bench.throughput import measure
 from shared.evals.arithmetic import arithmetic_rows
 from shared.evaluation import load_plugins
 
@@ -40,26 +40,21 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=4000)
     parser.add_argument("--workers", default="1,2,4", help="worker process counts")
     parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--repeat", type=int, default=3, help="timed runs per config (median)")
+    parser.add_argument("--repeat", type=int, default=3, help="rounds (each config once a round)")
     parser.add_argument("--out", type=Path, default=Path("bench/results/scaling.json"))
     args = parser.parse_args()
 
     load_plugins([])
     data = _write_data(Path(tempfile.mkdtemp(prefix="evalq-scaling-")), args.samples)
     env = {"EVALQ_SCORER_PROCS": "1", "EVALQ_TORCH_THREADS": "1"}
-    console.print("baseline")
-    seconds = baseline("arithmetic", data, args.samples, args.batch, "cpu", args.repeat)
-    base = Row("arithmetic", "in-process baseline", args.samples, seconds, 1.0)
-    rows = [base]
-    for count in (int(w) for w in args.workers.split(",")):
-        console.print(f"evalq, {count} worker(s)")
-        seconds = evalq_run("arithmetic", data, args.samples, count, args.batch, args.repeat, env)
-        row = Row("arithmetic", f"evalq, {count} worker(s)", args.samples, seconds)
-        row.ratio = row.rate / base.rate
-        rows.append(row)
-
+    counts = [int(w) for w in args.workers.split(",")]
+    console.print(f"baseline and evalq with {counts} workers, {args.repeat} rounds")
+    rows = measure(
+        "arithmetic", "arithmetic", data, args.samples, args.batch, "cpu", args.repeat, counts, env
+    )
+    base = rows[0]
     one = rows[1].rate
-    title = f"score-bound scaling ({os.cpu_count()} cores, median of {args.repeat})"
+    title = f"score-bound scaling ({os.cpu_count()} cores, {args.repeat} rounds, medians)"
     table = Table(title=title)
     for column in ("configuration", "samples", "samples/s", "ratio to baseline", "vs 1 worker"):
         table.add_column(column, justify="left" if column == "configuration" else "right")

@@ -7,7 +7,10 @@ pure queue overhead), in one process tree on one machine:
   (b) evalq end to end (submit -> every sample scored) with 1 and with 2 worker processes;
   (c) naive: one Celery task per sample, no batching, model still warm (bench/naive.py);
 
-plus the time to submit 100,000 samples. Prints a table and writes JSON.
+plus the time to submit 100,000 samples. (a) and (b) run in rounds, each configuration once a
+round, and a ratio is the median of the per-round ratios: this machine's speed drifts by 10% or
+more over minutes, which would otherwise land on whichever configuration ran last. Prints a
+table and writes JSON.
 
     python -m bench.throughput [--real-samples N] [--null-samples N] [--out PATH]
 """
@@ -22,9 +25,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 
 from celery import Celery
@@ -54,13 +58,15 @@ console = Console(stderr=True)
 
 @dataclass
 class Row:
-    """One measured configuration."""
+    """One measured configuration: median seconds over its rounds, and its speed relative to
+    the baseline (the median of per-round ratios where it ran in rounds)."""
 
     model: str
     config: str
     samples: int
     seconds: float
-    ratio: float | None = None
+    ratio: float
+    rounds: list[float] = field(default_factory=list)
 
     @property
     def rate(self) -> float:
@@ -75,8 +81,12 @@ def _wait(probe: Callable[[], bool], timeout: float) -> None:
         time.sleep(0.05)
 
 
-def baseline(eval_name: str, data: Path, n: int, batch: int, device: str, repeat: int) -> float:
-    """Median seconds of the plain loop: scrub, infer in batches, score every sample."""
+@contextmanager
+def baseline_loop(
+    eval_name: str, data: Path, n: int, batch: int, device: str
+) -> Iterator[Callable[[], float]]:
+    """A timer for the plain loop (scrub, infer in batches, score every sample) with the model
+    loaded once; each call returns the seconds of one pass over ``n`` rows."""
     evaluation = create(eval_name)
     model = evaluation.load(device)
     _, dataset = build_spec(str(data), "validation")
@@ -103,10 +113,54 @@ def baseline(eval_name: str, data: Path, n: int, batch: int, device: str, repeat
         return time.perf_counter() - started
 
     try:
-        return statistics.median(run() for _ in range(repeat))
+        yield run
     finally:
         if scripts is not None:
             scripts.close()
+
+
+def side_by_side(timers: Mapping[str, Callable[[], float]], repeat: int) -> dict[str, list[float]]:
+    """Seconds of every timer, run in rounds (each timer once per round, ``repeat`` rounds), so
+    a change in the machine's speed during the benchmark reaches every configuration alike."""
+    seconds: dict[str, list[float]] = {name: [] for name in timers}
+    for _ in range(repeat):
+        for name, timer in timers.items():
+            seconds[name].append(timer())
+    return seconds
+
+
+def round_ratio(base: list[float], other: list[float]) -> float:
+    """Median over rounds of ``other``'s speed relative to the baseline in the same round."""
+    return statistics.median(b / o for b, o in zip(base, other, strict=True))
+
+
+BASELINE = "in-process baseline"
+
+
+def measure(
+    model: str,
+    eval_name: str,
+    data: Path,
+    n: int,
+    batch: int,
+    device: str,
+    repeat: int,
+    worker_counts: Sequence[int],
+    env: Mapping[str, str] | None = None,
+) -> list[Row]:
+    """The baseline and evalq with each worker count, side by side in ``repeat`` rounds."""
+    with baseline_loop(eval_name, data, n, batch, device) as loop:
+        timers: dict[str, Callable[[], float]] = {BASELINE: loop}
+        for count in worker_counts:
+            timers[f"evalq, {count} worker(s)"] = partial(
+                evalq_run, eval_name, data, n, count, batch, env
+            )
+        seconds = side_by_side(timers, repeat)
+    base = seconds[BASELINE]
+    return [
+        Row(model, name, n, statistics.median(runs), round_ratio(base, runs), runs)
+        for name, runs in seconds.items()
+    ]
 
 
 @contextmanager
@@ -121,11 +175,11 @@ def evalq_run(
     n: int,
     workers: int,
     batch: int,
-    repeat: int,
     env: Mapping[str, str] | None = None,
 ) -> float:
-    """Median seconds from submit to the last score, with ``workers`` warm worker processes
-    (each with ``env`` added to its environment)."""
+    """Seconds from submit to the last score of ``n`` samples, on a fresh Redis with
+    ``workers`` worker processes (each with ``env`` added to its environment), warmed up
+    first."""
     with _redis() as server:
         settings = Settings(redis_url=server.url, max_batch=batch)
         app = create_app(settings)
@@ -148,7 +202,7 @@ def evalq_run(
                 return time.perf_counter() - started
 
             run(batch * workers * 4)  # warm-up: every worker loads its model
-            return statistics.median(run(n) for _ in range(repeat))
+            return run(n)
         finally:
             pool.stop()
             client.close()
@@ -207,7 +261,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--naive-real-samples", type=int, default=1000)
     parser.add_argument("--submit-samples", type=int, default=100_000)
     parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--repeat", type=int, default=3, help="timed runs per config (median)")
+    parser.add_argument("--repeat", type=int, default=3, help="rounds (each config once a round)")
     parser.add_argument("--skip-naive-real", action="store_true")
     parser.add_argument("--out", type=Path, default=Path("bench/results/throughput.json"))
     args = parser.parse_args(argv)
@@ -226,31 +280,18 @@ def main(argv: list[str] | None = None) -> None:
             0 if args.skip_naive_real else args.naive_real_samples,
         ),
     ):
-        console.print(f"[bold]{model}[/]: baseline")
-        base = Row(
-            model,
-            "in-process baseline",
-            n,
-            baseline(eval_name, data, n, args.batch, device, args.repeat),
-        )
-        base.ratio = 1.0
-        rows.append(base)
-        for workers in (1, 2):
-            console.print(f"[bold]{model}[/]: evalq, {workers} worker(s)")
-            seconds = evalq_run(eval_name, data, n, workers, args.batch, args.repeat)
-            rows.append(Row(model, f"evalq, {workers} worker(s)", n, seconds))
+        console.print(f"[bold]{model}[/]: baseline and evalq, {args.repeat} rounds")
+        measured = measure(model, eval_name, data, n, args.batch, device, args.repeat, (1, 2))
+        rows += measured
         if naive_n:
             console.print(f"[bold]{model}[/]: naive")
-            rows.append(
-                Row(model, "naive: 1 task/sample", naive_n, naive_run(eval_name, data, naive_n))
-            )
-        for row in rows:
-            if row.model == model and row.ratio is None:
-                row.ratio = row.rate / base.rate
+            seconds = naive_run(eval_name, data, naive_n)
+            ratio = (naive_n / seconds) / measured[0].rate
+            rows.append(Row(model, "naive: 1 task/sample", naive_n, seconds, ratio, [seconds]))
     console.print(f"submit of {args.submit_samples} samples")
     submit_seconds = submit_time(data, args.submit_samples)
 
-    title = f"evalq throughput ({os.cpu_count()} cores, {device}, median of {args.repeat})"
+    title = f"evalq throughput ({os.cpu_count()} cores, {device}, {args.repeat} rounds, medians)"
     table = Table(title=title)
     for column in ("model", "configuration", "samples", "samples/s", "ratio to baseline"):
         table.add_column(column, justify="right" if column != "configuration" else "left")

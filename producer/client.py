@@ -22,7 +22,7 @@ from producer.submit import SubmitRequest, submit
 from shared.audit import audit_admin
 from shared.celery_app import INFER_TASK, SCORE_TASK, create_app
 from shared.connection import connect
-from shared.dispatch import publish, split
+from shared.dispatch import message_size, publish, split
 from shared.errors import EvalqError, TierRefusedError
 from shared.evaluation import create, load_plugins
 from shared.keys import RunKeys
@@ -218,8 +218,9 @@ class Client:
         to_score = [i for i in missing if i in inferred]
         to_infer = [i for i in missing if i not in inferred]
         self.store.reset_attempts(run_id, to_infer)
-        publish(self.app, INFER_TASK, split(run_id, meta.eval, meta.spec, to_infer))
-        publish(self.app, SCORE_TASK, split(run_id, meta.eval, meta.spec, to_score))
+        for task, ids in ((INFER_TASK, to_infer), (SCORE_TASK, to_score)):
+            size = message_size(len(ids))
+            publish(self.app, task, split(run_id, meta.eval, meta.spec, ids, size))
         return Resumption(run_id, len(to_infer), len(to_score), False)
 
     def close(self) -> None:

@@ -21,7 +21,7 @@ from celery import Celery
 from shared.audit import audit_admin
 from shared.celery_app import INFER_TASK
 from shared.data import Sharding, build_spec, shard_order
-from shared.dispatch import publish, split
+from shared.dispatch import message_size, publish, split
 from shared.errors import InputError, SampleIdError, TierRefusedError
 from shared.evaluation import create
 from shared.keys import RunKeys
@@ -152,7 +152,8 @@ def submit(
         RunStore(client).create(meta, sample_ids)
         recorded = True
         in_order = shard_order(spec, rows, sample_ids)
-        publish(app, INFER_TASK, split(meta.run_id, meta.eval, meta.spec, in_order))
+        size = message_size(len(in_order))
+        publish(app, INFER_TASK, split(meta.run_id, meta.eval, meta.spec, in_order, size))
     except BaseException:
         if recorded:
             Scripts(client).cancel(RunKeys(meta.run_id))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from celery import Celery
 from kombu import Queue
 
+from shared.dispatch import MIN_MESSAGE_SAMPLES
 from shared.settings import Settings
 
 __all__ = ["INFER_QUEUE", "INFER_TASK", "SCORE_QUEUE", "SCORE_TASK", "create_app"]
@@ -33,8 +34,10 @@ def create_app(settings: Settings) -> Celery:
         task_queues=(Queue(INFER_QUEUE), Queue(SCORE_QUEUE)),
         task_default_queue=INFER_QUEUE,
         task_routes={INFER_TASK: {"queue": INFER_QUEUE}, SCORE_TASK: {"queue": SCORE_QUEUE}},
-        # Batches gather prefetched messages; a process must be able to hold two full batches.
-        worker_prefetch_multiplier=2 * settings.max_batch,
+        # Batches gather prefetched messages: a process holds enough messages for two full
+        # batches even of the smallest messages, and no more, so that workers share a run's
+        # messages instead of one worker reserving them all.
+        worker_prefetch_multiplier=max(2, 2 * settings.max_batch // MIN_MESSAGE_SAMPLES),
         # A message a dead worker had taken comes back to the queue once it has been invisible
         # for visibility_timeout seconds; sweep for such messages often enough to notice.
         broker_transport_options={

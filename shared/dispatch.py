@@ -1,8 +1,11 @@
 """Publishing per-sample work: a few samples of one run per message, many messages per Redis
 round trip.
 
-Each message carries at most ``MESSAGE_SAMPLES`` sample ids of one run (a sample stays its own
-unit of work and result; the message is only how it travels). kombu's ``Producer.batch``
+Each message carries sample ids of one run (a sample stays its own unit of work and result; the
+message is only how it travels). A run is cut into messages of :func:`message_size` samples:
+large enough that a worker's per-message costs (receive, acknowledge, one pool job, its Redis
+round trips) are spread over many samples, small enough that a run still spreads over
+``MIN_MESSAGES`` messages, so that many workers can share it. kombu's ``Producer.batch``
 buffers the broker's LPUSHes in a Redis pipeline.
 """
 
@@ -14,10 +17,25 @@ from celery import Celery
 
 from shared.models import SampleTask
 
-__all__ = ["MESSAGE_SAMPLES", "publish", "split"]
+__all__ = ["MESSAGE_SAMPLES", "MIN_MESSAGE_SAMPLES", "message_size", "publish", "split"]
 
-MESSAGE_SAMPLES = 64
+MESSAGE_SAMPLES = 256
+"""Most sample ids in one message."""
+MIN_MESSAGE_SAMPLES = 16
+"""Fewest sample ids in one message (unless the run, or a ``solo`` retry, is smaller)."""
+MIN_MESSAGES = 32
+"""Messages a run is cut into at least, while its messages stay above the minimum size."""
 PIPELINE_SIZE = 1000
+
+
+def message_size(samples: int) -> int:
+    """Samples per message for a run of ``samples``: the power of two nearest below
+    ``samples / MIN_MESSAGES``, within ``[MIN_MESSAGE_SAMPLES, MESSAGE_SAMPLES]``.
+
+    Powers of two keep a message a whole number of a worker's (usually power-of-two) batches.
+    """
+    share = max(1, samples // MIN_MESSAGES)
+    return max(MIN_MESSAGE_SAMPLES, min(MESSAGE_SAMPLES, 1 << (share.bit_length() - 1)))
 
 
 def split(

@@ -157,7 +157,7 @@ def test_the_metrics_endpoint_serves_runs_queues_and_budgets(
     labels = (("dataset", data), ("eval", "spy"), ("run", meta.run_id), ("split", "validation"))
     try:
         before = _metrics(url)
-        assert before["evalq_queue_depth", (("queue", "infer"),)] == 1  # 20 ids, one message
+        assert before["evalq_queue_depth", (("queue", "infer"),)] == 2  # 20 ids: 16 + 4
         assert before["evalq_run_samples", (*labels, ("state", "total"))] == 20
         assert before["evalq_run_samples", (*labels, ("state", "done"))] == 0
         assert before["evalq_run_active", labels] == 1

@@ -8,7 +8,7 @@ import pytest
 
 from producer.submit import SubmitRequest, submit
 from shared.celery_app import INFER_QUEUE, INFER_TASK, SCORE_QUEUE, SCORE_TASK
-from shared.dispatch import MESSAGE_SAMPLES, publish, split
+from shared.dispatch import MIN_MESSAGE_SAMPLES, publish, split
 from shared.models import RunMeta, RunStatus
 from shared.results import ResultStore
 from shared.runs import RunStore
@@ -104,7 +104,7 @@ def test_redelivered_messages_change_no_count_and_no_result(
     fresh_stack: Stack, tmp_path: Path
 ) -> None:
     stack = fresh_stack
-    n = 5 * MESSAGE_SAMPLES - 20  # five messages, each larger than the workers' batch of 16
+    n = 5 * MIN_MESSAGE_SAMPLES  # five messages, each a whole batch of the workers' 16
     write_rows(tmp_path, "validation", labelled_rows(n))
     list_splits(stack.client, str(tmp_path), "validation")
     meta = submit(
