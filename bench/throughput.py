@@ -50,6 +50,7 @@ from shared.runs import RunStore
 from shared.settings import Settings
 from shared.spec import publish_spec
 from shared.tiers import Tier, TierRegistry
+from worker.heap import keep_freed_memory
 from worker.runtime_pool import resolve_device
 from worker.script_pool import ScriptPool
 
@@ -86,7 +87,10 @@ def baseline_loop(
     eval_name: str, data: Path, n: int, batch: int, device: str
 ) -> Iterator[Callable[[], float]]:
     """A timer for the plain loop (scrub, infer in batches, score every sample) with the model
-    loaded once; each call returns the seconds of one pass over ``n`` rows."""
+    loaded once; each call returns the seconds of one pass over ``n`` rows. This process gets
+    the worker's heap settings too, so the loop is never slowed by page faults the workers
+    are spared."""
+    keep_freed_memory()
     evaluation = create(eval_name)
     model = evaluation.load(device)
     _, dataset = build_spec(str(data), "validation")

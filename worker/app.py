@@ -12,6 +12,7 @@ from celery.signals import worker_init, worker_process_init, worker_process_shut
 from shared.celery_app import create_app
 from shared.evaluation import load_plugins
 from shared.settings import Settings
+from worker.heap import keep_freed_memory
 from worker.state import WorkerState
 from worker.tasks import register_tasks
 
@@ -39,6 +40,7 @@ def create_worker_app(settings: Settings) -> Celery:
 
     def after_fork(**_: Any) -> None:
         state.reset()
+        keep_freed_memory()
 
     def on_exit(**_: Any) -> None:
         state.close()

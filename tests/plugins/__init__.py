@@ -109,3 +109,45 @@ class Sized(Evaluation):
 
     def score(self, row: dict[str, Any], output: Any) -> dict[str, float]:
         return {"ok": float(output == 2)}
+
+
+def heap_churn(mib: int) -> int:
+    """Minor page faults while ``mib`` MiB of small C-heap blocks are allocated, touched and
+    freed, as a batch's tensors are (measured on the second of two such batches)."""
+    import ctypes
+    import resource
+
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+
+    def batch() -> None:
+        blocks = [libc.malloc(1024) for _ in range(mib * 1024)]
+        for block in blocks:
+            libc.memset(block, 1, 1024)
+        for block in blocks:
+            libc.free(block)
+
+    batch()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    batch()
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+
+@register("churn")
+class Churn(Evaluation):
+    """Reports, as every row's output, the page faults of a 160 MiB heap churn (see
+    :func:`heap_churn`) in the worker process that ran the batch."""
+
+    def infer(self, model: Any, rows: list[dict[str, Any]]) -> list[Any]:
+        faults = heap_churn(CHURN_MIB)
+        return [{"faults": faults} for _ in rows]
+
+    def score(self, row: dict[str, Any], output: Any) -> dict[str, float]:
+        return {"faults": float(output["faults"])}
+
+
+CHURN_MIB = 160
+"""Above the highest trim threshold glibc ever picks by itself (64 MiB), so a process without
+evalq's heap settings gives the freed memory back whatever it did before."""

@@ -1,0 +1,133 @@
+"""How work travels for throughput: message sizes, what one worker reserves, how its pool is
+fed, and the heap settings of its pool processes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kombu.transport.redis import Channel
+
+from producer.submit import SubmitRequest, submit
+from producer.workers import LocalWorkers
+from shared.celery_app import INFER_QUEUE
+from shared.dispatch import MESSAGE_SAMPLES, MIN_MESSAGE_SAMPLES, MIN_MESSAGES, message_size
+from shared.models import RunStatus
+from shared.results import ResultStore
+from shared.runs import RunStore
+from tests.conftest import Stack
+from tests.helpers import cli_env, labelled_rows, list_splits, wait_for, write_rows
+from tests.plugins import CHURN_MIB
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("samples", [1, 15, 100, 511, 512, 1000, 4096, 8191, 8192, 10**6])
+def test_message_sizes_spread_a_run_and_stay_whole_powers_of_two(samples: int) -> None:
+    size = message_size(samples)
+    messages = -(-samples // size)
+    assert MIN_MESSAGE_SAMPLES <= size <= MESSAGE_SAMPLES
+    assert size & (size - 1) == 0  # a power of two: whole batches of 16, 32, 64...
+    if samples >= MIN_MESSAGES * MIN_MESSAGE_SAMPLES:
+        # big enough to spread: at least MIN_MESSAGES messages, each as large as that allows
+        assert messages >= MIN_MESSAGES
+        assert size == MESSAGE_SAMPLES or 2 * size * MIN_MESSAGES > samples
+    else:
+        assert size == MIN_MESSAGE_SAMPLES
+
+
+def test_one_worker_reserves_two_batches_and_leaves_the_rest_queued(
+    fresh_stack: Stack, tmp_path: Path
+) -> None:
+    """A worker holds (unacknowledged) only what fills two of its batches, so a second
+    worker finds the rest of a run in the queue instead of idling beside a hoarder."""
+    stack = fresh_stack
+    n = 32 * MIN_MESSAGE_SAMPLES  # 32 messages of 16 samples, the workers' batch
+    write_rows(tmp_path, "validation", labelled_rows(n))
+    list_splits(stack.client, str(tmp_path), "validation")
+    gate = tmp_path / "gate"
+    request = SubmitRequest(
+        eval="slow",
+        data=str(tmp_path),
+        split="validation",
+        params={"gate": str(gate), "open_until": "0"},  # every sample waits at the gate
+    )
+    meta = submit(stack.client, stack.app, request, principal="tests")
+    assert stack.client.llen(INFER_QUEUE) == 32
+    stack.start_workers()
+    held = Channel.unacked_key
+    wait_for(lambda: stack.client.hlen(held) == 2, 30, "the worker to reserve two messages")
+    # Its first batch is stuck at the gate, so nothing more is acknowledged or fetched.
+    assert stack.client.llen(INFER_QUEUE) == 30
+    assert stack.client.hlen(held) == 2
+    gate.touch()
+    runs = RunStore(stack.client)
+    wait_for(lambda: runs.get(meta.run_id).status is RunStatus.COMPLETED, 90, "the run to end")
+
+
+def test_a_single_process_worker_gets_its_next_batch_while_busy(fresh_stack: Stack) -> None:
+    """One pool process: Celery's fcfs scheduling (next batch written to the busy process);
+    several: fair scheduling (each batch to an idle process)."""
+    url = fresh_stack.server.url
+    for concurrency in (1, 2):
+        workers = LocalWorkers(url, concurrency=concurrency, env=cli_env(url))
+        fresh_stack.workers.append(workers.start(fresh_stack.app))
+
+    def both() -> dict[str, Any]:
+        replies = fresh_stack.app.control.inspect(timeout=2).stats() or {}
+        return dict(replies) if len(replies) == 2 else {}
+
+    stats = wait_for(both, 30, "both workers' stats")
+    strategies = sorted(
+        (info["pool"]["max-concurrency"], info["pool"]["writes"]["strategy"])
+        for info in stats.values()
+    )
+    assert strategies == [(1, "fcfs"), (2, "fair")]
+
+
+_CHURN = """
+import sys
+sys.path.insert(0, {repo!r})
+from worker.heap import keep_freed_memory
+from tests.plugins import CHURN_MIB, heap_churn
+if sys.argv[1] == "keep":
+    assert keep_freed_memory()
+print(heap_churn(CHURN_MIB))
+"""
+PAGES = CHURN_MIB * 256  # 4 KiB pages
+
+
+def _faults(mode: str) -> int:
+    done = subprocess.run(
+        [sys.executable, "-c", _CHURN.format(repo=str(REPO)), mode],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PATH": "/usr/bin:/bin"},  # no MALLOC_* tuning from the caller
+        timeout=120,
+    )
+    return int(done.stdout.split()[-1])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc")
+def test_kept_heap_memory_is_reused_instead_of_faulted_in_again() -> None:
+    """glibc gives a freed heap top back to the kernel and the next batch faults it in again
+    page by page; with the worker's heap settings the next batch reuses it."""
+    assert _faults("default") > 0.9 * PAGES
+    assert _faults("keep") < 0.05 * PAGES
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc")
+def test_worker_pool_processes_keep_freed_heap_memory(stack: Stack, tmp_path: Path) -> None:
+    write_rows(tmp_path, "validation", labelled_rows(4))
+    list_splits(stack.client, str(tmp_path), "validation")
+    request = SubmitRequest(eval="churn", data=str(tmp_path), split="validation")
+    meta = submit(stack.client, stack.app, request, principal="tests")
+    runs = RunStore(stack.client)
+    wait_for(lambda: runs.get(meta.run_id).status is RunStatus.COMPLETED, 60, "the run to end")
+    outputs = ResultStore(stack.client).outputs(meta.run_id, [0, 1, 2, 3])
+    assert len(outputs) == 4
+    assert all(output["faults"] < 0.05 * PAGES for output in outputs.values())
