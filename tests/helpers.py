@@ -11,6 +11,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+import redis
+
+from shared.models import RunStatus
+from shared.runs import RunStore
 from shared.tiers import Tier, TierRegistry
 from tests.plugins import predict
 
@@ -28,6 +32,12 @@ def wait_for(probe: Callable[[], T], timeout: float = 60.0, what: str = "conditi
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(0.05)
+
+
+def wait_completed(client: redis.Redis, run_id: str, timeout: float = 90.0) -> None:
+    """Wait until the run's status is ``completed``; fail after ``timeout`` seconds."""
+    runs = RunStore(client)
+    wait_for(lambda: runs.get(run_id).status is RunStatus.COMPLETED, timeout, f"run {run_id}")
 
 
 def write_rows(folder: Path, split: str, rows: list[dict[str, object]]) -> Path:

@@ -25,11 +25,18 @@ from producer.report import gather, render
 from producer.submit import SubmitRequest
 from shared.data import Sharding
 from shared.ledger import Ledger
-from shared.models import RunMeta, RunStatus
-from shared.runs import RunStore
+from shared.models import RunMeta
 from shared.settings import Settings
 from tests.conftest import Stack
-from tests.helpers import REPO, cli_env, labelled_rows, list_splits, wait_for, write_rows
+from tests.helpers import (
+    REPO,
+    cli_env,
+    labelled_rows,
+    list_splits,
+    wait_completed,
+    wait_for,
+    write_rows,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -57,11 +64,6 @@ def _ok(url: str) -> bool:
         return bool(_get(url) == "OK")
     except OSError:
         return False
-
-
-def _wait_completed(stack: Stack, run_id: str) -> None:
-    runs = RunStore(stack.client)
-    wait_for(lambda: runs.get(run_id).status is RunStatus.COMPLETED, 90, f"run {run_id}")
 
 
 def _submitted(
@@ -110,7 +112,7 @@ def test_flower_sees_the_worker_and_tasks_with_ids_only(
     fresh_stack.start_workers()
     rows = labelled_rows(40, salt="flower-")
     client, meta = _submitted(fresh_stack, tmp_path / "data", rows, tier="non_viewable")
-    _wait_completed(fresh_stack, meta.run_id)
+    wait_completed(fresh_stack.client, meta.run_id)
     outputs = [json.dumps(o) for o in client.store.outputs(meta.run_id, list(range(40))).values()]
 
     workers = wait_for(
@@ -166,7 +168,7 @@ def test_the_metrics_endpoint_serves_runs_queues_and_budgets(
         assert before["evalq_budget_remaining", (*budget, ("unit", "runs"))] == 4
 
         fresh_stack.start_workers()
-        _wait_completed(fresh_stack, meta.run_id)
+        wait_completed(fresh_stack.client, meta.run_id)
         after = _metrics(url)
         assert after["evalq_run_samples", (*labels, ("state", "scored"))] == 20
         assert after["evalq_run_samples", (*labels, ("state", "done"))] == 20
@@ -231,7 +233,7 @@ def test_the_report_renders_its_charts_in_headless_chromium(stack: Stack, tmp_pa
     client, meta = _submitted(
         stack, tmp_path / "data", rows, eval="flaky", sharding=Sharding(shards=3)
     )
-    _wait_completed(stack, meta.run_id)
+    wait_completed(stack.client, meta.run_id)
 
     report = gather(client, meta.run_id)
     # one error in each shard of 30: rows 3 and 40 fail inference, row 70 fails scoring
@@ -251,7 +253,7 @@ def test_the_report_renders_its_charts_in_headless_chromium(stack: Stack, tmp_pa
 def test_a_non_viewable_report_shows_aggregates_only(stack: Stack, tmp_path: Path) -> None:
     rows = labelled_rows(30, salt="hidden-")
     client, meta = _submitted(stack, tmp_path / "data", rows, tier="non_viewable")
-    _wait_completed(stack, meta.run_id)
+    wait_completed(stack.client, meta.run_id)
 
     page = render(gather(client, meta.run_id))
     assert 'data-chart="aggregates"' in page

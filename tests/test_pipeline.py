@@ -9,21 +9,21 @@ import pytest
 from producer.submit import SubmitRequest, submit
 from shared.celery_app import INFER_QUEUE, INFER_TASK, SCORE_QUEUE, SCORE_TASK
 from shared.dispatch import MIN_MESSAGE_SAMPLES, publish, split
-from shared.models import RunMeta, RunStatus
+from shared.models import RunMeta
 from shared.results import ResultStore
 from shared.runs import RunStore
 from tests.conftest import Stack
-from tests.helpers import expected_accuracy, labelled_rows, list_splits, wait_for, write_rows
+from tests.helpers import (
+    expected_accuracy,
+    labelled_rows,
+    list_splits,
+    wait_completed,
+    wait_for,
+    write_rows,
+)
 from tests.plugins import LABELS
 
 pytestmark = pytest.mark.integration
-
-
-def _completed(stack: Stack, run_id: str, timeout: float = 90.0) -> None:
-    runs = RunStore(stack.client)
-    wait_for(
-        lambda: runs.get(run_id).status is RunStatus.COMPLETED, timeout, f"run {run_id} to complete"
-    )
 
 
 def _run(stack: Stack, folder: Path, rows: list[dict[str, object]], eval_name: str) -> RunMeta:
@@ -36,7 +36,7 @@ def _run(stack: Stack, folder: Path, rows: list[dict[str, object]], eval_name: s
         SubmitRequest(eval=eval_name, data=str(folder), split="validation"),
         principal="tests",
     )
-    _completed(stack, meta.run_id)
+    wait_completed(stack.client, meta.run_id)
     return meta
 
 
@@ -128,7 +128,7 @@ def test_redelivered_messages_change_no_count_and_no_result(
         pipe.lpush(INFER_QUEUE, *order[::-1])
         pipe.execute()
     stack.start_workers()
-    _completed(stack, meta.run_id)
+    wait_completed(stack.client, meta.run_id)
     results = ResultStore(stack.client)
     aggregate = results.aggregate(meta.run_id)
     # After completion, deliver infer and score messages for finished samples once more.

@@ -12,12 +12,10 @@ import pytest
 from producer.submit import SubmitRequest, submit
 from shared.errors import ScriptError
 from shared.evals.arithmetic import Arithmetic, arithmetic_rows
-from shared.models import RunStatus
 from shared.results import ResultStore
-from shared.runs import RunStore
 from shared.scorer import ScriptCall, ScriptScorer, run_cold
 from tests.conftest import Stack
-from tests.helpers import list_splits, wait_for, write_rows
+from tests.helpers import list_splits, wait_completed, write_rows
 from worker.script_pool import ScriptPool
 
 PROBE = ScriptScorer(
@@ -136,8 +134,7 @@ def test_a_script_scored_run_end_to_end(stack: Stack, tmp_path: Path) -> None:
     list_splits(stack.client, str(tmp_path), "validation")
     request = SubmitRequest(eval="arithmetic", data=str(tmp_path), split="validation")
     meta = submit(stack.client, stack.app, request, principal="tests")
-    runs = RunStore(stack.client)
-    wait_for(lambda: runs.get(meta.run_id).status is RunStatus.COMPLETED, 90, "arithmetic run")
+    wait_completed(stack.client, meta.run_id)
 
     evaluation = Arithmetic()
     expected = [
@@ -157,13 +154,11 @@ def test_the_model_pool_cap_holds_across_more_evals_than_the_cap(
     data = str(tmp_path / "data")
     list_splits(fresh_stack.client, data, "validation")
     log = tmp_path / "models.log"
-    runs = RunStore(fresh_stack.client)
     for name in ("a", "b", "c", "d", "a"):
         params = {"name": name, "log": str(log)}
         request = SubmitRequest(eval="sized", data=data, split="validation", params=params)
         meta = submit(fresh_stack.client, fresh_stack.app, request, principal="tests")
-        done = meta.run_id
-        wait_for(lambda: runs.get(done).status is RunStatus.COMPLETED, 60, f"run {name}")  # noqa: B023
+        wait_completed(fresh_stack.client, meta.run_id, 60)
 
     events = [line.split() for line in log.read_text().splitlines()]
     live: dict[str, set[str]] = {}

@@ -15,14 +15,18 @@ from producer.submit import SubmitRequest, submit
 from producer.workers import LocalWorkers
 from shared.celery_app import INFER_QUEUE
 from shared.dispatch import MESSAGE_SAMPLES, MIN_MESSAGE_SAMPLES, MIN_MESSAGES, message_size
-from shared.models import RunStatus
 from shared.results import ResultStore
-from shared.runs import RunStore
 from tests.conftest import Stack
-from tests.helpers import cli_env, labelled_rows, list_splits, wait_for, write_rows
+from tests.helpers import (
+    REPO,
+    cli_env,
+    labelled_rows,
+    list_splits,
+    wait_completed,
+    wait_for,
+    write_rows,
+)
 from tests.plugins import CHURN_MIB
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("samples", [1, 15, 100, 511, 512, 1000, 4096, 8191, 8192, 10**6])
@@ -64,8 +68,7 @@ def test_one_worker_reserves_two_batches_and_leaves_the_rest_queued(
     assert stack.client.llen(INFER_QUEUE) == 30
     assert stack.client.hlen(held) == 2
     gate.touch()
-    runs = RunStore(stack.client)
-    wait_for(lambda: runs.get(meta.run_id).status is RunStatus.COMPLETED, 90, "the run to end")
+    wait_completed(stack.client, meta.run_id)
 
 
 def test_a_single_process_worker_gets_its_next_batch_while_busy(fresh_stack: Stack) -> None:
@@ -126,8 +129,7 @@ def test_worker_pool_processes_keep_freed_heap_memory(stack: Stack, tmp_path: Pa
     list_splits(stack.client, str(tmp_path), "validation")
     request = SubmitRequest(eval="churn", data=str(tmp_path), split="validation")
     meta = submit(stack.client, stack.app, request, principal="tests")
-    runs = RunStore(stack.client)
-    wait_for(lambda: runs.get(meta.run_id).status is RunStatus.COMPLETED, 60, "the run to end")
+    wait_completed(stack.client, meta.run_id, 60)
     outputs = ResultStore(stack.client).outputs(meta.run_id, [0, 1, 2, 3])
     assert len(outputs) == 4
     assert all(output["faults"] < 0.05 * PAGES for output in outputs.values())
