@@ -50,8 +50,9 @@ def main() -> None:
     counts = [int(w) for w in args.workers.split(",")]
     console.print(f"baseline and evalq with {counts} workers, {args.repeat} rounds")
     rows = measure(
-        "arithmetic", "arithmetic", data, args.samples, args.batch, "cpu", args.repeat, counts, env
-    )
+        "arithmetic", "arithmetic", data, n=args.samples, batch=args.batch, device="cpu",
+        repeat=args.repeat, worker_counts=counts, env=env,
+    )  # fmt: skip
     base = rows[0]
     one = rows[1].rate
     title = f"score-bound scaling ({os.cpu_count()} cores, {args.repeat} rounds, medians)"

@@ -36,6 +36,7 @@ from rich.console import Console
 from rich.table import Table
 
 from producer.demo_data import write_demo_dataset
+from producer.redis_server import RedisServer
 from producer.submit import SubmitRequest, submit
 from producer.workers import LocalWorkers
 from shared.celery_app import create_app
@@ -45,11 +46,11 @@ from shared.dispatch import MESSAGE_SAMPLES
 from shared.errors import ScriptError
 from shared.evaluation import create, load_plugins, scrub
 from shared.models import RunStatus
-from shared.redis_server import RedisServer
+from shared.policy import Tier
 from shared.runs import RunStore
 from shared.settings import Settings
 from shared.spec import publish_spec
-from shared.tiers import Tier, TierRegistry
+from shared.tiers import TierRegistry
 from worker.heap import keep_freed_memory
 from worker.runtime_pool import resolve_device
 from worker.script_pool import ScriptPool
@@ -141,10 +142,11 @@ def round_ratio(base: list[float], other: list[float]) -> float:
 BASELINE = "in-process baseline"
 
 
-def measure(
+def measure(  # noqa: PLR0913 - one benchmark's whole configuration, every knob named
     model: str,
     eval_name: str,
     data: Path,
+    *,
     n: int,
     batch: int,
     device: str,
@@ -157,7 +159,7 @@ def measure(
         timers: dict[str, Callable[[], float]] = {BASELINE: loop}
         for count in worker_counts:
             timers[f"evalq, {count} worker(s)"] = partial(
-                evalq_run, eval_name, data, n, count, batch, env
+                evalq_run, eval_name, data, n=n, workers=count, batch=batch, env=env
             )
         seconds = side_by_side(timers, repeat)
     base = seconds[BASELINE]
@@ -176,6 +178,7 @@ def _redis() -> Iterator[RedisServer]:
 def evalq_run(
     eval_name: str,
     data: Path,
+    *,
     n: int,
     workers: int,
     batch: int,
@@ -189,7 +192,7 @@ def evalq_run(
         app = create_app(settings)
         client = connect(server.url)
         runs = RunStore(client)
-        TierRegistry(client).set(str(data), "validation", Tier.VIEWABLE, "bench")
+        TierRegistry(client).set(str(data), "validation", Tier.VIEWABLE, who="bench")
         extra = {"EVALQ_MAX_BATCH": str(batch), **(env or {})}
         pool = LocalWorkers(server.url, count=workers, env=extra).start(app)
         try:
@@ -248,7 +251,7 @@ def submit_time(data: Path, n: int) -> float:
         client = connect(server.url)
         app = create_app(Settings(redis_url=server.url))
         build_spec(str(data), "validation")  # datasets' Arrow cache is warm, as for a user
-        TierRegistry(client).set(str(data), "validation", Tier.VIEWABLE, "bench")
+        TierRegistry(client).set(str(data), "validation", Tier.VIEWABLE, who="bench")
         request = SubmitRequest(eval="null", data=str(data), split="validation", limit=n)
         started = time.perf_counter()
         submit(client, app, request, principal="bench")
@@ -285,7 +288,10 @@ def main(argv: list[str] | None = None) -> None:
         ),
     ):
         console.print(f"[bold]{model}[/]: baseline and evalq, {args.repeat} rounds")
-        measured = measure(model, eval_name, data, n, args.batch, device, args.repeat, (1, 2))
+        measured = measure(
+            model, eval_name, data, n=n, batch=args.batch, device=device, repeat=args.repeat,
+            worker_counts=(1, 2),
+        )  # fmt: skip
         rows += measured
         if naive_n:
             console.print(f"[bold]{model}[/]: naive")

@@ -1,60 +1,35 @@
-"""The ``evalq`` command line (typer + rich).
-
-Exit codes: 0 ok, 1 error, 2 bad input or usage, 3 refused by policy. Errors print one line on
-stderr. Commands that only talk to Redis import neither torch nor any model.
+"""The producer's commands of ``evalq``: demo, submit, status, watch, runs, results, report,
+metrics, cancel, resume (added to the app of :mod:`shared.cli` through the ``evalq.commands``
+entry point). Commands that only talk to Redis import neither torch nor any model.
 """
 
 from __future__ import annotations
 
-import json
-import sys
-from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated
 
-import redis
 import typer
-from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
+from producer import policy_cli
 from producer.client import Client
-from shared.errors import EvalqError
-from shared.ledger import Budget
+from producer.export import ExportFormat
+from shared.cli import AdminFlag, JsonFlag, err, out, print_json
+from shared.errors import InputError
 from shared.routing import RoutingKind
 from shared.settings import get_settings
 from shared.spec import MAX_SPEC_SHARDS
-from shared.tiers import Tier
 
-__all__ = ["app", "main"]
+__all__ = ["register"]
 
-out = Console()
-err = Console(stderr=True)
-
-
-app = typer.Typer(
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    help="evalq: metered, label-safe model evaluation on Celery + Redis.",
-)
-
-JsonFlag = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
-
-
-def _print_json(value: Any) -> None:
-    typer.echo(json.dumps(value, sort_keys=True, default=str))
-
-
-AdminFlag = Annotated[
-    bool, typer.Option("--admin", help="Bypass tier and budget (recorded in the audit stream).")
-]
+RunArg = Annotated[str, typer.Argument(metavar="RUN")]
 
 
 def _client(admin: bool = False) -> Client:
     return Client(get_settings(), admin=admin)
 
 
-@app.command()
 def demo(
     samples: Annotated[int, typer.Option(min=1, help="Validation samples to evaluate.")] = 1000,
     workers: Annotated[int, typer.Option(min=1, help="Worker processes to start.")] = 1,
@@ -68,7 +43,7 @@ def demo(
 
     summary = run_demo(samples, workers, out_dir.resolve(), err if as_json else out)
     if as_json:
-        _print_json(
+        print_json(
             {
                 "run_id": summary.run.run_id,
                 "aggregate": summary.aggregate,
@@ -88,22 +63,7 @@ def demo(
     out.print(f"per-sample results: {summary.results_path}")
 
 
-@app.command()
-def worker(
-    queues: Annotated[str, typer.Option(help="Comma-separated queues: infer, score.")] = (
-        "infer,score"
-    ),
-    concurrency: Annotated[int, typer.Option(min=1, help="Worker processes (one per GPU).")] = 1,
-    loglevel: Annotated[str, typer.Option(help="Celery log level.")] = "INFO",
-) -> None:
-    """Run a Celery worker (wraps `celery -A worker.main worker`)."""
-    from worker.app import run_worker
-
-    run_worker(get_settings(), queues=queues, concurrency=concurrency, loglevel=loglevel)
-
-
-@app.command("submit")
-def submit_command(
+def submit_command(  # noqa: PLR0913, PLR0917 - a typer command: its options are its parameters
     eval_name: Annotated[str, typer.Argument(metavar="EVAL", help="Registered evaluation.")],
     data: Annotated[str, typer.Option(help="Local file/folder or Hub dataset id.")],
     split: Annotated[str, typer.Option(help="Split to evaluate.")],
@@ -157,7 +117,7 @@ def submit_command(
     client = _client(admin)
     meta = client.submit(request)
     if as_json:
-        _print_json({"run_id": meta.run_id})
+        print_json({"run_id": meta.run_id})
     else:
         out.print(meta.run_id, highlight=False)
     if follow_run:
@@ -167,10 +127,10 @@ def submit_command(
 def _follow_and_report(client: Client, run_id: str, as_json: bool) -> None:
     from producer.follow import follow
 
-    follow(client.runs, client.store, run_id, err if as_json else out)
+    follow(client, run_id, err if as_json else out)
     view = client.status(run_id)
     if as_json:
-        _print_json(
+        print_json(
             {
                 "run_id": run_id,
                 "status": view.meta.status,
@@ -186,16 +146,15 @@ def _follow_and_report(client: Client, run_id: str, as_json: bool) -> None:
         out.print(f"  aggregate withheld: {view.withheld}")
 
 
-@app.command()
 def status(
-    run_id: Annotated[str, typer.Argument(metavar="RUN")],
+    run_id: RunArg,
     admin: AdminFlag = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Show a run's status, counts and aggregate (as its split's tier allows)."""
     view = _client(admin).status(run_id)
     if as_json:
-        _print_json(view.as_dict())
+        print_json(view.as_dict())
         return
     table = Table(show_header=False, box=None)
     meta = view.meta
@@ -222,9 +181,8 @@ def status(
     out.print(table)
 
 
-@app.command()
 def watch(
-    run_id: Annotated[str, typer.Argument(metavar="RUN")],
+    run_id: RunArg,
     admin: AdminFlag = False,
     as_json: JsonFlag = False,
 ) -> None:
@@ -232,9 +190,8 @@ def watch(
     _follow_and_report(_client(admin), run_id, as_json)
 
 
-@app.command()
 def report(
-    run_id: Annotated[str, typer.Argument(metavar="RUN")],
+    run_id: RunArg,
     out_path: Annotated[Path, typer.Option("--out", help="HTML file to write.")] = Path(
         "report.html"
     ),
@@ -247,12 +204,11 @@ def report(
     page = render(gather(_client(admin), run_id))
     out_path.write_text(page, encoding="utf-8")
     if as_json:
-        _print_json({"run_id": run_id, "out": str(out_path)})
+        print_json({"run_id": run_id, "out": str(out_path)})
     else:
         out.print(f"wrote {out_path}", highlight=False)
 
 
-@app.command()
 def metrics(
     port: Annotated[int, typer.Option(min=0, max=65535, help="Port to serve on.")] = 9808,
     address: Annotated[str, typer.Option(help="Address to bind.")] = "0.0.0.0",
@@ -269,7 +225,6 @@ def metrics(
     server.wait()
 
 
-@app.command()
 def runs(
     limit: Annotated[int, typer.Option(min=1, help="How many recent runs.")] = 20,
     as_json: JsonFlag = False,
@@ -277,9 +232,16 @@ def runs(
     """List recent runs, newest first."""
     views = _client().recent(limit)
     if as_json:
-        _print_json([v.as_dict() for v in views])
+        print_json([v.as_dict() for v in views])
         return
-    table = Table("run", "eval", "data", "split", "tier", "status", "done", "n")
+    # an id is never shortened (it is what the other commands take); other cells wrap
+    width = max((len(v.meta.run_id) for v in views), default=3)
+    table = Table(
+        Column("run", no_wrap=True, min_width=width),
+        *(Column(name, overflow="fold") for name in ("eval", "data", "split", "tier", "status")),
+        "done",
+        "n",
+    )
     for v in views:
         m = v.meta
         done = str(v.progress.done)
@@ -287,10 +249,11 @@ def runs(
     out.print(table)
 
 
-@app.command()
 def results(
-    run_id: Annotated[str, typer.Argument(metavar="RUN")],
-    fmt: Annotated[str, typer.Option("--format", help="jsonl, csv or parquet.")] = "jsonl",
+    run_id: RunArg,
+    fmt: Annotated[
+        ExportFormat, typer.Option("--format", case_sensitive=False, help="Output format.")
+    ] = ExportFormat.JSONL,
     out_path: Annotated[Path | None, typer.Option("--out", help="File to write.")] = None,
     follow_run: Annotated[
         bool, typer.Option("--follow", help="Stream results as they are stored (jsonl).")
@@ -298,43 +261,32 @@ def results(
     admin: AdminFlag = False,
 ) -> None:
     """Export a run's per-sample results (viewable splits; admins see all, audited)."""
-    from producer.export import ExportFormat, write_results
-    from shared.errors import InputError
+    from producer.export import write_results
 
-    try:
-        export_format = ExportFormat(fmt)
-    except ValueError:
-        raise InputError(f"--format must be jsonl, csv or parquet, not {fmt!r}") from None
-    client = _client(admin)
-    if follow_run and export_format is not ExportFormat.JSONL:
+    if follow_run and fmt is not ExportFormat.JSONL:
         raise InputError("--follow streams jsonl only")
+    client = _client(admin)
     rows = client.follow_results(run_id) if follow_run else client.results(run_id)
-    count = write_results(rows, export_format, out_path)
+    count = write_results(rows, fmt, out_path)
     if out_path is not None:
         err.print(f"wrote {count} results to {out_path}")
 
 
-@app.command()
-def cancel(
-    run_id: Annotated[str, typer.Argument(metavar="RUN")], as_json: JsonFlag = False
-) -> None:
+def cancel(run_id: RunArg, as_json: JsonFlag = False) -> None:
     """Cancel a run: keep what finished, refund (once) the samples that produced nothing."""
     done = _client().cancel(run_id)
     if as_json:
-        _print_json(done.__dict__)
+        print_json(asdict(done))
         return
     state = "cancelled" if done.cancelled_now else "was already cancelled"
     out.print(f"{run_id} {state}; refunded {done.refunded_samples} samples")
 
 
-@app.command()
-def resume(
-    run_id: Annotated[str, typer.Argument(metavar="RUN")], as_json: JsonFlag = False
-) -> None:
+def resume(run_id: RunArg, as_json: JsonFlag = False) -> None:
     """Re-enqueue the samples that have no terminal result yet (charges no budget)."""
     done = _client().resume(run_id)
     if as_json:
-        _print_json(done.__dict__)
+        print_json(asdict(done))
         return
     out.print(
         f"{run_id}: {done.inference} samples back to inference, {done.scoring} to scoring"
@@ -342,108 +294,9 @@ def resume(
     )
 
 
-tiers_app = typer.Typer(help="Split tiers: viewable, non_viewable (aggregates only), no_access.")
-budget_app = typer.Typer(help="Per-split budgets of runs and samples.")
-policy_app = typer.Typer(help="Tiers and budgets from a file.")
-app.add_typer(tiers_app, name="tiers")
-app.add_typer(budget_app, name="budget")
-app.add_typer(policy_app, name="policy")
-
-
-@tiers_app.command("set")
-def tiers_set(
-    dataset: Annotated[str, typer.Argument()],
-    split: Annotated[str, typer.Argument()],
-    tier: Annotated[Tier, typer.Argument(case_sensitive=False)],
-) -> None:
-    """Set a split's tier (audited)."""
-    client = _client()
-    before = client.tiers.set(dataset, split, tier, client.settings.principal)
-    out.print(f"{dataset}/{split}: {before or 'unlisted'} -> {tier}")
-
-
-@tiers_app.command("list")
-def tiers_list(as_json: JsonFlag = False) -> None:
-    """List every listed split's tier (unlisted splits are no_access)."""
-    listed = _client().tiers.listed()
-    if as_json:
-        _print_json({d: {s: t.value for s, t in splits.items()} for d, splits in listed.items()})
-        return
-    table = Table("dataset", "split", "tier")
-    for dataset, splits in listed.items():
-        for split, tier in sorted(splits.items()):
-            table.add_row(dataset, split, tier)
-    out.print(table)
-
-
-@budget_app.command("set")
-def budget_set(
-    dataset: Annotated[str, typer.Argument()],
-    split: Annotated[str, typer.Argument()],
-    runs_total: Annotated[int | None, typer.Option("--runs", min=0, help="Runs in all.")] = None,
-    samples: Annotated[int | None, typer.Option(min=0, help="Samples in all.")] = None,
-    max_samples_per_run: Annotated[
-        int | None, typer.Option(min=1, help="Most samples in one run.")
-    ] = None,
-) -> None:
-    """Set a split's budget totals (unset = unlimited); what was used is kept (audited)."""
-    client = _client()
-    budget = client.ledger.set(
-        dataset, split, runs_total, samples, max_samples_per_run, client.settings.principal
-    )
-    out.print(f"{dataset}/{split}: " + _budget_line(budget))
-
-
-def _budget_line(budget: Budget) -> str:
-    def part(name: str, left: int | None, total: int | None) -> str:
-        return f"{name} unlimited" if total is None else f"{name} {left}/{total} left"
-
-    cap = budget.max_samples_per_run
-    return ", ".join(
-        [
-            part("runs", budget.runs_left, budget.runs_total),
-            part("samples", budget.samples_left, budget.samples_total),
-            f"max per run {cap if cap is not None else 'unlimited'}",
-        ]
-    )
-
-
-@budget_app.command("show")
-def budget_show(as_json: JsonFlag = False) -> None:
-    """Show every budget: totals, used and left."""
-    budgets = _client().ledger.all()
-    if as_json:
-        _print_json([b.summary() for b in budgets])
-        return
-    table = Table("dataset", "split", "budget")
-    for budget in budgets:
-        table.add_row(budget.dataset, budget.split, _budget_line(budget))
-    out.print(table)
-
-
-@policy_app.command("apply")
-def policy_apply(path: Annotated[Path, typer.Argument(metavar="FILE")]) -> None:
-    """Apply tiers and budgets from a YAML or JSON file (checked whole before anything is set)."""
-    from producer.policy_file import apply_policy, load_policy
-
-    client = _client()
-    policy = load_policy(path)
-    for warning in apply_policy(policy, client.tiers, client.ledger, client.settings.principal):
-        err.print(f"[yellow]warning:[/] {warning}", highlight=False)
-    splits = sum(len(s) for s in policy.datasets.values())
-    out.print(f"applied {path}: {splits} splits")
-
-
-def _fail(message: str, code: int) -> NoReturn:
-    err.print(f"[red]error:[/] {message}", highlight=False, soft_wrap=True)
-    raise SystemExit(code)
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    """Console-script entry point: evalq's errors become one line on stderr and an exit code."""
-    try:
-        app(args=list(argv) if argv is not None else sys.argv[1:], prog_name="evalq")
-    except EvalqError as exc:
-        _fail(str(exc), exc.exit_code)
-    except redis.ConnectionError as exc:
-        _fail(f"cannot reach Redis: {exc}", 1)
+def register(app: typer.Typer) -> None:
+    """Add the producer's commands to the ``evalq`` app."""
+    for command in (demo, status, watch, runs, results, report, metrics, cancel, resume):
+        app.command()(command)
+    app.command("submit")(submit_command)
+    policy_cli.register(app)

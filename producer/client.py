@@ -1,4 +1,4 @@
-"""evalq's Python API: what the CLI uses, with the tier policy applied to every read.
+"""evalq's Python API: what the CLI uses, with the policy applied to every read.
 
 from producer.client import Client
 from producer.submit import SubmitRequest
@@ -7,6 +7,9 @@ evalq = Client()                      # settings from EVALQ_*; admin=False
 run = evalq.submit(SubmitRequest(eval="topic", data="data/", split="validation"))
 evalq.status(run.run_id).aggregate    # None until completed, or when withheld
 list(evalq.results(run.run_id))       # per-sample rows: viewable splits only
+
+The stores are private: every read goes through a method that asks :mod:`shared.policy` what
+this reader may see.
 """
 
 from __future__ import annotations
@@ -17,62 +20,68 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from celery import Celery
+from pydantic import BaseModel, computed_field
 
+from producer.policy_file import PolicyFile, apply_policy
 from producer.submit import SubmitRequest, submit
 from shared.audit import audit_admin
 from shared.celery_app import INFER_TASK, SCORE_TASK, create_app
 from shared.connection import connect
-from shared.dispatch import message_size, publish, split
-from shared.errors import EvalqError, TierRefusedError
+from shared.dispatch import enqueue
+from shared.errors import EvalqError
 from shared.evaluation import create, load_plugins
-from shared.keys import RunKeys
-from shared.ledger import Ledger
-from shared.models import Progress, RunMeta, RunStatus, SampleResult
+from shared.ledger import Budget, Ledger
+from shared.models import Progress, RunMeta, RunStatus, SampleResult, SampleState
+from shared.policy import Reader, Tier, read_access
 from shared.results import ResultStore
 from shared.runs import RunStore
-from shared.scripts import Scripts
 from shared.settings import Settings, get_settings
-from shared.tiers import MIN_AGGREGATE_SAMPLES, Access, Tier, TierRegistry, access
+from shared.spec import DatasetSpec, fetch_spec
+from shared.tiers import TierRegistry
 
 __all__ = ["Cancellation", "Client", "Resumption", "RunView"]
 
+CLI_RETRIES = 3
+"""Connection retries of a client (about 0.35 s of back-off): a person waiting on a command
+learns quickly that Redis is down; workers ride out longer drops."""
 
-@dataclass(frozen=True)
-class RunView:
+
+class RunView(BaseModel):
     """A run as a reader may see it."""
 
     meta: RunMeta
+    """The run's record."""
     progress: Progress
+    """Its counters."""
     tier: Tier
+    """Its split's tier."""
     aggregate: dict[str, float] | None
+    """The aggregate, when the run has one and the reader may see it."""
     withheld: str | None
     """Why the aggregate is not shown, when it is not."""
     errors: dict[str, int]
     """Terminal errors by ``stage/kind``."""
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def throughput(self) -> float:
         """Samples settled per second since submission (until it finished)."""
         elapsed = (self.meta.finished or time.time()) - self.meta.created
-        return self.progress.done / elapsed if elapsed > 0 else 0.0
+        return round(self.progress.done / elapsed, 3) if elapsed > 0 else 0.0
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def eta_seconds(self) -> float | None:
         """Seconds left at the current throughput, while the run is going."""
         if not self.meta.status.active or not self.throughput:
             return None
-        return max(0, self.meta.n - self.progress.done) / self.throughput
+        return round(max(0, self.meta.n - self.progress.done) / self.throughput, 1)
 
     def as_dict(self) -> dict[str, object]:
+        """The run's record fields with the view's beside them (``status --json``)."""
         return {
             **self.meta.model_dump(mode="json"),
-            "tier": self.tier.value,
-            "progress": self.progress.model_dump(),
-            "throughput": round(self.throughput, 3),
-            "eta_seconds": None if self.eta_seconds is None else round(self.eta_seconds, 1),
-            "errors": self.errors,
-            "aggregate": self.aggregate,
-            "withheld": self.withheld,
+            **self.model_dump(mode="json", exclude={"meta"}),
         }
 
 
@@ -104,94 +113,111 @@ class Client:
     def __init__(self, settings: Settings | None = None, admin: bool = False) -> None:
         self.settings = settings or get_settings()
         self.admin = admin
-        self.redis = connect(self.settings.redis_url)
-        self.runs = RunStore(self.redis)
-        self.store = ResultStore(self.redis)
-        self.tiers = TierRegistry(self.redis)
-        self.ledger = Ledger(self.redis)
+        self._redis = connect(self.settings.redis_url, retries=CLI_RETRIES)
+        self._runs = RunStore(self._redis)
+        self._results = ResultStore(self._redis)
+        self._tiers = TierRegistry(self._redis)
+        self._ledger = Ledger(self._redis)
 
     @cached_property
     def app(self) -> Celery:
         """The Celery app used to publish."""
         return create_app(self.settings)
 
+    @property
+    def principal(self) -> str:
+        """Who this client acts for."""
+        return self.settings.principal
+
     def submit(self, request: SubmitRequest) -> RunMeta:
         """Gate on tier and budget, then enqueue; see :func:`producer.submit.submit`."""
         load_plugins(self.settings.plugins)
-        return submit(self.redis, self.app, request, self.settings.principal, self.admin)
+        return submit(self._redis, self.app, request, principal=self.principal, admin=self.admin)
 
-    def _access(self, meta: RunMeta) -> tuple[Tier, Access]:
-        tier = self.tiers.resolve(meta.dataset_id, meta.split)
-        return tier, access(tier, self.admin, meta.n)
+    def _reader(self, meta: RunMeta) -> Reader:
+        tier = self._tiers.resolve(meta.dataset_id, meta.split)
+        return read_access(f"{meta.dataset_id}/{meta.split}", tier, self.admin, meta.n)
 
     def status(self, run_id: str) -> RunView:
-        """The run's record and counters, and its aggregate where the tier allows it."""
-        return self._view(self.runs.get(run_id))
+        """The run's record and counters, and its aggregate where the policy allows it."""
+        return self._view(self._runs.get(run_id))
 
     def _view(self, meta: RunMeta) -> RunView:
-        run_id = meta.run_id
-        tier, allowed = self._access(meta)
-        withheld = None
-        aggregate = None
-        if allowed is Access.NONE:
-            withheld = (
-                f"{meta.dataset_id}/{meta.split} is {tier.value}"
-                if tier is Tier.NO_ACCESS
-                else f"fewer than {MIN_AGGREGATE_SAMPLES} samples of a non_viewable split"
-            )
-        else:
-            aggregate = self.store.aggregate(run_id)
-        progress = self.store.progress(run_id)
-        errors = self.store.errors_by_kind(run_id) if progress.failed else {}
-        return RunView(meta, progress, tier, aggregate, withheld, errors)
+        reader = self._reader(meta)
+        withheld = reader.withheld
+        aggregate = None if withheld else self._results.aggregate(meta.run_id)
+        progress = self._results.progress(meta.run_id)
+        errors = self._results.errors_by_kind(meta.run_id) if progress.failed else {}
+        return RunView(
+            meta=meta,
+            progress=progress,
+            tier=reader.tier,
+            aggregate=aggregate,
+            withheld=withheld,
+            errors=errors,
+        )
 
     def recent(self, limit: int = 20) -> list[RunView]:
         """The newest runs first, as :meth:`status` shows them."""
-        return [self._view(meta) for meta in self.runs.recent(limit)]
+        return [self._view(meta) for meta in self._runs.recent(limit)]
+
+    def progress(self, run_id: str) -> tuple[RunMeta, Progress]:
+        """The run's record and counters (counts only: every reader may see them)."""
+        return self._runs.get(run_id), self._results.progress(run_id)
+
+    def timeline(self, run_id: str) -> list[tuple[float, int]]:
+        """(Unix time, samples settled) of every settling write, oldest first."""
+        self._runs.get(run_id)
+        return self._results.timeline(run_id)
+
+    def spec(self, run_id: str) -> DatasetSpec:
+        """The published dataset spec of a run (a source and routing, no rows)."""
+        return fetch_spec(self._redis, self._runs.get(run_id).spec)
 
     def results(self, run_id: str) -> Iterator[SampleResult]:
-        """Per-sample results; refused unless the split is viewable (or this is an admin)."""
+        """Per-sample results; refused unless the policy gives this reader full access."""
         self._readable(run_id)
-        return self.store.results(run_id, self.runs.sample_ids(run_id))
+        return self._results.results(run_id, self._runs.sample_ids(run_id))
+
+    def states(self, run_id: str) -> Iterator[tuple[int, SampleState]]:
+        """Each sample's state (pending, scored, failed) without its values: every reader."""
+        for result in self._results.results(run_id, self._runs.sample_ids(run_id)):
+            yield result.sample_id, result.state
 
     def follow_results(self, run_id: str, block_ms: int = 500) -> Iterator[SampleResult]:
         """Each sample's result as soon as it is settled, once each, until the run ends."""
         self._readable(run_id)
         cursor = "0-0"
         while True:
-            ended = not self.runs.get(run_id).status.active
-            cursor, ids = self.store.settled_since(run_id, cursor, None if ended else block_ms)
-            yield from self.store.fetch(run_id, ids)
+            ended = not self._runs.get(run_id).status.active
+            cursor, ids = self._results.settled_since(run_id, cursor, None if ended else block_ms)
+            yield from self._results.fetch(run_id, ids)
             if ended and not ids:
                 return
 
     def _readable(self, run_id: str) -> None:
-        meta = self.runs.get(run_id)
-        tier, allowed = self._access(meta)
-        if allowed is not Access.FULL:
-            raise TierRefusedError(
-                f"tier refused: {meta.dataset_id}/{meta.split} is {tier.value}; "
-                "per-sample results are not readable (use status for the aggregate)"
-            )
-        if self.admin and tier is not Tier.VIEWABLE:
-            audit_admin(self.redis, "admin_read", self.settings.principal, meta, {"tier": tier})
+        meta = self._runs.get(run_id)
+        reader = self._reader(meta)
+        reader.require_samples()
+        if self.admin and reader.tier is not Tier.VIEWABLE:
+            audit_admin(self._redis, "admin_read", self.principal, meta, {"tier": reader.tier})
 
     def cancel(self, run_id: str) -> Cancellation:
         """Stop a run, keep what finished, refund (once) the samples that produced nothing."""
-        meta = self.runs.get(run_id)
-        state, unproduced = Scripts(self.redis).cancel(RunKeys(run_id))
+        meta = self._runs.get(run_id)
+        state, unproduced = self._runs.cancel(run_id)
         if state < 0:
             raise EvalqError(f"run {run_id} has already finished; nothing to cancel")
         refunded = 0
         if meta.charged and unproduced > 0:
-            refunded = self.ledger.refund(
+            refunded = self._ledger.refund(
                 meta.dataset_id,
                 meta.split,
                 run_id,
-                0,
-                unproduced,
-                self.settings.principal,
-                "cancelled",
+                runs=0,
+                samples=unproduced,
+                who=self.principal,
+                reason="cancelled",
             )
         return Cancellation(run_id, state == 1, refunded)
 
@@ -202,27 +228,61 @@ class Client:
         count. Duplicates of messages still queued are harmless (every write is once-only).
         If every sample is settled but the run never finished, its aggregate is computed here.
         """
-        meta = self.runs.get(run_id)
+        meta = self._runs.get(run_id)
         if meta.status is RunStatus.CANCELLED:
             raise EvalqError(f"run {run_id} was cancelled and refunded; submit it again instead")
-        ids = self.runs.sample_ids(run_id)
-        settled = self.store.settled(run_id, ids)
+        ids = self._runs.sample_ids(run_id)
+        settled = self._results.settled(run_id, ids)
         missing = [i for i in ids if i not in settled]
         if not missing:
             finalize = meta.status.active  # settled, but the finalizer never finished
             if finalize:
                 load_plugins(self.settings.plugins)
-                self.store.finalize(run_id, create(meta.eval, meta.params))
+                self._results.finalize(run_id, create(meta.eval, meta.params))
             return Resumption(run_id, 0, 0, finalize)
-        inferred = self.store.inferred(run_id, missing)
+        inferred = self._results.inferred(run_id, missing)
         to_score = [i for i in missing if i in inferred]
         to_infer = [i for i in missing if i not in inferred]
-        self.store.reset_attempts(run_id, to_infer)
-        for task, ids in ((INFER_TASK, to_infer), (SCORE_TASK, to_score)):
-            size = message_size(len(ids))
-            publish(self.app, task, split(run_id, meta.eval, meta.spec, ids, size))
+        self._results.reset_attempts(run_id, to_infer)
+        enqueue(self.app, INFER_TASK, meta, to_infer)
+        enqueue(self.app, SCORE_TASK, meta, to_score)
         return Resumption(run_id, len(to_infer), len(to_score), False)
+
+    def set_tier(self, dataset: str, split: str, tier: Tier) -> Tier | None:
+        """Set a split's tier (audited); return the one before (None if unlisted)."""
+        return self._tiers.set(dataset, split, tier, who=self.principal)
+
+    def tiers(self) -> dict[str, dict[str, Tier]]:
+        """Every listed split's tier, by dataset (unlisted splits are ``no_access``)."""
+        return self._tiers.listed()
+
+    def set_budget(
+        self,
+        dataset: str,
+        split: str,
+        *,
+        runs: int | None,
+        samples: int | None,
+        max_samples_per_run: int | None,
+    ) -> Budget:
+        """Replace a split's budget totals (None = unlimited), keep what was used (audited)."""
+        return self._ledger.set(
+            dataset,
+            split,
+            runs=runs,
+            samples=samples,
+            max_samples_per_run=max_samples_per_run,
+            who=self.principal,
+        )
+
+    def budgets(self) -> list[Budget]:
+        """Every stored budget."""
+        return self._ledger.all()
+
+    def apply_policy(self, policy: PolicyFile) -> list[str]:
+        """Apply a policy file's tiers and budgets (checked whole first); return warnings."""
+        return apply_policy(policy, self._tiers, self._ledger, who=self.principal)
 
     def close(self) -> None:
         """Close the Redis connection."""
-        self.redis.close()
+        self._redis.close()

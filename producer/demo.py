@@ -17,13 +17,13 @@ from producer.client import Client
 from producer.demo_data import write_demo_dataset
 from producer.export import ExportFormat, write_results
 from producer.follow import follow
+from producer.redis_server import RedisServer
 from producer.submit import SubmitRequest
 from producer.workers import LocalWorkers
 from shared.errors import EvalqError
 from shared.models import RunMeta, RunStatus
-from shared.redis_server import RedisServer
+from shared.policy import Tier
 from shared.settings import Settings
-from shared.tiers import Tier
 
 __all__ = ["DEMO_DATASET", "DemoSummary", "run_demo"]
 
@@ -59,7 +59,9 @@ def run_demo(samples: int, workers: int, out_dir: Path, console: Console) -> Dem
             with console.status(f"starting {workers} worker(s)..."):
                 pool.start(client.app)
             for split, tier in DEMO_TIERS.items():
-                client.tiers.set(DEMO_DATASET, split, tier, settings.principal)
+                client.set_tier(DEMO_DATASET, split, tier)
+            listed = ", ".join(f"{split} {tier}" for split, tier in DEMO_TIERS.items())
+            console.print(f"tiers of {DEMO_DATASET}: {listed}", highlight=False)
             started = time.monotonic()
             meta = client.submit(
                 SubmitRequest(
@@ -71,7 +73,7 @@ def run_demo(samples: int, workers: int, out_dir: Path, console: Console) -> Dem
                 )
             )
             console.print(f"run [bold]{meta.run_id}[/]: {meta.n} samples of {data}/validation")
-            final = follow(client.runs, client.store, meta.run_id, console)
+            final = follow(client, meta.run_id, console)
             seconds = time.monotonic() - started
             if final.status is not RunStatus.COMPLETED:
                 raise EvalqError(f"demo run ended {final.status}")

@@ -1,5 +1,6 @@
-"""Watching a run: a live rich progress bar fed by the run's counters until it ends (samples
-settled, inferred, failed, samples/s since submission, elapsed and remaining time)."""
+"""Watching a run until it ends: a live rich progress bar on a terminal (samples settled,
+inferred, failed, samples/s since submission, elapsed and remaining time), and plain progress
+lines when the output is a file or a pipe, where a bar would be cut to pieces."""
 
 from __future__ import annotations
 
@@ -16,24 +17,72 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from producer.client import Client
+from shared.models import Progress as Counts
 from shared.models import RunMeta
-from shared.results import ResultStore
-from shared.runs import RunStore
 
-__all__ = ["follow"]
+__all__ = ["follow", "progress_line"]
+
+LINE_EVERY = 2.0
+"""Seconds between plain progress lines (a line is printed only when the counts moved)."""
+
+
+def progress_line(meta: RunMeta, counts: Counts) -> str:
+    """One plain line: ``RUN EVAL SPLIT: 30/100 settled (30%), inferred 40, failed 0, 12.3
+    samples/s``."""
+    elapsed = max(time.time() - meta.created, 1e-9)
+    share = counts.done / meta.n if meta.n else 1.0
+    return (
+        f"{meta.run_id} {meta.eval} {meta.split}: {counts.done}/{meta.n} settled ({share:.0%}), "
+        f"inferred {counts.inferred}, failed {counts.failed}, "
+        f"{counts.done / elapsed:,.1f} samples/s, {meta.status}"
+    )
 
 
 def follow(
-    runs: RunStore,
-    results: ResultStore,
+    client: Client,
     run_id: str,
     console: Console,
     interval: float = 0.2,
     timeout: float | None = None,
 ) -> RunMeta:
     """Show progress until the run is completed, failed or cancelled; return its record."""
-    meta = runs.get(run_id)
-    deadline = None if timeout is None else time.monotonic() + timeout
+    if console.is_terminal:
+        return _bar(client, run_id, console, interval, timeout)
+    return _lines(client, run_id, console, interval, timeout)
+
+
+def _ended(meta: RunMeta, deadline: float | None) -> bool:
+    return not meta.status.active or (deadline is not None and time.monotonic() > deadline)
+
+
+def _deadline(timeout: float | None) -> float | None:
+    return None if timeout is None else time.monotonic() + timeout
+
+
+def _lines(
+    client: Client, run_id: str, console: Console, interval: float, timeout: float | None
+) -> RunMeta:
+    deadline = _deadline(timeout)
+    last: tuple[str, Counts] | None = None
+    printed = 0.0
+    while True:
+        meta, counts = client.progress(run_id)
+        ended = _ended(meta, deadline)
+        state = (meta.status.value, counts)
+        if state != last and (ended or time.monotonic() - printed >= LINE_EVERY):
+            console.print(progress_line(meta, counts), highlight=False, soft_wrap=True)
+            last, printed = state, time.monotonic()
+        if ended:
+            return meta
+        time.sleep(interval)
+
+
+def _bar(
+    client: Client, run_id: str, console: Console, interval: float, timeout: float | None
+) -> RunMeta:
+    meta, _ = client.progress(run_id)
+    deadline = _deadline(timeout)
     columns = (
         TextColumn(f"[bold]{meta.eval}[/] {meta.split}"),
         BarColumn(),
@@ -47,7 +96,7 @@ def follow(
     with Progress(*columns, console=console, transient=False) as bar:
         task = bar.add_task("run", total=meta.n, failed=0, inferred=0, rate=0.0)
         while True:
-            counts = results.progress(run_id)
+            meta, counts = client.progress(run_id)
             elapsed = max(time.time() - meta.created, 1e-9)
             bar.update(
                 task,
@@ -56,9 +105,6 @@ def follow(
                 inferred=counts.inferred,
                 rate=counts.done / elapsed,
             )
-            meta = runs.get(run_id)
-            if not meta.status.active:
-                return meta
-            if deadline is not None and time.monotonic() > deadline:
+            if _ended(meta, deadline):
                 return meta
             time.sleep(interval)

@@ -9,9 +9,9 @@
           budget: {runs: 10, samples: 5000, max_samples_per_run: 500}
         test: {tier: no_access}
 
-Reconciliation: a budgeted split with no tier (in the file or already stored) becomes
-``non_viewable``; a budgeted ``no_access`` split is an error; a budgeted ``viewable`` split is
-allowed with a warning (a budget meters compute, not information). Budgets keep what was used.
+Reconciliation is :func:`shared.policy.budgeted_tier`'s: a budgeted split with no tier (in the
+file or already stored) becomes ``non_viewable``; a budgeted ``no_access`` split is an error; a
+budgeted ``viewable`` split is allowed with a warning. Budgets keep what was used.
 """
 
 from __future__ import annotations
@@ -22,9 +22,10 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from shared.errors import PolicyError
+from shared.errors import PolicyError, first_line
 from shared.ledger import Ledger
-from shared.tiers import Tier, TierRegistry
+from shared.policy import Tier, budgeted_tier
+from shared.tiers import TierRegistry
 
 __all__ = ["PolicyFile", "apply_policy", "load_policy"]
 
@@ -63,13 +64,21 @@ def load_policy(path: Path) -> PolicyFile:
     except OSError as exc:
         raise PolicyError(f"cannot read {path}: {exc.strerror}") from exc
     except yaml.YAMLError as exc:
-        raise PolicyError(f"{path} is not valid YAML or JSON: {str(exc).splitlines()[0]}") from exc
+        raise PolicyError(f"{path} is not valid YAML or JSON: {_yaml_problem(exc)}") from exc
     try:
         return PolicyFile.model_validate(raw)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         raise PolicyError(f"{path}: {where}: {first['msg']}") from exc
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """``line L, column C: problem`` (1-based, where the parser stopped) in one line."""
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        mark = exc.problem_mark
+        return f"line {mark.line + 1}, column {mark.column + 1}: {exc.problem}"
+    return first_line(exc)
 
 
 @dataclass(frozen=True)
@@ -87,31 +96,28 @@ def _reconcile(policy: PolicyFile, tiers: TierRegistry) -> tuple[list[_Change], 
         for split, entry in splits.items():
             tier = entry.tier
             if entry.budget is not None:
-                effective = tier or tiers.lookup(dataset, split)
-                if effective is None:
-                    tier = Tier.NON_VIEWABLE
-                    warnings.append(f"{dataset}/{split}: budgeted but unlisted, made non_viewable")
-                elif effective is Tier.NO_ACCESS:
-                    raise PolicyError(f"{dataset}/{split}: a no_access split cannot have a budget")
-                elif effective is Tier.VIEWABLE:
-                    warnings.append(f"{dataset}/{split}: budgeted but viewable (labels readable)")
+                listed = tier or tiers.lookup(dataset, split)
+                made, warning = budgeted_tier(f"{dataset}/{split}", listed)
+                tier = made or tier
+                if warning:
+                    warnings.append(warning)
             changes.append(_Change(dataset, split, tier, entry.budget))
     return changes, warnings
 
 
-def apply_policy(policy: PolicyFile, tiers: TierRegistry, ledger: Ledger, who: str) -> list[str]:
+def apply_policy(policy: PolicyFile, tiers: TierRegistry, ledger: Ledger, *, who: str) -> list[str]:
     """Check the whole file first, then apply it; return its warnings."""
     changes, warnings = _reconcile(policy, tiers)
     for change in changes:
         if change.tier is not None:
-            tiers.set(change.dataset, change.split, change.tier, who)
+            tiers.set(change.dataset, change.split, change.tier, who=who)
         if change.budget is not None:
             ledger.set(
                 change.dataset,
                 change.split,
-                change.budget.runs,
-                change.budget.samples,
-                change.budget.max_samples_per_run,
-                who,
+                runs=change.budget.runs,
+                samples=change.budget.samples,
+                max_samples_per_run=change.budget.max_samples_per_run,
+                who=who,
             )
     return warnings

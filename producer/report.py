@@ -12,13 +12,14 @@ from __future__ import annotations
 import html
 import io
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from producer.client import Client, RunView
 from shared.data import load_rows, shard_of_rows
 from shared.errors import EvalqError, TierRefusedError
-from shared.spec import fetch_spec
+from shared.models import SampleResult, SampleState
 
 if TYPE_CHECKING:
     import numpy as np
@@ -56,7 +57,7 @@ class Report:
 def _shard_of(client: Client, view: RunView) -> tuple[np.ndarray | None, int, str | None]:
     """The shard of every row of the run's split and the shard count, or why not."""
     try:
-        spec = fetch_spec(client.redis, view.meta.spec)
+        spec = client.spec(view.meta.run_id)
         return shard_of_rows(spec, load_rows(spec)), spec.shards, None
     except EvalqError as exc:
         return None, 0, f"per-shard progress needs the run's data on this machine: {exc}"
@@ -67,26 +68,32 @@ def gather(client: Client, run_id: str) -> Report:
     run's results: score values only where the reader may read them, per-shard counts (states
     only, no values) for every reader."""
     view = client.status(run_id)
+    values: dict[str, list[float]] = {}
+    withheld = None
     try:
-        results = client.results(run_id)
-        withheld = None
+        states: Iterator[tuple[int, SampleState]] = _collect(client.results(run_id), values)
     except TierRefusedError as exc:
-        results = client.store.results(run_id, client.runs.sample_ids(run_id))
-        withheld = str(exc)
+        states, withheld = client.states(run_id), str(exc)
     shard_of, count, note = _shard_of(client, view)
     shards = [ShardProgress() for _ in range(count)]
-    values: dict[str, list[float]] = {}
-    for result in results:
-        if withheld is None:
-            for name, value in (result.scores or {}).items():
-                values.setdefault(name, []).append(value)
+    for sample_id, state in states:
         if shard_of is not None:
-            shard = shards[int(shard_of[result.sample_id])]
+            shard = shards[int(shard_of[sample_id])]
             shard.total += 1
-            shard.scored += result.scores is not None
-            shard.failed += result.error is not None
+            shard.scored += state is SampleState.SCORED
+            shard.failed += state is SampleState.FAILED
     scores = None if withheld is not None else values
-    return Report(view, scores, withheld, client.store.timeline(run_id), shards, note)
+    return Report(view, scores, withheld, client.timeline(run_id), shards, note)
+
+
+def _collect(
+    results: Iterator[SampleResult], values: dict[str, list[float]]
+) -> Iterator[tuple[int, SampleState]]:
+    """Each result's state, gathering its metric values into ``values`` on the way."""
+    for result in results:
+        for name, value in (result.scores or {}).items():
+            values.setdefault(name, []).append(value)
+        yield result.sample_id, result.state
 
 
 def _svg(figure: Figure) -> str:

@@ -1,11 +1,12 @@
 """Submitting a run: gate it on the split's tier and budget, then publish and enqueue.
 
-Order for a non-admin: resolve the tier -> refuse ``no_access`` before the ledger is touched ->
-read the split (fitting its routing) and resolve the sample ids -> refuse a ``non_viewable``
-run under the k-anonymity floor -> reserve run and samples in one Lua script -> publish the
-spec, record the run, enqueue the ids shard by shard. If anything fails after the reservation,
-it is refunded (once) and the run, if it was recorded, is cancelled. An admin bypasses tier
-and budget; the bypass is audited.
+Order for a non-admin: resolve the tier -> :func:`shared.policy.admit_split` refuses
+``no_access`` before the data is read or the ledger touched -> read the split (fitting its
+routing) and resolve the sample ids -> :func:`shared.policy.admit_run` applies the tier and the
+k-anonymity floor to the resolved count -> reserve run and samples in one Lua script -> publish
+the spec, record the run, enqueue the ids shard by shard. If anything fails after the
+reservation, it is refunded (once) and the run, if it was recorded, is cancelled. An admin
+bypasses tier and budget; the bypass is audited.
 """
 
 from __future__ import annotations
@@ -21,17 +22,16 @@ from celery import Celery
 from shared.audit import audit_admin
 from shared.celery_app import INFER_TASK
 from shared.data import Sharding, build_spec, shard_order
-from shared.dispatch import message_size, publish, split
-from shared.errors import InputError, SampleIdError, TierRefusedError
+from shared.dispatch import enqueue
+from shared.errors import InputError, SampleIdError
 from shared.evaluation import create
-from shared.keys import RunKeys
 from shared.ledger import Ledger
 from shared.models import RunMeta, RunStatus
+from shared.policy import admit_run, admit_split
 from shared.routing import RoutingKind
 from shared.runs import RunStore
-from shared.scripts import Scripts
 from shared.spec import publish_spec
-from shared.tiers import MIN_AGGREGATE_SAMPLES, Tier, TierRegistry
+from shared.tiers import TierRegistry
 
 __all__ = ["SubmitRequest", "parse_ids", "parse_params", "resolve_ids", "submit"]
 
@@ -106,7 +106,12 @@ def resolve_ids(n_rows: int, limit: int | None, ids: Sequence[int] | None) -> li
 
 
 def submit(
-    client: redis.Redis, app: Celery, request: SubmitRequest, principal: str, admin: bool = False
+    client: redis.Redis,
+    app: Celery,
+    request: SubmitRequest,
+    *,
+    principal: str,
+    admin: bool = False,
 ) -> RunMeta:
     """Gate, publish and enqueue ``request``; return the new run's record."""
     evaluation = create(request.eval, request.params)
@@ -117,16 +122,12 @@ def submit(
             "shards cut by it would reveal labels"
         )
     dataset = request.dataset
-    tier = None if admin else TierRegistry(client).resolve(dataset, request.split)
-    if tier is Tier.NO_ACCESS:
-        raise TierRefusedError(f"tier refused: {dataset}/{request.split} is no_access")
+    where = f"{dataset}/{request.split}"
+    tier = TierRegistry(client).resolve(dataset, request.split)
+    admit_split(where, tier, admin)
     spec, rows = build_spec(request.data, request.split, request.revision, request.config, sharding)
     sample_ids = resolve_ids(spec.n_rows, request.limit, request.ids)
-    if tier is Tier.NON_VIEWABLE and len(sample_ids) < MIN_AGGREGATE_SAMPLES:
-        raise TierRefusedError(
-            f"tier refused: {dataset}/{request.split} is non_viewable; a run needs at least "
-            f"{MIN_AGGREGATE_SAMPLES} samples, this one has {len(sample_ids)}"
-        )
+    admit_run(where, tier, admin, len(sample_ids))
     meta = RunMeta(
         run_id=uuid.uuid4().hex[:16],
         eval=request.eval,
@@ -145,21 +146,26 @@ def submit(
     if admin:
         audit_admin(client, "admin_submit", principal, meta, {"bypassed": ["tier", "budget"]})
     else:
-        ledger.reserve(dataset, request.split, meta.n, meta.run_id, principal)
+        ledger.reserve(dataset, request.split, samples=meta.n, run_id=meta.run_id, who=principal)
+    runs = RunStore(client)
     recorded = False
     try:
         publish_spec(client, spec)
-        RunStore(client).create(meta, sample_ids)
+        runs.create(meta, sample_ids)
         recorded = True
-        in_order = shard_order(spec, rows, sample_ids)
-        size = message_size(len(in_order))
-        publish(app, INFER_TASK, split(meta.run_id, meta.eval, meta.spec, in_order, size))
+        enqueue(app, INFER_TASK, meta, shard_order(spec, rows, sample_ids))
     except BaseException:
         if recorded:
-            Scripts(client).cancel(RunKeys(meta.run_id))
+            runs.cancel(meta.run_id)
         if meta.charged:
             ledger.refund(
-                dataset, request.split, meta.run_id, 1, meta.n, principal, "enqueue failed"
+                dataset,
+                request.split,
+                meta.run_id,
+                runs=1,
+                samples=meta.n,
+                who=principal,
+                reason="enqueue failed",
             )
         raise
     return meta

@@ -14,6 +14,7 @@ from typing import IO
 from celery import Celery
 
 from shared.errors import EvalqError
+from shared.settings import Settings
 
 __all__ = ["LocalWorkers"]
 
@@ -24,6 +25,7 @@ class LocalWorkers:
     def __init__(
         self,
         redis_url: str,
+        *,
         count: int = 1,
         concurrency: int = 1,
         queues: str = "infer,score",
@@ -43,8 +45,9 @@ class LocalWorkers:
         env = {**os.environ, **self.env, "EVALQ_REDIS_URL": self.redis_url}
         env.pop("EVALQ_BROKER_URL", None)
         # processes sharing this machine split its cores for torch rather than oversubscribe
-        share = max(1, (os.cpu_count() or 1) // max(1, self.count * self.concurrency))
-        env.setdefault("EVALQ_TORCH_THREADS", str(share))
+        share = Settings(redis_url=self.redis_url).for_processes(self.count * self.concurrency)
+        if share.torch_threads is not None:
+            env.setdefault("EVALQ_TORCH_THREADS", str(share.torch_threads))
         for index in range(self.count):
             command = [
                 sys.executable, "-m", "worker",

@@ -17,7 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from shared.errors import DataError, SourceUnreachableError, SpecError, SplitNotFoundError
+from shared.errors import (
+    DataError,
+    SourceUnreachableError,
+    SpecError,
+    SplitNotFoundError,
+    first_line,
+)
 from shared.routing import (
     Contiguous,
     Featurizer,
@@ -144,18 +150,13 @@ def _load(source: LocalSource | HubSource, split: str, streaming: bool = False) 
             )
         except ValueError as exc:
             if "split" in str(exc).lower():
-                raise SplitNotFoundError(f"split '{split}' not found: {_first_line(exc)}") from exc
-            raise DataError(f"cannot read the dataset: {_first_line(exc)}") from exc
+                raise SplitNotFoundError(f"split '{split}' not found: {first_line(exc)}") from exc
+            raise DataError(f"cannot read the dataset: {first_line(exc)}") from exc
         except (ConnectionError, OSError) as exc:
             where = source.repo_id if isinstance(source, HubSource) else "local files"
-            raise SourceUnreachableError(f"cannot reach {where}: {_first_line(exc)}") from exc
+            raise SourceUnreachableError(f"cannot reach {where}: {first_line(exc)}") from exc
         except Exception as exc:
-            raise DataError(f"cannot read the dataset: {_first_line(exc)}") from exc
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0]
+            raise DataError(f"cannot read the dataset: {first_line(exc)}") from exc
 
 
 def _column(names: list[str] | None, field: str) -> None:
@@ -189,12 +190,16 @@ def _fit(
         sample_size=sharding.sample_size, seed=sharding.seed, iterations=sharding.iterations
     )
     featurizer = Featurizer(seed=sharding.seed, dim=sharding.dim)
-    return _fit_kmeans(source, split, sharding.route_field, sharding.shards, featurizer, fit)
+    return _fit_kmeans(
+        source, split, field=sharding.route_field, shards=sharding.shards,
+        featurizer=featurizer, fit=fit,
+    )  # fmt: skip
 
 
 def _fit_kmeans(
     source: LocalSource | HubSource,
     split: str,
+    *,
     field: str,
     shards: int,
     featurizer: Featurizer,
@@ -212,8 +217,9 @@ def refit_routing(spec: DatasetSpec) -> KMeans | RoundRobin | None:
     if not isinstance(routing, KMeans) or routing.fit is None or spec.route_field is None:
         return None
     return _fit_kmeans(
-        spec.source, spec.split, spec.route_field, spec.shards, routing.featurizer, routing.fit
-    )
+        spec.source, spec.split, field=spec.route_field, shards=spec.shards,
+        featurizer=routing.featurizer, fit=routing.fit,
+    )  # fmt: skip
 
 
 def shard_of_rows(spec: DatasetSpec, dataset: Dataset) -> np.ndarray:

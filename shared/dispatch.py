@@ -15,9 +15,16 @@ from collections.abc import Iterable, Iterator, Sequence
 
 from celery import Celery
 
-from shared.models import SampleTask
+from shared.models import RunMeta, SampleTask
 
-__all__ = ["MESSAGE_SAMPLES", "MIN_MESSAGE_SAMPLES", "message_size", "publish", "split"]
+__all__ = [
+    "MESSAGE_SAMPLES",
+    "MIN_MESSAGE_SAMPLES",
+    "enqueue",
+    "message_size",
+    "publish",
+    "split",
+]
 
 MESSAGE_SAMPLES = 256
 """Most sample ids in one message."""
@@ -39,18 +46,19 @@ def message_size(samples: int) -> int:
 
 
 def split(
-    run_id: str,
-    eval_name: str,
-    spec: str,
-    sample_ids: Sequence[int],
-    size: int = MESSAGE_SAMPLES,
-    solo: bool = False,
+    meta: RunMeta, sample_ids: Sequence[int], *, size: int = MESSAGE_SAMPLES, solo: bool = False
 ) -> Iterator[SampleTask]:
-    """One payload per ``size`` consecutive sample ids (per sample when ``solo``)."""
+    """One payload of ``meta``'s run per ``size`` consecutive sample ids (per sample when
+    ``solo``)."""
     step = 1 if solo else size
     for start in range(0, len(sample_ids), step):
-        chunk = list(sample_ids[start : start + step])
-        yield SampleTask(run_id=run_id, eval=eval_name, spec=spec, sample_ids=chunk, solo=solo)
+        yield SampleTask(
+            run_id=meta.run_id,
+            eval=meta.eval,
+            spec=meta.spec,
+            sample_ids=list(sample_ids[start : start + step]),
+            solo=solo,
+        )
 
 
 def publish(app: Celery, task_name: str, tasks: Iterable[SampleTask]) -> int:
@@ -61,3 +69,10 @@ def publish(app: Celery, task_name: str, tasks: Iterable[SampleTask]) -> int:
             app.send_task(task_name, kwargs=task.model_dump(mode="json"), producer=producer)
             sent += 1
     return sent
+
+
+def enqueue(app: Celery, task_name: str, meta: RunMeta, sample_ids: Sequence[int]) -> int:
+    """Send a run's ``sample_ids`` to ``task_name`` in messages of :func:`message_size`
+    samples; return how many messages went."""
+    size = message_size(len(sample_ids))
+    return publish(app, task_name, split(meta, sample_ids, size=size))

@@ -30,7 +30,15 @@ __all__ = [
     "TierRefusedError",
     "UnknownEvalError",
     "UnknownRunError",
+    "first_line",
 ]
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its class name when the message is empty):
+    how a foreign error is shown to a person or stored in an error record."""
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
 
 
 class EvalqError(Exception):

@@ -8,12 +8,14 @@ re-applying a policy never refunds spend: what is left is ``max(0, total - used)
 
 from __future__ import annotations
 
+import time
+
 import redis
 from pydantic import BaseModel, Field
 
 from shared.errors import BudgetExhaustedError
-from shared.keys import RunKeys, budget_key
-from shared.scripts import Scripts
+from shared.keys import AUDIT, RunKeys, budget_key
+from shared.lua import register
 
 __all__ = ["Budget", "Ledger"]
 
@@ -71,21 +73,29 @@ def _refusal(budget: Budget, limit: str, samples: int) -> str:
 
 
 class Ledger:
-    """Budgets in ``evalq:budget:{dataset}:{split}``."""
+    """Budgets in ``evalq:budget:{dataset}:{split}``; owns ``reserve.lua``, ``refund.lua`` and
+    ``set_budget.lua``."""
 
     def __init__(self, client: redis.Redis) -> None:
         self._client = client
-        self._scripts = Scripts(client)
+        self._reserve = register(client, "reserve")
+        self._refund = register(client, "refund")
+        self._set_budget = register(client, "set_budget")
 
     def get(self, dataset: str, split: str) -> Budget:
         """The split's budget (unlimited and unused when none is stored)."""
         raw = self._client.hgetall(budget_key(dataset, split))
         return Budget.model_validate({**raw, "dataset": dataset, "split": split})
 
-    def reserve(self, dataset: str, split: str, samples: int, run_id: str, who: str) -> None:
-        """Charge one run of ``samples`` samples, or raise :class:`BudgetExhaustedError`."""
-        key = budget_key(dataset, split)
-        verdict = self._scripts.reserve(key, samples, run_id, who, dataset, split)
+    def reserve(self, dataset: str, split: str, *, samples: int, run_id: str, who: str) -> None:
+        """Charge one run of ``samples`` samples, or raise :class:`BudgetExhaustedError`
+        (nothing written)."""
+        verdict = str(
+            self._reserve(
+                keys=[budget_key(dataset, split), AUDIT],
+                args=[samples, run_id, who, dataset, split, time.time()],
+            )
+        )
         if verdict != "ok":
             message = _refusal(self.get(dataset, split), verdict, samples)
             raise BudgetExhaustedError(message, verdict)
@@ -95,21 +105,26 @@ class Ledger:
         dataset: str,
         split: str,
         run_id: str,
+        *,
         runs: int,
         samples: int,
         who: str,
         reason: str,
     ) -> int:
-        """Give back ``runs`` and ``samples`` of a run's charge, at most once per run."""
-        key = budget_key(dataset, split)
-        return self._scripts.refund(
-            key, RunKeys(run_id), runs, samples, who, dataset, split, reason
+        """Give back ``runs`` and ``samples`` of a run's charge, at most once per run; return
+        the samples given back."""
+        return int(
+            self._refund(
+                keys=[budget_key(dataset, split), AUDIT, RunKeys(run_id).refund],
+                args=[runs, samples, who, dataset, split, run_id, time.time(), reason],
+            )
         )
 
     def set(
         self,
         dataset: str,
         split: str,
+        *,
         runs: int | None,
         samples: int | None,
         max_samples_per_run: int | None,
@@ -123,8 +138,11 @@ class Ledger:
             samples_total=samples,
             max_samples_per_run=max_samples_per_run,
         )
-        key = budget_key(dataset, split)
-        self._scripts.set_budget(key, dataset, split, [runs, samples, max_samples_per_run], who)
+        totals = ["" if v is None else v for v in (runs, samples, max_samples_per_run)]
+        self._set_budget(
+            keys=[budget_key(dataset, split), AUDIT],
+            args=[dataset, split, *totals, who, time.time()],
+        )
         return self.get(dataset, split)
 
     def all(self) -> list[Budget]:

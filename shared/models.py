@@ -16,6 +16,7 @@ __all__ = [
     "RunMeta",
     "RunStatus",
     "SampleResult",
+    "SampleState",
     "SampleTask",
     "Stage",
 ]
@@ -134,6 +135,14 @@ class ErrorRecord(BaseModel):
     """One line for a person."""
 
 
+class SampleState(StrEnum):
+    """Where one sample is: waiting, or settled with a score or a terminal error."""
+
+    PENDING = "pending"
+    SCORED = "scored"
+    FAILED = "failed"
+
+
 class SampleResult(BaseModel):
     """One sample's row in an export."""
 
@@ -145,3 +154,10 @@ class SampleResult(BaseModel):
     """What ``score()`` returned, if it ran."""
     error: ErrorRecord | None = None
     """The terminal error, if the sample failed."""
+
+    @property
+    def state(self) -> SampleState:
+        """Scored, failed or still pending."""
+        if self.scores is not None:
+            return SampleState.SCORED
+        return SampleState.PENDING if self.error is None else SampleState.FAILED

@@ -14,8 +14,8 @@ import redis
 
 from shared.evaluation import Evaluation
 from shared.keys import RunKeys
+from shared.lua import register
 from shared.models import ErrorRecord, Progress, RunStatus, SampleResult
-from shared.scripts import Scripts
 
 __all__ = ["ResultStore", "to_json"]
 
@@ -27,17 +27,25 @@ def to_json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), allow_nan=False)
 
 
+def _flatten(values: dict[int, str]) -> list[str | int]:
+    """``{id: value}`` as the flat ``id1, value1, id2, value2, ...`` the scripts take."""
+    return [item for pair in values.items() for item in pair]
+
+
 def _settled_ids(fields: Any) -> list[int]:
     """The sample ids of one entry of a run's settled stream (written by ``settle.lua``)."""
     return [int(i) for i in str(fields["ids"]).split(",")]
 
 
 class ResultStore:
-    """Per-sample writes (through Lua) and reads (through pipelines and scans) for runs."""
+    """Per-sample writes (through Lua) and reads (through pipelines and scans) for runs; owns
+    ``attempt.lua``, ``record_outputs.lua`` and ``settle.lua``."""
 
     def __init__(self, client: redis.Redis) -> None:
         self._client = client
-        self._scripts = Scripts(client)
+        self._attempt = register(client, "attempt")
+        self._record_outputs = register(client, "record_outputs")
+        self._settle_script = register(client, "settle")
 
     def outputs(self, run_id: str, sample_ids: list[int]) -> dict[int, Any]:
         """The stored outputs of those samples that have one."""
@@ -67,7 +75,11 @@ class ResultStore:
     def attempt(self, run_id: str, samples: dict[int, bool]) -> dict[int, int]:
         """Count inference attempts (sample id -> arrived alone); a negative count marks a
         sample tried before that arrived with others and must be sent on alone."""
-        return self._scripts.attempt(RunKeys(run_id), samples) if samples else {}
+        if not samples:
+            return {}
+        flat = [item for sample_id, solo in samples.items() for item in (sample_id, int(solo))]
+        counts = self._attempt(keys=[RunKeys(run_id).attempts], args=flat)
+        return dict(zip(samples, (int(c) for c in counts), strict=True))
 
     def reset_attempts(self, run_id: str, sample_ids: list[int]) -> None:
         """Forget the attempt counts of samples (``evalq resume`` gives them a fresh start)."""
@@ -79,7 +91,10 @@ class ResultStore:
         were new."""
         if not outputs:
             return 0
-        return self._scripts.record_outputs(RunKeys(run_id), outputs)
+        keys = RunKeys(run_id)
+        return int(
+            self._record_outputs(keys=[keys.out, keys.progress, keys.meta], args=_flatten(outputs))
+        )
 
     def record_scores(self, run_id: str, scores: dict[int, dict[str, float]]) -> bool:
         """Settle samples with their scores; True if this caller must finalize the run."""
@@ -93,8 +108,12 @@ class ResultStore:
     def _settle(self, run_id: str, kind: str, values: dict[int, str]) -> bool:
         if not values:
             return False
-        _, finalize = self._scripts.settle(RunKeys(run_id), kind, values)
-        return finalize
+        keys = RunKeys(run_id)
+        _, finalize = self._settle_script(
+            keys=[keys.score, keys.err, keys.progress, keys.meta, keys.settled],
+            args=[kind, *_flatten(values)],
+        )
+        return bool(finalize)
 
     def finalize(self, run_id: str, evaluation: Evaluation) -> dict[str, float]:
         """Compute the aggregate from every stored score; the run is then completed (or failed,

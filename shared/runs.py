@@ -1,8 +1,9 @@
-"""Run records in Redis: creation, lookup, listing and status changes."""
+"""Run records in Redis: creation, lookup, listing and cancellation."""
 
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import redis
@@ -10,6 +11,7 @@ from redis.typing import EncodableT, FieldT
 
 from shared.errors import UnknownRunError
 from shared.keys import RUNS, RunKeys
+from shared.lua import register
 from shared.models import RunMeta
 
 __all__ = ["RunStore"]
@@ -26,10 +28,12 @@ def _decode(run_id: str, raw: dict[Any, Any]) -> RunMeta:
 
 
 class RunStore:
-    """Reads and writes ``evalq:{run}:meta`` / ``:ids`` and the ``evalq:runs`` index."""
+    """Reads and writes ``evalq:{run}:meta`` / ``:ids`` and the ``evalq:runs`` index; owns
+    ``cancel.lua``."""
 
     def __init__(self, client: redis.Redis) -> None:
         self._client = client
+        self._cancel = register(client, "cancel")
 
     def create(self, meta: RunMeta, sample_ids: list[int]) -> None:
         """Record a new run and its sample ids in one transaction."""
@@ -62,3 +66,10 @@ class RunStore:
                 pipe.hgetall(RunKeys(run_id).meta)
             records = pipe.execute()
         return [_decode(r, raw) for r, raw in zip(run_ids, records, strict=True) if raw]
+
+    def cancel(self, run_id: str) -> tuple[int, int]:
+        """Stop a run: no result is written after this. Return (1 cancelled now, 0 cancelled
+        before, or -1 already finished; samples with neither an output nor an error)."""
+        keys = RunKeys(run_id)
+        state, unproduced = self._cancel(keys=[keys.meta, keys.out, keys.err], args=[time.time()])
+        return int(state), int(unproduced)

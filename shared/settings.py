@@ -7,6 +7,7 @@ takes them from a message or a published spec.
 from __future__ import annotations
 
 import getpass
+import os
 from functools import lru_cache
 from typing import Annotated
 
@@ -83,6 +84,15 @@ class Settings(BaseSettings):
     def broker(self) -> str:
         """The broker URL in effect."""
         return self.broker_url or self.redis_url
+
+    def for_processes(self, processes: int) -> Settings:
+        """These settings for one of ``processes`` worker processes sharing this machine: with
+        no ``torch_threads`` set, each process gets an equal share of the CPU cores for torch
+        instead of every process using them all."""
+        if processes <= 1 or self.torch_threads is not None:
+            return self
+        share = max(1, (os.cpu_count() or 1) // processes)
+        return self.model_copy(update={"torch_threads": share})
 
 
 @lru_cache(maxsize=1)

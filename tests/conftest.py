@@ -11,11 +11,11 @@ import pytest
 import redis
 from celery import Celery
 
+from producer.redis_server import RedisServer
 from producer.workers import LocalWorkers
 from shared.celery_app import create_app
 from shared.connection import connect
 from shared.evaluation import load_plugins
-from shared.redis_server import RedisServer
 from shared.settings import Settings
 from tests.helpers import cli_env
 

@@ -14,8 +14,9 @@ from typing import TypeVar
 import redis
 
 from shared.models import RunStatus
+from shared.policy import Tier
 from shared.runs import RunStore
-from shared.tiers import Tier, TierRegistry
+from shared.tiers import TierRegistry
 from tests.plugins import predict
 
 T = TypeVar("T")
@@ -51,7 +52,7 @@ def list_splits(client: object, dataset: str, *splits: str, tier: str = "viewabl
     """List ``splits`` of ``dataset`` with ``tier`` (unlisted splits are no_access)."""
     registry = TierRegistry(client)  # type: ignore[arg-type]
     for split in splits:
-        registry.set(dataset, split, Tier(tier), "tests")
+        registry.set(dataset, split, Tier(tier), who="tests")
 
 
 def audit_entries(client: object, run_id: str | None = None) -> list[dict[str, str]]:
@@ -85,7 +86,7 @@ def cli_env(redis_url: str, **extra: str) -> dict[str, str]:
 def evalq(redis_url: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     """Run the real ``evalq`` console entry point in a subprocess."""
     return subprocess.run(
-        [sys.executable, "-c", "from producer.cli import main; main()", *args],
+        [sys.executable, "-c", "from shared.cli import main; main()", *args],
         env=cli_env(redis_url, **env),
         cwd=REPO,
         capture_output=True,

@@ -16,7 +16,7 @@ import pytest
 import typer
 import yaml
 
-from producer.cli import app as cli_app
+from shared.cli import create_cli
 from tests.helpers import REPO
 
 COMPOSE: dict[str, Any] = yaml.safe_load((REPO / "compose.yaml").read_text())
@@ -67,7 +67,7 @@ def test_workers_split_inference_and_scoring() -> None:
 
 def test_flower_has_auth_from_the_environment_and_no_persistent_state() -> None:
     flower = SERVICES["flower"]
-    assert flower["entrypoint"] == ["celery", "-A", "worker.main"]
+    assert flower["entrypoint"] == ["celery", "-A", "worker.celery"]
     options = dict(arg.split("=", 1) for arg in _words(flower["command"])[1:])
     pair = re.fullmatch(r"(\$\{[^}]+\}):(\$\{[^}]+\})", options["--basic-auth"])
     assert pair is not None
@@ -97,7 +97,7 @@ def test_no_secret_is_written_into_the_file() -> None:
 
 def _evalq_command(argv: list[str]) -> None:
     """Parse ``evalq ARGV`` with the real CLI (options and types checked, nothing run)."""
-    group = typer.main.get_command(cli_app)
+    group = typer.main.get_command(create_cli())
     name, *rest = argv
     command = group.commands[name]  # type: ignore[attr-defined]
     command.make_context(name, list(rest))
@@ -111,7 +111,7 @@ def test_every_evalq_command_exists_with_its_options(service: str) -> None:
 def test_the_flower_entry_point_and_options_exist() -> None:
     from flower.options import options
 
-    assert importlib.util.find_spec("worker.main") is not None
+    assert importlib.util.find_spec("worker.celery") is not None
     assert "flower" in {e.name for e in entry_points(group="celery.commands")}
     for arg in _words(SERVICES["flower"]["command"])[1:]:
         assert arg.split("=", 1)[0].removeprefix("--").replace("-", "_") in options
@@ -125,6 +125,6 @@ def test_the_dockerfile_builds_what_compose_runs() -> None:
                 assert (REPO / source).exists(), source
     assert 'ENTRYPOINT ["evalq"]' in dockerfile
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts["evalq"] == "producer.cli:main"
+    assert scripts["evalq"] == "shared.cli:main"
     assert "torch==" in dockerfile  # pinned first, so pip never picks another build
     assert Path(REPO / ".dockerignore").exists()

@@ -23,7 +23,7 @@ from shared.errors import (
 )
 from shared.evaluation import Evaluation, create, load_plugins, register, scrub
 from shared.keys import RunKeys
-from shared.models import ErrorRecord, SampleResult, Stage
+from shared.models import ErrorRecord, RunMeta, RunStatus, SampleResult, Stage
 from shared.settings import Settings
 from tests.helpers import labelled_rows, write_rows
 from worker.lru import LRU
@@ -155,7 +155,11 @@ def test_malformed_payloads_are_dropped_not_raised(caplog: pytest.LogCaptureFixt
 
 
 def test_split_packs_consecutive_ids_of_one_run() -> None:
-    tasks = list(split("r", "spy", FP, list(range(70)), size=32))
+    meta = RunMeta(
+        run_id="r", eval="spy", spec=FP, dataset_id="d", split="s", n=70,
+        status=RunStatus.QUEUED, created=0.0,
+    )  # fmt: skip
+    tasks = list(split(meta, list(range(70)), size=32))
     assert [len(t.sample_ids) for t in tasks] == [32, 32, 6]
     assert [i for t in tasks for i in t.sample_ids] == list(range(70))
     assert {t.run_id for t in tasks} == {"r"}

@@ -38,7 +38,7 @@ def test_demo_prints_accuracy_over_a_thousand_samples(tmp_path: Path) -> None:
     before = _processes("-m worker") | _processes("redis-server")
     env = _demo_env()
     result = subprocess.run(
-        [sys.executable, "-c", "from producer.cli import main; main()",
+        [sys.executable, "-c", "from shared.cli import main; main()",
          "demo", "--samples", "1000", "--out", str(tmp_path), "--json"],
         env=env, cwd=REPO, capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
@@ -59,7 +59,7 @@ def test_ctrl_c_stops_everything_the_demo_started(tmp_path: Path) -> None:
     log = tmp_path / "demo.log"
     with log.open("w") as handle:
         demo = subprocess.Popen(
-            [sys.executable, "-c", "from producer.cli import main; main()",
+            [sys.executable, "-c", "from shared.cli import main; main()",
              "demo", "--samples", "20000", "--out", str(tmp_path)],
             env=_demo_env(), cwd=REPO, stdout=handle, stderr=subprocess.STDOUT,
         )  # fmt: skip

@@ -26,6 +26,7 @@ from producer.submit import SubmitRequest
 from shared.data import Sharding
 from shared.ledger import Ledger
 from shared.models import RunMeta
+from shared.results import ResultStore
 from shared.settings import Settings
 from tests.conftest import Stack
 from tests.helpers import (
@@ -87,7 +88,7 @@ def flower(fresh_stack: Stack, tmp_path: Path) -> Iterator[str]:
     port = _free_port()
     log = (tmp_path / "flower.log").open("w")
     process = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "worker.main", "flower", f"--port={port}",
+        [sys.executable, "-m", "celery", "-A", "worker.celery", "flower", f"--port={port}",
          "--address=127.0.0.1", f"--basic-auth={':'.join(FLOWER_AUTH)}", "--persistent=False"],
         env=cli_env(fresh_stack.server.url),
         cwd=REPO,
@@ -111,9 +112,10 @@ def test_flower_sees_the_worker_and_tasks_with_ids_only(
         _get(f"{flower}/api/workers")
     fresh_stack.start_workers()
     rows = labelled_rows(40, salt="flower-")
-    client, meta = _submitted(fresh_stack, tmp_path / "data", rows, tier="non_viewable")
+    _, meta = _submitted(fresh_stack, tmp_path / "data", rows, tier="non_viewable")
     wait_completed(fresh_stack.client, meta.run_id)
-    outputs = [json.dumps(o) for o in client.store.outputs(meta.run_id, list(range(40))).values()]
+    stored = ResultStore(fresh_stack.client).outputs(meta.run_id, list(range(40)))
+    outputs = [json.dumps(o) for o in stored.values()]
 
     workers = wait_for(
         lambda: _get(f"{flower}/api/workers?refresh=1", FLOWER_AUTH), 60, "flower's workers"
@@ -152,7 +154,9 @@ def test_the_metrics_endpoint_serves_runs_queues_and_budgets(
     fresh_stack: Stack, tmp_path: Path
 ) -> None:
     data = str(tmp_path / "data")
-    Ledger(fresh_stack.client).set(data, "validation", 5, 100, None, "tests")
+    Ledger(fresh_stack.client).set(
+        data, "validation", runs=5, samples=100, max_samples_per_run=None, who="tests"
+    )
     _, meta = _submitted(fresh_stack, tmp_path / "data", labelled_rows(30), limit=20)
     server = serve(fresh_stack.client, "127.0.0.1", 0)
     url = f"http://127.0.0.1:{server.port}/metrics"

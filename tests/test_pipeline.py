@@ -132,7 +132,7 @@ def test_redelivered_messages_change_no_count_and_no_result(
     results = ResultStore(stack.client)
     aggregate = results.aggregate(meta.run_id)
     # After completion, deliver infer and score messages for finished samples once more.
-    again = list(split(meta.run_id, "spy", meta.spec, list(range(40))))
+    again = list(split(meta, list(range(40))))
     publish(stack.app, INFER_TASK, again)
     publish(stack.app, SCORE_TASK, again)
     wait_for(

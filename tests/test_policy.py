@@ -14,16 +14,17 @@ import pytest
 import redis
 
 from producer.client import Client
+from producer.redis_server import RedisServer
 from producer.submit import SubmitRequest
 from shared.connection import connect
 from shared.errors import BudgetExhaustedError, PolicyRefusedError, TierRefusedError
 from shared.keys import AUDIT, RUNS, budget_key
 from shared.ledger import Ledger
 from shared.models import RunStatus
-from shared.redis_server import RedisServer
+from shared.policy import Tier
 from shared.results import ResultStore
 from shared.settings import Settings
-from shared.tiers import Tier, TierRegistry
+from shared.tiers import TierRegistry
 from tests.conftest import Stack
 from tests.helpers import (
     REPO,
@@ -51,7 +52,9 @@ client = connect(url)
 client.incr("test:ready")
 client.blpop(["test:go"], timeout=30)
 try:
-    Ledger(client).reserve("race", "validation", samples, "run" + index, "p" + index)
+    Ledger(client).reserve(
+        "race", "validation", samples=samples, run_id="run" + index, who="p" + index
+    )
     print("won")
 except BudgetExhaustedError:
     print("refused")
@@ -62,7 +65,9 @@ def _reserve(url: str, samples: int, index: int, start: threading.Event) -> bool
     start.wait(30)
     client = connect(url)
     try:
-        Ledger(client).reserve("race", "validation", samples, f"run{index}", f"t{index}")
+        Ledger(client).reserve(
+            "race", "validation", samples=samples, run_id=f"run{index}", who=f"t{index}"
+        )
         return True
     except BudgetExhaustedError:
         return False
@@ -123,18 +128,18 @@ def test_a_refused_reservation_changes_nothing_and_names_its_limit(server: Redis
     client = connect(server.url)
     ledger = Ledger(client)
     ledger.set("d", "s", runs=3, samples=100, max_samples_per_run=20, who="admin")
-    ledger.reserve("d", "s", 20, "r1", "me")
+    ledger.reserve("d", "s", samples=20, run_id="r1", who="me")
     before = client.hgetall(budget_key("d", "s")), client.xlen(AUDIT)
     with pytest.raises(BudgetExhaustedError, match="at most 20 samples per run") as capped:
-        ledger.reserve("d", "s", 21, "r2", "me")
+        ledger.reserve("d", "s", samples=21, run_id="r2", who="me")
     assert capped.value.limit == "max_samples_per_run"
     ledger.set("d", "s", runs=1, samples=100, max_samples_per_run=20, who="admin")
     with pytest.raises(BudgetExhaustedError, match="no runs left") as runs:
-        ledger.reserve("d", "s", 1, "r3", "me")
+        ledger.reserve("d", "s", samples=1, run_id="r3", who="me")
     assert runs.value.limit == "runs"
     ledger.set("d", "s", runs=9, samples=25, max_samples_per_run=None, who="admin")
     with pytest.raises(BudgetExhaustedError, match="5 samples left") as samples:
-        ledger.reserve("d", "s", 6, "r4", "me")
+        ledger.reserve("d", "s", samples=6, run_id="r4", who="me")
     assert samples.value.limit == "samples"
     after = client.hgetall(budget_key("d", "s"))
     assert (after["runs_used"], after["samples_used"]) == (before[0]["runs_used"], "20")
@@ -251,8 +256,8 @@ def test_budget_survives_a_redis_restart_and_reapplying_policy_never_refunds(
     applied = evalq(server.url, "policy", "apply", str(policy))
     assert applied.returncode == 0, applied.stderr
     ledger = Ledger(connect(server.url))
-    ledger.reserve("demo", "validation", 30, "r1", "me")
-    ledger.reserve("demo", "validation", 25, "r2", "me")
+    ledger.reserve("demo", "validation", samples=30, run_id="r1", who="me")
+    ledger.reserve("demo", "validation", samples=25, run_id="r2", who="me")
 
     server.restart()  # SIGTERM, then a new redis-server replaying the AOF
     ledger = Ledger(connect(server.url))

@@ -203,7 +203,7 @@ def test_results_follow_streams_lines_before_the_run_completes(
     stack.start_workers(queues="score")  # scoring goes on while inference waits at the gate
     meta = _submit(stack, tmp_path, n=400)
     follower = subprocess.Popen(
-        [sys.executable, "-c", "from producer.cli import main; main()",
+        [sys.executable, "-c", "from shared.cli import main; main()",
          "results", meta.run_id, "--follow"],
         env=cli_env(stack.server.url), cwd=REPO, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip

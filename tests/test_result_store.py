@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from producer.redis_server import RedisServer, find_redis_server
 from shared.connection import connect
 from shared.evaluation import create, load_plugins
 from shared.models import ErrorRecord, RunMeta, RunStatus, Stage
-from shared.redis_server import RedisServer, find_redis_server
 from shared.results import ResultStore
 from shared.runs import RunStore
 

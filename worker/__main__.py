@@ -1,7 +1,5 @@
 """``python -m worker``: the same as ``evalq worker``."""
 
-import sys
+from worker.cli import main
 
-from producer.cli import main
-
-main(["worker", *sys.argv[1:]])
+main()

@@ -41,10 +41,6 @@ class LRU(Generic[K, V]):
         """Evict everything."""
         self._evict_down_to(0)
 
-    def keys(self) -> list[K]:
-        """The keys held, least recently used first."""
-        return list(self._items)
-
     def __len__(self) -> int:
         return len(self._items)
 

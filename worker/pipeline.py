@@ -20,7 +20,13 @@ from typing import Any
 
 from shared.celery_app import INFER_TASK, SCORE_TASK
 from shared.dispatch import split
-from shared.errors import PayloadError, PermanentError, ScriptError, UnknownRunError
+from shared.errors import (
+    PayloadError,
+    PermanentError,
+    ScriptError,
+    UnknownRunError,
+    first_line,
+)
 from shared.evaluation import Evaluation, scrub
 from shared.models import ErrorRecord, RunMeta, SampleTask, Stage
 from shared.results import ResultStore, to_json
@@ -50,8 +56,7 @@ class Resources:
 
 
 def _error(stage: Stage, exc: BaseException) -> ErrorRecord:
-    text = str(exc).strip().splitlines()
-    return ErrorRecord(stage=stage, kind=type(exc).__name__, message=text[0] if text else "")
+    return ErrorRecord(stage=stage, kind=type(exc).__name__, message=first_line(exc))
 
 
 class _Run:
@@ -207,11 +212,10 @@ def infer_batch(res: Resources, tasks: list[SampleTask]) -> None:
         res.results.record_outputs(run.run_id, run.outputs)
         run.settle_errors()
         ready = [i for i in run.ids if i in inferred[run.run_id] or i in run.outputs]
-        res.publish(SCORE_TASK, list(split(run.run_id, run.meta.eval, run.meta.spec, ready)))
+        res.publish(SCORE_TASK, list(split(run.meta, ready)))
         if run.retry:
             log.warning("run %s: %d samples go back to the queue alone", run.run_id, len(run.retry))
-            again = split(run.run_id, run.meta.eval, run.meta.spec, run.retry, solo=True)
-            res.publish(INFER_TASK, list(again))
+            res.publish(INFER_TASK, list(split(run.meta, run.retry, solo=True)))
 
 
 def _checked_scores(scores: object) -> dict[str, float]:

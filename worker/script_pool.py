@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import queue
 import select
@@ -27,8 +26,6 @@ from shared.errors import ScriptError
 from shared.scorer import ScriptCall, ScriptScorer
 
 __all__ = ["ScriptPool"]
-
-log = logging.getLogger(__name__)
 
 HOST = Path(__file__).with_name("script_host.py")
 START_TIMEOUT = 120.0
@@ -134,7 +131,6 @@ class ScriptPool:
     """At most ``size`` warm subprocesses of one scorer script."""
 
     def __init__(self, scorer: ScriptScorer, size: int) -> None:
-        self.scorer = scorer
         self._slots = [_Slot(scorer) for _ in range(size)]
         self._idle: queue.SimpleQueue[_Slot] = queue.SimpleQueue()
         for slot in self._slots:

@@ -76,12 +76,8 @@ class ShardCache:
         self._plans: LRU[str, _Plan] = LRU(capacity)
         self._shards: LRU[tuple[str, int], Dataset] = LRU(capacity)
         self.builds = 0
-        """Shards materialized so far (rebuilds after eviction included)."""
-
-    @property
-    def resident(self) -> list[tuple[str, int]]:
-        """(fingerprint, shard) of the shards held now, least recently used first."""
-        return self._shards.keys()
+        """Shards materialized so far (rebuilds after eviction included); logged with each
+        build, so an operator sees a cache that is too small for its runs' shards."""
 
     def rows(self, fingerprint: str, sample_ids: list[int]) -> list[dict[str, Any]]:
         """Full rows (labels included) of ``sample_ids``, in that order."""
@@ -159,4 +155,8 @@ class ShardCache:
                 f"(sha256 {digest[:12]}) than the first worker recorded ({str(recorded)[:12]})"
             )
         self.builds += 1
+        log.info(
+            "built shard %d of spec %s: %d rows (%d builds in this process)",
+            index, fingerprint[:12], len(shard), self.builds,
+        )  # fmt: skip
         return shard

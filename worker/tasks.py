@@ -4,6 +4,13 @@ Both tasks are celery-batches tasks: the worker buffers incoming messages and ru
 call when the buffered messages hold ``EVALQ_MAX_BATCH`` samples, or every ``EVALQ_BATCH_WAIT``
 seconds, whichever comes first. A message that is not a valid payload is logged and dropped,
 never crash-looped.
+
+What this module takes from celery-batches (pinned to 0.11.x in ``pyproject.toml``):
+``Batches`` and its ``Strategy(task, app, consumer)`` (wrapped, not copied),
+``SimpleRequest.from_request``, ``celery_batches.trace.apply_batches_task``, and one private
+name: ``Batches._do_flush()``, called (never overridden) to flush the buffer early. ``flush`` is
+replaced, because the library's own acknowledges nothing when a pool process dies; the pool it
+submits to is taken from the consumer here, not from the library's private ``_pool``.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from celery_batches.trace import apply_batches_task
 from pydantic import ValidationError
 
 from shared.celery_app import INFER_TASK, SCORE_TASK
+from shared.errors import first_line
 from shared.models import SampleTask
 from shared.settings import Settings
 from worker.pipeline import Resources, infer_batch, score_batch
@@ -71,9 +79,11 @@ class SampleBatches(Batches):  # type: ignore[misc]
     def __init__(self) -> None:
         super().__init__()
         self._buffered_samples = 0
+        self._worker_pool: Any = None
 
     def Strategy(self, task: Batches, app: Celery, consumer: Any) -> Callable[..., None]:
         buffer_message = super().Strategy(task, app, consumer)
+        self._worker_pool = consumer.pool
 
         def handle(message: Any, *args: Any, **kwargs: Any) -> None:
             samples, solo = _peek(message)
@@ -85,10 +95,6 @@ class SampleBatches(Batches):  # type: ignore[misc]
                 self._do_flush()
 
         return handle
-
-    def _do_flush(self) -> None:
-        self._buffered_samples = 0
-        super()._do_flush()
 
     def flush(self, requests: Collection[Request]) -> Any:
         """Run the buffered requests as one pool job, acknowledged when it returns.
@@ -104,6 +110,7 @@ class SampleBatches(Batches):  # type: ignore[misc]
         visibility timeout. There is deliberately no soft limit: its exception would be caught
         inside the batch and the messages acknowledged with their samples unfinished.
         """
+        self._buffered_samples = 0  # every buffered request is flushed here, by size or timer
         batch = ([SimpleRequest.from_request(r) for r in requests],)
         started = time.monotonic()
         for request in requests:
@@ -121,7 +128,7 @@ class SampleBatches(Batches):  # type: ignore[misc]
             for request in requests:
                 request.reject(requeue=True)
 
-        return self._pool.apply_async(
+        return self._worker_pool.apply_async(
             apply_batches_task,
             (self, batch, 0, None),
             callback=on_return,
@@ -139,8 +146,9 @@ def parse_requests(requests: Sequence[SimpleRequest]) -> list[SampleTask]:
                 raise ValueError("positional arguments are not accepted")
             tasks.append(SampleTask.model_validate(request.kwargs))
         except (ValidationError, ValueError, TypeError) as exc:
-            reason = str(exc).splitlines()[0]
-            log.error("dropping malformed %s message %s: %s", request.name, request.id, reason)
+            log.error(
+                "dropping malformed %s message %s: %s", request.name, request.id, first_line(exc)
+            )
     return tasks
 
 

@@ -12,8 +12,6 @@ for i = 1, #ARGV, 2 do
 end
 if written > 0 then
   redis.call('HINCRBY', KEYS[2], 'inferred', written)
-  if redis.call('HGET', KEYS[3], 'status') == 'queued' then
-    redis.call('HSET', KEYS[3], 'status', 'running')
-  end
+  mark_running(KEYS[3])
 end
 return written

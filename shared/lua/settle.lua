@@ -27,9 +27,7 @@ end
 if written > 0 then
   redis.call('XADD', KEYS[5], '*', 'ids', table.concat(ids, ','))
   redis.call('HINCRBY', KEYS[3], counter, written)
-  if redis.call('HGET', KEYS[4], 'status') == 'queued' then
-    redis.call('HSET', KEYS[4], 'status', 'running')
-  end
+  mark_running(KEYS[4])
 end
 local finalize = 0
 local n = tonumber(redis.call('HGET', KEYS[4], 'n') or '-1')

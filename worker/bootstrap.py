@@ -1,22 +1,30 @@
-"""The worker's Celery app: built by a factory from settings, with evalq's tasks and lifecycle
-hooks, and the function behind ``evalq worker``."""
+"""Booting a worker: the Celery app built by a factory from settings, with evalq's tasks and
+lifecycle hooks, and the function behind ``evalq worker``."""
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_init, worker_process_init, worker_process_shutdown
+from celery.signals import (
+    celeryd_after_setup,
+    worker_init,
+    worker_process_init,
+    worker_process_shutdown,
+)
 
 from shared.celery_app import create_app
-from shared.evaluation import load_plugins
+from shared.evaluation import load_plugins, registered
 from shared.settings import Settings
 from worker.heap import keep_freed_memory
 from worker.state import WorkerState
 from worker.tasks import register_tasks
 
 __all__ = ["create_worker_app", "run_worker"]
+
+log = logging.getLogger(__name__)
 
 
 def create_worker_app(settings: Settings) -> Celery:
@@ -30,7 +38,12 @@ def create_worker_app(settings: Settings) -> Celery:
     between batches. With several processes, or an explicit ``-O fair``, Celery's ``fair``
     scheduling stays: each batch goes to an idle process. A batch written to a process that
     dies before starting it goes to the replacement process, so crash safety is the same.
+
+    Hugging Face progress bars are off (unless the operator set ``HF_HUB_DISABLE_PROGRESS_BARS``
+    himself): Celery logs a worker's stderr as WARNING lines, and a model's "Loading weights"
+    bar would land there as a screenful of warnings.
     """
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     import datasets  # noqa: F401
 
     load_plugins(settings.plugins)
@@ -49,7 +62,13 @@ def create_worker_app(settings: Settings) -> Celery:
         if sender.concurrency == 1 and sender.optimization in (None, "default"):
             sender.optimization = "fcfs"
 
+    def announce(sender: str, instance: Any, **_: Any) -> None:
+        queues = ", ".join(sorted(instance.app.amqp.queues.consume_from or ()))
+        evaluations = ", ".join(registered()) or "none (set EVALQ_PLUGINS)"
+        log.warning("%s serves evaluations: %s; queues: %s", sender, evaluations, queues)
+
     worker_init.connect(before_pool, weak=False)
+    celeryd_after_setup.connect(announce, weak=False)
     worker_process_init.connect(after_fork, weak=False)
     worker_process_shutdown.connect(on_exit, weak=False)
     return app
@@ -58,15 +77,13 @@ def create_worker_app(settings: Settings) -> Celery:
 def run_worker(
     settings: Settings, queues: str = "infer,score", concurrency: int = 1, loglevel: str = "INFO"
 ) -> None:
-    """Run a Celery worker in this process (what ``celery -A worker.main worker`` does).
+    """Run a Celery worker in this process (what ``celery -A worker.celery worker`` does).
 
     With several processes and no ``EVALQ_TORCH_THREADS``, each process gets an equal share of
-    the CPU cores for torch instead of every process using them all.
+    the CPU cores for torch (:meth:`Settings.for_processes`). Task events follow
+    ``EVALQ_TASK_EVENTS`` through the app's configuration.
     """
-    if concurrency > 1 and settings.torch_threads is None:
-        share = max(1, (os.cpu_count() or 1) // concurrency)
-        settings = settings.model_copy(update={"torch_threads": share})
-    app = create_worker_app(settings)
+    app = create_worker_app(settings.for_processes(concurrency))
     app.worker_main(
         [
             "worker",
@@ -75,6 +92,5 @@ def run_worker(
             "--pool=prefork",
             f"--loglevel={loglevel}",
             f"--hostname=evalq-{os.getpid()}@%h",
-            *(["--task-events"] if settings.task_events else []),
         ]
     )

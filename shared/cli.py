@@ -1,0 +1,97 @@
+"""The ``evalq`` command line's frame (typer + rich): one app, output helpers, exit codes.
+
+The frame owns no command. ``producer/`` and ``worker/`` each add theirs through the
+``evalq.commands`` entry-point group declared in ``pyproject.toml`` (a ``register(app)``
+function each), the way Celery's own CLI loads its ``celery.commands`` group; so the contract
+package never imports either side, and the worker never imports the producer.
+
+Exit codes: 0 ok, 1 error, 2 bad input or usage, 3 refused by policy. Errors print one line on
+stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from importlib.metadata import entry_points
+from typing import Annotated, Any, NoReturn
+
+import redis
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+
+from shared.connection import redact
+from shared.errors import EvalqError
+from shared.settings import get_settings
+
+__all__ = ["COMMANDS_GROUP", "AdminFlag", "JsonFlag", "create_cli", "err", "main", "out", "run"]
+
+COMMANDS_GROUP = "evalq.commands"
+"""Entry-point group of ``register(app: typer.Typer) -> None`` functions."""
+
+out = Console()
+err = Console(stderr=True)
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+AdminFlag = Annotated[
+    bool, typer.Option("--admin", help="Bypass tier and budget (recorded in the audit stream).")
+]
+
+
+def print_json(value: Any) -> None:
+    """One line of JSON on stdout, keys sorted."""
+    typer.echo(json.dumps(value, sort_keys=True, default=str))
+
+
+def create_cli() -> typer.Typer:
+    """The ``evalq`` app with every installed side's commands."""
+    app = typer.Typer(
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+        help="evalq: metered, label-safe model evaluation on Celery + Redis.",
+    )
+    found = sorted(entry_points(group=COMMANDS_GROUP), key=lambda e: e.name)
+    if not found:
+        raise EvalqError("evalq is not installed (no evalq.commands entry points): pip install .")
+    for entry in found:
+        entry.load()(app)
+    return app
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    err.print(f"[red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise SystemExit(code)
+
+
+def _setting_problem(exc: ValidationError) -> str:
+    first = exc.errors()[0]
+    name = "_".join(str(part) for part in first["loc"]).upper()
+    return f"invalid setting EVALQ_{name}: {first['msg']}"
+
+
+def run(app: typer.Typer, argv: Sequence[str] | None = None) -> None:
+    """Run ``app``; evalq's errors, a bad setting and an unreachable Redis become one line on
+    stderr and an exit code."""
+    try:
+        app(args=list(argv) if argv is not None else sys.argv[1:], prog_name="evalq")
+    except EvalqError as exc:
+        _fail(str(exc), exc.exit_code)
+    except ValidationError as exc:
+        if exc.title != "Settings":
+            raise
+        _fail(_setting_problem(exc), 2)
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        url = redact(get_settings().redis_url)
+        _fail(f"cannot reach Redis at {url} (set EVALQ_REDIS_URL): {exc}", 1)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Console-script entry point of ``evalq``."""
+    try:
+        app = create_cli()
+    except EvalqError as exc:
+        _fail(str(exc), exc.exit_code)
+    run(app, argv)

@@ -1,0 +1,132 @@
+"""The policy: every rule about split tiers, and nothing else, lives in this module.
+
+Who may evaluate a split, who may read what of a run, how a stored or missing tier reads, and
+how a policy file's budgets reconcile with tiers. Stores (``TierRegistry``, ``Ledger``) only
+persist; submit, the Python client, ``status``, ``report`` and every other path call the
+functions here, which fail closed: anything unlisted, unreadable or unknown is ``no_access``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from shared.errors import PolicyError, TierRefusedError
+
+__all__ = [
+    "MIN_AGGREGATE_SAMPLES",
+    "Access",
+    "Reader",
+    "Tier",
+    "admit_run",
+    "admit_split",
+    "budgeted_tier",
+    "read_access",
+    "stored_tier",
+]
+
+MIN_AGGREGATE_SAMPLES = 5
+"""k-anonymity floor: a non-admin never evaluates, nor sees an aggregate over, fewer samples of
+a ``non_viewable`` split (single-sample evals would reveal labels)."""
+
+
+class Tier(StrEnum):
+    """Visibility of a (dataset, split)."""
+
+    VIEWABLE = "viewable"
+    NON_VIEWABLE = "non_viewable"
+    NO_ACCESS = "no_access"
+
+
+class Access(StrEnum):
+    """What a reader may see of a run."""
+
+    FULL = "full"
+    AGGREGATE = "aggregate"
+    NONE = "none"
+
+
+def stored_tier(raw: object) -> Tier:
+    """How a split's stored tier reads: missing (unlisted) or unrecognised is ``no_access``."""
+    if raw is None:
+        return Tier.NO_ACCESS
+    try:
+        return Tier(str(raw))
+    except ValueError:
+        return Tier.NO_ACCESS
+
+
+def admit_split(where: str, tier: Tier, admin: bool) -> None:
+    """Before anything is read or charged: refuse a ``no_access`` split to a non-admin."""
+    if not admin and tier is Tier.NO_ACCESS:
+        raise TierRefusedError(f"tier refused: {where} is no_access")
+
+
+def admit_run(where: str, tier: Tier, admin: bool, samples: int) -> None:
+    """Once the sample ids are resolved, before the ledger: the split's tier and the
+    k-anonymity floor must allow a run of ``samples`` samples."""
+    admit_split(where, tier, admin)
+    if not admin and tier is Tier.NON_VIEWABLE and samples < MIN_AGGREGATE_SAMPLES:
+        raise TierRefusedError(
+            f"tier refused: {where} is non_viewable; a run needs at least "
+            f"{MIN_AGGREGATE_SAMPLES} samples, this one has {samples}"
+        )
+
+
+@dataclass(frozen=True)
+class Reader:
+    """What one reader may see of one run, and why not when it may not."""
+
+    where: str
+    """``dataset/split`` of the run."""
+    tier: Tier
+    """The split's tier as the policy resolves it."""
+    access: Access
+    """What this reader gets."""
+
+    @property
+    def withheld(self) -> str | None:
+        """Why the aggregate is not shown, or None when it is."""
+        if self.access is not Access.NONE:
+            return None
+        if self.tier is Tier.NON_VIEWABLE:
+            return f"fewer than {MIN_AGGREGATE_SAMPLES} samples of a non_viewable split"
+        return f"{self.where} is {self.tier.value}"
+
+    def require_samples(self) -> None:
+        """Per-sample results (outputs, scores, score distributions) need full access:
+        raise :class:`TierRefusedError` otherwise."""
+        if self.access is not Access.FULL:
+            raise TierRefusedError(
+                f"tier refused: {self.where} is {self.tier.value}; "
+                "per-sample results are not readable (use status for the aggregate)"
+            )
+
+
+def read_access(where: str, tier: Tier, admin: bool, samples: int) -> Reader:
+    """What a reader (admin or not) gets of a run of ``samples`` samples on a split of
+    ``tier``: everything on ``viewable`` or as admin, the aggregate of a ``non_viewable`` run
+    at or above the floor, nothing otherwise."""
+    if admin or tier is Tier.VIEWABLE:
+        allowed = Access.FULL
+    elif tier is Tier.NON_VIEWABLE and samples >= MIN_AGGREGATE_SAMPLES:
+        allowed = Access.AGGREGATE
+    else:
+        allowed = Access.NONE
+    return Reader(where, tier, allowed)
+
+
+def budgeted_tier(where: str, listed: Tier | None) -> tuple[Tier | None, str | None]:
+    """Reconcile a budget with the split's tier (``None`` = unlisted) when a policy file gives
+    the split a budget: return the tier to set (None = leave it) and a warning, if any.
+
+    Unlisted becomes ``non_viewable``; ``no_access`` cannot be budgeted; ``viewable`` is
+    allowed with a warning (a budget meters compute, not information).
+    """
+    if listed is None:
+        return Tier.NON_VIEWABLE, f"{where}: budgeted but unlisted, made non_viewable"
+    if listed is Tier.NO_ACCESS:
+        raise PolicyError(f"{where}: a no_access split cannot have a budget")
+    if listed is Tier.VIEWABLE:
+        return None, f"{where}: budgeted but viewable (labels readable)"
+    return None, None
