@@ -59,6 +59,17 @@ class Stack:
             assert not re.search(r"ForkPoolWorker-\d+\] Error: ", self.worker_log())
 
 
+WORKER_FIXTURES = frozenset({"stack", "fresh_stack"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that takes a fixture with worker processes is an integration test, so that
+    ``-m "not integration"`` never starts a worker, whatever a module forgot to mark."""
+    for item in items:
+        if WORKER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
+
+
 def _stack(root: Path) -> Stack:
     server = RedisServer(root / "redis", appendonly=True).start()
     settings = Settings(redis_url=server.url, plugins=("tests.plugins",))

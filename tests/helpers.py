@@ -41,6 +41,19 @@ def wait_completed(client: redis.Redis, run_id: str, timeout: float = 90.0) -> N
     wait_for(lambda: runs.get(run_id).status is RunStatus.COMPLETED, timeout, f"run {run_id}")
 
 
+def wait_ended(client: redis.Redis, run_id: str, timeout: float = 120.0) -> RunStatus:
+    """Wait until the run is no longer queued or running; return its status."""
+    runs = RunStore(client)
+
+    def ended() -> RunStatus | None:
+        status = runs.get(run_id).status
+        return None if status.active else status
+
+    status = wait_for(ended, timeout, f"run {run_id} to end")
+    assert status is not None
+    return status
+
+
 def write_rows(folder: Path, split: str, rows: list[dict[str, object]]) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{split}.jsonl"

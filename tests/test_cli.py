@@ -69,10 +69,15 @@ def test_unknown_run_and_unreachable_redis(redis_only: object) -> None:
     url = redis_only.url  # type: ignore[attr-defined]
     missing = evalq(url, "status", "nope")
     assert (missing.returncode, missing.stderr.strip()) == (2, "error: no run 'nope'")
-    down = evalq("redis://127.0.0.1:1/0", "status", "nope")
+    down = evalq("redis://:hunter2@127.0.0.1:1/0", "status", "nope")
     assert down.returncode == 1
-    assert down.stderr.startswith("error: cannot reach Redis")
+    assert down.stderr.startswith("error: cannot reach Redis at redis://:***@127.0.0.1:1/0")
+    assert "EVALQ_REDIS_URL" in down.stderr
+    assert "hunter2" not in down.stderr
     assert len(down.stderr.strip().splitlines()) == 1
+    bad = evalq(url, "runs", EVALQ_MAX_BATCH="zero")
+    assert bad.returncode == 2
+    assert bad.stderr.startswith("error: invalid setting EVALQ_MAX_BATCH")
 
 
 def test_submit_follow_status_runs_results(stack: Stack, tmp_path: Path) -> None:
@@ -100,12 +105,19 @@ def test_submit_follow_status_runs_results(stack: Stack, tmp_path: Path) -> None
 
     watched = evalq(url, "watch", run_id)
     assert watched.returncode == 0, watched.stderr
+    # not a terminal: one plain line, never a bar cut to pieces at 80 columns
+    assert f"{run_id} spy validation: 30/30 settled (100%)" in watched.stdout
+    assert "━" not in watched.stdout
     assert f"{run_id} completed" in watched.stdout
     assert "correct:" in watched.stdout
     assert json.loads(evalq(url, "watch", run_id, "--json").stdout)["status"] == "completed"
 
     listed = json.loads(evalq(url, "runs", "--json").stdout)
     assert run_id in [r["run_id"] for r in listed]
+    table = evalq(url, "runs", COLUMNS="60")
+    assert run_id in table.stdout.split()  # whole, copyable, however narrow the output
+    assert "serves evaluations: " in stack.worker_log()
+    assert "spy" in stack.worker_log().split("serves evaluations: ")[1].splitlines()[0]
 
     jsonl = evalq(url, "results", run_id).stdout.splitlines()
     assert [json.loads(line)["sample_id"] for line in jsonl] == list(range(30))

@@ -124,7 +124,8 @@ def test_the_dockerfile_builds_what_compose_runs() -> None:
             for source in line.split()[1:-1]:
                 assert (REPO / source).exists(), source
     assert 'ENTRYPOINT ["evalq"]' in dockerfile
-    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts["evalq"] == "shared.cli:main"
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert project["scripts"]["evalq"] == "shared.cli:main"
+    assert isinstance(project["license"], str)  # an SPDX string: setuptools warns on a table
     assert "torch==" in dockerfile  # pinned first, so pip never picks another build
     assert Path(REPO / ".dockerignore").exists()

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -16,27 +17,35 @@ from tests.helpers import REPO, wait_for
 pytestmark = pytest.mark.integration
 
 
-def _processes(marker: str) -> set[int]:
-    """Pids whose command line contains ``marker``."""
+MARK = "EVALQ_TEST_DEMO_MARK"
+"""An environment variable only this test's demo (and what it starts, which inherits its
+environment) carries: the processes counted are the demo's own, never others on the host."""
+
+
+def _started_by(mark: str, command: str = "") -> set[int]:
+    """Pids whose environment carries ``MARK=mark`` and whose command line has ``command``."""
+    needle = f"{MARK}={mark}".encode()
     found = set()
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
+                environ = (entry / "environ").read_bytes().split(b"\0")
                 cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
             except OSError:
                 continue
-            if marker in cmdline:
+            if needle in environ and command in cmdline:
                 found.add(int(entry.name))
     return found
 
 
-def _demo_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("EVALQ_")}
+def _demo_env(mark: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EVALQ_")}
+    return {**env, MARK: mark}
 
 
 def test_demo_prints_accuracy_over_a_thousand_samples(tmp_path: Path) -> None:
-    before = _processes("-m worker") | _processes("redis-server")
-    env = _demo_env()
+    mark = uuid.uuid4().hex
+    env = _demo_env(mark)
     result = subprocess.run(
         [sys.executable, "-c", "from shared.cli import main; main()",
          "demo", "--samples", "1000", "--out", str(tmp_path), "--json"],
@@ -50,27 +59,33 @@ def test_demo_prints_accuracy_over_a_thousand_samples(tmp_path: Path) -> None:
     lines = Path(summary["results"]).read_text().splitlines()
     assert len(lines) == 1000
     assert json.loads(lines[0])["output"]["label"]
+    worker_log = (tmp_path / "worker-0.log").read_text()
+    assert "serves evaluations: arithmetic, null, topic" in worker_log
+    assert "Loading weights" not in worker_log  # no progress bar logged as WARNING lines
+    assert "tiers of evalq-demo: train viewable, validation viewable, test no_access" in (
+        result.stderr
+    )
     # everything the demo started is gone: no worker and no redis-server of its own is left
-    assert (_processes("-m worker") | _processes("redis-server")) <= before
+    assert not _started_by(mark)
 
 
 def test_ctrl_c_stops_everything_the_demo_started(tmp_path: Path) -> None:
-    before = _processes("-m worker") | _processes("redis-server")
+    mark = uuid.uuid4().hex
     log = tmp_path / "demo.log"
     with log.open("w") as handle:
         demo = subprocess.Popen(
             [sys.executable, "-c", "from shared.cli import main; main()",
              "demo", "--samples", "20000", "--out", str(tmp_path)],
-            env=_demo_env(), cwd=REPO, stdout=handle, stderr=subprocess.STDOUT,
+            env=_demo_env(mark), cwd=REPO, stdout=handle, stderr=subprocess.STDOUT,
         )  # fmt: skip
     try:
         wait_for(lambda: "run " in log.read_text(), 120, "the demo run to start")
-        started = _processes("-m worker") - before
-        assert started, "the demo started no worker"
+        assert _started_by(mark, "-m worker"), "the demo started no worker"
+        assert _started_by(mark, "redis-server"), "the demo started no redis-server"
         demo.send_signal(signal.SIGINT)
         assert demo.wait(60) != 0
     finally:
         if demo.poll() is None:
             demo.kill()
     assert "accuracy" not in log.read_text()
-    assert not (_processes("-m worker") | _processes("redis-server")) - before
+    assert not _started_by(mark)

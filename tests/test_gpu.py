@@ -1,4 +1,5 @@
-"""GPU placement. Marked ``gpu``: skipped where torch sees no CUDA device (CI never has one)."""
+"""GPU placement. The tests that need a CUDA device are marked ``gpu`` and skipped where torch
+sees none (CI never has one); the CPU fallback runs everywhere."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import pytest
 from worker.runtime_pool import resolve_device
 
 torch = pytest.importorskip("torch")
-pytestmark = pytest.mark.gpu
 
 
 def test_auto_is_cpu_without_cuda() -> None:
@@ -17,6 +17,7 @@ def test_auto_is_cpu_without_cuda() -> None:
     assert resolve_device("cuda:1", 0) == "cuda:1"
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_one_worker_process_per_gpu() -> None:
     count = torch.cuda.device_count()
@@ -24,6 +25,7 @@ def test_one_worker_process_per_gpu() -> None:
     assert devices == [f"cuda:{i % count}" for i in range(2 * count)]
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_demo_model_runs_on_the_gpu() -> None:
     from shared.evaluation import create, load_plugins

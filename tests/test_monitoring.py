@@ -7,7 +7,6 @@ import base64
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -21,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from producer.client import Client
 from producer.metrics import serve
+from producer.redis_server import free_port
 from producer.report import gather, render
 from producer.submit import SubmitRequest
 from shared.data import Sharding
@@ -42,12 +42,6 @@ from tests.helpers import (
 pytestmark = pytest.mark.integration
 
 FLOWER_AUTH = ("watcher", "not-a-real-secret")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _get(url: str, auth: tuple[str, str] | None = None) -> Any:
@@ -85,7 +79,7 @@ def _submitted(
 
 @pytest.fixture
 def flower(fresh_stack: Stack, tmp_path: Path) -> Iterator[str]:
-    port = _free_port()
+    port = free_port()
     log = (tmp_path / "flower.log").open("w")
     process = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "worker.celery", "flower", f"--port={port}",

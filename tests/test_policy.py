@@ -20,7 +20,6 @@ from shared.connection import connect
 from shared.errors import BudgetExhaustedError, PolicyRefusedError, TierRefusedError
 from shared.keys import AUDIT, RUNS, budget_key
 from shared.ledger import Ledger
-from shared.models import RunStatus
 from shared.policy import Tier
 from shared.results import ResultStore
 from shared.settings import Settings
@@ -33,6 +32,7 @@ from tests.helpers import (
     evalq,
     labelled_rows,
     list_splits,
+    wait_completed,
     wait_for,
     write_rows,
 )
@@ -198,7 +198,7 @@ def test_no_access_and_unlisted_are_refused_before_the_ledger(stack: Stack, tmp_
     entries = audit_entries(stack.client, meta.run_id)
     assert [(e["action"], e["who"]) for e in entries] == [("admin_submit", "root-op")]
     assert not stack.client.exists(budget_key(data, "test"))
-    wait_for(lambda: admin.status(meta.run_id).meta.status is RunStatus.COMPLETED, 60, "run")
+    wait_completed(stack.client, meta.run_id, 60)
 
 
 def test_non_viewable_runs_are_aggregate_only(stack: Stack, tmp_path: Path) -> None:
@@ -208,7 +208,7 @@ def test_non_viewable_runs_are_aggregate_only(stack: Stack, tmp_path: Path) -> N
     url = stack.server.url
     user = Client(Settings(redis_url=url, principal="agent"))
     meta = user.submit(SubmitRequest(eval="spy", data=data, split="validation", limit=10))
-    wait_for(lambda: user.status(meta.run_id).meta.status is RunStatus.COMPLETED, 60, "run")
+    wait_completed(stack.client, meta.run_id, 60)
 
     # Python API: aggregate yes, per-sample rows no
     view = user.status(meta.run_id)

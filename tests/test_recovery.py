@@ -25,6 +25,7 @@ from tests.helpers import (
     expected_accuracy,
     labelled_rows,
     list_splits,
+    wait_ended,
     wait_for,
     write_rows,
 )
@@ -61,15 +62,6 @@ def _wait_inferred(stack: Stack, run_id: str, at_least: int = 100) -> None:
     assert client.status(run_id).progress.done < N
 
 
-def _wait_finished(stack: Stack, run_id: str, timeout: float = 120) -> None:
-    client = _view(stack, run_id)
-    wait_for(
-        lambda: client.status(run_id).meta.status in (RunStatus.COMPLETED, RunStatus.FAILED),
-        timeout,
-        f"run {run_id} to finish",
-    )
-
-
 def _signal_workers(stack: Stack, sig: signal.Signals, group: bool) -> None:
     for workers in stack.workers:
         for process in workers.processes:
@@ -102,7 +94,7 @@ def test_sigkill_mid_run_loses_nothing(fresh_stack: Stack, tmp_path: Path) -> No
     _signal_workers(stack, signal.SIGKILL, group=True)  # main process and its pool child
     _open_gate(tmp_path)
     stack.start_workers(EVALQ_VISIBILITY_TIMEOUT=FAST_RESTORE)
-    _wait_finished(stack, meta.run_id)
+    assert wait_ended(stack.client, meta.run_id) is not RunStatus.CANCELLED
     _assert_exactly_once(stack, meta)
 
 
@@ -118,7 +110,7 @@ def test_sigterm_mid_run_requeues_or_finishes_in_flight_work(
     _signal_workers(stack, signal.SIGTERM, group=False)  # warm shutdown of the main process
     assert worker.returncode == 0
     stack.start_workers()
-    _wait_finished(stack, meta.run_id)
+    assert wait_ended(stack.client, meta.run_id) is not RunStatus.CANCELLED
     _assert_exactly_once(stack, meta)
 
 
@@ -132,7 +124,7 @@ def test_redis_restart_mid_run(fresh_stack: Stack, tmp_path: Path) -> None:
     _wait_inferred(stack, meta.run_id)
     stack.server.restart()  # SIGTERM (AOF flushed), then a new server on the same port
     _open_gate(tmp_path)
-    _wait_finished(stack, meta.run_id)
+    assert wait_ended(stack.client, meta.run_id) is not RunStatus.CANCELLED
     _assert_exactly_once(stack, meta)
     budget = Ledger(stack.client).get(str(tmp_path), "validation")
     assert (budget.runs_used, budget.samples_used) == (1, N)
@@ -157,7 +149,7 @@ def test_a_sample_that_kills_its_worker_ends_as_one_terminal_error(
     list_splits(stack.client, str(tmp_path), "validation")
     client = Client(Settings(redis_url=stack.server.url, principal="tests"))
     meta = client.submit(SubmitRequest(eval="killer", data=str(tmp_path), split="validation"))
-    _wait_finished(stack, meta.run_id)
+    assert wait_ended(stack.client, meta.run_id) is not RunStatus.CANCELLED
     view = client.status(meta.run_id)
     assert (view.progress.scored, view.progress.failed) == (199, 1)
     assert view.errors == {"infer/PermanentError": 1}
@@ -191,7 +183,7 @@ def test_resume_after_a_kill_reenqueues_only_the_missing(
     assert Ledger(stack.client).get(str(tmp_path), "validation").samples_used == used
 
     stack.start_workers()
-    _wait_finished(stack, meta.run_id)
+    assert wait_ended(stack.client, meta.run_id) is not RunStatus.CANCELLED
     _assert_exactly_once(stack, meta)  # the aggregate equals a clean run's
 
 

@@ -16,8 +16,6 @@ from shared.models import ErrorRecord, RunMeta, RunStatus, Stage
 from shared.results import ResultStore
 from shared.runs import RunStore
 
-pytestmark = pytest.mark.integration
-
 
 def _run(runs: RunStore, run_id: str, n: int) -> None:
     meta = RunMeta(

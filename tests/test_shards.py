@@ -38,7 +38,7 @@ from shared.routing import (
 from shared.runs import RunStore
 from shared.spec import DatasetSpec, LocalSource, publish_spec
 from tests.conftest import Stack
-from tests.helpers import REPO, list_splits, wait_for
+from tests.helpers import REPO, list_splits, wait_ended
 from worker.shard_cache import ShardCache, rows_digest
 
 ROUTINGS = (
@@ -275,10 +275,7 @@ def _enqueue(stack: Stack, spec: DatasetSpec) -> str:
 
 
 def _ended(stack: Stack, run_id: str) -> RunStatus:
-    runs = RunStore(stack.client)
-
-    wait_for(lambda: not runs.get(run_id).status.active, 90, f"run {run_id} to end")
-    return runs.get(run_id).status
+    return wait_ended(stack.client, run_id, 90)
 
 
 def test_verification_refuses_altered_routing_and_passes_honest_specs(

@@ -65,7 +65,7 @@ def create_worker_app(settings: Settings) -> Celery:
     def announce(sender: str, instance: Any, **_: Any) -> None:
         queues = ", ".join(sorted(instance.app.amqp.queues.consume_from or ()))
         evaluations = ", ".join(registered()) or "none (set EVALQ_PLUGINS)"
-        log.warning("%s serves evaluations: %s; queues: %s", sender, evaluations, queues)
+        log.info("%s serves evaluations: %s; queues: %s", sender, evaluations, queues)
 
     worker_init.connect(before_pool, weak=False)
     celeryd_after_setup.connect(announce, weak=False)

@@ -64,6 +64,7 @@ class RuntimePool:
     def __init__(
         self,
         device: str,
+        *,
         max_models: int,
         cpu_threads: int | None = None,
         process_index: int = 0,

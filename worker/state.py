@@ -37,14 +37,18 @@ class WorkerState:
             self._resources = Resources(
                 runs=RunStore(client),
                 results=ResultStore(client),
-                shards=ShardCache(client, self._settings.max_shards, self._settings.verify_routing),
+                shards=ShardCache(
+                    client,
+                    capacity=self._settings.max_shards,
+                    verify_routing=self._settings.verify_routing,
+                ),
                 runtimes=RuntimePool(
                     self._settings.device,
-                    self._settings.max_models,
-                    self._settings.torch_threads,
+                    max_models=self._settings.max_models,
+                    cpu_threads=self._settings.torch_threads,
                     # billiard numbers a prefork pool's processes 0..N-1: process k uses GPU k
-                    getattr(current_process(), "index", 0),
-                    self._settings.scorer_procs,
+                    process_index=getattr(current_process(), "index", 0),
+                    scorer_procs=self._settings.scorer_procs,
                 ),
                 publish=self._publish,
                 max_batch=self._settings.max_batch,

@@ -1,0 +1,293 @@
+"""The batch pipeline in-process: ``infer_batch`` / ``score_batch`` and the stores' Lua, driven
+with :class:`Resources` on a real redis-server and a recording publisher; no worker, no Celery.
+
+Worker subprocesses are for real kills and restarts (``test_recovery.py``); the logic between
+a message and a stored result (retries, solo messages, attempts, cancelled runs, settling) is
+exercised here, where a broken branch fails in milliseconds.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import redis
+
+from producer.client import Client
+from producer.redis_server import RedisServer
+from shared.celery_app import INFER_TASK, SCORE_TASK
+from shared.connection import connect
+from shared.data import build_spec
+from shared.evaluation import load_plugins
+from shared.keys import RunKeys, tiers_key
+from shared.models import ErrorRecord, RunMeta, RunStatus, SampleTask, Stage
+from shared.policy import Tier
+from shared.results import ResultStore
+from shared.runs import RunStore
+from shared.settings import Settings
+from shared.spec import publish_spec
+from shared.tiers import TierRegistry
+from tests.helpers import labelled_rows, write_rows
+from worker.pipeline import Resources, infer_batch, score_batch
+from worker.runtime_pool import RuntimePool
+from worker.shard_cache import ShardCache
+
+MAX_ATTEMPTS = 3
+
+
+@dataclass
+class Recorder:
+    """The publisher the pipeline is given: keeps what it would have sent."""
+
+    sent: list[tuple[str, SampleTask]] = field(default_factory=list)
+
+    def __call__(self, task_name: str, tasks: list[SampleTask]) -> int:
+        self.sent += [(task_name, task) for task in tasks]
+        return len(tasks)
+
+    def ids(self, task_name: str, *, solo: bool | None = None) -> list[int]:
+        return [
+            i
+            for name, task in self.sent
+            if name == task_name and (solo is None or task.solo is solo)
+            for i in task.sample_ids
+        ]
+
+
+@dataclass
+class Bench:
+    client: redis.Redis
+    res: Resources
+    sent: Recorder
+    data: Path
+
+    def run(self, eval_name: str, rows: list[dict[str, object]], **params: str) -> RunMeta:
+        """A recorded run of ``eval_name`` over ``rows`` (a split of its own)."""
+        split = f"s{uuid.uuid4().hex[:8]}"
+        write_rows(self.data, split, rows)
+        spec, _ = build_spec(str(self.data), split)
+        publish_spec(self.client, spec)
+        meta = RunMeta(
+            run_id=uuid.uuid4().hex[:16],
+            eval=eval_name,
+            params=params,
+            spec=spec.fingerprint,
+            dataset_id=str(self.data),
+            split=split,
+            n=len(rows),
+            status=RunStatus.QUEUED,
+            created=time.time(),
+        )
+        RunStore(self.client).create(meta, list(range(len(rows))))
+        return meta
+
+    def status(self, meta: RunMeta) -> RunStatus:
+        return self.res.runs.get(meta.run_id).status
+
+
+def task(meta: RunMeta, ids: list[int], *, solo: bool = False) -> SampleTask:
+    return SampleTask(run_id=meta.run_id, eval=meta.eval, spec=meta.spec, sample_ids=ids, solo=solo)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    load_plugins(["tests.plugins"])
+    with RedisServer(tmp_path_factory.mktemp("redis")) as running:
+        yield running
+
+
+@pytest.fixture
+def bench(server: RedisServer, tmp_path: Path) -> Iterator[Bench]:
+    client = connect(server.url)
+    sent = Recorder()
+    runtimes = RuntimePool("cpu", max_models=2)
+    res = Resources(
+        runs=RunStore(client),
+        results=ResultStore(client),
+        shards=ShardCache(client, capacity=4),
+        runtimes=runtimes,
+        publish=sent,
+        max_batch=16,
+        max_attempts=MAX_ATTEMPTS,
+    )
+    yield Bench(client, res, sent, tmp_path / "data")
+    runtimes.close()
+    client.close()
+
+
+def test_outputs_are_stored_once_without_labels_and_sent_on_to_scoring(bench: Bench) -> None:
+    meta = bench.run("spy", labelled_rows(20))
+    infer_batch(bench.res, [task(meta, list(range(20)))])
+    outputs = bench.res.results.outputs(meta.run_id, list(range(20)))
+    assert len(outputs) == 20
+    assert all(o["fields"] == ["text"] for o in outputs.values())
+    assert sorted(bench.sent.ids(SCORE_TASK)) == list(range(20))
+    assert bench.status(meta) is RunStatus.RUNNING
+
+    infer_batch(bench.res, [task(meta, list(range(20)))])  # a redelivery
+    assert bench.res.results.progress(meta.run_id).inferred == 20
+    assert bench.res.results.attempt(meta.run_id, {0: True}) == {0: 2}  # never ran again
+
+
+def test_scoring_settles_every_sample_and_the_last_write_finalizes(bench: Bench) -> None:
+    rows = labelled_rows(20)
+    rows[4]["text"] = "a bust row"
+    meta = bench.run("flaky", rows)
+    infer_batch(bench.res, [task(meta, list(range(20)))])
+    score_batch(bench.res, [task(meta, list(range(10)))])
+    assert bench.status(meta) is RunStatus.RUNNING
+    score_batch(bench.res, [task(meta, list(range(10, 20)))])
+
+    progress = bench.res.results.progress(meta.run_id)
+    assert (progress.scored, progress.failed) == (19, 1)
+    assert bench.status(meta) is RunStatus.COMPLETED
+    error = bench.res.results.fetch(meta.run_id, [4])[0].error
+    assert error is not None
+    assert (error.stage, error.kind) == (Stage.SCORE, "ValueError")
+    assert bench.res.results.aggregate(meta.run_id) is not None
+
+
+def test_a_raising_batch_retries_its_rows_alone_then_ends_them(bench: Bench) -> None:
+    rows = labelled_rows(8)
+    rows[3]["text"] = "boom goes the row"
+    meta = bench.run("flaky", rows)
+    infer_batch(bench.res, [task(meta, list(range(8)))])
+
+    # the batch raised: every row ran alone, the seven clean ones were stored
+    assert bench.res.results.progress(meta.run_id).inferred == 7
+    assert bench.sent.ids(INFER_TASK, solo=True) == [3]
+    for attempt in range(2, MAX_ATTEMPTS + 1):
+        bench.sent.sent.clear()
+        infer_batch(bench.res, [task(meta, [3], solo=True)])
+        if attempt < MAX_ATTEMPTS:
+            assert bench.sent.ids(INFER_TASK, solo=True) == [3]
+    assert bench.sent.ids(INFER_TASK) == []
+    error = bench.res.results.fetch(meta.run_id, [3])[0].error
+    assert error is not None
+    assert error.stage is Stage.INFER
+    assert error.message == f"boom in the batch (attempt {MAX_ATTEMPTS} of {MAX_ATTEMPTS})"
+
+
+def test_a_sample_tried_before_is_not_run_with_others_but_sent_on_alone(bench: Bench) -> None:
+    meta = bench.run("spy", labelled_rows(6))
+    # sample 2's earlier attempt started and never finished (its worker died)
+    assert bench.res.results.attempt(meta.run_id, {2: False}) == {2: 1}
+    infer_batch(bench.res, [task(meta, list(range(6)))])
+
+    assert set(bench.res.results.outputs(meta.run_id, list(range(6)))) == {0, 1, 3, 4, 5}
+    assert bench.sent.ids(INFER_TASK, solo=True) == [2]
+    assert 2 not in bench.sent.ids(SCORE_TASK)
+
+    infer_batch(bench.res, [task(meta, [2], solo=True)])  # alone, it runs
+    assert 2 in bench.res.results.outputs(meta.run_id, [2])
+
+
+def test_a_sample_whose_every_attempt_died_ends_as_one_terminal_error(bench: Bench) -> None:
+    meta = bench.run("spy", labelled_rows(5))
+    for _ in range(MAX_ATTEMPTS):
+        bench.res.results.attempt(meta.run_id, {1: True})
+    infer_batch(bench.res, [task(meta, [1], solo=True)])
+
+    record = bench.res.results.fetch(meta.run_id, [1])[0]
+    assert record.output is None
+    assert record.error is not None
+    assert record.error.message.startswith(f"gave up after {MAX_ATTEMPTS} attempts")
+    assert bench.sent.sent == []
+
+
+def test_a_cancelled_run_gets_no_inference_and_no_scoring(bench: Bench) -> None:
+    meta = bench.run("spy", labelled_rows(10))
+    infer_batch(bench.res, [task(meta, list(range(5)))])
+    assert bench.res.runs.cancel(meta.run_id) == (1, 5)
+    infer_batch(bench.res, [task(meta, list(range(5, 10)))])
+    score_batch(bench.res, [task(meta, list(range(5)))])
+
+    progress = bench.res.results.progress(meta.run_id)
+    assert (progress.inferred, progress.scored, progress.failed) == (5, 0, 0)
+    assert bench.status(meta) is RunStatus.CANCELLED
+
+
+def test_settle_writes_nothing_once_the_run_is_cancelled(bench: Bench) -> None:
+    """The Lua check, not only the Python one: a scorer that started before the cancellation
+    must not write after it (the cancellation's refund counted those samples)."""
+    meta = bench.run("spy", labelled_rows(5))
+    bench.res.results.record_outputs(meta.run_id, {0: "1", 1: "1"})
+    bench.res.runs.cancel(meta.run_id)
+    error = ErrorRecord(stage=Stage.SCORE, kind="E", message="late")
+
+    assert bench.res.results.record_scores(meta.run_id, {0: {"m": 1.0}}) is False
+    assert bench.res.results.record_errors(meta.run_id, {1: error}) is False
+    assert bench.res.results.record_outputs(meta.run_id, {2: "1"}) == 0
+    progress = bench.res.results.progress(meta.run_id)
+    assert (progress.inferred, progress.scored, progress.failed) == (2, 0, 0)
+    assert bench.res.results.settled(meta.run_id, [0, 1]) == set()
+
+
+def test_a_sample_is_settled_once_by_whichever_write_comes_first(bench: Bench) -> None:
+    meta = bench.run("spy", labelled_rows(5))
+    error = ErrorRecord(stage=Stage.SCORE, kind="E", message="first")
+    assert bench.res.results.record_errors(meta.run_id, {0: error}) is False
+    assert bench.res.results.record_scores(meta.run_id, {0: {"m": 1.0}, 1: {"m": 1.0}}) is False
+    assert bench.res.results.record_errors(meta.run_id, {1: error}) is False
+    progress = bench.res.results.progress(meta.run_id)
+    assert (progress.scored, progress.failed) == (1, 1)
+    assert bench.res.results.record_scores(meta.run_id, {i: {"m": 0.0} for i in range(5)})
+    assert not bench.res.results.record_scores(meta.run_id, {i: {"m": 0.0} for i in range(5)})
+
+
+def test_cancel_counts_each_sample_without_a_result_once(bench: Bench) -> None:
+    """Unproduced = samples with neither an output nor an error. A sample with an output and
+    a scoring error was produced once, not twice."""
+    meta = bench.run("spy", labelled_rows(5))
+    results = bench.res.results
+    results.record_outputs(meta.run_id, {0: "1", 1: "1"})
+    score_error = ErrorRecord(stage=Stage.SCORE, kind="E", message="m")
+    data_error = ErrorRecord(stage=Stage.DATA, kind="E", message="m")
+    results.record_errors(meta.run_id, {0: score_error, 2: data_error})
+    # 0: output + error, 1: output, 2: error only, 3 and 4: nothing
+    assert bench.res.runs.cancel(meta.run_id) == (1, 2)
+    assert bench.res.runs.cancel(meta.run_id) == (0, 2)
+
+
+def test_messages_of_unknown_or_finished_runs_touch_nothing(bench: Bench) -> None:
+    meta = bench.run("spy", labelled_rows(5))
+    ghost = task(meta, [0]).model_copy(update={"run_id": "nosuchrun"})
+    infer_batch(bench.res, [ghost])
+    assert bench.sent.sent == []
+    assert not bench.client.exists(RunKeys("nosuchrun").out)
+
+
+def test_an_unreadable_stored_tier_is_no_access(bench: Bench) -> None:
+    tiers = TierRegistry(bench.client)
+    bench.client.hset(tiers_key("d"), "validation", "VIEWABLE ")
+    assert tiers.resolve("d", "validation") is Tier.NO_ACCESS
+    assert tiers.lookup("d", "validation") is Tier.NO_ACCESS
+    assert tiers.resolve("d", "unlisted") is Tier.NO_ACCESS
+
+
+def test_a_non_viewable_run_under_the_floor_shows_no_aggregate(
+    bench: Bench, server: RedisServer
+) -> None:
+    """An admin may run four samples of a non_viewable split; a non-admin reading that run
+    still sees no aggregate (four scores would give four labels away)."""
+    meta = bench.run("spy", labelled_rows(4))
+    TierRegistry(bench.client).set(meta.dataset_id, meta.split, Tier.NON_VIEWABLE, who="t")
+    infer_batch(bench.res, [task(meta, [0, 1, 2, 3])])
+    score_batch(bench.res, [task(meta, [0, 1, 2, 3])])
+    settings = Settings(redis_url=server.url)
+    reader, admin = Client(settings), Client(settings, admin=True)
+    try:
+        assert bench.status(meta) is RunStatus.COMPLETED
+        assert admin.status(meta.run_id).aggregate is not None
+        view = reader.status(meta.run_id)
+        assert view.aggregate is None
+        assert view.withheld == "fewer than 5 samples of a non_viewable split"
+        assert json.loads(json.dumps(view.as_dict()))["aggregate"] is None
+    finally:
+        reader.close()
+        admin.close()

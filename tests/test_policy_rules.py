@@ -1,0 +1,87 @@
+"""The policy module's rules on their own: no Redis, no worker."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from producer.policy_file import load_policy
+from shared.errors import PolicyError, TierRefusedError
+from shared.policy import (
+    MIN_AGGREGATE_SAMPLES,
+    Access,
+    Tier,
+    admit_run,
+    admit_split,
+    budgeted_tier,
+    read_access,
+    stored_tier,
+)
+
+
+@pytest.mark.parametrize("raw", [None, "", "VIEWABLE", "viewable ", "public", b"x", 3])
+def test_anything_but_a_known_stored_tier_reads_as_no_access(raw: object) -> None:
+    assert stored_tier(raw) is Tier.NO_ACCESS
+
+
+def test_known_stored_tiers_read_as_themselves() -> None:
+    assert [stored_tier(t.value) for t in Tier] == list(Tier)
+
+
+def test_no_access_is_refused_to_a_non_admin_only() -> None:
+    with pytest.raises(TierRefusedError, match="d/s is no_access"):
+        admit_split("d/s", Tier.NO_ACCESS, admin=False)
+    admit_split("d/s", Tier.NO_ACCESS, admin=True)
+    admit_split("d/s", Tier.NON_VIEWABLE, admin=False)
+
+
+def test_a_non_viewable_run_needs_the_floor_unless_admin() -> None:
+    below = MIN_AGGREGATE_SAMPLES - 1
+    with pytest.raises(TierRefusedError, match=f"at least {MIN_AGGREGATE_SAMPLES} samples"):
+        admit_run("d/s", Tier.NON_VIEWABLE, admin=False, samples=below)
+    admit_run("d/s", Tier.NON_VIEWABLE, admin=False, samples=MIN_AGGREGATE_SAMPLES)
+    admit_run("d/s", Tier.NON_VIEWABLE, admin=True, samples=1)
+    admit_run("d/s", Tier.VIEWABLE, admin=False, samples=1)
+
+
+@pytest.mark.parametrize(
+    ("tier", "admin", "samples", "expected"),
+    [
+        (Tier.VIEWABLE, False, 1, Access.FULL),
+        (Tier.NON_VIEWABLE, False, MIN_AGGREGATE_SAMPLES, Access.AGGREGATE),
+        (Tier.NON_VIEWABLE, False, MIN_AGGREGATE_SAMPLES - 1, Access.NONE),
+        (Tier.NO_ACCESS, False, 1000, Access.NONE),
+        (Tier.NON_VIEWABLE, True, 1, Access.FULL),
+        (Tier.NO_ACCESS, True, 1, Access.FULL),
+    ],
+)
+def test_read_access(tier: Tier, admin: bool, samples: int, expected: Access) -> None:
+    reader = read_access("d/s", tier, admin, samples)
+    assert reader.access is expected
+    assert (reader.withheld is None) is (expected is not Access.NONE)
+    if expected is Access.FULL:
+        reader.require_samples()
+    else:
+        with pytest.raises(TierRefusedError, match="per-sample results are not readable"):
+            reader.require_samples()
+
+
+def test_budgets_reconcile_with_tiers() -> None:
+    assert budgeted_tier("d/s", None)[0] is Tier.NON_VIEWABLE
+    assert budgeted_tier("d/s", Tier.NON_VIEWABLE) == (None, None)
+    tier, warning = budgeted_tier("d/s", Tier.VIEWABLE)
+    assert tier is None
+    assert warning is not None
+    with pytest.raises(PolicyError, match="no_access split cannot have a budget"):
+        budgeted_tier("d/s", Tier.NO_ACCESS)
+
+
+def test_a_malformed_policy_file_names_its_line_and_column(tmp_path: Path) -> None:
+    broken = tmp_path / "policy.yaml"
+    broken.write_text("datasets:\n  d:\n    s: {tier: viewable\n  e: {}\n")
+    with pytest.raises(PolicyError) as error:
+        load_policy(broken)
+    message = str(error.value)
+    assert message.startswith(f"{broken} is not valid YAML or JSON: line 4, column 4:")
+    assert "\n" not in message
