@@ -199,7 +199,7 @@ class Client:
         meta = self._runs.get(run_id)
         reader = self._reader(meta)
         reader.require_samples()
-        if self.admin and reader.tier is not Tier.VIEWABLE:
+        if reader.bypasses:
             audit_admin(self._redis, "admin_read", self.principal, meta, {"tier": reader.tier})
 
     def cancel(self, run_id: str) -> Cancellation:

@@ -83,6 +83,13 @@ class Reader:
     """The split's tier as the policy resolves it."""
     access: Access
     """What this reader gets."""
+    admin: bool = False
+    """The reader is an admin (or an operator acting as one)."""
+
+    @property
+    def bypasses(self) -> bool:
+        """An admin reading a split that is not ``viewable``: allowed, and audited."""
+        return self.admin and self.tier is not Tier.VIEWABLE
 
     @property
     def withheld(self) -> str | None:
@@ -113,7 +120,7 @@ def read_access(where: str, tier: Tier, admin: bool, samples: int) -> Reader:
         allowed = Access.AGGREGATE
     else:
         allowed = Access.NONE
-    return Reader(where, tier, allowed)
+    return Reader(where, tier, allowed, admin)
 
 
 def budgeted_tier(where: str, listed: Tier | None) -> tuple[Tier | None, str | None]:

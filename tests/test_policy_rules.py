@@ -59,6 +59,7 @@ def test_a_non_viewable_run_needs_the_floor_unless_admin() -> None:
 def test_read_access(tier: Tier, admin: bool, samples: int, expected: Access) -> None:
     reader = read_access("d/s", tier, admin, samples)
     assert reader.access is expected
+    assert reader.bypasses is (admin and tier is not Tier.VIEWABLE)
     assert (reader.withheld is None) is (expected is not Access.NONE)
     if expected is Access.FULL:
         reader.require_samples()

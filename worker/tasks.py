@@ -68,7 +68,7 @@ class SampleBatches(Batches):  # type: ignore[misc]
     """celery-batches' buffer, flushed by the number of *samples* buffered, not of messages.
 
     A message may carry one sample or dozens; counting samples makes ``flush_samples`` the
-    batch size the model sees, whatever the producers chose. A ``solo`` message is flushed on
+    batch size the model sees, whatever the submitter chose. A ``solo`` message is flushed on
     its own, so if its sample kills the worker process, only its own message is redelivered.
     """
 
