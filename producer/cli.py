@@ -11,6 +11,7 @@ from typing import Annotated
 
 import typer
 from rich.table import Column, Table
+from rich.text import Text
 
 from producer import policy_cli
 from producer.client import Client
@@ -56,9 +57,10 @@ def demo(
         return
     accuracy = summary.aggregate.get("accuracy", float("nan"))
     out.print(
-        f"[bold green]accuracy {accuracy:.4f}[/] over {summary.scored} samples "
+        Text(f"accuracy {accuracy:.4f}", style="bold green"),
+        f"over {summary.scored} samples "
         f"({summary.failed} failed) in {summary.seconds:.1f}s "
-        f"({summary.samples_per_second:.0f} samples/s)"
+        f"({summary.samples_per_second:.0f} samples/s)",
     )
     out.print(f"per-sample results: {summary.results_path}")
 

@@ -134,19 +134,22 @@ class Client:
         load_plugins(self.settings.plugins)
         return submit(self._redis, self.app, request, principal=self.principal, admin=self.admin)
 
-    def _reader(self, meta: RunMeta) -> Reader:
+    def _reader(self, meta: RunMeta, aggregated: int | None = None) -> Reader:
+        """What this reader may see of the run; the floor applies to the samples an aggregate
+        is computed from (the scored ones), not to those submitted."""
         tier = self._tiers.resolve(meta.dataset_id, meta.split)
-        return read_access(f"{meta.dataset_id}/{meta.split}", tier, self.admin, meta.n)
+        samples = meta.n if aggregated is None else aggregated
+        return read_access(f"{meta.dataset_id}/{meta.split}", tier, self.admin, samples)
 
     def status(self, run_id: str) -> RunView:
         """The run's record and counters, and its aggregate where the policy allows it."""
         return self._view(self._runs.get(run_id))
 
     def _view(self, meta: RunMeta) -> RunView:
-        reader = self._reader(meta)
+        progress = self._results.progress(meta.run_id)
+        reader = self._reader(meta, None if meta.status.active else progress.scored)
         withheld = reader.withheld
         aggregate = None if withheld else self._results.aggregate(meta.run_id)
-        progress = self._results.progress(meta.run_id)
         errors = self._results.errors_by_kind(meta.run_id) if progress.failed else {}
         return RunView(
             meta=meta,
@@ -185,8 +188,12 @@ class Client:
             yield result.sample_id, result.state
 
     def follow_results(self, run_id: str, block_ms: int = 500) -> Iterator[SampleResult]:
-        """Each sample's result as soon as it is settled, once each, until the run ends."""
+        """Each sample's result as soon as it is settled, once each, until the run ends; the
+        policy is asked here, before anything is returned (or a file opened for it)."""
         self._readable(run_id)
+        return self._follow(run_id, block_ms)
+
+    def _follow(self, run_id: str, block_ms: int) -> Iterator[SampleResult]:
         cursor = "0-0"
         while True:
             ended = not self._runs.get(run_id).status.active

@@ -51,7 +51,7 @@ def run_demo(samples: int, workers: int, out_dir: Path, console: Console) -> Dem
     """Run the whole demo and return its summary."""
     data = write_demo_dataset(out_dir / "data", validation_size=max(samples, 1000))
     with tempfile.TemporaryDirectory(prefix="evalq-demo-") as tmp, RedisServer(Path(tmp)) as server:
-        console.print(f"[dim]private redis-server on {server.url}[/]")
+        console.print(f"private redis-server on {server.url}", style="dim")
         settings = Settings(redis_url=server.url)
         client = Client(settings)
         pool = LocalWorkers(server.url, count=workers, log_dir=out_dir)
@@ -72,7 +72,7 @@ def run_demo(samples: int, workers: int, out_dir: Path, console: Console) -> Dem
                     dataset_id=DEMO_DATASET,
                 )
             )
-            console.print(f"run [bold]{meta.run_id}[/]: {meta.n} samples of {data}/validation")
+            console.print(f"run {meta.run_id}: {meta.n} samples of {data}/validation")
             final = follow(client, meta.run_id, console)
             seconds = time.monotonic() - started
             if final.status is not RunStatus.COMPLETED:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -84,7 +85,7 @@ def _bar(
     meta, _ = client.progress(run_id)
     deadline = _deadline(timeout)
     columns = (
-        TextColumn(f"[bold]{meta.eval}[/] {meta.split}"),
+        TextColumn(f"[bold]{escape(meta.eval)}[/] {escape(meta.split)}"),
         BarColumn(),
         MofNCompleteColumn(),
         TaskProgressColumn(),

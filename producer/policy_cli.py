@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from producer.client import Client
 from shared.cli import JsonFlag, err, out, print_json
@@ -102,7 +103,7 @@ def policy_apply(path: Annotated[Path, typer.Argument(metavar="FILE")]) -> None:
 
     policy = load_policy(path)
     for warning in _client().apply_policy(policy):
-        err.print(f"[yellow]warning:[/] {warning}", highlight=False)
+        err.print(Text.assemble(("warning:", "yellow"), " ", warning), highlight=False)
     splits = sum(len(s) for s in policy.datasets.values())
     out.print(f"applied {path}: {splits} splits")
 

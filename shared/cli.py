@@ -21,6 +21,7 @@ import redis
 import typer
 from pydantic import ValidationError
 from rich.console import Console
+from rich.text import Text
 
 from shared.connection import redact
 from shared.errors import EvalqError
@@ -31,8 +32,10 @@ __all__ = ["COMMANDS_GROUP", "AdminFlag", "JsonFlag", "create_cli", "err", "main
 COMMANDS_GROUP = "evalq.commands"
 """Entry-point group of ``register(app: typer.Typer) -> None`` functions."""
 
-out = Console()
-err = Console(stderr=True)
+# Markup off: user text (paths, split names, error messages) is printed as given, never parsed
+# as rich markup; styled parts are passed as Text.
+out = Console(markup=False)
+err = Console(stderr=True, markup=False)
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
 AdminFlag = Annotated[
@@ -62,7 +65,7 @@ def create_cli() -> typer.Typer:
 
 
 def _fail(message: str, code: int) -> NoReturn:
-    err.print(f"[red]error:[/] {message}", highlight=False, soft_wrap=True)
+    err.print(Text.assemble(("error:", "red"), " ", message), highlight=False, soft_wrap=True)
     raise SystemExit(code)
 
 

@@ -291,3 +291,26 @@ def test_a_non_viewable_run_under_the_floor_shows_no_aggregate(
     finally:
         reader.close()
         admin.close()
+
+
+def test_the_floor_counts_the_samples_an_aggregate_is_made_of(
+    bench: Bench, server: RedisServer
+) -> None:
+    """Five samples submitted, four of which fail to score: the aggregate is one sample's
+    score, and a non-admin does not see it."""
+    rows = labelled_rows(5)
+    for row in rows[:4]:
+        row["text"] = f"bust {row['text']}"
+    meta = bench.run("flaky", rows)
+    TierRegistry(bench.client).set(meta.dataset_id, meta.split, Tier.NON_VIEWABLE, who="t")
+    infer_batch(bench.res, [task(meta, list(range(5)))])
+    score_batch(bench.res, [task(meta, list(range(5)))])
+    reader = Client(Settings(redis_url=server.url))
+    try:
+        assert bench.status(meta) is RunStatus.COMPLETED
+        view = reader.status(meta.run_id)
+        assert view.progress.scored == 1
+        assert view.aggregate is None
+        assert view.withheld == "fewer than 5 samples of a non_viewable split"
+    finally:
+        reader.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,8 +19,10 @@ pytestmark = pytest.mark.integration
 
 
 MARK = "EVALQ_TEST_DEMO_MARK"
-"""An environment variable only this test's demo (and what it starts, which inherits its
-environment) carries: the processes counted are the demo's own, never others on the host."""
+"""An environment variable only this test's demo (and the workers it starts, which inherit its
+environment) carries: the processes counted are the demo's own, never others on the host.
+redis-server rewrites its process title over its environment, so the demo's redis-server is
+found by the address the demo prints instead."""
 
 
 def _started_by(mark: str, command: str = "") -> set[int]:
@@ -34,6 +37,22 @@ def _started_by(mark: str, command: str = "") -> set[int]:
             except OSError:
                 continue
             if needle in environ and command in cmdline:
+                found.add(int(entry.name))
+    return found
+
+
+def _demo_redis(output: str) -> set[int]:
+    """Pids of the redis-server at the address the demo printed."""
+    address = re.search(r"private redis-server on redis://([\d.]+:\d+)/", output)
+    assert address, output[-2000:]
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if "redis-server" in cmdline and address.group(1) in cmdline:
                 found.add(int(entry.name))
     return found
 
@@ -67,6 +86,7 @@ def test_demo_prints_accuracy_over_a_thousand_samples(tmp_path: Path) -> None:
     )
     # everything the demo started is gone: no worker and no redis-server of its own is left
     assert not _started_by(mark)
+    assert not _demo_redis(result.stderr)
 
 
 def test_ctrl_c_stops_everything_the_demo_started(tmp_path: Path) -> None:
@@ -81,7 +101,7 @@ def test_ctrl_c_stops_everything_the_demo_started(tmp_path: Path) -> None:
     try:
         wait_for(lambda: "run " in log.read_text(), 120, "the demo run to start")
         assert _started_by(mark, "-m worker"), "the demo started no worker"
-        assert _started_by(mark, "redis-server"), "the demo started no redis-server"
+        assert _demo_redis(log.read_text()), "the demo's redis-server is not running"
         demo.send_signal(signal.SIGINT)
         assert demo.wait(60) != 0
     finally:
@@ -89,3 +109,4 @@ def test_ctrl_c_stops_everything_the_demo_started(tmp_path: Path) -> None:
             demo.kill()
     assert "accuracy" not in log.read_text()
     assert not _started_by(mark)
+    assert not _demo_redis(log.read_text())

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from producer.policy_file import load_policy
-from shared.errors import PolicyError, TierRefusedError
+from shared.connection import connect, redact
+from shared.errors import InputError, PolicyError, TierRefusedError
 from shared.policy import (
     MIN_AGGREGATE_SAMPLES,
     Access,
@@ -86,3 +87,23 @@ def test_a_malformed_policy_file_names_its_line_and_column(tmp_path: Path) -> No
     message = str(error.value)
     assert message.startswith(f"{broken} is not valid YAML or JSON: line 4, column 4:")
     assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://:hunter2@h:1/0", "redis://:***@h:1/0"),
+        ("redis://user:hunter2@h/0", "redis://user:***@h/0"),
+        ("redis://h:1/0?password=hunter2&db=1", "redis://h:1/0?password=***&db=1"),
+        ("redis://h:1/0", "redis://h:1/0"),
+    ],
+)
+def test_a_redis_url_is_shown_without_its_password(url: str, shown: str) -> None:
+    assert redact(url) == shown
+
+
+@pytest.mark.parametrize("url", ["garbage", "redis://:hunter2@h:notaport/0"])
+def test_a_malformed_redis_url_is_one_input_error_without_the_url(url: str) -> None:
+    with pytest.raises(InputError, match="EVALQ_REDIS_URL") as error:
+        connect(url)
+    assert "hunter2" not in str(error.value)
