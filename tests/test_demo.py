@@ -107,6 +107,7 @@ def test_ctrl_c_stops_everything_the_demo_started(tmp_path: Path) -> None:
     finally:
         if demo.poll() is None:
             demo.kill()
+            demo.wait(30)
     assert "accuracy" not in log.read_text()
     assert not _started_by(mark)
     assert not _demo_redis(log.read_text())
