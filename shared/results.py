@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import redis
@@ -27,7 +27,7 @@ def to_json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), allow_nan=False)
 
 
-def _flatten(values: dict[int, str]) -> list[str | int]:
+def _flatten(values: Mapping[int, str | int]) -> list[str | int]:
     """``{id: value}`` as the flat ``id1, value1, id2, value2, ...`` the scripts take."""
     return [item for pair in values.items() for item in pair]
 
@@ -77,7 +77,7 @@ class ResultStore:
         sample tried before that arrived with others and must be sent on alone."""
         if not samples:
             return {}
-        flat = [item for sample_id, solo in samples.items() for item in (sample_id, int(solo))]
+        flat = _flatten({sample_id: int(solo) for sample_id, solo in samples.items()})
         counts = self._attempt(keys=[RunKeys(run_id).attempts], args=flat)
         return dict(zip(samples, (int(c) for c in counts), strict=True))
 
