@@ -18,6 +18,7 @@ from producer.client import Client
 from producer.export import ExportFormat
 from shared.cli import AdminFlag, JsonFlag, err, out, print_json
 from shared.errors import InputError
+from shared.models import Progress
 from shared.routing import RoutingKind
 from shared.settings import get_settings
 from shared.spec import MAX_SPEC_SHARDS
@@ -122,11 +123,16 @@ def submit_command(  # noqa: PLR0913, PLR0917 - a typer command: its options are
         print_json({"run_id": meta.run_id})
     else:
         out.print(meta.run_id, highlight=False)
+    waiting = client.stalled(meta, Progress())
+    if waiting:
+        err.print(f"warning: {waiting}; the run waits until one does", highlight=False)
     if follow_run:
         _follow_and_report(client, meta.run_id, as_json)
 
 
 def _follow_and_report(client: Client, run_id: str, as_json: bool) -> None:
+    """Follow the run to its end and print its outcome; exit code 4 (``RunNotCompletedError``)
+    when it ended failed or cancelled."""
     from producer.follow import follow
 
     follow(client, run_id, err if as_json else out)
@@ -146,6 +152,7 @@ def _follow_and_report(client: Client, run_id: str, as_json: bool) -> None:
         out.print(f"  {name}: {value:.4f}")
     if view.withheld:
         out.print(f"  aggregate withheld: {view.withheld}")
+    client.ended(run_id)
 
 
 def status(
@@ -164,12 +171,16 @@ def status(
         ("run", meta.run_id),
         ("eval", meta.eval),
         ("data", f"{meta.dataset_id} / {meta.split} ({view.tier})"),
-        ("status", meta.status),
+        ("status", f"{meta.status}, stalled: {view.stalled}" if view.stalled else meta.status),
         ("samples", meta.n),
     ):
         table.add_row(key, str(value))
+    if meta.reason:
+        table.add_row("reason", meta.reason)
     progress = view.progress.model_dump()
-    table.add_row("progress", ", ".join(f"{k} {v}" for k, v in progress.items()))
+    table.add_row(
+        "progress", ", ".join(f"{k} {v}" for k, v in progress.items() if v or k != "recovered")
+    )
     pace = f"{view.throughput:.1f} samples/s"
     if view.eta_seconds is not None:
         pace += f", about {view.eta_seconds:.0f}s left"
@@ -272,6 +283,8 @@ def results(
     count = write_results(rows, fmt, out_path)
     if out_path is not None:
         err.print(f"wrote {count} results to {out_path}")
+    if follow_run:
+        client.ended(run_id)
 
 
 def cancel(run_id: RunArg, as_json: JsonFlag = False) -> None:

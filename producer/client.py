@@ -25,14 +25,15 @@ from pydantic import BaseModel, computed_field
 from producer.policy_file import PolicyFile, apply_policy
 from producer.submit import SubmitRequest, submit
 from shared.audit import audit_admin
-from shared.celery_app import INFER_TASK, SCORE_TASK, create_app
+from shared.celery_app import INFER_QUEUE, INFER_TASK, SCORE_QUEUE, SCORE_TASK, create_app
 from shared.connection import connect
 from shared.dispatch import enqueue
-from shared.errors import EvalqError
+from shared.errors import EvalqError, RunNotCompletedError
 from shared.evaluation import create, load_plugins
 from shared.ledger import Budget, Ledger
 from shared.models import Progress, RunMeta, RunStatus, SampleResult, SampleState
 from shared.policy import Reader, Tier, read_access
+from shared.presence import Presence, WorkerBeat, absence
 from shared.results import ResultStore
 from shared.runs import RunStore
 from shared.settings import Settings, get_settings
@@ -61,6 +62,9 @@ class RunView(BaseModel):
     """Why the aggregate is not shown, when it is not."""
     errors: dict[str, int]
     """Terminal errors by ``stage/kind``."""
+    stalled: str | None = None
+    """Why nothing moves the run, while it is going and nothing does (no live worker serves
+    it, or no progress for ``EVALQ_STALL_AFTER`` seconds); None otherwise."""
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -73,7 +77,7 @@ class RunView(BaseModel):
     @property
     def eta_seconds(self) -> float | None:
         """Seconds left at the current throughput, while the run is going."""
-        if not self.meta.status.active or not self.throughput:
+        if not self.meta.status.active or not self.throughput or self.stalled:
             return None
         return round(max(0, self.meta.n - self.progress.done) / self.throughput, 1)
 
@@ -118,6 +122,7 @@ class Client:
         self._results = ResultStore(self._redis)
         self._tiers = TierRegistry(self._redis)
         self._ledger = Ledger(self._redis)
+        self._presence = Presence(self._redis)
 
     @cached_property
     def app(self) -> Celery:
@@ -143,9 +148,32 @@ class Client:
 
     def status(self, run_id: str) -> RunView:
         """The run's record and counters, and its aggregate where the policy allows it."""
-        return self._view(self._runs.get(run_id))
+        return self._view(self._runs.get(run_id), self._presence.live())
 
-    def _view(self, meta: RunMeta) -> RunView:
+    def stalled(self, meta: RunMeta, progress: Progress) -> str | None:
+        """Why nothing moves a going run: no live worker serves its evaluation (or consumes
+        the queue its samples wait in), or it made no progress for ``stall_after`` seconds;
+        None when it is moving or has ended."""
+        return self._stalled(meta, progress, self._presence.live())
+
+    def _stalled(self, meta: RunMeta, progress: Progress, workers: list[WorkerBeat]) -> str | None:
+        if not meta.status.active:
+            return None
+        queues = []
+        if progress.inferred + progress.failed < meta.n:
+            queues.append(INFER_QUEUE)
+        if progress.inferred > progress.scored:
+            queues.append(SCORE_QUEUE)
+        missing = absence(workers, meta.eval, queues)
+        if missing:
+            return missing
+        seconds, micros = self._redis.time()
+        idle = seconds + micros / 1e6 - (progress.touched or meta.created)
+        if idle >= self.settings.stall_after:
+            return f"no progress for {idle:.0f}s (lost messages are sent again by the janitor)"
+        return None
+
+    def _view(self, meta: RunMeta, workers: list[WorkerBeat]) -> RunView:
         progress = self._results.progress(meta.run_id)
         reader = self._reader(meta, None if meta.status.active else progress.scored)
         withheld = reader.withheld
@@ -158,11 +186,22 @@ class Client:
             aggregate=aggregate,
             withheld=withheld,
             errors=errors,
+            stalled=self._stalled(meta, progress, workers),
         )
 
     def recent(self, limit: int = 20) -> list[RunView]:
         """The newest runs first, as :meth:`status` shows them."""
-        return [self._view(meta) for meta in self._runs.recent(limit)]
+        workers = self._presence.live()
+        return [self._view(meta, workers) for meta in self._runs.recent(limit)]
+
+    def ended(self, run_id: str) -> RunMeta:
+        """The record of a run that has ended; :class:`RunNotCompletedError` (exit code 4)
+        if it ended ``failed`` or ``cancelled``."""
+        meta = self._runs.get(run_id)
+        if meta.status in (RunStatus.FAILED, RunStatus.CANCELLED):
+            why = f": {meta.reason}" if meta.reason else ""
+            raise RunNotCompletedError(f"run {run_id} ended {meta.status}{why}")
+        return meta
 
     def progress(self, run_id: str) -> tuple[RunMeta, Progress]:
         """The run's record and counters (counts only: every reader may see them)."""
@@ -246,6 +285,7 @@ class Client:
             if finalize:
                 load_plugins(self.settings.plugins)
                 self._results.finalize(run_id, create(meta.eval, meta.params))
+                self._runs.retire(run_id)
             return Resumption(run_id, 0, 0, finalize)
         inferred = self._results.inferred(run_id, missing)
         to_score = [i for i in missing if i in inferred]

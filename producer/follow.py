@@ -28,16 +28,36 @@ LINE_EVERY = 2.0
 """Seconds between plain progress lines (a line is printed only when the counts moved)."""
 
 
-def progress_line(meta: RunMeta, counts: Counts) -> str:
+STALL_EVERY = 2.0
+"""Seconds between two looks at whether the run is stalled (no live worker, no progress)."""
+
+
+def progress_line(meta: RunMeta, counts: Counts, stalled: str | None = None) -> str:
     """One plain line: ``RUN EVAL SPLIT: 30/100 settled (30%), inferred 40, failed 0, 12.3
-    samples/s``."""
+    samples/s, running`` (and why it is stalled, when it is)."""
     elapsed = max(time.time() - meta.created, 1e-9)
     share = counts.done / meta.n if meta.n else 1.0
     return (
         f"{meta.run_id} {meta.eval} {meta.split}: {counts.done}/{meta.n} settled ({share:.0%}), "
         f"inferred {counts.inferred}, failed {counts.failed}, "
         f"{counts.done / elapsed:,.1f} samples/s, {meta.status}"
+        + (f", stalled: {stalled}" if stalled else "")
     )
+
+
+class _Stall:
+    """Asks the client whether the run is stalled at most every ``STALL_EVERY`` seconds."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+        self._asked = -STALL_EVERY
+        self.reason: str | None = None
+
+    def update(self, meta: RunMeta, counts: Counts) -> str | None:
+        if time.monotonic() - self._asked >= STALL_EVERY:
+            self._asked = time.monotonic()
+            self.reason = self._client.stalled(meta, counts)
+        return self.reason
 
 
 def follow(
@@ -65,14 +85,17 @@ def _lines(
     client: Client, run_id: str, console: Console, interval: float, timeout: float | None
 ) -> RunMeta:
     deadline = _deadline(timeout)
-    last: tuple[str, Counts] | None = None
+    last: tuple[str, Counts, str | None] | None = None
     printed = 0.0
+    stall = _Stall(client)
     while True:
         meta, counts = client.progress(run_id)
         ended = _ended(meta, deadline)
-        state = (meta.status.value, counts)
+        stalled = stall.update(meta, counts)
+        state = (meta.status.value, counts, stalled)
         if state != last and (ended or time.monotonic() - printed >= LINE_EVERY):
-            console.print(progress_line(meta, counts), highlight=False, soft_wrap=True)
+            line = progress_line(meta, counts, stalled)
+            console.print(line, highlight=False, soft_wrap=True)
             last, printed = state, time.monotonic()
         if ended:
             return meta
@@ -93,18 +116,22 @@ def _bar(
         TextColumn("{task.fields[rate]:,.1f} samples/s"),
         TimeElapsedColumn(),
         TimeRemainingColumn(),
+        TextColumn("{task.fields[stalled]}", style="yellow", markup=False),
     )
+    stall = _Stall(client)
     with Progress(*columns, console=console, transient=False) as bar:
-        task = bar.add_task("run", total=meta.n, failed=0, inferred=0, rate=0.0)
+        task = bar.add_task("run", total=meta.n, failed=0, inferred=0, rate=0.0, stalled="")
         while True:
             meta, counts = client.progress(run_id)
             elapsed = max(time.time() - meta.created, 1e-9)
+            stalled = stall.update(meta, counts)
             bar.update(
                 task,
                 completed=counts.done,
                 failed=counts.failed,
                 inferred=counts.inferred,
                 rate=counts.done / elapsed,
+                stalled=f"stalled: {stalled}" if stalled else "",
             )
             if _ended(meta, deadline):
                 return meta

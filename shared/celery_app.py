@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from celery import Celery
-from kombu import Queue
+from kombu import Exchange, Queue
 
 from shared.dispatch import MIN_MESSAGE_SAMPLES
 from shared.settings import Settings
@@ -31,7 +31,12 @@ def create_app(settings: Settings) -> Celery:
         # never loses a sample (duplicates are harmless: every write is HSETNX).
         task_acks_late=True,
         task_reject_on_worker_lost=True,
-        task_queues=(Queue(INFER_QUEUE), Queue(SCORE_QUEUE)),
+        # Each queue has its own direct exchange: a message published by exchange and routing
+        # key (not only by queue name, as Celery does) reaches one queue, not both.
+        task_queues=tuple(
+            Queue(name, Exchange(name, type="direct"), routing_key=name)
+            for name in (INFER_QUEUE, SCORE_QUEUE)
+        ),
         task_default_queue=INFER_QUEUE,
         task_routes={INFER_TASK: {"queue": INFER_QUEUE}, SCORE_TASK: {"queue": SCORE_QUEUE}},
         # Batches gather prefetched messages: a process holds enough messages for two full

@@ -3,7 +3,7 @@
 Everything evalq raises on purpose derives from :class:`EvalqError`. Two branches decide what a
 worker does with a failure: :class:`RetryableError` is tried again, :class:`PermanentError` ends
 the sample with a terminal error record. ``exit_code`` is what the CLI exits with: 1 error,
-2 bad input, 3 refused by policy.
+2 bad input, 3 refused by policy, 4 a followed run ended ``failed`` or ``cancelled``.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ __all__ = [
     "PolicyRefusedError",
     "RetryableError",
     "RoutingError",
+    "RunNotCompletedError",
     "SampleIdError",
     "ScriptError",
     "ShardMismatchError",
@@ -125,6 +126,12 @@ class PolicyRefusedError(EvalqError):
 
 class TierRefusedError(PolicyRefusedError):
     """The split's tier does not allow this (``no_access``, aggregates only, too few samples)."""
+
+
+class RunNotCompletedError(EvalqError):
+    """A run that was followed to its end ended ``failed`` or ``cancelled``."""
+
+    exit_code = 4
 
 
 class BudgetExhaustedError(PolicyRefusedError):

@@ -8,10 +8,38 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["AUDIT", "RUNS", "RunKeys", "budget_key", "shard_digests_key", "spec_key", "tiers_key"]
+from shared.models import Stage
+
+__all__ = [
+    "ACTIVE",
+    "AUDIT",
+    "JANITOR",
+    "RUNS",
+    "WORKERS",
+    "RunKeys",
+    "budget_key",
+    "shard_digests_key",
+    "spec_key",
+    "tiers_key",
+    "worker_key",
+]
 
 RUNS = "evalq:runs"
 """Sorted set: run id scored by its creation time."""
+
+ACTIVE = "evalq:active"
+"""Set: ids of runs that are queued or running (the janitor's worklist)."""
+
+JANITOR = "evalq:janitor"
+"""String with an expiry: the hostname of the worker that runs the janitor (its lease)."""
+
+WORKERS = "evalq:worker:"
+"""Prefix of the workers' heartbeat keys."""
+
+
+def worker_key(hostname: str) -> str:
+    """String with an expiry: one worker's heartbeat (JSON); gone when the worker is."""
+    return f"{WORKERS}{hostname}"
 
 
 AUDIT = "evalq:audit"
@@ -70,9 +98,11 @@ class RunKeys:
         """Hash: sample id -> JSON terminal error record, written once."""
         return f"evalq:{{{self.run_id}}}:err"
 
-    @property
-    def attempts(self) -> str:
-        """Hash: sample id -> times its inference was started."""
+    def attempts_of(self, stage: Stage) -> str:
+        """Hash: sample id -> times its inference (``attempts``) or scoring
+        (``score_attempts``) was started."""
+        if stage is Stage.SCORE:
+            return f"evalq:{{{self.run_id}}}:score_attempts"
         return f"evalq:{{{self.run_id}}}:attempts"
 
     @property
@@ -82,7 +112,8 @@ class RunKeys:
 
     @property
     def progress(self) -> str:
-        """Hash: inferred, scored, failed; bumped only when a write happened."""
+        """Hash: inferred, scored, failed (bumped only when a write happened), recovered (sent
+        again by the janitor), touched (Redis time of the last such write)."""
         return f"evalq:{{{self.run_id}}}:progress"
 
     @property

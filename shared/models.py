@@ -49,6 +49,8 @@ class Stage(StrEnum):
 
 
 MAX_MESSAGE_SAMPLES = 1024
+MAX_SAMPLE_ID = 2**53
+"""Sample ids are row indices; this bound keeps them exact in Lua's doubles."""
 
 
 class SampleTask(BaseModel):
@@ -58,7 +60,7 @@ class SampleTask(BaseModel):
     result and error.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
     run_id: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
     """The run this sample belongs to."""
@@ -66,13 +68,19 @@ class SampleTask(BaseModel):
     """Registered name of the evaluation."""
     spec: str = Field(min_length=64, max_length=64, pattern=r"^[0-9a-f]{64}$")
     """Fingerprint of the published dataset spec the sample is read from."""
-    sample_ids: list[Annotated[int, Field(ge=0)]] = Field(
+    sample_ids: list[Annotated[int, Field(ge=0, lt=MAX_SAMPLE_ID)]] = Field(
         min_length=1, max_length=MAX_MESSAGE_SAMPLES
     )
     """Row indices of the samples inside the spec's split."""
     solo: bool = False
     """The sample travels alone, to be run in a batch of its own: it was tried before and
     may be one that kills its worker process."""
+
+    @classmethod
+    def parse(cls, kwargs: object) -> SampleTask:
+        """A payload from a message's decoded kwargs, strictly: ids are ints (not ``"3"``,
+        ``True`` or ``3.0``), nothing is coerced, no other field is allowed."""
+        return cls.model_validate(kwargs, strict=True)
 
 
 class RunMeta(BaseModel):
@@ -106,6 +114,8 @@ class RunMeta(BaseModel):
     """Unix time of submission."""
     finished: float | None = None
     """Unix time the run reached a terminal status."""
+    reason: str | None = None
+    """Why the run as a whole failed (e.g. its ``aggregate()`` raised), when it did."""
 
 
 class Progress(BaseModel):
@@ -117,6 +127,10 @@ class Progress(BaseModel):
     """Samples with a score."""
     failed: int = 0
     """Samples with a terminal error."""
+    recovered: int = 0
+    """Samples the janitor sent again because their messages were lost."""
+    touched: float | None = Field(default=None, exclude=True)
+    """Unix time (Redis clock) of the run's last stored output or settled sample."""
 
     @property
     def done(self) -> int:

@@ -5,19 +5,20 @@ bumped only by real writes, and the run's aggregate computed once from what is s
 from __future__ import annotations
 
 import json
-import time
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import redis
 
+from shared.errors import first_line
 from shared.evaluation import Evaluation
 from shared.keys import RunKeys
 from shared.lua import register
-from shared.models import ErrorRecord, Progress, RunStatus, SampleResult
+from shared.models import ErrorRecord, Progress, RunStatus, SampleResult, Stage
 
-__all__ = ["ResultStore", "to_json"]
+__all__ = ["Finished", "ResultStore", "to_json"]
 
 _SCAN_COUNT = 1000
 
@@ -32,6 +33,15 @@ def _flatten(values: Mapping[int, str | int]) -> list[str | int]:
     return [item for pair in values.items() for item in pair]
 
 
+@dataclass(frozen=True)
+class Finished:
+    """How :meth:`ResultStore.finalize` ended a run."""
+
+    status: RunStatus
+    aggregate: dict[str, float]
+    reason: str | None
+
+
 def _settled_ids(fields: Any) -> list[int]:
     """The sample ids of one entry of a run's settled stream (written by ``settle.lua``)."""
     return [int(i) for i in str(fields["ids"]).split(",")]
@@ -39,13 +49,16 @@ def _settled_ids(fields: Any) -> list[int]:
 
 class ResultStore:
     """Per-sample writes (through Lua) and reads (through pipelines and scans) for runs; owns
-    ``attempt.lua``, ``record_outputs.lua`` and ``settle.lua``."""
+    ``attempt.lua``, ``record_outputs.lua``, ``settle.lua``, ``finish.lua`` and
+    ``recover.lua``."""
 
     def __init__(self, client: redis.Redis) -> None:
         self._client = client
         self._attempt = register(client, "attempt")
         self._record_outputs = register(client, "record_outputs")
         self._settle_script = register(client, "settle")
+        self._finish = register(client, "finish")
+        self._recover = register(client, "recover")
 
     def outputs(self, run_id: str, sample_ids: list[int]) -> dict[int, Any]:
         """The stored outputs of those samples that have one."""
@@ -72,19 +85,28 @@ class ResultStore:
             scores, errors = pipe.execute()
         return {i for i, s, e in zip(sample_ids, scores, errors, strict=True) if s or e}
 
-    def attempt(self, run_id: str, samples: dict[int, bool]) -> dict[int, int]:
-        """Count inference attempts (sample id -> arrived alone); a negative count marks a
-        sample tried before that arrived with others and must be sent on alone."""
+    def attempt(
+        self, run_id: str, samples: dict[int, bool], stage: Stage = Stage.INFER
+    ) -> dict[int, int]:
+        """Count attempts at ``stage`` (infer or score) of samples (sample id -> arrived alone);
+        a negative count marks a sample tried before that arrived with others and must be sent
+        on alone."""
         if not samples:
             return {}
         flat = _flatten({sample_id: int(solo) for sample_id, solo in samples.items()})
-        counts = self._attempt(keys=[RunKeys(run_id).attempts], args=flat)
+        counts = self._attempt(keys=[RunKeys(run_id).attempts_of(stage)], args=flat)
         return dict(zip(samples, (int(c) for c in counts), strict=True))
 
     def reset_attempts(self, run_id: str, sample_ids: list[int]) -> None:
-        """Forget the attempt counts of samples (``evalq resume`` gives them a fresh start)."""
+        """Forget the attempt counts of samples at both stages (``evalq resume`` gives them a
+        fresh start)."""
         if sample_ids:
-            self._client.hdel(RunKeys(run_id).attempts, *[str(i) for i in sample_ids])
+            keys = RunKeys(run_id)
+            fields = [str(i) for i in sample_ids]
+            with self._client.pipeline(transaction=False) as pipe:
+                pipe.hdel(keys.attempts_of(Stage.INFER), *fields)
+                pipe.hdel(keys.attempts_of(Stage.SCORE), *fields)
+                pipe.execute()
 
     def record_outputs(self, run_id: str, outputs: dict[int, str]) -> int:
         """Write each output (JSON text, see :func:`to_json`) unless one exists; return how many
@@ -105,28 +127,48 @@ class ResultStore:
         encoded = {i: e.model_dump_json() for i, e in errors.items()}
         return self._settle(run_id, "err", encoded)
 
-    def _settle(self, run_id: str, kind: str, values: dict[int, str]) -> bool:
-        if not values:
+    def claim_finalize(self, run_id: str, stale_after: float) -> bool:
+        """True if every sample is settled, the run is going, and nobody holds a claim to
+        finalize it younger than ``stale_after`` seconds: the caller must finalize it."""
+        return self._settle(run_id, "score", {}, stale_after)
+
+    def _settle(
+        self, run_id: str, kind: str, values: dict[int, str], stale_after: float | None = None
+    ) -> bool:
+        if not values and stale_after is None:
             return False
         keys = RunKeys(run_id)
         _, finalize = self._settle_script(
             keys=[keys.score, keys.err, keys.progress, keys.meta, keys.settled],
-            args=[kind, *_flatten(values)],
+            args=[kind, "" if stale_after is None else stale_after, *_flatten(values)],
         )
         return bool(finalize)
 
-    def finalize(self, run_id: str, evaluation: Evaluation) -> dict[str, float]:
-        """Compute the aggregate from every stored score; the run is then completed (or failed,
-        when no sample could be scored)."""
+    def finalize(self, run_id: str, evaluation: Evaluation) -> Finished | None:
+        """Compute the aggregate from every stored score and end the run: completed, or failed
+        when no sample could be scored or ``aggregate()`` raised. None if the run had ended
+        already (cancelled meanwhile, or finished by another finalizer)."""
         scores = [json.loads(v) for _, v in self._scan(RunKeys(run_id).score)]
-        aggregate = evaluation.aggregate(scores) if scores else {}
-        status = RunStatus.COMPLETED if scores else RunStatus.FAILED
+        finished = Finished(RunStatus.FAILED, {}, "no sample could be scored")
+        if scores:
+            try:
+                aggregate = {str(k): float(v) for k, v in evaluation.aggregate(scores).items()}
+                finished = Finished(RunStatus.COMPLETED, aggregate, None)
+                to_json(aggregate)
+            except Exception as exc:
+                reason = f"aggregate() failed: {type(exc).__name__}: {first_line(exc)}"
+                finished = Finished(RunStatus.FAILED, {}, reason)
         keys = RunKeys(run_id)
-        with self._client.pipeline(transaction=True) as pipe:
-            pipe.set(keys.aggregate, to_json(aggregate))
-            pipe.hset(keys.meta, mapping={"status": status.value, "finished": str(time.time())})
-            pipe.execute()
-        return aggregate
+        ended = self._finish(
+            keys=[keys.meta, keys.aggregate],
+            args=[finished.status.value, to_json(finished.aggregate), finished.reason or ""],
+        )
+        return finished if ended else None
+
+    def recovered(self, run_id: str, samples: int) -> int:
+        """Count ``samples`` sent again by the janitor and stamp the run as touched; return
+        the run's total."""
+        return int(self._recover(keys=[RunKeys(run_id).progress], args=[samples]))
 
     def progress(self, run_id: str) -> Progress:
         """The run's counters."""

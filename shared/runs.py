@@ -10,7 +10,7 @@ import redis
 from redis.typing import EncodableT, FieldT
 
 from shared.errors import UnknownRunError
-from shared.keys import RUNS, RunKeys
+from shared.keys import ACTIVE, RUNS, RunKeys
 from shared.lua import register
 from shared.models import RunMeta
 
@@ -42,6 +42,7 @@ class RunStore:
             pipe.hset(keys.meta, mapping=_encode(meta))
             pipe.set(keys.ids, json.dumps(sample_ids, separators=(",", ":")))
             pipe.zadd(RUNS, {meta.run_id: meta.created})
+            pipe.sadd(ACTIVE, meta.run_id)
             pipe.execute()
 
     def get(self, run_id: str) -> RunMeta:
@@ -67,9 +68,20 @@ class RunStore:
             records = pipe.execute()
         return [_decode(r, raw) for r, raw in zip(run_ids, records, strict=True) if raw]
 
+    def active(self) -> list[str]:
+        """Ids of the runs not yet retired (queued or running, or ended since the janitor's
+        last look)."""
+        return sorted(str(r) for r in self._client.smembers(ACTIVE))
+
+    def retire(self, run_id: str) -> None:
+        """Take an ended run off the janitor's worklist."""
+        self._client.srem(ACTIVE, run_id)
+
     def cancel(self, run_id: str) -> tuple[int, int]:
         """Stop a run: no result is written after this. Return (1 cancelled now, 0 cancelled
         before, or -1 already finished; samples with neither an output nor an error)."""
         keys = RunKeys(run_id)
         state, unproduced = self._cancel(keys=[keys.meta, keys.out, keys.err], args=[time.time()])
+        if int(state) >= 0:
+            self.retire(run_id)
         return int(state), int(unproduced)

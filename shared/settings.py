@@ -73,6 +73,20 @@ class Settings(BaseSettings):
     """Worker-local: seconds one batch may run before its pool process is killed and its
     messages requeued (each sample's attempt counts); keep it below the visibility timeout."""
 
+    heartbeat_interval: float = Field(default=2.0, gt=0, le=60)
+    """Worker-local: seconds between a worker's presence heartbeats in Redis; a worker missing
+    for ``HEARTBEAT_MISSES`` intervals counts as gone (its unacknowledged messages go back)."""
+
+    stall_after: float = Field(default=60.0, gt=0)
+    """Seconds without progress after which a run counts as stalled: ``status`` says so, and
+    the janitor re-sends the samples whose messages were lost and finishes a run whose
+    finalizer died (it looks every ``stall_after / 4`` seconds, at most every 15 s)."""
+
+    remote_control: bool = False
+    """Worker-local: accept Celery remote-control commands that change or stop a worker
+    (``time_limit``, ``shutdown``, ``pool_restart``, ``revoke``, ...). Off: only inspection
+    (what Flower lists) and ``enable_events`` are answered, the rest are refused."""
+
     @field_validator("plugins", mode="before")
     @classmethod
     def _split_plugins(cls, value: object) -> object:

@@ -32,10 +32,13 @@ class Stack:
     log_dir: Path
     crashes_expected: bool = False
 
-    def start_workers(self, queues: str = "infer,score", **env: str) -> LocalWorkers:
-        """One more worker process with the test plugins and batches of 16, plus ``env``."""
+    def start_workers(
+        self, queues: str = "infer,score", url: str | None = None, **env: str
+    ) -> LocalWorkers:
+        """One more worker process with the test plugins and batches of 16, plus ``env``,
+        talking to ``url`` (default: the server's)."""
         workers = LocalWorkers(
-            self.server.url,
+            url or self.server.url,
             queues=queues,
             env={**cli_env(self.server.url), "EVALQ_MAX_BATCH": "16", **env},
             log_dir=self.log_dir / f"w{len(self.workers)}",

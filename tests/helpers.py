@@ -9,10 +9,11 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import redis
 
+from shared.keys import RunKeys
 from shared.models import RunStatus
 from shared.policy import Tier
 from shared.runs import RunStore
@@ -52,6 +53,25 @@ def wait_ended(client: redis.Redis, run_id: str, timeout: float = 120.0) -> RunS
     status = wait_for(ended, timeout, f"run {run_id} to end")
     assert status is not None
     return status
+
+
+def assert_settled_once(client: redis.Redis, run_id: str, n: int) -> None:
+    """The run completed with each of its ``n`` samples settled exactly once: one score or one
+    error (never both), counted once, and listed once in the settled stream."""
+    runs = RunStore(client)
+    assert runs.get(run_id).status is RunStatus.COMPLETED
+    keys = RunKeys(run_id)
+    scored = {int(i) for i in client.hkeys(keys.score)}
+    failed = {int(i) for i in client.hkeys(keys.err)}
+    assert not scored & failed
+    assert scored | failed == set(runs.sample_ids(run_id))
+    progress = client.hgetall(keys.progress)
+    assert int(progress.get("scored", 0)) == len(scored)
+    assert int(progress.get("failed", 0)) == len(failed)
+    entries: Any = client.xrange(keys.settled)
+    streamed = [int(i) for _, fields in entries for i in str(fields["ids"]).split(",")]
+    assert sorted(streamed) == sorted(scored | failed)
+    assert len(streamed) == n
 
 
 def write_rows(folder: Path, split: str, rows: list[dict[str, object]]) -> Path:

@@ -96,7 +96,8 @@ def test_submit_follow_status_runs_results(stack: Stack, tmp_path: Path) -> None
     assert set(last["aggregate"]) == {"correct", "saw_label"}
 
     status = json.loads(evalq(url, "status", run_id, "--json").stdout)
-    assert status["progress"] == {"inferred": 30, "scored": 30, "failed": 0}
+    assert status["progress"] == {"inferred": 30, "scored": 30, "failed": 0, "recovered": 0}
+    assert status["stalled"] is None
     assert status["n"] == 30
     assert status["status"] == "completed"
     assert status["throughput"] > 0

@@ -150,7 +150,7 @@ def test_malformed_payloads_are_dropped_not_raised(caplog: pytest.LogCaptureFixt
             _request(good, args=("positional",)),
         ]
     )
-    assert [t.sample_ids for t in parsed] == [[3, 4]]
+    assert [t.sample_ids for _, t in parsed] == [[3, 4]]
     assert caplog.text.count("dropping malformed") == 5
 
 

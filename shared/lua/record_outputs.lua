@@ -1,6 +1,7 @@
 -- record_outputs: write inference outputs once each; count only the writes that happened.
 -- KEYS[1] = evalq:{run}:out       hash, sample id -> output JSON (HSETNX)
--- KEYS[2] = evalq:{run}:progress  hash, field 'inferred' bumped by the number written
+-- KEYS[2] = evalq:{run}:progress  hash, field 'inferred' bumped by the number written,
+--                                 'touched' stamped
 -- KEYS[3] = evalq:{run}:meta      hash, 'status' moves from 'queued' to 'running'
 -- ARGV    = id1, json1, id2, json2, ...
 -- Returns: the number of outputs newly written (a redelivered sample writes nothing; nothing
@@ -12,6 +13,7 @@ for i = 1, #ARGV, 2 do
 end
 if written > 0 then
   redis.call('HINCRBY', KEYS[2], 'inferred', written)
+  touch(KEYS[2])
   mark_running(KEYS[3])
 end
 return written

@@ -2,22 +2,25 @@
 -- one caller that finalizes the run.
 -- KEYS[1] = evalq:{run}:score     hash, sample id -> metrics JSON
 -- KEYS[2] = evalq:{run}:err       hash, sample id -> error record JSON
--- KEYS[3] = evalq:{run}:progress  hash, fields 'scored' / 'failed' bumped per write
--- KEYS[4] = evalq:{run}:meta      hash, reads 'n' and 'status', claims 'finalizing' (HSETNX)
+-- KEYS[3] = evalq:{run}:progress  hash, fields 'scored' / 'failed' bumped per write, 'touched'
+-- KEYS[4] = evalq:{run}:meta      hash, reads 'n' and 'status', 'finalizing' = claim time
 -- KEYS[5] = evalq:{run}:settled   stream, one entry listing the ids settled by this call
 -- ARGV[1] = 'score' or 'err'      which hash the values go to
--- ARGV[2..] = id1, json1, id2, json2, ...
+-- ARGV[2] = seconds after which a claim to finalize counts as dead (its finalizer was killed)
+--           and may be taken over; '' = never
+-- ARGV[3..] = id1, json1, id2, json2, ...   (none: only ask whether to finalize)
 -- A value is written only when the sample has neither a score nor an error yet, and nothing
 -- is written once the run is cancelled.
--- Returns: {written, finalize}; finalize is 1 for exactly one caller, the one that saw every
--- sample settled first, and 0 for everyone else.
-if redis.call('HGET', KEYS[4], 'status') == 'cancelled' then return {0, 0} end
+-- Returns: {written, finalize}; finalize is 1 for the one caller that saw every sample settled
+-- first (or that takes over a dead claim), and 0 for everyone else.
+local status = redis.call('HGET', KEYS[4], 'status')
+if status ~= 'queued' and status ~= 'running' then return {0, 0} end
 local target, other, counter = KEYS[1], KEYS[2], 'scored'
 if ARGV[1] == 'err' then
   target, other, counter = KEYS[2], KEYS[1], 'failed'
 end
 local written, ids = 0, {}
-for i = 2, #ARGV, 2 do
+for i = 3, #ARGV, 2 do
   if redis.call('HEXISTS', other, ARGV[i]) == 0
     and redis.call('HSETNX', target, ARGV[i], ARGV[i + 1]) == 1 then
     written = written + 1
@@ -27,13 +30,16 @@ end
 if written > 0 then
   redis.call('XADD', KEYS[5], '*', 'ids', table.concat(ids, ','))
   redis.call('HINCRBY', KEYS[3], counter, written)
+  touch(KEYS[3])
   mark_running(KEYS[4])
 end
-local finalize = 0
 local n = tonumber(redis.call('HGET', KEYS[4], 'n') or '-1')
 local done = tonumber(redis.call('HGET', KEYS[3], 'scored') or '0')
   + tonumber(redis.call('HGET', KEYS[3], 'failed') or '0')
-if n >= 0 and done >= n then
-  finalize = redis.call('HSETNX', KEYS[4], 'finalizing', '1')
+if n < 0 or done < n then return {written, 0} end
+local claimed = tonumber(redis.call('HGET', KEYS[4], 'finalizing') or '')
+if claimed and (ARGV[2] == '' or now() - claimed < tonumber(ARGV[2])) then
+  return {written, 0}
 end
-return {written, finalize}
+redis.call('HSET', KEYS[4], 'finalizing', string.format('%.6f', now()))
+return {written, 1}

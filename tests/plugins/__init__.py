@@ -81,6 +81,29 @@ class Killer(Spy):
         return super().infer(model, rows)
 
 
+@register("score_killer")
+class ScoreKiller(Spy):
+    """Kills its own worker process while scoring a row whose text contains 'kill'."""
+
+    def score(self, row: dict[str, Any], output: Any) -> dict[str, float]:
+        if "kill" in row["text"]:
+            os._exit(1)
+        return super().score(row, output)
+
+
+@register("dies_aggregating")
+class DiesAggregating(Spy):
+    """The spy whose ``aggregate()`` kills its process the first time, when the ``marker`` file
+    param does not exist yet (it creates the file first), and works after that."""
+
+    def aggregate(self, scores: list[dict[str, float]]) -> dict[str, float]:
+        marker = Path(self.params["marker"])
+        if not marker.exists():
+            marker.touch()
+            os._exit(1)
+        return super().aggregate(scores)
+
+
 def _note(path: str, line: str) -> None:
     with open(path, "a", encoding="utf-8") as handle:
         handle.write(line + "\n")

@@ -1,0 +1,82 @@
+"""Worker presence in Redis: each worker's heartbeat (what it serves, what it holds), expiring
+when the worker stops beating, and the janitor's lease; owns ``lead.lua``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import redis
+from pydantic import BaseModel, ValidationError
+
+from shared.keys import JANITOR, WORKERS, worker_key
+from shared.lua import register
+
+__all__ = ["HEARTBEAT_MISSES", "Presence", "WorkerBeat", "absence"]
+
+HEARTBEAT_MISSES = 5
+"""Heartbeat intervals after which a silent worker counts as gone (its key expires)."""
+
+
+class WorkerBeat(BaseModel):
+    """One worker's heartbeat."""
+
+    hostname: str
+    """Celery node name, e.g. ``evalq-123@host``."""
+    pid: int
+    """Its main process."""
+    evaluations: list[str]
+    """Evaluations it serves (its plugins registered them)."""
+    queues: list[str]
+    """Queues it consumes."""
+    held: list[str] = []
+    """Delivery tags of the messages it holds unacknowledged."""
+
+
+def absence(workers: Iterable[WorkerBeat], evaluation: str, queues: Iterable[str]) -> str | None:
+    """Why no live worker can move a run of ``evaluation`` whose samples wait in ``queues``;
+    None when some worker serves the evaluation on each of those queues."""
+    live = list(workers)
+    if not live:
+        return "no live worker (start one: evalq worker)"
+    serving = [w for w in live if evaluation in w.evaluations]
+    if not serving:
+        return f"no live worker serves evaluation {evaluation!r} (check its EVALQ_PLUGINS)"
+    for queue in queues:
+        if not any(queue in w.queues for w in serving):
+            return f"no live worker serving {evaluation!r} consumes queue {queue!r}"
+    return None
+
+
+class Presence:
+    """Reads and writes ``evalq:worker:<hostname>`` heartbeats and the ``evalq:janitor``
+    lease."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self._client = client
+        self._lead = register(client, "lead")
+
+    def beat(self, beat: WorkerBeat, interval: float) -> None:
+        """Publish a heartbeat that lives ``HEARTBEAT_MISSES`` intervals."""
+        ttl_ms = max(1, int(interval * HEARTBEAT_MISSES * 1000))
+        self._client.set(worker_key(beat.hostname), beat.model_dump_json(), px=ttl_ms)
+
+    def leave(self, hostname: str) -> None:
+        """Remove a worker's heartbeat (it stops cleanly)."""
+        self._client.delete(worker_key(hostname))
+
+    def live(self) -> list[WorkerBeat]:
+        """The heartbeats of the workers alive now."""
+        keys = sorted(self._client.scan_iter(match=f"{WORKERS}*", count=1000))
+        beats: list[WorkerBeat] = []
+        for raw in self._client.mget(keys) if keys else []:
+            if raw is None:
+                continue
+            try:
+                beats.append(WorkerBeat.model_validate_json(raw))
+            except ValidationError:
+                continue
+        return beats
+
+    def lead(self, hostname: str, lease: float) -> bool:
+        """Take or keep the janitor's lease for ``lease`` seconds; True if ``hostname`` leads."""
+        return bool(self._lead(keys=[JANITOR], args=[hostname, max(1, int(lease * 1000))]))

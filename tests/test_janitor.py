@@ -1,0 +1,123 @@
+"""The janitor in-process, against a real redis-server and kombu's real Redis transport (no
+worker): lost samples are sent again and waiting ones are not, messages of gone workers go
+back to their queue and held ones stay, and a run whose finalizer died gets finished."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from producer.redis_server import RedisServer
+from shared.broker import Broker, carried
+from shared.celery_app import INFER_QUEUE, INFER_TASK, SCORE_QUEUE, create_app
+from shared.dispatch import publish, split
+from shared.keys import ACTIVE
+from shared.models import RunMeta, RunStatus
+from shared.presence import Presence, WorkerBeat
+from shared.settings import Settings
+from tests.helpers import labelled_rows, wait_for
+from tests.test_batch import Bench, bench, server, task  # noqa: F401 - fixtures
+from worker.janitor import Janitor
+from worker.pipeline import score_batch
+
+STALL = 0.05
+
+
+@pytest.fixture
+def janitor(bench: Bench, server: RedisServer) -> Iterator[tuple[Janitor, Celery]]:  # noqa: F811
+    """A janitor that counts a run stalled after 50 ms and a worker gone after 50 ms; the
+    broker's queues and the worklist start empty."""
+    bench.client.delete(INFER_QUEUE, SCORE_QUEUE, "unacked", "unacked_index", ACTIVE)
+    settings = Settings(redis_url=server.url, stall_after=STALL, heartbeat_interval=0.01)
+    app = create_app(settings)
+    broker = Broker(app, bench.client)
+    yield Janitor(bench.client, broker, app, settings), app
+    broker.close()
+
+
+def _queued(on: Bench, queue: str) -> list[int]:
+    tasks = [carried(str(raw)) for raw in on.client.lrange(queue, 0, -1)]
+    return sorted(i for t in tasks if t is not None for i in t.sample_ids)
+
+
+def _idle(on: Bench, meta: RunMeta) -> None:
+    progress = on.res.results.progress
+    wait_for(lambda: time.time() - (progress(meta.run_id).touched or meta.created) > STALL)
+
+
+def test_lost_samples_are_sent_again_and_waiting_ones_are_not(
+    bench: Bench,  # noqa: F811
+    janitor: tuple[Janitor, Celery],
+) -> None:
+    sweeper, app = janitor
+    meta = bench.run("spy", labelled_rows(20))
+    results = bench.res.results
+    results.record_outputs(meta.run_id, {i: "{}" for i in range(10)})
+    results.record_scores(meta.run_id, {i: {"m": 1.0} for i in range(5)})
+    publish(app, INFER_TASK, split(meta, list(range(10, 15))))  # waiting in the queue
+    _idle(bench, meta)
+
+    swept = sweeper.sweep()
+
+    assert swept.resent == {meta.run_id: 10}
+    assert _queued(bench, SCORE_QUEUE) == list(range(5, 10))  # output stored: scoring
+    assert _queued(bench, INFER_QUEUE) == list(range(10, 20))  # 10-14 once, as queued before
+    assert results.progress(meta.run_id).recovered == 10
+    assert sweeper.sweep().resent == {}  # just sent: not stalled again yet
+
+
+def test_messages_of_gone_workers_go_back_and_held_ones_stay(
+    bench: Bench,  # noqa: F811
+    janitor: tuple[Janitor, Celery],
+) -> None:
+    sweeper, app = janitor
+    meta = bench.run("spy", labelled_rows(4))
+    publish(app, INFER_TASK, [task(meta, [0, 1]), task(meta, [2, 3])])
+    with app.connection_for_write() as connection:
+        channel: Any = connection.channel()
+        taken = [channel.basic_get(INFER_QUEUE, no_ack=False) for _ in range(2)]
+        tags = [str(message.delivery_tag) for message in taken]
+        assert bench.client.llen(INFER_QUEUE) == 0
+        beat = WorkerBeat(hostname="w1", pid=1, evaluations=["spy"], queues=["infer"])
+        Presence(bench.client).beat(beat.model_copy(update={"held": tags[:1]}), interval=10)
+        wait_for(
+            lambda: time.time() - float(bench.client.zscore("unacked_index", tags[1]) or 0) > 0.05
+        )
+
+        swept = sweeper.sweep()
+
+        assert swept.restored == 1
+        assert bench.client.hkeys("unacked") == tags[:1]
+        assert _queued(bench, INFER_QUEUE) == [2, 3]
+        channel.close()
+
+
+def test_a_run_whose_finalizer_died_is_finished(
+    bench: Bench,  # noqa: F811
+    janitor: tuple[Janitor, Celery],
+) -> None:
+    sweeper, _ = janitor
+    meta = bench.run("spy", labelled_rows(5))
+    results = bench.res.results
+    results.record_outputs(meta.run_id, {i: '{"pred": 0}' for i in range(5)})
+    # the finalizer claims the run, then dies before aggregate() returns
+    assert results.record_scores(meta.run_id, {i: {"correct": 1.0} for i in range(5)})
+    score_batch(bench.res, [task(meta, [0])])  # a redelivery: the claim is young, it waits
+    assert bench.status(meta) is RunStatus.RUNNING
+    _idle(bench, meta)
+
+    swept = sweeper.sweep()
+
+    assert swept.nudged == [meta.run_id]
+    (nudge,) = [carried(str(raw)) for raw in bench.client.lrange(SCORE_QUEUE, 0, -1)]
+    assert nudge is not None
+    patient = dataclasses.replace(bench.res, stall_after=STALL)
+    assert score_batch(patient, [nudge]) == set()
+    assert bench.status(meta) is RunStatus.COMPLETED
+    assert results.aggregate(meta.run_id) == {"correct": 1.0}
+    assert meta.run_id not in bench.res.runs.active()

@@ -1,0 +1,132 @@
+"""The janitor: heals runs that nothing moves any more, without waiting for the broker's
+visibility timeout and without anyone typing ``evalq resume``.
+
+One worker at a time runs it (the holder of the ``evalq:janitor`` lease; see
+:mod:`worker.presence`). Each sweep:
+
+1. puts back in their queue the unacknowledged messages that no live worker holds (their
+   worker's main process was killed, or lost Redis and gave up on them) once they are older
+   than a heartbeat's lifetime;
+2. for each run that has made no progress for ``EVALQ_STALL_AFTER`` seconds: if every sample is
+   settled, its finalizer died, so it sends one score message that makes a worker serving the
+   evaluation take over the dead claim and finish the run; otherwise it sends again the
+   unsettled samples that no queued or unacknowledged message carries (lost with a killed
+   process, a Redis outage or a dropped batch): to scoring when their output is stored, else to
+   inference. Nothing is charged; every write stays once-only, so a duplicate is harmless.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import redis
+from celery import Celery
+
+from shared.broker import Broker
+from shared.celery_app import INFER_TASK, SCORE_TASK
+from shared.dispatch import enqueue
+from shared.errors import UnknownRunError
+from shared.models import RunMeta
+from shared.presence import HEARTBEAT_MISSES, Presence
+from shared.results import ResultStore
+from shared.runs import RunStore
+from shared.settings import Settings
+
+__all__ = ["Janitor", "Sweep"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Sweep:
+    """What one sweep did."""
+
+    restored: int = 0
+    """Unacknowledged messages of gone workers put back in their queue."""
+    resent: dict[str, int] = field(default_factory=dict)
+    """Run id -> samples sent again because no message carried them."""
+    nudged: list[str] = field(default_factory=list)
+    """Runs, all settled, whose finalizer died: asked to finish again."""
+    retired: list[str] = field(default_factory=list)
+    """Ended runs taken off the worklist."""
+
+
+class Janitor:
+    """Sweeps the broker and the active runs; see the module's description."""
+
+    def __init__(
+        self, client: redis.Redis, broker: Broker, app: Celery, settings: Settings
+    ) -> None:
+        self._client = client
+        self._runs = RunStore(client)
+        self._results = ResultStore(client)
+        self._presence = Presence(client)
+        self._broker = broker
+        self._app = app
+        self._settings = settings
+
+    def sweep(self) -> Sweep:
+        """One pass over the broker's unacknowledged messages and the active runs."""
+        done = Sweep()
+        seconds, micros = self._client.time()
+        now = seconds + micros / 1e6
+        held = {tag for beat in self._presence.live() for tag in beat.held}
+        gone_after = self._settings.heartbeat_interval * HEARTBEAT_MISSES
+        for tag in self._broker.delivered_before(now - gone_after):
+            if tag not in held:
+                self._broker.restore(tag)
+                done.restored += 1
+        waiting: dict[str, set[int]] | None = None
+        for run_id in self._runs.active():
+            try:
+                meta = self._runs.get(run_id)
+            except UnknownRunError:
+                meta = None
+            if meta is None or not meta.status.active:
+                self._runs.retire(run_id)
+                done.retired.append(run_id)
+                continue
+            progress = self._results.progress(run_id)
+            idle = now - (progress.touched or meta.created)
+            if idle < self._settings.stall_after:
+                continue
+            if progress.done >= meta.n:
+                self._nudge(meta)
+                done.nudged.append(run_id)
+                continue
+            if waiting is None:
+                waiting = self._broker.waiting()
+            resent = self._resend(meta, waiting.get(run_id, set()))
+            if resent:
+                done.resent[run_id] = resent
+                log.warning(
+                    "janitor: run %s made no progress for %.0fs; sent %d samples again whose "
+                    "messages were lost",
+                    run_id,
+                    idle,
+                    resent,
+                )
+        if done.restored:
+            log.warning("janitor: put back %d messages of workers that are gone", done.restored)
+        return done
+
+    def _nudge(self, meta: RunMeta) -> None:
+        first = self._runs.sample_ids(meta.run_id)[:1]
+        enqueue(self._app, SCORE_TASK, meta, first)
+        self._results.recovered(meta.run_id, 0)
+        log.warning(
+            "janitor: run %s is settled but unfinished; asked a worker to finish it", meta.run_id
+        )
+
+    def _resend(self, meta: RunMeta, carrying: set[int]) -> int:
+        ids = self._runs.sample_ids(meta.run_id)
+        settled = self._results.settled(meta.run_id, ids)
+        lost = [i for i in ids if i not in settled and i not in carrying]
+        if not lost:
+            return 0
+        inferred = self._results.inferred(meta.run_id, lost)
+        enqueue(self._app, SCORE_TASK, meta, [i for i in lost if i in inferred])
+        enqueue(self._app, INFER_TASK, meta, [i for i in lost if i not in inferred])
+        self._results.recovered(meta.run_id, len(lost))
+        return len(lost)

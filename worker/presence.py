@@ -1,0 +1,112 @@
+"""A worker's presence thread: publishes its heartbeat every ``EVALQ_HEARTBEAT_INTERVAL``
+seconds (the evaluations and queues it serves, the messages it holds) and, while it holds the
+janitor's lease, sweeps every ``stall_after / 4`` seconds (at most every 15 s).
+
+It runs in the worker's main process from ``worker_ready`` to ``worker_shutdown``, on its own
+Redis connections, so a long batch in the pool never delays a heartbeat. A worker whose main
+process dies stops beating; after ``HEARTBEAT_MISSES`` intervals its heartbeat expires, and the
+janitor puts the messages it held back in their queue.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+
+from celery import Celery
+
+from shared.broker import Broker
+from shared.connection import connect
+from shared.errors import first_line
+from shared.evaluation import registered
+from shared.presence import HEARTBEAT_MISSES, Presence, WorkerBeat
+from shared.settings import Settings
+from worker.janitor import Janitor
+
+__all__ = ["PresenceThread", "sweep_every"]
+
+log = logging.getLogger(__name__)
+
+MAX_SWEEP_EVERY = 15.0
+
+
+def sweep_every(settings: Settings) -> float:
+    """Seconds between two sweeps of the janitor."""
+    return min(MAX_SWEEP_EVERY, settings.stall_after / 4)
+
+
+class PresenceThread(threading.Thread):
+    """Heartbeat and janitor of one worker (a daemon thread of its main process)."""
+
+    def __init__(
+        self,
+        app: Celery,
+        settings: Settings,
+        hostname: str,
+        queues: list[str],
+        held: Callable[[], list[str]],
+    ) -> None:
+        super().__init__(name="evalq-presence", daemon=True)
+        self._app = app
+        self._settings = settings
+        self._hostname = hostname
+        self._queues = queues
+        self._held = held
+        self._stopping = threading.Event()
+        self._failing: set[str] = set()
+
+    def stop(self) -> None:
+        """Stop beating and leave (the heartbeat is removed at once)."""
+        self._stopping.set()
+        self.join(timeout=10)
+
+    def run(self) -> None:
+        settings = self._settings
+        client = connect(settings.redis_url)
+        presence = Presence(client)
+        broker = Broker(self._app, connect(settings.broker))
+        janitor = Janitor(client, broker, self._app, settings)
+        every = sweep_every(settings)
+        lease = max(3 * every, settings.heartbeat_interval * HEARTBEAT_MISSES)
+        next_sweep = time.monotonic() + settings.heartbeat_interval
+        try:
+            while True:
+                self._guard(
+                    "heartbeat", lambda: presence.beat(self._beat(), settings.heartbeat_interval)
+                )
+                if time.monotonic() >= next_sweep:
+                    next_sweep = time.monotonic() + every
+                    self._guard(
+                        "janitor", lambda: presence.lead(self._hostname, lease) and janitor.sweep()
+                    )
+                if self._stopping.wait(settings.heartbeat_interval):
+                    break
+        finally:
+            self._guard("leave", lambda: presence.leave(self._hostname))
+            broker.close()
+            client.close()
+
+    def _beat(self) -> WorkerBeat:
+        return WorkerBeat(
+            hostname=self._hostname,
+            pid=os.getpid(),
+            evaluations=registered(),
+            queues=self._queues,
+            held=self._held(),
+        )
+
+    def _guard(self, what: str, step: Callable[[], object]) -> None:
+        """Run one step; a failure (Redis unreachable) is logged once until a step works."""
+        try:
+            step()
+        except Exception as exc:
+            if what not in self._failing:
+                log.warning("presence %s failed: %s", what, first_line(exc))
+            self._failing.add(what)
+            return
+        if what in self._failing:
+            log.info("presence %s works again", what)
+        self._failing.discard(what)
