@@ -33,7 +33,7 @@ ACTIVE = "evalq:active"
 JANITOR = "evalq:janitor"
 """String with an expiry: the hostname of the worker that runs the janitor (its lease)."""
 
-WORKERS = "evalq:worker:"
+WORKERS = "evalq:workers:"
 """Prefix of the workers' heartbeat keys."""
 
 

@@ -48,7 +48,7 @@ def absence(workers: Iterable[WorkerBeat], evaluation: str, queues: Iterable[str
 
 
 class Presence:
-    """Reads and writes ``evalq:worker:<hostname>`` heartbeats and the ``evalq:janitor``
+    """Reads and writes ``evalq:workers:<hostname>`` heartbeats and the ``evalq:janitor``
     lease."""
 
     def __init__(self, client: redis.Redis) -> None:
