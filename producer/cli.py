@@ -146,6 +146,7 @@ def _follow_and_report(client: Client, run_id: str, as_json: bool) -> None:
                 "withheld": view.withheld,
             }
         )
+        client.ended(run_id)
         return
     out.print(f"{run_id} {view.meta.status}")
     for name, value in sorted((view.aggregate or {}).items()):

@@ -5,7 +5,8 @@ A prometheus-client collector reads Redis at each scrape (nothing is cached betw
 - ``evalq_run_samples{run, eval, dataset, split, state}``: samples of each recent run by state
   (``total``, ``inferred``, ``scored``, ``failed``, ``done``);
 - ``evalq_run_active{run, ...}``: 1 while the run is queued or running;
-- ``evalq_queue_depth{queue}``: messages waiting in each broker queue (every priority level);
+- ``evalq_queue_depth{queue}``: messages waiting in each broker queue (every priority level):
+  ``infer``, ``score``, and each evaluation queue that holds messages (``infer.<eval>``);
 - ``evalq_messages_unacked``: messages delivered to a worker and not acknowledged yet;
 - ``evalq_budget_remaining{dataset, split, unit}``: runs and samples left of each budget
   (budgets with an unlimited total have no series for that unit).
@@ -26,7 +27,7 @@ from prometheus_client import start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from shared.celery_app import INFER_QUEUE, SCORE_QUEUE
+from shared.broker import queue_names
 from shared.ledger import Ledger
 from shared.results import ResultStore
 from shared.runs import RunStore
@@ -70,7 +71,7 @@ class EvalqCollector(Collector):
         depth = GaugeMetricFamily(
             "evalq_queue_depth", "Messages waiting in a broker queue.", labels=["queue"]
         )
-        for queue in (INFER_QUEUE, SCORE_QUEUE):
+        for queue in queue_names(self._client):
             # kombu's Redis transport keeps one list per priority step: name, name\x06\x163, ...
             keys = [queue if p == 0 else f"{queue}{Channel.sep}{p}" for p in PRIORITY_STEPS]
             with self._client.pipeline(transaction=False) as pipe:

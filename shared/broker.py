@@ -1,6 +1,8 @@
 """The messages the broker holds, as kombu's Redis transport stores them: waiting ones in one
-list per queue, delivered-but-unacknowledged ones in the ``unacked`` hash (delivery tag ->
-``[message, exchange, routing key]``) with their delivery times in ``unacked_index``.
+list per queue (the stage queues ``infer`` and ``score``, and the evaluation queues
+``infer.<eval>`` / ``score.<eval>``), delivered-but-unacknowledged ones in the ``unacked``
+hash (delivery tag -> ``[message, exchange, routing key]``) with their delivery times in
+``unacked_index``.
 
 The janitor reads them to tell samples whose messages were lost from samples whose messages
 wait or are being worked on, and puts the messages of workers that are gone back in their
@@ -19,14 +21,25 @@ from typing import Any
 import redis
 from celery import Celery
 from kombu import Connection
+from kombu.transport.redis import Channel
 from pydantic import ValidationError
 
 from shared.celery_app import INFER_QUEUE, SCORE_QUEUE
 from shared.models import SampleTask
 
-__all__ = ["Broker", "carried"]
+__all__ = ["Broker", "carried", "queue_names"]
 
 _CHUNK = 1000
+
+
+def queue_names(client: redis.Redis) -> list[str]:
+    """The stage queues, then every evaluation queue (``infer.<eval>``, ...) that holds
+    messages (kombu deletes an empty list's key)."""
+    named = [INFER_QUEUE, SCORE_QUEUE]
+    for stage in (INFER_QUEUE, SCORE_QUEUE):
+        found = client.scan_iter(match=f"{stage}.*", count=_CHUNK, _type="list")
+        named.extend(sorted(k for k in map(str, found) if Channel.sep not in k))
+    return named
 
 
 def carried(raw: str) -> SampleTask | None:
@@ -70,13 +83,13 @@ class Broker:
         acknowledged meanwhile)."""
         self._channel().qos.restore_by_tag(tag, leftmost=False)
 
-    def waiting(self) -> dict[str, set[int]]:
-        """Run id -> the sample ids some queued or unacknowledged message carries."""
-        found: dict[str, set[int]] = defaultdict(set)
+    def waiting(self) -> dict[str, list[SampleTask]]:
+        """Run id -> the payloads of the queued and unacknowledged messages naming that run."""
+        found: dict[str, list[SampleTask]] = defaultdict(list)
         for raw in self._stored():
             payload = carried(raw)
             if payload is not None:
-                found[payload.run_id].update(payload.sample_ids)
+                found[payload.run_id].append(payload)
         return found
 
     def depth(self, queue: str) -> int:
@@ -84,7 +97,7 @@ class Broker:
         return int(self._client.llen(queue))
 
     def _stored(self) -> Iterator[str]:
-        for queue in (INFER_QUEUE, SCORE_QUEUE):
+        for queue in queue_names(self._client):
             start = 0
             while True:
                 entries = [str(e) for e in self._client.lrange(queue, start, start + _CHUNK - 1)]

@@ -8,12 +8,35 @@ from kombu import Exchange, Queue
 from shared.dispatch import MIN_MESSAGE_SAMPLES
 from shared.settings import Settings
 
-__all__ = ["INFER_QUEUE", "INFER_TASK", "SCORE_QUEUE", "SCORE_TASK", "create_app"]
+__all__ = [
+    "INFER_QUEUE",
+    "INFER_TASK",
+    "SCORE_QUEUE",
+    "SCORE_TASK",
+    "STAGE_QUEUES",
+    "create_app",
+    "evaluation_queue",
+]
 
 INFER_TASK = "evalq.infer"
 SCORE_TASK = "evalq.score"
 INFER_QUEUE = "infer"
 SCORE_QUEUE = "score"
+STAGE_QUEUES = {INFER_TASK: INFER_QUEUE, SCORE_TASK: SCORE_QUEUE}
+"""The shared queue of each task: every worker of that stage consumes it."""
+
+
+def _queue(name: str) -> Queue:
+    # Each queue has its own direct exchange: a message published by exchange and routing key
+    # (not only by queue name, as Celery does) reaches one queue, not several.
+    return Queue(name, Exchange(name, type="direct"), routing_key=name)
+
+
+def evaluation_queue(stage: str, evaluation: str) -> Queue:
+    """``<stage>.<evaluation>``: where a message of ``evaluation`` waits for a worker that
+    serves it. Only such workers consume it; a worker that takes a message of an evaluation it
+    does not serve from the shared ``stage`` queue moves it here."""
+    return _queue(f"{stage}.{evaluation}")
 
 
 def create_app(settings: Settings) -> Celery:
@@ -31,12 +54,7 @@ def create_app(settings: Settings) -> Celery:
         # never loses a sample (duplicates are harmless: every write is HSETNX).
         task_acks_late=True,
         task_reject_on_worker_lost=True,
-        # Each queue has its own direct exchange: a message published by exchange and routing
-        # key (not only by queue name, as Celery does) reaches one queue, not both.
-        task_queues=tuple(
-            Queue(name, Exchange(name, type="direct"), routing_key=name)
-            for name in (INFER_QUEUE, SCORE_QUEUE)
-        ),
+        task_queues=(_queue(INFER_QUEUE), _queue(SCORE_QUEUE)),
         task_default_queue=INFER_QUEUE,
         task_routes={INFER_TASK: {"queue": INFER_QUEUE}, SCORE_TASK: {"queue": SCORE_QUEUE}},
         # Batches gather prefetched messages: a process holds enough messages for two full
@@ -53,7 +71,10 @@ def create_app(settings: Settings) -> Celery:
         # If the broker connection drops, work in flight cannot be acked any more and will be
         # redelivered: cancel it rather than finish it twice.
         worker_cancel_long_running_tasks_on_connection_loss=True,
-        # Keep reconnecting through a broker restart instead of exiting.
+        # Keep reconnecting through a broker restart instead of exiting; an error Redis answers
+        # with (out of memory, a script or ACL refusal) restarts the consumer the same way
+        # instead of ending the worker with "Unrecoverable error".
+        broker_channel_error_retry=True,
         broker_connection_retry_on_startup=True,
         broker_connection_max_retries=None,
         # Task events (on by default), so Flower and `celery events` can watch tasks.

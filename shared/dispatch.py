@@ -12,8 +12,10 @@ buffers the broker's LPUSHes in a Redis pipeline.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 from celery import Celery
+from kombu import Queue
 
 from shared.models import RunMeta, SampleTask
 
@@ -61,12 +63,17 @@ def split(
         )
 
 
-def publish(app: Celery, task_name: str, tasks: Iterable[SampleTask]) -> int:
-    """Send one ``task_name`` message per payload (kwargs = the payload); return how many."""
+def publish(
+    app: Celery, task_name: str, tasks: Iterable[SampleTask], queue: Queue | None = None
+) -> int:
+    """Send one ``task_name`` message per payload (kwargs = the payload) to the task's queue,
+    or to ``queue``; return how many."""
     sent = 0
     with app.producer_or_acquire() as producer, producer.batch(max_size=PIPELINE_SIZE):
         for task in tasks:
-            app.send_task(task_name, kwargs=task.model_dump(mode="json"), producer=producer)
+            kwargs = task.model_dump(mode="json")
+            route: Any = queue  # Celery takes a Queue as well as a queue's name
+            app.send_task(task_name, kwargs=kwargs, producer=producer, queue=route)
             sent += 1
     return sent
 

@@ -78,5 +78,10 @@ class Presence:
         return beats
 
     def lead(self, hostname: str, lease: float) -> bool:
-        """Take or keep the janitor's lease for ``lease`` seconds; True if ``hostname`` leads."""
-        return bool(self._lead(keys=[JANITOR], args=[hostname, max(1, int(lease * 1000))]))
+        """Take or keep the janitor's lease for ``lease`` seconds; True if ``hostname`` leads.
+        A lease held by a name with no live heartbeat (a worker that is gone, or a key written
+        by hand without an expiry) is taken over."""
+        holder = self._client.get(JANITOR)
+        gone = "" if holder is None or holder in {b.hostname for b in self.live()} else holder
+        ttl_ms = max(1, int(lease * 1000))
+        return bool(self._lead(keys=[JANITOR], args=[hostname, ttl_ms, str(gone)]))

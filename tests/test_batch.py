@@ -314,3 +314,14 @@ def test_the_floor_counts_the_samples_an_aggregate_is_made_of(
         assert view.withheld == "fewer than 5 samples of a non_viewable split"
     finally:
         reader.close()
+
+
+def test_a_forged_message_for_a_run_of_an_unknown_eval_harms_no_batch_mate(bench: Bench) -> None:
+    """A message naming a served eval for a run whose own eval this worker does not have is
+    dropped; the batch goes on for the other runs and asks for no requeue (no loop)."""
+    ghost = bench.run("no-such-eval", labelled_rows(4))
+    meta = bench.run("spy", labelled_rows(4))
+    forged = task(ghost, [0]).model_copy(update={"eval": "spy"})
+    assert infer_batch(bench.res, [forged, task(meta, [0, 1, 2, 3])]) == set()
+    assert len(bench.res.results.outputs(meta.run_id, [0, 1, 2, 3])) == 4
+    assert bench.res.results.outputs(ghost.run_id, [0]) == {}

@@ -222,6 +222,9 @@ def test_a_worker_without_the_plugin_gives_the_work_back(
     stack = fresh_stack
     without = stack.start_workers(EVALQ_PLUGINS="", **FAST)
     meta = _submit(stack, tmp_path, "spy", labelled_rows(200))
+    good = {"run_id": meta.run_id, "eval": "nosuch", "spec": meta.spec, "sample_ids": [1]}
+    _raw(stack, INFER_QUEUE, [[], good, {}], serializer="json",
+         headers={"task": "evalq.infer", "id": str(uuid.uuid4())})  # fmt: skip
     client = _client(stack)
     started = time.monotonic()
     stalled = wait_for(lambda: client.status(meta.run_id).stalled, 10, "status to say why")
@@ -229,11 +232,18 @@ def test_a_worker_without_the_plugin_gives_the_work_back(
     shown = evalq(stack.server.url, "status", meta.run_id)
     assert "no live worker serves evaluation 'spy'" in shown.stdout
     assert time.monotonic() - started < 10
+    # the worker without the plugin moved every message to spy's own queue, and dropped the
+    # forged one (its run is not of evaluation 'nosuch') instead of making a queue for it
+    wait_for(lambda: not stack.client.llen(INFER_QUEUE) and not stack.client.hlen("unacked"))
+    assert stack.client.llen("infer.spy") > 0
+    assert not stack.client.exists("infer.nosuch")
     assert client.status(meta.run_id).progress.done == 0
     stack.start_workers(**FAST)
-    _complete(stack, meta)
+    _complete(stack, meta, timeout=60)
     assert without.processes[0].poll() is None
-    assert "does not serve evaluation 'spy'" in stack.worker_log()
+    log = stack.worker_log()
+    assert "its messages go to queue 'infer.spy'" in log
+    assert "its run is not of evaluation 'nosuch'" in log
 
 
 def test_redis_out_of_memory_mid_run_loses_nothing(fresh_stack: Stack, tmp_path: Path) -> None:
@@ -362,6 +372,8 @@ def test_followers_exit_4_when_the_run_fails(stack: Stack, tmp_path: Path) -> No
     run_id = followed.stdout.split()[0]
     assert followed.stderr.strip() == f"error: run {run_id} ended failed: no sample could be scored"
     assert evalq(url, "watch", run_id).returncode == 4
+    assert evalq(url, "watch", run_id, "--json").returncode == 4
+    assert evalq(url, "submit", "flaky", *data, "--follow", "--json").returncode == 4
     assert evalq(url, "results", run_id, "--follow").returncode == 4
     assert evalq(url, "status", run_id).returncode == 0
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -60,13 +61,18 @@ def test_lost_samples_are_sent_again_and_waiting_ones_are_not(
     results.record_outputs(meta.run_id, {i: "{}" for i in range(10)})
     results.record_scores(meta.run_id, {i: {"m": 1.0} for i in range(5)})
     publish(app, INFER_TASK, split(meta, list(range(10, 15))))  # waiting in the queue
+    forged = task(meta, list(range(15, 20))).model_copy(update={"eval": "nope"})
+    publish(app, INFER_TASK, [forged])  # a worker drops it: it carries nothing of the run
+    bench.client.sadd(ACTIVE, "bogus")
+    bench.client.hset("evalq:{bogus}:meta", "foo", "bar")  # an unreadable run record
     _idle(bench, meta)
 
     swept = sweeper.sweep()
 
     assert swept.resent == {meta.run_id: 10}
     assert _queued(bench, SCORE_QUEUE) == list(range(5, 10))  # output stored: scoring
-    assert _queued(bench, INFER_QUEUE) == list(range(10, 20))  # 10-14 once, as queued before
+    # 10-14 once, as queued before; 15-19 twice: the forged message and the resent one
+    assert _queued(bench, INFER_QUEUE) == [*range(10, 15), *sorted(2 * list(range(15, 20)))]
     assert results.progress(meta.run_id).recovered == 10
     assert sweeper.sweep().resent == {}  # just sent: not stalled again yet
 
@@ -121,3 +127,17 @@ def test_a_run_whose_finalizer_died_is_finished(
     assert bench.status(meta) is RunStatus.COMPLETED
     assert results.aggregate(meta.run_id) == {"correct": 1.0}
     assert meta.run_id not in bench.res.runs.active()
+
+
+def test_a_lease_held_by_a_name_without_a_heartbeat_is_taken_over(
+    bench: Bench,  # noqa: F811
+    janitor: tuple[Janitor, Celery],
+) -> None:
+    presence = Presence(bench.client)
+    one, two = (f"{name}-{uuid.uuid4().hex[:6]}" for name in ("one", "two"))
+    bench.client.set("evalq:janitor", "evil@nowhere")  # by hand, without an expiry
+    assert presence.lead(one, lease=10)
+    assert presence.lead(two, lease=10)  # one holds it, but one has no heartbeat either
+    presence.beat(WorkerBeat(hostname=two, pid=1, evaluations=[], queues=[]), interval=10)
+    assert not presence.lead(one, lease=10)  # a live holder keeps it
+    assert presence.lead(two, lease=10)

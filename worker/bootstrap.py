@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterable
 from typing import Any
 
 from celery import Celery
@@ -16,8 +17,9 @@ from celery.signals import (
     worker_ready,
     worker_shutdown,
 )
+from kombu import Queue
 
-from shared.celery_app import create_app
+from shared.celery_app import STAGE_QUEUES, create_app, evaluation_queue
 from shared.evaluation import load_plugins, registered
 from shared.settings import Settings
 from worker.heap import keep_freed_memory
@@ -59,6 +61,7 @@ def create_worker_app(settings: Settings) -> Celery:
     app = create_app(settings)
     state = WorkerState(app, settings)
     register_tasks(app, state, settings)
+    app.conf.task_queues = (*app.conf.task_queues, *_evaluation_queues(STAGE_QUEUES.values()))
     # Only evalq's tasks are consumed: Celery's built-in ones (celery.map, celery.chord, ...)
     # could send other tasks on a message's say. The guarded consumer drops what it cannot take.
     for name in [name for name in app.tasks if not name.startswith("evalq.")]:
@@ -90,7 +93,13 @@ def create_worker_app(settings: Settings) -> Celery:
 
     def start_presence(sender: Any, **_: Any) -> None:
         queues = sorted(sender.app.amqp.queues.consume_from or ())
-        thread = PresenceThread(app, settings, sender.hostname, queues, held)
+        thread = PresenceThread(
+            app,
+            settings,
+            hostname=sender.hostname,
+            queues=queues,
+            held=held,
+        )
         thread.start()
         presence.append(thread)
 
@@ -107,6 +116,19 @@ def create_worker_app(settings: Settings) -> Celery:
     return app
 
 
+def _evaluation_queues(stages: Iterable[str]) -> list[Queue]:
+    """The queues of the evaluations this process serves, for each stage in ``stages``."""
+    return [evaluation_queue(stage, name) for stage in stages for name in registered()]
+
+
+def consumed_queues(queues: str) -> str:
+    """``--queues`` as given, with each stage queue (``infer``, ``score``) followed by the
+    queues of the evaluations this worker serves at that stage (``infer.<eval>``, ...)."""
+    named = [q.strip() for q in queues.split(",") if q.strip()]
+    stages = [q for q in named if q in STAGE_QUEUES.values()]
+    return ",".join([*named, *(q.name for q in _evaluation_queues(stages))])
+
+
 def run_worker(
     settings: Settings, queues: str = "infer,score", concurrency: int = 1, loglevel: str = "INFO"
 ) -> None:
@@ -120,7 +142,7 @@ def run_worker(
     app.worker_main(
         [
             "worker",
-            f"--queues={queues}",
+            f"--queues={consumed_queues(queues)}",
             f"--concurrency={concurrency}",
             "--pool=prefork",
             f"--loglevel={loglevel}",

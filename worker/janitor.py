@@ -12,7 +12,11 @@ One worker at a time runs it (the holder of the ``evalq:janitor`` lease; see
    evaluation take over the dead claim and finish the run; otherwise it sends again the
    unsettled samples that no queued or unacknowledged message carries (lost with a killed
    process, a Redis outage or a dropped batch): to scoring when their output is stored, else to
-   inference. Nothing is charged; every write stays once-only, so a duplicate is harmless.
+   inference. A message counts as carrying a sample only if it names the run's own evaluation
+   and spec (a worker would drop any other). Nothing is charged; every write stays once-only, so
+   a duplicate is harmless.
+
+A run whose record cannot be read is logged and skipped; it never stops the sweep of the others.
 """
 
 from __future__ import annotations
@@ -26,8 +30,8 @@ from celery import Celery
 from shared.broker import Broker
 from shared.celery_app import INFER_TASK, SCORE_TASK
 from shared.dispatch import enqueue
-from shared.errors import UnknownRunError
-from shared.models import RunMeta
+from shared.errors import UnknownRunError, first_line
+from shared.models import RunMeta, SampleTask
 from shared.presence import HEARTBEAT_MISSES, Presence
 from shared.results import ResultStore
 from shared.runs import RunStore
@@ -65,6 +69,7 @@ class Janitor:
         self._broker = broker
         self._app = app
         self._settings = settings
+        self._waiting: dict[str, list[SampleTask]] | None = None
 
     def sweep(self) -> Sweep:
         """One pass over the broker's unacknowledged messages and the active runs."""
@@ -77,39 +82,53 @@ class Janitor:
             if tag not in held:
                 self._broker.restore(tag)
                 done.restored += 1
-        waiting: dict[str, set[int]] | None = None
+        self._waiting = None
         for run_id in self._runs.active():
             try:
-                meta = self._runs.get(run_id)
-            except UnknownRunError:
-                meta = None
-            if meta is None or not meta.status.active:
-                self._runs.retire(run_id)
-                done.retired.append(run_id)
-                continue
-            progress = self._results.progress(run_id)
-            idle = now - (progress.touched or meta.created)
-            if idle < self._settings.stall_after:
-                continue
-            if progress.done >= meta.n:
-                self._nudge(meta)
-                done.nudged.append(run_id)
-                continue
-            if waiting is None:
-                waiting = self._broker.waiting()
-            resent = self._resend(meta, waiting.get(run_id, set()))
-            if resent:
-                done.resent[run_id] = resent
-                log.warning(
-                    "janitor: run %s made no progress for %.0fs; sent %d samples again whose "
-                    "messages were lost",
-                    run_id,
-                    idle,
-                    resent,
-                )
+                self._heal(run_id, now, done)
+            except redis.RedisError:
+                raise
+            except Exception as exc:
+                log.error("janitor: cannot look after run %s: %s", run_id, first_line(exc))
         if done.restored:
             log.warning("janitor: put back %d messages of workers that are gone", done.restored)
         return done
+
+    def _heal(self, run_id: str, now: float, done: Sweep) -> None:
+        try:
+            meta = self._runs.get(run_id)
+        except UnknownRunError:
+            meta = None
+        if meta is None or not meta.status.active:
+            self._runs.retire(run_id)
+            done.retired.append(run_id)
+            return
+        progress = self._results.progress(run_id)
+        idle = now - (progress.touched or meta.created)
+        if idle < self._settings.stall_after:
+            return
+        if progress.done >= meta.n:
+            self._nudge(meta)
+            done.nudged.append(run_id)
+            return
+        if self._waiting is None:
+            self._waiting = self._broker.waiting()
+        carrying = {
+            sample_id
+            for task in self._waiting.get(run_id, [])
+            if task.eval == meta.eval and task.spec == meta.spec
+            for sample_id in task.sample_ids
+        }
+        resent = self._resend(meta, carrying)
+        if resent:
+            done.resent[run_id] = resent
+            log.warning(
+                "janitor: run %s made no progress for %.0fs; sent %d samples again whose "
+                "messages were lost",
+                run_id,
+                idle,
+                resent,
+            )
 
     def _nudge(self, meta: RunMeta) -> None:
         first = self._runs.sample_ids(meta.run_id)[:1]

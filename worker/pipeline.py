@@ -119,7 +119,8 @@ class _Run:
             if task.solo:
                 self.solo.update(task.sample_ids)
         self.ids = list(dict.fromkeys(self.ids))
-        self.evaluation: Evaluation = res.runtimes.evaluation(self.meta.eval, self.meta.params)
+        if self.ids:
+            self.evaluation: Evaluation = res.runtimes.evaluation(self.meta.eval, self.meta.params)
 
     def _refusal(self, task: SampleTask, ranges: Ranges) -> str | None:
         """Why a message cannot be one of this run's (None when it can)."""
@@ -186,7 +187,13 @@ class _Run:
 
 class _Batch:
     """The runs of one batch, and those whose messages must go back to the queue because
-    Redis failed while they were read or stored."""
+    Redis failed while they were read or stored.
+
+    Any other error while one run is handled (a run whose evaluation cannot be created here,
+    a bug) is logged with its traceback and takes only that run out of the batch; its messages
+    are acknowledged, not requeued, so that a deterministic error cannot loop, and the janitor
+    sends its unsettled samples again after ``EVALQ_STALL_AFTER`` seconds.
+    """
 
     def __init__(self, res: Resources, tasks: list[SampleTask], stage: Stage) -> None:
         self.requeue: set[str] = set()
@@ -205,6 +212,9 @@ class _Batch:
             except STORE_ERRORS as exc:
                 self._failed(run_id, exc)
                 continue
+            except Exception:
+                log.exception("run %s: its messages in this batch are left to the janitor", run_id)
+                continue
             if run.meta.status.active and run.ids:
                 self.runs.append(run)
 
@@ -222,6 +232,11 @@ class _Batch:
                 step(run)
             except STORE_ERRORS as exc:
                 self._failed(run.run_id, exc)
+                self.runs.remove(run)
+            except Exception:
+                log.exception(
+                    "run %s: its messages in this batch are left to the janitor", run.run_id
+                )
                 self.runs.remove(run)
 
 

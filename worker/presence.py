@@ -45,6 +45,7 @@ class PresenceThread(threading.Thread):
         self,
         app: Celery,
         settings: Settings,
+        *,
         hostname: str,
         queues: list[str],
         held: Callable[[], list[str]],
@@ -72,17 +73,19 @@ class PresenceThread(threading.Thread):
         every = sweep_every(settings)
         lease = max(3 * every, settings.heartbeat_interval * HEARTBEAT_MISSES)
         next_sweep = time.monotonic() + settings.heartbeat_interval
+        interval = settings.heartbeat_interval
+
+        def sweep() -> None:
+            if presence.lead(self._hostname, lease):
+                janitor.sweep()
+
         try:
             while True:
-                self._guard(
-                    "heartbeat", lambda: presence.beat(self._beat(), settings.heartbeat_interval)
-                )
+                self._guard("heartbeat", lambda: presence.beat(self._beat(), interval))
                 if time.monotonic() >= next_sweep:
                     next_sweep = time.monotonic() + every
-                    self._guard(
-                        "janitor", lambda: presence.lead(self._hostname, lease) and janitor.sweep()
-                    )
-                if self._stopping.wait(settings.heartbeat_interval):
+                    self._guard("janitor", sweep)
+                if self._stopping.wait(interval):
                     break
         finally:
             self._guard("leave", lambda: presence.leave(self._hostname))

@@ -7,10 +7,12 @@ seconds, whichever comes first.
 What reaches a worker is either buffered or dropped, never a crash and never a requeue loop:
 every message passes :func:`worker.intake.admit` in the main process first; a malformed one is
 logged and dropped. A message of an evaluation this worker does not serve (its plugin is not
-loaded) is held for ``UNSERVED_HOLD`` seconds, then put back at the end of the queue for a
-worker that serves it. A batch acknowledges only the messages whose results were stored: the
-batch function returns the runs whose writes failed (Redis out of memory, a lost connection),
-and their messages go back to the queue; a lost pool process requeues all of its messages.
+loaded) is moved to that evaluation's own queue (``infer.<eval>`` / ``score.<eval>``), which
+only workers serving it consume: it neither cycles through this worker nor waits for it.
+
+A batch acknowledges only the messages whose results were stored: the batch function returns
+the runs whose writes failed (Redis out of memory, a lost connection), and their messages go
+back to the queue; a lost pool process requeues all of its messages.
 
 What this module takes from celery-batches (pinned to 0.11.x in ``pyproject.toml``):
 ``Batches`` and its ``Strategy(task, app, consumer)`` (wrapped, not copied),
@@ -33,23 +35,24 @@ from celery import Celery
 from celery.worker.request import Request
 from celery_batches import Batches, SimpleRequest
 from celery_batches.trace import apply_batches_task
+from kombu.transport.virtual import QoS as VirtualQoS
 
-from shared.celery_app import INFER_TASK, SCORE_TASK
-from shared.errors import PayloadError, first_line
+from shared.celery_app import INFER_TASK, SCORE_TASK, STAGE_QUEUES, evaluation_queue
+from shared.connection import connect
+from shared.dispatch import publish
+from shared.errors import PayloadError, UnknownRunError, first_line
 from shared.evaluation import registered
 from shared.models import SampleTask
+from shared.runs import RunStore
 from shared.settings import Settings
 from worker.intake import admit
 from worker.pipeline import Resources, infer_batch, score_batch
 from worker.state import WorkerState
 
-__all__ = ["UNSERVED_HOLD", "Held", "SampleBatches", "parse_requests", "register_tasks"]
+__all__ = ["Held", "SampleBatches", "parse_requests", "register_tasks"]
 
 log = logging.getLogger(__name__)
 
-UNSERVED_HOLD = 5.0
-"""Seconds a message of an evaluation this worker does not serve is held before it goes back
-to the queue; meanwhile the worker takes other work."""
 UNSERVED_LOG_EVERY = 60.0
 
 
@@ -90,8 +93,13 @@ def _announce(request: Request) -> None:
 
 
 def _settle_message(message: Any, requeue: bool) -> bool:
-    """Acknowledge a message, or put it back in its queue; False (logged) when Redis refuses,
-    in which case it stays unacknowledged and the janitor restores it."""
+    """Acknowledge a message, or put it back in its queue; False (logged) when Redis refuses.
+
+    A refused message stays in the broker's unacknowledged hash, where the janitor finds it
+    (no live worker holds it) and puts it back. Its prefetch slot here is released all the
+    same, through the virtual transport's own bookkeeping (``kombu.transport.virtual.QoS.ack``,
+    which touches no Redis key): a slot kept would stop this worker from taking any more work.
+    """
     try:
         if requeue:
             message.reject(requeue=True)
@@ -100,6 +108,9 @@ def _settle_message(message: Any, requeue: bool) -> bool:
     except Exception as exc:
         action = "requeue" if requeue else "acknowledge"
         log.warning("could not %s a message (%s); the janitor restores it", action, first_line(exc))
+        qos = getattr(message.channel, "qos", None)
+        if isinstance(qos, VirtualQoS):
+            VirtualQoS.ack(qos, message.delivery_tag)
         return False
     return True
 
@@ -115,6 +126,8 @@ class SampleBatches(Batches):  # type: ignore[misc]
     abstract = True
     flush_samples = 64
     flush_every = 1 << 30  # the base class's message count never triggers; samples do
+    redis_url = ""  # set by register_tasks: where to look a forwarded message's run up
+    runs: RunStore | None = None
 
     def __init__(self) -> None:
         super().__init__()
@@ -126,7 +139,6 @@ class SampleBatches(Batches):  # type: ignore[misc]
     def Strategy(self, task: Batches, app: Celery, consumer: Any) -> Callable[..., None]:
         buffer_message = super().Strategy(task, app, consumer)
         self._worker_pool = consumer.pool
-        timer = consumer.timer
         served = frozenset(registered())
 
         def handle(message: Any, *args: Any, **kwargs: Any) -> None:
@@ -137,7 +149,7 @@ class SampleBatches(Batches):  # type: ignore[misc]
                 _settle_message(message, requeue=False)
                 return
             if payload.eval not in served:
-                self._hold_unserved(message, payload.eval, timer)
+                self._forward(app, message, payload)
                 return
             self.held.add(message.delivery_tag)
             try:
@@ -155,23 +167,45 @@ class SampleBatches(Batches):  # type: ignore[misc]
 
         return handle
 
-    def _hold_unserved(self, message: Any, evaluation: str, timer: Any) -> None:
-        now = time.monotonic()
-        if now - self._unserved_logged.get(evaluation, -UNSERVED_LOG_EVERY) >= UNSERVED_LOG_EVERY:
-            self._unserved_logged[evaluation] = now
-            log.warning(
-                "this worker does not serve evaluation %r (EVALQ_PLUGINS); its messages go back "
-                "to the queue for a worker that does",
-                evaluation,
-            )
-        tag = message.delivery_tag
-        self.held.add(tag)
-
-        def give_back() -> None:
+    def _forward(self, app: Celery, message: Any, payload: SampleTask) -> None:
+        """Move a message of an evaluation this worker does not serve to the queue of that
+        evaluation, which only workers serving it consume, if its run is of that evaluation
+        (else it is forged or stale: dropped). If Redis refuses, the message goes back."""
+        queue = evaluation_queue(STAGE_QUEUES[self.name], payload.eval)
+        try:
+            if self.runs is None:
+                self.runs = RunStore(connect(self.redis_url))
+            owner = self.runs.get(payload.run_id).eval
+        except UnknownRunError:
+            owner = None
+        except Exception as exc:
+            log.warning("cannot check a message's run (%s); it goes back", first_line(exc))
             _settle_message(message, requeue=True)
-            self.held.discard(tag)
-
-        timer.call_after(UNSERVED_HOLD, give_back)
+            return
+        if owner != payload.eval:
+            log.error(
+                "dropping an %s message: its run is not of evaluation %r", self.name, payload.eval
+            )
+            _settle_message(message, requeue=False)
+            return
+        try:
+            publish(app, self.name, [payload], queue=queue)
+        except Exception as exc:
+            log.warning(
+                "cannot move a message to %s (%s); it goes back", queue.name, first_line(exc)
+            )
+            _settle_message(message, requeue=True)
+            return
+        _settle_message(message, requeue=False)
+        now = time.monotonic()
+        if now - self._unserved_logged.get(payload.eval, -UNSERVED_LOG_EVERY) >= UNSERVED_LOG_EVERY:
+            self._unserved_logged[payload.eval] = now
+            log.warning(
+                "this worker does not serve evaluation %r (EVALQ_PLUGINS); its messages go to "
+                "queue %r for a worker that does",
+                payload.eval,
+                queue.name,
+            )
 
     def flush(self, requests: Collection[Request]) -> Any:
         """Run the buffered requests as one pool job; when it returns, acknowledge the messages
@@ -260,6 +294,7 @@ def register_tasks(app: Celery, state: WorkerState, settings: Settings) -> None:
             flush_interval=settings.batch_wait,
             time_limit=settings.task_time_limit,
             acks_late=True,
+            redis_url=settings.redis_url,
         )(handle)
 
     batch_task(INFER_TASK, infer_batch)
