@@ -94,12 +94,14 @@ def test_a_single_process_worker_gets_its_next_batch_while_busy(fresh_stack: Sta
 _CHURN = """
 import sys
 sys.path.insert(0, {repo!r})
-from worker.heap import keep_freed_memory
 from tests.plugins import CHURN_MIB, heap_churn
 if sys.argv[1] == "keep":
+    from worker.heap import keep_freed_memory
     assert keep_freed_memory()
 print(heap_churn(CHURN_MIB))
 """
+"""The churn in a fresh process; only the ``keep`` one imports the worker (whose imports would
+otherwise leave the default process's heap in whatever shape they happen to)."""
 PAGES = CHURN_MIB * 256  # 4 KiB pages
 
 

@@ -136,26 +136,39 @@ class Sized(Evaluation):
 
 def heap_churn(mib: int) -> int:
     """Minor page faults while ``mib`` MiB of small C-heap blocks are allocated, touched and
-    freed, as a batch's tensors are (measured on the second of two such batches)."""
+    freed, as a batch's tensors are (measured on the second of two such batches).
+
+    The block pointers live in an anonymous mmap, not in a Python list: a list's buffer is
+    itself malloc'd, and where glibc puts it (the heap top, or an mmap, by thresholds that
+    whatever the process imported before may have moved) would decide whether the freed heap
+    can shrink at all."""
     import ctypes
+    import mmap
     import resource
 
     libc = ctypes.CDLL(None)
     libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
     libc.free.argtypes = [ctypes.c_void_p]
     libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+    count = mib * 1024
+    pages = mmap.mmap(-1, count * ctypes.sizeof(ctypes.c_void_p))
+    blocks = (ctypes.c_void_p * count).from_buffer(pages)
 
-    def batch() -> None:
-        blocks = [libc.malloc(1024) for _ in range(mib * 1024)]
-        for block in blocks:
-            libc.memset(block, 1, 1024)
-        for block in blocks:
-            libc.free(block)
+    def batch(blocks: Any) -> None:
+        for i in range(count):
+            blocks[i] = libc.malloc(1024)
+        for i in range(count):
+            libc.memset(blocks[i], 1, 1024)
+        for i in range(count):
+            libc.free(blocks[i])
 
-    batch()
+    batch(blocks)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    batch()
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    batch(blocks)
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    del blocks
+    pages.close()
+    return faults
 
 
 @register("churn")
