@@ -170,7 +170,7 @@ class Client:
         seconds, micros = self._redis.time()
         idle = seconds + micros / 1e6 - (progress.touched or meta.created)
         if idle >= self.settings.stall_after:
-            return f"no progress for {idle:.0f}s (lost messages are sent again by the janitor)"
+            return f"no progress for {idle:.0f}s"
         return None
 
     def _view(self, meta: RunMeta, workers: list[WorkerBeat]) -> RunView:

@@ -4,8 +4,10 @@ lines when the output is a file or a pipe, where a bar would be cut to pieces.""
 
 from __future__ import annotations
 
+import contextlib
 import time
 
+import redis
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import (
@@ -28,6 +30,8 @@ LINE_EVERY = 2.0
 """Seconds between plain progress lines (a line is printed only when the counts moved)."""
 
 
+REDIS_RETRY = 1.0
+"""Seconds between two tries to reach Redis while it is down."""
 STALL_EVERY = 2.0
 """Seconds between two looks at whether the run is stalled (no live worker, no progress)."""
 
@@ -54,9 +58,13 @@ class _Stall:
         self.reason: str | None = None
 
     def update(self, meta: RunMeta, counts: Counts) -> str | None:
-        if time.monotonic() - self._asked >= STALL_EVERY:
+        if not meta.status.active:
+            self.reason = None
+        elif time.monotonic() - self._asked >= STALL_EVERY:
             self._asked = time.monotonic()
-            self.reason = self._client.stalled(meta, counts)
+            # through an outage (said by _progress) the reason stays what it was
+            with contextlib.suppress(redis.ConnectionError, redis.TimeoutError):
+                self.reason = self._client.stalled(meta, counts)
         return self.reason
 
 
@@ -71,6 +79,20 @@ def follow(
     if console.is_terminal:
         return _bar(client, run_id, console, interval, timeout)
     return _lines(client, run_id, console, interval, timeout)
+
+
+def _progress(client: Client, run_id: str, console: Console) -> tuple[RunMeta, Counts]:
+    """The run's record and counts; through a Redis outage (a restart), say so once and keep
+    asking every second."""
+    waiting = False
+    while True:
+        try:
+            return client.progress(run_id)
+        except (redis.ConnectionError, redis.TimeoutError):
+            if not waiting:
+                console.print("Redis is unreachable; still watching", highlight=False)
+                waiting = True
+            time.sleep(REDIS_RETRY)
 
 
 def _ended(meta: RunMeta, deadline: float | None) -> bool:
@@ -89,7 +111,7 @@ def _lines(
     printed = 0.0
     stall = _Stall(client)
     while True:
-        meta, counts = client.progress(run_id)
+        meta, counts = _progress(client, run_id, console)
         ended = _ended(meta, deadline)
         stalled = stall.update(meta, counts)
         state = (meta.status.value, counts, stalled)
@@ -105,7 +127,7 @@ def _lines(
 def _bar(
     client: Client, run_id: str, console: Console, interval: float, timeout: float | None
 ) -> RunMeta:
-    meta, _ = client.progress(run_id)
+    meta, _ = _progress(client, run_id, console)
     deadline = _deadline(timeout)
     columns = (
         TextColumn(f"[bold]{escape(meta.eval)}[/] {escape(meta.split)}"),
@@ -122,7 +144,7 @@ def _bar(
     with Progress(*columns, console=console, transient=False) as bar:
         task = bar.add_task("run", total=meta.n, failed=0, inferred=0, rate=0.0, stalled="")
         while True:
-            meta, counts = client.progress(run_id)
+            meta, counts = _progress(client, run_id, console)
             elapsed = max(time.time() - meta.created, 1e-9)
             stalled = stall.update(meta, counts)
             bar.update(

@@ -256,10 +256,26 @@ def test_redis_out_of_memory_mid_run_loses_nothing(fresh_stack: Stack, tmp_path:
     stack.client.config_set("maxmemory", str(used))
     (tmp_path / "gate").touch()
     wait_for(lambda: "maxmemory" in stack.worker_log(), 60, "a write refused for memory")
+    # out of memory long enough for Celery's consumer to be refused too and reconnect
+    wait_for(lambda: "re-establish the connection" in stack.worker_log(), 60, "a reconnect")
     progress_at_oom = _client(stack).status(meta.run_id).progress.done
     stack.client.config_set("maxmemory", "0")
     _complete(stack, meta)
     assert progress_at_oom < meta.n
+
+
+def test_a_redis_restart_with_messages_buffered_heals(fresh_stack: Stack, tmp_path: Path) -> None:
+    """The worker holds a run's three messages in its batch buffer (40 samples, batches of
+    64, a partial batch waits 5 s) when Redis restarts under it (AOF on): the run still
+    completes, without the visibility timeout."""
+    stack = fresh_stack
+    stack.crashes_expected = True  # Celery logs the lost connection with a traceback
+    stack.start_workers(EVALQ_MAX_BATCH="64", EVALQ_BATCH_WAIT="5", **FAST)
+    meta = _submit(stack, tmp_path, "spy", labelled_rows(40))
+    wait_for(lambda: stack.client.hlen("unacked") == 3, 30, "the messages in the buffer")
+    stack.server.restart()
+    _complete(stack, meta, timeout=60)
+    assert "forgot the buffered evalq.infer messages" in stack.worker_log()
 
 
 def test_a_finalizer_killed_in_aggregate_is_taken_over(fresh_stack: Stack, tmp_path: Path) -> None:
@@ -398,4 +414,29 @@ def test_with_no_worker_submit_warns_and_watch_says_why(fresh_stack: Stack, tmp_
     finally:
         watcher.kill()
         watcher.wait()
+        watcher.stdout.close()
+
+
+def test_watch_rides_out_a_redis_restart(fresh_stack: Stack, tmp_path: Path) -> None:
+    stack = fresh_stack
+    meta = _submit(stack, tmp_path, "spy", labelled_rows(20))
+    url = stack.server.url
+    watcher = subprocess.Popen(
+        [sys.executable, "-c", "from shared.cli import main; main()", "watch", meta.run_id],
+        env=cli_env(url), cwd=REPO, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert watcher.stdout is not None
+    try:
+        assert "stalled: no live worker" in watcher.stdout.readline()
+        stack.server.stop()
+        assert watcher.stdout.readline().strip() == "Redis is unreachable; still watching"
+        stack.server.start()
+        stack.start_workers()
+        rest = watcher.stdout.read()
+        assert watcher.wait(60) == 0
+        assert f"{meta.run_id} completed" in rest
+    finally:
+        if watcher.poll() is None:
+            watcher.kill()
+            watcher.wait()
         watcher.stdout.close()

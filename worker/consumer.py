@@ -6,6 +6,10 @@ strategy; an exception on the way (an unhashable task name, a proto-1 body witho
 strategy that raises) would otherwise end the worker with "Unrecoverable error", and the
 message, never acknowledged, would come back to the next worker and end it too. Here such a
 message is logged and dropped; connection errors still go to Celery, which reconnects.
+
+When the connection closes (before Celery reconnects), the batch buffers forget the messages of
+that connection, as Celery's consumer forgets its own: otherwise they would wait in a buffer
+whose flush timer is gone, fill the prefetch window, and stop the worker taking any work.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from celery.worker.consumer import Consumer
 from vine import promise
 
 from shared.errors import first_line
+from worker.tasks import SampleBatches
 
 __all__ = ["GuardedConsumer"]
 
@@ -45,3 +50,10 @@ class GuardedConsumer(Consumer):
                     log.warning("could not drop it: %s", first_line(again))
 
         return on_task_received
+
+    def on_close(self) -> None:
+        super().on_close()
+        app: Any = getattr(self, "app", None)
+        for task in app.tasks.values() if app is not None else ():
+            if isinstance(task, SampleBatches) and task.forget():
+                log.info("forgot the buffered %s messages of the closed connection", task.name)

@@ -16,11 +16,13 @@ back to the queue; a lost pool process requeues all of its messages.
 
 What this module takes from celery-batches (pinned to 0.11.x in ``pyproject.toml``):
 ``Batches`` and its ``Strategy(task, app, consumer)`` (wrapped, not copied),
-``SimpleRequest.from_request``, ``celery_batches.trace.apply_batches_task``, and one private
-name: ``Batches._do_flush()``, called (never overridden) to flush the buffer early. ``flush`` is
-replaced, because the library's own acknowledges every message when the batch returns, and
-none when a pool process dies; the pool it submits to is taken from the consumer here, not
-from the library's private ``_pool``.
+``SimpleRequest.from_request``, ``celery_batches.trace.apply_batches_task``,
+``celery_batches.consume_queue``, and private names: ``Batches._do_flush()``, called (never
+overridden) to flush the buffer early, and the buffer's ``_buffer``, ``_pending`` and flush
+timer ``_tref``, emptied when the consumer's connection closes (:meth:`SampleBatches.forget`).
+``flush`` is replaced, because the library's own acknowledges every message when the batch
+returns, and none when a pool process dies; the pool it submits to is taken from the consumer
+here, not from the library's private ``_pool``.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from typing import Any
 
 from celery import Celery
 from celery.worker.request import Request
-from celery_batches import Batches, SimpleRequest
+from celery_batches import Batches, SimpleRequest, consume_queue
 from celery_batches.trace import apply_batches_task
 from kombu.transport.virtual import QoS as VirtualQoS
 
@@ -166,6 +168,22 @@ class SampleBatches(Batches):  # type: ignore[misc]
                 self._do_flush()
 
         return handle
+
+    def forget(self) -> int:
+        """Forget the buffered messages of a connection that closed (Celery's consumer does the
+        same with its own queues): their delivery tags belonged to that connection's channel,
+        which gave them back to the queue as it closed, or left them to the janitor. Return
+        how many. The flush timer went with the consumer's old hub; the next message starts a
+        new one."""
+        stale = [*consume_queue(self._buffer), *consume_queue(self._pending)]
+        for request in stale:
+            self.held.discard(request.message.delivery_tag)
+        timer: Any = getattr(self, "_tref", None)
+        if timer is not None:
+            timer.cancel()
+        self._tref = None
+        self._buffered_samples = 0
+        return len(stale)
 
     def _forward(self, app: Celery, message: Any, payload: SampleTask) -> None:
         """Move a message of an evaluation this worker does not serve to the queue of that
