@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -78,8 +79,16 @@ _FORMATS: dict[str, LocalFormat] = {
 }
 
 
+_SHARD_FILE = re.compile(r"^(?P<split>.+)-\d{5}-of-\d{5}$")
+"""A split stored in several files, the Hugging Face way: ``validation-00001-of-00002``."""
+
+
 def _split_of(path: Path) -> str:
-    return path.name.removesuffix(path.suffix)
+    """The split a file holds: its stem, without a ``-NNNNN-of-NNNNN`` shard suffix. Nothing
+    else is cut off: ``test-hard.jsonl`` holds split ``test-hard``, never part of ``test``."""
+    stem = path.name.removesuffix(path.suffix)
+    shard = _SHARD_FILE.match(stem)
+    return shard["split"] if shard else stem
 
 
 def _data_files(root: Path) -> list[Path]:
@@ -100,9 +109,9 @@ def _local_source(root: Path, split: str) -> LocalSource:
     files = _data_files(root)
     if not files:
         raise DataError(f"{root} holds no parquet, jsonl, json, csv or arrow file")
-    chosen = [p for p in files if _split_of(p) == split or _split_of(p).startswith(f"{split}-")]
+    chosen = [p for p in files if _split_of(p) == split]
     if not chosen:
-        have = sorted({_split_of(p).split("-")[0] for p in files})
+        have = sorted({_split_of(p) for p in files})
         raise SplitNotFoundError(f"split '{split}' not found in {root} (splits: {', '.join(have)})")
     formats = {_FORMATS[p.suffix] for p in chosen}
     if len(formats) > 1:
@@ -137,9 +146,11 @@ def _load(source: LocalSource | HubSource, split: str, streaming: bool = False) 
     with _quiet_datasets():
         try:
             if isinstance(source, LocalSource):
+                # the files were chosen by their split already; ``datasets`` only needs a key
+                # for them, and refuses split names such as ``test-hard`` as keys
                 files = [f.path for f in source.files]
                 return datasets.load_dataset(
-                    source.format, data_files={split: files}, split=split, streaming=streaming
+                    source.format, data_files={"rows": files}, split="rows", streaming=streaming
                 )
             return datasets.load_dataset(
                 source.repo_id,

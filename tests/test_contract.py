@@ -59,6 +59,20 @@ def test_a_files_split_is_its_stem(tmp_path: Path) -> None:
         build_spec(str(path), "validation")
 
 
+def test_a_split_is_exactly_its_own_files(tmp_path: Path) -> None:
+    """``test`` is never a prefix of ``test-hard``; Hugging Face shard files of one split are
+    that split."""
+    write_rows(tmp_path, "test", labelled_rows(3))
+    write_rows(tmp_path, "test-hard", labelled_rows(5))
+    write_rows(tmp_path, "validation-00000-of-00002", labelled_rows(2))
+    write_rows(tmp_path, "validation-00001-of-00002", labelled_rows(4))
+    assert build_spec(str(tmp_path), "test")[0].n_rows == 3
+    assert build_spec(str(tmp_path), "test-hard")[0].n_rows == 5
+    assert build_spec(str(tmp_path), "validation")[0].n_rows == 6
+    with pytest.raises(SplitNotFoundError, match=r"splits: test, test-hard, validation\)"):
+        build_spec(str(tmp_path), "tes")
+
+
 def test_missing_split_and_missing_path_are_input_errors(tmp_path: Path) -> None:
     write_rows(tmp_path, "train", labelled_rows(2))
     with pytest.raises(SplitNotFoundError, match=r"splits: train"):
