@@ -150,18 +150,19 @@ class ResultStore:
         already (cancelled meanwhile, or finished by another finalizer)."""
         scores = [json.loads(v) for _, v in self._scan(RunKeys(run_id).score)]
         finished = Finished(RunStatus.FAILED, {}, "no sample could be scored")
+        encoded = to_json(finished.aggregate)
         if scores:
             try:
                 aggregate = {str(k): float(v) for k, v in evaluation.aggregate(scores).items()}
+                encoded = to_json(aggregate)  # refuses NaN: a failed aggregate like any other
                 finished = Finished(RunStatus.COMPLETED, aggregate, None)
-                to_json(aggregate)
             except Exception as exc:
                 reason = f"aggregate() failed: {type(exc).__name__}: {first_line(exc)}"
                 finished = Finished(RunStatus.FAILED, {}, reason)
         keys = RunKeys(run_id)
         ended = self._finish(
             keys=[keys.meta, keys.aggregate],
-            args=[finished.status.value, to_json(finished.aggregate), finished.reason or ""],
+            args=[finished.status.value, encoded, finished.reason or ""],
         )
         return finished if ended else None
 
