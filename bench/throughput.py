@@ -47,6 +47,7 @@ from shared.errors import ScriptError
 from shared.evaluation import create, load_plugins, scrub
 from shared.models import RunStatus
 from shared.policy import Tier
+from shared.registry import DatasetRegistry
 from shared.runs import RunStore
 from shared.settings import Settings
 from shared.spec import publish_spec
@@ -192,7 +193,8 @@ def evalq_run(
         app = create_app(settings)
         client = connect(server.url)
         runs = RunStore(client)
-        TierRegistry(client).set(str(data), "validation", Tier.VIEWABLE, who="bench")
+        DatasetRegistry(client).add("bench", str(data), who="bench")
+        TierRegistry(client).set("bench", "validation", Tier.VIEWABLE, who="bench")
         extra = {"EVALQ_MAX_BATCH": str(batch), **(env or {})}
         pool = LocalWorkers(server.url, count=workers, env=extra).start(app)
         try:
@@ -202,7 +204,7 @@ def evalq_run(
                 meta = submit(
                     client,
                     app,
-                    SubmitRequest(eval=eval_name, data=str(data), split="validation", limit=limit),
+                    SubmitRequest(eval=eval_name, dataset="bench", split="validation", limit=limit),
                     principal="bench",
                 )
                 _wait(lambda: runs.get(meta.run_id).status is RunStatus.COMPLETED, 600)
@@ -251,8 +253,9 @@ def submit_time(data: Path, n: int) -> float:
         client = connect(server.url)
         app = create_app(Settings(redis_url=server.url))
         build_spec(str(data), "validation")  # datasets' Arrow cache is warm, as for a user
-        TierRegistry(client).set(str(data), "validation", Tier.VIEWABLE, who="bench")
-        request = SubmitRequest(eval="null", data=str(data), split="validation", limit=n)
+        DatasetRegistry(client).add("bench", str(data), who="bench")
+        TierRegistry(client).set("bench", "validation", Tier.VIEWABLE, who="bench")
+        request = SubmitRequest(eval="null", dataset="bench", split="validation", limit=n)
         started = time.perf_counter()
         submit(client, app, request, principal="bench")
         seconds = time.perf_counter() - started

@@ -5,6 +5,7 @@ entry point). Commands that only talk to Redis import neither torch nor any mode
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
@@ -14,7 +15,7 @@ from rich.table import Column, Table
 from rich.text import Text
 
 from producer import policy_cli
-from producer.client import Client
+from producer.api import Api, open_api
 from producer.export import ExportFormat
 from shared.cli import AdminFlag, JsonFlag, err, out, print_json
 from shared.errors import InputError
@@ -28,8 +29,8 @@ __all__ = ["register"]
 RunArg = Annotated[str, typer.Argument(metavar="RUN")]
 
 
-def _client(admin: bool = False) -> Client:
-    return Client(get_settings(), admin=admin)
+def _client(admin: bool = False) -> Api:
+    return open_api(admin=admin)
 
 
 def demo(
@@ -68,16 +69,21 @@ def demo(
 
 def submit_command(  # noqa: PLR0913, PLR0917 - a typer command: its options are its parameters
     eval_name: Annotated[str, typer.Argument(metavar="EVAL", help="Registered evaluation.")],
-    data: Annotated[str, typer.Option(help="Local file/folder or Hub dataset id.")],
     split: Annotated[str, typer.Option(help="Split to evaluate.")],
+    dataset: Annotated[
+        str | None, typer.Option(help="Registered dataset (evalq datasets list).")
+    ] = None,
+    data: Annotated[
+        str | None,
+        typer.Option(help="Unregistered local file/folder or Hub id (operators and admins)."),
+    ] = None,
     limit: Annotated[int | None, typer.Option(help="Evaluate the first N samples.")] = None,
     ids: Annotated[str | None, typer.Option(help="Comma-separated sample ids.")] = None,
     param: Annotated[
         list[str] | None, typer.Option(help="Eval parameter k=v (repeatable).")
     ] = None,
-    revision: Annotated[str | None, typer.Option(help="Hub revision to pin.")] = None,
-    config: Annotated[str | None, typer.Option(help="Hub dataset configuration.")] = None,
-    dataset_id: Annotated[str | None, typer.Option(help="Id for tiers/budgets.")] = None,
+    revision: Annotated[str | None, typer.Option(help="Hub revision of --data.")] = None,
+    config: Annotated[str | None, typer.Option(help="Hub configuration of --data.")] = None,
     shards: Annotated[
         int, typer.Option(min=1, max=MAX_SPEC_SHARDS, help="Shards to cut the split into.")
     ] = 1,
@@ -101,14 +107,14 @@ def submit_command(  # noqa: PLR0913, PLR0917 - a typer command: its options are
 
     request = SubmitRequest(
         eval=eval_name,
+        dataset=dataset,
         data=data,
         split=split,
         limit=limit,
-        ids=parse_ids(ids) if ids is not None else None,
+        ids=tuple(parse_ids(ids)) if ids is not None else None,
         params=parse_params(param or []),
         revision=revision,
         config=config,
-        dataset_id=dataset_id,
         sharding=Sharding(
             shards=shards,
             routing=routing,
@@ -130,7 +136,7 @@ def submit_command(  # noqa: PLR0913, PLR0917 - a typer command: its options are
         _follow_and_report(client, meta.run_id, as_json)
 
 
-def _follow_and_report(client: Client, run_id: str, as_json: bool) -> None:
+def _follow_and_report(client: Api, run_id: str, as_json: bool) -> None:
     """Follow the run to its end and print its outcome; exit code 4 (``RunNotCompletedError``)
     when it ended failed or cancelled."""
     from producer.follow import follow
@@ -213,9 +219,7 @@ def report(
     as_json: JsonFlag = False,
 ) -> None:
     """Write a self-contained HTML report of a run (charts as the split's tier allows)."""
-    from producer.report import gather, render
-
-    page = render(gather(_client(admin), run_id))
+    page = _client(admin).report(run_id)
     out_path.write_text(page, encoding="utf-8")
     if as_json:
         print_json({"run_id": run_id, "out": str(out_path)})
@@ -225,7 +229,9 @@ def report(
 
 def metrics(
     port: Annotated[int, typer.Option(min=0, max=65535, help="Port to serve on.")] = 9808,
-    address: Annotated[str, typer.Option(help="Address to bind.")] = "0.0.0.0",
+    address: Annotated[
+        str, typer.Option(help="Address to bind (0.0.0.0: every interface, no auth).")
+    ] = "127.0.0.1",
     runs_shown: Annotated[
         int, typer.Option("--runs", min=1, help="Most recent runs to export.")
     ] = 100,
@@ -237,6 +243,31 @@ def metrics(
     server = serve(connect(get_settings().redis_url), address, port, runs_shown)
     err.print(f"serving metrics on http://{address}:{server.port}/metrics")
     server.wait()
+
+
+def serve(
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port to serve on.")] = 8700,
+) -> None:
+    """Serve the gateway: the HTTP API for callers holding a token (until Ctrl-C)."""
+    import uvicorn
+
+    from producer.gateway import create_gateway
+
+    gateway = create_gateway(get_settings())
+    err.print(f"evalq gateway on http://{host}:{port} (OpenAPI schema at /openapi.json)")
+    uvicorn.run(gateway, host=host, port=port, log_level="info", access_log=True)
+
+
+def acl(
+    out_path: Annotated[Path, typer.Option("--out", help="ACL file to write.")],
+) -> None:
+    """Write a Redis ACL file with users gateway, worker and monitor (passwords from
+    EVALQ_ACL_GATEWAY_PASSWORD, EVALQ_ACL_WORKER_PASSWORD, EVALQ_ACL_MONITOR_PASSWORD)."""
+    from producer.acl import ROLES, write_acl
+
+    write_acl(out_path)
+    out.print(f"wrote {out_path}: users {', '.join(ROLES)} (default off)", highlight=False)
 
 
 def runs(
@@ -312,7 +343,10 @@ def resume(run_id: RunArg, as_json: JsonFlag = False) -> None:
 
 def register(app: typer.Typer) -> None:
     """Add the producer's commands to the ``evalq`` app."""
-    for command in (demo, status, watch, runs, results, report, metrics, cancel, resume):
+    commands: tuple[Callable[..., None], ...] = (
+        demo, status, watch, runs, results, report, metrics, serve, acl, cancel, resume,
+    )  # fmt: skip
+    for command in commands:
         app.command()(command)
     app.command("submit")(submit_command)
     policy_cli.register(app)

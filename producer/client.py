@@ -4,7 +4,7 @@ from producer.client import Client
 from producer.submit import SubmitRequest
 
 evalq = Client()                      # settings from EVALQ_*; admin=False
-run = evalq.submit(SubmitRequest(eval="topic", data="data/", split="validation"))
+run = evalq.submit(SubmitRequest(eval="topic", dataset="demo", split="validation"))
 evalq.status(run.run_id).aggregate    # None until completed, or when withheld
 list(evalq.results(run.run_id))       # per-sample rows: viewable splits only
 
@@ -19,12 +19,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
 
+import redis
 from celery import Celery
 from pydantic import BaseModel, computed_field
 
 from producer.policy_file import PolicyFile, apply_policy
 from producer.submit import SubmitRequest, submit
-from shared.audit import audit_admin
+from shared.audit import audit_admin, recent
 from shared.celery_app import INFER_QUEUE, INFER_TASK, SCORE_QUEUE, SCORE_TASK, create_app
 from shared.connection import connect
 from shared.dispatch import enqueue
@@ -32,15 +33,17 @@ from shared.errors import EvalqError, RunNotCompletedError
 from shared.evaluation import create, load_plugins
 from shared.ledger import Budget, Ledger
 from shared.models import Progress, RunMeta, RunStatus, SampleResult, SampleState
-from shared.policy import Reader, Tier, read_access
+from shared.policy import Reader, Role, Tier, read_access, run_tier
 from shared.presence import Presence, WorkerBeat, absence
+from shared.registry import DatasetRegistry, RegisteredDataset
 from shared.results import ResultStore
 from shared.runs import RunStore
 from shared.settings import Settings, get_settings
 from shared.spec import DatasetSpec, fetch_spec
 from shared.tiers import TierRegistry
+from shared.tokens import TokenRecord, TokenStore
 
-__all__ = ["Cancellation", "Client", "Resumption", "RunView"]
+__all__ = ["Cancellation", "Client", "Resumption", "RunView", "check_ended"]
 
 CLI_RETRIES = 3
 """Connection retries of a client (about 0.35 s of back-off): a person waiting on a command
@@ -111,18 +114,43 @@ class Cancellation:
     refunded_samples: int
 
 
+def check_ended(meta: RunMeta) -> RunMeta:
+    """``meta`` if its run did not end ``failed`` or ``cancelled``; :class:`RunNotCompletedError`
+    (exit code 4) if it did."""
+    if meta.status in (RunStatus.FAILED, RunStatus.CANCELLED):
+        why = f": {meta.reason}" if meta.reason else ""
+        raise RunNotCompletedError(f"run {meta.run_id} ended {meta.status}{why}")
+    return meta
+
+
 class Client:
     """Submit, watch, read and cancel runs as one principal, admin or not."""
 
-    def __init__(self, settings: Settings | None = None, admin: bool = False) -> None:
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        admin: bool = False,
+        *,
+        principal: str | None = None,
+        client: redis.Redis | None = None,
+        app: Celery | None = None,
+    ) -> None:
+        """Direct mode (an operator holding the Redis URL) reads ``settings``; the gateway
+        passes the token's ``principal`` and its own shared Redis ``client`` and Celery
+        ``app``."""
         self.settings = settings or get_settings()
         self.admin = admin
-        self._redis = connect(self.settings.redis_url, retries=CLI_RETRIES)
+        self._principal = principal or self.settings.principal
+        self._redis = client or connect(self.settings.redis_url, retries=CLI_RETRIES)
+        if app is not None:
+            self.__dict__["app"] = app
         self._runs = RunStore(self._redis)
         self._results = ResultStore(self._redis)
         self._tiers = TierRegistry(self._redis)
         self._ledger = Ledger(self._redis)
         self._presence = Presence(self._redis)
+        self._registry = DatasetRegistry(self._redis)
+        self._tokens = TokenStore(self._redis)
 
     @cached_property
     def app(self) -> Celery:
@@ -132,7 +160,7 @@ class Client:
     @property
     def principal(self) -> str:
         """Who this client acts for."""
-        return self.settings.principal
+        return self._principal
 
     def submit(self, request: SubmitRequest) -> RunMeta:
         """Gate on tier and budget, then enqueue; see :func:`producer.submit.submit`."""
@@ -142,7 +170,7 @@ class Client:
     def _reader(self, meta: RunMeta, aggregated: int | None = None) -> Reader:
         """What this reader may see of the run; the floor applies to the samples an aggregate
         is computed from (the scored ones), not to those submitted."""
-        tier = self._tiers.resolve(meta.dataset_id, meta.split)
+        tier = run_tier(self._tiers.resolve(meta.dataset_id, meta.split), meta.registered)
         samples = meta.n if aggregated is None else aggregated
         return read_access(f"{meta.dataset_id}/{meta.split}", tier, self.admin, samples)
 
@@ -189,19 +217,15 @@ class Client:
             stalled=self._stalled(meta, progress, workers),
         )
 
-    def recent(self, limit: int = 20) -> list[RunView]:
-        """The newest runs first, as :meth:`status` shows them."""
+    def recent(self, limit: int = 20, owner: str | None = None) -> list[RunView]:
+        """The newest runs first (only ``owner``'s when given), as :meth:`status` shows them."""
         workers = self._presence.live()
-        return [self._view(meta, workers) for meta in self._runs.recent(limit)]
+        return [self._view(meta, workers) for meta in self._runs.recent(limit, owner)]
 
     def ended(self, run_id: str) -> RunMeta:
         """The record of a run that has ended; :class:`RunNotCompletedError` (exit code 4)
         if it ended ``failed`` or ``cancelled``."""
-        meta = self._runs.get(run_id)
-        if meta.status in (RunStatus.FAILED, RunStatus.CANCELLED):
-            why = f": {meta.reason}" if meta.reason else ""
-            raise RunNotCompletedError(f"run {run_id} ended {meta.status}{why}")
-        return meta
+        return check_ended(self._runs.get(run_id))
 
     def progress(self, run_id: str) -> tuple[RunMeta, Progress]:
         """The run's record and counters (counts only: every reader may see them)."""
@@ -295,6 +319,18 @@ class Client:
         enqueue(self.app, SCORE_TASK, meta, to_score)
         return Resumption(run_id, len(to_infer), len(to_score), False)
 
+    def add_dataset(
+        self, name: str, data: str, *, revision: str | None = None, config: str | None = None
+    ) -> RegisteredDataset:
+        """Register ``data`` as ``name``, each split pinned (audited)."""
+        return self._registry.add(name, data, who=self.principal, revision=revision, config=config)[
+            0
+        ]
+
+    def datasets(self) -> list[RegisteredDataset]:
+        """Every registered dataset."""
+        return self._registry.all()
+
     def set_tier(self, dataset: str, split: str, tier: Tier) -> Tier | None:
         """Set a split's tier (audited); return the one before (None if unlisted)."""
         return self._tiers.set(dataset, split, tier, who=self.principal)
@@ -329,6 +365,32 @@ class Client:
     def apply_policy(self, policy: PolicyFile) -> list[str]:
         """Apply a policy file's tiers and budgets (checked whole first); return warnings."""
         return apply_policy(policy, self._tiers, self._ledger, who=self.principal)
+
+    def owner(self, run_id: str) -> str:
+        """Who submitted the run."""
+        return self._runs.get(run_id).principal
+
+    def report(self, run_id: str) -> str:
+        """The run's self-contained HTML report (charts as its split's tier allows)."""
+        from producer.report import gather, render
+
+        return render(gather(self, run_id))
+
+    def create_token(self, principal: str, role: Role) -> str:
+        """A new API token for ``principal`` (shown once; stored as a digest; audited)."""
+        return self._tokens.create(principal, role, who=self.principal)
+
+    def tokens(self) -> list[TokenRecord]:
+        """Every live token's principal, role and creation (never the token)."""
+        return self._tokens.all()
+
+    def revoke_tokens(self, principal: str) -> int:
+        """Revoke every token of ``principal`` (audited); return how many."""
+        return self._tokens.revoke(principal, who=self.principal)
+
+    def audit(self, limit: int = 50) -> list[dict[str, str]]:
+        """The newest ``limit`` audit entries, oldest first."""
+        return recent(self._redis, limit)
 
     def close(self) -> None:
         """Close the Redis connection."""

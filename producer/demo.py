@@ -58,6 +58,7 @@ def run_demo(samples: int, workers: int, out_dir: Path, console: Console) -> Dem
         try:
             with console.status(f"starting {workers} worker(s)..."):
                 pool.start(client.app)
+            client.add_dataset(DEMO_DATASET, str(data))
             for split, tier in DEMO_TIERS.items():
                 client.set_tier(DEMO_DATASET, split, tier)
             listed = ", ".join(f"{split} {tier}" for split, tier in DEMO_TIERS.items())
@@ -66,13 +67,12 @@ def run_demo(samples: int, workers: int, out_dir: Path, console: Console) -> Dem
             meta = client.submit(
                 SubmitRequest(
                     eval="topic",
-                    data=str(data),
+                    dataset=DEMO_DATASET,
                     split="validation",
                     limit=samples,
-                    dataset_id=DEMO_DATASET,
                 )
             )
-            console.print(f"run {meta.run_id}: {meta.n} samples of {data}/validation")
+            console.print(f"run {meta.run_id}: {meta.n} samples of {DEMO_DATASET}/validation")
             final = follow(client, meta.run_id, console)
             seconds = time.monotonic() - started
             if final.status is not RunStatus.COMPLETED:

@@ -20,7 +20,8 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from producer.client import Client
+from producer.api import Api
+from shared.errors import GatewayUnreachableError
 from shared.models import Progress as Counts
 from shared.models import RunMeta
 
@@ -32,6 +33,8 @@ LINE_EVERY = 2.0
 
 REDIS_RETRY = 1.0
 """Seconds between two tries to reach Redis while it is down."""
+UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, GatewayUnreachableError)
+"""What an outage of Redis, or of the gateway, raises while a run is followed."""
 STALL_EVERY = 2.0
 """Seconds between two looks at whether the run is stalled (no live worker, no progress)."""
 
@@ -52,7 +55,7 @@ def progress_line(meta: RunMeta, counts: Counts, stalled: str | None = None) -> 
 class _Stall:
     """Asks the client whether the run is stalled at most every ``STALL_EVERY`` seconds."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Api) -> None:
         self._client = client
         self._asked = -STALL_EVERY
         self.reason: str | None = None
@@ -63,13 +66,13 @@ class _Stall:
         elif time.monotonic() - self._asked >= STALL_EVERY:
             self._asked = time.monotonic()
             # through an outage (said by _progress) the reason stays what it was
-            with contextlib.suppress(redis.ConnectionError, redis.TimeoutError):
+            with contextlib.suppress(*UNREACHABLE):
                 self.reason = self._client.stalled(meta, counts)
         return self.reason
 
 
 def follow(
-    client: Client,
+    client: Api,
     run_id: str,
     console: Console,
     interval: float = 0.2,
@@ -81,14 +84,14 @@ def follow(
     return _lines(client, run_id, console, interval, timeout)
 
 
-def _progress(client: Client, run_id: str, console: Console) -> tuple[RunMeta, Counts]:
+def _progress(client: Api, run_id: str, console: Console) -> tuple[RunMeta, Counts]:
     """The run's record and counts; through a Redis outage (a restart), say so once and keep
     asking every second."""
     waiting = False
     while True:
         try:
             return client.progress(run_id)
-        except (redis.ConnectionError, redis.TimeoutError):
+        except UNREACHABLE:
             if not waiting:
                 console.print("Redis is unreachable; still watching", highlight=False)
                 waiting = True
@@ -104,7 +107,7 @@ def _deadline(timeout: float | None) -> float | None:
 
 
 def _lines(
-    client: Client, run_id: str, console: Console, interval: float, timeout: float | None
+    client: Api, run_id: str, console: Console, interval: float, timeout: float | None
 ) -> RunMeta:
     deadline = _deadline(timeout)
     last: tuple[str, Counts, str | None] | None = None
@@ -125,7 +128,7 @@ def _lines(
 
 
 def _bar(
-    client: Client, run_id: str, console: Console, interval: float, timeout: float | None
+    client: Api, run_id: str, console: Console, interval: float, timeout: float | None
 ) -> RunMeta:
     meta, _ = _progress(client, run_id, console)
     deadline = _deadline(timeout)

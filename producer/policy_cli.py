@@ -1,7 +1,10 @@
-"""The operator's policy commands of ``evalq``: ``tiers``, ``budget`` and ``policy``."""
+"""The admin commands of ``evalq``: ``datasets``, ``tiers``, ``budget``, ``policy``, ``tokens``
+and ``audit``; through the gateway (``EVALQ_API_URL``) they need an admin token, in direct mode
+(the Redis URL) they are the operator's."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -9,22 +12,114 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from producer.client import Client
+from producer.api import Api, open_api
 from shared.cli import JsonFlag, err, out, print_json
 from shared.ledger import Budget
-from shared.policy import Tier
-from shared.settings import get_settings
+from shared.names import NAME_RULE
+from shared.policy import Role, Tier
 
 __all__ = ["register"]
 
 
-def _client() -> Client:
-    return Client(get_settings())
+def _client() -> Api:
+    return open_api()
 
 
 tiers_app = typer.Typer(help="Split tiers: viewable, non_viewable (aggregates only), no_access.")
 budget_app = typer.Typer(help="Per-split budgets of runs and samples.")
 policy_app = typer.Typer(help="Tiers and budgets from a file.")
+datasets_app = typer.Typer(help="Registered datasets: tiers and budgets attach to their names.")
+tokens_app = typer.Typer(help="API tokens of the gateway (evalq serve).")
+
+
+@datasets_app.command("add")
+def datasets_add(
+    name: Annotated[str, typer.Argument(help=f"Dataset name ({NAME_RULE}).")],
+    data: Annotated[str, typer.Option(help="Local file/folder or Hub dataset id.")],
+    revision: Annotated[str | None, typer.Option(help="Hub revision to pin.")] = None,
+    config: Annotated[str | None, typer.Option(help="Hub dataset configuration.")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Register a dataset under NAME, each split pinned (file sha256s, Hub commit); audited."""
+    added = _client().add_dataset(name, data, revision=revision, config=config)
+    if as_json:
+        print_json(added.model_dump(mode="json"))
+        return
+    out.print(f"registered {added.name}: {', '.join(added.splits)} (from {added.data})")
+
+
+@datasets_app.command("list")
+def datasets_list(as_json: JsonFlag = False) -> None:
+    """List registered datasets, their splits and each split's tier."""
+    client = _client()
+    found, tiers = client.datasets(), client.tiers()
+    if as_json:
+        print_json([d.model_dump(mode="json") for d in found])
+        return
+    table = Table("dataset", "split", "tier", "source")
+    for dataset in found:
+        for split in dataset.splits:
+            tier = tiers.get(dataset.name, {}).get(split, Tier.NO_ACCESS)
+            table.add_row(dataset.name, split, tier, dataset.data)
+    out.print(table)
+
+
+@tokens_app.command("create")
+def tokens_create(
+    principal: Annotated[str, typer.Argument(help=f"Who the token stands for ({NAME_RULE}).")],
+    role: Annotated[Role, typer.Option(case_sensitive=False, help="admin or user.")],
+    as_json: JsonFlag = False,
+) -> None:
+    """Create a token and print it once (only its sha256 is stored); audited."""
+    token = _client().create_token(principal, role)
+    if as_json:
+        print_json({"principal": principal, "role": role.value, "token": token})
+        return
+    out.print(token, highlight=False)
+
+
+@tokens_app.command("list")
+def tokens_list(as_json: JsonFlag = False) -> None:
+    """List live tokens' principals and roles (never the tokens)."""
+    records = _client().tokens()
+    if as_json:
+        print_json([r.model_dump(mode="json") for r in records])
+        return
+    table = Table("principal", "role", "created", "by")
+    for record in records:
+        created = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(record.created))
+        table.add_row(record.principal, record.role, created, record.who)
+    out.print(table)
+
+
+@tokens_app.command("revoke")
+def tokens_revoke(principal: Annotated[str, typer.Argument()], as_json: JsonFlag = False) -> None:
+    """Revoke every token of PRINCIPAL; audited."""
+    revoked = _client().revoke_tokens(principal)
+    if as_json:
+        print_json({"principal": principal, "revoked": revoked})
+        return
+    out.print(f"revoked {revoked} token(s) of {principal}")
+
+
+def audit(
+    limit: Annotated[int, typer.Option(min=1, max=10_000, help="Newest entries to show.")] = 50,
+    as_json: JsonFlag = False,
+) -> None:
+    """Show the newest audit entries: reservations, refunds, tier, budget, dataset and token
+    changes, admin bypasses and refusals."""
+    entries = _client().audit(limit)
+    if as_json:
+        print_json(entries)
+        return
+    table = Table("at", "action", "who", "dataset", "split", "run", "after", box=None)
+    for entry in entries:
+        at = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(float(entry.get("at", 0))))
+        table.add_row(
+            at, entry.get("action", ""), entry.get("who", ""), entry.get("dataset", ""),
+            entry.get("split", ""), entry.get("run", ""), entry.get("after", ""),
+        )  # fmt: skip
+    out.print(table)
 
 
 @tiers_app.command("set")
@@ -109,7 +204,10 @@ def policy_apply(path: Annotated[Path, typer.Argument(metavar="FILE")]) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    """Add ``tiers``, ``budget`` and ``policy`` to the ``evalq`` app."""
+    """Add the admin commands to the ``evalq`` app."""
     app.add_typer(tiers_app, name="tiers")
     app.add_typer(budget_app, name="budget")
     app.add_typer(policy_app, name="policy")
+    app.add_typer(datasets_app, name="datasets")
+    app.add_typer(tokens_app, name="tokens")
+    app.command()(audit)

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from shared.errors import PolicyError, first_line
 from shared.ledger import Ledger
+from shared.names import check_name
 from shared.policy import Tier, budgeted_tier
 from shared.tiers import TierRegistry
 
@@ -94,6 +95,8 @@ def _reconcile(policy: PolicyFile, tiers: TierRegistry) -> tuple[list[_Change], 
     warnings: list[str] = []
     for dataset, splits in policy.datasets.items():
         for split, entry in splits.items():
+            check_name("dataset name", dataset)
+            check_name("split", split)
             tier = entry.tier
             if entry.budget is not None:
                 listed = tier or tiers.lookup(dataset, split)

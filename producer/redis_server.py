@@ -46,8 +46,15 @@ def free_port() -> int:
 class RedisServer:
     """One redis-server child process bound to 127.0.0.1."""
 
-    def __init__(self, data_dir: Path, port: int | None = None, appendonly: bool = False) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        port: int | None = None,
+        appendonly: bool = False,
+        aclfile: Path | None = None,
+    ) -> None:
         self.data_dir = data_dir
+        self.aclfile = aclfile
         self.port = port or free_port()
         self.appendonly = appendonly
         self._process: subprocess.Popen[bytes] | None = None
@@ -70,6 +77,7 @@ class RedisServer:
             "--appendfsync", "always",
             "--maxmemory-policy", "noeviction",
             "--logfile", str(self.data_dir / "redis.log"),
+            *(["--aclfile", str(self.aclfile)] if self.aclfile else []),
         ]  # fmt: skip
         self._process = subprocess.Popen(
             command, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL
@@ -81,6 +89,8 @@ class RedisServer:
                 try:
                     if client.ping():
                         return self
+                except redis.AuthenticationError:
+                    return self  # up, with its default user switched off by an ACL file
                 except redis.ConnectionError as exc:
                     if self._process.poll() is not None or time.monotonic() > deadline:
                         self.stop()

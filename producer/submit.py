@@ -13,48 +13,71 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from typing import Annotated
 
 import redis
 from celery import Celery
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from shared.audit import audit_admin
 from shared.celery_app import INFER_TASK
-from shared.data import Sharding, build_spec, shard_order
+from shared.data import Sharding, resolve_source, shard_order, spec_of
 from shared.dispatch import enqueue
 from shared.errors import InputError, SampleIdError
 from shared.evaluation import create
 from shared.ledger import Ledger
 from shared.models import RunMeta, RunStatus
-from shared.policy import admit_run, admit_split
+from shared.names import is_name
+from shared.policy import Tier, admit_run, admit_source, admit_split
+from shared.registry import DatasetRegistry
 from shared.routing import RoutingKind
 from shared.runs import RunStore
-from shared.spec import publish_spec
+from shared.spec import HubSource, LocalSource, publish_spec
 from shared.tiers import TierRegistry
 
 __all__ = ["SubmitRequest", "parse_ids", "parse_params", "resolve_ids", "submit"]
 
 
-@dataclass(frozen=True)
-class SubmitRequest:
-    """What ``evalq submit`` was asked to do."""
+class SubmitRequest(BaseModel):
+    """What ``evalq submit`` was asked to do (also the gateway's request body)."""
 
-    eval: str
-    data: str
-    split: str
-    limit: int | None = None
-    ids: Sequence[int] | None = None
-    params: Mapping[str, str] = field(default_factory=dict)
-    revision: str | None = None
-    config: str | None = None
-    dataset_id: str | None = None
-    sharding: Sharding = field(default_factory=Sharding)
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    eval: str = Field(min_length=1, max_length=200)
+    """Registered evaluation."""
+    split: str = Field(min_length=1, max_length=200)
+    """Split to evaluate."""
+    dataset: str | None = Field(default=None, max_length=200)
+    """Registered dataset name (``--dataset``): tiers and budgets are its."""
+    data: str | None = Field(default=None, max_length=4096)
+    """An unregistered source (``--data``): operators and admins only (it is ``no_access``)."""
+    limit: int | None = Field(default=None, ge=1)
+    ids: tuple[Annotated[int, Field(ge=0, lt=2**53)], ...] | None = Field(
+        default=None, max_length=10_000_000
+    )
+    params: dict[str, str] = Field(default_factory=dict)
+    revision: str | None = Field(default=None, max_length=200)
+    """Hub revision of an unregistered source."""
+    config: str | None = Field(default=None, max_length=200)
+    """Hub configuration of an unregistered source."""
+    sharding: Sharding = Field(default_factory=Sharding)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> SubmitRequest:
+        if (self.dataset is None) == (self.data is None):
+            raise ValueError(
+                "give --dataset NAME (a registered dataset) or --data SOURCE (unregistered: "
+                "operators and admins only), not both or neither"
+            )
+        if self.dataset is not None and (self.revision or self.config):
+            raise ValueError("--revision and --config are pinned by the registered dataset")
+        return self
 
     @property
-    def dataset(self) -> str:
-        """The dataset id tiers and budgets are keyed by."""
-        return self.dataset_id or self.data
+    def where(self) -> str:
+        """``dataset/split`` as messages and the audit show it."""
+        return f"{self.dataset or self.data}/{self.split}"
 
 
 def parse_ids(text: str) -> list[int]:
@@ -105,6 +128,26 @@ def resolve_ids(n_rows: int, limit: int | None, ids: Sequence[int] | None) -> li
     return resolved
 
 
+def _locate(
+    client: redis.Redis, request: SubmitRequest, admin: bool
+) -> tuple[LocalSource | HubSource, Tier]:
+    """The source to read and the tier that applies: a registered dataset's pinned split and
+    its tier, or an unregistered source (``no_access``: refused here to a non-admin before
+    anything is read)."""
+    if request.data is not None:
+        admit_source(request.where, registered=False, admin=admin)
+        return resolve_source(request.data, request.split, request.revision, request.config), (
+            Tier.NO_ACCESS
+        )
+    name = str(request.dataset)
+    record = DatasetRegistry(client).get(name) if is_name(name) else None
+    if record is None:
+        admit_source(request.where, registered=False, admin=admin)
+        raise InputError(f"no dataset '{name}' is registered (evalq datasets list)")
+    source = record.source(request.split)
+    return source, TierRegistry(client).resolve(name, request.split)
+
+
 def submit(
     client: redis.Redis,
     app: Celery,
@@ -121,19 +164,20 @@ def submit(
             f"--route-field '{sharding.route_field}' is a label field of '{request.eval}': "
             "shards cut by it would reveal labels"
         )
-    dataset = request.dataset
-    where = f"{dataset}/{request.split}"
-    tier = TierRegistry(client).resolve(dataset, request.split)
+    where = request.where
+    source, tier = _locate(client, request, admin)
     admit_split(where, tier, admin)
-    spec, rows = build_spec(request.data, request.split, request.revision, request.config, sharding)
+    spec, rows = spec_of(source, request.split, sharding)
     sample_ids = resolve_ids(spec.n_rows, request.limit, request.ids)
     admit_run(where, tier, admin, len(sample_ids))
+    dataset = request.dataset or str(request.data)
     meta = RunMeta(
         run_id=uuid.uuid4().hex[:16],
         eval=request.eval,
         params=dict(request.params),
         spec=spec.fingerprint,
         dataset_id=dataset,
+        registered=request.dataset is not None,
         split=request.split,
         n=len(sample_ids),
         status=RunStatus.QUEUED,

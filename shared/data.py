@@ -14,9 +14,11 @@ import logging
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
+
+from pydantic import ConfigDict, Field
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from shared.errors import (
     DataError,
@@ -35,7 +37,7 @@ from shared.routing import (
     assign,
     fit_kmeans,
 )
-from shared.spec import DatasetSpec, HubSource, LocalFile, LocalFormat, LocalSource
+from shared.spec import MAX_SPEC_SHARDS, DatasetSpec, HubSource, LocalFile, LocalFormat, LocalSource
 
 if TYPE_CHECKING:
     import numpy as np
@@ -44,29 +46,34 @@ if TYPE_CHECKING:
 __all__ = [
     "Sharding",
     "build_spec",
+    "check_pinned",
     "load_rows",
+    "local_splits",
     "refit_routing",
+    "resolve_source",
     "shard_of_rows",
     "shard_order",
+    "spec_of",
     "stream_texts",
 ]
 
 
-@dataclass(frozen=True)
+@pydantic_dataclass(frozen=True, config=ConfigDict(extra="forbid"))
 class Sharding:
-    """How a split is to be cut into shards (``--shards``, ``--routing`` and the router knobs)."""
+    """How a split is to be cut into shards (``--shards``, ``--routing`` and the router knobs);
+    validated when made, since a gateway caller sends it."""
 
-    shards: int = 1
+    shards: Annotated[int, Field(ge=1, le=MAX_SPEC_SHARDS)] = 1
     routing: RoutingKind = RoutingKind.CONTIGUOUS
-    route_field: str = "text"
+    route_field: Annotated[str, Field(min_length=1, max_length=200)] = "text"
     """Text field read by ``kmeans``."""
-    sample_size: int = 1000
+    sample_size: Annotated[int, Field(ge=1, le=1_000_000)] = 1000
     """``--router-sample``: texts the k-means fit reads."""
-    seed: int = 0
+    seed: Annotated[int, Field(ge=0, lt=2**32)] = 0
     """``--router-seed``: seeds the featurizer's hash and the k-means initialisation."""
-    dim: int = 128
+    dim: Annotated[int, Field(ge=1, le=4096)] = 128
     """Featurizer buckets."""
-    iterations: int = 50
+    iterations: Annotated[int, Field(ge=1, le=1000)] = 50
     """Most Lloyd iterations."""
 
 
@@ -105,6 +112,27 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def local_splits(root: Path) -> dict[str, LocalSource]:
+    """Every split of a local file or folder, each pinned by its files' digests."""
+    files = _data_files(root)
+    if not files:
+        raise DataError(f"{root} holds no parquet, jsonl, json, csv or arrow file")
+    grouped: dict[str, list[Path]] = {}
+    for path in files:
+        grouped.setdefault(_split_of(path), []).append(path)
+    return {split: _pinned(root, split, chosen) for split, chosen in sorted(grouped.items())}
+
+
+def _pinned(root: Path, split: str, chosen: list[Path]) -> LocalSource:
+    formats = {_FORMATS[p.suffix] for p in chosen}
+    if len(formats) > 1:
+        raise DataError(f"split '{split}' in {root} mixes formats: {', '.join(sorted(formats))}")
+    return LocalSource(
+        format=formats.pop(),
+        files=tuple(LocalFile(path=str(p.resolve()), sha256=_sha256(p)) for p in chosen),
+    )
+
+
 def _local_source(root: Path, split: str) -> LocalSource:
     files = _data_files(root)
     if not files:
@@ -113,13 +141,20 @@ def _local_source(root: Path, split: str) -> LocalSource:
     if not chosen:
         have = sorted({_split_of(p) for p in files})
         raise SplitNotFoundError(f"split '{split}' not found in {root} (splits: {', '.join(have)})")
-    formats = {_FORMATS[p.suffix] for p in chosen}
-    if len(formats) > 1:
-        raise DataError(f"split '{split}' in {root} mixes formats: {', '.join(sorted(formats))}")
-    return LocalSource(
-        format=formats.pop(),
-        files=tuple(LocalFile(path=str(p.resolve()), sha256=_sha256(p)) for p in chosen),
-    )
+    return _pinned(root, split, chosen)
+
+
+def check_pinned(source: LocalSource | HubSource) -> None:
+    """Local files must still hold the bytes their digests pin (a Hub source is pinned by its
+    revision); :class:`SpecError` otherwise."""
+    if not isinstance(source, LocalSource):
+        return
+    for pinned in source.files:
+        path = Path(pinned.path)
+        if not path.is_file():
+            raise SpecError(f"data file {pinned.path} is missing on this machine")
+        if _sha256(path) != pinned.sha256:
+            raise SpecError(f"data file {pinned.path} differs from the one pinned for it")
 
 
 def _looks_like_path(data: str) -> bool:
@@ -250,6 +285,21 @@ def shard_order(spec: DatasetSpec, dataset: Dataset, sample_ids: list[int]) -> l
     return list(ids[np.argsort(shard_of_rows(spec, dataset)[ids], kind="stable")].tolist())
 
 
+def resolve_source(
+    data: str, split: str, revision: str | None = None, config: str | None = None
+) -> LocalSource | HubSource:
+    """What ``--data`` names: a local file or folder (its split's files pinned by digest) or a
+    Hub dataset."""
+    root = Path(data).expanduser()
+    if root.exists():
+        if revision is not None:
+            raise DataError("--revision applies to Hub datasets, not to local files")
+        return _local_source(root, split)
+    if _looks_like_path(data):
+        raise DataError(f"no such file or folder: {data}")
+    return HubSource(repo_id=data, revision=revision, config=config)
+
+
 def build_spec(
     data: str,
     split: str,
@@ -257,18 +307,16 @@ def build_spec(
     config: str | None = None,
     sharding: Sharding | None = None,
 ) -> tuple[DatasetSpec, Dataset]:
-    """Resolve ``--data``, ``--split`` and the sharding into a spec (fitting a k-means routing
-    on a bounded stream), loading the split once to count rows."""
-    root = Path(data).expanduser()
-    source: LocalSource | HubSource
-    if root.exists():
-        if revision is not None:
-            raise DataError("--revision applies to Hub datasets, not to local files")
-        source = _local_source(root, split)
-    elif _looks_like_path(data):
-        raise DataError(f"no such file or folder: {data}")
-    else:
-        source = HubSource(repo_id=data, revision=revision, config=config)
+    """A spec of ``--data``'s ``split``; see :func:`spec_of`."""
+    return spec_of(resolve_source(data, split, revision, config), split, sharding)
+
+
+def spec_of(
+    source: LocalSource | HubSource, split: str, sharding: Sharding | None = None
+) -> tuple[DatasetSpec, Dataset]:
+    """A spec of ``split`` of ``source`` cut by ``sharding`` (fitting a k-means routing on a
+    bounded stream), loading the split once to count rows."""
+    check_pinned(source)
     sharding = sharding or Sharding()
     dataset: Dataset = _load(source, split)
     spec = DatasetSpec(
@@ -284,13 +332,7 @@ def build_spec(
 
 def load_rows(spec: DatasetSpec) -> Dataset:
     """Rebuild a spec's split, checking local files against their pinned digests."""
-    if isinstance(spec.source, LocalSource):
-        for pinned in spec.source.files:
-            path = Path(pinned.path)
-            if not path.is_file():
-                raise SpecError(f"data file {pinned.path} is missing on this worker")
-            if _sha256(path) != pinned.sha256:
-                raise SpecError(f"data file {pinned.path} differs from the one the spec pins")
+    check_pinned(spec.source)
     dataset: Dataset = _load(spec.source, spec.split)
     if len(dataset) != spec.n_rows:
         raise SpecError(f"spec expects {spec.n_rows} rows, the source now has {len(dataset)}")

@@ -12,12 +12,15 @@ __all__ = [
     "BudgetExhaustedError",
     "DataError",
     "EvalqError",
+    "ForbiddenError",
+    "GatewayUnreachableError",
     "InputError",
     "PayloadError",
     "PermanentError",
     "PluginError",
     "PolicyError",
     "PolicyRefusedError",
+    "RemoteError",
     "RetryableError",
     "RoutingError",
     "RunNotCompletedError",
@@ -29,6 +32,7 @@ __all__ = [
     "SplitNotFoundError",
     "StoreError",
     "TierRefusedError",
+    "UnauthorizedError",
     "UnknownEvalError",
     "UnknownRunError",
     "first_line",
@@ -126,6 +130,26 @@ class PolicyRefusedError(EvalqError):
 
 class TierRefusedError(PolicyRefusedError):
     """The split's tier does not allow this (``no_access``, aggregates only, too few samples)."""
+
+
+class UnauthorizedError(PolicyRefusedError):
+    """The gateway was given no token, or one it does not know (revoked, mistyped)."""
+
+
+class ForbiddenError(PolicyRefusedError):
+    """The caller's role does not allow this (an admin operation, another principal's run)."""
+
+
+class GatewayUnreachableError(EvalqError):
+    """The gateway (``EVALQ_API_URL``) cannot be reached."""
+
+
+class RemoteError(EvalqError):
+    """An error the gateway answered with: its one-line message and its exit code."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 class RunNotCompletedError(EvalqError):

@@ -13,8 +13,11 @@ from shared.models import Stage
 __all__ = [
     "ACTIVE",
     "AUDIT",
+    "DATASETS",
+    "DATASET_FILES",
     "JANITOR",
     "RUNS",
+    "TOKENS",
     "WORKERS",
     "RunKeys",
     "budget_key",
@@ -44,6 +47,16 @@ def worker_key(hostname: str) -> str:
 
 AUDIT = "evalq:audit"
 """Stream: every reservation, refund, tier change and budget change."""
+
+
+DATASETS = "evalq:datasets"
+"""Hash: registered dataset name -> JSON record (its source, splits and pinned files)."""
+
+DATASET_FILES = "evalq:datasets:files"
+"""Hash: sha256 of a registered file -> ``name/split`` that holds it (one owner per content)."""
+
+TOKENS = "evalq:tokens"
+"""Hash: sha256 of an API token -> JSON (principal, role, created); tokens are never stored."""
 
 
 def tiers_key(dataset: str) -> str:

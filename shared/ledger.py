@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field
 from shared.errors import BudgetExhaustedError
 from shared.keys import AUDIT, RunKeys, budget_key
 from shared.lua import register
+from shared.names import check_name
 
 __all__ = ["Budget", "Ledger"]
 
@@ -131,6 +132,8 @@ class Ledger:
         who: str,
     ) -> Budget:
         """Replace the split's totals (None = unlimited), keep what was used, audit it."""
+        check_name("dataset name", dataset)
+        check_name("split", split)
         Budget(  # validates the totals before anything is written
             dataset=dataset,
             split=split,

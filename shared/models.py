@@ -97,7 +97,11 @@ class RunMeta(BaseModel):
     spec: str
     """Fingerprint of the dataset spec."""
     dataset_id: str
-    """Dataset id used by tiers and budgets."""
+    """The registered dataset's name (tiers and budgets are its), or the unregistered source
+    an admin evaluated."""
+    registered: bool = True
+    """``dataset_id`` names a registered dataset; an unregistered source reads as
+    ``no_access`` to anyone but an admin."""
     split: str
     """Split evaluated."""
     n: int

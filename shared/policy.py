@@ -11,17 +11,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from shared.errors import PolicyError, TierRefusedError
+from shared.errors import ForbiddenError, PolicyError, TierRefusedError
 
 __all__ = [
     "MIN_AGGREGATE_SAMPLES",
     "Access",
+    "Caller",
     "Reader",
+    "Role",
     "Tier",
+    "admit_admin_flag",
+    "admit_owner",
     "admit_run",
+    "admit_source",
     "admit_split",
     "budgeted_tier",
     "read_access",
+    "require_admin",
+    "run_tier",
     "stored_tier",
 ]
 
@@ -54,6 +61,22 @@ def stored_tier(raw: object) -> Tier:
         return Tier(str(raw))
     except ValueError:
         return Tier.NO_ACCESS
+
+
+def run_tier(listed: Tier, registered: bool) -> Tier:
+    """The tier a run's split reads as: its registered dataset's (``listed``), and
+    ``no_access`` for a source that is not registered, whatever a tier under its name says."""
+    return listed if registered else Tier.NO_ACCESS
+
+
+def admit_source(where: str, registered: bool, admin: bool) -> None:
+    """Before anything is read: a source that is not a registered dataset (a path, a Hub id,
+    an unknown name) is ``no_access``, so only an admin evaluates it."""
+    if not admin and not registered:
+        raise TierRefusedError(
+            f"tier refused: {where} is not a registered dataset (unregistered sources are "
+            "no_access; an admin registers them with evalq datasets add)"
+        )
 
 
 def admit_split(where: str, tier: Tier, admin: bool) -> None:
@@ -137,3 +160,43 @@ def budgeted_tier(where: str, listed: Tier | None) -> tuple[Tier | None, str | N
     if listed is Tier.VIEWABLE:
         return None, f"{where}: budgeted but viewable (labels readable)"
     return None, None
+
+
+class Role(StrEnum):
+    """What a token's holder may do through the gateway."""
+
+    ADMIN = "admin"
+    """Datasets, tiers, budgets, policy, tokens, audit; ``--admin`` submits and reads; any run."""
+    USER = "user"
+    """Submit and read within the tiers; see, cancel and resume its own runs only."""
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who a gateway request acts for: the principal and role of its token."""
+
+    principal: str
+    role: Role
+
+
+def require_admin(caller: Caller, what: str) -> None:
+    """Admin operations (datasets, tiers, budgets, policy, tokens, audit) need the admin
+    role: :class:`ForbiddenError` otherwise."""
+    if caller.role is not Role.ADMIN:
+        raise ForbiddenError(
+            f"forbidden: {what} needs the admin role ({caller.principal} is a user)"
+        )
+
+
+def admit_admin_flag(caller: Caller, admin: bool) -> bool:
+    """``--admin`` (bypass tier and budget, read every tier) is for admins only."""
+    if admin:
+        require_admin(caller, "--admin")
+    return admin
+
+
+def admit_owner(caller: Caller, run_id: str, owner: str) -> None:
+    """A user sees, cancels and resumes only its own runs (each principal is metered on its
+    own, so another's aggregates are not its to read); an admin, every run."""
+    if caller.role is not Role.ADMIN and owner != caller.principal:
+        raise ForbiddenError(f"forbidden: run {run_id} belongs to another principal")

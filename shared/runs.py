@@ -59,14 +59,23 @@ class RunStore:
             raise UnknownRunError(f"no run '{run_id}'")
         return [int(i) for i in json.loads(raw)]
 
-    def recent(self, limit: int = 20) -> list[RunMeta]:
-        """The newest runs first."""
-        run_ids = [str(r) for r in self._client.zrevrange(RUNS, 0, limit - 1)]
-        with self._client.pipeline(transaction=False) as pipe:
-            for run_id in run_ids:
-                pipe.hgetall(RunKeys(run_id).meta)
-            records = pipe.execute()
-        return [_decode(r, raw) for r, raw in zip(run_ids, records, strict=True) if raw]
+    def recent(self, limit: int = 20, owner: str | None = None) -> list[RunMeta]:
+        """The newest runs first (only those ``owner`` submitted, when given)."""
+        found: list[RunMeta] = []
+        start = 0
+        while len(found) < limit:
+            page = max(limit, 100) if owner else limit
+            run_ids = [str(r) for r in self._client.zrevrange(RUNS, start, start + page - 1)]
+            if not run_ids:
+                break
+            start += len(run_ids)
+            with self._client.pipeline(transaction=False) as pipe:
+                for run_id in run_ids:
+                    pipe.hgetall(RunKeys(run_id).meta)
+                records = pipe.execute()
+            metas = [_decode(r, raw) for r, raw in zip(run_ids, records, strict=True) if raw]
+            found += [m for m in metas if owner is None or m.principal == owner]
+        return found[:limit]
 
     def active(self) -> list[str]:
         """Ids of the runs not yet retired (queued or running, or ended since the janitor's

@@ -11,7 +11,7 @@ import os
 from functools import lru_cache
 from typing import Annotated
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 __all__ = ["Settings", "get_settings"]
@@ -29,7 +29,15 @@ class Settings(BaseSettings):
     """Celery broker; defaults to ``redis_url``."""
 
     principal: str = Field(default_factory=getpass.getuser, min_length=1)
-    """Who this process acts for; recorded with every reservation and policy change."""
+    """Direct mode (operators): who this process acts for; recorded with every reservation
+    and policy change. Through the gateway the principal is the token's, never this."""
+
+    api_url: str | None = None
+    """The gateway (``evalq serve``) to talk to instead of Redis; with it set, the CLI and
+    :func:`producer.api.open_api` never read ``redis_url``."""
+
+    token: SecretStr | None = None
+    """The API token sent to the gateway (``evalq tokens create``)."""
 
     plugins: Annotated[tuple[str, ...], NoDecode] = ()
     """Comma-separated modules imported at start-up to register evaluations."""

@@ -12,6 +12,7 @@ import redis
 
 from shared.keys import AUDIT, tiers_key
 from shared.lua import register
+from shared.names import check_name
 from shared.policy import Tier, stored_tier
 
 __all__ = ["TierRegistry"]
@@ -35,7 +36,10 @@ class TierRegistry:
         return stored_tier(self._client.hget(tiers_key(dataset), split))
 
     def set(self, dataset: str, split: str, tier: Tier, *, who: str) -> Tier | None:
-        """Set a split's tier (audited); return the previous one (None if unlisted)."""
+        """Set a split's tier (audited); return the previous one (None if unlisted). Names
+        must follow :mod:`shared.names`' rule (no two share a key)."""
+        check_name("dataset name", dataset)
+        check_name("split", split)
         before = self._set_tier(
             keys=[tiers_key(dataset), AUDIT], args=[split, tier.value, who, dataset, time.time()]
         )

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -16,6 +18,7 @@ import redis
 from shared.keys import RunKeys
 from shared.models import RunStatus
 from shared.policy import Tier
+from shared.registry import DatasetRegistry
 from shared.runs import RunStore
 from shared.tiers import TierRegistry
 from tests.plugins import predict
@@ -81,11 +84,20 @@ def write_rows(folder: Path, split: str, rows: list[dict[str, object]]) -> Path:
     return path
 
 
-def list_splits(client: object, dataset: str, *splits: str, tier: str = "viewable") -> None:
-    """List ``splits`` of ``dataset`` with ``tier`` (unlisted splits are no_access)."""
+def dataset_name(folder: str | Path) -> str:
+    """The name the tests register ``folder`` under."""
+    return "t-" + hashlib.sha1(str(Path(folder).resolve()).encode()).hexdigest()[:12]
+
+
+def list_splits(client: object, folder: str | Path, *splits: str, tier: str = "viewable") -> str:
+    """Register ``folder`` and list its ``splits`` with ``tier`` (unlisted splits are
+    no_access); return the dataset's name."""
+    name = dataset_name(folder)
+    DatasetRegistry(client).add(name, str(folder), who="tests")  # type: ignore[arg-type]
     registry = TierRegistry(client)  # type: ignore[arg-type]
     for split in splits:
-        registry.set(dataset, split, Tier(tier), who="tests")
+        registry.set(name, split, Tier(tier), who="tests")
+    return name
 
 
 def audit_entries(client: object, run_id: str | None = None) -> list[dict[str, str]]:
@@ -95,11 +107,16 @@ def audit_entries(client: object, run_id: str | None = None) -> list[dict[str, s
     return [e for e in entries if run_id is None or e.get("run") == run_id]
 
 
-def labelled_rows(n: int, salt: str = "") -> list[dict[str, object]]:
-    """Rows with a label the spy gets right about a third of the time, and a secret field."""
+def labelled_rows(n: int, salt: str | None = None) -> list[dict[str, object]]:
+    """Rows with a label the spy gets right about a third of the time, and a secret field.
+
+    Without a ``salt`` each call's texts are its own (one content is registered as one split
+    only): a unique 9-character tag after the sample number keeps ``len(text) % 3``, the spy's
+    prediction, and the number the ``slow`` eval reads as the second word."""
+    tag = "" if salt is not None else f" {uuid.uuid4().hex[:8]}"
     rows: list[dict[str, object]] = []
     for i in range(n):
-        text = f"sample {salt}{i} " + "x" * (i % 7)
+        text = f"sample {salt or ''}{i}{tag} " + "x" * (i % 7)
         rows.append({"text": text, "label": (i * 7) % 3, "secret": f"s{i}"})
     return rows
 

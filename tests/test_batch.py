@@ -77,7 +77,7 @@ class Bench:
             eval=eval_name,
             params=params,
             spec=spec.fingerprint,
-            dataset_id=str(self.data),
+            dataset_id="bench",
             split=split,
             n=len(rows),
             status=RunStatus.QUEUED,

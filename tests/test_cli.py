@@ -24,7 +24,7 @@ pytestmark = pytest.mark.integration
     ("args", "message"),
     [
         (["nope", "--split", "validation"], "unknown evaluation 'nope'"),
-        (["spy", "--split", "test"], "split 'test' not found"),
+        (["spy", "--split", "test"], "has no split 'test' (splits: validation)"),
         (["spy", "--split", "validation", "--ids", "1,12"], "sample id 12 is out of range"),
         (["spy", "--split", "validation", "--ids", "1,x"], "comma-separated non-negative"),
         (["spy", "--split", "validation", "--limit", "3", "--ids", "1"], "not both"),
@@ -42,9 +42,9 @@ def test_bad_input_gets_one_line_and_exit_2_and_enqueues_nothing(
     stack: Stack, tmp_path: Path, args: list[str], message: str
 ) -> None:
     write_rows(tmp_path, "validation", labelled_rows(12))
-    list_splits(stack.client, str(tmp_path), "validation", "test")
+    name = list_splits(stack.client, str(tmp_path), "validation")
     before = stack.client.zcard(RUNS)
-    result = evalq(stack.server.url, "submit", args[0], "--data", str(tmp_path), *args[1:])
+    result = evalq(stack.server.url, "submit", args[0], "--dataset", name, *args[1:])
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
@@ -55,9 +55,8 @@ def test_bad_input_gets_one_line_and_exit_2_and_enqueues_nothing(
 
 def test_unreachable_hub_is_one_line(stack: Stack, tmp_path: Path) -> None:
     url = stack.server.url
-    list_splits(stack.client, "someone/no-such-dataset", "test")
     result = evalq(
-        url, "submit", "spy", "--data", "someone/no-such-dataset", "--split", "test",
+        url, "submit", "spy", "--data", "someone/no-such-dataset", "--split", "test", "--admin",
         HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path),
     )  # fmt: skip
     assert result.returncode == 2
@@ -83,9 +82,9 @@ def test_unknown_run_and_unreachable_redis(redis_only: object) -> None:
 def test_submit_follow_status_runs_results(stack: Stack, tmp_path: Path) -> None:
     write_rows(tmp_path / "data", "validation", labelled_rows(50))
     data = str(tmp_path / "data")
-    list_splits(stack.client, data, "validation")
+    name = list_splits(stack.client, data, "validation")
     url = stack.server.url
-    followed = evalq(url, "submit", "spy", "--data", data, "--split", "validation",
+    followed = evalq(url, "submit", "spy", "--dataset", name, "--split", "validation",
                      "--limit", "30", "--shards", "3", "--routing", "kmeans",
                      "--router-sample", "40", "--follow", "--json")  # fmt: skip
     assert followed.returncode == 0, followed.stderr
@@ -141,14 +140,14 @@ def test_submit_follow_status_runs_results(stack: Stack, tmp_path: Path) -> None
 
 def test_redis_only_commands_import_no_torch(stack: Stack, tmp_path: Path) -> None:
     write_rows(tmp_path, "validation", labelled_rows(5))
-    list_splits(stack.client, str(tmp_path), "validation")
+    name = list_splits(stack.client, str(tmp_path), "validation")
     script = f"""
 import sys
 from typer.testing import CliRunner
 from shared.cli import create_cli
 app = create_cli()
 runner = CliRunner()
-submitted = runner.invoke(app, ["submit", "topic", "--data", {str(tmp_path)!r},
+submitted = runner.invoke(app, ["submit", "topic", "--dataset", {name!r},
                                 "--split", "validation", "--json"])
 assert submitted.exit_code == 0, submitted.output
 run_id = submitted.output.strip().splitlines()[0].split('"')[3]

@@ -29,13 +29,16 @@ def _words(value: str | list[str]) -> list[str]:
 
 
 def test_the_services_operators_expect() -> None:
-    assert set(SERVICES) == {"redis", "worker-gpu", "worker-cpu", "flower", "producer", "metrics"}
+    assert set(SERVICES) == {
+        "acl", "redis", "gateway", "worker-gpu", "worker-cpu", "flower", "producer", "metrics",
+    }  # fmt: skip
     for name, service in SERVICES.items():
         if name != "redis":
             assert service["build"] == "."  # one image, from the project's Dockerfile
             assert service["image"] == "evalq:latest"
+        if name not in {"redis", "acl"}:
             assert service["depends_on"]["redis"]["condition"] == "service_healthy"
-        if name != "producer":
+        if name not in {"producer", "acl"}:
             assert service["healthcheck"]["test"], name
     assert SERVICES["producer"]["profiles"] == ["tools"]  # one-shot, `docker compose run`
 
@@ -48,10 +51,38 @@ def test_redis_is_durable_private_and_never_evicts() -> None:
     assert options["--appendonly"] == "yes"
     assert options["--appendfsync"] == "always"
     assert options["--maxmemory-policy"] == "noeviction"
-    assert INTERPOLATION.match(options["--requirepass"])
+    assert options["--aclfile"] == "/acl/users.acl"
+    assert "--requirepass" not in options  # the ACL file's users, not one shared password
     assert any(v.endswith(":/data") for v in redis["volumes"])
     assert "redis-data" in COMPOSE["volumes"]
-    assert _words(redis["healthcheck"]["test"])[1:] == ["redis-cli", "ping"]
+    assert _words(redis["healthcheck"]["test"])[1:] == ["redis-cli", "--user", "monitor", "ping"]
+
+
+def test_redis_runs_the_acl_file_and_each_service_holds_its_own_user() -> None:
+    acl, redis = SERVICES["acl"], SERVICES["redis"]
+    assert _words(acl["command"]) == ["acl", "--out", "/acl/users.acl"]
+    for role in ("GATEWAY", "WORKER", "MONITOR"):
+        assert INTERPOLATION.match(acl["environment"][f"EVALQ_ACL_{role}_PASSWORD"])
+    assert redis["depends_on"]["acl"]["condition"] == "service_completed_successfully"
+    assert "redis-acl:/acl:ro" in redis["volumes"]
+    assert "redis-acl:/acl" in acl["volumes"]
+    users = {
+        name: re.match(r"redis://(\w+):", service["environment"]["EVALQ_REDIS_URL"])
+        for name, service in SERVICES.items()
+        if "EVALQ_REDIS_URL" in service.get("environment", {})
+    }
+    assert {name: m.group(1) for name, m in users.items() if m} == {
+        "gateway": "gateway", "producer": "gateway", "worker-gpu": "worker",
+        "worker-cpu": "worker", "flower": "monitor", "metrics": "monitor",
+    }  # fmt: skip
+
+
+def test_the_gateway_serves_and_metrics_stay_on_the_hosts_loopback() -> None:
+    gateway = SERVICES["gateway"]
+    assert _words(gateway["command"]) == ["serve", "--host", "0.0.0.0", "--port", "8700"]
+    assert gateway["ports"] == ["8700:8700"]
+    assert "8700/openapi.json" in " ".join(_words(gateway["healthcheck"]["test"]))
+    assert SERVICES["metrics"]["ports"] == ["127.0.0.1:9808:9808"]
 
 
 def test_workers_split_inference_and_scoring() -> None:
@@ -103,7 +134,9 @@ def _evalq_command(argv: list[str]) -> None:
     command.make_context(name, list(rest))
 
 
-@pytest.mark.parametrize("service", ["worker-gpu", "worker-cpu", "producer", "metrics"])
+@pytest.mark.parametrize(
+    "service", ["acl", "gateway", "worker-gpu", "worker-cpu", "producer", "metrics"]
+)
 def test_every_evalq_command_exists_with_its_options(service: str) -> None:
     _evalq_command(_words(SERVICES[service]["command"]))
 

@@ -65,8 +65,8 @@ def _submit(
 ) -> RunMeta:
     split = f"s{uuid.uuid4().hex[:6]}"
     write_rows(folder, split, rows)
-    list_splits(stack.client, str(folder), split)
-    request = SubmitRequest(eval=eval_name, data=str(folder), split=split, params=params)
+    name = list_splits(stack.client, str(folder), split)
+    request = SubmitRequest(eval=eval_name, dataset=name, split=split, params=params)
     return _client(stack).submit(request)
 
 
@@ -380,9 +380,9 @@ def test_followers_exit_4_when_the_run_fails(stack: Stack, tmp_path: Path) -> No
     for row in rows:
         row["text"] = f"bust {row['text']}"  # flaky cannot score any of them
     write_rows(tmp_path, "validation", rows)
-    list_splits(stack.client, str(tmp_path), "validation")
+    name = list_splits(stack.client, str(tmp_path), "validation")
     url = stack.server.url
-    data = ["--data", str(tmp_path), "--split", "validation"]
+    data = ["--dataset", name, "--split", "validation"]
     followed = evalq(url, "submit", "flaky", *data, "--follow")
     assert followed.returncode == 4, followed.stderr
     run_id = followed.stdout.split()[0]
@@ -397,9 +397,9 @@ def test_followers_exit_4_when_the_run_fails(stack: Stack, tmp_path: Path) -> No
 def test_with_no_worker_submit_warns_and_watch_says_why(fresh_stack: Stack, tmp_path: Path) -> None:
     stack = fresh_stack
     write_rows(tmp_path, "validation", labelled_rows(20))
-    list_splits(stack.client, str(tmp_path), "validation")
+    name = list_splits(stack.client, str(tmp_path), "validation")
     url = stack.server.url
-    submitted = evalq(url, "submit", "spy", "--data", str(tmp_path), "--split", "validation")
+    submitted = evalq(url, "submit", "spy", "--dataset", name, "--split", "validation")
     assert submitted.returncode == 0, submitted.stderr
     assert submitted.stderr.startswith("warning: no live worker (start one: evalq worker)")
     run_id = submitted.stdout.strip()

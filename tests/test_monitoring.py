@@ -32,6 +32,7 @@ from tests.conftest import Stack
 from tests.helpers import (
     REPO,
     cli_env,
+    dataset_name,
     labelled_rows,
     list_splits,
     wait_completed,
@@ -71,10 +72,10 @@ def _submitted(
     """Write ``rows`` as a validation split of ``tier`` and submit them (``request`` adds to
     the :class:`SubmitRequest`); the run is not awaited."""
     write_rows(folder, "validation", rows)
-    list_splits(stack.client, str(folder), "validation", tier=tier)
+    name = list_splits(stack.client, str(folder), "validation", tier=tier)
     client = Client(Settings(redis_url=stack.server.url, principal="tests"))
     options = {"eval": "spy", **request}
-    return client, client.submit(SubmitRequest(data=str(folder), split="validation", **options))
+    return client, client.submit(SubmitRequest(dataset=name, split="validation", **options))
 
 
 @pytest.fixture
@@ -147,7 +148,7 @@ def _metrics(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 def test_the_metrics_endpoint_serves_runs_queues_and_budgets(
     fresh_stack: Stack, tmp_path: Path
 ) -> None:
-    data = str(tmp_path / "data")
+    data = dataset_name(tmp_path / "data")
     Ledger(fresh_stack.client).set(
         data, "validation", runs=5, samples=100, max_samples_per_run=None, who="tests"
     )

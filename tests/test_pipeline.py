@@ -29,11 +29,11 @@ pytestmark = pytest.mark.integration
 def _run(stack: Stack, folder: Path, rows: list[dict[str, object]], eval_name: str) -> RunMeta:
     """Write ``rows`` as a validation split, submit them all and wait for completion."""
     write_rows(folder, "validation", rows)
-    list_splits(stack.client, str(folder), "validation")
+    name = list_splits(stack.client, str(folder), "validation")
     meta = submit(
         stack.client,
         stack.app,
-        SubmitRequest(eval=eval_name, data=str(folder), split="validation"),
+        SubmitRequest(eval=eval_name, dataset=name, split="validation"),
         principal="tests",
     )
     wait_completed(stack.client, meta.run_id)
@@ -106,11 +106,11 @@ def test_redelivered_messages_change_no_count_and_no_result(
     stack = fresh_stack
     n = 5 * MIN_MESSAGE_SAMPLES  # five messages, each a whole batch of the workers' 16
     write_rows(tmp_path, "validation", labelled_rows(n))
-    list_splits(stack.client, str(tmp_path), "validation")
+    name = list_splits(stack.client, str(tmp_path), "validation")
     meta = submit(
         stack.client,
         stack.app,
-        SubmitRequest(eval="spy", data=str(tmp_path), split="validation"),
+        SubmitRequest(eval="spy", dataset=name, split="validation"),
         principal="tests",
     )
     # Deliver every message twice, as a broker redelivery would: the copy (same task id and

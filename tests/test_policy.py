@@ -179,13 +179,13 @@ def test_no_access_and_unlisted_are_refused_before_the_ledger(stack: Stack, tmp_
     write_rows(tmp_path, "test", labelled_rows(10))
     write_rows(tmp_path, "train", labelled_rows(10))
     data = str(tmp_path)
-    list_splits(stack.client, data, "test", tier="no_access")  # train stays unlisted
+    name = list_splits(stack.client, data, "test", tier="no_access")  # train stays unlisted
     runs_before = stack.client.zcard(RUNS)
     with _Monitor(stack.server.url) as seen:
         for split in ("test", "train"):
-            refused = evalq(stack.server.url, "submit", "spy", "--data", data, "--split", split)
+            refused = evalq(stack.server.url, "submit", "spy", "--dataset", name, "--split", split)
             assert refused.returncode == 3, refused.stderr
-            assert refused.stderr.strip() == f"error: tier refused: {data}/{split} is no_access"
+            assert refused.stderr.strip() == f"error: tier refused: {name}/{split} is no_access"
     # the shared worker's housekeeping scripts may run meanwhile: kombu's unacked mutex and the
     # janitor's lease; any other script, or any budget key, is a touch of the ledger
     housekeeping = ("unacked_mutex", JANITOR)
@@ -196,26 +196,26 @@ def test_no_access_and_unlisted_are_refused_before_the_ledger(stack: Stack, tmp_
         and not any(key in c.split() for key in housekeeping)
     ]
     assert touched == []
-    assert not stack.client.exists(budget_key(data, "test"), budget_key(data, "train"))
+    assert not stack.client.exists(budget_key(name, "test"), budget_key(name, "train"))
     assert stack.client.zcard(RUNS) == runs_before
 
     admin = Client(Settings(redis_url=stack.server.url, principal="root-op"), admin=True)
-    meta = admin.submit(SubmitRequest(eval="spy", data=data, split="test"))
+    meta = admin.submit(SubmitRequest(eval="spy", dataset=name, split="test"))
     assert meta.admin
     assert not meta.charged
     entries = audit_entries(stack.client, meta.run_id)
     assert [(e["action"], e["who"]) for e in entries] == [("admin_submit", "root-op")]
-    assert not stack.client.exists(budget_key(data, "test"))
+    assert not stack.client.exists(budget_key(name, "test"))
     wait_completed(stack.client, meta.run_id, 60)
 
 
 def test_non_viewable_runs_are_aggregate_only(stack: Stack, tmp_path: Path) -> None:
     write_rows(tmp_path, "validation", labelled_rows(30))
     data = str(tmp_path)
-    list_splits(stack.client, data, "validation", tier="non_viewable")
+    name = list_splits(stack.client, data, "validation", tier="non_viewable")
     url = stack.server.url
     user = Client(Settings(redis_url=url, principal="agent"))
-    meta = user.submit(SubmitRequest(eval="spy", data=data, split="validation", limit=10))
+    meta = user.submit(SubmitRequest(eval="spy", dataset=name, split="validation", limit=10))
     wait_completed(stack.client, meta.run_id, 60)
 
     # Python API: aggregate yes, per-sample rows no
@@ -241,13 +241,14 @@ def test_non_viewable_runs_are_aggregate_only(stack: Stack, tmp_path: Path) -> N
     assert "admin_read" in actions
 
     # fewer than 5 samples of a non_viewable split is refused, before any charge
-    used = Ledger(stack.client).get(data, "validation").samples_used
-    small = evalq(url, "submit", "spy", "--data", data, "--split", "validation", "--ids", "1,2,3,4")
+    used = Ledger(stack.client).get(name, "validation").samples_used
+    small = evalq(url, "submit", "spy", "--dataset", name, "--split", "validation",
+                  "--ids", "1,2,3,4")  # fmt: skip
     assert small.returncode == 3
     assert "at least 5 samples" in small.stderr
-    assert Ledger(stack.client).get(data, "validation").samples_used == used
+    assert Ledger(stack.client).get(name, "validation").samples_used == used
     with pytest.raises(TierRefusedError):
-        user.submit(SubmitRequest(eval="spy", data=data, split="validation", limit=4))
+        user.submit(SubmitRequest(eval="spy", dataset=name, split="validation", limit=4))
 
 
 def test_budget_survives_a_redis_restart_and_reapplying_policy_never_refunds(
@@ -321,12 +322,12 @@ def test_cancel_refunds_exactly_the_unproduced_samples_once(
     stack = fresh_stack  # no worker: the test decides which samples produced a result
     write_rows(tmp_path, "validation", labelled_rows(20))
     data = str(tmp_path)
-    list_splits(stack.client, data, "validation")
-    Ledger(stack.client).set(data, "validation", runs=5, samples=100, max_samples_per_run=None,
+    name = list_splits(stack.client, data, "validation")
+    Ledger(stack.client).set(name, "validation", runs=5, samples=100, max_samples_per_run=None,
                              who="admin")  # fmt: skip
     user = Client(Settings(redis_url=stack.server.url, principal="agent"))
-    meta = user.submit(SubmitRequest(eval="spy", data=data, split="validation"))
-    assert Ledger(stack.client).get(data, "validation").samples_used == 20
+    meta = user.submit(SubmitRequest(eval="spy", dataset=name, split="validation"))
+    assert Ledger(stack.client).get(name, "validation").samples_used == 20
 
     store = ResultStore(stack.client)
     store.record_outputs(meta.run_id, {i: '{"pred": 0}' for i in range(6)})
@@ -339,7 +340,7 @@ def test_cancel_refunds_exactly_the_unproduced_samples_once(
     assert first == {"run_id": meta.run_id, "cancelled_now": True, "refunded_samples": 13}
     second = json.loads(evalq(stack.server.url, "cancel", meta.run_id, "--json").stdout)
     assert second == {"run_id": meta.run_id, "cancelled_now": False, "refunded_samples": 0}
-    budget = Ledger(stack.client).get(data, "validation")
+    budget = Ledger(stack.client).get(name, "validation")
     assert (budget.samples_used, budget.runs_used) == (7, 1)
     # nothing is written after cancellation, so the refund stays exact
     assert store.record_outputs(meta.run_id, {10: '{"pred": 1}'}) == 0
@@ -353,13 +354,13 @@ def test_a_failed_enqueue_rolls_the_reservation_back_once(
     write_rows(tmp_path, "validation", labelled_rows(8))
     data = str(tmp_path)
     store = connect(redis_only.url)
-    list_splits(store, data, "validation")
-    Ledger(store).set(data, "validation", runs=2, samples=None, max_samples_per_run=None, who="a")
+    name = list_splits(store, data, "validation")
+    Ledger(store).set(name, "validation", runs=2, samples=None, max_samples_per_run=None, who="a")
     broken = Settings(redis_url=redis_only.url, broker_url="redis://127.0.0.1:1/0")
     with pytest.raises(Exception, match=r"(?i)connect|refused") as failed:
-        Client(broken).submit(SubmitRequest(eval="spy", data=data, split="validation"))
+        Client(broken).submit(SubmitRequest(eval="spy", dataset=name, split="validation"))
     assert not isinstance(failed.value, PolicyRefusedError)
-    budget = Ledger(store).get(data, "validation")
+    budget = Ledger(store).get(name, "validation")
     assert (budget.runs_used, budget.samples_used) == (0, 0)
     (run_id,) = [str(r) for r in store.zrange(RUNS, 0, -1)]
     assert store.hget(f"evalq:{{{run_id}}}:meta", "status") == "cancelled"

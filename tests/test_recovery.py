@@ -21,6 +21,7 @@ from tests.conftest import Stack
 from tests.helpers import (
     REPO,
     cli_env,
+    dataset_name,
     evalq,
     expected_accuracy,
     labelled_rows,
@@ -40,10 +41,10 @@ def _submit(stack: Stack, folder: Path, n: int = N) -> RunMeta:
     """A run of the ``slow`` eval whose samples from 200 on wait for ``folder/gate``."""
     rows = labelled_rows(n)
     write_rows(folder, "validation", rows)
-    list_splits(stack.client, str(folder), "validation")
+    name = list_splits(stack.client, str(folder), "validation")
     client = Client(Settings(redis_url=stack.server.url, principal="tests"))
     gate = {"gate": str(folder / "gate"), "open_until": "200"}
-    request = SubmitRequest(eval="slow", data=str(folder), split="validation", params=gate)
+    request = SubmitRequest(eval="slow", dataset=name, split="validation", params=gate)
     return client.submit(request)
 
 
@@ -118,7 +119,7 @@ def test_redis_restart_mid_run(fresh_stack: Stack, tmp_path: Path) -> None:
     stack = fresh_stack
     stack.crashes_expected = True  # Celery logs the lost connection with a traceback
     stack.start_workers(EVALQ_VISIBILITY_TIMEOUT=FAST_RESTORE)
-    Ledger(stack.client).set(str(tmp_path), "validation", runs=3, samples=5000,
+    Ledger(stack.client).set(dataset_name(tmp_path), "validation", runs=3, samples=5000,
                              max_samples_per_run=None, who="admin")  # fmt: skip
     meta = _submit(stack, tmp_path)
     _wait_inferred(stack, meta.run_id)
@@ -126,7 +127,7 @@ def test_redis_restart_mid_run(fresh_stack: Stack, tmp_path: Path) -> None:
     _open_gate(tmp_path)
     assert wait_ended(stack.client, meta.run_id) is not RunStatus.CANCELLED
     _assert_exactly_once(stack, meta)
-    budget = Ledger(stack.client).get(str(tmp_path), "validation")
+    budget = Ledger(stack.client).get(dataset_name(tmp_path), "validation")
     assert (budget.runs_used, budget.samples_used) == (1, N)
 
 
@@ -146,9 +147,9 @@ def test_a_sample_that_kills_its_worker_ends_as_one_terminal_error(
     rows = labelled_rows(200)
     rows[7]["text"] = text
     write_rows(tmp_path, "validation", rows)
-    list_splits(stack.client, str(tmp_path), "validation")
+    name = list_splits(stack.client, str(tmp_path), "validation")
     client = Client(Settings(redis_url=stack.server.url, principal="tests"))
-    meta = client.submit(SubmitRequest(eval="killer", data=str(tmp_path), split="validation"))
+    meta = client.submit(SubmitRequest(eval="killer", dataset=name, split="validation"))
     assert wait_ended(stack.client, meta.run_id) is not RunStatus.CANCELLED
     view = client.status(meta.run_id)
     assert (view.progress.scored, view.progress.failed) == (199, 1)

@@ -131,8 +131,8 @@ def test_warm_and_cold_answers_are_identical() -> None:
 def test_a_script_scored_run_end_to_end(stack: Stack, tmp_path: Path) -> None:
     rows = arithmetic_rows(60, seed=1)
     write_rows(tmp_path, "validation", rows)  # type: ignore[arg-type]
-    list_splits(stack.client, str(tmp_path), "validation")
-    request = SubmitRequest(eval="arithmetic", data=str(tmp_path), split="validation")
+    name = list_splits(stack.client, str(tmp_path), "validation")
+    request = SubmitRequest(eval="arithmetic", dataset=name, split="validation")
     meta = submit(stack.client, stack.app, request, principal="tests")
     wait_completed(stack.client, meta.run_id)
 
@@ -152,11 +152,11 @@ def test_the_model_pool_cap_holds_across_more_evals_than_the_cap(
     fresh_stack.start_workers(EVALQ_MAX_MODELS="2")
     write_rows(tmp_path / "data", "validation", [{"text": f"t{i}", "label": 0} for i in range(5)])
     data = str(tmp_path / "data")
-    list_splits(fresh_stack.client, data, "validation")
+    dataset = list_splits(fresh_stack.client, data, "validation")
     log = tmp_path / "models.log"
     for name in ("a", "b", "c", "d", "a"):
         params = {"name": name, "log": str(log)}
-        request = SubmitRequest(eval="sized", data=data, split="validation", params=params)
+        request = SubmitRequest(eval="sized", dataset=dataset, split="validation", params=params)
         meta = submit(fresh_stack.client, fresh_stack.app, request, principal="tests")
         wait_completed(fresh_stack.client, meta.run_id, 60)
 

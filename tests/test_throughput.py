@@ -51,11 +51,11 @@ def test_one_worker_reserves_two_batches_and_leaves_the_rest_queued(
     stack = fresh_stack
     n = 32 * MIN_MESSAGE_SAMPLES  # 32 messages of 16 samples, the workers' batch
     write_rows(tmp_path, "validation", labelled_rows(n))
-    list_splits(stack.client, str(tmp_path), "validation")
+    name = list_splits(stack.client, str(tmp_path), "validation")
     gate = tmp_path / "gate"
     request = SubmitRequest(
         eval="slow",
-        data=str(tmp_path),
+        dataset=name,
         split="validation",
         params={"gate": str(gate), "open_until": "0"},  # every sample waits at the gate
     )
@@ -128,8 +128,8 @@ def test_kept_heap_memory_is_reused_instead_of_faulted_in_again() -> None:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc")
 def test_worker_pool_processes_keep_freed_heap_memory(stack: Stack, tmp_path: Path) -> None:
     write_rows(tmp_path, "validation", labelled_rows(4))
-    list_splits(stack.client, str(tmp_path), "validation")
-    request = SubmitRequest(eval="churn", data=str(tmp_path), split="validation")
+    name = list_splits(stack.client, str(tmp_path), "validation")
+    request = SubmitRequest(eval="churn", dataset=name, split="validation")
     meta = submit(stack.client, stack.app, request, principal="tests")
     wait_completed(stack.client, meta.run_id, 60)
     outputs = ResultStore(stack.client).outputs(meta.run_id, [0, 1, 2, 3])

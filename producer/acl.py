@@ -1,0 +1,87 @@
+"""``evalq acl``: a Redis ACL file with one user per role, so that no credential but the
+gateway's can change what the policy rests on.
+
+- ``gateway``: every evalq key and the broker (it is the operator's credential too: direct-mode
+  commands such as ``evalq tokens create`` bootstrap with it).
+- ``worker``: the broker's queues, run records and results, heartbeats and the janitor's lease,
+  spec reads (and the shard digests it records); no tier, budget, token, registry or audit key.
+- ``monitor``: what Flower and ``evalq metrics`` read (queues, run records and counters,
+  budgets, heartbeats) and the broker's control replies; never a per-sample result hash.
+
+Every user is denied the ``@dangerous`` commands (``FLUSHALL``, ``CONFIG``, ``KEYS``, ...);
+``default`` is switched off. Passwords come from ``EVALQ_ACL_GATEWAY_PASSWORD``,
+``EVALQ_ACL_WORKER_PASSWORD`` and ``EVALQ_ACL_MONITOR_PASSWORD`` and are written as sha256
+digests (``#<hex>``), so the file holds no password and is world-readable (mode 644), as
+Redis's own ``ACL SAVE`` writes it: the Redis server runs as another user than its writer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+from shared.errors import InputError
+
+__all__ = ["ROLES", "acl_text", "write_acl"]
+
+_BROKER = (
+    # kombu's Redis transport: a list per queue, evaluation queue and priority step (infer,
+    # infer.topic, infer\x06\x163, ...), the unacked index and its mutex, exchange bindings,
+    # the pidbox reply queues of remote control, and the event receivers of gossip/Flower
+    "~infer*", "~score*", "~unacked*", "~_kombu.*", "~*.pidbox*", "~celeryev*",
+)  # fmt: skip
+
+ROLES: dict[str, tuple[str, ...]] = {
+    "gateway": ("~*", "&*", "+@all", "-@dangerous"),
+    "worker": (
+        *_BROKER,
+        "~evalq:{*",
+        "~evalq:workers:*",
+        "~evalq:janitor",
+        "~evalq:active",
+        "%R~evalq:spec:*",
+        "~evalq:spec:*:shards",
+        "&*",
+        "+@all",
+        "-@dangerous",
+    ),
+    "monitor": (
+        *_BROKER,
+        "%R~evalq:runs",
+        "%R~evalq:{*}:meta",
+        "%R~evalq:{*}:progress",
+        "%R~evalq:budget:*",
+        "%R~evalq:workers:*",
+        "&*",
+        "+@all",
+        "-@dangerous",
+    ),
+}
+"""Each user's ACL rules after its password: key patterns (``%R~``: read only), channels, and
+command categories."""
+
+
+def _password(role: str) -> str:
+    variable = f"EVALQ_ACL_{role.upper()}_PASSWORD"
+    value = os.environ.get(variable, "")
+    if len(value) < 12:
+        raise InputError(f"{variable} must be set to a password of at least 12 characters")
+    return value
+
+
+def acl_text() -> str:
+    """The ACL file's text (one ``user`` line per role, ``default`` off)."""
+    lines = ["user default off"]
+    for role, rules in ROLES.items():
+        digest = hashlib.sha256(_password(role).encode()).hexdigest()
+        head = ["user", role, "on", "resetkeys", "resetchannels", f"#{digest}"]
+        lines.append(" ".join([*head, *rules]))
+    return "\n".join(lines) + "\n"
+
+
+def write_acl(path: Path) -> None:
+    """Write the ACL file to ``path`` (mode 644: digests only)."""
+    text = acl_text()
+    path.write_text(text, encoding="utf-8")
+    path.chmod(0o644)

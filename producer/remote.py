@@ -1,0 +1,220 @@
+"""The Python client of the gateway: :class:`producer.client.Client`'s methods over HTTP.
+
+With ``EVALQ_API_URL`` and ``EVALQ_TOKEN`` set, the CLI uses this instead of Redis (see
+:func:`producer.api.open_api`); it never reads ``EVALQ_REDIS_URL`` and never reads a row of
+data: the gateway resolves sample ids and counts. An error the gateway answers becomes a
+:class:`shared.errors.RemoteError` with the gateway's one line and the direct-mode exit code.
+
+::
+
+    from producer.remote import RemoteClient
+    from producer.submit import SubmitRequest
+
+    evalq = RemoteClient("http://127.0.0.1:8700", token)
+    run = evalq.submit(SubmitRequest(eval="topic", dataset="demo", split="validation"))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+from pydantic import TypeAdapter
+
+from producer.client import Cancellation, Resumption, RunView, check_ended
+from producer.policy_file import PolicyFile
+from producer.submit import SubmitRequest
+from shared.errors import GatewayUnreachableError, RemoteError, first_line
+from shared.ledger import Budget
+from shared.models import Progress, RunMeta, SampleResult
+from shared.policy import Role, Tier
+from shared.registry import RegisteredDataset
+from shared.tokens import TokenRecord
+
+__all__ = ["RemoteClient"]
+
+TIMEOUT = httpx.Timeout(60.0, connect=5.0)
+"""A submit reads the split on the gateway; streams have no read timeout."""
+
+
+class RemoteClient:
+    """Submit, watch, read and administer runs through the gateway, as the token's principal."""
+
+    def __init__(self, url: str, token: str | None, admin: bool = False) -> None:
+        self.url = url.rstrip("/")
+        self.admin = admin
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=TIMEOUT)
+
+    def _send(self, request: httpx.Request, stream: bool = False) -> httpx.Response:
+        try:
+            response = self._http.send(request, stream=stream)
+        except httpx.TransportError as exc:
+            raise GatewayUnreachableError(
+                f"cannot reach the gateway at {self.url} (EVALQ_API_URL): {first_line(exc)}"
+            ) from None
+        if response.is_success:
+            return response
+        if stream:
+            response.read()
+            response.close()
+        try:
+            body = response.json()
+            raise RemoteError(str(body["error"]), int(body["exit_code"]))
+        except (ValueError, KeyError, TypeError):
+            raise RemoteError(f"the gateway answered HTTP {response.status_code}", 1) from None
+
+    def _call(self, method: str, path: str, body: Any = None, **params: Any) -> Any:
+        query = {k: v for k, v in params.items() if v is not None}
+        request = self._http.build_request(method, path, json=body, params=query)
+        return self._send(request).json()
+
+    def _flag(self) -> dict[str, Any]:
+        return {"admin": "true"} if self.admin else {}
+
+    def submit(self, request: SubmitRequest) -> RunMeta:
+        """Submit through the gateway: it checks tier and budget and reads the split."""
+        body = request.model_dump(mode="json")
+        return RunMeta.model_validate(self._call("POST", "/v1/runs", body, **self._flag()))
+
+    def status(self, run_id: str) -> RunView:
+        """The run as this token may see it."""
+        return RunView.model_validate(self._call("GET", f"/v1/runs/{_seg(run_id)}", **self._flag()))
+
+    def stalled(self, meta: RunMeta, progress: Progress) -> str | None:
+        """Why nothing moves the run, or None (the gateway looks)."""
+        return self.status(meta.run_id).stalled
+
+    def recent(self, limit: int = 20) -> list[RunView]:
+        """The newest runs first (a user's own)."""
+        found = self._call("GET", "/v1/runs", limit=limit, **self._flag())
+        return [RunView.model_validate(v) for v in found]
+
+    def progress(self, run_id: str) -> tuple[RunMeta, Progress]:
+        """The run's record and counters."""
+        found = self._call("GET", f"/v1/runs/{_seg(run_id)}/progress")
+        return RunMeta.model_validate(found["meta"]), Progress.model_validate(found["progress"])
+
+    def ended(self, run_id: str) -> RunMeta:
+        """The record of a run that has ended; exit code 4 if it ended failed or cancelled."""
+        return check_ended(self.progress(run_id)[0])
+
+    def results(self, run_id: str) -> Iterator[SampleResult]:
+        """Per-sample results, streamed; a refusal is raised here, before any row."""
+        return self._rows(run_id, follow=False)
+
+    def follow_results(self, run_id: str) -> Iterator[SampleResult]:
+        """Each result as it is stored, until the run ends."""
+        return self._rows(run_id, follow=True)
+
+    def _rows(self, run_id: str, follow: bool) -> Iterator[SampleResult]:
+        params = {"follow": "true" if follow else "false", **self._flag()}
+        request = self._http.build_request(
+            "GET",
+            f"/v1/runs/{_seg(run_id)}/results",
+            params=params,
+            timeout=httpx.Timeout(60.0, read=None),
+        )
+        response = self._send(request, stream=True)
+        return _parsed(response)
+
+    def report(self, run_id: str) -> str:
+        """The run's HTML report, rendered by the gateway."""
+        request = self._http.build_request(
+            "GET", f"/v1/runs/{_seg(run_id)}/report", params=self._flag()
+        )
+        return self._send(request).text
+
+    def cancel(self, run_id: str) -> Cancellation:
+        """Cancel a run (a user: its own)."""
+        return Cancellation(**self._call("POST", f"/v1/runs/{_seg(run_id)}/cancel"))
+
+    def resume(self, run_id: str) -> Resumption:
+        """Re-enqueue a run's unsettled samples (a user: its own runs)."""
+        return Resumption(**self._call("POST", f"/v1/runs/{_seg(run_id)}/resume"))
+
+    def add_dataset(
+        self, name: str, data: str, *, revision: str | None = None, config: str | None = None
+    ) -> RegisteredDataset:
+        """Register a dataset the gateway's machine can read (admin)."""
+        body = {"name": name, "data": data, "revision": revision, "config": config}
+        return RegisteredDataset.model_validate(self._call("POST", "/v1/datasets", body))
+
+    def datasets(self) -> list[RegisteredDataset]:
+        """Every registered dataset."""
+        return _DATASETS.validate_python(self._call("GET", "/v1/datasets"))
+
+    def set_tier(self, dataset: str, split: str, tier: Tier) -> Tier | None:
+        """Set a split's tier (admin); return the one before."""
+        found = self._call("PUT", f"/v1/tiers/{_seg(dataset)}/{_seg(split)}", {"tier": tier.value})
+        return None if found["before"] is None else Tier(found["before"])
+
+    def tiers(self) -> dict[str, dict[str, Tier]]:
+        """Every listed split's tier, by dataset."""
+        return _TIERS.validate_python(self._call("GET", "/v1/tiers"))
+
+    def set_budget(
+        self,
+        dataset: str,
+        split: str,
+        *,
+        runs: int | None,
+        samples: int | None,
+        max_samples_per_run: int | None,
+    ) -> Budget:
+        """Set a split's budget totals (admin)."""
+        body = {"runs": runs, "samples": samples, "max_samples_per_run": max_samples_per_run}
+        return Budget.model_validate(
+            self._call("PUT", f"/v1/budgets/{_seg(dataset)}/{_seg(split)}", body)
+        )
+
+    def budgets(self) -> list[Budget]:
+        """Every stored budget."""
+        return _BUDGETS.validate_python(self._call("GET", "/v1/budgets"))
+
+    def apply_policy(self, policy: PolicyFile) -> list[str]:
+        """Apply a policy file (admin); return its warnings."""
+        return [str(w) for w in self._call("POST", "/v1/policy", policy.model_dump(mode="json"))]
+
+    def create_token(self, principal: str, role: Role) -> str:
+        """A new token for ``principal`` (admin)."""
+        body = {"principal": principal, "role": role.value}
+        return str(self._call("POST", "/v1/tokens", body)["token"])
+
+    def tokens(self) -> list[TokenRecord]:
+        """Every live token's record (admin)."""
+        return _TOKENS.validate_python(self._call("GET", "/v1/tokens"))
+
+    def revoke_tokens(self, principal: str) -> int:
+        """Revoke every token of ``principal`` (admin)."""
+        return int(self._call("DELETE", f"/v1/tokens/{_seg(principal)}")["revoked"])
+
+    def audit(self, limit: int = 50) -> list[dict[str, str]]:
+        """The newest audit entries (admin)."""
+        return [dict(e) for e in self._call("GET", "/v1/audit", limit=limit)]
+
+    def close(self) -> None:
+        """Close the HTTP connection pool."""
+        self._http.close()
+
+
+_DATASETS = TypeAdapter(list[RegisteredDataset])
+_TIERS = TypeAdapter(dict[str, dict[str, Tier]])
+_BUDGETS = TypeAdapter(list[Budget])
+_TOKENS = TypeAdapter(list[TokenRecord])
+
+
+def _seg(part: str) -> str:
+    """One path segment, percent-encoded (a ``/`` or ``..`` in a name stays inside it)."""
+    return quote(part, safe="")
+
+
+def _parsed(response: httpx.Response) -> Iterator[SampleResult]:
+    try:
+        for line in response.iter_lines():
+            if line:
+                yield SampleResult.model_validate_json(line)
+    finally:
+        response.close()

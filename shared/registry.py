@@ -1,0 +1,142 @@
+"""The dataset registry: named datasets pinned to their source, in ``evalq:datasets``.
+
+A registered dataset is a name (see :mod:`shared.names`), the source it was added from, and
+each of its splits pinned: a local split by its files' sha256 digests, a Hub split by the
+commit its revision resolved to. Tiers, budgets and audit entries attach to the name, and a
+gateway caller can only evaluate registered datasets, never a path. One file content has one
+owner split: registering a copy or a link of a file another split holds is refused, so no
+second name can give a held-out split's rows another tier.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import redis
+from pydantic import BaseModel, ConfigDict
+
+from shared.data import local_splits
+from shared.errors import DataError, SourceUnreachableError, SplitNotFoundError, first_line
+from shared.keys import AUDIT, DATASET_FILES, DATASETS
+from shared.lua import register
+from shared.names import check_name
+from shared.spec import HubSource, LocalSource, Source
+
+__all__ = ["DatasetRegistry", "RegisteredDataset"]
+
+
+class RegisteredDataset(BaseModel):
+    """A registered dataset's record."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    """Its registered name."""
+    data: str
+    """The source as it was given (a path or a Hub id)."""
+    splits: dict[str, Source]
+    """Each split's pinned source."""
+    who: str
+    """Who registered it."""
+    added: float
+    """Unix time of registration."""
+
+    def source(self, split: str) -> LocalSource | HubSource:
+        """The pinned source of ``split``; :class:`SplitNotFoundError` (exit 2) naming the
+        dataset's splits when it has no such split."""
+        try:
+            return self.splits[split]
+        except KeyError:
+            have = ", ".join(sorted(self.splits))
+            raise SplitNotFoundError(
+                f"dataset '{self.name}' has no split '{split}' (splits: {have})"
+            ) from None
+
+
+def _hub_splits(repo: str, revision: str | None, config: str | None) -> dict[str, Source]:
+    """A Hub dataset's splits, pinned to the commit ``revision`` (default: main) is now."""
+    try:
+        from datasets import get_dataset_split_names
+        from huggingface_hub import HfApi
+
+        commit = HfApi().dataset_info(repo, revision=revision).sha
+        names = get_dataset_split_names(repo, config_name=config, revision=commit)
+    except Exception as exc:
+        raise SourceUnreachableError(f"cannot reach {repo} on the Hub: {first_line(exc)}") from exc
+    return {str(split): HubSource(repo_id=repo, revision=commit, config=config) for split in names}
+
+
+def _owners(name: str, splits: dict[str, Source]) -> dict[str, str]:
+    """sha256 -> ``name/split`` of every local file; two splits holding one content (a link or
+    a copy of the other's file) is a :class:`DataError`."""
+    owners: dict[str, str] = {}
+    for split, source in splits.items():
+        for pinned in source.files if isinstance(source, LocalSource) else ():
+            owner = owners.setdefault(pinned.sha256, f"{name}/{split}")
+            if owner != f"{name}/{split}":
+                raise DataError(
+                    f"splits {owner} and {name}/{split} hold files of the same content: "
+                    "one content, one registered split"
+                )
+    return owners
+
+
+def _pairs(owners: dict[str, str]) -> list[str]:
+    return [part for digest, owner in owners.items() for part in (digest, owner)]
+
+
+class DatasetRegistry:
+    """Registered datasets in ``evalq:datasets``; owns ``add_dataset.lua``."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self._client = client
+        self._add = register(client, "add_dataset")
+
+    def add(
+        self,
+        name: str,
+        data: str,
+        *,
+        who: str,
+        revision: str | None = None,
+        config: str | None = None,
+    ) -> tuple[RegisteredDataset, RegisteredDataset | None]:
+        """Register ``data`` as ``name`` (or re-pin it), audited; return the record and the
+        one it replaced. Every split name must follow the name rule."""
+        check_name("dataset name", name)
+        root = Path(data).expanduser()
+        if root.exists():
+            if revision is not None or config is not None:
+                raise DataError("--revision and --config apply to Hub datasets, not local files")
+            splits: dict[str, Source] = dict(local_splits(root))
+        elif data.startswith((".", "/", "~")):
+            raise DataError(f"no such file or folder: {data}")
+        else:
+            splits = _hub_splits(data, revision, config)
+        for split in splits:
+            check_name("split", split)
+        record = RegisteredDataset(name=name, data=data, splits=splits, who=who, added=time.time())
+        owners = _owners(name, splits)
+        reply = self._add(
+            keys=[DATASETS, DATASET_FILES, AUDIT],
+            args=[name, record.model_dump_json(), who, time.time(), *_pairs(owners)],
+        )
+        if reply[0] == "taken":
+            raise DataError(
+                f"a file of {owners.get(reply[1], name)} has the same content as {reply[2]}: "
+                "one content, one registered split (a copy under another name would get "
+                "another tier)"
+            )
+        before = RegisteredDataset.model_validate_json(reply[1]) if reply[1] else None
+        return record, before
+
+    def get(self, name: str) -> RegisteredDataset | None:
+        """The record of ``name``, or None when no dataset of that name is registered."""
+        raw = self._client.hget(DATASETS, name)
+        return None if raw is None else RegisteredDataset.model_validate_json(raw)
+
+    def all(self) -> list[RegisteredDataset]:
+        """Every registered dataset, by name."""
+        raw = self._client.hgetall(DATASETS)
+        return [RegisteredDataset.model_validate_json(raw[name]) for name in sorted(raw)]

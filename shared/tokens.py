@@ -1,0 +1,91 @@
+"""API tokens of the gateway: created once, stored only as a digest, revoked by principal.
+
+A token is 32 random bytes (``secrets.token_urlsafe``) behind the prefix ``evalq_``; Redis holds
+its sha256 with the principal and role it stands for, so neither a Redis reader nor a log ever
+sees a usable token. Creations and revocations are audited in the same transaction.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import time
+
+import redis
+from pydantic import BaseModel, ConfigDict
+
+from shared import audit
+from shared.keys import TOKENS
+from shared.names import check_name
+from shared.policy import Caller, Role
+
+__all__ = ["TOKEN_PREFIX", "TokenRecord", "TokenStore"]
+
+TOKEN_PREFIX = "evalq_"
+
+
+class TokenRecord(BaseModel):
+    """What a token stands for (the token itself is never stored)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    principal: str
+    role: Role
+    created: float
+    """Unix time of creation."""
+    who: str
+    """Who created it."""
+
+    @property
+    def caller(self) -> Caller:
+        return Caller(self.principal, self.role)
+
+
+def _digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class TokenStore:
+    """Token digests in ``evalq:tokens``."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self._client = client
+
+    def create(self, principal: str, role: Role, *, who: str) -> str:
+        """A new token for ``principal`` with ``role`` (audited); returned once, stored as its
+        sha256 only."""
+        check_name("principal", principal)
+        token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+        record = TokenRecord(principal=principal, role=role, created=time.time(), who=who)
+        with self._client.pipeline(transaction=True) as pipe:
+            pipe.hset(TOKENS, _digest(token), record.model_dump_json())
+            audit.record(pipe, "token_create", who, principal=principal, after=record.role.value)
+            pipe.execute()
+        return token
+
+    def caller(self, token: str) -> Caller | None:
+        """Who ``token`` stands for, or None when it is unknown or revoked."""
+        if not token.startswith(TOKEN_PREFIX) or len(token) > 200:
+            return None
+        raw = self._client.hget(TOKENS, _digest(token))
+        return None if raw is None else TokenRecord.model_validate_json(raw).caller
+
+    def all(self) -> list[TokenRecord]:
+        """Every live token's record, by principal then creation."""
+        records = [TokenRecord.model_validate_json(v) for v in self._client.hvals(TOKENS)]
+        return sorted(records, key=lambda r: (r.principal, r.created))
+
+    def revoke(self, principal: str, *, who: str) -> int:
+        """Revoke every token of ``principal`` (audited); return how many there were."""
+        owned = [
+            digest
+            for digest, raw in self._client.hgetall(TOKENS).items()
+            if TokenRecord.model_validate_json(raw).principal == principal
+        ]
+        if not owned:
+            return 0
+        with self._client.pipeline(transaction=True) as pipe:
+            pipe.hdel(TOKENS, *owned)
+            audit.record(pipe, "token_revoke", who, principal=principal, after=len(owned))
+            pipe.execute()
+        return len(owned)

@@ -1,0 +1,372 @@
+"""The trust boundary, end to end: a real redis-server running the ACL file ``evalq acl`` writes,
+workers holding only the ``worker`` credential, the gateway (``evalq serve``) on uvicorn on a
+free port, and the ``evalq`` CLI holding only a token (its ``EVALQ_REDIS_URL`` points nowhere)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from producer.acl import write_acl
+from producer.client import Client
+from producer.redis_server import RedisServer, free_port
+from producer.workers import LocalWorkers
+from shared.celery_app import create_app
+from shared.connection import connect
+from shared.keys import AUDIT, DATASETS, TOKENS, RunKeys, budget_key, tiers_key
+from shared.models import RunStatus
+from shared.policy import Role, Tier
+from shared.settings import Settings
+from tests.helpers import REPO, audit_entries, labelled_rows, wait_for, write_rows
+
+pytestmark = pytest.mark.integration
+
+PASSWORDS = {
+    "EVALQ_ACL_GATEWAY_PASSWORD": "gateway-password-1",
+    "EVALQ_ACL_WORKER_PASSWORD": "worker-password-22",
+    "EVALQ_ACL_MONITOR_PASSWORD": "monitor-password-333",
+}
+NOWHERE = "redis://must-not-be-read.invalid:1/0"
+HIDDEN = "HIDDEN-ROW"
+
+
+@dataclass
+class Door:
+    """Everything behind the gateway, and the tokens in front of it."""
+
+    server: RedisServer
+    root: Path
+    api: str
+    admin_token: str
+    alice: str
+    bob: str
+    operator: Client
+
+    def url(self, user: str) -> str:
+        return _url(self.server, user)
+
+    def redis(self, user: str) -> redis.Redis:
+        return connect(self.url(user), retries=0)
+
+    def cli(
+        self, token: str, *args: str, home: Path | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """``evalq ARGS`` through the gateway, holding ``token`` and no Redis URL that works."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("EVALQ_")}
+        env.update(
+            PYTHONPATH=str(REPO),
+            EVALQ_API_URL=self.api,
+            EVALQ_TOKEN=token,
+            EVALQ_REDIS_URL=NOWHERE,
+            HF_HOME=str(home or self.root / "caller-hf"),
+            HF_DATASETS_CACHE=str((home or self.root / "caller-hf") / "datasets"),
+        )
+        return subprocess.run(
+            [sys.executable, "-c", "from shared.cli import main; main()", *args],
+            env=env, cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+
+
+def _url(server: RedisServer, user: str) -> str:
+    """The URL of ACL user ``user`` (gateway, worker, monitor) of ``server``."""
+    password = PASSWORDS[f"EVALQ_ACL_{user.upper()}_PASSWORD"]
+    return f"redis://{user}:{password}@127.0.0.1:{server.port}/0"
+
+
+def _serve(url: str, port: int, log: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "EVALQ_REDIS_URL": url, "EVALQ_PLUGINS": "tests.plugins"}
+    env["PYTHONPATH"] = str(REPO)
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-c", "from shared.cli import main; main()",
+             "serve", "--port", str(port)],
+            env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def door(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Door]:
+    root = tmp_path_factory.mktemp("door")
+    saved = {k: os.environ.get(k) for k in PASSWORDS}
+    os.environ.update(PASSWORDS)
+    try:
+        write_acl(root / "users.acl")
+    finally:
+        for key, value in saved.items():
+            os.environ.pop(key) if value is None else os.environ.update({key: value})
+    server = RedisServer(root / "redis", aclfile=root / "users.acl").start()
+    settings = Settings(
+        redis_url=_url(server, "gateway"), plugins=("tests.plugins",), principal="op"
+    )
+    operator = Client(settings)
+    data = root / "data"
+    write_rows(data, "validation", labelled_rows(30))
+    write_rows(data, "test", labelled_rows(10))
+    hidden = [{**row, "text": f"{HIDDEN} {row['text']}"} for row in labelled_rows(20)]
+    write_rows(data, "hidden", hidden)
+    operator.add_dataset("ds", str(data))
+    operator.set_tier("ds", "validation", Tier.VIEWABLE)
+    operator.set_tier("ds", "test", Tier.NO_ACCESS)
+    operator.set_tier("ds", "hidden", Tier.NON_VIEWABLE)
+    tokens = {p: operator.create_token(p, r) for p, r in
+              [("root", Role.ADMIN), ("alice", Role.USER), ("bob", Role.USER)]}  # fmt: skip
+    workers = LocalWorkers(
+        _url(server, "worker"),
+        env={"EVALQ_PLUGINS": "tests.plugins", "PYTHONPATH": str(REPO), "EVALQ_MAX_BATCH": "16"},
+        log_dir=root / "workers",
+    )
+    (root / "workers").mkdir()
+    workers.start(create_app(settings))
+    port = free_port()
+    gateway = _serve(_url(server, "gateway"), port, root / "gateway.log")
+    api = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: _answers(f"{api}/openapi.json"), 60, "the gateway to answer")
+        yield Door(server, root, api, tokens["root"], tokens["alice"], tokens["bob"], operator)
+    finally:
+        gateway.terminate()
+        gateway.wait(30)
+        workers.stop()
+        operator.close()
+        server.stop()
+
+
+def _run_id(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 0, result.stderr
+    return str(json.loads(result.stdout.splitlines()[0])["run_id"])
+
+
+def test_a_user_token_submits_watches_and_streams_results(door: Door, tmp_path: Path) -> None:
+    followed = door.cli(door.alice, "submit", "spy", "--dataset", "ds", "--split", "validation",
+                        "--limit", "20", "--follow", "--json")  # fmt: skip
+    run_id = _run_id(followed)
+    last = json.loads(followed.stdout.splitlines()[-1])
+    assert (last["status"], set(last["aggregate"])) == ("completed", {"correct", "saw_label"})
+    rows = door.cli(door.alice, "results", run_id).stdout.splitlines()
+    assert sorted(json.loads(r)["sample_id"] for r in rows) == list(range(20))
+    assert all("scores" in json.loads(r) for r in rows)
+    streamed = door.cli(door.alice, "results", run_id, "--follow")
+    assert streamed.returncode == 0
+    assert len(streamed.stdout.splitlines()) == 20
+    status = json.loads(door.cli(door.alice, "status", run_id, "--json").stdout)
+    assert (status["principal"], status["tier"]) == ("alice", "viewable")
+    listed = json.loads(door.cli(door.alice, "runs", "--json").stdout)
+    assert {r["principal"] for r in listed} == {"alice"}
+    report = tmp_path / "r.html"
+    assert door.cli(door.alice, "report", run_id, "--out", str(report)).returncode == 0
+    assert "<html" in report.read_text()
+    # the principal comes from the token, whatever the caller's environment says
+    assert door.operator.status(run_id).meta.principal == "alice"
+
+
+def test_refusals_exit_3_change_nothing_and_are_audited(door: Door, tmp_path: Path) -> None:
+    mine = _run_id(door.cli(door.bob, "submit", "spy", "--dataset", "ds", "--split", "validation",
+                            "--limit", "5", "--json"))  # fmt: skip
+    gateway = door.redis("gateway")
+    keys = [DATASETS, TOKENS, tiers_key("ds"), budget_key("ds", "validation")]
+    before = {k: gateway.dump(k) for k in keys}
+    policy = tmp_path / "p.yaml"
+    policy.write_text("datasets: {ds: {test: {tier: viewable}}}\n")
+    audited = len(audit_entries(gateway))
+    refused = [
+        ("submit", "spy", "--dataset", "ds", "--split", "test"),
+        ("submit", "spy", "--data", str(door.root / "data"), "--split", "test"),
+        ("submit", "spy", "--dataset", "nope", "--split", "test"),
+        ("submit", "spy", "--dataset", "ds", "--split", "validation", "--admin"),
+        ("tiers", "set", "ds", "test", "viewable"),
+        ("budget", "set", "ds", "validation", "--runs", "100000"),
+        ("policy", "apply", str(policy)),
+        ("datasets", "add", "mine", "--data", str(door.root / "data")),
+        ("tokens", "create", "eve", "--role", "admin"),
+        ("tokens", "list"),
+        ("audit",),
+        ("cancel", mine),
+        ("status", mine),
+        ("results", mine),
+    ]
+    for args in refused:
+        result = door.cli(door.alice, *args)
+        assert result.returncode == 3, (args, result.stderr)
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+        assert result.stderr.startswith(("error: forbidden: ", "error: tier refused: ")), args
+    bad = door.cli("evalq_not-a-token", "runs")
+    assert (bad.returncode, bad.stderr.strip()) == (
+        3,
+        "error: unauthorized: unknown or revoked token",
+    )
+    assert {k: gateway.dump(k) for k in keys} == before
+    assert door.operator.status(mine).meta.status is not RunStatus.CANCELLED
+    entries = audit_entries(gateway)[audited:]
+    refusals = [e for e in entries if e["action"] == "refused"]
+    assert [e["who"] for e in refusals] == ["alice"] * len(refused) + ["anonymous"]
+    assert all(json.loads(e["after"])["reason"] for e in refusals)
+    # a missing split is named as such (exit 2), not as a tier refusal
+    typo = door.cli(door.alice, "submit", "spy", "--dataset", "ds", "--split", "valdation")
+    assert typo.returncode == 2
+    assert typo.stderr.strip() == (
+        "error: dataset 'ds' has no split 'valdation' (splits: hidden, test, validation)"
+    )
+
+
+def test_no_alias_of_a_held_out_file_yields_its_rows(door: Door, tmp_path: Path) -> None:
+    held_out = door.root / "data" / "test.jsonl"
+    alias = tmp_path / "alias"
+    alias.mkdir()
+    (alias / "train.jsonl").symlink_to(held_out)
+    (tmp_path / "copy").mkdir()
+    (tmp_path / "copy" / "train.jsonl").write_bytes(held_out.read_bytes())
+    # a caller cannot name a path at all
+    for folder in (alias, tmp_path / "copy"):
+        result = door.cli(door.alice, "submit", "spy", "--data", str(folder), "--split", "train")
+        assert result.returncode == 3
+        assert "not a registered dataset" in result.stderr
+    # an admin cannot register a link or a copy of a registered split under another name
+    for name, folder in (("alias", alias), ("copy", tmp_path / "copy")):
+        result = door.cli(door.admin_token, "datasets", "add", name, "--data", str(folder))
+        assert result.returncode == 2, result.stderr
+        assert "has the same content as ds/test" in result.stderr
+    # nor inside one folder: a split that links to its sibling's file
+    inside = tmp_path / "inside"
+    write_rows(inside, "test", labelled_rows(5))
+    (inside / "train.jsonl").symlink_to(inside / "test.jsonl")
+    result = door.cli(door.admin_token, "datasets", "add", "inside", "--data", str(inside))
+    assert result.returncode == 2
+    assert "hold files of the same content" in result.stderr
+    listed = json.loads(door.cli(door.alice, "datasets", "list", "--json").stdout)
+    assert [d["name"] for d in listed] == ["ds"]
+
+
+def test_the_worker_credential_cannot_touch_policy_and_the_monitor_sees_no_sample(
+    door: Door,
+) -> None:
+    run_id = _run_id(door.cli(door.alice, "submit", "spy", "--dataset", "ds", "--split", "hidden",
+                              "--follow", "--json"))  # fmt: skip
+    assert door.operator.status(run_id).meta.status is RunStatus.COMPLETED  # workers: worker cred
+    worker = door.redis("worker")
+    for key in (budget_key("ds", "validation"), tiers_key("ds"), TOKENS, DATASETS):
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            worker.hset(key, "x", "1")
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        worker.xadd(AUDIT, {"action": "forged"})
+    monitor = door.redis("monitor")
+    for key in (RunKeys(run_id).score, RunKeys(run_id).out):
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            monitor.hgetall(key)
+    assert monitor.hget(RunKeys(run_id).meta, "status") == "completed"
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        monitor.hset(RunKeys(run_id).meta, "status", "queued")
+
+
+def test_a_non_viewable_submit_leaves_the_callers_cache_empty(door: Door, tmp_path: Path) -> None:
+    home = tmp_path / "hf"
+    result = door.cli(door.alice, "submit", "spy", "--dataset", "ds", "--split", "hidden",
+                      "--follow", home=home)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert not home.exists() or not any(p.is_file() for p in home.rglob("*"))
+    assert "aggregate withheld" not in result.stdout  # 20 samples: the aggregate is shown
+    refused = door.cli(door.alice, "results", result.stdout.split()[0], home=home)
+    assert refused.returncode == 3
+
+
+def _per_sample(body: str) -> bool:
+    return HIDDEN in body or '"sample_id"' in body
+
+
+def test_every_route_answers_without_5xx_or_hidden_samples(door: Door) -> None:
+    run_id = _run_id(door.cli(door.alice, "submit", "spy", "--dataset", "ds", "--split", "hidden",
+                              "--follow", "--json"))  # fmt: skip
+    schema = httpx.get(f"{door.api}/openapi.json").json()
+    headers = {"Authorization": f"Bearer {door.alice}"}
+    with httpx.Client(base_url=door.api, headers=headers, timeout=60) as http:
+        for path, operations in schema["paths"].items():
+            for method in operations:
+                url = path.replace("{run_id}", run_id).replace("{dataset}", "ds")
+                url = url.replace("{split}", "hidden").replace("{principal}", "alice")
+                for params in ({}, {"admin": "true"}, {"follow": "true"}):
+                    answer = http.request(method, url, params=params, json={})
+                    assert answer.status_code < 500, (method, url, answer.text)
+                    assert not _per_sample(answer.text), (method, url, answer.text[:200])
+
+
+def test_the_openapi_schema_fuzzed_never_answers_5xx_or_hidden_samples(door: Door) -> None:
+    """schemathesis generates requests from the schema (valid and not), sent with a user
+    token; half of those naming a run name the user's own non_viewable run."""
+    import schemathesis
+    from hypothesis import HealthCheck, given, settings
+
+    run_id = _run_id(door.cli(door.alice, "submit", "spy", "--dataset", "ds", "--split", "hidden",
+                              "--follow", "--json"))  # fmt: skip
+    schema = schemathesis.openapi.from_url(f"{door.api}/openapi.json")
+    headers = {"Authorization": f"Bearer {door.alice}"}
+    answered: list[int] = []
+    for operation in schema.get_all_operations():
+
+        @settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
+        @given(case=operation.ok().as_strategy())  # type: ignore[union-attr]
+        def check(case: Any) -> None:
+            if "run_id" in (case.path_parameters or {}) and len(answered) % 2:
+                case.path_parameters["run_id"] = run_id
+            response = case.call(base_url=door.api, headers=headers)
+            answered.append(response.status_code)
+            assert response.status_code < 500, (case.method, case.path, response.text)
+            assert not _per_sample(response.text), (case.method, case.path)
+
+        check()
+    assert len(answered) > 100
+
+
+def test_flower_and_metrics_work_with_the_monitor_credential(door: Door, tmp_path: Path) -> None:
+    from producer.metrics import serve
+    from tests.test_monitoring import FLOWER_AUTH, _get, _ok
+
+    port = free_port()
+    env = {**os.environ, "EVALQ_REDIS_URL": door.url("monitor"), "PYTHONPATH": str(REPO)}
+    with (tmp_path / "flower.log").open("wb") as log:
+        flower = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "worker.celery", "flower", f"--port={port}",
+             "--address=127.0.0.1", f"--basic-auth={':'.join(FLOWER_AUTH)}",
+             "--persistent=False"],
+            env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    metrics = serve(door.redis("monitor"), "127.0.0.1", 0)
+    try:
+        wait_for(lambda: _ok(f"{base}/healthcheck"), 60, "flower to answer")
+        run_id = _run_id(door.cli(door.alice, "submit", "spy", "--dataset", "ds",
+                                  "--split", "validation", "--follow", "--json"))  # fmt: skip
+        workers = wait_for(
+            lambda: _get(f"{base}/api/workers?refresh=1", FLOWER_AUTH), 60, "flower's workers"
+        )
+        assert any(name.startswith("evalq-") for name in workers)
+
+        def tasks_of_the_run() -> list[str]:
+            tasks: dict[str, Any] = _get(f"{base}/api/tasks", FLOWER_AUTH)
+            shown = [json.dumps([t.get("args"), t.get("kwargs")]) for t in tasks.values()]
+            return [s for s in shown if run_id in s]
+
+        assert wait_for(tasks_of_the_run, 60, "the run's tasks in flower")
+        scraped = urllib.request.urlopen(f"http://127.0.0.1:{metrics.port}/metrics").read()
+        assert f'run="{run_id}"'.encode() in scraped
+    finally:
+        metrics.close()
+        flower.terminate()
+        flower.wait(30)
