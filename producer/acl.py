@@ -8,8 +8,9 @@ gateway's can change what the policy rests on.
 - ``monitor``: what Flower and ``evalq metrics`` read (queues, run records and counters,
   budgets, heartbeats) and the broker's control replies; never a per-sample result hash.
 
-Every user is denied the ``@dangerous`` commands (``FLUSHALL``, ``CONFIG``, ``KEYS``, ...);
-``default`` is switched off. Passwords come from ``EVALQ_ACL_GATEWAY_PASSWORD``,
+Every user is denied the ``@dangerous`` commands (``FLUSHALL``, ``CONFIG``, ``KEYS``, ...), the
+worker and the monitor also ``FUNCTION`` and ``SCRIPT FLUSH``/``KILL``; the monitor only reads
+the work queues; ``default`` is switched off. Passwords come from ``EVALQ_ACL_GATEWAY_PASSWORD``,
 ``EVALQ_ACL_WORKER_PASSWORD`` and ``EVALQ_ACL_MONITOR_PASSWORD`` and are written as sha256
 digests (``#<hex>``), so the file holds no password and is world-readable (mode 644), as
 Redis's own ``ACL SAVE`` writes it: the Redis server runs as another user than its writer.
@@ -25,11 +26,19 @@ from shared.errors import InputError
 
 __all__ = ["ROLES", "acl_text", "write_acl"]
 
+_QUEUES = ("infer*", "score*", "unacked*")
+"""kombu's Redis transport: a list per queue, evaluation queue and priority step (infer,
+infer.topic, infer\x06\x163, ...), the unacked index and its mutex."""
+
+_CONTROL = ("~_kombu.*", "~*.pidbox*", "~celeryev*")
+"""Exchange bindings, the pidbox queues of remote control, the event receivers of gossip and
+Flower. ``*.pidbox*`` matches no evalq key: no evalq name holds a ``.``."""
+
+_LOCKED = ("-@dangerous", "-function", "-script|flush", "-script|kill")
+"""No server administration, no server-side functions, no flushing another user's scripts."""
+
 _BROKER = (
-    # kombu's Redis transport: a list per queue, evaluation queue and priority step (infer,
-    # infer.topic, infer\x06\x163, ...), the unacked index and its mutex, exchange bindings,
-    # the pidbox reply queues of remote control, and the event receivers of gossip/Flower
-    "~infer*", "~score*", "~unacked*", "~_kombu.*", "~*.pidbox*", "~celeryev*",
+    *(f"~{q}" for q in _QUEUES), *_CONTROL,
 )  # fmt: skip
 
 ROLES: dict[str, tuple[str, ...]] = {
@@ -44,10 +53,11 @@ ROLES: dict[str, tuple[str, ...]] = {
         "~evalq:spec:*:shards",
         "&*",
         "+@all",
-        "-@dangerous",
+        *_LOCKED,
     ),
     "monitor": (
-        *_BROKER,
+        *(f"%R~{q}" for q in _QUEUES),
+        *_CONTROL,
         "%R~evalq:runs",
         "%R~evalq:{*}:meta",
         "%R~evalq:{*}:progress",
@@ -55,7 +65,7 @@ ROLES: dict[str, tuple[str, ...]] = {
         "%R~evalq:workers:*",
         "&*",
         "+@all",
-        "-@dangerous",
+        *_LOCKED,
     ),
 }
 """Each user's ACL rules after its password: key patterns (``%R~``: read only), channels, and

@@ -16,6 +16,7 @@ data: the gateway resolves sample ids and counts. An error the gateway answers b
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
@@ -26,7 +27,7 @@ from pydantic import TypeAdapter
 from producer.client import Cancellation, Resumption, RunView, check_ended
 from producer.policy_file import PolicyFile
 from producer.submit import SubmitRequest
-from shared.errors import GatewayUnreachableError, RemoteError, first_line
+from shared.errors import GatewayUnreachableError, InputError, RemoteError, first_line
 from shared.ledger import Budget
 from shared.models import Progress, RunMeta, SampleResult
 from shared.policy import Role, Tier
@@ -34,6 +35,8 @@ from shared.registry import RegisteredDataset
 from shared.tokens import TokenRecord
 
 __all__ = ["RemoteClient"]
+
+_TOKEN = re.compile(r"[A-Za-z0-9_-]{1,200}")
 
 TIMEOUT = httpx.Timeout(60.0, connect=5.0)
 """A submit reads the split on the gateway; streams have no read timeout."""
@@ -43,10 +46,16 @@ class RemoteClient:
     """Submit, watch, read and administer runs through the gateway, as the token's principal."""
 
     def __init__(self, url: str, token: str | None, admin: bool = False) -> None:
-        self.url = url.rstrip("/")
         self.admin = admin
+        token = (token or "").strip()
+        if token and not _TOKEN.fullmatch(token):
+            raise InputError("EVALQ_TOKEN is malformed (a token is letters, digits, '_' and '-')")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=TIMEOUT)
+        try:
+            self._http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=TIMEOUT)
+        except (httpx.InvalidURL, ValueError) as exc:
+            raise InputError(f"EVALQ_API_URL is not a valid URL: {first_line(exc)}") from None
+        self.url = str(self._http.base_url).rstrip("/")
 
     def _send(self, request: httpx.Request, stream: bool = False) -> httpx.Response:
         try:

@@ -65,8 +65,9 @@ def _shard_of(client: Client, view: RunView) -> tuple[np.ndarray | None, int, st
 
 def gather(client: Client, run_id: str) -> Report:
     """Everything the report of ``run_id`` shows to this client's reader, in one pass over the
-    run's results: score values only where the reader may read them, per-shard counts (states
-    only, no values) for every reader."""
+    run's results: score values and per-shard counts only where the reader may read per-sample
+    results (a split's shards are cut by its rows' content: a ``kmeans`` routing on any column,
+    the label included, would make shard counts a per-row histogram of it)."""
     view = client.status(run_id)
     values: dict[str, list[float]] = {}
     withheld = None
@@ -74,7 +75,7 @@ def gather(client: Client, run_id: str) -> Report:
         states: Iterator[tuple[int, SampleState]] = _collect(client.results(run_id), values)
     except TierRefusedError as exc:
         states, withheld = client.states(run_id), str(exc)
-    shard_of, count, note = _shard_of(client, view)
+    shard_of, count, note = (None, 0, withheld) if withheld else _shard_of(client, view)
     shards = [ShardProgress() for _ in range(count)]
     for sample_id, state in states:
         if shard_of is not None:

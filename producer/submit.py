@@ -56,7 +56,10 @@ class SubmitRequest(BaseModel):
     ids: tuple[Annotated[int, Field(ge=0, lt=2**53)], ...] | None = Field(
         default=None, max_length=10_000_000
     )
-    params: dict[str, str] = Field(default_factory=dict)
+    params: dict[
+        Annotated[str, Field(min_length=1, max_length=100)],
+        Annotated[str, Field(max_length=10_000)],
+    ] = Field(default_factory=dict, max_length=100)
     revision: str | None = Field(default=None, max_length=200)
     """Hub revision of an unregistered source."""
     config: str | None = Field(default=None, max_length=200)

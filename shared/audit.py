@@ -58,7 +58,7 @@ def audit_admin(client: redis.Redis, action: str, who: str, meta: RunMeta, after
 def audit_refusal(client: redis.Redis, who: str, request: str, reason: str) -> None:
     """Record that the gateway refused ``request`` (``METHOD /path``) to ``who`` (the token's
     principal, or ``anonymous``)."""
-    record(client, "refused", who, after={"request": request, "reason": reason})
+    record(client, "refused", who, after={"request": request[:300], "reason": reason[:500]})
 
 
 def recent(client: redis.Redis, limit: int) -> list[dict[str, str]]:

@@ -101,6 +101,8 @@ def _split_of(path: Path) -> str:
 def _data_files(root: Path) -> list[Path]:
     if root.is_file():
         return [root] if root.suffix in _FORMATS else []
+    if not root.is_dir():
+        raise DataError(f"{root} is neither a regular file nor a folder")
     return sorted(p for p in root.iterdir() if p.is_file() and p.suffix in _FORMATS)
 
 

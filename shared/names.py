@@ -1,8 +1,10 @@
 """Names that become parts of Redis keys: registered datasets, splits and principals.
 
 One documented character set, so that no two names share a key: 1 to 64 characters, letters,
-digits, ``.``, ``_`` and ``-``, starting with a letter or a digit. ``:`` (the key separator),
-``/`` (the ``dataset/split`` separator), spaces and braces (hash tags) are never part of a name.
+digits, ``_`` and ``-``, starting with a letter or a digit. ``:`` (the key separator), ``/``
+(the ``dataset/split`` separator), spaces, braces (hash tags) and ``.`` (kombu's pidbox keys end
+``.pidbox``, and the ACL patterns that let workers reach them must match no evalq key) are never
+part of a name.
 """
 
 from __future__ import annotations
@@ -13,9 +15,9 @@ from shared.errors import InputError
 
 __all__ = ["NAME_RULE", "check_name", "is_name"]
 
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 
-NAME_RULE = "1-64 letters, digits, '.', '_' or '-', starting with a letter or digit"
+NAME_RULE = "1-64 letters, digits, '_' or '-', starting with a letter or digit"
 
 
 def is_name(value: str) -> bool:

@@ -267,7 +267,11 @@ def test_the_worker_credential_cannot_touch_policy_and_the_monitor_sees_no_sampl
             worker.hset(key, "x", "1")
     with pytest.raises(redis.exceptions.NoPermissionError):
         worker.xadd(AUDIT, {"action": "forged"})
+    for name in ("team.pidbox", "x.celery.pidbox"):  # names that would match a broker pattern
+        assert door.cli(door.admin_token, "tiers", "set", name, "test", "viewable").returncode == 2
     monitor = door.redis("monitor")
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        monitor.lpush("infer", "forged")
     for key in (RunKeys(run_id).score, RunKeys(run_id).out):
         with pytest.raises(redis.exceptions.NoPermissionError):
             monitor.hgetall(key)
@@ -370,3 +374,56 @@ def test_flower_and_metrics_work_with_the_monitor_credential(door: Door, tmp_pat
         metrics.close()
         flower.terminate()
         flower.wait(30)
+
+
+def test_shards_cut_by_the_label_show_a_user_no_per_shard_counts(
+    door: Door, tmp_path: Path
+) -> None:
+    """A kmeans routing on the label, by an evaluation with no label fields, would make the
+    report's per-shard counts a label histogram of the rows (differenced run by run: each row's
+    label); on a non_viewable split a user's report withholds them, an admin's shows them."""
+    kmeans = ("--routing", "kmeans", "--route-field", "label", "--shards", "3",
+              "--router-sample", "20")  # fmt: skip
+    run_id = _run_id(door.cli(door.alice, "submit", "churn", "--dataset", "ds", "--split",
+                              "hidden", *kmeans, "--follow", "--json"))  # fmt: skip
+    user, admin = tmp_path / "user.html", tmp_path / "admin.html"
+    assert door.cli(door.alice, "report", run_id, "--out", str(user)).returncode == 0
+    assert 'data-chart="shards"' not in user.read_text()
+    assert "per-sample results are not readable" in user.read_text()
+    made = door.cli(door.admin_token, "report", run_id, "--admin", "--out", str(admin))
+    assert made.returncode == 0, made.stderr
+    assert 'data-chart="shards"' in admin.read_text()
+
+
+def test_re_pinning_cannot_move_held_out_content_to_another_split(
+    door: Door, tmp_path: Path
+) -> None:
+    swap = tmp_path / "swap"
+    swap.mkdir()
+    for split, target in (("validation", "test"), ("test", "validation"), ("hidden", "hidden")):
+        (swap / f"{split}.jsonl").symlink_to(door.root / "data" / f"{target}.jsonl")
+    result = door.cli(door.admin_token, "datasets", "add", "ds", "--data", str(swap))
+    assert result.returncode == 2
+    assert "has the same content as ds/" in result.stderr
+    source = door.operator.datasets()[0].splits["validation"]
+    assert [Path(f.path).name for f in source.files] == ["validation.jsonl"]  # type: ignore[union-attr]
+
+
+def test_a_token_or_url_with_stray_characters_is_one_line_that_never_shows_the_token(
+    door: Door,
+) -> None:
+    spaced = door.cli(door.alice + "\n", "runs")
+    assert spaced.returncode == 0, spaced.stderr  # surrounding whitespace is not the token's
+    for bad in (door.alice + "é", door.alice[:10] + " " + door.alice[10:]):
+        result = door.cli(bad, "runs")
+        assert result.returncode == 2
+        assert result.stderr.strip() == (
+            "error: EVALQ_TOKEN is malformed (a token is letters, digits, '_' and '-')"
+        )
+        assert door.alice[6:] not in result.stderr
+
+
+def test_a_path_that_is_no_file_nor_folder_is_an_input_error(door: Door) -> None:
+    result = door.cli(door.admin_token, "datasets", "add", "devnull", "--data", "/dev/null")
+    assert result.returncode == 2
+    assert result.stderr.strip() == "error: /dev/null is neither a regular file nor a folder"

@@ -8,15 +8,23 @@ import pytest
 
 from producer.policy_file import load_policy
 from shared.connection import connect, redact
-from shared.errors import InputError, PolicyError, TierRefusedError
+from shared.errors import ForbiddenError, InputError, PolicyError, TierRefusedError
+from shared.names import check_name, is_name
 from shared.policy import (
     MIN_AGGREGATE_SAMPLES,
     Access,
+    Caller,
+    Role,
     Tier,
+    admit_admin_flag,
+    admit_owner,
     admit_run,
+    admit_source,
     admit_split,
     budgeted_tier,
     read_access,
+    require_admin,
+    run_tier,
     stored_tier,
 )
 
@@ -107,3 +115,40 @@ def test_a_malformed_redis_url_is_one_input_error_without_the_url(url: str) -> N
     with pytest.raises(InputError, match="EVALQ_REDIS_URL") as error:
         connect(url)
     assert "hunter2" not in str(error.value)
+
+
+def test_roles_admin_operations_and_other_principals_runs() -> None:
+    admin, alice = Caller("root", Role.ADMIN), Caller("alice", Role.USER)
+    require_admin(admin, "tiers set")
+    with pytest.raises(ForbiddenError, match=r"^forbidden: tiers set needs the admin role"):
+        require_admin(alice, "tiers set")
+    assert admit_admin_flag(admin, True) is True
+    assert admit_admin_flag(alice, False) is False
+    with pytest.raises(ForbiddenError, match="--admin"):
+        admit_admin_flag(alice, True)
+    admit_owner(alice, "r1", "alice")
+    admit_owner(admin, "r1", "alice")
+    with pytest.raises(ForbiddenError, match="r1 belongs to another principal"):
+        admit_owner(alice, "r1", "bob")
+
+
+def test_an_unregistered_source_is_no_access_to_all_but_admins() -> None:
+    assert run_tier(Tier.VIEWABLE, registered=False) is Tier.NO_ACCESS
+    assert run_tier(Tier.VIEWABLE, registered=True) is Tier.VIEWABLE
+    with pytest.raises(TierRefusedError, match="not a registered dataset"):
+        admit_source("/tmp/x/train", registered=False, admin=False)
+    admit_source("/tmp/x/train", registered=False, admin=True)
+
+
+@pytest.mark.parametrize(
+    "name", ["a:b", "b:c", "a/b", "", "-x", "{run}", "a b", "x" * 65, "é", "team.pidbox"]
+)
+def test_names_that_could_share_a_key_are_refused(name: str) -> None:
+    assert not is_name(name)
+    with pytest.raises(InputError, match="invalid split"):
+        check_name("split", name)
+
+
+def test_documented_names_pass() -> None:
+    for name in ("validation", "test-hard", "train-clean-100", "MMLU_pro", "x" * 64):
+        assert check_name("dataset name", name) == name

@@ -1,5 +1,6 @@
 -- add_dataset: register (or re-pin) a dataset and audit it, atomically; a file's content has
--- one owner split, so a copy or link of one split's file cannot be registered as another.
+-- one owner split for good, so a copy or link of one split's file cannot be registered as
+-- another split, of another dataset or of this one (re-pinning cannot move content across).
 -- KEYS[1] = evalq:datasets         hash, name -> record JSON
 -- KEYS[2] = evalq:datasets:files   hash, sha256 -> 'name/split'
 -- KEYS[3] = evalq:audit            stream
@@ -16,7 +17,7 @@ end
 local seen = {}
 for i = 5, #ARGV, 2 do
   local owner = redis.call('HGET', KEYS[2], ARGV[i])
-  if owner and owner ~= ARGV[i + 1] and not mine[ARGV[i]] then return {'taken', ARGV[i], owner} end
+  if owner and owner ~= ARGV[i + 1] then return {'taken', ARGV[i], owner} end
   if seen[ARGV[i]] and seen[ARGV[i]] ~= ARGV[i + 1] then return {'taken', ARGV[i], seen[ARGV[i]]} end
   seen[ARGV[i]] = ARGV[i + 1]
 end

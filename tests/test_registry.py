@@ -1,0 +1,78 @@
+"""The dataset registry and the name rule on a real redis-server (no worker): pinning, one
+content one split, key collisions, and a pinned file that changed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from producer.redis_server import RedisServer
+from shared.connection import connect
+from shared.data import spec_of
+from shared.errors import DataError, InputError, SpecError, SplitNotFoundError
+from shared.keys import DATASET_FILES
+from shared.ledger import Ledger
+from shared.policy import Tier
+from shared.registry import DatasetRegistry
+from shared.spec import LocalSource
+from shared.tiers import TierRegistry
+from tests.helpers import audit_entries, labelled_rows, write_rows
+
+
+def test_a_dataset_is_pinned_split_by_split_and_audited(
+    redis_only: RedisServer, tmp_path: Path
+) -> None:
+    client = connect(redis_only.url)
+    write_rows(tmp_path, "test", labelled_rows(3))
+    write_rows(tmp_path, "test-hard", labelled_rows(4))
+    record, before = DatasetRegistry(client).add("ds", str(tmp_path), who="op")
+    assert before is None
+    assert sorted(record.splits) == ["test", "test-hard"]
+    source = record.source("test")
+    assert isinstance(source, LocalSource)
+    assert [Path(f.path).name for f in source.files] == ["test.jsonl"]
+    with pytest.raises(SplitNotFoundError, match=r"no split 'tes' \(splits: test, test-hard\)"):
+        record.source("tes")
+    assert [(e["action"], e["who"], e["dataset"]) for e in audit_entries(client)] == [
+        ("dataset", "op", "ds")
+    ]
+    # re-adding re-pins; a file changed after pinning is refused when read, not evaluated
+    (tmp_path / "test.jsonl").write_text('{"text": "other", "label": 0}\n')
+    with pytest.raises(SpecError, match="differs from the one pinned for it"):
+        spec_of(source, "test")
+    again, previous = DatasetRegistry(client).add("ds", str(tmp_path), who="op")
+    assert previous == record
+    assert spec_of(again.source("test"), "test")[0].n_rows == 1
+
+
+def test_a_link_or_copy_of_a_registered_file_is_refused(
+    redis_only: RedisServer, tmp_path: Path
+) -> None:
+    client = connect(redis_only.url)
+    registry = DatasetRegistry(client)
+    held = write_rows(tmp_path / "ds", "test", labelled_rows(5))
+    registry.add("ds", str(tmp_path / "ds"), who="op")
+    (tmp_path / "link").mkdir()
+    (tmp_path / "link" / "train.jsonl").symlink_to(held)
+    (tmp_path / "copy").mkdir()
+    (tmp_path / "copy" / "train.jsonl").write_bytes(held.read_bytes())
+    for name in ("link", "copy"):
+        with pytest.raises(DataError, match="same content as ds/test"):
+            registry.add(name, str(tmp_path / name), who="op")
+    (tmp_path / "ds" / "train.jsonl").symlink_to(held)  # a sibling split of the same folder
+    with pytest.raises(DataError, match="ds/test and ds/train hold files of the same content"):
+        registry.add("ds", str(tmp_path / "ds"), who="op")
+    assert [r.name for r in registry.all()] == ["ds"]
+    assert set(client.hvals(DATASET_FILES)) == {"ds/test"}
+
+
+def test_names_with_a_separator_never_share_a_key(redis_only: RedisServer) -> None:
+    client = connect(redis_only.url)
+    for dataset, split in (("a", "b:c"), ("a:b", "c")):
+        with pytest.raises(InputError, match="invalid"):
+            Ledger(client).set(dataset, split, runs=1, samples=None, max_samples_per_run=None,
+                               who="op")  # fmt: skip
+        with pytest.raises(InputError, match="invalid"):
+            TierRegistry(client).set(dataset, split, Tier.VIEWABLE, who="op")
+    assert client.dbsize() == 0
