@@ -287,6 +287,7 @@ class Client:
                 runs=0,
                 samples=unproduced,
                 who=self.principal,
+                submitter=meta.principal,
                 reason="cancelled",
             )
         return Cancellation(run_id, state == 1, refunded)
@@ -347,8 +348,10 @@ class Client:
         runs: int | None,
         samples: int | None,
         max_samples_per_run: int | None,
+        caller: str | None = None,
     ) -> Budget:
-        """Replace a split's budget totals (None = unlimited), keep what was used (audited)."""
+        """Replace a split's budget totals, or ``caller``'s own on it (None = unlimited), keep
+        what was used (audited)."""
         return self._ledger.set(
             dataset,
             split,
@@ -356,6 +359,7 @@ class Client:
             samples=samples,
             max_samples_per_run=max_samples_per_run,
             who=self.principal,
+            caller=caller,
         )
 
     def budgets(self) -> list[Budget]:

@@ -285,14 +285,22 @@ def create_gateway(settings: Settings) -> FastAPI:  # noqa: PLR0915 - one closur
         return client(who).budgets()
 
     @api.put("/v1/budgets/{dataset}/{split}", response_model=Budget, tags=["policy"])
-    def set_budget(dataset: NameArg, split: NameArg, body: BudgetLimits, who: Who) -> Budget:
-        """Set a split's budget totals (admin; audited); what was used is kept."""
+    def set_budget(
+        dataset: NameArg,
+        split: NameArg,
+        body: BudgetLimits,
+        who: Who,
+        caller: Annotated[str | None, Query(max_length=64)] = None,
+    ) -> Budget:
+        """Set a split's budget totals, or one caller's on it (admin; audited); what was used
+        is kept."""
         return admin_client(who, "budget set").set_budget(
             dataset,
             split,
             runs=body.runs,
             samples=body.samples,
             max_samples_per_run=body.max_samples_per_run,
+            caller=caller,
         )
 
     @api.post("/v1/policy", response_model=list[str], tags=["policy"])

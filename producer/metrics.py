@@ -8,8 +8,8 @@ A prometheus-client collector reads Redis at each scrape (nothing is cached betw
 - ``evalq_queue_depth{queue}``: messages waiting in each broker queue (every priority level):
   ``infer``, ``score``, and each evaluation queue that holds messages (``infer.<eval>``);
 - ``evalq_messages_unacked``: messages delivered to a worker and not acknowledged yet;
-- ``evalq_budget_remaining{dataset, split, unit}``: runs and samples left of each budget
-  (budgets with an unlimited total have no series for that unit).
+- ``evalq_budget_remaining{dataset, split, principal, unit}``: runs and samples left of each
+  budget (``principal`` empty for a whole split's; an unlimited total has no series).
 
 Counts only: no row, output, score or aggregate is exported, whatever the split's tier.
 """
@@ -88,12 +88,12 @@ class EvalqCollector(Collector):
         budget = GaugeMetricFamily(
             "evalq_budget_remaining",
             "Runs or samples left in a split's budget.",
-            labels=["dataset", "split", "unit"],
+            labels=["dataset", "split", "principal", "unit"],
         )
         for entry in Ledger(self._client).all():
             for unit, left in (("runs", entry.runs_left), ("samples", entry.samples_left)):
                 if left is not None:
-                    budget.add_metric([entry.dataset, entry.split, unit], left)
+                    budget.add_metric([entry.dataset, entry.split, entry.caller or "", unit], left)
         yield budget
 
 

@@ -148,7 +148,7 @@ def tiers_list(as_json: JsonFlag = False) -> None:
 
 
 @budget_app.command("set")
-def budget_set(
+def budget_set(  # noqa: PLR0917 - a typer command: its options are its parameters
     dataset: Annotated[str, typer.Argument()],
     split: Annotated[str, typer.Argument()],
     runs_total: Annotated[int | None, typer.Option("--runs", min=0, help="Runs in all.")] = None,
@@ -156,12 +156,26 @@ def budget_set(
     max_samples_per_run: Annotated[
         int | None, typer.Option(min=1, help="Most samples in one run.")
     ] = None,
+    principal: Annotated[
+        str | None, typer.Option(help="Meter this caller on the split, apart from the others.")
+    ] = None,
 ) -> None:
-    """Set a split's budget totals (unset = unlimited); what was used is kept (audited)."""
+    """Set a split's budget totals, or one principal's own on it (unset = unlimited); what was
+    used is kept (audited)."""
     budget = _client().set_budget(
-        dataset, split, runs=runs_total, samples=samples, max_samples_per_run=max_samples_per_run
+        dataset,
+        split,
+        runs=runs_total,
+        samples=samples,
+        max_samples_per_run=max_samples_per_run,
+        caller=principal,
     )
-    out.print(f"{dataset}/{split}: " + _budget_line(budget))
+    out.print(f"{_where(budget)}: " + _budget_line(budget))
+
+
+def _where(budget: Budget) -> str:
+    where = f"{budget.dataset}/{budget.split}"
+    return where if budget.caller is None else f"{where} for {budget.caller}"
 
 
 def _budget_line(budget: Budget) -> str:
@@ -185,9 +199,9 @@ def budget_show(as_json: JsonFlag = False) -> None:
     if as_json:
         print_json([b.summary() for b in budgets])
         return
-    table = Table("dataset", "split", "budget")
+    table = Table("dataset", "split", "principal", "budget")
     for budget in budgets:
-        table.add_row(budget.dataset, budget.split, _budget_line(budget))
+        table.add_row(budget.dataset, budget.split, budget.caller or "(all)", _budget_line(budget))
     out.print(table)
 
 

@@ -8,6 +8,10 @@
           tier: non_viewable
           budget: {runs: 10, samples: 5000, max_samples_per_run: 500}
         test: {tier: no_access}
+      agents:
+        validation:
+          budget: {samples: 10000}
+          principals: {agent-a: {runs: 5}, agent-b: {runs: 5}}   # metered apart
 
 Reconciliation is :func:`shared.policy.budgeted_tier`'s: a budgeted split with no tier (in the
 file or already stored) becomes ``non_viewable``; a budgeted ``no_access`` split is an error; a
@@ -48,6 +52,9 @@ class SplitPolicy(BaseModel):
 
     tier: Tier | None = None
     budget: BudgetLimits | None = None
+    """The whole split's budget, whoever submits."""
+    principals: dict[str, BudgetLimits] | None = None
+    """Each named caller's own budget on the split, on top of the split's."""
 
 
 class PolicyFile(BaseModel):
@@ -88,6 +95,7 @@ class _Change:
     split: str
     tier: Tier | None
     budget: BudgetLimits | None
+    principals: dict[str, BudgetLimits]
 
 
 def _reconcile(policy: PolicyFile, tiers: TierRegistry) -> tuple[list[_Change], list[str]]:
@@ -97,14 +105,16 @@ def _reconcile(policy: PolicyFile, tiers: TierRegistry) -> tuple[list[_Change], 
         for split, entry in splits.items():
             check_name("dataset name", dataset)
             check_name("split", split)
+            for caller in entry.principals or {}:
+                check_name("principal", caller)
             tier = entry.tier
-            if entry.budget is not None:
+            if entry.budget is not None or entry.principals:
                 listed = tier or tiers.lookup(dataset, split)
                 made, warning = budgeted_tier(f"{dataset}/{split}", listed)
                 tier = made or tier
                 if warning:
                     warnings.append(warning)
-            changes.append(_Change(dataset, split, tier, entry.budget))
+            changes.append(_Change(dataset, split, tier, entry.budget, entry.principals or {}))
     return changes, warnings
 
 
@@ -114,13 +124,15 @@ def apply_policy(policy: PolicyFile, tiers: TierRegistry, ledger: Ledger, *, who
     for change in changes:
         if change.tier is not None:
             tiers.set(change.dataset, change.split, change.tier, who=who)
-        if change.budget is not None:
+        limits = [(None, change.budget)] if change.budget is not None else []
+        for caller, budget in [*limits, *change.principals.items()]:
             ledger.set(
                 change.dataset,
                 change.split,
-                runs=change.budget.runs,
-                samples=change.budget.samples,
-                max_samples_per_run=change.budget.max_samples_per_run,
+                runs=budget.runs,
+                samples=budget.samples,
+                max_samples_per_run=budget.max_samples_per_run,
                 who=who,
+                caller=caller,
             )
     return warnings

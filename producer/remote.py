@@ -172,12 +172,12 @@ class RemoteClient:
         runs: int | None,
         samples: int | None,
         max_samples_per_run: int | None,
+        caller: str | None = None,
     ) -> Budget:
-        """Set a split's budget totals (admin)."""
+        """Set a split's budget totals, or ``caller``'s own on it (admin)."""
         body = {"runs": runs, "samples": samples, "max_samples_per_run": max_samples_per_run}
-        return Budget.model_validate(
-            self._call("PUT", f"/v1/budgets/{_seg(dataset)}/{_seg(split)}", body)
-        )
+        path = f"/v1/budgets/{_seg(dataset)}/{_seg(split)}"
+        return Budget.model_validate(self._call("PUT", path, body, caller=caller))
 
     def budgets(self) -> list[Budget]:
         """Every stored budget."""

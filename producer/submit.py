@@ -212,6 +212,7 @@ def submit(
                 runs=1,
                 samples=meta.n,
                 who=principal,
+                submitter=principal,
                 reason="enqueue failed",
             )
         raise

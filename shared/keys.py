@@ -64,10 +64,12 @@ def tiers_key(dataset: str) -> str:
     return f"evalq:tiers:{dataset}"
 
 
-def budget_key(dataset: str, split: str) -> str:
+def budget_key(dataset: str, split: str, caller: str | None = None) -> str:
     """Hash: ``runs_total``, ``samples_total``, ``max_samples_per_run`` (absent = unlimited),
-    ``runs_used``, ``samples_used``."""
-    return f"evalq:budget:{dataset}:{split}"
+    ``runs_used``, ``samples_used``; of the whole split, or of one ``caller`` on it (names hold
+    no ``:``, so the two never share a key)."""
+    base = f"evalq:budget:{dataset}:{split}"
+    return base if caller is None else f"{base}:{caller}"
 
 
 def spec_key(fingerprint: str) -> str:

@@ -1,4 +1,5 @@
-"""The budget ledger: per (dataset, split) limits on runs and samples, charged atomically.
+"""The budget ledger: per (dataset, split) limits on runs and samples, and optionally per
+caller on a split (so two agents on one split are metered apart), charged atomically.
 
 A budget stores totals (absent = unlimited) and what has been used; what is left is derived.
 Reserving is one Lua script that checks runs, then samples, then the per-run cap, and charges
@@ -28,6 +29,8 @@ class Budget(BaseModel):
     """Dataset id."""
     split: str
     """Split name."""
+    caller: str | None = None
+    """The principal this budget meters on the split; None: the whole split, whoever submits."""
     runs_total: int | None = Field(default=None, ge=0)
     """Runs allowed in all."""
     samples_total: int | None = Field(default=None, ge=0)
@@ -60,6 +63,8 @@ class Budget(BaseModel):
 
 def _refusal(budget: Budget, limit: str, samples: int) -> str:
     where = f"{budget.dataset}/{budget.split}"
+    if budget.caller is not None:
+        where += f" for {budget.caller}"
     if limit == "runs":
         return f"budget refused: {where} has no runs left ({budget.runs_total} in all)"
     if limit == "samples":
@@ -83,23 +88,24 @@ class Ledger:
         self._refund = register(client, "refund")
         self._set_budget = register(client, "set_budget")
 
-    def get(self, dataset: str, split: str) -> Budget:
-        """The split's budget (unlimited and unused when none is stored)."""
-        raw = self._client.hgetall(budget_key(dataset, split))
-        return Budget.model_validate({**raw, "dataset": dataset, "split": split})
+    def get(self, dataset: str, split: str, caller: str | None = None) -> Budget:
+        """The split's budget, or ``caller``'s on it (unlimited and unused when none is
+        stored)."""
+        raw = self._client.hgetall(budget_key(dataset, split, caller))
+        fields = {**raw, "dataset": dataset, "split": split, "caller": caller}
+        return Budget.model_validate(fields)
 
     def reserve(self, dataset: str, split: str, *, samples: int, run_id: str, who: str) -> None:
-        """Charge one run of ``samples`` samples, or raise :class:`BudgetExhaustedError`
-        (nothing written)."""
-        verdict = str(
-            self._reserve(
-                keys=[budget_key(dataset, split), AUDIT],
-                args=[samples, run_id, who, dataset, split, time.time()],
-            )
+        """Charge one run of ``samples`` samples to the split's budget and to ``who``'s own on
+        it (when one is set), or raise :class:`BudgetExhaustedError` (nothing written)."""
+        reply = self._reserve(
+            keys=[budget_key(dataset, split), budget_key(dataset, split, who), AUDIT],
+            args=[samples, run_id, who, dataset, split, time.time()],
         )
+        verdict = str(reply[0])
         if verdict != "ok":
-            message = _refusal(self.get(dataset, split), verdict, samples)
-            raise BudgetExhaustedError(message, verdict)
+            budget = self.get(dataset, split, who if reply[1] == "principal" else None)
+            raise BudgetExhaustedError(_refusal(budget, verdict, samples), verdict)
 
     def refund(
         self,
@@ -110,13 +116,16 @@ class Ledger:
         runs: int,
         samples: int,
         who: str,
+        submitter: str,
         reason: str,
     ) -> int:
-        """Give back ``runs`` and ``samples`` of a run's charge, at most once per run; return
-        the samples given back."""
+        """Give back ``runs`` and ``samples`` of a run's charge (to the split, and to the
+        ``submitter``'s own budget on it when one is set), at most once per run; return the
+        samples given back."""
+        caller = budget_key(dataset, split, submitter)
         return int(
             self._refund(
-                keys=[budget_key(dataset, split), AUDIT, RunKeys(run_id).refund],
+                keys=[budget_key(dataset, split), caller, AUDIT, RunKeys(run_id).refund],
                 args=[runs, samples, who, dataset, split, run_id, time.time(), reason],
             )
         )
@@ -130,10 +139,14 @@ class Ledger:
         samples: int | None,
         max_samples_per_run: int | None,
         who: str,
+        caller: str | None = None,
     ) -> Budget:
-        """Replace the split's totals (None = unlimited), keep what was used, audit it."""
+        """Replace the split's totals, or ``caller``'s own on the split (None = unlimited),
+        keep what was used, audit it."""
         check_name("dataset name", dataset)
         check_name("split", split)
+        if caller is not None:
+            check_name("principal", caller)
         Budget(  # validates the totals before anything is written
             dataset=dataset,
             split=split,
@@ -143,10 +156,10 @@ class Ledger:
         )
         totals = ["" if v is None else v for v in (runs, samples, max_samples_per_run)]
         self._set_budget(
-            keys=[budget_key(dataset, split), AUDIT],
-            args=[dataset, split, *totals, who, time.time()],
+            keys=[budget_key(dataset, split, caller), AUDIT],
+            args=[dataset, split, *totals, who, time.time(), caller or ""],
         )
-        return self.get(dataset, split)
+        return self.get(dataset, split, caller)
 
     def all(self) -> list[Budget]:
         """Every stored budget."""
@@ -155,4 +168,4 @@ class Ledger:
             raw = self._client.hgetall(key)
             if "dataset" in raw and "split" in raw:
                 budgets.append(Budget.model_validate(raw))
-        return sorted(budgets, key=lambda b: (b.dataset, b.split))
+        return sorted(budgets, key=lambda b: (b.dataset, b.split, b.caller or ""))

@@ -427,3 +427,27 @@ def test_a_path_that_is_no_file_nor_folder_is_an_input_error(door: Door) -> None
     result = door.cli(door.admin_token, "datasets", "add", "devnull", "--data", "/dev/null")
     assert result.returncode == 2
     assert result.stderr.strip() == "error: /dev/null is neither a regular file nor a folder"
+
+
+def test_an_admin_meters_a_new_caller_apart_and_revokes_it(door: Door) -> None:
+    made = door.cli(door.admin_token, "tokens", "create", "carol", "--role", "user", "--json")
+    assert made.returncode == 0, made.stderr
+    carol = json.loads(made.stdout)["token"]
+    assert "carol" in door.cli(door.admin_token, "tokens", "list").stdout
+    assert carol not in json.dumps(door.redis("gateway").hgetall(TOKENS))  # only its digest
+    metered = door.cli(door.admin_token, "budget", "set", "ds", "validation",
+                       "--principal", "carol", "--runs", "1")  # fmt: skip
+    assert metered.stdout.strip() == (
+        "ds/validation for carol: runs 1/1 left, samples unlimited, max per run unlimited"
+    )
+    submit = ("submit", "spy", "--dataset", "ds", "--split", "validation", "--limit", "5")
+    assert door.cli(carol, *submit).returncode == 0
+    again = door.cli(carol, *submit)
+    assert again.returncode == 3
+    assert again.stderr.strip() == (
+        "error: budget refused: ds/validation for carol has no runs left (1 in all)"
+    )
+    assert door.cli(door.bob, *submit).returncode == 0  # another caller is not carol's budget
+    revoked = door.cli(door.admin_token, "tokens", "revoke", "carol")
+    assert revoked.stdout.strip() == "revoked 1 token(s) of carol"
+    assert door.cli(carol, "runs").returncode == 3

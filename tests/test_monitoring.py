@@ -162,7 +162,7 @@ def test_the_metrics_endpoint_serves_runs_queues_and_budgets(
         assert before["evalq_run_samples", (*labels, ("state", "total"))] == 20
         assert before["evalq_run_samples", (*labels, ("state", "done"))] == 0
         assert before["evalq_run_active", labels] == 1
-        budget = (("dataset", data), ("split", "validation"))
+        budget = (("dataset", data), ("principal", ""), ("split", "validation"))
         assert before["evalq_budget_remaining", (*budget, ("unit", "samples"))] == 80
         assert before["evalq_budget_remaining", (*budget, ("unit", "runs"))] == 4
 

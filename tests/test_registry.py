@@ -1,5 +1,6 @@
-"""The dataset registry and the name rule on a real redis-server (no worker): pinning, one
-content one split, key collisions, and a pinned file that changed."""
+"""The dataset registry, the name rule and per-caller budgets on a real redis-server (no
+worker): pinning, one content one split, key collisions, a pinned file that changed, callers
+metered apart."""
 
 from __future__ import annotations
 
@@ -7,11 +8,18 @@ from pathlib import Path
 
 import pytest
 
+from producer.policy_file import apply_policy, load_policy
 from producer.redis_server import RedisServer
 from shared.connection import connect
 from shared.data import spec_of
-from shared.errors import DataError, InputError, SpecError, SplitNotFoundError
-from shared.keys import DATASET_FILES
+from shared.errors import (
+    BudgetExhaustedError,
+    DataError,
+    InputError,
+    SpecError,
+    SplitNotFoundError,
+)
+from shared.keys import DATASET_FILES, budget_key
 from shared.ledger import Ledger
 from shared.policy import Tier
 from shared.registry import DatasetRegistry
@@ -76,3 +84,33 @@ def test_names_with_a_separator_never_share_a_key(redis_only: RedisServer) -> No
         with pytest.raises(InputError, match="invalid"):
             TierRegistry(client).set(dataset, split, Tier.VIEWABLE, who="op")
     assert client.dbsize() == 0
+
+
+def test_callers_on_one_split_are_metered_apart(redis_only: RedisServer, tmp_path: Path) -> None:
+    client = connect(redis_only.url)
+    policy = tmp_path / "p.yaml"
+    policy.write_text(
+        "datasets:\n  ds:\n    validation:\n      budget: {samples: 100}\n"
+        "      principals: {agent-a: {runs: 1}, agent-b: {runs: 2, samples: 30}}\n"
+    )
+    ledger = Ledger(client)
+    warnings = apply_policy(load_policy(policy), TierRegistry(client), ledger, who="op")
+    assert warnings == ["ds/validation: budgeted but unlisted, made non_viewable"]
+    ledger.reserve("ds", "validation", samples=10, run_id="r1", who="agent-a")
+    with pytest.raises(BudgetExhaustedError, match="ds/validation for agent-a has no runs left"):
+        ledger.reserve("ds", "validation", samples=10, run_id="r2", who="agent-a")
+    ledger.reserve("ds", "validation", samples=20, run_id="r3", who="agent-b")
+    with pytest.raises(BudgetExhaustedError, match="for agent-b has 10 samples left"):
+        ledger.reserve("ds", "validation", samples=11, run_id="r4", who="agent-b")
+    ledger.reserve("ds", "validation", samples=5, run_id="r5", who="someone")  # the split only
+    assert ledger.get("ds", "validation").samples_used == 35
+    assert ledger.get("ds", "validation", "agent-a").runs_used == 1
+    assert not client.exists(budget_key("ds", "validation", "someone"))
+    assert ledger.refund("ds", "validation", "r1", runs=1, samples=10, who="op",
+                         submitter="agent-a", reason="cancelled") == 10  # fmt: skip
+    assert ledger.get("ds", "validation", "agent-a").runs_used == 0
+    assert ledger.get("ds", "validation").samples_used == 25
+    shown = [(b.caller, b.runs_total) for b in ledger.all()]
+    assert shown == [(None, None), ("agent-a", 1), ("agent-b", 2)]
+    with pytest.raises(BudgetExhaustedError, match=r"^budget refused: ds/validation has 75"):
+        ledger.reserve("ds", "validation", samples=76, run_id="r6", who="agent-a")

@@ -1,28 +1,48 @@
--- reserve: charge one run and its samples to a split's budget, all or nothing, and audit it.
--- KEYS[1] = evalq:budget:{dataset}:{split}  hash: runs_total, samples_total,
+-- reserve: charge one run and its samples to a split's budget, and to the caller's own budget on
+-- that split when one is set, all or nothing, and audit it.
+-- KEYS[1] = evalq:budget:{dataset}:{split}              hash: runs_total, samples_total,
 --           max_samples_per_run (absent = unlimited), runs_used, samples_used
--- KEYS[2] = evalq:audit                     stream
+-- KEYS[2] = evalq:budget:{dataset}:{split}:{principal}  the same, for one caller (if it exists)
+-- KEYS[3] = evalq:audit                                 stream
 -- ARGV[1] = samples asked for   ARGV[2] = run id   ARGV[3] = principal
 -- ARGV[4] = dataset             ARGV[5] = split    ARGV[6] = unix time
--- Checks, in order: runs left, samples left, per-run cap. A refusal writes nothing.
--- Returns: 'ok', or the limit that refused: 'runs', 'samples' or 'max_samples_per_run'.
-local function field(name)
-  local value = redis.call('HGET', KEYS[1], name)
+-- Checks, in order, the split's then the caller's: runs left, samples left, per-run cap. A
+-- refusal writes nothing.
+-- Returns: {'ok'}, or {the limit that refused: 'runs', 'samples' or 'max_samples_per_run',
+-- and 'split' or 'principal'}.
+local samples = tonumber(ARGV[1])
+local function field(key, name)
+  local value = redis.call('HGET', key, name)
   if value then return tonumber(value) end
   return nil
 end
-local samples = tonumber(ARGV[1])
-local runs_total, samples_total = field('runs_total'), field('samples_total')
-local cap = field('max_samples_per_run')
-local runs_used, samples_used = field('runs_used') or 0, field('samples_used') or 0
-if runs_total and runs_used + 1 > runs_total then return 'runs' end
-if samples_total and samples_used + samples > samples_total then return 'samples' end
-if cap and samples > cap then return 'max_samples_per_run' end
+local function refusal(key)
+  local runs_total, samples_total = field(key, 'runs_total'), field(key, 'samples_total')
+  local cap = field(key, 'max_samples_per_run')
+  local runs_used, samples_used = field(key, 'runs_used') or 0, field(key, 'samples_used') or 0
+  if runs_total and runs_used + 1 > runs_total then return 'runs' end
+  if samples_total and samples_used + samples > samples_total then return 'samples' end
+  if cap and samples > cap then return 'max_samples_per_run' end
+  return nil
+end
+local mine = redis.call('EXISTS', KEYS[2]) == 1
+local refused = refusal(KEYS[1])
+if refused then return {refused, 'split'} end
+if mine then
+  refused = refusal(KEYS[2])
+  if refused then return {refused, 'principal'} end
+end
+local runs_used, samples_used = field(KEYS[1], 'runs_used') or 0, field(KEYS[1], 'samples_used') or 0
 redis.call('HSET', KEYS[1], 'dataset', ARGV[4], 'split', ARGV[5])
 redis.call('HINCRBY', KEYS[1], 'runs_used', 1)
 redis.call('HINCRBY', KEYS[1], 'samples_used', samples)
-redis.call('XADD', KEYS[2], '*', 'action', 'reserve', 'who', ARGV[3], 'dataset', ARGV[4],
+if mine then
+  redis.call('HINCRBY', KEYS[2], 'runs_used', 1)
+  redis.call('HINCRBY', KEYS[2], 'samples_used', samples)
+end
+redis.call('XADD', KEYS[3], '*', 'action', 'reserve', 'who', ARGV[3], 'dataset', ARGV[4],
   'split', ARGV[5], 'run', ARGV[2], 'runs', 1, 'samples', samples, 'at', ARGV[6],
+  'principal_budget', mine and '1' or '0',
   'before', cjson.encode({runs_used = runs_used, samples_used = samples_used}),
   'after', cjson.encode({runs_used = runs_used + 1, samples_used = samples_used + samples}))
-return 'ok'
+return {'ok'}

@@ -1,9 +1,12 @@
--- set_budget: replace a split's budget totals, keep what was used, audit it, atomically.
--- KEYS[1] = evalq:budget:{dataset}:{split}  hash: dataset, split, runs_total, samples_total,
---           max_samples_per_run (absent = unlimited), runs_used, samples_used (never touched)
+-- set_budget: replace a split's budget totals (or one caller's on the split), keep what was
+-- used, audit it, atomically.
+-- KEYS[1] = evalq:budget:{dataset}:{split}[:{caller}]  hash: dataset, split, caller (if any),
+--           runs_total, samples_total, max_samples_per_run (absent = unlimited), runs_used,
+--           samples_used (never touched)
 -- KEYS[2] = evalq:audit                     stream
 -- ARGV[1] = dataset   ARGV[2] = split   ARGV[3] = runs_total   ARGV[4] = samples_total
 -- ARGV[5] = max_samples_per_run ('' = unlimited for each)   ARGV[6] = principal   ARGV[7] = time
+-- ARGV[8] = the caller the budget is for ('' = the whole split)
 -- Returns: 1.
 local function snapshot()
   local flat, fields = redis.call('HGETALL', KEYS[1]), {}
@@ -12,11 +15,12 @@ local function snapshot()
 end
 local before = snapshot()
 redis.call('HSET', KEYS[1], 'dataset', ARGV[1], 'split', ARGV[2])
+if ARGV[8] ~= '' then redis.call('HSET', KEYS[1], 'caller', ARGV[8]) end
 local names = {'runs_total', 'samples_total', 'max_samples_per_run'}
 for i, name in ipairs(names) do
   local value = ARGV[i + 2]
   if value == '' then redis.call('HDEL', KEYS[1], name) else redis.call('HSET', KEYS[1], name, value) end
 end
 redis.call('XADD', KEYS[2], '*', 'action', 'budget', 'who', ARGV[6], 'dataset', ARGV[1],
-  'split', ARGV[2], 'at', ARGV[7], 'before', before, 'after', snapshot())
+  'split', ARGV[2], 'principal', ARGV[8], 'at', ARGV[7], 'before', before, 'after', snapshot())
 return 1
