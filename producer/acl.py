@@ -10,16 +10,26 @@ gateway's can change what the policy rests on.
 
 Every user is denied the ``@dangerous`` commands (``FLUSHALL``, ``CONFIG``, ``KEYS``, ...), the
 worker and the monitor also ``FUNCTION`` and ``SCRIPT FLUSH``/``KILL``; the monitor only reads
-the work queues; ``default`` is switched off. Passwords come from ``EVALQ_ACL_GATEWAY_PASSWORD``,
-``EVALQ_ACL_WORKER_PASSWORD`` and ``EVALQ_ACL_MONITOR_PASSWORD`` and are written as sha256
-digests (``#<hex>``), so the file holds no password and is world-readable (mode 644), as
-Redis's own ``ACL SAVE`` writes it: the Redis server runs as another user than its writer.
+the work queues.
+
+``default`` stays on, with every right, behind a random password that is thrown away once its
+digest is written: a connection that does not authenticate is refused (``NOAUTH``), and nobody
+can authenticate as ``default``. It cannot simply be switched off: Redis replays the AOF's
+``MULTI``/``EXEC`` blocks (every transaction and every Lua script's effects) as ``default`` and,
+before the fix of redis/redis#14541, checks its rights, so with ``default off`` a restart
+silently drops them (seen on Redis 7.0.15; ``tests/test_gateway.py`` restarts Redis to check).
+
+Passwords come from ``EVALQ_ACL_GATEWAY_PASSWORD``, ``EVALQ_ACL_WORKER_PASSWORD`` and
+``EVALQ_ACL_MONITOR_PASSWORD`` and are written as sha256 digests (``#<hex>``), so the file
+holds no password and is world-readable (mode 644), as Redis's own ``ACL SAVE`` writes it: the
+Redis server runs as another user than its writer.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import secrets
 from pathlib import Path
 
 from shared.errors import InputError
@@ -81,8 +91,10 @@ def _password(role: str) -> str:
 
 
 def acl_text() -> str:
-    """The ACL file's text (one ``user`` line per role, ``default`` off)."""
-    lines = ["user default off"]
+    """The ACL file's text (one ``user`` line per role; ``default`` behind a thrown-away
+    password)."""
+    unknown = hashlib.sha256(secrets.token_bytes(32)).hexdigest()
+    lines = [f"user default on resetkeys resetchannels #{unknown} ~* &* +@all"]
     for role, rules in ROLES.items():
         digest = hashlib.sha256(_password(role).encode()).hexdigest()
         head = ["user", role, "on", "resetkeys", "resetchannels", f"#{digest}"]

@@ -267,7 +267,7 @@ def acl(
     from producer.acl import ROLES, write_acl
 
     write_acl(out_path)
-    out.print(f"wrote {out_path}: users {', '.join(ROLES)} (default off)", highlight=False)
+    out.print(f"wrote {out_path}: users {', '.join(ROLES)}", highlight=False)
 
 
 def runs(

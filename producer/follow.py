@@ -91,9 +91,10 @@ def _progress(client: Api, run_id: str, console: Console) -> tuple[RunMeta, Coun
     while True:
         try:
             return client.progress(run_id)
-        except UNREACHABLE:
+        except UNREACHABLE as exc:
             if not waiting:
-                console.print("Redis is unreachable; still watching", highlight=False)
+                what = "the gateway" if isinstance(exc, GatewayUnreachableError) else "Redis"
+                console.print(f"{what} is unreachable; still watching", highlight=False)
                 waiting = True
             time.sleep(REDIS_RETRY)
 

@@ -71,9 +71,12 @@ class RemoteClient:
             response.close()
         try:
             body = response.json()
-            raise RemoteError(str(body["error"]), int(body["exit_code"]))
+            message, code = str(body["error"]), int(body["exit_code"])
         except (ValueError, KeyError, TypeError):
-            raise RemoteError(f"the gateway answered HTTP {response.status_code}", 1) from None
+            message, code = f"the gateway answered HTTP {response.status_code}", 1
+        if response.status_code in {502, 503, 504}:  # its Redis, or a proxy before it, is down
+            raise GatewayUnreachableError(message)
+        raise RemoteError(message, code)
 
     def _call(self, method: str, path: str, body: Any = None, **params: Any) -> Any:
         query = {k: v for k, v in params.items() if v is not None}

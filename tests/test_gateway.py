@@ -113,7 +113,7 @@ def door(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Door]:
     finally:
         for key, value in saved.items():
             os.environ.pop(key) if value is None else os.environ.update({key: value})
-    server = RedisServer(root / "redis", aclfile=root / "users.acl").start()
+    server = RedisServer(root / "redis", appendonly=True, aclfile=root / "users.acl").start()
     settings = Settings(
         redis_url=_url(server, "gateway"), plugins=("tests.plugins",), principal="op"
     )
@@ -451,3 +451,28 @@ def test_an_admin_meters_a_new_caller_apart_and_revokes_it(door: Door) -> None:
     revoked = door.cli(door.admin_token, "tokens", "revoke", "carol")
     assert revoked.stdout.strip() == "revoked 1 token(s) of carol"
     assert door.cli(carol, "runs").returncode == 3
+
+
+def test_a_gateway_whose_redis_is_down_answers_one_line_and_recovers(door: Door) -> None:
+    """And nothing written before the restart is lost: Redis replays the AOF's transactions and
+    script effects as ``default``, which the ACL file must leave able to run them."""
+
+    def runs() -> list[tuple[str, str, int]]:
+        views = door.operator.recent(1000)
+        return [(v.meta.run_id, v.meta.status.value, v.progress.scored) for v in views]
+
+    runs_before = runs()
+    assert runs_before
+    with pytest.raises(redis.exceptions.AuthenticationError):
+        redis.Redis(port=door.server.port).ping()  # no password: refused
+    door.server.stop()
+    try:
+        down = door.cli(door.alice, "runs")
+        assert down.returncode == 1
+        assert down.stderr.strip() == "error: the gateway cannot reach its Redis; try again"
+    finally:
+        door.server.start()
+    wait_for(lambda: door.cli(door.alice, "runs").returncode == 0, 60, "the gateway to recover")
+    assert runs() == runs_before
+    log = (door.server.data_dir / "redis.log").read_text()
+    assert "NOPERM" not in log
