@@ -1,8 +1,10 @@
 """Submitting a run: gate it on the split's tier and budget, then publish and enqueue.
 
 Order for a non-admin: resolve the tier -> :func:`shared.policy.admit_split` refuses
-``no_access`` before the data is read or the ledger touched -> read the split (fitting its
-routing) and resolve the sample ids -> :func:`shared.policy.admit_run` applies the tier and the
+``no_access``, and :func:`shared.policy.admit_sample_choice` caller-chosen ids on a
+``non_viewable`` split, before the data is read or the ledger touched -> read the split (fitting
+its routing) and resolve the sample ids (on a ``non_viewable`` split: the whole split or a
+subset the server draws) -> :func:`shared.policy.admit_run` applies the tier and the
 k-anonymity floor to the resolved count -> reserve run and samples in one Lua script -> publish
 the spec, record the run, enqueue the ids shard by shard. If anything fails after the
 reservation, it is refunded (once) and the run, if it was recorded, is cancelled. An admin
@@ -11,6 +13,7 @@ bypasses tier and budget; the bypass is audited.
 
 from __future__ import annotations
 
+import secrets
 import time
 import uuid
 from collections.abc import Sequence
@@ -29,14 +32,21 @@ from shared.evaluation import create
 from shared.ledger import Ledger
 from shared.models import RunMeta, RunStatus
 from shared.names import is_name
-from shared.policy import Tier, admit_run, admit_source, admit_split
+from shared.policy import (
+    Tier,
+    admit_run,
+    admit_sample_choice,
+    admit_source,
+    admit_split,
+    server_draws,
+)
 from shared.registry import DatasetRegistry
 from shared.routing import RoutingKind
 from shared.runs import RunStore
 from shared.spec import HubSource, LocalSource, publish_spec
 from shared.tiers import TierRegistry
 
-__all__ = ["SubmitRequest", "parse_ids", "parse_params", "resolve_ids", "submit"]
+__all__ = ["SubmitRequest", "draw_ids", "parse_ids", "parse_params", "resolve_ids", "submit"]
 
 
 class SubmitRequest(BaseModel):
@@ -105,6 +115,16 @@ def parse_params(pairs: Sequence[str]) -> dict[str, str]:
     return params
 
 
+def draw_ids(n_rows: int, limit: int | None) -> list[int]:
+    """Every row, or ``limit`` of them drawn uniformly by the operating system's random source
+    (a fresh draw per run; the caller never learns which), in row order."""
+    if n_rows < 1:
+        raise InputError("the run would have no samples: the split is empty")
+    if limit is None or limit >= n_rows:
+        return list(range(n_rows))
+    return sorted(secrets.SystemRandom().sample(range(n_rows), limit))
+
+
 def resolve_ids(n_rows: int, limit: int | None, ids: Sequence[int] | None) -> list[int]:
     """The sample ids of a run: explicit ``ids``, the first ``limit`` rows, or every row."""
     if limit is not None and ids is not None:
@@ -170,8 +190,12 @@ def submit(
     where = request.where
     source, tier = _locate(client, request, admin)
     admit_split(where, tier, admin)
+    admit_sample_choice(where, tier, admin, request.ids is not None)
     spec, rows = spec_of(source, request.split, sharding)
-    sample_ids = resolve_ids(spec.n_rows, request.limit, request.ids)
+    if server_draws(tier, admin):
+        sample_ids = draw_ids(spec.n_rows, request.limit)
+    else:
+        sample_ids = resolve_ids(spec.n_rows, request.limit, request.ids)
     admit_run(where, tier, admin, len(sample_ids))
     dataset = request.dataset or str(request.data)
     meta = RunMeta(

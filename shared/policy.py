@@ -23,12 +23,14 @@ __all__ = [
     "admit_admin_flag",
     "admit_owner",
     "admit_run",
+    "admit_sample_choice",
     "admit_source",
     "admit_split",
     "budgeted_tier",
     "read_access",
     "require_admin",
     "run_tier",
+    "server_draws",
     "stored_tier",
 ]
 
@@ -83,6 +85,23 @@ def admit_split(where: str, tier: Tier, admin: bool) -> None:
     """Before anything is read or charged: refuse a ``no_access`` split to a non-admin."""
     if not admin and tier is Tier.NO_ACCESS:
         raise TierRefusedError(f"tier refused: {where} is no_access")
+
+
+def server_draws(tier: Tier, admin: bool) -> bool:
+    """Whether the server, not the caller, picks a run's samples: on a ``non_viewable`` split
+    a non-admin run is the whole split or a subset drawn from a secret random source, whose ids
+    the caller never sees (ids chosen by the caller let runs be differenced sample by sample,
+    Denning, Denning & Schwartz 1979)."""
+    return not admin and tier is Tier.NON_VIEWABLE
+
+
+def admit_sample_choice(where: str, tier: Tier, admin: bool, ids_given: bool) -> None:
+    """Before anything is read: ``--ids`` on a split where the server draws is refused."""
+    if ids_given and server_draws(tier, admin):
+        raise TierRefusedError(
+            f"tier refused: {where} is non_viewable: its samples are drawn by the server "
+            "(give --limit N for a random subset, or nothing for the whole split), not --ids"
+        )
 
 
 def admit_run(where: str, tier: Tier, admin: bool, samples: int) -> None:

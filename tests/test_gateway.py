@@ -27,6 +27,7 @@ from shared.connection import connect
 from shared.keys import AUDIT, DATASETS, TOKENS, RunKeys, budget_key, tiers_key
 from shared.models import RunStatus
 from shared.policy import Role, Tier
+from shared.runs import RunStore
 from shared.settings import Settings
 from tests.helpers import REPO, audit_entries, labelled_rows, wait_for, write_rows
 
@@ -476,3 +477,23 @@ def test_a_gateway_whose_redis_is_down_answers_one_line_and_recovers(door: Door)
     assert runs() == runs_before
     log = (door.server.data_dir / "redis.log").read_text()
     assert "NOPERM" not in log
+
+
+def test_a_user_does_not_choose_or_see_a_non_viewable_runs_samples(door: Door) -> None:
+    chosen = door.cli(door.alice, "submit", "spy", "--dataset", "ds", "--split", "hidden",
+                      "--ids", "0,1,2,3,4")  # fmt: skip
+    assert chosen.returncode == 3
+    assert "its samples are drawn by the server" in chosen.stderr
+    drawn: list[list[int]] = []
+    for _ in range(3):
+        run_id = _run_id(door.cli(door.alice, "submit", "spy", "--dataset", "ds", "--split",
+                                  "hidden", "--limit", "6", "--follow", "--json"))  # fmt: skip
+        ids = RunStore(door.redis("gateway")).sample_ids(run_id)
+        assert len(set(ids)) == 6
+        assert all(0 <= i < 20 for i in ids)
+        drawn.append(ids)
+        for args in (("status", run_id, "--json"), ("runs", "--json")):
+            shown = door.cli(door.alice, *args).stdout
+            assert "sample_ids" not in shown
+            assert json.dumps(ids) not in shown
+    assert drawn != [list(range(6))] * 3  # not the split's head (odds of that: ~1e-12)

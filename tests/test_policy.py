@@ -242,8 +242,12 @@ def test_non_viewable_runs_are_aggregate_only(stack: Stack, tmp_path: Path) -> N
 
     # fewer than 5 samples of a non_viewable split is refused, before any charge
     used = Ledger(stack.client).get(name, "validation").samples_used
+    chosen = evalq(url, "submit", "spy", "--dataset", name, "--split", "validation",
+                   "--ids", "1,2,3,4,5")  # fmt: skip
+    assert chosen.returncode == 3
+    assert "its samples are drawn by the server" in chosen.stderr
     small = evalq(url, "submit", "spy", "--dataset", name, "--split", "validation",
-                  "--ids", "1,2,3,4")  # fmt: skip
+                  "--limit", "4")  # fmt: skip
     assert small.returncode == 3
     assert "at least 5 samples" in small.stderr
     assert Ledger(stack.client).get(name, "validation").samples_used == used

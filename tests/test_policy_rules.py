@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from producer.policy_file import load_policy
+from producer.submit import draw_ids
 from shared.connection import connect, redact
 from shared.errors import ForbiddenError, InputError, PolicyError, TierRefusedError
 from shared.names import check_name, is_name
@@ -19,12 +20,14 @@ from shared.policy import (
     admit_admin_flag,
     admit_owner,
     admit_run,
+    admit_sample_choice,
     admit_source,
     admit_split,
     budgeted_tier,
     read_access,
     require_admin,
     run_tier,
+    server_draws,
     stored_tier,
 )
 
@@ -152,3 +155,24 @@ def test_names_that_could_share_a_key_are_refused(name: str) -> None:
 def test_documented_names_pass() -> None:
     for name in ("validation", "test-hard", "train-clean-100", "MMLU_pro", "x" * 64):
         assert check_name("dataset name", name) == name
+
+
+def test_the_server_draws_a_non_viewable_runs_samples_for_non_admins() -> None:
+    assert server_draws(Tier.NON_VIEWABLE, admin=False)
+    assert not server_draws(Tier.NON_VIEWABLE, admin=True)
+    assert not server_draws(Tier.VIEWABLE, admin=False)
+    with pytest.raises(TierRefusedError, match="drawn by the server"):
+        admit_sample_choice("d/s", Tier.NON_VIEWABLE, admin=False, ids_given=True)
+    admit_sample_choice("d/s", Tier.NON_VIEWABLE, admin=False, ids_given=False)
+    admit_sample_choice("d/s", Tier.NON_VIEWABLE, admin=True, ids_given=True)
+    admit_sample_choice("d/s", Tier.VIEWABLE, admin=False, ids_given=True)
+
+
+def test_drawn_ids_are_a_uniform_subset_or_the_whole_split() -> None:
+    assert draw_ids(7, None) == list(range(7))
+    assert draw_ids(7, 70) == list(range(7))
+    draws = [tuple(draw_ids(1000, 5)) for _ in range(50)]
+    assert all(len(set(d)) == 5 and list(d) == sorted(d) for d in draws)
+    assert all(0 <= i < 1000 for d in draws for i in d)
+    assert len(set(draws)) == 50  # fresh draws (two equal 5-subsets of 1000: odds ~1e-10)
+    assert sum(i < 500 for d in draws for i in d) in range(75, 176)  # about half, not the head
