@@ -17,7 +17,6 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from functools import cached_property
 
 import redis
 from celery import Celery
@@ -142,8 +141,7 @@ class Client:
         self.admin = admin
         self._principal = principal or self.settings.principal
         self._redis = client or connect(self.settings.redis_url, retries=CLI_RETRIES)
-        if app is not None:
-            self.__dict__["app"] = app
+        self._app = app
         self._runs = RunStore(self._redis)
         self._results = ResultStore(self._redis)
         self._tiers = TierRegistry(self._redis)
@@ -152,10 +150,12 @@ class Client:
         self._registry = DatasetRegistry(self._redis)
         self._tokens = TokenStore(self._redis)
 
-    @cached_property
+    @property
     def app(self) -> Celery:
-        """The Celery app used to publish."""
-        return create_app(self.settings)
+        """The Celery app used to publish (made on first use)."""
+        if self._app is None:
+            self._app = create_app(self.settings)
+        return self._app
 
     @property
     def principal(self) -> str:
