@@ -16,6 +16,7 @@ from rich.text import Text
 
 from producer import policy_cli
 from producer.api import Api, open_api
+from producer.client import RunView
 from producer.export import ExportFormat
 from shared.cli import AdminFlag, JsonFlag, err, out, print_json
 from shared.errors import InputError
@@ -150,13 +151,14 @@ def _follow_and_report(client: Api, run_id: str, as_json: bool) -> None:
                 "status": view.meta.status,
                 "aggregate": view.aggregate,
                 "withheld": view.withheld,
+                "release": None if view.release is None else view.release.model_dump(),
             }
         )
         client.ended(run_id)
         return
     out.print(f"{run_id} {view.meta.status}")
     for name, value in sorted((view.aggregate or {}).items()):
-        out.print(f"  {name}: {value:.4f}")
+        out.print(f"  {name}: {value:.4f}{_released(view, name)}")
     if view.withheld:
         out.print(f"  aggregate withheld: {view.withheld}")
     client.ended(run_id)
@@ -195,10 +197,17 @@ def status(
     for kind, count in view.errors.items():
         table.add_row("errors", f"{count} {kind}")
     for name, metric in sorted((view.aggregate or {}).items()):
-        table.add_row(name, f"{metric:.4f}")
+        table.add_row(name, f"{metric:.4f}{_released(view, name)}")
     if view.withheld:
         table.add_row("aggregate", f"withheld: {view.withheld}")
     out.print(table)
+
+
+def _released(view: RunView, metric: str) -> str:
+    """`` (released by <rule>: <why>)`` after a metric that is not shown exactly."""
+    if view.release is None:
+        return ""
+    return f" (released by {view.release.rule}: {view.release.why.get(metric, '')})"
 
 
 def watch(

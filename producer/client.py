@@ -29,12 +29,25 @@ from shared.celery_app import INFER_QUEUE, INFER_TASK, SCORE_QUEUE, SCORE_TASK, 
 from shared.connection import connect
 from shared.dispatch import enqueue
 from shared.errors import EvalqError, RunNotCompletedError
-from shared.evaluation import create, load_plugins
+from shared.evaluation import create, load_plugins, lower_is_better
 from shared.ledger import Budget, Ledger
 from shared.models import Progress, RunMeta, RunStatus, SampleResult, SampleState
-from shared.policy import Reader, Role, Tier, read_access, run_tier
+from shared.policy import (
+    Best,
+    Mechanism,
+    Reader,
+    ReleaseRule,
+    Role,
+    Tier,
+    paired_threshold,
+    read_access,
+    release,
+    release_rule,
+    run_tier,
+)
 from shared.presence import Presence, WorkerBeat, absence
 from shared.registry import DatasetRegistry, RegisteredDataset
+from shared.release import Released, ReleaseStore
 from shared.results import ResultStore
 from shared.runs import RunStore
 from shared.settings import Settings, get_settings
@@ -43,6 +56,10 @@ from shared.tiers import TierRegistry
 from shared.tokens import TokenRecord, TokenStore
 
 __all__ = ["Cancellation", "Client", "Resumption", "RunView", "check_ended"]
+
+RELEASE_RETRIES = 20
+"""Tries at committing a run's release while other reads of the same caller's runs move its
+Ladder (each read retries only when another one committed)."""
 
 CLI_RETRIES = 3
 """Connection retries of a client (about 0.35 s of back-off): a person waiting on a command
@@ -59,9 +76,12 @@ class RunView(BaseModel):
     tier: Tier
     """Its split's tier."""
     aggregate: dict[str, float] | None
-    """The aggregate, when the run has one and the reader may see it."""
+    """The aggregate, when the run has one and the reader may see it: exact, or as the split's
+    release rule releases it (see ``release``)."""
     withheld: str | None
     """Why the aggregate is not shown, when it is not."""
+    release: Released | None = None
+    """How the aggregate was released when not exactly (a non_viewable split, not an admin)."""
     errors: dict[str, int]
     """Terminal errors by ``stage/kind``."""
     stalled: str | None = None
@@ -149,6 +169,7 @@ class Client:
         self._presence = Presence(self._redis)
         self._registry = DatasetRegistry(self._redis)
         self._tokens = TokenStore(self._redis)
+        self._releases = ReleaseStore(self._redis)
 
     @property
     def app(self) -> Celery:
@@ -206,6 +227,13 @@ class Client:
         reader = self._reader(meta, None if meta.status.active else progress.scored)
         withheld = reader.withheld
         aggregate = None if withheld else self._results.aggregate(meta.run_id)
+        released = None
+        if aggregate is not None:
+            configured = self._releases.rule(meta.dataset_id, meta.split)
+            rule = release_rule(reader, configured)
+            if rule.mechanism is not Mechanism.EXACT:
+                released = self._release(meta, rule, aggregate, progress.scored)
+                aggregate = released.aggregate
         errors = self._results.errors_by_kind(meta.run_id) if progress.failed else {}
         return RunView(
             meta=meta,
@@ -213,14 +241,60 @@ class Client:
             tier=reader.tier,
             aggregate=aggregate,
             withheld=withheld,
+            release=released,
             errors=errors,
             stalled=self._stalled(meta, progress, workers),
         )
 
+    def _release(
+        self, meta: RunMeta, rule: ReleaseRule, aggregate: dict[str, float], samples: int
+    ) -> Released:
+        """The run's aggregate as ``rule`` releases it to its caller: fixed at the first read
+        (a Ladder round), the same at every read after."""
+        for _ in range(RELEASE_RETRIES):
+            done = self._releases.released(meta.run_id)
+            if done is not None:
+                return done
+            best = self._releases.best(meta)
+            margins = self._margins(meta.run_id, best) if rule.paired else {}
+            decisions = release(
+                rule, aggregate, samples, meta.run_id, best=best, margins=margins,
+                lower_is_better=lower_is_better(meta.eval),
+            )  # fmt: skip
+            released = Released(
+                rule=rule.describe(samples),
+                aggregate={m: d.released for m, d in decisions.items()},
+                why={m: d.why for m, d in decisions.items()},
+            )
+            committed = self._releases.commit(meta, released, decisions, best, aggregate)
+            if committed is not None:
+                return committed
+        raise EvalqError(f"run {meta.run_id}: its release kept racing other reads; try again")
+
+    def _margins(self, run_id: str, best: dict[str, Best]) -> dict[str, float | None]:
+        """The paired Ladder's margin of each per-sample metric of the run against the run
+        that holds the caller's best on it."""
+        scores = self._results.scores(run_id)
+        others: dict[str, dict[int, dict[str, float]]] = {}
+        margins: dict[str, float | None] = {}
+        for metric in {m for sample in scores.values() for m in sample}:
+            new = {i: s[metric] for i, s in scores.items() if metric in s}
+            held = best.get(metric)
+            old = None
+            if held is not None:
+                if held.run not in others:
+                    others[held.run] = self._results.scores(held.run)
+                old = {i: s[metric] for i, s in others[held.run].items() if metric in s}
+            margins[metric] = paired_threshold(new, old)
+        return margins
+
     def recent(self, limit: int = 20, owner: str | None = None) -> list[RunView]:
-        """The newest runs first (only ``owner``'s when given), as :meth:`status` shows them."""
+        """The newest runs first (only ``owner``'s when given), as :meth:`status` shows them;
+        viewed oldest first, so that runs first read here take their Ladder rounds in the
+        order they were submitted."""
         workers = self._presence.live()
-        return [self._view(meta, workers) for meta in self._runs.recent(limit, owner)]
+        metas = self._runs.recent(limit, owner)
+        return [self._view(meta, workers) for meta in reversed(metas)][::-1]
 
     def ended(self, run_id: str) -> RunMeta:
         """The record of a run that has ended; :class:`RunNotCompletedError` (exit code 4)
@@ -367,8 +441,9 @@ class Client:
         return self._ledger.all()
 
     def apply_policy(self, policy: PolicyFile) -> list[str]:
-        """Apply a policy file's tiers and budgets (checked whole first); return warnings."""
-        return apply_policy(policy, self._tiers, self._ledger, who=self.principal)
+        """Apply a policy file's tiers, budgets and release rules (checked whole first); return
+        warnings."""
+        return apply_policy(policy, self._tiers, self._ledger, self._releases, who=self.principal)
 
     def owner(self, run_id: str) -> str:
         """Who submitted the run."""

@@ -7,7 +7,11 @@
         validation:
           tier: non_viewable
           budget: {runs: 10, samples: 5000, max_samples_per_run: 500}
+          release: ladder                  # the default for non_viewable
         test: {tier: no_access}
+        hidden:
+          tier: non_viewable
+          release: {mechanism: ladder, paired: true}   # or rounded / exact, {eta: 0.02}
       agents:
         validation:
           budget: {samples: 10000}
@@ -15,7 +19,9 @@
 
 Reconciliation is :func:`shared.policy.budgeted_tier`'s: a budgeted split with no tier (in the
 file or already stored) becomes ``non_viewable``; a budgeted ``no_access`` split is an error; a
-budgeted ``viewable`` split is allowed with a warning. Budgets keep what was used.
+budgeted ``viewable`` split is allowed with a warning. Budgets keep what was used. A ``release:``
+rule (see :class:`shared.release.Release`) applies to ``non_viewable`` splits; one given to a
+``viewable`` split is kept but warned about (viewable runs are always released exactly).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from shared.errors import PolicyError, first_line
 from shared.ledger import Ledger
 from shared.names import check_name
 from shared.policy import Tier, budgeted_tier
+from shared.release import Release, ReleaseStore
 from shared.tiers import TierRegistry
 
 __all__ = ["PolicyFile", "apply_policy", "load_policy"]
@@ -55,6 +62,8 @@ class SplitPolicy(BaseModel):
     """The whole split's budget, whoever submits."""
     principals: dict[str, BudgetLimits] | None = None
     """Each named caller's own budget on the split, on top of the split's."""
+    release: Release | None = None
+    """How its aggregates are released to non-admins; absent = the Ladder."""
 
 
 class PolicyFile(BaseModel):
@@ -96,6 +105,7 @@ class _Change:
     tier: Tier | None
     budget: BudgetLimits | None
     principals: dict[str, BudgetLimits]
+    release: Release | None
 
 
 def _reconcile(policy: PolicyFile, tiers: TierRegistry) -> tuple[list[_Change], list[str]]:
@@ -114,16 +124,25 @@ def _reconcile(policy: PolicyFile, tiers: TierRegistry) -> tuple[list[_Change], 
                 tier = made or tier
                 if warning:
                     warnings.append(warning)
-            changes.append(_Change(dataset, split, tier, entry.budget, entry.principals or {}))
+            viewable = (tier or tiers.lookup(dataset, split)) is Tier.VIEWABLE
+            if entry.release is not None and viewable:
+                warnings.append(f"{dataset}/{split}: a release rule on a viewable split (exact)")
+            changes.append(
+                _Change(dataset, split, tier, entry.budget, entry.principals or {}, entry.release)
+            )
     return changes, warnings
 
 
-def apply_policy(policy: PolicyFile, tiers: TierRegistry, ledger: Ledger, *, who: str) -> list[str]:
+def apply_policy(
+    policy: PolicyFile, tiers: TierRegistry, ledger: Ledger, releases: ReleaseStore, *, who: str
+) -> list[str]:
     """Check the whole file first, then apply it; return its warnings."""
     changes, warnings = _reconcile(policy, tiers)
     for change in changes:
         if change.tier is not None:
             tiers.set(change.dataset, change.split, change.tier, who=who)
+        if change.release is not None:
+            releases.set_rule(change.dataset, change.split, change.release, who=who)
         limits = [(None, change.budget)] if change.budget is not None else []
         for caller, budget in [*limits, *change.principals.items()]:
             ledger.set(

@@ -16,7 +16,15 @@ from typing import Any, ClassVar, TypeVar
 from shared.errors import PayloadError, PluginError, UnknownEvalError
 from shared.scorer import ScriptCall, ScriptScorer, run_cold
 
-__all__ = ["Evaluation", "create", "load_plugins", "register", "registered", "scrub"]
+__all__ = [
+    "Evaluation",
+    "create",
+    "load_plugins",
+    "lower_is_better",
+    "register",
+    "registered",
+    "scrub",
+]
 
 BUILTIN_PLUGINS = ("shared.evals",)
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,127}$")
@@ -39,6 +47,8 @@ class Evaluation(ABC):
     name: ClassVar[str] = ""
     label_fields: ClassVar[tuple[str, ...]] = ()
     scorer: ClassVar[ScriptScorer | None] = None
+    lower_is_better: ClassVar[frozenset[str]] = frozenset()
+    """Metrics where less is better (a loss, an error rate); every other one, more is."""
 
     def __init__(self, **params: str) -> None:
         self.params: dict[str, str] = dict(params)
@@ -101,6 +111,12 @@ def load_plugins(modules: Iterable[str]) -> None:
 def registered() -> list[str]:
     """Names of the registered evaluations."""
     return sorted(_registry)
+
+
+def lower_is_better(name: str) -> frozenset[str]:
+    """The metrics of evaluation ``name`` where less is better (none for an unknown name)."""
+    cls = _registry.get(name)
+    return cls.lower_is_better if cls is not None else frozenset()
 
 
 def create(name: str, params: Mapping[str, str] | None = None) -> Evaluation:

@@ -21,6 +21,9 @@ __all__ = [
     "WORKERS",
     "RunKeys",
     "budget_key",
+    "release_best_key",
+    "release_config_key",
+    "release_run_key",
     "shard_digests_key",
     "spec_key",
     "tiers_key",
@@ -70,6 +73,23 @@ def budget_key(dataset: str, split: str, caller: str | None = None) -> str:
     no ``:``, so the two never share a key)."""
     base = f"evalq:budget:{dataset}:{split}"
     return base if caller is None else f"{base}:{caller}"
+
+
+def release_config_key(dataset: str) -> str:
+    """Hash: split -> JSON release rule (``evalq policy apply``); absent = the default."""
+    return f"evalq:release:config:{dataset}"
+
+
+def release_best_key(principal: str, dataset: str, split: str, evaluation: str) -> str:
+    """Hash: metric -> JSON best so far (released value and run) of one caller's Ladder on one
+    split and evaluation (no part holds a ``:``)."""
+    return f"evalq:release:best:{principal}:{dataset}:{split}:{evaluation}"
+
+
+def release_run_key(run_id: str) -> str:
+    """String: JSON of what a run's aggregate released to its caller, fixed at its first read
+    (outside the run's own keys: workers cannot write it)."""
+    return f"evalq:release:run:{run_id}"
 
 
 def spec_key(fingerprint: str) -> str:

@@ -8,6 +8,9 @@ functions here, which fail closed: anything unlisted, unreadable or unknown is `
 
 from __future__ import annotations
 
+import math
+import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -16,8 +19,12 @@ from shared.errors import ForbiddenError, PolicyError, TierRefusedError
 __all__ = [
     "MIN_AGGREGATE_SAMPLES",
     "Access",
+    "Best",
     "Caller",
+    "Decision",
+    "Mechanism",
     "Reader",
+    "ReleaseRule",
     "Role",
     "Tier",
     "admit_admin_flag",
@@ -27,7 +34,12 @@ __all__ = [
     "admit_source",
     "admit_split",
     "budgeted_tier",
+    "default_eta",
+    "on_grid",
+    "paired_threshold",
     "read_access",
+    "release",
+    "release_rule",
     "require_admin",
     "run_tier",
     "server_draws",
@@ -219,3 +231,151 @@ def admit_owner(caller: Caller, run_id: str, owner: str) -> None:
     own, so another's aggregates are not its to read); an admin, every run."""
     if caller.role is not Role.ADMIN and owner != caller.principal:
         raise ForbiddenError(f"forbidden: run {run_id} belongs to another principal")
+
+
+class Mechanism(StrEnum):
+    """How a ``non_viewable`` run's aggregate is released to a caller who may not see it
+    exactly (everyone but admins)."""
+
+    EXACT = "exact"
+    """As computed (what viewable splits and admins always get)."""
+    ROUNDED = "rounded"
+    """Each metric rounded to a grid of ``eta``; no memory between runs."""
+    LADDER = "ladder"
+    """Blum & Hardt's Ladder (ICML 2015): a metric changes only when a run beats the caller's
+    best so far by more than ``eta`` (then rounded to ``eta``); else the best so far."""
+
+
+@dataclass(frozen=True)
+class ReleaseRule:
+    """A split's release mechanism; ``eta`` None = :func:`default_eta` of the run's samples;
+    ``paired`` = the Ladder's parameter-free variant (better = a paired test, no ``eta``)."""
+
+    mechanism: Mechanism = Mechanism.LADDER
+    eta: float | None = None
+    paired: bool = False
+
+    def step(self, samples: int) -> float:
+        """The grid (and the Ladder's margin) for a run aggregated over ``samples``."""
+        return self.eta if self.eta is not None else default_eta(samples)
+
+    def describe(self, samples: int) -> str:
+        """How it reads in ``status`` and the audit stream."""
+        if self.mechanism is Mechanism.EXACT:
+            return "exact"
+        if self.paired:
+            return f"ladder, paired test, grid 1/{samples}"
+        return f"{self.mechanism.value}, eta {self.step(samples):g}"
+
+
+DEFAULT_RELEASE = ReleaseRule()
+"""A ``non_viewable`` split with no ``release:`` of its own (or an unreadable one): the
+Ladder, with :func:`default_eta`."""
+
+
+def release_rule(reader: Reader, configured: ReleaseRule | None) -> ReleaseRule:
+    """How ``reader`` gets a run's aggregate: exactly with full access (an admin, a viewable
+    split), else the split's configured mechanism, the Ladder when it has none."""
+    if reader.access is Access.FULL:
+        return ReleaseRule(Mechanism.EXACT)
+    return configured or DEFAULT_RELEASE
+
+
+def default_eta(samples: int) -> float:
+    """The default grid for an aggregate over ``samples`` values: the smallest of 1, 2 or 5
+    times a power of ten that is at least ``1/sqrt(samples)``, i.e. twice the largest standard
+    error of a mean of that many values in [0, 1]. A difference below it is noise on that many
+    samples: an honest loop loses nothing real by not seeing it (200 samples: 0.1; 1,000:
+    0.05; 10,000: 0.01)."""
+    target = 1 / math.sqrt(max(1, samples))
+    power = 10.0 ** math.floor(math.log10(target))
+    mantissa = next(m for m in (1, 2, 5, 10) if m * power >= target * (1 - 1e-12))
+    return round(mantissa * power, 12)
+
+
+def on_grid(value: float, eta: float) -> float:
+    """``value`` rounded to the nearest multiple of ``eta`` (Blum & Hardt's ``[x]_eta``)."""
+    return round(math.floor(value / eta + 0.5) * eta, 12)
+
+
+def paired_threshold(new: Mapping[int, float], best: Mapping[int, float] | None) -> float | None:
+    """The parameter-free Ladder's margin ``s / sqrt(n)``: ``s`` the standard deviation of the
+    per-sample differences from the best run on the samples both scored (of the run's own
+    values for a caller's first run). None when fewer than :data:`MIN_AGGREGATE_SAMPLES`
+    samples pair up: no test can be made."""
+    if best is None:
+        values = list(new.values())
+    else:
+        values = [new[i] - best[i] for i in new.keys() & best.keys()]
+    if len(values) < MIN_AGGREGATE_SAMPLES:
+        return None
+    return statistics.stdev(values) / math.sqrt(len(values))
+
+
+_TIE = 1e-9
+"""A gain within float error of the margin is a tie, and a tie does not move the Ladder: one
+sample's flip on n samples gains exactly 1/n, the paired test's margin for it."""
+
+
+@dataclass(frozen=True)
+class Best:
+    """A caller's best so far on one metric: the value released for it, and its run."""
+
+    value: float
+    run: str
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What one metric of one run releases, and why."""
+
+    released: float
+    why: str
+    best: Best | None = None
+    """The caller's new best (the Ladder moved), None when it stays."""
+
+
+def _ladder(
+    value: float, best: Best | None, margin: float | None, grid: float, *, higher: bool, run: str
+) -> Decision:
+    if best is None:
+        released = on_grid(value, grid)
+        return Decision(released, "first run", Best(released, run))
+    gain = (value - best.value) if higher else (best.value - value)
+    if margin is None or gain <= margin * (1 + _TIE) + _TIE:
+        beaten = "no paired test possible" if margin is None else f"by at most {margin:.4g}"
+        return Decision(best.value, f"not better than the best so far {beaten}")
+    released = on_grid(value, grid)
+    why = f"better than the best so far by more than {margin:.4g}"
+    return Decision(released, why, Best(released, run))
+
+
+def release(
+    rule: ReleaseRule,
+    aggregate: Mapping[str, float],
+    samples: int,
+    run: str,
+    *,
+    best: Mapping[str, Best],
+    margins: Mapping[str, float | None],
+    lower_is_better: frozenset[str] = frozenset(),
+) -> dict[str, Decision]:
+    """Each metric of a run aggregated over ``samples`` as ``rule`` releases it, given the
+    caller's ``best`` so far and, for the paired Ladder, each metric's paired-test margin
+    (:func:`paired_threshold`; a metric that is not a per-sample score has none and is
+    compared with the fixed step instead)."""
+    decisions: dict[str, Decision] = {}
+    for metric, value in aggregate.items():
+        if rule.mechanism is Mechanism.EXACT:
+            decisions[metric] = Decision(value, "exact")
+        elif rule.mechanism is Mechanism.ROUNDED:
+            eta = rule.step(samples)
+            decisions[metric] = Decision(on_grid(value, eta), f"rounded to {eta:g}")
+        else:
+            grid = 1 / samples if rule.paired else rule.step(samples)
+            margin = margins.get(metric, rule.step(samples)) if rule.paired else grid
+            higher = metric not in lower_is_better
+            decisions[metric] = _ladder(
+                value, best.get(metric), margin, grid, higher=higher, run=run
+            )
+    return decisions

@@ -148,7 +148,7 @@ class ResultStore:
         """Compute the aggregate from every stored score and end the run: completed, or failed
         when no sample could be scored or ``aggregate()`` raised. None if the run had ended
         already (cancelled meanwhile, or finished by another finalizer)."""
-        scores = [json.loads(v) for _, v in self._scan(RunKeys(run_id).score)]
+        scores = list(self.scores(run_id).values())
         finished = Finished(RunStatus.FAILED, {}, "no sample could be scored")
         encoded = to_json(finished.aggregate)
         if scores:
@@ -170,6 +170,10 @@ class ResultStore:
         """Count ``samples`` sent again by the janitor and stamp the run as touched; return
         the run's total."""
         return int(self._recover(keys=[RunKeys(run_id).progress], args=[samples]))
+
+    def scores(self, run_id: str) -> dict[int, dict[str, float]]:
+        """Every scored sample's metrics, by sample id."""
+        return {int(i): json.loads(v) for i, v in self._scan(RunKeys(run_id).score)}
 
     def progress(self, run_id: str) -> Progress:
         """The run's counters."""

@@ -8,13 +8,16 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
 import redis
 
+from producer.redis_server import free_port
 from shared.keys import RunKeys
 from shared.models import RunStatus
 from shared.policy import Tier
@@ -144,3 +147,34 @@ def evalq(redis_url: str, *args: str, **env: str) -> subprocess.CompletedProcess
         timeout=120,
         check=False,
     )
+
+
+def answers(url: str) -> bool:
+    """Whether ``url`` answers 200 now."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+@contextmanager
+def serving(redis_url: str, log: Path) -> Iterator[str]:
+    """``evalq serve`` on a free port with the test plugins, until the block ends; yields its
+    base URL once it answers."""
+    env = {**os.environ, "EVALQ_REDIS_URL": redis_url, "EVALQ_PLUGINS": "tests.plugins"}
+    env["PYTHONPATH"] = str(REPO)
+    port = free_port()
+    with log.open("wb") as out:
+        gateway = subprocess.Popen(
+            [sys.executable, "-c", "from shared.cli import main; main()",
+             "serve", "--port", str(port)],
+            env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    api = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: answers(f"{api}/openapi.json"), 60, "the gateway to answer")
+        yield api
+    finally:
+        gateway.terminate()
+        gateway.wait(30)

@@ -29,7 +29,14 @@ from shared.models import RunStatus
 from shared.policy import Role, Tier
 from shared.runs import RunStore
 from shared.settings import Settings
-from tests.helpers import REPO, audit_entries, labelled_rows, wait_for, write_rows
+from tests.helpers import (
+    REPO,
+    audit_entries,
+    labelled_rows,
+    serving,
+    wait_for,
+    write_rows,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -85,25 +92,6 @@ def _url(server: RedisServer, user: str) -> str:
     return f"redis://{user}:{password}@127.0.0.1:{server.port}/0"
 
 
-def _serve(url: str, port: int, log: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "EVALQ_REDIS_URL": url, "EVALQ_PLUGINS": "tests.plugins"}
-    env["PYTHONPATH"] = str(REPO)
-    with log.open("wb") as out:
-        return subprocess.Popen(
-            [sys.executable, "-c", "from shared.cli import main; main()",
-             "serve", "--port", str(port)],
-            env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-
-
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return bool(response.status == 200)
-    except OSError:
-        return False
-
-
 @pytest.fixture(scope="module")
 def door(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Door]:
     root = tmp_path_factory.mktemp("door")
@@ -137,15 +125,10 @@ def door(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Door]:
     )
     (root / "workers").mkdir()
     workers.start(create_app(settings))
-    port = free_port()
-    gateway = _serve(_url(server, "gateway"), port, root / "gateway.log")
-    api = f"http://127.0.0.1:{port}"
     try:
-        wait_for(lambda: _answers(f"{api}/openapi.json"), 60, "the gateway to answer")
-        yield Door(server, root, api, tokens["root"], tokens["alice"], tokens["bob"], operator)
+        with serving(_url(server, "gateway"), root / "gateway.log") as api:
+            yield Door(server, root, api, tokens["root"], tokens["alice"], tokens["bob"], operator)
     finally:
-        gateway.terminate()
-        gateway.wait(30)
         workers.stop()
         operator.close()
         server.stop()

@@ -187,3 +187,24 @@ class Churn(Evaluation):
 CHURN_MIB = 160
 """Above the highest trim threshold glibc ever picks by itself (64 MiB), so a process without
 evalq's heap settings gives the freed memory back whatever it did before."""
+
+
+@register("guess")
+class Guess(Evaluation):
+    """A binary candidate an optimisation loop controls through its params: it answers
+    ``base`` (0 or 1) on every row, or the row's visible ``cue`` with ``use_cue=1``, and the
+    other answer on the rows whose first word is named in ``flip`` (comma-separated)."""
+
+    label_fields = ("label",)
+
+    def infer(self, model: Any, rows: list[dict[str, Any]]) -> list[Any]:
+        flips = set(filter(None, self.params.get("flip", "").split(",")))
+        base = int(self.params.get("base", "0"))
+        answers = []
+        for row in rows:
+            answer = int(row["cue"]) if self.params.get("use_cue") == "1" else base
+            answers.append(1 - answer if row["text"].split()[0] in flips else answer)
+        return answers
+
+    def score(self, row: dict[str, Any], output: Any) -> dict[str, float]:
+        return {"accuracy": float(output == row["label"])}

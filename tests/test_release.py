@@ -1,0 +1,189 @@
+"""Release rules (exact, rounded, the Ladder and its paired variant) on their own, and the store
+that fixes a run's release and moves a caller's Ladder atomically."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from producer.policy_file import load_policy
+from producer.redis_server import RedisServer
+from shared.connection import connect
+from shared.models import RunMeta
+from shared.policy import (
+    Access,
+    Best,
+    Mechanism,
+    Reader,
+    ReleaseRule,
+    Tier,
+    default_eta,
+    on_grid,
+    paired_threshold,
+    release,
+    release_rule,
+)
+from shared.release import Release, Released, ReleaseStore
+
+LADDER = ReleaseRule(Mechanism.LADDER)
+PAIRED = ReleaseRule(Mechanism.LADDER, paired=True)
+
+
+@pytest.mark.parametrize(
+    ("samples", "eta"), [(1, 1.0), (5, 0.5), (200, 0.1), (1000, 0.05), (2500, 0.02), (10**4, 0.01)]
+)
+def test_the_default_eta_is_a_round_step_of_at_least_one_over_root_n(
+    samples: int, eta: float
+) -> None:
+    assert default_eta(samples) == eta
+    assert eta * samples**0.5 >= 1 - 1e-9
+
+
+def test_values_round_to_the_nearest_multiple_of_eta() -> None:
+    assert [on_grid(v, 0.1) for v in (0.5, 0.549, 0.55, 0.94, 1.0)] == [0.5, 0.5, 0.6, 0.9, 1.0]
+
+
+def _one(rule: ReleaseRule, value: float, best: Best | None, samples: int = 200) -> float:
+    known = {} if best is None else {"accuracy": best}
+    return release(rule, {"accuracy": value}, samples, "r", best=known, margins={})[
+        "accuracy"
+    ].released
+
+
+def test_the_ladder_moves_only_when_beaten_by_more_than_eta() -> None:
+    first = release(LADDER, {"accuracy": 0.512}, 200, "r1", best={}, margins={})["accuracy"]
+    assert (first.released, first.best) == (0.5, Best(0.5, "r1"))
+    best = Best(0.5, "r1")
+    assert _one(LADDER, 0.6, best) == 0.5  # a gain of eta exactly is a tie
+    assert _one(LADDER, 0.59, best) == 0.5
+    assert _one(LADDER, 0.1, best) == 0.5  # worse: the best so far
+    assert _one(LADDER, 0.61, best) == 0.6
+    assert _one(ReleaseRule(Mechanism.LADDER, eta=0.01), 0.512, best) == 0.51
+
+
+def test_a_loss_ladders_downwards() -> None:
+    decisions = release(
+        LADDER, {"loss": 0.3}, 200, "r2", best={"loss": Best(0.5, "r1")}, margins={},
+        lower_is_better=frozenset({"loss"}),
+    )  # fmt: skip
+    assert decisions["loss"].released == 0.3
+
+
+def test_rounded_and_exact_releases_keep_no_state() -> None:
+    held = Best(0.9, "r1")
+    assert _one(ReleaseRule(Mechanism.ROUNDED), 0.512, held) == 0.5
+    assert _one(ReleaseRule(Mechanism.ROUNDED, eta=0.25), 0.62, held) == 0.5
+    assert _one(ReleaseRule(Mechanism.EXACT), 0.512, held) == 0.512
+
+
+def test_only_full_readers_get_exact_values_and_non_viewable_defaults_to_the_ladder() -> None:
+    user = Reader("d/s", Tier.NON_VIEWABLE, Access.AGGREGATE)
+    admin = Reader("d/s", Tier.NON_VIEWABLE, Access.FULL, admin=True)
+    viewable = Reader("d/s", Tier.VIEWABLE, Access.FULL)
+    rounded = ReleaseRule(Mechanism.ROUNDED)
+    assert release_rule(user, None) == LADDER
+    assert release_rule(user, rounded) == rounded
+    assert release_rule(admin, rounded).mechanism is Mechanism.EXACT
+    assert release_rule(viewable, rounded).mechanism is Mechanism.EXACT
+
+
+def _flip_attack(rule: ReleaseRule, labels: list[int]) -> float:
+    """The single-flip attack on the rule alone: a constant-0 candidate, then one run per item
+    flipping only its answer; an item whose run scored higher is a 1. Fraction right."""
+    n = len(labels)
+    scores = {i: float(y == 0) for i, y in enumerate(labels)}
+    best: dict[str, Best] = {}
+
+    def submit(flip: int | None, run: str) -> float:
+        per_sample = {i: 1 - s if i == flip else s for i, s in scores.items()}
+        margins = {"accuracy": paired_threshold(per_sample, held.get(run_of(best)))}
+        decision = release(
+            rule, {"accuracy": sum(per_sample.values()) / n}, n, run, best=best, margins=margins
+        )["accuracy"]
+        if decision.best is not None:
+            best["accuracy"] = decision.best
+            held[run] = per_sample
+        return decision.released
+
+    held: dict[str, dict[int, float]] = {}
+
+    def run_of(known: dict[str, Best]) -> str:
+        return known["accuracy"].run if known else ""
+
+    baseline = submit(None, "base")
+    guesses = [int(submit(i, f"flip{i}") > baseline) for i in range(n)]
+    return sum(g == y for g, y in zip(guesses, labels, strict=True)) / n
+
+
+def test_single_flips_never_move_either_ladder_but_read_every_label_exactly() -> None:
+    labels = [1] * 100 + [0] * 100
+    random.Random(3).shuffle(labels)
+    assert _flip_attack(ReleaseRule(Mechanism.EXACT), labels) == 1.0
+    assert _flip_attack(LADDER, labels) == 0.5
+    assert _flip_attack(PAIRED, labels) == 0.5  # a flip gains 1/n, exactly the paired margin
+    assert _flip_attack(ReleaseRule(Mechanism.ROUNDED, eta=0.001), labels) == 1.0
+
+
+def test_the_paired_margin_is_one_standard_error_of_the_paired_differences() -> None:
+    assert paired_threshold({i: float(i % 2) for i in range(4)}, None) is None  # under the floor
+    first = paired_threshold({i: float(i % 2) for i in range(100)}, None)
+    assert first == pytest.approx((100 / 99 / 4) ** 0.5 / 10)
+    same = {i: 1.0 for i in range(50)}
+    assert paired_threshold(same, same) == 0.0
+    assert paired_threshold({i: 1.0 for i in range(50)}, {i + 46: 1.0 for i in range(50)}) is None
+
+
+def test_release_rules_in_a_policy_file(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        "datasets:\n  d:\n    a: {tier: non_viewable, release: rounded}\n"
+        "    b: {tier: non_viewable, release: {mechanism: ladder, eta: 0.02}}\n"
+        "    c: {tier: non_viewable, release: {mechanism: ladder, paired: true}}\n"
+    )
+    splits = load_policy(path).datasets["d"]
+    rules = {s: p.release.rule() for s, p in splits.items() if p.release is not None}
+    assert rules == {
+        "a": ReleaseRule(Mechanism.ROUNDED),
+        "b": ReleaseRule(Mechanism.LADDER, eta=0.02),
+        "c": PAIRED,
+    }
+
+
+@pytest.mark.parametrize(
+    "raw",
+    ["ladders", {"mechanism": "exact", "eta": 0.1}, {"mechanism": "rounded", "paired": True},
+     {"mechanism": "ladder", "paired": True, "eta": 0.1}, {"mechanism": "ladder", "eta": 0},
+     {"mechanism": "ladder", "eta": 2}, {"mechanism": "ladder", "step": 0.1}],
+)  # fmt: skip
+def test_a_malformed_release_rule_is_refused(raw: object) -> None:
+    with pytest.raises(ValidationError):
+        Release.model_validate(raw)
+
+
+def _meta(run_id: str) -> RunMeta:
+    return RunMeta.model_validate(
+        {"run_id": run_id, "eval": "e", "dataset_id": "d", "split": "s", "spec": "x", "n": 200,
+         "created": 0.0, "principal": "p", "status": "completed"}
+    )  # fmt: skip
+
+
+def test_a_release_is_fixed_once_and_a_moved_ladder_refuses_a_stale_commit(
+    redis_only: RedisServer,
+) -> None:
+    store = ReleaseStore(connect(redis_only.url))
+    meta = _meta("r1")
+    decisions = release(LADDER, {"accuracy": 0.5}, 200, "r1", best={}, margins={})
+    released = Released(rule="ladder", aggregate={"accuracy": 0.5}, why={"accuracy": "first"})
+    assert store.commit(meta, released, decisions, {}, {"accuracy": 0.5}) == released
+    assert store.best(meta) == {"accuracy": Best(0.5, "r1")}
+    # the same run read again keeps its release, whatever a later computation says
+    other = released.model_copy(update={"aggregate": {"accuracy": 0.9}})
+    assert store.commit(meta, other, decisions, {}, {"accuracy": 0.9}) == released
+    # a second run computed against the empty Ladder it read before r1 moved it: refused
+    stale = release(LADDER, {"accuracy": 0.3}, 200, "r2", best={}, margins={})
+    assert store.commit(_meta("r2"), released, stale, {}, {"accuracy": 0.3}) is None
+    assert store.released("r2") is None
+    assert store.best(meta) == {"accuracy": Best(0.5, "r1")}
