@@ -15,6 +15,7 @@ __all__ = [
     "ForbiddenError",
     "GatewayUnreachableError",
     "InputError",
+    "ModelHostError",
     "PayloadError",
     "PermanentError",
     "PluginError",
@@ -108,6 +109,11 @@ class ShardMismatchError(SpecError):
 
 class ScriptError(PermanentError):
     """A script scorer failed on one sample: it raised, timed out, crashed or exited."""
+
+
+class ModelHostError(EvalqError):
+    """Isolated inference failed: ``infer()`` raised in its subprocess, or the subprocess could
+    not load the model, died or timed out (tried again like any failed inference)."""
 
 
 class PayloadError(PermanentError):

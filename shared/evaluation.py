@@ -47,6 +47,10 @@ class Evaluation(ABC):
     name: ClassVar[str] = ""
     label_fields: ClassVar[tuple[str, ...]] = ()
     scorer: ClassVar[ScriptScorer | None] = None
+    isolated: ClassVar[bool] = False
+    """Run ``infer()`` in a warm subprocess of its own that only ever receives label-free rows
+    (for models that run code the caller controls); ``EVALQ_ISOLATE_INFERENCE`` does it for
+    every evaluation. Rows and outputs then cross a pipe as JSON."""
     lower_is_better: ClassVar[frozenset[str]] = frozenset()
     """Metrics where less is better (a loss, an error rate); every other one, more is."""
 

@@ -60,6 +60,9 @@ class Settings(BaseSettings):
     max_models: int = Field(default=2, ge=1)
     """Worker-local: loaded models kept per worker process (LRU)."""
 
+    isolate_inference: bool = False
+    """Worker-local: run every evaluation's ``infer()`` in a warm subprocess of its own that
+    only receives label-free rows (an evaluation can ask for it itself: ``isolated = True``)."""
     scorer_procs: int = Field(default=2, ge=1)
     """Worker-local: warm subprocesses per scorer script in each worker process."""
     torch_threads: int | None = Field(default=None, ge=1)

@@ -43,7 +43,7 @@ from shared.results import ResultStore, to_json
 from shared.runs import RunStore
 from shared.scorer import ScriptCall
 from worker.lru import LRU
-from worker.runtime_pool import RuntimePool
+from worker.runtime_pool import Infer, RuntimePool
 from worker.shard_cache import ShardCache
 
 __all__ = ["Resources", "infer_batch", "score_batch"]
@@ -262,17 +262,17 @@ def _failed(run: _Run, sample_id: int, exc: BaseException, max_attempts: int) ->
     run.errors[sample_id] = record.model_copy(update={"message": record.message + note})
 
 
-def _infer(evaluation: Evaluation, model: Any, items: list[Item], max_attempts: int) -> None:
+def _infer(infer: Infer, items: list[Item], max_attempts: int) -> None:
     """Give each item an output, a retry or an error; if a batch raises, rows go alone."""
     try:
-        outputs = _checked_outputs(evaluation.infer(model, [row for *_, row in items]), len(items))
+        outputs = _checked_outputs(infer([row for *_, row in items]), len(items))
     except Exception as exc:
         if len(items) == 1:
             run, sample_id, _ = items[0]
             _failed(run, sample_id, exc, max_attempts)
         else:
             for item in items:
-                _infer(evaluation, model, [item], max_attempts)
+                _infer(infer, [item], max_attempts)
         return
     for (run, sample_id, _), output in zip(items, outputs, strict=True):
         try:
@@ -298,14 +298,14 @@ def _infer_all(res: Resources, items: list[Item]) -> None:
     model cannot be loaded, each item counts as a failed attempt."""
     evaluation = items[0][0].evaluation
     try:
-        model = res.runtimes.model(evaluation)
+        infer = res.runtimes.model(evaluation)
     except Exception as exc:
         log.error("cannot load the model of %s: %s", items[0][0].meta.eval, first_line(exc))
         for run, sample_id, _ in items:
             _failed(run, sample_id, exc, res.max_attempts)
         return
     for start in range(0, len(items), res.max_batch):
-        _infer(evaluation, model, items[start : start + res.max_batch], res.max_attempts)
+        _infer(infer, items[start : start + res.max_batch], res.max_attempts)
 
 
 def infer_batch(res: Resources, tasks: list[SampleTask]) -> set[str]:

@@ -2,6 +2,10 @@
 for every batch, keeping at most ``max_models`` loaded (LRU), and keeps warm subprocess pools
 for scorer scripts (at most ``max_models`` scripts, ``scorer_procs`` subprocesses each).
 
+An isolated evaluation (``isolated = True``, or every one with ``isolate``) has its model
+loaded in a subprocess of its own instead (:class:`worker.model_proxy.ModelProxy`); it counts
+as one of the ``max_models`` and is stopped when evicted.
+
 A model is evicted before the next one loads, never after, so a process never holds more than
 ``max_models``; with no reference left it is garbage-collected and its CUDA memory returned
 (``torch.cuda.empty_cache``) before the load. ``close`` frees every model and stops every
@@ -13,19 +17,24 @@ import gc
 import json
 import logging
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 from shared.evaluation import Evaluation, create
 from shared.scorer import ScriptScorer
 from worker.lru import LRU
+from worker.model_proxy import ModelProxy
 from worker.script_pool import ScriptPool
 
-__all__ = ["RuntimePool", "resolve_device"]
+__all__ = ["Infer", "RuntimePool", "resolve_device"]
 
 log = logging.getLogger(__name__)
 
 RuntimeKey = tuple[str, str]
+
+Infer = Callable[[list[dict[str, Any]]], list[Any]]
+"""An evaluation's ``infer()`` bound to its loaded model: label-free rows in, outputs out."""
 
 
 def _limit_cpu_threads(threads: int | None) -> None:
@@ -69,8 +78,16 @@ class RuntimePool:
         cpu_threads: int | None = None,
         process_index: int = 0,
         scorer_procs: int = 2,
+        isolate: bool = False,
+        plugins: Sequence[str] = (),
+        isolated_timeout: float = 1800.0,
     ) -> None:
+        """``isolate`` runs every evaluation's model in a subprocess; that subprocess imports
+        ``plugins`` and may take ``isolated_timeout`` seconds to load or answer."""
         self._device = device
+        self._isolate = isolate
+        self._plugins = tuple(plugins)
+        self._isolated_timeout = isolated_timeout
         self._cpu_threads = cpu_threads
         self._process_index = process_index
         self._scorer_procs = scorer_procs
@@ -86,16 +103,22 @@ class RuntimePool:
             self._evaluations[key] = create(name, params)
         return self._evaluations[key]
 
-    def model(self, evaluation: Evaluation) -> Any:
-        """The loaded model of ``evaluation``, loading it on first use in this process."""
+    def model(self, evaluation: Evaluation) -> Infer:
+        """``evaluation``'s ``infer()`` bound to its model, loading the model on first use in
+        this process (in a subprocess of its own when the evaluation is isolated)."""
         key = (evaluation.name, json.dumps(evaluation.params, sort_keys=True))
-        return self._models.get_or_create(key, lambda: self._load(evaluation))
+        model = self._models.get_or_create(key, lambda: self._load(evaluation))
+        if isinstance(model, ModelProxy):
+            return model.infer
+        return partial(evaluation.infer, model)
 
     def scripts(self, scorer: ScriptScorer) -> ScriptPool:
         """The warm subprocess pool of a scorer script, started on first use."""
         return self._scripts.get_or_create(scorer, lambda: ScriptPool(scorer, self._scorer_procs))
 
-    def _evicted(self, _key: RuntimeKey, _model: Any) -> None:
+    def _evicted(self, _key: RuntimeKey, model: Any) -> None:
+        if isinstance(model, ModelProxy):
+            model.close()
         self._dropped = True
 
     def _load(self, evaluation: Evaluation) -> Any:
@@ -106,12 +129,20 @@ class RuntimePool:
             )
             _free_memory()
         device = resolve_device(self._device, self._process_index)
+        if evaluation.isolated or self._isolate:
+            return ModelProxy(
+                evaluation,
+                device=device,
+                plugins=self._plugins,
+                threads=self._cpu_threads,
+                timeout=self._isolated_timeout,
+            ).start()
         if device == "cpu":
             _limit_cpu_threads(self._cpu_threads)
         return evaluation.load(device)
 
     def close(self) -> None:
-        """Free every loaded model and stop every scorer subprocess."""
+        """Free every loaded model and stop every scorer and model subprocess."""
         self._models.clear()
         self._scripts.clear()
         _free_memory()

@@ -9,21 +9,15 @@ Each subprocess runs in a session of its own, so killing it kills what it starte
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
 import queue
-import select
 import signal
-import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 from shared.errors import ScriptError
 from shared.scorer import ScriptCall, ScriptScorer
+from worker.host_process import HostProcess
 
 __all__ = ["ScriptPool"]
 
@@ -42,89 +36,36 @@ def _death(code: int | None, scorer: ScriptScorer) -> str:
 
 
 class _Slot:
-    """One subprocess, started on first use and replaced after it dies or is killed."""
+    """One scorer subprocess (a :class:`HostProcess`), started on first use and replaced
+    after it dies or is killed."""
 
     def __init__(self, scorer: ScriptScorer) -> None:
         self._scorer = scorer
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._buffer = b""
-        self.started = 0
+        command = [sys.executable, str(HOST), scorer.path]  # by path: the host is stdlib only
+        self._host = HostProcess(
+            [*command, str(scorer.cpu_seconds), str(scorer.memory_mb)],
+            name="the scorer",
+            error=ScriptError,
+            death=lambda code: _death(code, scorer),
+            start_timeout=START_TIMEOUT,
+        )
+
+    @property
+    def started(self) -> int:
         """Subprocesses started by this slot so far."""
+        return self._host.started
 
     def call(self, call: ScriptCall) -> str:
-        proc = self._proc if self._proc is not None and self._proc.poll() is None else None
-        if proc is None:
-            proc = self._start()
-        assert proc.stdin is not None
-        request = json.dumps({"argv": call.argv, "env": call.env}) + "\n"
-        try:
-            proc.stdin.write(request.encode())
-            proc.stdin.flush()
-        except BrokenPipeError:
-            self.close()
-            raise ScriptError(_death(proc.wait(), self._scorer)) from None
-        reply = self._read(proc, self._scorer.timeout)
+        reply = self._host.request({"argv": call.argv, "env": call.env}, self._scorer.timeout)
         if "ok" in reply:
             return str(reply["ok"])
         if reply.get("exit"):
             self.close()
         raise ScriptError(str(reply.get("error", "the scorer answered nothing")))
 
-    def _start(self) -> subprocess.Popen[bytes]:
-        self.close()
-        scorer = self._scorer
-        command = [sys.executable, str(HOST), scorer.path]  # by path: the host is stdlib only
-        proc = subprocess.Popen(
-            [*command, str(scorer.cpu_seconds), str(scorer.memory_mb)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            start_new_session=True,
-        )
-        self._proc, self._buffer = proc, b""
-        self.started += 1
-        reply = self._read(proc, START_TIMEOUT)
-        if not reply.get("ready"):
-            self.close()
-            raise ScriptError(str(reply.get("error", "the scorer did not start")))
-        return proc
-
-    def _read(self, proc: subprocess.Popen[bytes], timeout: float) -> dict[str, Any]:
-        """The next reply line; kills the subprocess on timeout, reports it if it died."""
-        assert proc.stdout is not None
-        fd = proc.stdout.fileno()
-        deadline = time.monotonic() + timeout
-        while b"\n" not in self._buffer:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
-                self.close()
-                raise ScriptError(f"the scorer timed out after {timeout:g}s and was killed")
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                code = proc.wait()
-                self.close()
-                raise ScriptError(_death(code, self._scorer))
-            self._buffer += chunk
-        line, _, self._buffer = self._buffer.partition(b"\n")
-        try:
-            reply = json.loads(line)
-        except ValueError:
-            reply = None
-        if not isinstance(reply, dict):
-            self.close()
-            raise ScriptError("the scorer answered something that is not a reply")
-        return reply
-
     def close(self) -> None:
         """Kill the subprocess and everything it started, and reap it."""
-        proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        for stream in (proc.stdin, proc.stdout):
-            if stream is not None:
-                stream.close()
+        self._host.close()
 
 
 class ScriptPool:

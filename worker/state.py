@@ -49,6 +49,9 @@ class WorkerState:
                     # billiard numbers a prefork pool's processes 0..N-1: process k uses GPU k
                     process_index=getattr(current_process(), "index", 0),
                     scorer_procs=self._settings.scorer_procs,
+                    isolate=self._settings.isolate_inference,
+                    plugins=self._settings.plugins,
+                    isolated_timeout=self._settings.task_time_limit,
                 ),
                 publish=self._publish,
                 max_batch=self._settings.max_batch,

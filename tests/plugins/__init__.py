@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import gc
 import os
+import sys
 import time
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from shared.evaluation import Evaluation, register
@@ -208,3 +211,79 @@ class Guess(Evaluation):
 
     def score(self, row: dict[str, Any], output: Any) -> dict[str, float]:
         return {"accuracy": float(output == row["label"])}
+
+
+def _labels_in_memory(texts: set[str]) -> dict[str, Any]:
+    """What a candidate's code can find by walking the stack and the heap: the label of every
+    row (a dict, or a row of a ``datasets.Dataset``) whose text is one of ``texts``."""
+    found: dict[str, Any] = {}
+
+    def look(obj: Any) -> None:
+        if type(obj) is dict and "label" in obj and isinstance(obj.get("text"), str):
+            if obj["text"] in texts:
+                found[obj["text"]] = obj["label"]
+
+    frame: FrameType | None = sys._getframe()
+    while frame is not None:
+        for value in list(frame.f_locals.values()):
+            look(value)
+        frame = frame.f_back
+    for obj in gc.get_objects():
+        look(obj)
+        if type(obj) in (list, tuple):
+            for item in obj:
+                look(item)
+        elif type(obj).__name__ == "Dataset" and "label" in obj.column_names:
+            for row in obj:
+                look(row)
+    return found
+
+
+@register("snoop")
+class Snoop(Evaluation):
+    """A candidate that goes looking for labels: its ``infer()`` walks ``sys._getframe()`` and
+    ``gc.get_objects()`` for rows holding a label and answers the label it found (or None)."""
+
+    label_fields = ("label",)
+
+    def infer(self, model: Any, rows: list[dict[str, Any]]) -> list[Any]:
+        found = _labels_in_memory({row["text"] for row in rows})
+        return [found.get(row["text"]) for row in rows]
+
+    def score(self, row: dict[str, Any], output: Any) -> dict[str, float]:
+        return {"leaked": float(output == row["label"])}
+
+
+@register("snoop_isolated")
+class IsolatedSnoop(Snoop):
+    """The same candidate, with its inference isolated."""
+
+    isolated = True
+
+
+@register("probe")
+class Probe(Evaluation):
+    """Where ``infer()`` runs: its process id, the ``EVALQ_`` variables it sees, whether the
+    worker's modules are loaded; ``fail`` = ``raise``, ``exit`` or ``nonjson`` misbehaves."""
+
+    label_fields = ("label",)
+    isolated = True
+
+    def infer(self, model: Any, rows: list[dict[str, Any]]) -> list[Any]:
+        fail = self.params.get("fail")
+        if fail == "raise":
+            raise RuntimeError("the probe failed")
+        if fail == "exit":
+            os._exit(3)
+        if fail == "nonjson":
+            return [object() for _ in rows]
+        seen = {
+            "pid": os.getpid(),
+            "evalq_env": sorted(k for k in os.environ if k.startswith("EVALQ_")),
+            "worker_loaded": "worker.shard_cache" in sys.modules,
+            "fields": sorted({field for row in rows for field in row}),
+        }
+        return [seen for _ in rows]
+
+    def score(self, row: dict[str, Any], output: Any) -> dict[str, float]:
+        return {"ok": 1.0}

@@ -1,0 +1,74 @@
+"""The inside of an isolated model: ``python -P model_host.py``, one per (evaluation, params)
+per worker process, started by :class:`worker.model_proxy.ModelProxy`.
+
+A fresh interpreter (not a fork): none of the worker's memory is here, neither the rows with
+their labels, nor the shard cache, nor the Redis connection; its environment has no ``EVALQ_``
+variable (no Redis URL, password or token), and ``-P`` keeps the worker's folder off
+``sys.path``. It reads one hello line ``{"eval", "params", "plugins", "device", "threads"}``,
+imports the plugin modules, loads the model once and says ``{"ready": true}``; then each line
+``{"rows": [...]}`` (label-free rows) is answered ``{"ok": [outputs]}`` or ``{"error": "..."}``
+(``"permanent": true`` when an output is not JSON, as in-process inference treats it).
+
+The protocol has its own file descriptor: what the plugin prints goes to stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import IO, Any
+
+from shared.errors import first_line
+from shared.evaluation import Evaluation, create, load_plugins
+
+
+def _why(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {first_line(exc)}"
+
+
+def _reply(channel: IO[str], message: dict[str, Any]) -> None:
+    channel.write(json.dumps(message, allow_nan=False) + "\n")
+    channel.flush()
+
+
+def _load(hello: dict[str, Any]) -> tuple[Evaluation, Any]:
+    load_plugins(hello["plugins"])
+    evaluation = create(hello["eval"], hello["params"])
+    if hello.get("threads") and hello["device"] == "cpu":
+        import torch
+
+        torch.set_num_threads(int(hello["threads"]))
+    return evaluation, evaluation.load(hello["device"])
+
+
+def _answer(evaluation: Evaluation, model: Any, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    try:
+        outputs = evaluation.infer(model, rows)
+    except Exception as exc:
+        return {"error": _why(exc)}
+    try:
+        json.dumps(outputs, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        return {"error": f"output not JSON: {exc}", "permanent": True}
+    return {"ok": outputs}
+
+
+def main() -> int:
+    """Serve inference calls until stdin closes."""
+    channel = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    try:
+        evaluation, model = _load(json.loads(sys.stdin.readline()))
+    except Exception as exc:
+        _reply(channel, {"error": f"cannot load the model: {_why(exc)}"})
+        return 1
+    _reply(channel, {"ready": True})
+    for line in sys.stdin:
+        _reply(channel, _answer(evaluation, model, json.loads(line)["rows"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

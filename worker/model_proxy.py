@@ -1,0 +1,94 @@
+"""Isolated inference: an evaluation's model loaded and run in a warm subprocess of its own
+(``worker/model_host.py``), which only ever receives label-free rows.
+
+Used when the evaluation sets ``isolated = True`` or the worker runs with
+``EVALQ_ISOLATE_INFERENCE=1``: code the caller controls (a prompt, a program passed as a param)
+then cannot walk the worker's stack or heap for the rows its labels were scrubbed from. The
+subprocess is started once per (evaluation, params) per worker process, replaced after it dies
+or times out (the batch is then tried again like any failed inference), and killed when its
+model is evicted or the worker stops.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from shared.errors import ModelHostError, PermanentError
+from shared.evaluation import Evaluation
+from worker.host_process import HostProcess
+
+__all__ = ["ModelProxy"]
+
+HOST = Path(__file__).with_name("model_host.py")
+
+
+def _death(code: int | None) -> str:
+    if code is not None and code < 0:
+        return f"the model host died ({signal.Signals(-code).name})"
+    return f"the model host exited (code {code})"
+
+
+def host_env() -> dict[str, str]:
+    """The worker's environment without any ``EVALQ_`` variable (Redis URL, passwords)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("EVALQ_")}
+
+
+class ModelProxy:
+    """An evaluation's model in its own subprocess; call :meth:`infer` as ``infer()``."""
+
+    def __init__(
+        self,
+        evaluation: Evaluation,
+        *,
+        device: str,
+        plugins: Sequence[str],
+        threads: int | None,
+        timeout: float,
+    ) -> None:
+        hello = {
+            "eval": evaluation.name,
+            "params": evaluation.params,
+            "plugins": list(plugins),
+            "device": device,
+            "threads": threads,
+        }
+        self._timeout = timeout
+        self._host = HostProcess(
+            [sys.executable, "-P", str(HOST)],
+            name=f"the model host of {evaluation.name}",
+            error=ModelHostError,
+            death=_death,
+            start_timeout=timeout,
+            hello=hello,
+            env=host_env(),
+        )
+
+    def start(self) -> ModelProxy:
+        """Start the subprocess and load the model now (a failure is a ModelHostError)."""
+        self._host.start()
+        return self
+
+    @property
+    def started(self) -> int:
+        """Subprocesses started so far (respawns included)."""
+        return self._host.started
+
+    def infer(self, rows: list[dict[str, Any]]) -> list[Any]:
+        """The model's outputs for ``rows``, computed in the subprocess."""
+        try:
+            reply = self._host.request({"rows": rows}, self._timeout)
+        except (TypeError, ValueError) as exc:
+            raise PermanentError(f"isolated inference sends rows as JSON: {exc}") from None
+        if "ok" in reply and isinstance(reply["ok"], list):
+            return reply["ok"]
+        message = str(reply.get("error", "the model host answered nothing"))
+        raise (PermanentError if reply.get("permanent") else ModelHostError)(message)
+
+    def close(self) -> None:
+        """Stop the subprocess (its memory, GPU memory included, goes with it)."""
+        self._host.close()
