@@ -219,9 +219,9 @@ def _labels_in_memory(texts: set[str]) -> dict[str, Any]:
     found: dict[str, Any] = {}
 
     def look(obj: Any) -> None:
-        if type(obj) is dict and "label" in obj and isinstance(obj.get("text"), str):
-            if obj["text"] in texts:
-                found[obj["text"]] = obj["label"]
+        text = obj.get("text") if type(obj) is dict and "label" in obj else None
+        if isinstance(text, str) and text in texts:
+            found[text] = obj["label"]
 
     frame: FrameType | None = sys._getframe()
     while frame is not None:
