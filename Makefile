@@ -43,3 +43,4 @@ bench: install
 	$(BIN)/python -m bench.padding
 	$(BIN)/python -m bench.scorer_warm
 	$(BIN)/python -m bench.scaling
+	$(BIN)/python -m bench.isolation

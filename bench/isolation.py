@@ -1,0 +1,113 @@
+"""Isolated inference versus in-process inference, side by side in one run.
+
+The demo's ``topic`` evaluation (all-MiniLM-L6-v2) infers the demo's validation texts, label-free,
+in batches of ``--batch``, two ways, alternating batch by batch so both see the same machine:
+
+  in-process: ``evaluation.infer(model, rows)`` in this process (what a worker does by default);
+  isolated:   the same call in a warm model subprocess (``worker.model_proxy.ModelProxy``):
+              rows and outputs cross a pipe as JSON.
+
+Both load the model once (timed apart) and use ``--threads`` torch threads. Prints samples/s,
+the ratio and the per-batch overhead, checks both gave the same labels, and writes JSON.
+
+    python -m bench.isolation [--samples N] [--batch B] [--threads T] [--device D] [--out PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import track
+from rich.table import Table
+
+from producer.demo_data import write_demo_dataset
+from shared.evaluation import create, load_plugins, scrub
+from worker.model_proxy import ModelProxy
+from worker.runtime_pool import resolve_device
+
+console = Console()
+
+
+def _rows(samples: int) -> list[dict[str, Any]]:
+    with tempfile.TemporaryDirectory() as folder:
+        path = write_demo_dataset(Path(folder), validation_size=samples) / "validation.jsonl"
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+    return [scrub(row, ("label",)) for row in rows[:samples]]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=2000)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--out", type=Path, default=Path("bench/results/isolation.json"))
+    args = parser.parse_args()
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    device = resolve_device(args.device)
+    load_plugins([])
+    evaluation = create("topic")
+    rows = _rows(args.samples)
+    batches = [rows[i : i + args.batch] for i in range(0, len(rows), args.batch)]
+
+    start = time.perf_counter()
+    model = evaluation.load(device)
+    load_in = time.perf_counter() - start
+    start = time.perf_counter()
+    proxy = ModelProxy(evaluation, device=device, plugins=[], threads=args.threads, timeout=600)
+    proxy.start()
+    load_iso = time.perf_counter() - start
+
+    spent = {"in-process": 0.0, "isolated": 0.0}
+    mismatches = 0
+    try:
+        for batch in track(batches, description="batches", console=console):
+            start = time.perf_counter()
+            local = evaluation.infer(model, batch)
+            spent["in-process"] += time.perf_counter() - start
+            start = time.perf_counter()
+            remote = proxy.infer(batch)
+            spent["isolated"] += time.perf_counter() - start
+            mismatches += sum(a["label"] != b["label"] for a, b in zip(local, remote, strict=True))
+    finally:
+        proxy.close()
+
+    table = Table(title=f"topic (MiniLM) on {device}: {len(rows)} texts, batches of {args.batch}")
+    for column in ("inference", "model load s", "infer s", "samples/s", "vs in-process"):
+        table.add_column(column, justify="left" if column == "inference" else "right")
+    for name, load in (("in-process", load_in), ("isolated", load_iso)):
+        table.add_row(
+            name, f"{load:.2f}", f"{spent[name]:.2f}", f"{len(rows) / spent[name]:,.1f}",
+            f"{spent['in-process'] / spent[name]:.3f}",
+        )  # fmt: skip
+    console.print(table)
+    overhead_ms = 1000 * (spent["isolated"] - spent["in-process"]) / len(batches)
+    console.print(f"isolation overhead per batch: {overhead_ms:.2f} ms")
+    console.print(f"labels that differ between the two: {mismatches}")
+    result = {
+        "device": device,
+        "samples": len(rows),
+        "batch": args.batch,
+        "threads": args.threads,
+        "load_seconds": {"in_process": load_in, "isolated": load_iso},
+        "infer_seconds": {"in_process": spent["in-process"], "isolated": spent["isolated"]},
+        "throughput_ratio": spent["in-process"] / spent["isolated"],
+        "overhead_ms_per_batch": overhead_ms,
+        "mismatches": mismatches,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    console.print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
