@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import track
+from rich.progress import Progress
 from rich.table import Table
 
 from producer.demo_data import write_demo_dataset
@@ -69,15 +69,20 @@ def main() -> None:
 
     spent = {"in-process": 0.0, "isolated": 0.0}
     mismatches = 0
+    # the bar is redrawn between timed calls only (no refresh thread competing with them)
     try:
-        for batch in track(batches, description="batches", console=console):
-            start = time.perf_counter()
-            local = evaluation.infer(model, batch)
-            spent["in-process"] += time.perf_counter() - start
-            start = time.perf_counter()
-            remote = proxy.infer(batch)
-            spent["isolated"] += time.perf_counter() - start
-            mismatches += sum(a["label"] != b["label"] for a, b in zip(local, remote, strict=True))
+        with Progress(console=console, auto_refresh=False) as progress:
+            bar = progress.add_task("batches", total=len(batches))
+            for batch in batches:
+                start = time.perf_counter()
+                local = evaluation.infer(model, batch)
+                spent["in-process"] += time.perf_counter() - start
+                start = time.perf_counter()
+                remote = proxy.infer(batch)
+                spent["isolated"] += time.perf_counter() - start
+                pairs = zip(local, remote, strict=True)
+                mismatches += sum(a["label"] != b["label"] for a, b in pairs)
+                progress.update(bar, advance=1, refresh=True)
     finally:
         proxy.close()
 
