@@ -36,3 +36,21 @@ def test_demo_model_runs_on_the_gpu() -> None:
     assert anchors.device.type == "cuda"
     outputs = topic.infer((encoder, anchors), [{"text": "The striker scored twice."}])
     assert outputs[0]["label"] == "sports"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_isolated_inference_holds_the_model_on_the_gpu_in_its_own_process() -> None:
+    from shared.evaluation import create, load_plugins
+    from worker.model_proxy import ModelProxy
+
+    load_plugins([])
+    topic = create("topic")
+    device = resolve_device("auto")
+    proxy = ModelProxy(topic, device=device, plugins=[], threads=None, timeout=600).start()
+    try:
+        outputs = proxy.infer([{"text": "The striker scored twice."}, {"text": "Rain all day."}])
+    finally:
+        proxy.close()
+    assert [o["label"] for o in outputs] == ["sports", "weather"]
+    assert torch.cuda.memory_allocated() == 0  # the model lived in the subprocess
