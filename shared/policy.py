@@ -331,8 +331,12 @@ class Decision:
 
     released: float
     why: str
+    """Shown to the caller: says nothing the released values do not."""
     best: Best | None = None
     """The caller's new best (the Ladder moved), None when it stays."""
+    margin: float | None = None
+    """The gain the Ladder asked for (audited, not shown: a paired test's margin is a
+    statistic of the labels)."""
 
 
 def _ladder(
@@ -340,14 +344,12 @@ def _ladder(
 ) -> Decision:
     if best is None:
         released = on_grid(value, grid)
-        return Decision(released, "first run", Best(released, run))
+        return Decision(released, "first run", Best(released, run), margin)
     gain = (value - best.value) if higher else (best.value - value)
     if margin is None or gain <= margin * (1 + _TIE) + _TIE:
-        beaten = "no paired test possible" if margin is None else f"by at most {margin:.4g}"
-        return Decision(best.value, f"not better than the best so far {beaten}")
+        return Decision(best.value, "not better than the best so far", None, margin)
     released = on_grid(value, grid)
-    why = f"better than the best so far by more than {margin:.4g}"
-    return Decision(released, why, Best(released, run))
+    return Decision(released, "better than the best so far", Best(released, run), margin)
 
 
 def release(

@@ -138,7 +138,7 @@ class ReleaseStore:
         audit = {
             "rule": released.rule,
             "metrics": {
-                m: {"exact": exact[m], "released": d.released, "why": d.why}
+                m: {"exact": exact[m], "released": d.released, "why": d.why, "margin": d.margin}
                 for m, d in decisions.items()
             },
         }
