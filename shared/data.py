@@ -48,6 +48,7 @@ __all__ = [
     "build_spec",
     "check_pinned",
     "load_rows",
+    "local_root",
     "local_splits",
     "refit_routing",
     "resolve_source",
@@ -292,14 +293,23 @@ def resolve_source(
 ) -> LocalSource | HubSource:
     """What ``--data`` names: a local file or folder (its split's files pinned by digest) or a
     Hub dataset."""
+    root = local_root(data, revision, config)
+    if root is not None:
+        return _local_source(root, split)
+    return HubSource(repo_id=data, revision=revision, config=config)
+
+
+def local_root(data: str, revision: str | None = None, config: str | None = None) -> Path | None:
+    """The local file or folder ``data`` names, or None when it names a Hub dataset; a path
+    that does not exist, and Hub options given for a local one, are refused."""
     root = Path(data).expanduser()
     if root.exists():
-        if revision is not None:
-            raise DataError("--revision applies to Hub datasets, not to local files")
-        return _local_source(root, split)
+        if revision is not None or config is not None:
+            raise DataError("--revision and --config apply to Hub datasets, not local files")
+        return root
     if _looks_like_path(data):
         raise DataError(f"no such file or folder: {data}")
-    return HubSource(repo_id=data, revision=revision, config=config)
+    return None
 
 
 def build_spec(

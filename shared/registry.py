@@ -11,12 +11,11 @@ second name can give a held-out split's rows another tier.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import redis
 from pydantic import BaseModel, ConfigDict
 
-from shared.data import local_splits
+from shared.data import local_root, local_splits
 from shared.errors import DataError, SourceUnreachableError, SplitNotFoundError, first_line
 from shared.keys import AUDIT, DATASET_FILES, DATASETS
 from shared.lua import register
@@ -105,15 +104,10 @@ class DatasetRegistry:
         """Register ``data`` as ``name`` (or re-pin it), audited; return the record and the
         one it replaced. Every split name must follow the name rule."""
         check_name("dataset name", name)
-        root = Path(data).expanduser()
-        if root.exists():
-            if revision is not None or config is not None:
-                raise DataError("--revision and --config apply to Hub datasets, not local files")
-            splits: dict[str, Source] = dict(local_splits(root))
-        elif data.startswith((".", "/", "~")):
-            raise DataError(f"no such file or folder: {data}")
-        else:
-            splits = _hub_splits(data, revision, config)
+        root = local_root(data, revision, config)
+        splits: dict[str, Source] = (
+            dict(local_splits(root)) if root is not None else _hub_splits(data, revision, config)
+        )
         for split in splits:
             check_name("split", split)
         record = RegisteredDataset(name=name, data=data, splits=splits, who=who, added=time.time())
