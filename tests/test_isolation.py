@@ -126,3 +126,19 @@ def test_the_operator_setting_isolates_every_evaluation(fresh_stack: Stack, tmp_
     fresh_stack.start_workers(EVALQ_ISOLATE_INFERENCE="1")
     leaked, outputs = _leaked(fresh_stack, tmp_path, "snoop")
     assert (leaked, set(outputs)) == (0.0, {None})
+
+
+@pytest.mark.integration
+def test_an_isolated_model_cannot_read_its_workers_environment_or_memory(
+    stack: Stack, tmp_path: Path
+) -> None:
+    rows = labelled_rows(5)
+    write_rows(tmp_path, "validation", rows)
+    name = list_splits(stack.client, str(tmp_path), "validation")
+    request = SubmitRequest(eval="probe", dataset=name, split="validation")
+    meta = submit(stack.client, stack.app, request, principal="tests")
+    wait_completed(stack.client, meta.run_id)
+    seen = ResultStore(stack.client).outputs(meta.run_id, [0])[0]
+    assert seen["ancestors_read"] == []  # the worker's /proc environ and mem: refused
+    assert seen["evalq_env"] == []
+    assert seen["fields"] == ["secret", "text"]  # label fields scrubbed

@@ -21,6 +21,7 @@ from kombu import Queue
 
 from shared.celery_app import STAGE_QUEUES, create_app, evaluation_queue
 from shared.evaluation import load_plugins, registered
+from shared.privilege import undumpable
 from shared.settings import Settings
 from worker.heap import keep_freed_memory
 from worker.presence import PresenceThread
@@ -52,11 +53,13 @@ def create_worker_app(settings: Settings) -> Celery:
     Remote-control commands that change or stop a worker are refused unless
     ``EVALQ_REMOTE_CONTROL`` is on (:mod:`worker.remote_control`). Once the worker is ready, its
     presence thread beats and, when it holds the lease, runs the janitor
-    (:mod:`worker.presence`).
+    (:mod:`worker.presence`). Worker processes are not dumpable (:mod:`shared.privilege`):
+    an isolated model's subprocess cannot read their environment or memory through ``/proc``.
     """
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     import datasets  # noqa: F401
 
+    undumpable()  # no process of this user reads the Redis password or rows from /proc
     load_plugins(settings.plugins)
     app = create_app(settings)
     state = WorkerState(app, settings)
@@ -72,6 +75,7 @@ def create_worker_app(settings: Settings) -> Celery:
     presence: list[PresenceThread] = []
 
     def after_fork(**_: Any) -> None:
+        undumpable()
         state.reset()
         keep_freed_memory()
 

@@ -4,8 +4,12 @@ per worker process, started by :class:`worker.model_proxy.ModelProxy`.
 A fresh interpreter (not a fork): none of the worker's memory is here, neither the rows with
 their labels, nor the shard cache, nor the Redis connection; its environment has no ``EVALQ_``
 variable (no Redis URL, password or token), and ``-P`` keeps the worker's folder off
-``sys.path``. It reads one hello line ``{"eval", "params", "plugins", "device", "threads"}``,
-imports the plugin modules, loads the model once and says ``{"ready": true}``; then each line
+``sys.path``. Before anything else it drops every capability (a worker running as root
+included), and workers are not dumpable (:mod:`shared.privilege`), so it cannot read its
+parent's ``/proc/<pid>/environ`` or ``/proc/<pid>/mem`` either.
+
+It reads one hello line ``{"eval", "params", "plugins", "device", "threads"}``, imports the
+plugin modules, loads the model once and says ``{"ready": true}``; then each line
 ``{"rows": [...]}`` (label-free rows) is answered ``{"ok": [outputs]}`` or ``{"error": "..."}``
 (``"permanent": true`` when an output is not JSON, as in-process inference treats it).
 
@@ -21,6 +25,7 @@ from typing import IO, Any
 
 from shared.errors import first_line
 from shared.evaluation import Evaluation, create, load_plugins
+from shared.privilege import drop_capabilities
 
 
 def _why(exc: BaseException) -> str:
@@ -59,6 +64,11 @@ def main() -> int:
     channel = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
+    try:
+        drop_capabilities()
+    except OSError as exc:
+        _reply(channel, {"error": f"cannot drop its capabilities, so it does not run: {exc}"})
+        return 1
     try:
         evaluation, model = _load(json.loads(sys.stdin.readline()))
     except Exception as exc:

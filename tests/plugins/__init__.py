@@ -261,6 +261,23 @@ class IsolatedSnoop(Snoop):
     isolated = True
 
 
+def _ancestors_read() -> list[str]:
+    """Which of the parent's and grandparent's ``/proc`` environment and memory files this
+    process could open (the worker's hold its Redis password)."""
+    opened = []
+    parent = os.getppid()
+    grandparent = int(Path(f"/proc/{parent}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    for pid in (parent, grandparent):
+        for name in ("environ", "mem"):
+            try:
+                with open(f"/proc/{pid}/{name}", "rb") as file:
+                    file.read(1)
+                opened.append(f"{pid}/{name}")
+            except OSError:
+                pass
+    return opened
+
+
 @register("probe")
 class Probe(Evaluation):
     """Where ``infer()`` runs: its process id, the ``EVALQ_`` variables it sees, whether the
@@ -279,6 +296,7 @@ class Probe(Evaluation):
             return [object() for _ in rows]
         seen = {
             "pid": os.getpid(),
+            "ancestors_read": _ancestors_read(),
             "evalq_env": sorted(k for k in os.environ if k.startswith("EVALQ_")),
             "worker_loaded": "worker.shard_cache" in sys.modules,
             "fields": sorted({field for row in rows for field in row}),
