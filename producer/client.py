@@ -83,7 +83,8 @@ class RunView(BaseModel):
     release: Released | None = None
     """How the aggregate was released when not exactly (a non_viewable split, not an admin)."""
     errors: dict[str, int]
-    """Terminal errors by ``stage/kind``."""
+    """Terminal errors by ``stage/kind`` (by ``stage`` only for a reader without per-sample
+    access: an exception's class name is whatever the code that raised it chose)."""
     stalled: str | None = None
     """Why nothing moves the run, while it is going and nothing does (no live worker serves
     it, or no progress for ``EVALQ_STALL_AFTER`` seconds); None otherwise."""
@@ -131,6 +132,15 @@ class Cancellation:
     run_id: str
     cancelled_now: bool
     refunded_samples: int
+
+
+def _by_stage(errors: dict[str, int]) -> dict[str, int]:
+    """``stage/kind`` counts summed by stage."""
+    stages: dict[str, int] = {}
+    for key, count in errors.items():
+        stage = key.split("/", 1)[0]
+        stages[stage] = stages.get(stage, 0) + count
+    return stages
 
 
 def check_ended(meta: RunMeta) -> RunMeta:
@@ -226,7 +236,10 @@ class Client:
         progress = self._results.progress(meta.run_id)
         reader = self._reader(meta, None if meta.status.active else progress.scored)
         withheld = reader.withheld
-        aggregate = None if withheld else self._results.aggregate(meta.run_id)
+        # only a completed run has an aggregate, and only then is the floor's count final (a
+        # run read as going may complete before its aggregate is read)
+        completed = meta.status is RunStatus.COMPLETED
+        aggregate = self._results.aggregate(meta.run_id) if completed and not withheld else None
         released = None
         if aggregate is not None:
             configured = self._releases.rule(meta.dataset_id, meta.split)
@@ -235,6 +248,8 @@ class Client:
                 released = self._release(meta, rule, aggregate, progress.scored)
                 aggregate = released.aggregate
         errors = self._results.errors_by_kind(meta.run_id) if progress.failed else {}
+        if not reader.sees_error_kinds:
+            errors = _by_stage(errors)
         return RunView(
             meta=meta,
             progress=progress,

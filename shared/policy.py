@@ -146,6 +146,12 @@ class Reader:
         return self.admin and self.tier is not Tier.VIEWABLE
 
     @property
+    def sees_error_kinds(self) -> bool:
+        """Error kinds (exception class names, chosen by whatever code raised them: a
+        candidate's code too) are per-sample detail: counts by stage for everyone else."""
+        return self.access is Access.FULL
+
+    @property
     def withheld(self) -> str | None:
         """Why the aggregate is not shown, or None when it is."""
         if self.access is not Access.NONE:

@@ -316,6 +316,33 @@ def test_the_floor_counts_the_samples_an_aggregate_is_made_of(
         reader.close()
 
 
+def test_a_run_read_as_going_shows_no_aggregate_and_error_kinds_need_full_access(
+    bench: Bench, server: RedisServer
+) -> None:
+    """The race the attack review won: a status read that saw the run going, while it
+    completed with one scored sample, showed that sample's score (the floor counted the five
+    submitted). And a non-admin sees errors by stage only: a class name is the raiser's choice."""
+    rows = labelled_rows(5)
+    for row in rows[:4]:
+        row["text"] = f"bust {row['text']}"
+    meta = bench.run("flaky", rows)
+    TierRegistry(bench.client).set(meta.dataset_id, meta.split, Tier.NON_VIEWABLE, who="t")
+    infer_batch(bench.res, [task(meta, list(range(5)))])
+    score_batch(bench.res, [task(meta, list(range(5)))])
+    settings = Settings(redis_url=server.url)
+    reader, admin = Client(settings), Client(settings, admin=True)
+    try:
+        completed = RunStore(bench.client).get(meta.run_id)
+        assert completed.status is RunStatus.COMPLETED
+        seen_going = completed.model_copy(update={"status": RunStatus.RUNNING})
+        assert reader._view(seen_going, []).aggregate is None
+        assert reader.status(meta.run_id).errors == {"score": 4}
+        assert admin.status(meta.run_id).errors == {"score/ValueError": 4}
+    finally:
+        reader.close()
+        admin.close()
+
+
 def test_a_forged_message_for_a_run_of_an_unknown_eval_harms_no_batch_mate(bench: Bench) -> None:
     """A message naming a served eval for a run whose own eval this worker does not have is
     dropped; the batch goes on for the other runs and asks for no requeue (no loop)."""
