@@ -458,7 +458,11 @@ class Client:
     def apply_policy(self, policy: PolicyFile) -> list[str]:
         """Apply a policy file's tiers, budgets and release rules (checked whole first); return
         warnings."""
-        return apply_policy(policy, self._tiers, self._ledger, self._releases, who=self.principal)
+        registered = {d.name: list(d.splits) for d in self._registry.all()}
+        return apply_policy(
+            policy, self._tiers, self._ledger, self._releases,
+            registered=registered, who=self.principal,
+        )  # fmt: skip
 
     def owner(self, run_id: str) -> str:
         """Who submitted the run."""

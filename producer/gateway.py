@@ -41,7 +41,15 @@ from shared.errors import (
 from shared.evaluation import load_plugins
 from shared.ledger import Budget
 from shared.models import Progress, RunMeta, SampleResult
-from shared.policy import Caller, Role, Tier, admit_admin_flag, admit_owner, require_admin
+from shared.policy import (
+    Caller,
+    Role,
+    Tier,
+    admit_admin_flag,
+    admit_owner,
+    require_admin,
+    sees_sources,
+)
 from shared.registry import RegisteredDataset
 from shared.settings import Settings
 from shared.tokens import TokenRecord, TokenStore
@@ -260,8 +268,9 @@ def create_gateway(settings: Settings) -> FastAPI:  # noqa: PLR0915 - one closur
 
     @api.get("/v1/datasets", response_model=list[RegisteredDataset], tags=["datasets"])
     def datasets(who: Who) -> list[RegisteredDataset]:
-        """Every registered dataset and its pinned splits."""
-        return client(who).datasets()
+        """Every registered dataset and its pinned splits (a user: names and splits only)."""
+        found = client(who).datasets()
+        return found if sees_sources(who) else [record.outline() for record in found]
 
     @api.post("/v1/datasets", response_model=RegisteredDataset, tags=["datasets"])
     def add_dataset(body: DatasetAdd, who: Who) -> RegisteredDataset:

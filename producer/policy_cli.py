@@ -60,7 +60,7 @@ def datasets_list(as_json: JsonFlag = False) -> None:
     for dataset in found:
         for split in dataset.splits:
             tier = tiers.get(dataset.name, {}).get(split, Tier.NO_ACCESS)
-            table.add_row(dataset.name, split, tier, dataset.data)
+            table.add_row(dataset.name, split, tier, dataset.data or "(admins only)")
     out.print(table)
 
 

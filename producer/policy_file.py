@@ -26,6 +26,7 @@ rule (see :class:`shared.release.Release`) applies to ``non_viewable`` splits; o
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,6 +83,8 @@ def load_policy(path: Path) -> PolicyFile:
         raise PolicyError(f"cannot read {path}: {exc.strerror}") from exc
     except yaml.YAMLError as exc:
         raise PolicyError(f"{path} is not valid YAML or JSON: {_yaml_problem(exc)}") from exc
+    except ValueError as exc:  # e.g. an integer past Python's 4,300-digit conversion limit
+        raise PolicyError(f"{path}: {first_line(exc)}") from None
     try:
         return PolicyFile.model_validate(raw)
     except ValidationError as exc:
@@ -108,7 +111,9 @@ class _Change:
     release: Release | None
 
 
-def _reconcile(policy: PolicyFile, tiers: TierRegistry) -> tuple[list[_Change], list[str]]:
+def _reconcile(
+    policy: PolicyFile, tiers: TierRegistry, registered: Mapping[str, Collection[str]]
+) -> tuple[list[_Change], list[str]]:
     changes: list[_Change] = []
     warnings: list[str] = []
     for dataset, splits in policy.datasets.items():
@@ -124,20 +129,37 @@ def _reconcile(policy: PolicyFile, tiers: TierRegistry) -> tuple[list[_Change], 
                 tier = made or tier
                 if warning:
                     warnings.append(warning)
-            viewable = (tier or tiers.lookup(dataset, split)) is Tier.VIEWABLE
-            if entry.release is not None and viewable:
-                warnings.append(f"{dataset}/{split}: a release rule on a viewable split (exact)")
+            if split not in registered.get(dataset, ()):
+                warnings.append(f"{dataset}/{split}: not a registered split (nothing runs on it)")
+            if entry.release is not None:
+                now = tier or tiers.lookup(dataset, split)
+                warnings += _release_warnings(f"{dataset}/{split}", now)
             changes.append(
                 _Change(dataset, split, tier, entry.budget, entry.principals or {}, entry.release)
             )
     return changes, warnings
 
 
+def _release_warnings(where: str, tier: Tier | None) -> list[str]:
+    if tier is Tier.VIEWABLE:
+        return [f"{where}: a release rule on a viewable split (released exactly while viewable)"]
+    if tier in (None, Tier.NO_ACCESS):
+        return [f"{where}: a release rule on a no_access split (nothing is released)"]
+    return []
+
+
 def apply_policy(
-    policy: PolicyFile, tiers: TierRegistry, ledger: Ledger, releases: ReleaseStore, *, who: str
+    policy: PolicyFile,
+    tiers: TierRegistry,
+    ledger: Ledger,
+    releases: ReleaseStore,
+    *,
+    registered: Mapping[str, Collection[str]],
+    who: str,
 ) -> list[str]:
-    """Check the whole file first, then apply it; return its warnings."""
-    changes, warnings = _reconcile(policy, tiers)
+    """Check the whole file first, then apply it; return its warnings (``registered``: each
+    registered dataset's splits)."""
+    changes, warnings = _reconcile(policy, tiers, registered)
     for change in changes:
         if change.tier is not None:
             tiers.set(change.dataset, change.split, change.tier, who=who)

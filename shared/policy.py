@@ -42,6 +42,7 @@ __all__ = [
     "release_rule",
     "require_admin",
     "run_tier",
+    "sees_sources",
     "server_draws",
     "stored_tier",
 ]
@@ -230,6 +231,12 @@ def admit_admin_flag(caller: Caller, admin: bool) -> bool:
     if admin:
         require_admin(caller, "--admin")
     return admin
+
+
+def sees_sources(caller: Caller) -> bool:
+    """Registered datasets' sources (paths, Hub ids, file digests) are an admin's to read; a
+    user sees names, splits and tiers."""
+    return caller.role is Role.ADMIN
 
 
 def admit_owner(caller: Caller, run_id: str, owner: str) -> None:

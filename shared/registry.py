@@ -11,12 +11,19 @@ second name can give a held-out split's rows another tier.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 
 import redis
 from pydantic import BaseModel, ConfigDict
 
 from shared.data import local_root, local_splits
-from shared.errors import DataError, SourceUnreachableError, SplitNotFoundError, first_line
+from shared.errors import (
+    DataError,
+    EvalqError,
+    SourceUnreachableError,
+    SplitNotFoundError,
+    first_line,
+)
 from shared.keys import AUDIT, DATASET_FILES, DATASETS
 from shared.lua import register
 from shared.names import check_name
@@ -33,9 +40,9 @@ class RegisteredDataset(BaseModel):
     name: str
     """Its registered name."""
     data: str
-    """The source as it was given (a path or a Hub id)."""
-    splits: dict[str, Source]
-    """Each split's pinned source."""
+    """The source as it was given (a path or a Hub id); empty in an outline."""
+    splits: Mapping[str, Source | None]
+    """Each split's pinned source (None in an outline)."""
     who: str
     """Who registered it."""
     added: float
@@ -44,13 +51,21 @@ class RegisteredDataset(BaseModel):
     def source(self, split: str) -> LocalSource | HubSource:
         """The pinned source of ``split``; :class:`SplitNotFoundError` (exit 2) naming the
         dataset's splits when it has no such split."""
-        try:
-            return self.splits[split]
-        except KeyError:
+        if split not in self.splits:
             have = ", ".join(sorted(self.splits))
             raise SplitNotFoundError(
                 f"dataset '{self.name}' has no split '{split}' (splits: {have})"
-            ) from None
+            )
+        source = self.splits[split]
+        if source is None:
+            raise EvalqError(f"dataset '{self.name}': this record is an outline, without sources")
+        return source
+
+    def outline(self) -> RegisteredDataset:
+        """The record without its sources (paths, Hub ids, file digests): what a caller who
+        is not an admin sees (a digest of a small labelled file can be matched offline
+        against every labelling of inputs the caller knows)."""
+        return self.model_copy(update={"data": "", "splits": dict.fromkeys(self.splits)})
 
 
 def _hub_splits(repo: str, revision: str | None, config: str | None) -> dict[str, Source]:

@@ -11,10 +11,18 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any
 
 import redis
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    StrictBool,
+    ValidationError,
+    model_validator,
+)
 
 from shared.audit import record
 from shared.keys import AUDIT, release_best_key, release_config_key, release_run_key
@@ -23,7 +31,10 @@ from shared.models import RunMeta
 from shared.names import check_name
 from shared.policy import Best, Decision, Mechanism, ReleaseRule
 
-__all__ = ["Release", "ReleaseStore", "Released"]
+__all__ = ["MIN_ETA", "Release", "ReleaseStore", "Released"]
+
+MIN_ETA = 1e-6
+"""The finest grid a policy may set (finer is no protection, and far finer overflows)."""
 
 
 class Release(BaseModel):
@@ -33,9 +44,9 @@ class Release(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     mechanism: Mechanism
-    eta: float | None = Field(default=None, gt=0, le=1)
+    eta: Annotated[float, Strict(), Field(ge=MIN_ETA, le=1)] | None = None
     """Grid and Ladder step; absent = :func:`shared.policy.default_eta` of the run's samples."""
-    paired: bool = False
+    paired: StrictBool = False
     """Ladder only: the parameter-free variant (better = a paired test on the same samples)."""
 
     @model_validator(mode="before")

@@ -237,6 +237,9 @@ def test_no_alias_of_a_held_out_file_yields_its_rows(door: Door, tmp_path: Path)
     assert "hold files of the same content" in result.stderr
     listed = json.loads(door.cli(door.alice, "datasets", "list", "--json").stdout)
     assert [d["name"] for d in listed] == ["ds"]
+    # a user sees names and splits, not sources: a small file's digest is a label oracle
+    assert (listed[0]["data"], set(listed[0]["splits"].values())) == ("", {None})
+    assert "sha256" in door.cli(door.admin_token, "datasets", "list", "--json").stdout
 
 
 def test_the_worker_credential_cannot_touch_policy_and_the_monitor_sees_no_sample(

@@ -96,8 +96,9 @@ def test_callers_on_one_split_are_metered_apart(redis_only: RedisServer, tmp_pat
     )
     ledger = Ledger(client)
     warnings = apply_policy(
-        load_policy(policy), TierRegistry(client), ledger, ReleaseStore(client), who="op"
-    )
+        load_policy(policy), TierRegistry(client), ledger, ReleaseStore(client),
+        registered={"ds": ["validation"]}, who="op",
+    )  # fmt: skip
     assert warnings == ["ds/validation: budgeted but unlisted, made non_viewable"]
     ledger.reserve("ds", "validation", samples=10, run_id="r1", who="agent-a")
     with pytest.raises(BudgetExhaustedError, match="ds/validation for agent-a has no runs left"):

@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from producer.policy_file import load_policy
+from producer.policy_file import apply_policy, load_policy
 from producer.redis_server import RedisServer
 from shared.connection import connect
+from shared.errors import PolicyError
+from shared.ledger import Ledger
 from shared.models import RunMeta
 from shared.policy import (
     Access,
@@ -27,6 +29,7 @@ from shared.policy import (
     release_rule,
 )
 from shared.release import Release, Released, ReleaseStore
+from shared.tiers import TierRegistry
 
 LADDER = ReleaseRule(Mechanism.LADDER)
 PAIRED = ReleaseRule(Mechanism.LADDER, paired=True)
@@ -156,7 +159,9 @@ def test_release_rules_in_a_policy_file(tmp_path: Path) -> None:
     "raw",
     ["ladders", {"mechanism": "exact", "eta": 0.1}, {"mechanism": "rounded", "paired": True},
      {"mechanism": "ladder", "paired": True, "eta": 0.1}, {"mechanism": "ladder", "eta": 0},
-     {"mechanism": "ladder", "eta": 2}, {"mechanism": "ladder", "step": 0.1}],
+     {"mechanism": "ladder", "eta": 2}, {"mechanism": "ladder", "step": 0.1},
+     {"mechanism": "ladder", "eta": 5e-324}, {"mechanism": "rounded", "eta": 1e-7},
+     {"mechanism": "ladder", "eta": True}, {"mechanism": "ladder", "paired": "yes"}],
 )  # fmt: skip
 def test_a_malformed_release_rule_is_refused(raw: object) -> None:
     with pytest.raises(ValidationError):
@@ -187,3 +192,36 @@ def test_a_release_is_fixed_once_and_a_moved_ladder_refuses_a_stale_commit(
     assert store.commit(_meta("r2"), released, stale, {}, {"accuracy": 0.3}) is None
     assert store.released("r2") is None
     assert store.best(meta) == {"accuracy": Best(0.5, "r1")}
+
+
+def test_a_policy_file_past_pythons_integer_limit_is_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text("datasets: {d: {s: {budget: {runs: " + "9" * 5000 + "}}}}\n")
+    with pytest.raises(PolicyError, match=r"p\.yaml: Exceeds the limit") as caught:
+        load_policy(path)
+    assert "\n" not in str(caught.value)
+
+
+def test_rules_for_splits_that_cannot_use_them_are_warned_about(
+    redis_only: RedisServer, tmp_path: Path
+) -> None:
+    client = connect(redis_only.url)
+    TierRegistry(client).set("d", "open", Tier.VIEWABLE, who="op")
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        "datasets:\n  d:\n    open: {release: rounded}\n    shut: {release: rounded}\n"
+        "    held: {tier: non_viewable, release: rounded}\n"
+    )
+    warnings = apply_policy(
+        load_policy(path), TierRegistry(client), Ledger(client), ReleaseStore(client),
+        registered={"d": ["open", "shut", "held"]}, who="op",
+    )  # fmt: skip
+    assert warnings == [
+        "d/open: a release rule on a viewable split (released exactly while viewable)",
+        "d/shut: a release rule on a no_access split (nothing is released)",
+    ]
+    warnings = apply_policy(
+        load_policy(path), TierRegistry(client), Ledger(client), ReleaseStore(client),
+        registered={"d": ["open"]}, who="op",
+    )  # fmt: skip
+    assert "d/held: not a registered split (nothing runs on it)" in warnings
