@@ -38,12 +38,12 @@ def _reply(channel: IO[str], message: dict[str, Any]) -> None:
 
 
 def _load(hello: dict[str, Any]) -> tuple[Evaluation, Any]:
+    if hello.get("threads") and hello["device"] == "cpu":
+        # read by torch (and BLAS) when it is first imported: no import here for a model
+        # that does not use torch
+        os.environ["OMP_NUM_THREADS"] = str(int(hello["threads"]))
     load_plugins(hello["plugins"])
     evaluation = create(hello["eval"], hello["params"])
-    if hello.get("threads") and hello["device"] == "cpu":
-        import torch
-
-        torch.set_num_threads(int(hello["threads"]))
     return evaluation, evaluation.load(hello["device"])
 
 
