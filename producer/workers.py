@@ -65,7 +65,11 @@ class LocalWorkers:
                         start_new_session=True,
                     )
                 )
-        self.wait_ready(app, timeout)
+        try:
+            self.wait_ready(app, timeout)
+        except BaseException:
+            self.stop()  # none is left running when start-up fails, however it fails
+            raise
         return self
 
     def _log(self, index: int) -> IO[bytes]:
