@@ -262,7 +262,9 @@ def serve(
     import uvicorn
 
     from producer.gateway import create_gateway
+    from shared.privilege import undumpable
 
+    undumpable()  # its Redis credential is the strongest there is: not readable through /proc
     gateway = create_gateway(get_settings())
     err.print(f"evalq gateway on http://{host}:{port} (OpenAPI schema at /openapi.json)")
     uvicorn.run(gateway, host=host, port=port, log_level="info", access_log=True)

@@ -3,20 +3,26 @@
 - :func:`undumpable`: a worker process marks itself not dumpable, so that no other process of
   its user without ``CAP_SYS_PTRACE`` can read its ``/proc/<pid>/environ`` (the Redis URL and
   password) or ``/proc/<pid>/mem`` (rows with labels, the shard cache).
-- :func:`drop_capabilities`: an isolated model's subprocess gives up every capability before
-  it loads the caller-facing code, so that even a worker running as root leaves it no
-  ``CAP_SYS_PTRACE`` to read its parent's memory with.
+- :func:`drop_capabilities`: an isolated model's subprocess gives up every capability for
+  good before it loads the caller-facing code: the bounding set (when it may change it), then
+  ``no_new_privs``, then its own sets. Even under a worker running as root it has no
+  ``CAP_SYS_PTRACE`` to read its parent's memory with, and neither has any program it executes
+  (uid 0 otherwise regains every capability at ``execve``).
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import sys
+from pathlib import Path
 
 __all__ = ["drop_capabilities", "undumpable"]
 
 _PR_SET_DUMPABLE = 4
+_PR_CAPBSET_DROP = 24
+_PR_SET_NO_NEW_PRIVS = 38
 _CAPABILITY_VERSION_3 = 0x20080522
 
 
@@ -49,11 +55,20 @@ def undumpable() -> bool:
 
 
 def drop_capabilities() -> bool:
-    """Clear this process's effective, permitted and inheritable capabilities for good;
-    False where that is not possible (not Linux)."""
+    """Give up every capability for good, this process's and its future programs'; False
+    where that is not possible (not Linux)."""
     libc = _libc()
     if libc is None:
         return False
+    last = int(Path("/proc/sys/kernel/cap_last_cap").read_text())
+    for capability in range(last + 1):
+        if libc.prctl(_PR_CAPBSET_DROP, capability, 0, 0, 0) != 0:
+            code = ctypes.get_errno()
+            if code != errno.EPERM:  # EPERM: no CAP_SETPCAP, so nothing to drop from it either
+                raise OSError(code, "prctl(PR_CAPBSET_DROP) failed")
+            break
+    if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
     header = _CapHeader(_CAPABILITY_VERSION_3, 0)
     data = (_CapData * 2)()
     if libc.capset(ctypes.byref(header), data) != 0:

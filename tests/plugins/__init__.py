@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -261,13 +262,10 @@ class IsolatedSnoop(Snoop):
     isolated = True
 
 
-def _ancestors_read() -> list[str]:
-    """Which of the parent's and grandparent's ``/proc`` environment and memory files this
-    process could open (the worker's hold its Redis password)."""
+def _opened(pids: list[str]) -> list[str]:
+    """Which ``/proc/<pid>/environ`` and ``/proc/<pid>/mem`` of ``pids`` this process opens."""
     opened = []
-    parent = os.getppid()
-    grandparent = int(Path(f"/proc/{parent}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    for pid in (parent, grandparent):
+    for pid in pids:
         for name in ("environ", "mem"):
             try:
                 with open(f"/proc/{pid}/{name}", "rb") as file:
@@ -276,6 +274,21 @@ def _ancestors_read() -> list[str]:
             except OSError:
                 pass
     return opened
+
+
+def _ancestors_read() -> list[str]:
+    """Which of the parent's and grandparent's ``/proc`` environment and memory files this
+    process opens (the worker's hold its Redis password), and which a program it executes
+    opens (``exec:`` ...: a process of uid 0 regains its capabilities at ``execve`` unless
+    prevented)."""
+    parent = os.getppid()
+    grandparent = int(Path(f"/proc/{parent}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    pids = [str(parent), str(grandparent)]
+    script = "import sys, tests.plugins as p; print(','.join(p._opened(sys.argv[1:])))"
+    child = subprocess.run(
+        [sys.executable, "-c", script, *pids], capture_output=True, text=True, check=False
+    )
+    return _opened(pids) + [f"exec:{item}" for item in child.stdout.strip().split(",") if item]
 
 
 @register("probe")
