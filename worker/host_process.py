@@ -20,7 +20,15 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["HostProcess"]
+__all__ = ["HostProcess", "ended"]
+
+
+def ended(what: str, code: int | None) -> str:
+    """How a subprocess ended, from its return code: ``WHAT died (SIGKILL)`` or ``WHAT exited
+    (code 3)``."""
+    if code is not None and code < 0:
+        return f"{what} died ({signal.Signals(-code).name})"
+    return f"{what} exited (code {code})"
 
 
 class HostProcess:

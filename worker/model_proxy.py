@@ -12,25 +12,19 @@ model is evicted or the worker stops.
 from __future__ import annotations
 
 import os
-import signal
 import sys
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from shared.errors import ModelHostError, PermanentError
 from shared.evaluation import Evaluation
-from worker.host_process import HostProcess
+from worker.host_process import HostProcess, ended
 
 __all__ = ["ModelProxy"]
 
 HOST = Path(__file__).with_name("model_host.py")
-
-
-def _death(code: int | None) -> str:
-    if code is not None and code < 0:
-        return f"the model host died ({signal.Signals(-code).name})"
-    return f"the model host exited (code {code})"
 
 
 def host_env() -> dict[str, str]:
@@ -62,7 +56,7 @@ class ModelProxy:
             [sys.executable, "-P", str(HOST)],
             name=f"the model host of {evaluation.name}",
             error=ModelHostError,
-            death=_death,
+            death=partial(ended, "the model host"),
             start_timeout=timeout,
             hello=hello,
             env=host_env(),

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from shared.errors import ScriptError
 from shared.scorer import ScriptCall, ScriptScorer
-from worker.host_process import HostProcess
+from worker.host_process import HostProcess, ended
 
 __all__ = ["ScriptPool"]
 
@@ -27,12 +27,9 @@ START_TIMEOUT = 120.0
 
 
 def _death(code: int | None, scorer: ScriptScorer) -> str:
-    if code is not None and code < 0:
-        signum = -code
-        if signum == signal.SIGXCPU:
-            return f"the scorer went over its CPU limit ({scorer.cpu_seconds}s) and was stopped"
-        return f"the scorer process died ({signal.Signals(signum).name})"
-    return f"the scorer process exited (code {code})"
+    if code == -signal.SIGXCPU:
+        return f"the scorer went over its CPU limit ({scorer.cpu_seconds}s) and was stopped"
+    return ended("the scorer process", code)
 
 
 class _Slot:
