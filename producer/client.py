@@ -276,12 +276,8 @@ class Client:
                 rule, aggregate, samples, meta.run_id, best=best, margins=margins,
                 lower_is_better=lower_is_better(meta.eval),
             )  # fmt: skip
-            released = Released(
-                rule=rule.describe(samples),
-                aggregate={m: d.released for m, d in decisions.items()},
-                why={m: d.why for m, d in decisions.items()},
-            )
-            committed = self._releases.commit(meta, released, decisions, best, aggregate)
+            described = rule.describe(samples)
+            committed = self._releases.commit(meta, described, decisions, best, aggregate)
             if committed is not None:
                 return committed
         raise EvalqError(f"run {meta.run_id}: its release kept racing other reads; try again")

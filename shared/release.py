@@ -135,14 +135,19 @@ class ReleaseStore:
     def commit(
         self,
         meta: RunMeta,
-        released: Released,
+        rule: str,
         decisions: Mapping[str, Decision],
         read: Mapping[str, Best],
         exact: Mapping[str, float],
     ) -> Released | None:
-        """Fix the run's release and move the Ladder where a decision says so, unless a best
-        changed since ``read`` (then None: read again); the release that holds is returned
-        (an earlier reader's, if there was one)."""
+        """Fix the run's release (by ``rule``, as described) and move the Ladder where a
+        decision says so, unless a best changed since ``read`` (then None: read again); the
+        release that holds is returned (an earlier reader's, if there was one)."""
+        released = Released(
+            rule=rule,
+            aggregate={m: d.released for m, d in decisions.items()},
+            why={m: d.why for m, d in decisions.items()},
+        )
         triples: list[str] = []
         for metric, decision in decisions.items():
             triples += [metric, _encoded(read.get(metric)), _encoded(decision.best)]

@@ -181,15 +181,15 @@ def test_a_release_is_fixed_once_and_a_moved_ladder_refuses_a_stale_commit(
     store = ReleaseStore(connect(redis_only.url))
     meta = _meta("r1")
     decisions = release(LADDER, {"accuracy": 0.5}, 200, "r1", best={}, margins={})
-    released = Released(rule="ladder", aggregate={"accuracy": 0.5}, why={"accuracy": "first"})
-    assert store.commit(meta, released, decisions, {}, {"accuracy": 0.5}) == released
+    released = Released(rule="ladder", aggregate={"accuracy": 0.5}, why={"accuracy": "first run"})
+    assert store.commit(meta, "ladder", decisions, {}, {"accuracy": 0.5}) == released
     assert store.best(meta) == {"accuracy": Best(0.5, "r1")}
     # the same run read again keeps its release, whatever a later computation says
-    other = released.model_copy(update={"aggregate": {"accuracy": 0.9}})
-    assert store.commit(meta, other, decisions, {}, {"accuracy": 0.9}) == released
+    other = release(LADDER, {"accuracy": 0.9}, 200, "r1", best={}, margins={})
+    assert store.commit(meta, "ladder", other, {}, {"accuracy": 0.9}) == released
     # a second run computed against the empty Ladder it read before r1 moved it: refused
     stale = release(LADDER, {"accuracy": 0.3}, 200, "r2", best={}, margins={})
-    assert store.commit(_meta("r2"), released, stale, {}, {"accuracy": 0.3}) is None
+    assert store.commit(_meta("r2"), "ladder", stale, {}, {"accuracy": 0.3}) is None
     assert store.released("r2") is None
     assert store.best(meta) == {"accuracy": Best(0.5, "r1")}
 
