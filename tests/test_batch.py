@@ -293,11 +293,8 @@ def test_a_non_viewable_run_under_the_floor_shows_no_aggregate(
         admin.close()
 
 
-def test_the_floor_counts_the_samples_an_aggregate_is_made_of(
-    bench: Bench, server: RedisServer
-) -> None:
-    """Five samples submitted, four of which fail to score: the aggregate is one sample's
-    score, and a non-admin does not see it."""
+def _one_of_five_scored(bench: Bench) -> RunMeta:
+    """A completed run of five samples of a non_viewable split, four of which fail to score."""
     rows = labelled_rows(5)
     for row in rows[:4]:
         row["text"] = f"bust {row['text']}"
@@ -305,6 +302,15 @@ def test_the_floor_counts_the_samples_an_aggregate_is_made_of(
     TierRegistry(bench.client).set(meta.dataset_id, meta.split, Tier.NON_VIEWABLE, who="t")
     infer_batch(bench.res, [task(meta, list(range(5)))])
     score_batch(bench.res, [task(meta, list(range(5)))])
+    return meta
+
+
+def test_the_floor_counts_the_samples_an_aggregate_is_made_of(
+    bench: Bench, server: RedisServer
+) -> None:
+    """Five samples submitted, four of which fail to score: the aggregate is one sample's
+    score, and a non-admin does not see it."""
+    meta = _one_of_five_scored(bench)
     reader = Client(Settings(redis_url=server.url))
     try:
         assert bench.status(meta) is RunStatus.COMPLETED
@@ -322,13 +328,7 @@ def test_a_run_read_as_going_shows_no_aggregate_and_error_kinds_need_full_access
     """The race the attack review won: a status read that saw the run going, while it
     completed with one scored sample, showed that sample's score (the floor counted the five
     submitted). And a non-admin sees errors by stage only: a class name is the raiser's choice."""
-    rows = labelled_rows(5)
-    for row in rows[:4]:
-        row["text"] = f"bust {row['text']}"
-    meta = bench.run("flaky", rows)
-    TierRegistry(bench.client).set(meta.dataset_id, meta.split, Tier.NON_VIEWABLE, who="t")
-    infer_batch(bench.res, [task(meta, list(range(5)))])
-    score_batch(bench.res, [task(meta, list(range(5)))])
+    meta = _one_of_five_scored(bench)
     settings = Settings(redis_url=server.url)
     reader, admin = Client(settings), Client(settings, admin=True)
     try:
