@@ -31,6 +31,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from bench.result import save
 from producer.demo_data import write_demo_dataset
 from shared.evaluation import Evaluation, create, load_plugins, scrub
 from worker.model_proxy import ModelProxy
@@ -129,9 +130,7 @@ def main() -> None:
         "overhead_ms_per_batch": overhead_ms,
         "mismatches": mismatches,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    console.print(f"wrote {args.out}")
+    save(args.out, result, console)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ batches (median of 3), side by side in one run.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import tempfile
@@ -24,6 +23,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from bench.result import save
 from producer.demo_data import write_demo_dataset
 from shared.data import Sharding, build_spec, shard_order
 from shared.routing import RoutingKind
@@ -120,9 +120,7 @@ def main() -> None:
             f"{base.encode_seconds / row.encode_seconds:.2f}",
         )
     console.print(table)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps([asdict(r) for r in rows], indent=2) + "\n")
-    console.print(f"wrote {args.out}")
+    save(args.out, [asdict(r) for r in rows], console)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from bench.result import save
 from bench.throughput import measure
 from shared.evals.arithmetic import arithmetic_rows
 from shared.evaluation import load_plugins
@@ -63,13 +64,11 @@ def main() -> None:
         speedup = "" if row is base else f"{row.rate / one:.2f}"
         table.add_row(row.config, str(row.samples), f"{row.rate:,.0f}", f"{row.ratio:.2f}", speedup)
     console.print(table)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     result = {
         "cores": os.cpu_count(),
         "rows": [{**asdict(r), "samples_per_s": r.rate} for r in rows],
     }
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    console.print(f"wrote {args.out}")
+    save(args.out, result, console)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ Prints samples/s and the ratio, checks both gave the same answers, and writes JS
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -24,6 +23,7 @@ from rich.console import Console
 from rich.progress import track
 from rich.table import Table
 
+from bench.result import save
 from shared.evals.arithmetic import Arithmetic, arithmetic_rows
 from shared.scorer import ScriptCall, ScriptScorer, run_cold
 from worker.script_pool import ScriptPool
@@ -90,9 +90,7 @@ def main() -> None:
         "ratio": cold_s / warm_s,
         "mismatches": mismatches,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    console.print(f"wrote {args.out}")
+    save(args.out, result, console)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ table and writes JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -35,6 +34,7 @@ from celery import Celery
 from rich.console import Console
 from rich.table import Table
 
+from bench.result import save
 from producer.demo_data import write_demo_dataset
 from producer.redis_server import RedisServer
 from producer.submit import SubmitRequest, submit
@@ -314,20 +314,15 @@ def main(argv: list[str] | None = None) -> None:
         )
     Console().print(table)
     Console().print(f"submit {args.submit_samples:,} samples: {submit_seconds:.2f} s")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps(
-            {
-                "machine": {"cores": os.cpu_count(), "device": device, "python": sys.version},
-                "batch": args.batch,
-                "repeat": args.repeat,
-                "message_samples": MESSAGE_SAMPLES,
-                "rows": [{**asdict(r), "samples_per_s": r.rate} for r in rows],
-                "submit": {"samples": args.submit_samples, "seconds": submit_seconds},
-            },
-            indent=2,
-        )
-    )
+    result = {
+        "machine": {"cores": os.cpu_count(), "device": device, "python": sys.version},
+        "batch": args.batch,
+        "repeat": args.repeat,
+        "message_samples": MESSAGE_SAMPLES,
+        "rows": [{**asdict(r), "samples_per_s": r.rate} for r in rows],
+        "submit": {"samples": args.submit_samples, "seconds": submit_seconds},
+    }
+    save(args.out, result, Console())
 
 
 if __name__ == "__main__":
