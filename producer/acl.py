@@ -3,10 +3,12 @@ gateway's can change what the policy rests on.
 
 - ``gateway``: every evalq key and the broker (it is the operator's credential too: direct-mode
   commands such as ``evalq tokens create`` bootstrap with it).
-- ``worker``: the broker's queues, run records and results, heartbeats and the janitor's lease,
-  spec reads (and the shard digests it records); no tier, budget, token, registry or audit key.
+- ``worker``: the broker's queues, run records, results and backlogs, the fair dispatcher's
+  state, heartbeats and the janitor's lease, spec reads (and the shard digests it records); no
+  tier, budget, token, registry, priority or audit key.
 - ``monitor``: what Flower and ``evalq metrics`` read (queues, run records and counters,
-  budgets, heartbeats) and the broker's control replies; never a per-sample result hash.
+  budgets, heartbeats, the dispatcher's state) and the broker's control replies; never a
+  per-sample result hash.
 
 Every user is denied the ``@dangerous`` commands (``FLUSHALL``, ``CONFIG``, ``KEYS``, ...), the
 worker and the monitor also ``FUNCTION`` and ``SCRIPT FLUSH``/``KILL``; the monitor only reads
@@ -59,6 +61,7 @@ ROLES: dict[str, tuple[str, ...]] = {
         "~evalq:workers:*",
         "~evalq:janitor",
         "~evalq:active",
+        "~evalq:fair:*",
         "%R~evalq:spec:*",
         "~evalq:spec:*:shards",
         "&*",
@@ -73,6 +76,8 @@ ROLES: dict[str, tuple[str, ...]] = {
         "%R~evalq:{*}:progress",
         "%R~evalq:budget:*",
         "%R~evalq:workers:*",
+        "%R~evalq:active",
+        "%R~evalq:fair:*",
         "&*",
         "+@all",
         *_LOCKED,

@@ -20,7 +20,7 @@ from producer.client import RunView
 from producer.export import ExportFormat
 from shared.cli import AdminFlag, JsonFlag, err, out, print_json
 from shared.errors import InputError
-from shared.models import Progress
+from shared.models import Priority, Progress
 from shared.routing import RoutingKind
 from shared.settings import get_settings
 from shared.spec import MAX_SPEC_SHARDS
@@ -98,6 +98,10 @@ def submit_command(  # noqa: PLR0913, PLR0917 - a typer command: its options are
     router_seed: Annotated[
         int, typer.Option(min=0, help="Seed of the kmeans featurizer and initialisation.")
     ] = 0,
+    priority: Annotated[
+        Priority | None,
+        typer.Option(help="Share of the workers against your other runs (default: the policy's)."),
+    ] = None,
     follow_run: Annotated[bool, typer.Option("--follow", help="Show progress until done.")] = False,
     admin: AdminFlag = False,
     as_json: JsonFlag = False,
@@ -123,6 +127,7 @@ def submit_command(  # noqa: PLR0913, PLR0917 - a typer command: its options are
             sample_size=router_sample,
             seed=router_seed,
         ),
+        priority=priority,
     )
     client = _client(admin)
     meta = client.submit(request)
@@ -182,8 +187,16 @@ def status(
         ("data", f"{meta.dataset_id} / {meta.split} ({view.tier})"),
         ("status", f"{meta.status}, stalled: {view.stalled}" if view.stalled else meta.status),
         ("samples", meta.n),
+        ("priority", meta.priority),
     ):
         table.add_row(key, str(value))
+    if view.waiting is not None:
+        waiting = view.waiting
+        table.add_row(
+            "waiting",
+            f"{waiting.waiting} samples not dispatched yet, {waiting.share:.0%} of the workers: "
+            f"{waiting.why}",
+        )
     if meta.reason:
         table.add_row("reason", meta.reason)
     progress = view.progress.model_dump()

@@ -25,7 +25,8 @@ from pydantic import BaseModel, computed_field
 from producer.policy_file import PolicyFile, apply_policy
 from producer.submit import SubmitRequest, submit
 from shared.audit import audit_admin, recent
-from shared.celery_app import INFER_QUEUE, INFER_TASK, SCORE_QUEUE, SCORE_TASK, create_app
+from shared.backlog import Backlog, Standing
+from shared.celery_app import INFER_QUEUE, SCORE_QUEUE, SCORE_TASK, create_app
 from shared.connection import connect
 from shared.dispatch import enqueue
 from shared.errors import EvalqError, RunNotCompletedError
@@ -88,6 +89,8 @@ class RunView(BaseModel):
     stalled: str | None = None
     """Why nothing moves the run, while it is going and nothing does (no live worker serves
     it, or no progress for ``EVALQ_STALL_AFTER`` seconds); None otherwise."""
+    waiting: Standing | None = None
+    """Where the run stands in the fair dispatcher while samples of it wait in its backlog."""
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -180,6 +183,7 @@ class Client:
         self._registry = DatasetRegistry(self._redis)
         self._tokens = TokenStore(self._redis)
         self._releases = ReleaseStore(self._redis)
+        self._backlog = Backlog(self._redis)
 
     @property
     def app(self) -> Celery:
@@ -259,6 +263,7 @@ class Client:
             release=released,
             errors=errors,
             stalled=self._stalled(meta, progress, workers),
+            waiting=self._backlog.standing(meta.run_id) if meta.status.active else None,
         )
 
     def _release(
@@ -380,9 +385,10 @@ class Client:
     def resume(self, run_id: str) -> Resumption:
         """Re-enqueue every sample without a terminal result; charges nothing.
 
-        Samples with an output go back to scoring, the rest to inference with a fresh attempt
-        count. Duplicates of messages still queued are harmless (every write is once-only).
-        If every sample is settled but the run never finished, its aggregate is computed here.
+        Samples with an output go back to scoring, the rest to the run's backlog for inference
+        with a fresh attempt count. Duplicates of messages still queued are harmless (every
+        write is once-only). If every sample is settled but the run never finished, its
+        aggregate is computed here.
         """
         meta = self._runs.get(run_id)
         if meta.status is RunStatus.CANCELLED:
@@ -401,7 +407,7 @@ class Client:
         to_score = [i for i in missing if i in inferred]
         to_infer = [i for i in missing if i not in inferred]
         self._results.reset_attempts(run_id, to_infer)
-        enqueue(self.app, INFER_TASK, meta, to_infer)
+        self._backlog.enqueue(self.app, meta, to_infer)
         enqueue(self.app, SCORE_TASK, meta, to_score)
         return Resumption(run_id, len(to_infer), len(to_score), False)
 
@@ -452,13 +458,10 @@ class Client:
         return self._ledger.all()
 
     def apply_policy(self, policy: PolicyFile) -> list[str]:
-        """Apply a policy file's tiers, budgets and release rules (checked whole first); return
-        warnings."""
+        """Apply a policy file's tiers, budgets, release rules and priorities (checked whole
+        first); return warnings."""
         registered = {d.name: list(d.splits) for d in self._registry.all()}
-        return apply_policy(
-            policy, self._tiers, self._ledger, self._releases,
-            registered=registered, who=self.principal,
-        )  # fmt: skip
+        return apply_policy(policy, self._redis, registered=registered, who=self.principal)
 
     def owner(self, run_id: str) -> str:
         """Who submitted the run."""

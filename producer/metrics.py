@@ -8,6 +8,9 @@ A prometheus-client collector reads Redis at each scrape (nothing is cached betw
 - ``evalq_queue_depth{queue}``: messages waiting in each broker queue (every priority level):
   ``infer``, ``score``, and each evaluation queue that holds messages (``infer.<eval>``);
 - ``evalq_messages_unacked``: messages delivered to a worker and not acknowledged yet;
+- ``evalq_principal_samples{principal, state}``: samples of each principal's going runs that
+  are ``queued`` (in their backlogs, not dispatched yet) and ``running`` (dispatched, not
+  settled yet): how the fair dispatcher shares the workers;
 - ``evalq_budget_remaining{dataset, split, principal, unit}``: runs and samples left of each
   budget (``principal`` empty for a whole split's; an unlimited total has no series).
 
@@ -17,6 +20,7 @@ Counts only: no row, output, score or aggregate is exported, whatever the split'
 from __future__ import annotations
 
 import threading
+from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from wsgiref.simple_server import WSGIServer
@@ -27,7 +31,9 @@ from prometheus_client import start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from shared.backlog import Backlog
 from shared.broker import queue_names
+from shared.errors import UnknownRunError
 from shared.ledger import Ledger
 from shared.results import ResultStore
 from shared.runs import RunStore
@@ -85,6 +91,8 @@ class EvalqCollector(Collector):
             value=self._client.hlen(Channel.unacked_key),
         )
 
+        yield self._principals(store)
+
         budget = GaugeMetricFamily(
             "evalq_budget_remaining",
             "Runs or samples left in a split's budget.",
@@ -95,6 +103,32 @@ class EvalqCollector(Collector):
                 if left is not None:
                     budget.add_metric([entry.dataset, entry.split, entry.caller or "", unit], left)
         yield budget
+
+
+    def _principals(self, store: ResultStore) -> GaugeMetricFamily:
+        shares = GaugeMetricFamily(
+            "evalq_principal_samples",
+            "Samples of a principal's going runs, queued in backlogs or running.",
+            labels=["principal", "state"],
+        )
+        waiting = Backlog(self._client).waiting()
+        runs = RunStore(self._client)
+        counts: dict[str, dict[str, int]] = defaultdict(lambda: {"queued": 0, "running": 0})
+        for run_id in runs.active():
+            try:
+                meta = runs.get(run_id)
+            except UnknownRunError:
+                continue
+            if not meta.status.active:
+                continue
+            queued = waiting.get(run_id, ("", 0))[1]
+            left = max(0, meta.n - store.progress(run_id).done)
+            counts[meta.principal]["queued"] += min(queued, left)
+            counts[meta.principal]["running"] += max(0, left - queued)
+        for principal, states in sorted(counts.items()):
+            for state, value in states.items():
+                shares.add_metric([principal, state], value)
+        return shares
 
 
 @dataclass

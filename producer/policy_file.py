@@ -1,4 +1,5 @@
-"""``evalq policy apply FILE``: tiers and budgets from a YAML or JSON file, reconciled.
+"""``evalq policy apply FILE``: tiers, budgets, release rules and priorities from a YAML or
+JSON file, reconciled.
 
 ::
 
@@ -16,12 +17,17 @@
         validation:
           budget: {samples: 10000}
           principals: {agent-a: {runs: 5}, agent-b: {runs: 5}}   # metered apart
+          priority: high                   # runs on this split: high unless asked lower
+    principals:
+      ci-sweeps: {priority: low}           # this principal's default (before the split's)
 
 Reconciliation is :func:`shared.policy.budgeted_tier`'s: a budgeted split with no tier (in the
 file or already stored) becomes ``non_viewable``; a budgeted ``no_access`` split is an error; a
 budgeted ``viewable`` split is allowed with a warning. Budgets keep what was used. A ``release:``
 rule (see :class:`shared.release.Release`) applies to ``non_viewable`` splits; one given to a
 ``viewable`` split is kept but warned about (viewable runs are always released exactly).
+A ``priority:`` (per split, or per principal under ``principals:``) is the default priority of
+a run, and the most a non-admin may ask for (:func:`shared.policy.admit_priority`).
 """
 
 from __future__ import annotations
@@ -30,13 +36,16 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import redis
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from shared.errors import PolicyError, first_line
 from shared.ledger import Ledger
+from shared.models import Priority
 from shared.names import check_name
 from shared.policy import Tier, budgeted_tier
+from shared.priorities import PriorityStore
 from shared.release import Release, ReleaseStore
 from shared.tiers import TierRegistry
 
@@ -65,14 +74,26 @@ class SplitPolicy(BaseModel):
     """Each named caller's own budget on the split, on top of the split's."""
     release: Release | None = None
     """How its aggregates are released to non-admins; absent = the Ladder."""
+    priority: Priority | None = None
+    """Default priority of runs on the split (after the principal's own)."""
 
 
-class PolicyFile(BaseModel):
-    """The whole file: datasets -> splits -> policy."""
+class PrincipalPolicy(BaseModel):
+    """A principal's defaults in a policy file."""
 
     model_config = ConfigDict(extra="forbid")
 
-    datasets: dict[str, dict[str, SplitPolicy]]
+    priority: Priority | None = None
+    """Default priority of the principal's runs, and the most it may ask for."""
+
+
+class PolicyFile(BaseModel):
+    """The whole file: datasets -> splits -> policy, and principals -> defaults."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    datasets: dict[str, dict[str, SplitPolicy]] = Field(default_factory=dict)
+    principals: dict[str, PrincipalPolicy] = Field(default_factory=dict)
 
 
 def load_policy(path: Path) -> PolicyFile:
@@ -109,6 +130,7 @@ class _Change:
     budget: BudgetLimits | None
     principals: dict[str, BudgetLimits]
     release: Release | None
+    priority: Priority | None
 
 
 def _reconcile(
@@ -135,8 +157,13 @@ def _reconcile(
                 now = tier or tiers.lookup(dataset, split)
                 warnings += _release_warnings(f"{dataset}/{split}", now)
             changes.append(
-                _Change(dataset, split, tier, entry.budget, entry.principals or {}, entry.release)
-            )
+                _Change(
+                    dataset, split, tier, entry.budget, entry.principals or {}, entry.release,
+                    entry.priority,
+                )
+            )  # fmt: skip
+    for principal in policy.principals:
+        check_name("principal", principal)
     return changes, warnings
 
 
@@ -150,17 +177,22 @@ def _release_warnings(where: str, tier: Tier | None) -> list[str]:
 
 def apply_policy(
     policy: PolicyFile,
-    tiers: TierRegistry,
-    ledger: Ledger,
-    releases: ReleaseStore,
+    client: redis.Redis,
     *,
     registered: Mapping[str, Collection[str]],
     who: str,
 ) -> list[str]:
     """Check the whole file first, then apply it; return its warnings (``registered``: each
     registered dataset's splits)."""
+    tiers, ledger = TierRegistry(client), Ledger(client)
+    releases, priorities = ReleaseStore(client), PriorityStore(client)
     changes, warnings = _reconcile(policy, tiers, registered)
+    for principal, entry in policy.principals.items():
+        if entry.priority is not None:
+            priorities.set_principal(principal, entry.priority, who=who)
     for change in changes:
+        if change.priority is not None:
+            priorities.set_split(change.dataset, change.split, change.priority, who=who)
         if change.tier is not None:
             tiers.set(change.dataset, change.split, change.tier, who=who)
         if change.release is not None:

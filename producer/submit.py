@@ -6,7 +6,8 @@ Order for a non-admin: resolve the tier -> :func:`shared.policy.admit_split` ref
 its routing) and resolve the sample ids (on a ``non_viewable`` split: the whole split or a
 subset the server draws) -> :func:`shared.policy.admit_run` applies the tier and the
 k-anonymity floor to the resolved count -> reserve run and samples in one Lua script -> publish
-the spec, record the run, enqueue the ids shard by shard. If anything fails after the
+the spec, record the run, stage the ids shard by shard in the run's backlog, from which the fair
+dispatcher (:mod:`shared.backlog`) hands them to the workers. If anything fails after the
 reservation, it is refunded (once) and the run, if it was recorded, is cancelled. An admin
 bypasses tier and budget; the bypass is audited.
 """
@@ -24,22 +25,23 @@ from celery import Celery
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from shared.audit import audit_admin
-from shared.celery_app import INFER_TASK
+from shared.backlog import Backlog
 from shared.data import Sharding, resolve_source, shard_order, spec_of
-from shared.dispatch import enqueue
 from shared.errors import InputError, SampleIdError
 from shared.evaluation import create
 from shared.ledger import Ledger
-from shared.models import RunMeta, RunStatus
+from shared.models import Priority, RunMeta, RunStatus
 from shared.names import is_name
 from shared.policy import (
     Tier,
+    admit_priority,
     admit_run,
     admit_sample_choice,
     admit_source,
     admit_split,
     server_draws,
 )
+from shared.priorities import PriorityStore
 from shared.registry import DatasetRegistry
 from shared.routing import RoutingKind
 from shared.runs import RunStore
@@ -75,6 +77,8 @@ class SubmitRequest(BaseModel):
     config: str | None = Field(default=None, max_length=200)
     """Hub configuration of an unregistered source."""
     sharding: Sharding = Field(default_factory=Sharding)
+    priority: Priority | None = None
+    """``--priority``: the run's weight in the fair dispatcher; None = the policy's default."""
 
     @model_validator(mode="after")
     def _one_source(self) -> SubmitRequest:
@@ -191,6 +195,13 @@ def submit(
     source, tier = _locate(client, request, admin)
     admit_split(where, tier, admin)
     admit_sample_choice(where, tier, admin, request.ids is not None)
+    defaults = PriorityStore(client).defaults(principal, request.dataset or "", request.split)
+    priority = admit_priority(
+        request.priority,
+        principal_default=defaults.principal,
+        split_default=defaults.split,
+        admin=admin,
+    )
     spec, rows = spec_of(source, request.split, sharding)
     if server_draws(tier, admin):
         sample_ids = draw_ids(spec.n_rows, request.limit)
@@ -212,6 +223,7 @@ def submit(
         principal=principal,
         admin=admin,
         charged=not admin,
+        priority=priority,
     )
     ledger = Ledger(client)
     if admin:
@@ -224,7 +236,7 @@ def submit(
         publish_spec(client, spec)
         runs.create(meta, sample_ids)
         recorded = True
-        enqueue(app, INFER_TASK, meta, shard_order(spec, rows, sample_ids))
+        Backlog(client).enqueue(app, meta, shard_order(spec, rows, sample_ids))
     except BaseException:
         if recorded:
             runs.cancel(meta.run_id)

@@ -59,7 +59,8 @@ def create_app(settings: Settings) -> Celery:
         task_routes={INFER_TASK: {"queue": INFER_QUEUE}, SCORE_TASK: {"queue": SCORE_QUEUE}},
         # Batches gather prefetched messages: a process holds enough messages for two full
         # batches even of the smallest messages, and no more, so that workers share a run's
-        # messages instead of one worker reserving them all.
+        # messages instead of one worker reserving them all, and a run the fair dispatcher
+        # hands out now waits behind at most that much reserved work (two messages by default).
         worker_prefetch_multiplier=max(2, 2 * settings.max_batch // MIN_MESSAGE_SAMPLES),
         # A message a dead worker had taken comes back to the queue once it has been invisible
         # for visibility_timeout seconds; sweep for such messages often enough to notice.

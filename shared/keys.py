@@ -15,10 +15,13 @@ __all__ = [
     "AUDIT",
     "DATASETS",
     "DATASET_FILES",
+    "FAIR",
     "JANITOR",
+    "PRIORITIES",
     "RUNS",
     "TOKENS",
     "WORKERS",
+    "FairKeys",
     "RunKeys",
     "budget_key",
     "release_best_key",
@@ -47,6 +50,64 @@ def worker_key(hostname: str) -> str:
     """String with an expiry: one worker's heartbeat (JSON); gone when the worker is."""
     return f"{WORKERS}{hostname}"
 
+
+@dataclass(frozen=True, slots=True)
+class FairKeys:
+    """The fair dispatcher's keys (:mod:`shared.backlog`): which runs have a backlog, whose
+    they are, their weights, and where each stands in its weighted round."""
+
+    prefix: str = "evalq:fair:"
+
+    @property
+    def principals(self) -> str:
+        """Sorted set: principal with a backlogged run -> its virtual time (samples
+        dispatched / weight; the lowest is served next)."""
+        return f"{self.prefix}principals"
+
+    @property
+    def runs_prefix(self) -> str:
+        """Prefix of :meth:`runs` (the dispatch script builds the key of the principal it
+        serves)."""
+        return f"{self.prefix}runs:"
+
+    def runs(self, principal: str) -> str:
+        """Sorted set: the principal's backlogged run -> its virtual time within the
+        principal."""
+        return f"{self.runs_prefix}{principal}"
+
+    @property
+    def clock(self) -> str:
+        """Hash: ``''`` -> virtual time of the principal served last; principal -> that of
+        its run served last. A newcomer joins at the clock: no credit for having waited
+        idle, no debt for arriving late."""
+        return f"{self.prefix}clock"
+
+    @property
+    def owner(self) -> str:
+        """Hash: backlogged run -> its principal."""
+        return f"{self.prefix}owner"
+
+    @property
+    def weight(self) -> str:
+        """Hash: backlogged run -> its weight (from its priority)."""
+        return f"{self.prefix}weight"
+
+    @property
+    def principal_weight(self) -> str:
+        """Hash: principal -> the weight of its highest-priority backlogged run."""
+        return f"{self.prefix}principal_weight"
+
+    @property
+    def waiting(self) -> str:
+        """Hash: backlogged run -> samples in its backlog."""
+        return f"{self.prefix}waiting"
+
+
+FAIR = FairKeys()
+
+
+PRIORITIES = "evalq:priorities"
+"""Hash: ``principal:<name>`` / ``split:<dataset>/<split>`` -> default priority."""
 
 AUDIT = "evalq:audit"
 """Stream: every reservation, refund, tier change and budget change."""
@@ -150,6 +211,13 @@ class RunKeys:
         """Hash: inferred, scored, failed (bumped only when a write happened), recovered (sent
         again by the janitor), touched (Redis time of the last such write)."""
         return f"evalq:{{{self.run_id}}}:progress"
+
+    @property
+    def backlog(self) -> str:
+        """List: the run's inference messages not handed to the broker yet, each
+        ``samples|queue|message`` (the message exactly as kombu would push it), oldest at the
+        right."""
+        return f"evalq:{{{self.run_id}}}:backlog"
 
     @property
     def refund(self) -> str:

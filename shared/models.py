@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 __all__ = [
     "MAX_MESSAGE_SAMPLES",
     "ErrorRecord",
+    "Priority",
     "Progress",
     "RunMeta",
     "RunStatus",
@@ -37,6 +38,26 @@ class RunStatus(StrEnum):
     def active(self) -> bool:
         """Queued or running: its samples may still change."""
         return self in (RunStatus.QUEUED, RunStatus.RUNNING)
+
+
+class Priority(StrEnum):
+    """How much of the workers a run asks for, against the other runs of its principal and,
+    through its principal, against other principals (``submit --priority``)."""
+
+    LOW = "low"
+    NORMAL = "normal"
+    HIGH = "high"
+
+    @property
+    def weight(self) -> int:
+        """The run's weight in the fair dispatcher: ``high`` gets twice ``normal``'s share,
+        ``normal`` twice ``low``'s, and no weight is zero, so ``low`` is never starved."""
+        return {Priority.LOW: 1, Priority.NORMAL: 2, Priority.HIGH: 4}[self]
+
+    @property
+    def rank(self) -> int:
+        """Order of the levels: low < normal < high."""
+        return list(Priority).index(self)
 
 
 class Stage(StrEnum):
@@ -114,6 +135,8 @@ class RunMeta(BaseModel):
     """Submitted with --admin: tier and budget were bypassed."""
     charged: bool = False
     """Its run and samples were charged to the split's budget."""
+    priority: Priority = Priority.NORMAL
+    """Its weight in the fair dispatcher (:mod:`shared.backlog`)."""
     created: float
     """Unix time of submission."""
     finished: float | None = None

@@ -1,9 +1,10 @@
 """The policy: every rule about split tiers, and nothing else, lives in this module.
 
-Who may evaluate a split, who may read what of a run, how a stored or missing tier reads, and
-how a policy file's budgets reconcile with tiers. Stores (``TierRegistry``, ``Ledger``) only
-persist; submit, the Python client, ``status``, ``report`` and every other path call the
-functions here, which fail closed: anything unlisted, unreadable or unknown is ``no_access``.
+Who may evaluate a split, who may read what of a run, how a stored or missing tier reads, how
+a policy file's budgets reconcile with tiers, and which priority a caller's run may have.
+Stores (``TierRegistry``, ``Ledger``) only persist; submit, the Python client, ``status``,
+``report`` and every other path call the functions here, which fail closed: anything
+unlisted, unreadable or unknown is ``no_access``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from shared.errors import ForbiddenError, PolicyError, TierRefusedError
+from shared.models import Priority
 
 __all__ = [
     "MIN_AGGREGATE_SAMPLES",
@@ -29,6 +31,7 @@ __all__ = [
     "Tier",
     "admit_admin_flag",
     "admit_owner",
+    "admit_priority",
     "admit_run",
     "admit_sample_choice",
     "admit_source",
@@ -115,6 +118,28 @@ def admit_sample_choice(where: str, tier: Tier, admin: bool, ids_given: bool) ->
             f"tier refused: {where} is non_viewable: its samples are drawn by the server "
             "(give --limit N for a random subset, or nothing for the whole split), not --ids"
         )
+
+
+def admit_priority(
+    requested: Priority | None,
+    *,
+    principal_default: Priority | None,
+    split_default: Priority | None,
+    admin: bool,
+) -> Priority:
+    """A run's priority: the one asked for, else the principal's default, else the split's,
+    else ``normal``. A non-admin may ask for less than that default but not for more: the
+    priority weights a principal's share against the others', so only the policy grants
+    ``high``."""
+    default = principal_default or split_default or Priority.NORMAL
+    if requested is None:
+        return default
+    if not admin and requested.rank > default.rank:
+        raise ForbiddenError(
+            f"priority refused: '{requested}' is above this caller's '{default}' (an admin "
+            "grants more with a priority in the policy file)"
+        )
+    return requested
 
 
 def admit_run(where: str, tier: Tier, admin: bool, samples: int) -> None:

@@ -90,7 +90,9 @@ class RunStore:
         """Stop a run: no result is written after this. Return (1 cancelled now, 0 cancelled
         before, or -1 already finished; samples with neither an output nor an error)."""
         keys = RunKeys(run_id)
-        state, unproduced = self._cancel(keys=[keys.meta, keys.out, keys.err], args=[time.time()])
+        state, unproduced = self._cancel(
+            keys=[keys.meta, keys.out, keys.err, keys.backlog], args=[time.time()]
+        )
         if int(state) >= 0:
             self.retire(run_id)
         return int(state), int(unproduced)

@@ -14,6 +14,7 @@ import pytest
 from celery import Celery
 
 from producer.redis_server import RedisServer
+from shared.backlog import Backlog
 from shared.broker import Broker, carried
 from shared.celery_app import INFER_QUEUE, INFER_TASK, SCORE_QUEUE, create_app
 from shared.dispatch import publish, split
@@ -46,6 +47,11 @@ def _queued(on: Bench, queue: str) -> list[int]:
     return sorted(i for t in tasks if t is not None for i in t.sample_ids)
 
 
+def _backlogged(on: Bench, meta: RunMeta) -> list[int]:
+    tasks = [carried(raw) for raw in Backlog(on.client).messages(meta.run_id)]
+    return sorted(i for t in tasks if t is not None for i in t.sample_ids)
+
+
 def _idle(on: Bench, meta: RunMeta) -> None:
     progress = on.res.results.progress
     wait_for(lambda: time.time() - (progress(meta.run_id).touched or meta.created) > STALL)
@@ -71,8 +77,10 @@ def test_lost_samples_are_sent_again_and_waiting_ones_are_not(
 
     assert swept.resent == {meta.run_id: 10}
     assert _queued(bench, SCORE_QUEUE) == list(range(5, 10))  # output stored: scoring
-    # 10-14 once, as queued before; 15-19 twice: the forged message and the resent one
-    assert _queued(bench, INFER_QUEUE) == [*range(10, 15), *sorted(2 * list(range(15, 20)))]
+    # 10-14 once, as queued before; 15-19 twice: the forged message, and the resent one in the
+    # run's backlog (the queue already holds as many messages as the dispatcher keeps there)
+    assert _queued(bench, INFER_QUEUE) == [*range(10, 20)]
+    assert _backlogged(bench, meta) == list(range(15, 20))
     assert results.progress(meta.run_id).recovered == 10
     assert sweeper.sweep().resent == {}  # just sent: not stalled again yet
 

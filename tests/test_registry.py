@@ -23,7 +23,6 @@ from shared.keys import DATASET_FILES, budget_key
 from shared.ledger import Ledger
 from shared.policy import Tier
 from shared.registry import DatasetRegistry
-from shared.release import ReleaseStore
 from shared.spec import LocalSource
 from shared.tiers import TierRegistry
 from tests.helpers import audit_entries, labelled_rows, write_rows
@@ -96,9 +95,8 @@ def test_callers_on_one_split_are_metered_apart(redis_only: RedisServer, tmp_pat
     )
     ledger = Ledger(client)
     warnings = apply_policy(
-        load_policy(policy), TierRegistry(client), ledger, ReleaseStore(client),
-        registered={"ds": ["validation"]}, who="op",
-    )  # fmt: skip
+        load_policy(policy), client, registered={"ds": ["validation"]}, who="op"
+    )
     assert warnings == ["ds/validation: budgeted but unlisted, made non_viewable"]
     ledger.reserve("ds", "validation", samples=10, run_id="r1", who="agent-a")
     with pytest.raises(BudgetExhaustedError, match="ds/validation for agent-a has no runs left"):

@@ -13,7 +13,6 @@ from producer.policy_file import apply_policy, load_policy
 from producer.redis_server import RedisServer
 from shared.connection import connect
 from shared.errors import PolicyError
-from shared.ledger import Ledger
 from shared.models import RunMeta
 from shared.policy import (
     Access,
@@ -213,15 +212,11 @@ def test_rules_for_splits_that_cannot_use_them_are_warned_about(
         "    held: {tier: non_viewable, release: rounded}\n"
     )
     warnings = apply_policy(
-        load_policy(path), TierRegistry(client), Ledger(client), ReleaseStore(client),
-        registered={"d": ["open", "shut", "held"]}, who="op",
-    )  # fmt: skip
+        load_policy(path), client, registered={"d": ["open", "shut", "held"]}, who="op"
+    )
     assert warnings == [
         "d/open: a release rule on a viewable split (released exactly while viewable)",
         "d/shut: a release rule on a no_access split (nothing is released)",
     ]
-    warnings = apply_policy(
-        load_policy(path), TierRegistry(client), Ledger(client), ReleaseStore(client),
-        registered={"d": ["open"]}, who="op",
-    )  # fmt: skip
+    warnings = apply_policy(load_policy(path), client, registered={"d": ["open"]}, who="op")
     assert "d/held: not a registered split (nothing runs on it)" in warnings

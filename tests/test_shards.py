@@ -224,6 +224,7 @@ def test_the_shard_cap_holds_and_a_rebuilt_shard_has_the_same_rows(
 def test_a_message_body_holds_ids_only_grouped_by_shard(
     redis_only: RedisServer, demo_folder: Path
 ) -> None:
+    from shared.backlog import Backlog
     from shared.celery_app import create_app
     from shared.settings import Settings
 
@@ -238,7 +239,9 @@ def test_a_message_body_holds_ids_only_grouped_by_shard(
     texts = {str(r["text"]) for r in rows}
 
     ids: list[int] = []
-    for raw in reversed(client.lrange(INFER_QUEUE, 0, -1)):
+    queued = reversed(client.lrange(INFER_QUEUE, 0, -1))  # dispatched first, oldest last
+    backlogged = reversed(list(Backlog(client).messages(meta.run_id)))
+    for raw in [*queued, *backlogged]:
         message = json.loads(raw)
         body = base64.b64decode(message["body"]).decode()
         assert not any(text in body for text in texts)

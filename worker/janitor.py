@@ -10,11 +10,11 @@ One worker at a time runs it (the holder of the ``evalq:janitor`` lease; see
 2. for each run that has made no progress for ``EVALQ_STALL_AFTER`` seconds: if every sample is
    settled, its finalizer died, so it sends one score message that makes a worker serving the
    evaluation take over the dead claim and finish the run; otherwise it sends again the
-   unsettled samples that no queued or unacknowledged message carries (lost with a killed
-   process, a Redis outage or a dropped batch): to scoring when their output is stored, else to
-   inference. A message counts as carrying a sample only if it names the run's own evaluation
-   and spec (a worker would drop any other). Nothing is charged; every write stays once-only, so
-   a duplicate is harmless.
+   unsettled samples that no queued, unacknowledged or backlogged message carries (lost with a
+   killed process, a Redis outage or a dropped batch): to scoring when their output is stored,
+   else to the run's backlog for inference. A message counts as carrying a sample only if it
+   names the run's own evaluation and spec (a worker would drop any other). Nothing is charged;
+   every write stays once-only, so a duplicate is harmless.
 
 A run whose record cannot be read is logged and skipped; it never stops the sweep of the others.
 """
@@ -27,8 +27,9 @@ from dataclasses import dataclass, field
 import redis
 from celery import Celery
 
-from shared.broker import Broker
-from shared.celery_app import INFER_TASK, SCORE_TASK
+from shared.backlog import Backlog
+from shared.broker import Broker, carried
+from shared.celery_app import SCORE_TASK
 from shared.dispatch import enqueue
 from shared.errors import UnknownRunError, first_line
 from shared.models import RunMeta, SampleTask
@@ -66,6 +67,7 @@ class Janitor:
         self._runs = RunStore(client)
         self._results = ResultStore(client)
         self._presence = Presence(client)
+        self._backlog = Backlog(client)
         self._broker = broker
         self._app = app
         self._settings = settings
@@ -113,10 +115,11 @@ class Janitor:
             return
         if self._waiting is None:
             self._waiting = self._broker.waiting()
+        backlogged = [carried(raw) for raw in self._backlog.messages(run_id)]
         carrying = {
             sample_id
-            for task in self._waiting.get(run_id, [])
-            if task.eval == meta.eval and task.spec == meta.spec
+            for task in [*self._waiting.get(run_id, []), *backlogged]
+            if task is not None and task.eval == meta.eval and task.spec == meta.spec
             for sample_id in task.sample_ids
         }
         resent = self._resend(meta, carrying)
@@ -146,6 +149,6 @@ class Janitor:
             return 0
         inferred = self._results.inferred(meta.run_id, lost)
         enqueue(self._app, SCORE_TASK, meta, [i for i in lost if i in inferred])
-        enqueue(self._app, INFER_TASK, meta, [i for i in lost if i not in inferred])
+        self._backlog.enqueue(self._app, meta, [i for i in lost if i not in inferred])
         self._results.recovered(meta.run_id, len(lost))
         return len(lost)

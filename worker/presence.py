@@ -1,5 +1,7 @@
 """A worker's presence thread: publishes its heartbeat every ``EVALQ_HEARTBEAT_INTERVAL``
-seconds (the evaluations and queues it serves, the messages it holds) and, while it holds the
+seconds (the evaluations and queues it serves, the messages it holds), refills the ``infer``
+queue from the runs' backlogs (batches refill it as they finish; this beat refills a queue that
+drained while no batch was running, after a Redis restart say) and, while it holds the
 janitor's lease, sweeps every ``stall_after / 4`` seconds (at most every 15 s).
 
 It runs in the worker's main process from ``worker_ready`` to ``worker_shutdown``, on its own
@@ -18,6 +20,7 @@ from collections.abc import Callable
 
 from celery import Celery
 
+from shared.backlog import Backlog
 from shared.broker import Broker
 from shared.connection import connect
 from shared.errors import first_line
@@ -49,6 +52,7 @@ class PresenceThread(threading.Thread):
         hostname: str,
         queues: list[str],
         held: Callable[[], list[str]],
+        processes: int = 1,
     ) -> None:
         super().__init__(name="evalq-presence", daemon=True)
         self._app = app
@@ -56,6 +60,7 @@ class PresenceThread(threading.Thread):
         self._hostname = hostname
         self._queues = queues
         self._held = held
+        self._processes = processes
         self._stopping = threading.Event()
         self._failing: set[str] = set()
 
@@ -68,6 +73,7 @@ class PresenceThread(threading.Thread):
         settings = self._settings
         client = connect(settings.redis_url)
         presence = Presence(client)
+        backlog = Backlog(client)
         broker = Broker(self._app, connect(settings.broker))
         janitor = Janitor(client, broker, self._app, settings)
         every = sweep_every(settings)
@@ -82,6 +88,7 @@ class PresenceThread(threading.Thread):
         try:
             while True:
                 self._guard("heartbeat", lambda: presence.beat(self._beat(), interval))
+                self._guard("refill", lambda: backlog.refill(self._processes))
                 if time.monotonic() >= next_sweep:
                     next_sweep = time.monotonic() + every
                     self._guard("janitor", sweep)

@@ -6,11 +6,16 @@ use after the fork, and frees models when it exits.
 
 from __future__ import annotations
 
+import logging
+
+import redis
 from billiard.process import current_process
 from celery import Celery
 
+from shared.backlog import Backlog
 from shared.connection import connect
 from shared.dispatch import publish
+from shared.errors import first_line
 from shared.models import SampleTask
 from shared.results import ResultStore
 from shared.runs import RunStore
@@ -21,6 +26,8 @@ from worker.shard_cache import ShardCache
 
 __all__ = ["WorkerState"]
 
+log = logging.getLogger(__name__)
+
 
 class WorkerState:
     """Lazily opened :class:`Resources` of the current process."""
@@ -29,11 +36,13 @@ class WorkerState:
         self._app = app
         self._settings = settings
         self._resources: Resources | None = None
+        self._backlog: Backlog | None = None
 
     def get(self) -> Resources:
         """This process's resources, opened on first use."""
         if self._resources is None:
             client = connect(self._settings.redis_url)
+            self._backlog = Backlog(client)
             self._resources = Resources(
                 runs=RunStore(client),
                 results=ResultStore(client),
@@ -63,12 +72,24 @@ class WorkerState:
     def _publish(self, task_name: str, tasks: list[SampleTask]) -> int:
         return publish(self._app, task_name, tasks)
 
+    def refill(self) -> None:
+        """Refill the ``infer`` queue from the runs' backlogs, as a batch finishes; a Redis
+        error is logged (the next batch or heartbeat refills)."""
+        self.get()
+        assert self._backlog is not None
+        try:
+            self._backlog.refill()
+        except redis.RedisError as exc:
+            log.warning("could not refill the infer queue: %s", first_line(exc))
+
     def reset(self) -> None:
         """Forget what a parent process opened (called in a child right after fork)."""
         self._resources = None
+        self._backlog = None
 
     def close(self) -> None:
         """Free loaded models (called when a worker process exits)."""
         if self._resources is not None:
             self._resources.runtimes.close()
             self._resources = None
+            self._backlog = None

@@ -302,6 +302,7 @@ def register_tasks(app: Celery, state: WorkerState, settings: Settings) -> None:
             """Run the batch; return the ids of the requests whose messages must be requeued."""
             tasks = parse_requests(requests)
             requeue = run(state.get(), [task for _, task in tasks]) if tasks else set()
+            state.refill()
             return [request_id for request_id, task in tasks if task.run_id in requeue]
 
         handle.__name__ = name.replace(".", "_")

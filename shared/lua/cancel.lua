@@ -2,6 +2,8 @@
 -- KEYS[1] = evalq:{run}:meta   hash: status, n, finished
 -- KEYS[2] = evalq:{run}:out    hash, sample id -> output
 -- KEYS[3] = evalq:{run}:err    hash, sample id -> terminal error
+-- KEYS[4] = evalq:{run}:backlog list, messages not handed to the broker yet: deleted (the
+--           dispatcher drops the run from its round when it next meets the empty backlog)
 -- ARGV[1] = unix time
 -- Returns: {state, unproduced}. state: 1 cancelled by this call, 0 cancelled before,
 -- -1 the run had already finished (nothing changes). unproduced: samples with neither an
@@ -13,6 +15,7 @@ if status ~= 'cancelled' then
   redis.call('HSET', KEYS[1], 'status', 'cancelled', 'finished', ARGV[1])
   state = 1
 end
+redis.call('DEL', KEYS[4])
 local produced = redis.call('HLEN', KEYS[2])
 for _, id in ipairs(redis.call('HKEYS', KEYS[3])) do
   if redis.call('HEXISTS', KEYS[2], id) == 0 then produced = produced + 1 end

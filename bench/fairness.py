@@ -1,0 +1,243 @@
+"""Fair share: a small run's latency while a big run holds the workers, the rate the workers
+keep while shared, and how two principals split them, side by side in one run.
+
+For each worker count (one and two worker processes, the demo's MiniLM ``topic`` model), on a
+fresh Redis with the workers warm:
+
+  (a) idle: ``--smalls`` runs of ``--small`` samples, one after another, on idle workers;
+  (b) alone: one run of ``--big`` samples, nothing else;
+  (c) shared: the same big run, and once it is under way the small runs again, one after
+      another, while it goes; and the rate samples settled (both runs) over that overlap;
+  (d) FIFO: the same, with every message of every run handed to the broker at submit (what
+      evalq did before the dispatcher), for ``--fifo-smalls`` small runs;
+  (e) principals: principal ``a`` submits two runs of ``--share-big`` samples and ``b`` one;
+      each principal's share of the samples settled while all three go.
+
+A small run's latency is from just before ``submit`` to the moment its finalizer stamped it
+completed. Prints a table and writes JSON.
+
+    python -m bench.fairness [--big N] [--small N] [--smalls K] [--workers 1,2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+from celery import Celery
+from rich.console import Console
+from rich.table import Table
+
+from bench.result import save
+from producer.demo_data import write_demo_dataset
+from producer.redis_server import RedisServer
+from producer.submit import SubmitRequest, submit
+from producer.workers import LocalWorkers
+from shared.backlog import Backlog
+from shared.celery_app import INFER_QUEUE, create_app
+from shared.connection import connect
+from shared.evaluation import load_plugins
+from shared.models import RunMeta, RunStatus
+from shared.policy import Tier
+from shared.registry import DatasetRegistry
+from shared.results import ResultStore
+from shared.runs import RunStore
+from shared.settings import Settings
+from shared.tiers import TierRegistry
+from worker.runtime_pool import resolve_device
+
+console = Console(stderr=True)
+
+EVAL = "topic"
+POLL = 0.01
+
+
+@dataclass
+class Bench:
+    """A fresh Redis, warm workers, and what a producer needs to submit and watch runs."""
+
+    client: redis.Redis
+    app: Celery
+    runs: RunStore
+    results: ResultStore
+    fifo: bool = False
+
+    def submit(self, samples: int, principal: str = "bench") -> RunMeta:
+        request = SubmitRequest(eval=EVAL, dataset="bench", split="validation", limit=samples)
+        meta = submit(self.client, self.app, request, principal=principal)
+        if self.fifo:  # every message to the broker at once, in submission order
+            Backlog(self.client).dispatch(INFER_QUEUE, 10**9)
+        return meta
+
+    def done(self, run_id: str) -> int:
+        return self.results.progress(run_id).done
+
+    def wait(self, probe: Callable[[], bool], timeout: float = 900) -> None:
+        deadline = time.monotonic() + timeout
+        while not probe():
+            if time.monotonic() > deadline:
+                raise TimeoutError("a benchmark run did not finish")
+            time.sleep(POLL)
+
+    def completed(self, meta: RunMeta) -> RunMeta:
+        def ended() -> bool:
+            return not self.runs.get(meta.run_id).status.active
+
+        self.wait(ended)
+        final = self.runs.get(meta.run_id)
+        if final.status is not RunStatus.COMPLETED or final.finished is None:
+            raise RuntimeError(f"run {meta.run_id} ended {final.status}")
+        return final
+
+    def small_latency(self, samples: int) -> float:
+        """Seconds from just before submit to the small run's completion stamp."""
+        started = time.time()
+        final = self.completed(self.submit(samples, principal="loop"))
+        assert final.finished is not None
+        return final.finished - started
+
+
+@contextmanager
+def bench_stack(data: Path, workers: int) -> Iterator[Bench]:
+    """A fresh Redis with the bench dataset registered and ``workers`` warm worker processes."""
+    with tempfile.TemporaryDirectory(prefix="evalq-fair-") as tmp, RedisServer(Path(tmp)) as s:
+        client = connect(s.url)
+        app = create_app(Settings(redis_url=s.url))
+        DatasetRegistry(client).add("bench", str(data), who="bench")
+        TierRegistry(client).set("bench", "validation", Tier.VIEWABLE, who="bench")
+        pool = LocalWorkers(s.url, count=workers).start(app)
+        bench = Bench(client, app, RunStore(client), ResultStore(client))
+        try:
+            bench.completed(bench.submit(64 * workers * 4))  # every worker loads its model
+            yield bench
+        finally:
+            pool.stop()
+            client.close()
+
+
+def rate_alone(bench: Bench, big: int) -> float:
+    """Samples/s of one big run on its own, submit to completion."""
+    started = time.time()
+    final = bench.completed(bench.submit(big))
+    assert final.finished is not None
+    return big / (final.finished - started)
+
+
+@dataclass
+class Shared:
+    """Small runs during a big one: their latencies and the overlap's settled rate."""
+
+    latencies: list[float]
+    rate: float
+    big_left: int
+    """Samples of the big run not settled when the last small run completed."""
+
+
+def shared(bench: Bench, big: int, small: int, smalls: int) -> Shared:
+    """The big run, and ``smalls`` small runs one after another once it is under way."""
+    meta = bench.submit(big)
+    bench.wait(lambda: bench.done(meta.run_id) >= min(big // 20, 500))
+    start, before = time.time(), bench.done(meta.run_id)
+    latencies = [bench.small_latency(small) for _ in range(smalls)]
+    end, after = time.time(), bench.done(meta.run_id)
+    bench.completed(meta)
+    return Shared(latencies, (after - before + small * smalls) / (end - start), big - after)
+
+
+def principals(bench: Bench, samples: int) -> dict[str, float]:
+    """Each principal's share of the samples settled while ``a``'s two runs and ``b``'s one
+    all go (from the last submit to the first completion)."""
+    metas = {"a": [bench.submit(samples, "a"), bench.submit(samples, "a")]}
+    metas["b"] = [bench.submit(samples, "b")]
+    everyone = [m for ms in metas.values() for m in ms]
+    bench.wait(lambda: all(bench.done(m.run_id) > 0 for m in everyone))
+    first = {p: sum(bench.done(m.run_id) for m in ms) for p, ms in metas.items()}
+    bench.wait(lambda: any(bench.done(m.run_id) >= m.n for m in everyone))
+    last = {p: sum(bench.done(m.run_id) for m in ms) for p, ms in metas.items()}
+    for meta in everyone:
+        bench.completed(meta)
+    total = sum(last[p] - first[p] for p in metas)
+    return {p: (last[p] - first[p]) / total for p in metas}
+
+
+def p95(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[max(0, round(0.95 * len(ordered)) - 1)]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--big", type=int, default=20_000)
+    parser.add_argument("--small", type=int, default=20)
+    parser.add_argument("--smalls", type=int, default=20)
+    parser.add_argument("--fifo-smalls", type=int, default=2)
+    parser.add_argument("--share-big", type=int, default=4000)
+    parser.add_argument("--workers", default="1,2")
+    parser.add_argument("--out", type=Path, default=Path("bench/results/fairness.json"))
+    args = parser.parse_args(argv)
+
+    load_plugins([])
+    data = write_demo_dataset(Path(tempfile.mkdtemp(prefix="evalq-fair-data-")), args.big)
+    found: dict[str, dict[str, object]] = {}
+    for workers in [int(w) for w in args.workers.split(",")]:
+        console.print(f"[bold]{workers} worker(s)[/]")
+        with bench_stack(data, workers) as bench:
+            idle = [bench.small_latency(args.small) for _ in range(args.smalls)]
+            alone = rate_alone(bench, args.big)
+            during = shared(bench, args.big, args.small, args.smalls)
+            split = principals(bench, args.share_big)
+            bench.fifo = True
+            fifo = shared(bench, args.big, args.small, args.fifo_smalls)
+        found[str(workers)] = {
+            "idle": idle,
+            "alone_rate": alone,
+            "shared": during.__dict__,
+            "fifo": fifo.__dict__,
+            "principals": split,
+        }
+
+    table = Table(title=f"evalq fair share ({os.cpu_count()} cores, MiniLM, medians/p95)")
+    for column in ("workers", "measure", "fair", "FIFO (before)"):
+        table.add_column(column, justify="left" if column == "measure" else "right")
+    for workers, f in found.items():
+        idle, during, fifo = f["idle"], f["shared"], f["fifo"]
+        assert isinstance(idle, list) and isinstance(during, dict) and isinstance(fifo, dict)
+        split = f["principals"]
+        assert isinstance(split, dict)
+        rows = [
+            ("small run alone, p50 / p95 s", f"{statistics.median(idle):.2f} / {p95(idle):.2f}", ""),
+            (
+                "small run during big, p50 / p95 s",
+                f"{statistics.median(during['latencies']):.2f} / {p95(during['latencies']):.2f}",
+                f"{statistics.median(fifo['latencies']):.2f} / {p95(fifo['latencies']):.2f}",
+            ),
+            ("big run alone, samples/s", f"{f['alone_rate']:.0f}", ""),
+            (
+                "shared, samples/s (ratio to alone)",
+                f"{during['rate']:.0f} ({during['rate'] / f['alone_rate']:.2f})",  # type: ignore[operator]
+                f"{fifo['rate']:.0f} ({fifo['rate'] / f['alone_rate']:.2f})",  # type: ignore[operator]
+            ),
+            ("principal a (2 runs) / b (1 run) share", f"{split['a']:.0%} / {split['b']:.0%}", ""),
+        ]
+        for measure, fair, before in rows:
+            table.add_row(workers, measure, fair, before)
+    Console().print(table)
+    result = {
+        "machine": {"cores": os.cpu_count(), "device": resolve_device("auto"), "python": sys.version},
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "workers": found,
+    }
+    save(args.out, result, Console())
+
+
+if __name__ == "__main__":
+    main()
