@@ -5,8 +5,9 @@ For each worker count (one and two worker processes, the demo's MiniLM ``topic``
 fresh Redis with the workers warm:
 
   (a) idle: ``--smalls`` runs of ``--small`` samples, one after another, on idle workers;
-  (b) alone: one run of ``--big`` samples, nothing else;
-  (c) shared: the same big run, and once it is under way the small runs again, one after
+  (b) alone: one run of ``--big`` samples, nothing else, and the rate it settles samples from
+      5% to 90% of it;
+  (c) shared: the same big run, and once 5% of it is settled the small runs again, one after
       another, while it goes; and the rate samples settled (both runs) over that overlap;
   (d) FIFO: the same, with every message of every run handed to the broker at submit (what
       evalq did before the dispatcher), for ``--fifo-smalls`` small runs;
@@ -29,7 +30,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import redis
@@ -74,8 +75,11 @@ class Bench:
     def submit(self, samples: int, principal: str = "bench") -> RunMeta:
         request = SubmitRequest(eval=EVAL, dataset="bench", split="validation", limit=samples)
         meta = submit(self.client, self.app, request, principal=principal)
-        if self.fifo:  # every message to the broker at once, in submission order
+        if self.fifo:
+            # as before the dispatcher: every message to the broker at submit, behind all that
+            # is queued (submit put the run's first message at the queue's head: back it goes)
             Backlog(self.client).dispatch(INFER_QUEUE, 10**9)
+            self.client.lmove(INFER_QUEUE, INFER_QUEUE, "RIGHT", "LEFT")
         return meta
 
     def done(self, run_id: str) -> int:
@@ -125,11 +129,15 @@ def bench_stack(data: Path, workers: int) -> Iterator[Bench]:
 
 
 def rate_alone(bench: Bench, big: int) -> float:
-    """Samples/s of one big run on its own, submit to completion."""
-    started = time.time()
-    final = bench.completed(bench.submit(big))
-    assert final.finished is not None
-    return big / (final.finished - started)
+    """Samples/s one big run settles on its own, from 5% to 90% of it (the steady state, as
+    the shared window below is)."""
+    meta = bench.submit(big)
+    bench.wait(lambda: bench.done(meta.run_id) >= big // 20)
+    start, before = time.time(), bench.done(meta.run_id)
+    bench.wait(lambda: bench.done(meta.run_id) >= big * 9 // 10)
+    end, after = time.time(), bench.done(meta.run_id)
+    bench.completed(meta)
+    return (after - before) / (end - start)
 
 
 @dataclass
@@ -145,7 +153,7 @@ class Shared:
 def shared(bench: Bench, big: int, small: int, smalls: int) -> Shared:
     """The big run, and ``smalls`` small runs one after another once it is under way."""
     meta = bench.submit(big)
-    bench.wait(lambda: bench.done(meta.run_id) >= min(big // 20, 500))
+    bench.wait(lambda: bench.done(meta.run_id) >= big // 20)
     start, before = time.time(), bench.done(meta.run_id)
     latencies = [bench.small_latency(small) for _ in range(smalls)]
     end, after = time.time(), bench.done(meta.run_id)
@@ -174,6 +182,48 @@ def p95(values: list[float]) -> float:
     return ordered[max(0, round(0.95 * len(ordered)) - 1)]
 
 
+def _spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f} / {p95(values):.2f}"
+
+
+@dataclass
+class Measured:
+    """Everything measured with one worker count."""
+
+    workers: int
+    idle: list[float]
+    alone_rate: float
+    fair: Shared
+    fifo: Shared
+    principals: dict[str, float]
+
+    def rows(self) -> list[tuple[str, str, str]]:
+        fair, fifo, alone = self.fair, self.fifo, self.alone_rate
+        return [
+            ("small run on idle workers, p50 / p95 s", _spread(self.idle), ""),
+            ("small run during the big run, p50 / p95 s", _spread(fair.latencies),
+             _spread(fifo.latencies)),
+            ("big run alone, samples/s", f"{alone:.0f}", ""),
+            ("big + small shared, samples/s (ratio to alone)",
+             f"{fair.rate:.0f} ({fair.rate / alone:.2f})",
+             f"{fifo.rate:.0f} ({fifo.rate / alone:.2f})"),
+            ("principal a (2 runs) / b (1 run), share of samples",
+             f"{self.principals['a']:.0%} / {self.principals['b']:.0%}", ""),
+        ]  # fmt: skip
+
+
+def measure(data: Path, workers: int, args: argparse.Namespace) -> Measured:
+    """Every measurement with ``workers`` worker processes, on one fresh stack."""
+    with bench_stack(data, workers) as bench:
+        idle = [bench.small_latency(args.small) for _ in range(args.smalls)]
+        alone = rate_alone(bench, args.big)
+        fair = shared(bench, args.big, args.small, args.smalls)
+        split = principals(bench, args.share_big)
+        bench.fifo = True
+        fifo = shared(bench, args.big, args.small, args.fifo_smalls)
+    return Measured(workers, idle, alone, fair, fifo, split)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--big", type=int, default=20_000)
@@ -187,54 +237,23 @@ def main(argv: list[str] | None = None) -> None:
 
     load_plugins([])
     data = write_demo_dataset(Path(tempfile.mkdtemp(prefix="evalq-fair-data-")), args.big)
-    found: dict[str, dict[str, object]] = {}
+    found: list[Measured] = []
     for workers in [int(w) for w in args.workers.split(",")]:
         console.print(f"[bold]{workers} worker(s)[/]")
-        with bench_stack(data, workers) as bench:
-            idle = [bench.small_latency(args.small) for _ in range(args.smalls)]
-            alone = rate_alone(bench, args.big)
-            during = shared(bench, args.big, args.small, args.smalls)
-            split = principals(bench, args.share_big)
-            bench.fifo = True
-            fifo = shared(bench, args.big, args.small, args.fifo_smalls)
-        found[str(workers)] = {
-            "idle": idle,
-            "alone_rate": alone,
-            "shared": during.__dict__,
-            "fifo": fifo.__dict__,
-            "principals": split,
-        }
+        found.append(measure(data, workers, args))
 
-    table = Table(title=f"evalq fair share ({os.cpu_count()} cores, MiniLM, medians/p95)")
+    device = resolve_device("auto")
+    table = Table(title=f"evalq fair share ({os.cpu_count()} cores, {device}, MiniLM)")
     for column in ("workers", "measure", "fair", "FIFO (before)"):
         table.add_column(column, justify="left" if column == "measure" else "right")
-    for workers, f in found.items():
-        idle, during, fifo = f["idle"], f["shared"], f["fifo"]
-        assert isinstance(idle, list) and isinstance(during, dict) and isinstance(fifo, dict)
-        split = f["principals"]
-        assert isinstance(split, dict)
-        rows = [
-            ("small run alone, p50 / p95 s", f"{statistics.median(idle):.2f} / {p95(idle):.2f}", ""),
-            (
-                "small run during big, p50 / p95 s",
-                f"{statistics.median(during['latencies']):.2f} / {p95(during['latencies']):.2f}",
-                f"{statistics.median(fifo['latencies']):.2f} / {p95(fifo['latencies']):.2f}",
-            ),
-            ("big run alone, samples/s", f"{f['alone_rate']:.0f}", ""),
-            (
-                "shared, samples/s (ratio to alone)",
-                f"{during['rate']:.0f} ({during['rate'] / f['alone_rate']:.2f})",  # type: ignore[operator]
-                f"{fifo['rate']:.0f} ({fifo['rate'] / f['alone_rate']:.2f})",  # type: ignore[operator]
-            ),
-            ("principal a (2 runs) / b (1 run) share", f"{split['a']:.0%} / {split['b']:.0%}", ""),
-        ]
-        for measure, fair, before in rows:
-            table.add_row(workers, measure, fair, before)
+    for measured in found:
+        for row in measured.rows():
+            table.add_row(str(measured.workers), *row)
     Console().print(table)
     result = {
-        "machine": {"cores": os.cpu_count(), "device": resolve_device("auto"), "python": sys.version},
+        "machine": {"cores": os.cpu_count(), "device": device, "python": sys.version},
         "args": {k: str(v) for k, v in vars(args).items()},
-        "workers": found,
+        "measured": [asdict(m) for m in found],
     }
     save(args.out, result, Console())
 

@@ -104,7 +104,6 @@ class EvalqCollector(Collector):
                     budget.add_metric([entry.dataset, entry.split, entry.caller or "", unit], left)
         yield budget
 
-
     def _principals(self, store: ResultStore) -> GaugeMetricFamily:
         shares = GaugeMetricFamily(
             "evalq_principal_samples",

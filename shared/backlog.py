@@ -16,7 +16,9 @@ Moving a message is one Lua script (``RPOP`` from the backlog, ``LPUSH`` to the 
 dispatcher killed at any point, or a Redis restart, loses and duplicates nothing. Once a
 message is in the queue it is kombu's: delivered, acknowledged, restored to ``infer`` if its
 worker dies, exactly as before. Workers refill as their batches finish (and on every
-heartbeat, so a queue drained while Redis was away is refilled); ``submit`` refills once.
+heartbeat, so a queue drained while Redis was away is refilled). ``submit`` moves one message
+whatever the queue's depth, to the queue's head: the fair choice at that moment (usually the
+new run, which joined at the clock) is the next message any worker takes.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ __all__ = ["DEPTH_PER_PROCESS", "STAGE_CHUNK", "Backlog", "Staged", "Standing", 
 
 STAGE_CHUNK = 500
 """Messages staged per script call: a million-sample run does not block Redis in one call."""
-DEPTH_PER_PROCESS = 2
+DEPTH_PER_PROCESS = 1
 """Messages the ``infer`` queue holds per worker process that refills it: enough that a
 process finishing a batch finds its next message there, few enough that a run arriving now
 is only that many messages behind."""
@@ -168,7 +170,7 @@ class Backlog:
         samples staged."""
         size = message_size(len(sample_ids))
         staged = self.stage(meta, capture(app, INFER_TASK, split(meta, sample_ids, size=size)))
-        self.refill()
+        self.dispatch(INFER_QUEUE, DEPTH_PER_PROCESS, at_least=1)
         return staged
 
     def refill(self, processes: int = 1) -> int:
@@ -176,9 +178,10 @@ class Backlog:
         each); return the messages moved."""
         return self.dispatch(INFER_QUEUE, DEPTH_PER_PROCESS * max(1, processes))
 
-    def dispatch(self, queue: str, depth: int) -> int:
-        """Refill ``queue`` up to ``depth`` messages from the backlogs, fairly; return how many
-        moved."""
+    def dispatch(self, queue: str, depth: int, *, at_least: int = 0) -> int:
+        """Refill ``queue`` up to ``depth`` messages from the backlogs, fairly, and move at
+        least ``at_least`` (those beyond ``depth`` go to the queue's head: the fair choice of
+        this moment goes before what was chosen earlier); return how many moved."""
         keys = [
             FAIR.principals,
             FAIR.clock,
@@ -189,7 +192,8 @@ class Backlog:
             queue,
         ]
         prefix, suffix = RunKeys("\0").backlog.split("\0")
-        return int(self._dispatch(keys=keys, args=[depth, FAIR.runs_prefix, prefix, suffix]))
+        args: list[str | int] = [depth, FAIR.runs_prefix, prefix, suffix, at_least]
+        return int(self._dispatch(keys=keys, args=args))
 
     def waiting(self) -> dict[str, tuple[str, int]]:
         """Backlogged run -> (its principal, samples in its backlog)."""

@@ -34,7 +34,7 @@ MIN_MESSAGE_SAMPLES = 64
 """Fewest sample ids in one message (unless the run, or a ``solo`` retry, is smaller): a whole
 batch of the default ``EVALQ_MAX_BATCH``, so a worker's two reserved messages are at least two
 batches, and what a run arriving now waits behind is no more than that."""
-MIN_MESSAGES = 32
+MIN_MESSAGES = 64
 """Messages a run is cut into at least, while its messages stay above the minimum size."""
 PIPELINE_SIZE = 1000
 

@@ -3,8 +3,10 @@
 Inference: skip samples already inferred (redeliveries), rebuild rows from each run's spec,
 remove label fields, and run each evaluation's warm model on batches of at most ``max_batch``
 rows drawn from every run in the batch that uses it; store each output once and enqueue
-scoring. Scoring: full rows plus stored outputs through ``score()``, each score stored once; the
-call that settles a run's last sample computes its aggregate from the store. An evaluation with a
+scoring, or, on a worker that consumes the ``score`` queue too, score them in the same job
+(``fuse``): a small run is not sent back to wait behind the work this worker reserved.
+Scoring: full rows plus stored outputs through ``score()``, each score stored once; the call
+that settles a run's last sample computes its aggregate from the store. An evaluation with a
 scorer script is scored on the runtime pool's warm script subprocesses, a batch at a time.
 Any failure of one sample becomes that sample's terminal error record; the batch goes on.
 
@@ -87,6 +89,9 @@ class Resources:
     max_attempts: int
     stall_after: float = 60.0
     """A claim to finalize a run older than this may be taken over (its finalizer died)."""
+    fuse: bool = False
+    """This worker consumes the ``score`` queue too: inference scores its outputs in the same
+    job instead of sending score messages (no wait for a second message, no second pool job)."""
     members: LRU[str, Ranges] = field(default_factory=lambda: LRU(16))
     """Recent runs' sample ids as ranges (a run's ids never change)."""
 
@@ -321,18 +326,25 @@ def infer_batch(res: Resources, tasks: list[SampleTask]) -> set[str]:
         if pending:
             by_evaluation[id(run.evaluation)].extend(pending)
 
+    scoring: list[SampleTask] = []
+
     def store(run: _Run) -> None:
         res.results.record_outputs(run.run_id, run.outputs)
         run.settle_errors()
         ready = [i for i in run.ids if i in inferred[run.run_id] or i in run.outputs]
-        res.publish(SCORE_TASK, list(split(run.meta, ready)))
+        if res.fuse:
+            scoring.extend(split(run.meta, ready))
+        else:
+            res.publish(SCORE_TASK, list(split(run.meta, ready)))
         run.send_retries(INFER_TASK)
 
     batch.each(prepare)
     for items in by_evaluation.values():
         _infer_all(res, items)
     batch.each(store)
-    return batch.requeue
+    # Scored here, in the same job: their messages go back if Redis fails while scoring, and
+    # come back as inferred, so to scoring.
+    return batch.requeue | (score_batch(res, scoring) if scoring else set())
 
 
 def _checked_scores(scores: object) -> dict[str, float]:

@@ -13,6 +13,7 @@ from billiard.process import current_process
 from celery import Celery
 
 from shared.backlog import Backlog
+from shared.celery_app import SCORE_QUEUE
 from shared.connection import connect
 from shared.dispatch import publish
 from shared.errors import first_line
@@ -66,6 +67,7 @@ class WorkerState:
                 max_batch=self._settings.max_batch,
                 max_attempts=self._settings.max_attempts,
                 stall_after=self._settings.stall_after,
+                fuse=SCORE_QUEUE in (self._app.amqp.queues.consume_from or {}),
             )
         return self._resources
 

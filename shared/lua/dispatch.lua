@@ -12,6 +12,8 @@
 -- ARGV[1] = depth: messages the queue should hold
 -- ARGV[2] = 'evalq:fair:runs:'            prefix of a principal's runs zset
 -- ARGV[3], ARGV[4] = 'evalq:{', '}:backlog'   a run's backlog key around its id
+-- ARGV[5] = messages to move even if the queue is that deep already (a run just submitted is
+--           one message from a worker, not the queue's depth): these go to the queue's head
 -- Each message goes to the queue its entry names, unchanged; a run whose backlog is empty
 -- (drained, or deleted by a cancel) leaves the round, and a principal with no run left leaves.
 -- Returns: messages moved.
@@ -36,7 +38,8 @@ local function leave(principal, runs, run)
   redis.call('HSET', KEYS[5], principal, highest)
 end
 
-local want = tonumber(ARGV[1]) - redis.call('LLEN', KEYS[7])
+local refill = tonumber(ARGV[1]) - redis.call('LLEN', KEYS[7])
+local want = math.max(refill, tonumber(ARGV[5]))
 local moved, visits = 0, 0
 while moved < want and visits < 4 * want + 64 do
   visits = visits + 1
@@ -59,7 +62,9 @@ while moved < want and visits < 4 * want + 64 do
       local a = string.find(entry, '|', 1, true)
       local b = string.find(entry, '|', a + 1, true)
       local samples = tonumber(string.sub(entry, 1, a - 1))
-      redis.call('LPUSH', string.sub(entry, a + 1, b - 1), string.sub(entry, b + 1))
+      local push = 'LPUSH'
+      if moved >= refill then push = 'RPUSH' end  -- kombu pops from the right: the head
+      redis.call(push, string.sub(entry, a + 1, b - 1), string.sub(entry, b + 1))
       redis.call('HINCRBY', KEYS[6], run, -samples)
       local rweight = tonumber(redis.call('HGET', KEYS[4], run) or '1')
       local pweight = tonumber(redis.call('HGET', KEYS[5], principal) or '1')
