@@ -2,7 +2,8 @@
 
 A run's inference messages do not go to the broker's ``infer`` queue at submit: they wait in
 the run's backlog (``evalq:{run}:backlog``), each exactly as kombu's Redis transport would have
-pushed it. ``dispatch.lua`` keeps the queue only as deep as the workers need and refills it,
+pushed it. ``dispatch.lua`` keeps the queue only as deep as the workers need (one message per
+live worker process) and refills it,
 one message at a time, by start-time fair queueing (weighted fair queueing by virtual time):
 first the principal with the lowest virtual time, then that principal's run with the lowest.
 A message of ``s`` samples advances its run's time by ``s / weight`` and its principal's by
@@ -46,9 +47,10 @@ __all__ = ["DEPTH_PER_PROCESS", "STAGE_CHUNK", "Backlog", "Staged", "Standing", 
 STAGE_CHUNK = 500
 """Messages staged per script call: a million-sample run does not block Redis in one call."""
 DEPTH_PER_PROCESS = 1
-"""Messages the ``infer`` queue holds per worker process that refills it: enough that a
-process finishing a batch finds its next message there, few enough that a run arriving now
-is only that many messages behind."""
+"""Messages the ``infer`` queue holds per worker process: enough that a process finishing a
+batch finds its next message there (a batch refills just before its messages are acknowledged),
+few enough that a run's later messages are only that many behind. The janitor counts the live
+processes (:meth:`Backlog.set_depth`); a caller asks for at least its own."""
 
 
 class _CapturingChannel(RedisChannel):
@@ -190,10 +192,16 @@ class Backlog:
             FAIR.principal_weight,
             FAIR.waiting,
             queue,
+            FAIR.depth,
         ]
         prefix, suffix = RunKeys("\0").backlog.split("\0")
         args: list[str | int] = [depth, FAIR.runs_prefix, prefix, suffix, at_least]
         return int(self._dispatch(keys=keys, args=args))
+
+    def set_depth(self, processes: int, ttl: float) -> None:
+        """Keep ``infer`` one message deep per live worker process consuming it (the janitor
+        counts them; the count expires after ``ttl`` seconds unless counted again)."""
+        self._client.set(FAIR.depth, max(1, processes), px=max(1, int(ttl * 1000)))
 
     def waiting(self) -> dict[str, tuple[str, int]]:
         """Backlogged run -> (its principal, samples in its backlog)."""

@@ -102,6 +102,12 @@ class FairKeys:
         """Hash: backlogged run -> samples in its backlog."""
         return f"{self.prefix}waiting"
 
+    @property
+    def depth(self) -> str:
+        """String with an expiry: the live worker processes that consume ``infer`` (the
+        janitor counts them), which is how deep the dispatcher keeps that queue."""
+        return f"{self.prefix}depth"
+
 
 FAIR = FairKeys()
 

@@ -30,6 +30,8 @@ class WorkerBeat(BaseModel):
     """Queues it consumes."""
     held: list[str] = []
     """Delivery tags of the messages it holds unacknowledged."""
+    processes: int = 1
+    """Its pool processes (``--concurrency``)."""
 
 
 def absence(workers: Iterable[WorkerBeat], evaluation: str, queues: Iterable[str]) -> str | None:

@@ -1,20 +1,155 @@
-"""Fair share with real workers: a small run is not queued behind a big one, principals'
-runs interleave, and kills and Redis restarts mid-dispatch lose and duplicate nothing."""
+"""Fair share: the dispatcher's order against a real redis-server (no worker), and with real
+workers a small run that is not queued behind a big one, principals' runs that interleave,
+priorities that weight a principal's runs, and kills and a Redis restart mid-dispatch that
+lose and duplicate nothing."""
 
 from __future__ import annotations
 
+import os
+import signal
+from collections import Counter
 from pathlib import Path
 
+import kombu.pools
 import pytest
 
 from producer.client import Client
+from producer.metrics import EvalqCollector
+from producer.redis_server import RedisServer
 from producer.submit import SubmitRequest
-from shared.models import RunMeta
+from shared.backlog import Backlog, Staged
+from shared.celery_app import create_app
+from shared.connection import connect
+from shared.errors import ForbiddenError
+from shared.keys import FAIR, RunKeys
+from shared.models import Priority, RunMeta, RunStatus
+from shared.priorities import PriorityStore
 from shared.settings import Settings
 from tests.conftest import Stack
-from tests.helpers import labelled_rows, list_splits, wait_completed, write_rows
+from tests.helpers import (
+    assert_settled_once,
+    labelled_rows,
+    list_splits,
+    wait_completed,
+    wait_ended,
+    wait_for,
+    write_rows,
+)
 
-pytestmark = pytest.mark.integration
+QUEUE = "q"
+
+
+def _meta(run_id: str, principal: str, priority: Priority = Priority.NORMAL) -> RunMeta:
+    return RunMeta(
+        run_id=run_id, eval="spy", spec="s", dataset_id="d", split="v", n=640,
+        status=RunStatus.QUEUED, created=0.0, principal=principal, priority=priority,
+    )  # fmt: skip
+
+
+class Round:
+    """A backlog on a real Redis, staged and drained by hand as workers would drain it."""
+
+    def __init__(self, server: RedisServer) -> None:
+        self.client = connect(server.url)
+        self.backlog = Backlog(self.client)
+
+    def stage(self, meta: RunMeta, messages: int = 10) -> None:
+        self.client.hset(RunKeys(meta.run_id).meta, "status", "queued")
+        entries = [Staged(64, QUEUE, f"{meta.run_id}:{i}") for i in range(messages)]
+        assert self.backlog.stage(meta, entries) == 64 * messages
+
+    def take(self, count: int) -> list[str]:
+        """Dispatch ``count`` messages one at a time; the runs they were of, in order."""
+        taken = []
+        for _ in range(count):
+            assert self.backlog.dispatch(QUEUE, 1) == 1
+            taken.append(str(self.client.rpop(QUEUE)).split(":")[0])
+        return taken
+
+
+def test_principals_share_evenly_and_runs_by_priority(redis_only: RedisServer) -> None:
+    fair = Round(redis_only)
+    fair.stage(_meta("a1", "a"))
+    fair.stage(_meta("a2", "a"))
+    fair.stage(_meta("b1", "b"))
+    first = fair.take(12)
+    assert Counter(first) == {"b1": 6, "a1": 3, "a2": 3}  # a's two runs split a's half
+    assert all(first[i] != first[i + 1] for i in range(11))  # interleaved, never two in a row
+    fair.stage(_meta("c-high", "c", Priority.HIGH), 40)
+    fair.stage(_meta("c-low", "c", Priority.LOW), 40)
+    assert fair.take(1) == ["c-high"]  # a newcomer joins at the clock: served next
+    fair.stage(_meta("a1", "a"), 40)  # so that a and b have enough left
+    fair.stage(_meta("b1", "b"), 40)
+    later = Counter(fair.take(40))
+    # c weighs as its highest run (4) against a's and b's 2 each: half of all; within c,
+    # c-high 4 to c-low's 1, and c-low still moves
+    assert later["c-high"] + later["c-low"] == 20
+    assert 14 <= later["c-high"] <= 18
+
+
+def test_a_cancelled_runs_backlog_is_gone_and_it_leaves_the_round(redis_only: RedisServer) -> None:
+    fair = Round(redis_only)
+    fair.stage(_meta("gone", "a"))
+    fair.stage(_meta("kept", "b"))
+    fair.client.delete(RunKeys("gone").backlog)  # what cancel.lua does
+    assert fair.take(3) == ["kept"] * 3
+    assert fair.client.hget(FAIR.owner, "gone") is None
+    fair.client.hset(RunKeys("ended").meta, "status", "completed")
+    assert fair.backlog.stage(_meta("ended", "a"), [Staged(64, QUEUE, "x")]) == 0
+
+
+def test_priority_is_the_policys_to_grant(redis_only: RedisServer, tmp_path: Path) -> None:
+    client = connect(redis_only.url)
+    write_rows(tmp_path, "validation", labelled_rows(40))
+    dataset = list_splits(client, str(tmp_path), "validation")
+    user = Client(Settings(redis_url=redis_only.url, principal="agent"))
+
+    def submit(priority: Priority | None) -> RunMeta:
+        return user.submit(
+            SubmitRequest(eval="spy", dataset=dataset, split="validation", priority=priority)
+        )
+
+    assert submit(None).priority is Priority.NORMAL
+    assert submit(Priority.LOW).priority is Priority.LOW
+    with pytest.raises(ForbiddenError, match="priority refused: 'high' is above"):
+        submit(Priority.HIGH)
+    PriorityStore(client).set_split(dataset, "validation", Priority.HIGH, who="op")
+    assert submit(None).priority is Priority.HIGH
+    PriorityStore(client).set_principal("agent", Priority.LOW, who="op")  # before the split's
+    assert submit(None).priority is Priority.LOW
+    with pytest.raises(ForbiddenError):
+        submit(Priority.NORMAL)
+    admin = Client(Settings(redis_url=redis_only.url, principal="agent"), admin=True)
+    request = SubmitRequest(eval="spy", dataset=dataset, split="validation", priority=Priority.HIGH)
+    assert admin.submit(request).priority is Priority.HIGH
+
+
+def test_status_and_metrics_say_where_queued_runs_stand(
+    redis_only: RedisServer, tmp_path: Path
+) -> None:
+    client = connect(redis_only.url)
+    write_rows(tmp_path, "validation", labelled_rows(640))
+    dataset = list_splits(client, str(tmp_path), "validation")
+    a = Client(Settings(redis_url=redis_only.url, principal="a"))
+    b = Client(Settings(redis_url=redis_only.url, principal="b"))
+    request = SubmitRequest(eval="spy", dataset=dataset, split="validation")
+    a_runs = [a.submit(request), a.submit(request)]
+    b_run = b.submit(request)  # no worker: all three wait in their backlogs
+    mine = b.status(b_run.run_id).waiting
+    assert mine is not None
+    assert (mine.share, mine.principals, mine.runs) == (0.5, 2, 1)
+    assert mine.waiting == 640 - 64  # one message went to the queue at submit
+    assert "shares the workers with 1 other principal(s)" in mine.why
+    theirs = a.status(a_runs[0].run_id).waiting
+    assert theirs is not None
+    assert (theirs.share, theirs.runs) == (0.25, 2)
+    assert "1 other run(s) of its principal" in theirs.why
+    family = {m.name: m for m in EvalqCollector(client).collect()}["evalq_principal_samples"]
+    found = {(s.labels["principal"], s.labels["state"]): s.value for s in family.samples}
+    assert found == {
+        ("a", "queued"): 2 * 640 - 2 * 64, ("a", "running"): 2 * 64,
+        ("b", "queued"): 640 - 64, ("b", "running"): 64,
+    }  # fmt: skip
 
 
 def _client(stack: Stack, principal: str) -> Client:
@@ -33,6 +168,7 @@ def _submit(client: Client, dataset: str, limit: int, **params: str) -> RunMeta:
     return client.submit(request)
 
 
+@pytest.mark.integration
 def test_a_small_run_submitted_after_a_big_one_finishes_before_it(
     fresh_stack: Stack, tmp_path: Path
 ) -> None:
@@ -47,3 +183,64 @@ def test_a_small_run_submitted_after_a_big_one_finishes_before_it(
     wait_completed(stack.client, small.run_id, timeout=60)
     assert sweep.status(big.run_id).progress.done < big.n // 2
     sweep.cancel(big.run_id)
+
+
+@pytest.mark.integration
+def test_principals_runs_interleave_and_priority_weights_a_principals_runs(
+    fresh_stack: Stack, tmp_path: Path
+) -> None:
+    """``a`` submits two runs and ``b`` one, all alike: when ``b``'s run completes, ``a``'s
+    two together have had about as much (not twice as much, not nothing). ``c``'s high and low
+    runs share ``c``'s part 4 to 1."""
+    stack = fresh_stack
+    stack.start_workers()
+    dataset = _dataset(stack, tmp_path, 640)
+    a, b = _client(stack, "a"), _client(stack, "b")
+    a_runs = [_submit(a, dataset, 640), _submit(a, dataset, 640)]
+    b_run = _submit(b, dataset, 640)
+    wait_completed(stack.client, b_run.run_id, timeout=90)
+    a_done = [a.status(m.run_id).progress.done for m in a_runs]
+    assert 0.6 * 640 <= sum(a_done) <= 1.4 * 640, a_done
+    assert min(a_done) >= 0.25 * 640, a_done
+    for meta in a_runs:
+        wait_completed(stack.client, meta.run_id, timeout=90)
+    c = Client(Settings(redis_url=stack.server.url, principal="c"), admin=True)
+    high = c.submit(SubmitRequest(eval="slow", dataset=dataset, split="validation",
+                                  priority=Priority.HIGH))  # fmt: skip
+    low = c.submit(SubmitRequest(eval="slow", dataset=dataset, split="validation",
+                                 priority=Priority.LOW))  # fmt: skip
+    wait_completed(stack.client, high.run_id, timeout=90)
+    low_done = c.status(low.run_id).progress.done
+    assert 0 < low_done <= 0.5 * 640
+    wait_completed(stack.client, low.run_id, timeout=90)
+
+
+@pytest.mark.integration
+def test_a_worker_killed_and_redis_restarted_mid_dispatch_settle_every_run_once(
+    fresh_stack: Stack, tmp_path: Path
+) -> None:
+    stack = fresh_stack
+    stack.crashes_expected = True  # Celery logs the lost connection with a traceback
+    fast = {"EVALQ_VISIBILITY_TIMEOUT": "5"}
+    stack.start_workers(**fast)
+    dataset = _dataset(stack, tmp_path, 640)
+    gate = {"gate": str(tmp_path / "gate"), "open_until": "200"}
+    a, b = _client(stack, "a"), _client(stack, "b")
+    runs = [_submit(a, dataset, 640, **gate), _submit(a, dataset, 320, **gate)]
+    runs.append(_submit(b, dataset, 640, **gate))
+    backlog = Backlog(stack.client)
+    wait_for(lambda: sum(a.status(m.run_id).progress.done for m in runs) >= 128, 60, "progress")
+    assert backlog.waiting()  # the dispatcher still holds work of the runs
+    for process in stack.workers[0].processes:
+        os.killpg(process.pid, signal.SIGKILL)  # main process and pool child, mid-batch
+        process.wait(60)
+    stack.workers = []
+    stack.server.restart()  # SIGTERM (AOF flushed), then a new server on the same port
+    (tmp_path / "gate").touch()
+    kombu.pools.reset()  # the pooled connections (kombu's, shared by apps) died with Redis
+    stack.app = create_app(stack.settings)
+    stack.start_workers(**fast)
+    for meta in runs:
+        wait_ended(stack.client, meta.run_id)
+        assert_settled_once(stack.client, meta.run_id, meta.n)
+    assert not backlog.waiting()

@@ -7,8 +7,10 @@ from pathlib import Path
 import pytest
 
 from producer.submit import SubmitRequest, submit
+from shared.backlog import Backlog
 from shared.celery_app import INFER_QUEUE, INFER_TASK, SCORE_QUEUE, SCORE_TASK
 from shared.dispatch import MIN_MESSAGE_SAMPLES, publish, split
+from shared.keys import RunKeys
 from shared.models import RunMeta
 from shared.results import ResultStore
 from shared.runs import RunStore
@@ -104,7 +106,7 @@ def test_redelivered_messages_change_no_count_and_no_result(
     fresh_stack: Stack, tmp_path: Path
 ) -> None:
     stack = fresh_stack
-    n = 5 * MIN_MESSAGE_SAMPLES  # five messages, each a whole batch of the workers' 16
+    n = 5 * MIN_MESSAGE_SAMPLES  # five messages, each flushed as a batch of its own
     write_rows(tmp_path, "validation", labelled_rows(n))
     name = list_splits(stack.client, str(tmp_path), "validation")
     meta = submit(
@@ -115,9 +117,11 @@ def test_redelivered_messages_change_no_count_and_no_result(
     )
     # Deliver every message twice, as a broker redelivery would: the copy (same task id and
     # body) of each message comes right after the next message, so it lands in a later batch
-    # (each message fills a 16-sample batch), after the original's outputs are
+    # (each message is more than the workers' 16), after the original's outputs are
     # stored and while the run is still going.
     queued = stack.client.lrange(INFER_QUEUE, 0, -1)[::-1]  # consumption order
+    queued += list(Backlog(stack.client).messages(meta.run_id))[::-1]
+    stack.client.delete(RunKeys(meta.run_id).backlog)
     assert len(queued) == 5
     order = [queued[0]]
     for k in range(1, len(queued)):

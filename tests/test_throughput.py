@@ -13,6 +13,7 @@ from kombu.transport.redis import Channel
 
 from producer.submit import SubmitRequest, submit
 from producer.workers import LocalWorkers
+from shared.backlog import Backlog
 from shared.celery_app import INFER_QUEUE
 from shared.dispatch import MESSAGE_SAMPLES, MIN_MESSAGE_SAMPLES, MIN_MESSAGES, message_size
 from shared.results import ResultStore
@@ -46,10 +47,11 @@ def test_message_sizes_spread_a_run_and_stay_whole_powers_of_two(samples: int) -
 def test_one_worker_reserves_two_batches_and_leaves_the_rest_queued(
     fresh_stack: Stack, tmp_path: Path
 ) -> None:
-    """A worker holds (unacknowledged) only what fills two of its batches, so a second
-    worker finds the rest of a run in the queue instead of idling beside a hoarder."""
+    """A worker holds (unacknowledged) only two messages, so a second worker finds the rest
+    of a run waiting instead of idling beside a hoarder, and a run dispatched now waits behind
+    no more than that."""
     stack = fresh_stack
-    n = 32 * MIN_MESSAGE_SAMPLES  # 32 messages of 16 samples, the workers' batch
+    n = MIN_MESSAGES * MIN_MESSAGE_SAMPLES  # 64 messages of 64 samples, each 4 batches of 16
     write_rows(tmp_path, "validation", labelled_rows(n))
     name = list_splits(stack.client, str(tmp_path), "validation")
     gate = tmp_path / "gate"
@@ -60,12 +62,20 @@ def test_one_worker_reserves_two_batches_and_leaves_the_rest_queued(
         params={"gate": str(gate), "open_until": "0"},  # every sample waits at the gate
     )
     meta = submit(stack.client, stack.app, request, principal="tests")
-    assert stack.client.llen(INFER_QUEUE) == 32
+    backlog = Backlog(stack.client)
+
+    def waiting() -> int:
+        """Messages in the queue and in the run's backlog."""
+        return stack.client.llen(INFER_QUEUE) + len(list(backlog.messages(meta.run_id)))
+
+    assert waiting() == MIN_MESSAGES
     stack.start_workers()
     held = Channel.unacked_key
     wait_for(lambda: stack.client.hlen(held) == 2, 30, "the worker to reserve two messages")
-    # Its first batch is stuck at the gate, so nothing more is acknowledged or fetched.
-    assert stack.client.llen(INFER_QUEUE) == 30
+    # Its first batch is stuck at the gate, so nothing more is acknowledged or fetched, and
+    # the dispatcher keeps one message in the queue for it.
+    wait_for(lambda: stack.client.llen(INFER_QUEUE) == 1, 30, "the queue to be refilled")
+    assert waiting() == MIN_MESSAGES - 2
     assert stack.client.hlen(held) == 2
     gate.touch()
     wait_completed(stack.client, meta.run_id)

@@ -2,7 +2,8 @@
 visibility timeout and without anyone typing ``evalq resume``.
 
 One worker at a time runs it (the holder of the ``evalq:janitor`` lease; see
-:mod:`worker.presence`). Each sweep:
+:mod:`worker.presence`). Each sweep counts the live worker processes that consume ``infer``
+for the fair dispatcher (:meth:`shared.backlog.Backlog.set_depth`), and:
 
 1. puts back in their queue the unacknowledged messages that no live worker holds (their
    worker's main process was killed, or lost Redis and gave up on them) once they are older
@@ -29,7 +30,7 @@ from celery import Celery
 
 from shared.backlog import Backlog
 from shared.broker import Broker, carried
-from shared.celery_app import SCORE_TASK
+from shared.celery_app import INFER_QUEUE, SCORE_TASK
 from shared.dispatch import enqueue
 from shared.errors import UnknownRunError, first_line
 from shared.models import RunMeta, SampleTask
@@ -78,7 +79,10 @@ class Janitor:
         done = Sweep()
         seconds, micros = self._client.time()
         now = seconds + micros / 1e6
-        held = {tag for beat in self._presence.live() for tag in beat.held}
+        live = self._presence.live()
+        held = {tag for beat in live for tag in beat.held}
+        consuming = sum(beat.processes for beat in live if INFER_QUEUE in beat.queues)
+        self._backlog.set_depth(consuming, ttl=4 * self._settings.stall_after)
         gone_after = self._settings.heartbeat_interval * HEARTBEAT_MISSES
         for tag in self._broker.delivered_before(now - gone_after):
             if tag not in held:

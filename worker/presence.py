@@ -106,6 +106,7 @@ class PresenceThread(threading.Thread):
             evaluations=registered(),
             queues=self._queues,
             held=self._held(),
+            processes=self._processes,
         )
 
     def _guard(self, what: str, step: Callable[[], object]) -> None:

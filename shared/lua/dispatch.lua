@@ -9,7 +9,8 @@
 -- KEYS[5] = evalq:fair:principal_weight   hash, principal -> its highest run weight
 -- KEYS[6] = evalq:fair:waiting            hash, run -> samples in its backlog
 -- KEYS[7] = the broker queue whose depth is kept (kombu's list, e.g. 'infer')
--- ARGV[1] = depth: messages the queue should hold
+-- KEYS[8] = evalq:fair:depth              string, live worker processes consuming the queue
+-- ARGV[1] = depth: messages the queue should hold at least (KEYS[8]'s count when greater)
 -- ARGV[2] = 'evalq:fair:runs:'            prefix of a principal's runs zset
 -- ARGV[3], ARGV[4] = 'evalq:{', '}:backlog'   a run's backlog key around its id
 -- ARGV[5] = messages to move even if the queue is that deep already (a run just submitted is
@@ -38,7 +39,8 @@ local function leave(principal, runs, run)
   redis.call('HSET', KEYS[5], principal, highest)
 end
 
-local refill = tonumber(ARGV[1]) - redis.call('LLEN', KEYS[7])
+local depth = math.max(tonumber(ARGV[1]), tonumber(redis.call('GET', KEYS[8]) or '0'))
+local refill = depth - redis.call('LLEN', KEYS[7])
 local want = math.max(refill, tonumber(ARGV[5]))
 local moved, visits = 0, 0
 while moved < want and visits < 4 * want + 64 do
