@@ -230,6 +230,8 @@ class Client:
         missing = absence(workers, meta.eval, queues)
         if missing:
             return missing
+        if self._backlog.standing(meta.run_id) is not None:
+            return None  # waiting its turn in the dispatcher, which says why: not stalled
         seconds, micros = self._redis.time()
         idle = seconds + micros / 1e6 - (progress.touched or meta.created)
         if idle >= self.settings.stall_after:
@@ -366,6 +368,7 @@ class Client:
         """Stop a run, keep what finished, refund (once) the samples that produced nothing."""
         meta = self._runs.get(run_id)
         state, unproduced = self._runs.cancel(run_id)
+        self._backlog.withdraw(run_id)
         if state < 0:
             raise EvalqError(f"run {run_id} has already finished; nothing to cancel")
         refunded = 0

@@ -230,16 +230,17 @@ def submit(
         audit_admin(client, "admin_submit", principal, meta, {"bypassed": ["tier", "budget"]})
     else:
         ledger.reserve(dataset, request.split, samples=meta.n, run_id=meta.run_id, who=principal)
-    runs = RunStore(client)
+    runs, backlog = RunStore(client), Backlog(client)
     recorded = False
     try:
         publish_spec(client, spec)
         runs.create(meta, sample_ids)
         recorded = True
-        Backlog(client).enqueue(app, meta, shard_order(spec, rows, sample_ids))
+        backlog.enqueue(app, meta, shard_order(spec, rows, sample_ids))
     except BaseException:
         if recorded:
             runs.cancel(meta.run_id)
+            backlog.withdraw(meta.run_id)
         if meta.charged:
             ledger.refund(
                 dataset,

@@ -10,8 +10,11 @@ A message of ``s`` samples advances its run's time by ``s / weight`` and its pri
 ``s / principal weight``, so principals share the workers evenly whatever the number of runs
 each has queued, and a principal's runs share its part by their priority (``high`` 4,
 ``normal`` 2, ``low`` 1; a principal weighs as much as its highest-priority backlogged run).
-A run or principal that arrives joins at the clock, the time of the last one served, so it is
-served next: a small run waits for one refill, not for the big runs' backlogs.
+A principal that arrives joins at the clock, the time of the last one served (or at its own
+time when it left, if later: leaving and coming back sheds nothing), so it is served next: a
+small run waits for one refill, not for the big runs' backlogs. Within a principal, the run
+chosen keeps its turn for :data:`TURN_SAMPLES` samples, so a sweep's runs (a model each) do not
+make workers swap models at every batch. A cancelled run is withdrawn from the round at once.
 
 Moving a message is one Lua script (``RPOP`` from the backlog, ``LPUSH`` to the queue), so a
 dispatcher killed at any point, or a Redis restart, loses and duplicates nothing. Once a
@@ -46,6 +49,10 @@ __all__ = ["DEPTH_PER_PROCESS", "STAGE_CHUNK", "Backlog", "Staged", "Standing", 
 
 STAGE_CHUNK = 500
 """Messages staged per script call: a million-sample run does not block Redis in one call."""
+TURN_SAMPLES = 4096
+"""Samples one run of a principal is served before the principal's next run by virtual time
+gets its turn: long enough that a worker does not swap models between a sweep's checkpoints at
+every batch, short enough that every run of the principal moves."""
 DEPTH_PER_PROCESS = 1
 """Messages the ``infer`` queue holds per worker process: enough that a process finishing a
 batch finds its next message there (a batch refills just before its messages are acknowledged),
@@ -131,13 +138,15 @@ class Standing(BaseModel):
 
 
 class Backlog:
-    """The runs' backlogs and the fair dispatcher's state; owns ``stage.lua`` and
-    ``dispatch.lua``."""
+    """The runs' backlogs and the fair dispatcher's state; owns ``stage.lua``,
+    ``dispatch.lua`` and ``withdraw.lua``."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: redis.Redis, turn_samples: int = TURN_SAMPLES) -> None:
         self._client = client
+        self._turn = turn_samples
         self._stage = register(client, "stage")
         self._dispatch = register(client, "dispatch")
+        self._withdraw = register(client, "withdraw")
 
     def stage(self, meta: RunMeta, messages: Sequence[Staged]) -> int:
         """Append ``messages`` to ``meta``'s backlog (in chunks of :data:`STAGE_CHUNK`) and
@@ -145,34 +154,24 @@ class Backlog:
         keys = RunKeys(meta.run_id)
         staged = 0
         for start in range(0, len(messages), STAGE_CHUNK):
-            fields: list[str | int] = [meta.run_id, meta.principal, meta.priority.weight]
+            fields: list[str | int] = [
+                FAIR.prefix, meta.run_id, meta.principal, meta.priority.weight,
+            ]  # fmt: skip
             for entry in messages[start : start + STAGE_CHUNK]:
                 fields += [entry.samples, entry.queue, entry.message]
-            staged += int(
-                self._stage(
-                    keys=[
-                        keys.meta,
-                        keys.backlog,
-                        FAIR.principals,
-                        FAIR.runs(meta.principal),
-                        FAIR.clock,
-                        FAIR.owner,
-                        FAIR.weight,
-                        FAIR.principal_weight,
-                        FAIR.waiting,
-                    ],
-                    args=fields,
-                )
-            )
+            staged += int(self._stage(keys=[keys.meta, keys.backlog], args=fields))
         return staged
 
     def enqueue(self, app: Celery, meta: RunMeta, sample_ids: Sequence[int]) -> int:
         """Stage inference of ``sample_ids`` of ``meta``'s run in its backlog, in messages of
-        :func:`shared.dispatch.message_size` samples, then refill the queue once; return the
-        samples staged."""
+        :func:`shared.dispatch.message_size` samples, then move one message to the queue's
+        head; return the samples staged."""
+        if not sample_ids:
+            return 0
         size = message_size(len(sample_ids))
         staged = self.stage(meta, capture(app, INFER_TASK, split(meta, sample_ids, size=size)))
-        self.dispatch(INFER_QUEUE, DEPTH_PER_PROCESS, at_least=1)
+        if staged:
+            self.dispatch(INFER_QUEUE, DEPTH_PER_PROCESS, at_least=1)
         return staged
 
     def refill(self, processes: int = 1) -> int:
@@ -184,19 +183,13 @@ class Backlog:
         """Refill ``queue`` up to ``depth`` messages from the backlogs, fairly, and move at
         least ``at_least`` (those beyond ``depth`` go to the queue's head: the fair choice of
         this moment goes before what was chosen earlier); return how many moved."""
-        keys = [
-            FAIR.principals,
-            FAIR.clock,
-            FAIR.owner,
-            FAIR.weight,
-            FAIR.principal_weight,
-            FAIR.waiting,
-            queue,
-            FAIR.depth,
-        ]
         prefix, suffix = RunKeys("\0").backlog.split("\0")
-        args: list[str | int] = [depth, FAIR.runs_prefix, prefix, suffix, at_least]
-        return int(self._dispatch(keys=keys, args=args))
+        args: list[str | int] = [depth, at_least, FAIR.prefix, self._turn, prefix, suffix]
+        return int(self._dispatch(keys=[queue, FAIR.depth], args=args))
+
+    def withdraw(self, run_id: str) -> bool:
+        """Take a cancelled run out of the dispatcher's round; False if it was not in it."""
+        return bool(self._withdraw(keys=[], args=[FAIR.prefix, run_id]))
 
     def set_depth(self, processes: int, ttl: float) -> None:
         """Keep ``infer`` one message deep per live worker process consuming it (the janitor
@@ -220,14 +213,17 @@ class Backlog:
         with self._client.pipeline(transaction=False) as pipe:
             pipe.hget(FAIR.waiting, run_id)
             pipe.zrange(FAIR.principals, 0, -1)
-            pipe.hgetall(FAIR.principal_weight)
             pipe.zrange(FAIR.runs(principal), 0, -1)
             pipe.hgetall(FAIR.weight)
-            waiting, principals, pweights, runs, weights = pipe.execute()
-        principals = [str(p) for p in principals]
+            waiting, principals, runs, weights = pipe.execute()
+            principals = [str(p) for p in principals]
+            for other in principals:
+                pipe.hgetall(FAIR.weights(other))
+            counts = pipe.execute()
         if principal not in principals or run_id not in {str(r) for r in runs}:
             return None
-        share = _share(pweights, principals, principal) * _share(weights, runs, run_id)
+        highest = {p: _highest(c) for p, c in zip(principals, counts, strict=True)}
+        share = _share(highest, principals, principal) * _share(weights, runs, run_id)
         return Standing(
             waiting=int(waiting or 0),
             share=share,
@@ -240,6 +236,11 @@ class Backlog:
         """The broker messages waiting in ``run_id``'s backlog."""
         for entry in self._client.lrange(RunKeys(run_id).backlog, 0, -1):
             yield str(entry).split("|", 2)[2]
+
+
+def _highest(counts: dict[Any, Any]) -> int:
+    """A principal's weight: the highest weight among its backlogged runs."""
+    return max([int(w) for w, n in counts.items() if int(n) > 0] or [1])
 
 
 def _share(weights: dict[Any, Any], members: Sequence[Any], member: str) -> float:

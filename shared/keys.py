@@ -54,7 +54,8 @@ def worker_key(hostname: str) -> str:
 @dataclass(frozen=True, slots=True)
 class FairKeys:
     """The fair dispatcher's keys (:mod:`shared.backlog`): which runs have a backlog, whose
-    they are, their weights, and where each stands in its weighted round."""
+    they are, their weights, and where each stands in its weighted round. The Lua scripts
+    build the same names from ``prefix`` (``fair_keys`` in ``prelude.lua``)."""
 
     prefix: str = "evalq:fair:"
 
@@ -64,16 +65,10 @@ class FairKeys:
         dispatched / weight; the lowest is served next)."""
         return f"{self.prefix}principals"
 
-    @property
-    def runs_prefix(self) -> str:
-        """Prefix of :meth:`runs` (the dispatch script builds the key of the principal it
-        serves)."""
-        return f"{self.prefix}runs:"
-
     def runs(self, principal: str) -> str:
         """Sorted set: the principal's backlogged run -> its virtual time within the
         principal."""
-        return f"{self.runs_prefix}{principal}"
+        return f"{self.prefix}runs:{principal}"
 
     @property
     def clock(self) -> str:
@@ -92,10 +87,22 @@ class FairKeys:
         """Hash: backlogged run -> its weight (from its priority)."""
         return f"{self.prefix}weight"
 
+    def weights(self, principal: str) -> str:
+        """Hash: weight -> how many of the principal's backlogged runs have it (the highest
+        is the principal's weight)."""
+        return f"{self.prefix}weights:{principal}"
+
     @property
-    def principal_weight(self) -> str:
-        """Hash: principal -> the weight of its highest-priority backlogged run."""
-        return f"{self.prefix}principal_weight"
+    def finish(self) -> str:
+        """Hash: principal -> its virtual time when it last left the round (it comes back no
+        earlier)."""
+        return f"{self.prefix}finish"
+
+    @property
+    def turn(self) -> str:
+        """Hash: principal -> ``run|samples``: the run being served in its turn and the
+        samples left in that turn."""
+        return f"{self.prefix}turn"
 
     @property
     def waiting(self) -> str:

@@ -136,7 +136,7 @@ def admit_priority(
         return default
     if not admin and requested.rank > default.rank:
         raise ForbiddenError(
-            f"priority refused: '{requested}' is above this caller's '{default}' (an admin "
+            f"forbidden: priority '{requested}' is above this caller's '{default}' (an admin "
             "grants more with a priority in the policy file)"
         )
     return requested

@@ -24,7 +24,7 @@ from producer.redis_server import RedisServer, free_port
 from producer.workers import LocalWorkers
 from shared.celery_app import create_app
 from shared.connection import connect
-from shared.keys import AUDIT, DATASETS, TOKENS, RunKeys, budget_key, tiers_key
+from shared.keys import AUDIT, DATASETS, PRIORITIES, TOKENS, RunKeys, budget_key, tiers_key
 from shared.models import RunStatus
 from shared.policy import Role, Tier
 from shared.runs import RunStore
@@ -176,6 +176,7 @@ def test_refusals_exit_3_change_nothing_and_are_audited(door: Door, tmp_path: Pa
         ("submit", "spy", "--data", str(door.root / "data"), "--split", "test"),
         ("submit", "spy", "--dataset", "nope", "--split", "test"),
         ("submit", "spy", "--dataset", "ds", "--split", "validation", "--admin"),
+        ("submit", "spy", "--dataset", "ds", "--split", "validation", "--priority", "high"),
         ("tiers", "set", "ds", "test", "viewable"),
         ("budget", "set", "ds", "validation", "--runs", "100000"),
         ("policy", "apply", str(policy)),
@@ -249,7 +250,7 @@ def test_the_worker_credential_cannot_touch_policy_and_the_monitor_sees_no_sampl
                               "--follow", "--json"))  # fmt: skip
     assert door.operator.status(run_id).meta.status is RunStatus.COMPLETED  # workers: worker cred
     worker = door.redis("worker")
-    for key in (budget_key("ds", "validation"), tiers_key("ds"), TOKENS, DATASETS):
+    for key in (budget_key("ds", "validation"), tiers_key("ds"), TOKENS, DATASETS, PRIORITIES):
         with pytest.raises(redis.exceptions.NoPermissionError):
             worker.hset(key, "x", "1")
     with pytest.raises(redis.exceptions.NoPermissionError):

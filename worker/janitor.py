@@ -73,6 +73,7 @@ class Janitor:
         self._app = app
         self._settings = settings
         self._waiting: dict[str, list[SampleTask]] | None = None
+        self._backlogged: dict[str, list[SampleTask | None]] = {}
 
     def sweep(self) -> Sweep:
         """One pass over the broker's unacknowledged messages and the active runs."""
@@ -89,6 +90,7 @@ class Janitor:
                 self._broker.restore(tag)
                 done.restored += 1
         self._waiting = None
+        self._backlogged = {}
         for run_id in self._runs.active():
             try:
                 self._heal(run_id, now, done)
@@ -118,8 +120,11 @@ class Janitor:
             done.nudged.append(run_id)
             return
         if self._waiting is None:
+            # the stalled runs' backlogs first, the broker after: a message the dispatcher
+            # moves in between is then seen in the broker, never in neither
+            self._backlogged = self._backlogs(now)
             self._waiting = self._broker.waiting()
-        backlogged = [carried(raw) for raw in self._backlog.messages(run_id)]
+        backlogged = self._backlogged.get(run_id, [])
         carrying = {
             sample_id
             for task in [*self._waiting.get(run_id, []), *backlogged]
@@ -136,6 +141,15 @@ class Janitor:
                 idle,
                 resent,
             )
+
+    def _backlogs(self, now: float) -> dict[str, list[SampleTask | None]]:
+        """The payloads in the backlogs of the active runs that made no progress lately."""
+        found: dict[str, list[SampleTask | None]] = {}
+        for run_id in self._runs.active():
+            touched = self._results.progress(run_id).touched
+            if touched is None or now - touched >= self._settings.stall_after:
+                found[run_id] = [carried(raw) for raw in self._backlog.messages(run_id)]
+        return found
 
     def _nudge(self, meta: RunMeta) -> None:
         first = self._runs.sample_ids(meta.run_id)[:1]
