@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import IO
 
 from celery import Celery
+from kombu.exceptions import OperationalError
+from redis import RedisError
 
 from shared.errors import EvalqError
 from shared.settings import Settings
@@ -78,14 +80,18 @@ class LocalWorkers:
         return (self.log_dir / f"worker-{index}.log").open("ab")
 
     def wait_ready(self, app: Celery, timeout: float) -> None:
-        """Block until every started process answers a control ping."""
+        """Block until every started process answers a control ping (a broker connection
+        that fails meanwhile is replaced at the next ping)."""
         deadline = time.monotonic() + timeout
         while True:
             dead = [p.args for p in self.processes if p.poll() is not None]
             if dead:
                 self.stop()
                 raise EvalqError(f"a worker exited during start-up: {dead[0]!r}")
-            replies = app.control.ping(timeout=0.5) or []
+            try:
+                replies = app.control.ping(timeout=0.5) or []
+            except (OSError, RedisError, OperationalError):
+                replies = []  # a pooled connection that died with a Redis restart: next one
             if len(replies) >= len(self.processes):
                 return
             if time.monotonic() > deadline:

@@ -2,8 +2,8 @@
 
 A run's inference messages do not go to the broker's ``infer`` queue at submit: they wait in
 the run's backlog (``evalq:{run}:backlog``), each exactly as kombu's Redis transport would have
-pushed it. ``dispatch.lua`` keeps the queue only as deep as the workers need (one message per
-live worker process) and refills it,
+pushed it. ``dispatch.lua`` keeps the queue only as deep as the workers need (as many messages
+as the live workers reserve: two per process with the default batch) and refills it,
 one message at a time, by start-time fair queueing (weighted fair queueing by virtual time):
 first the principal with the lowest virtual time, then that principal's run with the lowest.
 A message of ``s`` samples advances its run's time by ``s / weight`` and its principal's by
@@ -45,7 +45,7 @@ from shared.keys import FAIR, RunKeys
 from shared.lua import register
 from shared.models import RunMeta, SampleTask
 
-__all__ = ["DEPTH_PER_PROCESS", "STAGE_CHUNK", "Backlog", "Staged", "Standing", "capture"]
+__all__ = ["STAGE_CHUNK", "TURN_SAMPLES", "Backlog", "Staged", "Standing", "capture"]
 
 STAGE_CHUNK = 500
 """Messages staged per script call: a million-sample run does not block Redis in one call."""
@@ -53,11 +53,6 @@ TURN_SAMPLES = 4096
 """Samples one run of a principal is served before the principal's next run by virtual time
 gets its turn: long enough that a worker does not swap models between a sweep's checkpoints at
 every batch, short enough that every run of the principal moves."""
-DEPTH_PER_PROCESS = 1
-"""Messages the ``infer`` queue holds per worker process: enough that a process finishing a
-batch finds its next message there (a batch refills just before its messages are acknowledged),
-few enough that a run's later messages are only that many behind. The janitor counts the live
-processes (:meth:`Backlog.set_depth`); a caller asks for at least its own."""
 
 
 class _CapturingChannel(RedisChannel):
@@ -171,13 +166,13 @@ class Backlog:
         size = message_size(len(sample_ids))
         staged = self.stage(meta, capture(app, INFER_TASK, split(meta, sample_ids, size=size)))
         if staged:
-            self.dispatch(INFER_QUEUE, DEPTH_PER_PROCESS, at_least=1)
+            self.dispatch(INFER_QUEUE, 1, at_least=1)
         return staged
 
-    def refill(self, processes: int = 1) -> int:
-        """Refill ``infer`` for ``processes`` worker processes (:data:`DEPTH_PER_PROCESS`
-        each); return the messages moved."""
-        return self.dispatch(INFER_QUEUE, DEPTH_PER_PROCESS * max(1, processes))
+    def refill(self, prefetch: int) -> int:
+        """Refill ``infer`` to ``prefetch`` messages (what the caller's worker reserves at
+        most), or deeper when the janitor counted more; return the messages moved."""
+        return self.dispatch(INFER_QUEUE, max(1, prefetch))
 
     def dispatch(self, queue: str, depth: int, *, at_least: int = 0) -> int:
         """Refill ``queue`` up to ``depth`` messages from the backlogs, fairly, and move at
@@ -191,10 +186,11 @@ class Backlog:
         """Take a cancelled run out of the dispatcher's round; False if it was not in it."""
         return bool(self._withdraw(keys=[], args=[FAIR.prefix, run_id]))
 
-    def set_depth(self, processes: int, ttl: float) -> None:
-        """Keep ``infer`` one message deep per live worker process consuming it (the janitor
-        counts them; the count expires after ``ttl`` seconds unless counted again)."""
-        self._client.set(FAIR.depth, max(1, processes), px=max(1, int(ttl * 1000)))
+    def set_depth(self, prefetch: int, ttl: float) -> None:
+        """Keep ``infer`` as deep as the live workers consuming it reserve messages in all
+        (the janitor counts them; the count expires after ``ttl`` seconds unless counted
+        again)."""
+        self._client.set(FAIR.depth, max(1, prefetch), px=max(1, int(ttl * 1000)))
 
     def waiting(self) -> dict[str, tuple[str, int]]:
         """Backlogged run -> (its principal, samples in its backlog)."""

@@ -30,8 +30,8 @@ class WorkerBeat(BaseModel):
     """Queues it consumes."""
     held: list[str] = []
     """Delivery tags of the messages it holds unacknowledged."""
-    processes: int = 1
-    """Its pool processes (``--concurrency``)."""
+    prefetch: int = 2
+    """Messages it reserves at most (Celery's prefetch multiplier times its processes)."""
 
 
 def absence(workers: Iterable[WorkerBeat], evaluation: str, queues: Iterable[str]) -> str | None:

@@ -10,7 +10,6 @@ import signal
 from collections import Counter
 from pathlib import Path
 
-import kombu.pools
 import pytest
 
 from producer.client import Client
@@ -18,7 +17,6 @@ from producer.metrics import EvalqCollector
 from producer.redis_server import RedisServer
 from producer.submit import SubmitRequest
 from shared.backlog import Backlog, Staged
-from shared.celery_app import create_app
 from shared.connection import connect
 from shared.errors import ForbiddenError
 from shared.keys import FAIR, RunKeys
@@ -243,8 +241,6 @@ def test_a_worker_killed_and_redis_restarted_mid_dispatch_settle_every_run_once(
     stack.workers = []
     stack.server.restart()  # SIGTERM (AOF flushed), then a new server on the same port
     (tmp_path / "gate").touch()
-    kombu.pools.reset()  # the pooled connections (kombu's, shared by apps) died with Redis
-    stack.app = create_app(stack.settings)
     stack.start_workers(**fast)
     for meta in runs:
         wait_ended(stack.client, meta.run_id)

@@ -105,7 +105,10 @@ def test_flower_sees_the_worker_and_tasks_with_ids_only(
 ) -> None:
     with pytest.raises(urllib.error.HTTPError):  # basic auth is on
         _get(f"{flower}/api/workers")
-    fresh_stack.start_workers()
+    # an inference worker and a scoring worker, so both stages travel as messages (a worker
+    # that consumes both queues scores in the inference task)
+    fresh_stack.start_workers(queues="infer")
+    fresh_stack.start_workers(queues="score")
     rows = labelled_rows(40, salt="flower-")
     _, meta = _submitted(fresh_stack, tmp_path / "data", rows, tier="non_viewable")
     wait_completed(fresh_stack.client, meta.run_id)
@@ -158,7 +161,7 @@ def test_the_metrics_endpoint_serves_runs_queues_and_budgets(
     labels = (("dataset", data), ("eval", "spy"), ("run", meta.run_id), ("split", "validation"))
     try:
         before = _metrics(url)
-        assert before["evalq_queue_depth", (("queue", "infer"),)] == 2  # 20 ids: 16 + 4
+        assert before["evalq_queue_depth", (("queue", "infer"),)] == 1  # 20 ids: one message
         assert before["evalq_run_samples", (*labels, ("state", "total"))] == 20
         assert before["evalq_run_samples", (*labels, ("state", "done"))] == 0
         assert before["evalq_run_active", labels] == 1

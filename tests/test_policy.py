@@ -18,7 +18,7 @@ from producer.redis_server import RedisServer
 from producer.submit import SubmitRequest
 from shared.connection import connect
 from shared.errors import BudgetExhaustedError, PolicyRefusedError, TierRefusedError
-from shared.keys import AUDIT, JANITOR, RUNS, budget_key
+from shared.keys import AUDIT, FAIR, JANITOR, RUNS, budget_key
 from shared.ledger import Ledger
 from shared.policy import Tier
 from shared.results import ResultStore
@@ -186,9 +186,10 @@ def test_no_access_and_unlisted_are_refused_before_the_ledger(stack: Stack, tmp_
             refused = evalq(stack.server.url, "submit", "spy", "--dataset", name, "--split", split)
             assert refused.returncode == 3, refused.stderr
             assert refused.stderr.strip() == f"error: tier refused: {name}/{split} is no_access"
-    # the shared worker's housekeeping scripts may run meanwhile: kombu's unacked mutex and the
-    # janitor's lease; any other script, or any budget key, is a touch of the ledger
-    housekeeping = ("unacked_mutex", JANITOR)
+    # the shared worker's housekeeping scripts may run meanwhile: kombu's unacked mutex, the
+    # janitor's lease and the dispatcher's refill; any other script, or any budget key, is a
+    # touch of the ledger
+    housekeeping = ("unacked_mutex", JANITOR, FAIR.depth)
     touched = [
         c
         for c in seen.commands

@@ -103,7 +103,8 @@ def create_worker_app(settings: Settings) -> Celery:
             hostname=sender.hostname,
             queues=queues,
             held=held,
-            processes=getattr(getattr(sender, "controller", None), "concurrency", 1) or 1,
+            prefetch=app.conf.worker_prefetch_multiplier
+            * (getattr(getattr(sender, "controller", None), "concurrency", 1) or 1),
         )
         thread.start()
         presence.append(thread)

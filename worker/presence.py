@@ -52,7 +52,7 @@ class PresenceThread(threading.Thread):
         hostname: str,
         queues: list[str],
         held: Callable[[], list[str]],
-        processes: int = 1,
+        prefetch: int = 2,
     ) -> None:
         super().__init__(name="evalq-presence", daemon=True)
         self._app = app
@@ -60,7 +60,7 @@ class PresenceThread(threading.Thread):
         self._hostname = hostname
         self._queues = queues
         self._held = held
-        self._processes = processes
+        self._prefetch = prefetch
         self._stopping = threading.Event()
         self._failing: set[str] = set()
 
@@ -88,7 +88,7 @@ class PresenceThread(threading.Thread):
         try:
             while True:
                 self._guard("heartbeat", lambda: presence.beat(self._beat(), interval))
-                self._guard("refill", lambda: backlog.refill(self._processes))
+                self._guard("refill", lambda: backlog.refill(self._prefetch))
                 if time.monotonic() >= next_sweep:
                     next_sweep = time.monotonic() + every
                     self._guard("janitor", sweep)
@@ -106,7 +106,7 @@ class PresenceThread(threading.Thread):
             evaluations=registered(),
             queues=self._queues,
             held=self._held(),
-            processes=self._processes,
+            prefetch=self._prefetch,
         )
 
     def _guard(self, what: str, step: Callable[[], object]) -> None:
