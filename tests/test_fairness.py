@@ -208,13 +208,13 @@ def test_principals_runs_interleave(fresh_stack: Stack, tmp_path: Path) -> None:
     two together have had about as much (not twice as much, not nothing)."""
     stack = fresh_stack
     stack.start_workers()
-    dataset = _dataset(stack, tmp_path, 640)
+    dataset = _dataset(stack, tmp_path, 320)
     a, b = _client(stack, "a"), _client(stack, "b")
-    a_runs = [_submit(a, dataset, 640), _submit(a, dataset, 640)]
-    b_run = _submit(b, dataset, 640)
+    a_runs = [_submit(a, dataset, 320), _submit(a, dataset, 320)]
+    b_run = _submit(b, dataset, 320)
     wait_completed(stack.client, b_run.run_id, timeout=90)
     a_done = [a.status(m.run_id).progress.done for m in a_runs]
-    assert 0.6 * 640 <= sum(a_done) <= 1.4 * 640, a_done
+    assert 0.6 * 320 <= sum(a_done) <= 1.4 * 320, a_done
     for meta in a_runs:
         wait_completed(stack.client, meta.run_id, timeout=90)
 
