@@ -12,7 +12,7 @@ fresh Redis with the workers warm:
   (d) FIFO: the same, with every message of every run handed to the broker at submit (what
       evalq did before the dispatcher), for ``--fifo-smalls`` small runs;
   (e) principals: principal ``a`` submits two runs of ``--share-big`` samples and ``b`` one;
-      each principal's share of the samples settled while all three go.
+      each principal's share of the samples settled while both have work.
 
 A small run's latency is from just before ``submit`` to the moment its finalizer stamped it
 completed. Prints a table and writes JSON.
@@ -162,19 +162,26 @@ def shared(bench: Bench, big: int, small: int, smalls: int) -> Shared:
 
 
 def principals(bench: Bench, samples: int) -> dict[str, float]:
-    """Each principal's share of the samples settled while ``a``'s two runs and ``b``'s one
-    all go (from the last submit to the first completion)."""
+    """Each principal's share of the samples settled while both have work: ``a`` submits two
+    runs, ``b`` one, all of ``samples``; from the moment both have progress to the moment one
+    of them has none left."""
     metas = {"a": [bench.submit(samples, "a"), bench.submit(samples, "a")]}
     metas["b"] = [bench.submit(samples, "b")]
-    everyone = [m for ms in metas.values() for m in ms]
-    bench.wait(lambda: all(bench.done(m.run_id) > 0 for m in everyone))
-    first = {p: sum(bench.done(m.run_id) for m in ms) for p, ms in metas.items()}
-    bench.wait(lambda: any(bench.done(m.run_id) >= m.n for m in everyone))
-    last = {p: sum(bench.done(m.run_id) for m in ms) for p, ms in metas.items()}
-    for meta in everyone:
+
+    def done() -> dict[str, int]:
+        return {p: sum(bench.done(m.run_id) for m in ms) for p, ms in metas.items()}
+
+    def total(principal: str) -> int:
+        return sum(m.n for m in metas[principal])
+
+    bench.wait(lambda: all(v > 0 for v in done().values()))
+    first = done()
+    bench.wait(lambda: any(v >= total(p) for p, v in done().items()))
+    last = done()
+    for meta in [m for ms in metas.values() for m in ms]:
         bench.completed(meta)
-    total = sum(last[p] - first[p] for p in metas)
-    return {p: (last[p] - first[p]) / total for p in metas}
+    settled = sum(last[p] - first[p] for p in metas)
+    return {p: (last[p] - first[p]) / settled for p in metas}
 
 
 def p95(values: list[float]) -> float:

@@ -2,8 +2,8 @@
 
 A run's inference messages do not go to the broker's ``infer`` queue at submit: they wait in
 the run's backlog (``evalq:{run}:backlog``), each exactly as kombu's Redis transport would have
-pushed it. ``dispatch.lua`` keeps the queue only as deep as the workers need (as many messages
-as the live workers reserve: two per process with the default batch) and refills it,
+pushed it. ``dispatch.lua`` keeps the queue only as deep as the workers need (a batch's worth of
+messages per live worker process: one with the default batch of 64) and refills it,
 one message at a time, by start-time fair queueing (weighted fair queueing by virtual time):
 first the principal with the lowest virtual time, then that principal's run with the lowest.
 A message of ``s`` samples advances its run's time by ``s / weight`` and its principal's by
@@ -169,10 +169,10 @@ class Backlog:
             self.dispatch(INFER_QUEUE, 1, at_least=1)
         return staged
 
-    def refill(self, prefetch: int) -> int:
-        """Refill ``infer`` to ``prefetch`` messages (what the caller's worker reserves at
-        most), or deeper when the janitor counted more; return the messages moved."""
-        return self.dispatch(INFER_QUEUE, max(1, prefetch))
+    def refill(self, depth: int) -> int:
+        """Refill ``infer`` to ``depth`` messages (a batch of the caller's worker), or deeper
+        when the janitor counted more; return the messages moved."""
+        return self.dispatch(INFER_QUEUE, max(1, depth))
 
     def dispatch(self, queue: str, depth: int, *, at_least: int = 0) -> int:
         """Refill ``queue`` up to ``depth`` messages from the backlogs, fairly, and move at
@@ -186,11 +186,11 @@ class Backlog:
         """Take a cancelled run out of the dispatcher's round; False if it was not in it."""
         return bool(self._withdraw(keys=[], args=[FAIR.prefix, run_id]))
 
-    def set_depth(self, prefetch: int, ttl: float) -> None:
-        """Keep ``infer`` as deep as the live workers consuming it reserve messages in all
-        (the janitor counts them; the count expires after ``ttl`` seconds unless counted
+    def set_depth(self, messages: int, ttl: float) -> None:
+        """Keep ``infer`` ``messages`` deep: a batch's worth per live worker process consuming
+        it (the janitor counts them; the count expires after ``ttl`` seconds unless counted
         again)."""
-        self._client.set(FAIR.depth, max(1, prefetch), px=max(1, int(ttl * 1000)))
+        self._client.set(FAIR.depth, max(1, messages), px=max(1, int(ttl * 1000)))
 
     def waiting(self) -> dict[str, tuple[str, int]]:
         """Backlogged run -> (its principal, samples in its backlog)."""

@@ -2,8 +2,9 @@
 visibility timeout and without anyone typing ``evalq resume``.
 
 One worker at a time runs it (the holder of the ``evalq:janitor`` lease; see
-:mod:`worker.presence`). Each sweep counts the messages the live workers that consume ``infer``
-reserve at most, for the fair dispatcher (:meth:`shared.backlog.Backlog.set_depth`), and:
+:mod:`worker.presence`). Each sweep counts, for the fair dispatcher, the messages of one batch
+per live worker process that consumes ``infer`` (:meth:`shared.backlog.Backlog.set_depth`),
+and:
 
 1. puts back in their queue the unacknowledged messages that no live worker holds (their
    worker's main process was killed, or lost Redis and gave up on them) once they are older
@@ -82,8 +83,8 @@ class Janitor:
         now = seconds + micros / 1e6
         live = self._presence.live()
         held = {tag for beat in live for tag in beat.held}
-        reserving = sum(beat.prefetch for beat in live if INFER_QUEUE in beat.queues)
-        self._backlog.set_depth(reserving, ttl=4 * self._settings.stall_after)
+        batches = sum(beat.prefetch // 2 for beat in live if INFER_QUEUE in beat.queues)
+        self._backlog.set_depth(batches, ttl=4 * self._settings.stall_after)
         gone_after = self._settings.heartbeat_interval * HEARTBEAT_MISSES
         for tag in self._broker.delivered_before(now - gone_after):
             if tag not in held:

@@ -88,7 +88,7 @@ class PresenceThread(threading.Thread):
         try:
             while True:
                 self._guard("heartbeat", lambda: presence.beat(self._beat(), interval))
-                self._guard("refill", lambda: backlog.refill(self._prefetch))
+                self._guard("refill", lambda: backlog.refill(self._prefetch // 2))
                 if time.monotonic() >= next_sweep:
                     next_sweep = time.monotonic() + every
                     self._guard("janitor", sweep)

@@ -80,7 +80,7 @@ class WorkerState:
         self.get()
         assert self._backlog is not None
         try:
-            self._backlog.refill(self._app.conf.worker_prefetch_multiplier)
+            self._backlog.refill(self._app.conf.worker_prefetch_multiplier // 2)
         except redis.RedisError as exc:
             log.warning("could not refill the infer queue: %s", first_line(exc))
 
