@@ -231,11 +231,11 @@ def test_a_worker_killed_and_redis_restarted_mid_dispatch_settle_every_run_once(
     stack.crashes_expected = True  # Celery logs the lost connection with a traceback
     fast = {"EVALQ_VISIBILITY_TIMEOUT": "5"}
     stack.start_workers(**fast)
-    dataset = _dataset(stack, tmp_path, 640)
+    dataset = _dataset(stack, tmp_path, 384)
     gate = {"gate": str(tmp_path / "gate"), "open_until": "200"}
     a, b = _client(stack, "a"), _client(stack, "b")
-    runs = [_submit(a, dataset, 640, **gate), _submit(a, dataset, 320, **gate)]
-    runs.append(_submit(b, dataset, 640, **gate))
+    runs = [_submit(a, dataset, 384, **gate), _submit(a, dataset, 256, **gate)]
+    runs.append(_submit(b, dataset, 384, **gate))
     backlog = Backlog(stack.client)
     wait_for(lambda: sum(a.status(m.run_id).progress.done for m in runs) >= 128, 60, "progress")
     assert backlog.waiting()  # the dispatcher still holds work of the runs
