@@ -217,9 +217,16 @@ class Client:
         """Why nothing moves a going run: no live worker serves its evaluation (or consumes
         the queue its samples wait in), or it made no progress for ``stall_after`` seconds;
         None when it is moving or has ended."""
-        return self._stalled(meta, progress, self._presence.live())
+        waiting = self._backlog.standing(meta.run_id) if meta.status.active else None
+        return self._stalled(meta, progress, self._presence.live(), waiting)
 
-    def _stalled(self, meta: RunMeta, progress: Progress, workers: list[WorkerBeat]) -> str | None:
+    def _stalled(
+        self,
+        meta: RunMeta,
+        progress: Progress,
+        workers: list[WorkerBeat],
+        waiting: Standing | None,
+    ) -> str | None:
         if not meta.status.active:
             return None
         queues = []
@@ -230,7 +237,7 @@ class Client:
         missing = absence(workers, meta.eval, queues)
         if missing:
             return missing
-        if self._backlog.standing(meta.run_id) is not None:
+        if waiting is not None:
             return None  # waiting its turn in the dispatcher, which says why: not stalled
         seconds, micros = self._redis.time()
         idle = seconds + micros / 1e6 - (progress.touched or meta.created)
@@ -253,6 +260,7 @@ class Client:
             if rule.mechanism is not Mechanism.EXACT:
                 released = self._release(meta, rule, aggregate, progress.scored)
                 aggregate = released.aggregate
+        waiting = self._backlog.standing(meta.run_id) if meta.status.active else None
         errors = self._results.errors_by_kind(meta.run_id) if progress.failed else {}
         if not reader.sees_error_kinds:
             errors = _by_stage(errors)
@@ -264,8 +272,8 @@ class Client:
             withheld=withheld,
             release=released,
             errors=errors,
-            stalled=self._stalled(meta, progress, workers),
-            waiting=self._backlog.standing(meta.run_id) if meta.status.active else None,
+            stalled=self._stalled(meta, progress, workers, waiting),
+            waiting=waiting,
         )
 
     def _release(
