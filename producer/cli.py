@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Column, Table
@@ -18,12 +18,16 @@ from producer import policy_cli
 from producer.api import Api, open_api
 from producer.client import RunView
 from producer.export import ExportFormat
+from producer.sweep import MAX_GRID
 from shared.cli import AdminFlag, JsonFlag, err, out, print_json
-from shared.errors import InputError
-from shared.models import Priority, Progress
+from shared.errors import EvalqError, InputError
+from shared.models import Priority, Progress, RunStatus
 from shared.routing import RoutingKind
 from shared.settings import get_settings
 from shared.spec import MAX_SPEC_SHARDS
+
+if TYPE_CHECKING:
+    from producer.submit import SubmitRequest
 
 __all__ = ["register"]
 
@@ -102,14 +106,29 @@ def submit_command(  # noqa: PLR0913, PLR0917 - a typer command: its options are
         Priority | None,
         typer.Option(help="Share of the workers against your other runs (default: the policy's)."),
     ] = None,
+    sweep: Annotated[
+        list[str] | None,
+        typer.Option(help="Sweep a parameter: k=v1,v2 (repeatable; submits the grid)."),
+    ] = None,
+    sweep_file: Annotated[
+        Path | None, typer.Option(help="YAML mapping of parameter -> values to sweep.")
+    ] = None,
+    tag: Annotated[list[str] | None, typer.Option(help="Label the run(s) (repeatable).")] = None,
     follow_run: Annotated[bool, typer.Option("--follow", help="Show progress until done.")] = False,
     admin: AdminFlag = False,
     as_json: JsonFlag = False,
 ) -> None:
-    """Submit an evaluation; prints the run id."""
+    """Submit an evaluation (or a sweep's grid of them); prints the run id(s)."""
     from producer.submit import SubmitRequest, parse_ids, parse_params
+    from producer.sweep import grid, new_sweep_id, parse_sweeps, read_sweep_file
     from shared.data import Sharding
 
+    sweeps = parse_sweeps(sweep or [])
+    if sweep_file is not None:
+        for key, values in read_sweep_file(sweep_file).items():
+            if key in sweeps:
+                raise InputError(f"--sweep {key} is also in {sweep_file}")
+            sweeps[key] = values
     request = SubmitRequest(
         eval=eval_name,
         dataset=dataset,
@@ -128,8 +147,17 @@ def submit_command(  # noqa: PLR0913, PLR0917 - a typer command: its options are
             seed=router_seed,
         ),
         priority=priority,
+        tags=tuple(tag or ()),
     )
     client = _client(admin)
+    if sweeps:
+        if follow_run:
+            raise InputError(
+                "--follow follows one run; watch a sweep with evalq runs --sweep ID or "
+                "evalq watch RUN"
+            )
+        _submit_sweep(client, request, grid(request.params, sweeps), new_sweep_id(), as_json)
+        return
     meta = client.submit(request)
     if as_json:
         print_json({"run_id": meta.run_id})
@@ -140,6 +168,41 @@ def submit_command(  # noqa: PLR0913, PLR0917 - a typer command: its options are
         err.print(f"warning: {waiting}; the run waits until one does", highlight=False)
     if follow_run:
         _follow_and_report(client, meta.run_id, as_json)
+
+
+def _submit_sweep(
+    client: Api, request: SubmitRequest, grid: list[dict[str, str]], sweep: str, as_json: bool
+) -> None:
+    """Submit one run per point of ``grid``, sharing the sweep id. Every point is checked
+    before any is submitted; a refusal midway stops the sweep there, and the runs submitted
+    before it stand: listed on stdout (``--json``: with the error) before the error."""
+    points = [
+        type(request).model_validate({**request.model_dump(), "params": params, "sweep": sweep})
+        for params in grid
+    ]
+    submitted: list[str] = []
+    try:
+        for point in points:
+            submitted.append(client.submit(point).run_id)
+    except EvalqError as exc:
+        if as_json:
+            print_json({"sweep": sweep, "run_ids": submitted, "error": str(exc)})
+        elif submitted:
+            _print_sweep(sweep, submitted, grid, f" of {len(grid)} before this refusal")
+        raise
+    if as_json:
+        print_json({"sweep": sweep, "run_ids": submitted})
+        return
+    _print_sweep(sweep, submitted, grid)
+
+
+def _print_sweep(
+    sweep: str, submitted: list[str], grid: list[dict[str, str]], note: str = ""
+) -> None:
+    out.print(f"sweep {sweep}: {len(submitted)} runs{note}", highlight=False)
+    for run_id, params in zip(submitted, grid, strict=False):
+        shown = " ".join(f"{k}={v}" for k, v in sorted(params.items()))
+        out.print(f"{run_id}  {shown}", highlight=False)
 
 
 def _follow_and_report(client: Api, run_id: str, as_json: bool) -> None:
@@ -157,13 +220,15 @@ def _follow_and_report(client: Api, run_id: str, as_json: bool) -> None:
                 "aggregate": view.aggregate,
                 "withheld": view.withheld,
                 "release": None if view.release is None else view.release.model_dump(),
+                "stats": {k: v.model_dump(mode="json") for k, v in (view.stats or {}).items()}
+                or None,
             }
         )
         client.ended(run_id)
         return
     out.print(f"{run_id} {view.meta.status}")
     for name, value in sorted((view.aggregate or {}).items()):
-        out.print(f"  {name}: {value:.4f}{_released(view, name)}")
+        out.print(f"  {name}: {_metric(view, name, value)}")
     if view.withheld:
         out.print(f"  aggregate withheld: {view.withheld}")
     client.ended(run_id)
@@ -210,10 +275,21 @@ def status(
     for kind, count in view.errors.items():
         table.add_row("errors", f"{count} {kind}")
     for name, metric in sorted((view.aggregate or {}).items()):
-        table.add_row(name, f"{metric:.4f}{_released(view, name)}")
+        table.add_row(name, _metric(view, name, metric))
     if view.withheld:
         table.add_row("aggregate", f"withheld: {view.withheld}")
     out.print(table)
+
+
+def _metric(view: RunView, name: str, value: float) -> str:
+    """``0.9167 ± 0.0234 (95% CI 0.8708-0.9625, n 48)``, as far as the view has them, then how
+    it was released when not exactly."""
+    text = f"{value:.4f}"
+    stat = (view.stats or {}).get(name)
+    if stat is not None and stat.stderr is not None and stat.ci95 is not None:
+        low, high = stat.ci95
+        text += f" ± {stat.stderr:.4f} (95% CI {low:.4f}-{high:.4f}, n {stat.n})"
+    return text + _released(view, name)
 
 
 def _released(view: RunView, metric: str) -> str:
@@ -233,20 +309,101 @@ def watch(
 
 
 def report(
-    run_id: RunArg,
+    run_ids: Annotated[list[str], typer.Argument(metavar="RUN [RUN ...]")],
     out_path: Annotated[Path, typer.Option("--out", help="HTML file to write.")] = Path(
         "report.html"
     ),
     admin: AdminFlag = False,
     as_json: JsonFlag = False,
 ) -> None:
-    """Write a self-contained HTML report of a run (charts as the split's tier allows)."""
-    page = _client(admin).report(run_id)
+    """Write a self-contained HTML report of a run (charts as the split's tier allows), or of
+    the comparison of several runs against the first."""
+    client = _client(admin)
+    if len(run_ids) == 1:
+        page = client.report(run_ids[0])
+    else:
+        from producer.report import render_comparison
+
+        found = client.compare(run_ids, flips=20)
+        page = render_comparison(found, [client.status(r) for r in run_ids])
     out_path.write_text(page, encoding="utf-8")
     if as_json:
-        print_json({"run_id": run_id, "out": str(out_path)})
+        runs = {"run_id": run_ids[0]} if len(run_ids) == 1 else {"run_ids": run_ids}
+        print_json({**runs, "out": str(out_path)})
     else:
         out.print(f"wrote {out_path}", highlight=False)
+
+
+def rescore(  # noqa: PLR0917 - a typer command: its options are its parameters
+    run_id: RunArg,
+    eval_name: Annotated[
+        str, typer.Option("--eval", help="Evaluation whose score() scores RUN's outputs.")
+    ],
+    param: Annotated[list[str] | None, typer.Option(help="Its parameter k=v (repeatable).")] = None,
+    follow_run: Annotated[bool, typer.Option("--follow", help="Show progress until done.")] = False,
+    admin: AdminFlag = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Score a completed run's stored outputs with another evaluation: a new run, no
+    inference (the two must declare the same output kind); prints the new run id."""
+    from producer.rescore import RescoreRequest
+    from producer.submit import parse_params
+
+    client = _client(admin)
+    request = RescoreRequest(run=run_id, eval=eval_name, params=parse_params(param or []))
+    meta = client.rescore(request)
+    if as_json:
+        print_json({"run_id": meta.run_id, "rescored_from": run_id})
+    else:
+        out.print(meta.run_id, highlight=False)
+    if follow_run:
+        _follow_and_report(client, meta.run_id, as_json)
+
+
+def compare(
+    run_ids: Annotated[
+        list[str] | None, typer.Argument(metavar="RUN_A RUN_B [RUN ...]", show_default=False)
+    ] = None,
+    sweep: Annotated[
+        str | None, typer.Option(help="Compare a sweep's runs (the first submitted: baseline).")
+    ] = None,
+    flips: Annotated[
+        int, typer.Option(min=0, help="Flipped samples to list per run and 0/1 metric.")
+    ] = 10,
+    admin: AdminFlag = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Compare runs sample by sample: each against the first (same dataset, split and spec)."""
+    from shared.runs import RunFilter
+
+    client = _client(admin)
+    if (sweep is None) == (not run_ids):
+        raise InputError("give two or more runs, or --sweep ID (not both)")
+    if sweep is not None:
+        found_runs = client.recent(MAX_GRID, only=RunFilter(sweep=sweep))
+        if not found_runs:
+            raise InputError(f"no runs of sweep {sweep!r}")
+        run_ids = [v.meta.run_id for v in sorted(found_runs, key=lambda v: v.meta.created)]
+    assert run_ids is not None
+    found = client.compare(run_ids, flips)
+    if as_json:
+        print_json(found.model_dump(mode="json"))
+        return
+    table = Table(title=f"against {found.baseline}")
+    for column in ("metric", "run", "delta", "95% CI", "p (McNemar)", "paired", "flips"):
+        table.add_column(column, justify="left" if column in ("metric", "run") else "right")
+    for name, deltas in found.metrics.items():
+        for run_id, delta in deltas.items():
+            ci = "" if delta.ci95 is None else f"{delta.ci95[0]:+.4f} to {delta.ci95[1]:+.4f}"
+            p = "" if delta.p_value is None else f"{delta.p_value:.3g}"
+            moved = f"+{delta.flips[0]} / -{delta.flips[1]}" if delta.p_value is not None else ""
+            table.add_row(name, run_id, f"{delta.delta:+.4f}", ci, p, str(delta.n_paired), moved)
+    out.print(table)
+    for name, runs in found.flips.items():
+        for run_id, flipped in runs.items():
+            if flipped.fixed or flipped.broken:
+                fixed, broken = flipped.fixed or "-", flipped.broken or "-"
+                out.print(f"{name} {run_id}: fixed {fixed}, broken {broken}", highlight=False)
 
 
 def metrics(
@@ -294,12 +451,22 @@ def acl(
     out.print(f"wrote {out_path}: users {', '.join(ROLES)}", highlight=False)
 
 
-def runs(
+def runs(  # noqa: PLR0917 - a typer command: its options are its parameters
     limit: Annotated[int, typer.Option(min=1, help="How many recent runs.")] = 20,
+    eval_name: Annotated[str | None, typer.Option("--eval", help="Only this evaluation.")] = None,
+    dataset: Annotated[str | None, typer.Option(help="Only this dataset.")] = None,
+    sweep: Annotated[str | None, typer.Option(help="Only this sweep's runs.")] = None,
+    tag: Annotated[str | None, typer.Option(help="Only runs with this tag.")] = None,
+    status_is: Annotated[
+        RunStatus | None, typer.Option("--status", help="Only this status.")
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """List recent runs, newest first."""
-    views = _client().recent(limit)
+    """List recent runs, newest first, with their params, tags and first metric."""
+    from shared.runs import RunFilter
+
+    only = RunFilter(eval=eval_name, dataset=dataset, sweep=sweep, tag=tag, status=status_is)
+    views = _client().recent(limit, only=only)
     if as_json:
         print_json([v.as_dict() for v in views])
         return
@@ -307,18 +474,25 @@ def runs(
     width = max((len(v.meta.run_id) for v in views), default=3)
     table = Table(
         Column("run", no_wrap=True, min_width=width),
-        *(Column(name, overflow="fold") for name in ("eval", "data", "split", "tier", "status")),
-        "done",
-        "n",
+        *(Column(name, overflow="fold") for name in ("eval", "data", "status", "params", "tags")),
+        "done / n",
+        Column("metric", overflow="fold"),
     )
     for v in views:
         m = v.meta
-        done = str(v.progress.done)
-        table.add_row(m.run_id, m.eval, m.dataset_id, m.split, v.tier, m.status, done, str(m.n))
+        params = " ".join(f"{k}={val}" for k, val in sorted(m.params.items()))
+        metric = ""
+        if v.aggregate:
+            name = sorted(v.aggregate)[0]
+            metric = f"{name} {_metric(v, name, v.aggregate[name])}"
+        table.add_row(
+            m.run_id, m.eval, f"{m.dataset_id}/{m.split} ({v.tier})", m.status, params,
+            " ".join(m.tags), f"{v.progress.done} / {m.n}", metric,
+        )  # fmt: skip
     out.print(table)
 
 
-def results(
+def results(  # noqa: PLR0917 - a typer command: its options are its parameters
     run_id: RunArg,
     fmt: Annotated[
         ExportFormat, typer.Option("--format", case_sensitive=False, help="Output format.")
@@ -326,6 +500,9 @@ def results(
     out_path: Annotated[Path | None, typer.Option("--out", help="File to write.")] = None,
     follow_run: Annotated[
         bool, typer.Option("--follow", help="Stream results as they are stored (jsonl).")
+    ] = False,
+    with_input: Annotated[
+        bool, typer.Option("--with-input", help="Add each sample's row (labels included).")
     ] = False,
     admin: AdminFlag = False,
 ) -> None:
@@ -335,7 +512,11 @@ def results(
     if follow_run and fmt is not ExportFormat.JSONL:
         raise InputError("--follow streams jsonl only")
     client = _client(admin)
-    rows = client.follow_results(run_id) if follow_run else client.results(run_id)
+    rows = (
+        client.follow_results(run_id, with_input=with_input)
+        if follow_run
+        else client.results(run_id, with_input=with_input)
+    )
     count = write_results(rows, fmt, out_path)
     if out_path is not None:
         err.print(f"wrote {count} results to {out_path}")
@@ -368,7 +549,8 @@ def resume(run_id: RunArg, as_json: JsonFlag = False) -> None:
 def register(app: typer.Typer) -> None:
     """Add the producer's commands to the ``evalq`` app."""
     commands: tuple[Callable[..., None], ...] = (
-        demo, status, watch, runs, results, report, metrics, serve, acl, cancel, resume,
+        demo, status, watch, runs, results, compare, rescore, report, metrics, serve, acl,
+        cancel, resume,
     )  # fmt: skip
     for command in commands:
         app.command()(command)

@@ -14,15 +14,19 @@ this reader may see.
 
 from __future__ import annotations
 
+import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import redis
 from celery import Celery
 from pydantic import BaseModel, computed_field
 
+from producer.comparison import Comparison, check_pairable, compare
 from producer.policy_file import PolicyFile, apply_policy
+from producer.rescore import RescoreRequest, rescore
 from producer.submit import SubmitRequest, submit
 from shared.audit import audit_admin, recent
 from shared.backlog import Backlog, Standing
@@ -44,15 +48,18 @@ from shared.policy import (
     read_access,
     release,
     release_rule,
+    released_stats,
     run_tier,
 )
 from shared.presence import Presence, WorkerBeat, absence
+from shared.provenance import ProvenanceStore, RunProvenance
 from shared.registry import DatasetRegistry, RegisteredDataset
 from shared.release import Released, ReleaseStore
 from shared.results import ResultStore
-from shared.runs import RunStore
+from shared.runs import RunFilter, RunStore
 from shared.settings import Settings, get_settings
 from shared.spec import DatasetSpec, fetch_spec
+from shared.stats import Stat
 from shared.tiers import TierRegistry
 from shared.tokens import TokenRecord, TokenStore
 
@@ -83,6 +90,11 @@ class RunView(BaseModel):
     """Why the aggregate is not shown, when it is not."""
     release: Released | None = None
     """How the aggregate was released when not exactly (a non_viewable split, not an admin)."""
+    stats: dict[str, Stat] | None = None
+    """Each metric's mean, standard error, 95% interval and count, with the aggregate (as the
+    release releases them: no exact error bar under a rounded release)."""
+    provenance: RunProvenance | None = None
+    """The dataset spec fingerprint and what each worker that stored outputs ran with."""
     errors: dict[str, int]
     """Terminal errors by ``stage/kind`` (by ``stage`` only for a reader without per-sample
     access: an exception's class name is whatever the code that raised it chose)."""
@@ -166,12 +178,15 @@ class Client:
         principal: str | None = None,
         client: redis.Redis | None = None,
         app: Celery | None = None,
+        sees_sources: bool = True,
     ) -> None:
         """Direct mode (an operator holding the Redis URL) reads ``settings``; the gateway
         passes the token's ``principal`` and its own shared Redis ``client`` and Celery
-        ``app``."""
+        ``app``, and whether the caller may see data sources (``sees_sources``: a run's spec
+        fingerprint hashes its data file's digest, so a user sees it blank)."""
         self.settings = settings or get_settings()
         self.admin = admin
+        self._sees_sources = sees_sources
         self._principal = principal or self.settings.principal
         self._redis = client or connect(self.settings.redis_url, retries=CLI_RETRIES)
         self._app = app
@@ -184,6 +199,7 @@ class Client:
         self._tokens = TokenStore(self._redis)
         self._releases = ReleaseStore(self._redis)
         self._backlog = Backlog(self._redis)
+        self._provenance = ProvenanceStore(self._redis)
 
     @property
     def app(self) -> Celery:
@@ -200,7 +216,24 @@ class Client:
     def submit(self, request: SubmitRequest) -> RunMeta:
         """Gate on tier and budget, then enqueue; see :func:`producer.submit.submit`."""
         load_plugins(self.settings.plugins)
-        return submit(self._redis, self.app, request, principal=self.principal, admin=self.admin)
+        meta = submit(self._redis, self.app, request, principal=self.principal, admin=self.admin)
+        return self._outward(meta)
+
+    def _outward(self, meta: RunMeta) -> RunMeta:
+        """``meta`` as this caller may see it: without the spec fingerprint unless it sees data
+        sources (a hash over the data file's digest and path: with the path, an oracle for
+        guessed labels of a small held-out file)."""
+        return meta if self._sees_sources else meta.model_copy(update={"spec": ""})
+
+    def rescore(self, request: RescoreRequest) -> RunMeta:
+        """A new run scoring ``request.run``'s stored outputs with another evaluation; see
+        :func:`producer.rescore.rescore`."""
+        load_plugins(self.settings.plugins)
+        meta = rescore(
+            self._redis, self.app, request.run, request.eval, request.params,
+            principal=self.principal, admin=self.admin,
+        )  # fmt: skip
+        return self._outward(meta)
 
     def _reader(self, meta: RunMeta, aggregated: int | None = None) -> Reader:
         """What this reader may see of the run; the floor applies to the samples an aggregate
@@ -253,24 +286,29 @@ class Client:
         # run read as going may complete before its aggregate is read)
         completed = meta.status is RunStatus.COMPLETED
         aggregate = self._results.aggregate(meta.run_id) if completed and not withheld else None
-        released = None
+        released, stats = None, None
         if aggregate is not None:
             configured = self._releases.rule(meta.dataset_id, meta.split)
             rule = release_rule(reader, configured)
+            stats = self._results.stats(meta.run_id)
             if rule.mechanism is not Mechanism.EXACT:
                 released = self._release(meta, rule, aggregate, progress.scored)
                 aggregate = released.aggregate
+            if stats is not None:
+                stats = released_stats(stats, rule, aggregate, progress.scored)
         waiting = self._backlog.standing(meta.run_id) if meta.status.active else None
         errors = self._results.errors_by_kind(meta.run_id) if progress.failed else {}
         if not reader.sees_error_kinds:
             errors = _by_stage(errors)
         return RunView(
-            meta=meta,
+            meta=self._outward(meta),
             progress=progress,
             tier=reader.tier,
             aggregate=aggregate,
             withheld=withheld,
             release=released,
+            stats=stats,
+            provenance=self._provenance.of_run(meta.run_id, self._outward(meta).spec),
             errors=errors,
             stalled=self._stalled(meta, progress, workers, waiting),
             waiting=waiting,
@@ -314,22 +352,24 @@ class Client:
             margins[metric] = paired_threshold(new, old)
         return margins
 
-    def recent(self, limit: int = 20, owner: str | None = None) -> list[RunView]:
-        """The newest runs first (only ``owner``'s when given), as :meth:`status` shows them;
-        viewed oldest first, so that runs first read here take their Ladder rounds in the
-        order they were submitted."""
+    def recent(
+        self, limit: int = 20, owner: str | None = None, only: RunFilter | None = None
+    ) -> list[RunView]:
+        """The newest runs first (only ``owner``'s, and those ``only`` matches, when given),
+        as :meth:`status` shows them; viewed oldest first, so that runs first read here take
+        their Ladder rounds in the order they were submitted."""
         workers = self._presence.live()
-        metas = self._runs.recent(limit, owner)
+        metas = self._runs.recent(limit, owner, only)
         return [self._view(meta, workers) for meta in reversed(metas)][::-1]
 
     def ended(self, run_id: str) -> RunMeta:
         """The record of a run that has ended; :class:`RunNotCompletedError` (exit code 4)
         if it ended ``failed`` or ``cancelled``."""
-        return check_ended(self._runs.get(run_id))
+        return self._outward(check_ended(self._runs.get(run_id)))
 
     def progress(self, run_id: str) -> tuple[RunMeta, Progress]:
         """The run's record and counters (counts only: every reader may see them)."""
-        return self._runs.get(run_id), self._results.progress(run_id)
+        return self._outward(self._runs.get(run_id)), self._results.progress(run_id)
 
     def timeline(self, run_id: str) -> list[tuple[float, int]]:
         """(Unix time, samples settled) of every settling write, oldest first."""
@@ -340,21 +380,39 @@ class Client:
         """The published dataset spec of a run (a source and routing, no rows)."""
         return fetch_spec(self._redis, self._runs.get(run_id).spec)
 
-    def results(self, run_id: str) -> Iterator[SampleResult]:
-        """Per-sample results; refused unless the policy gives this reader full access."""
+    def results(self, run_id: str, with_input: bool = False) -> Iterator[SampleResult]:
+        """Per-sample results (each with its row when ``with_input``: the run's data must be
+        readable here); refused unless the policy gives this reader full access."""
         self._readable(run_id)
-        return self._results.results(run_id, self._runs.sample_ids(run_id))
+        found = self._results.results(run_id, self._runs.sample_ids(run_id))
+        return self._with_input(run_id, found) if with_input else found
+
+    def _with_input(self, run_id: str, results: Iterator[SampleResult]) -> Iterator[SampleResult]:
+        """``results`` each with its row; the data is opened here, so that a source this
+        machine cannot read fails before any result is written."""
+        from shared.data import load_rows
+
+        rows = load_rows(self.spec(run_id))
+        return (
+            result.model_copy(
+                update={"input": json.loads(json.dumps(rows[result.sample_id], default=str))}
+            )
+            for result in results
+        )
 
     def states(self, run_id: str) -> Iterator[tuple[int, SampleState]]:
         """Each sample's state (pending, scored, failed) without its values: every reader."""
         for result in self._results.results(run_id, self._runs.sample_ids(run_id)):
             yield result.sample_id, result.state
 
-    def follow_results(self, run_id: str, block_ms: int = 500) -> Iterator[SampleResult]:
+    def follow_results(
+        self, run_id: str, block_ms: int = 500, with_input: bool = False
+    ) -> Iterator[SampleResult]:
         """Each sample's result as soon as it is settled, once each, until the run ends; the
         policy is asked here, before anything is returned (or a file opened for it)."""
         self._readable(run_id)
-        return self._follow(run_id, block_ms)
+        found = self._follow(run_id, block_ms)
+        return self._with_input(run_id, found) if with_input else found
 
     def _follow(self, run_id: str, block_ms: int) -> Iterator[SampleResult]:
         cursor = "0-0"
@@ -411,7 +469,8 @@ class Client:
             finalize = meta.status.active  # settled, but the finalizer never finished
             if finalize:
                 load_plugins(self.settings.plugins)
-                self._results.finalize(run_id, create(meta.eval, meta.params))
+                evaluation = create(meta.eval, meta.params)
+                self._results.finalize(run_id, evaluation, partial(self._clusters, meta))
                 self._runs.retire(run_id)
             return Resumption(run_id, 0, 0, finalize)
         inferred = self._results.inferred(run_id, missing)
@@ -421,6 +480,13 @@ class Client:
         self._backlog.enqueue(self.app, meta, to_infer)
         enqueue(self.app, SCORE_TASK, meta, to_score)
         return Resumption(run_id, len(to_infer), len(to_score), False)
+
+    def _clusters(self, meta: RunMeta, sample_ids: list[int]) -> dict[int, str] | None:
+        """The clusters of a run's samples, read from its data where this client runs."""
+        from shared.data import load_rows
+
+        rows = load_rows(self.spec(meta.run_id))
+        return create(meta.eval, meta.params).clusters({i: rows[i] for i in sample_ids})
 
     def add_dataset(
         self, name: str, data: str, *, revision: str | None = None, config: str | None = None
@@ -477,6 +543,17 @@ class Client:
     def owner(self, run_id: str) -> str:
         """Who submitted the run."""
         return self._runs.get(run_id).principal
+
+    def compare(self, run_ids: Sequence[str], flips: int = 10) -> Comparison:
+        """Each run against the first, sample by sample (:mod:`producer.comparison`); every
+        run must be readable per sample by this reader (a ``non_viewable`` split's pairs are
+        statistics of its labels: admins only, audited) and all must pair."""
+        metas = [self._runs.get(run_id) for run_id in run_ids]
+        for meta in metas:  # before pairing, whose refusal names the runs' data
+            self._readable(meta.run_id)
+        check_pairable(metas)
+        scores = [self._results.scores(meta.run_id) for meta in metas]
+        return compare([m.run_id for m in metas], scores, flips)
 
     def report(self, run_id: str) -> str:
         """The run's self-contained HTML report (charts as its split's tier allows)."""

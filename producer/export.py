@@ -25,7 +25,8 @@ class ExportFormat(StrEnum):
 
 
 def flatten(result: SampleResult) -> dict[str, Any]:
-    """One flat record: ``sample_id``, ``output`` (JSON text), ``score.<metric>``, ``error``."""
+    """One flat record: ``sample_id``, ``output`` (JSON text), ``score.<metric>``, ``error``,
+    and ``input.<field>`` with ``--with-input`` (JSON text when not a scalar)."""
     record: dict[str, Any] = {
         "sample_id": result.sample_id,
         "output": None if result.output is None else json.dumps(result.output, sort_keys=True),
@@ -33,6 +34,9 @@ def flatten(result: SampleResult) -> dict[str, Any]:
     }
     for name, value in sorted((result.scores or {}).items()):
         record[f"score.{name}"] = value
+    for name, field in (result.input or {}).items():
+        scalar = field is None or isinstance(field, str | int | float | bool)
+        record[f"input.{name}"] = field if scalar else json.dumps(field, sort_keys=True)
     return record
 
 

@@ -14,6 +14,7 @@ exited with in direct mode; :class:`producer.remote.RemoteClient` turns them bac
 # No ``from __future__ import annotations`` here: FastAPI reads the routes' annotations at run
 # time, and ``Who`` is local to create_gateway.
 import logging
+import re
 from collections.abc import Iterator
 from typing import Annotated
 
@@ -22,10 +23,12 @@ from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from producer.client import Cancellation, Client, Resumption, RunView
+from producer.comparison import Comparison
 from producer.policy_file import BudgetLimits, PolicyFile
+from producer.rescore import RescoreRequest
 from producer.submit import SubmitRequest
 from shared.audit import audit_refusal
 from shared.celery_app import create_app
@@ -51,6 +54,7 @@ from shared.policy import (
     sees_sources,
 )
 from shared.registry import RegisteredDataset
+from shared.runs import RunFilter
 from shared.settings import Settings
 from shared.tokens import TokenRecord, TokenStore
 
@@ -59,6 +63,10 @@ __all__ = ["create_gateway"]
 log = logging.getLogger("evalq.gateway")
 
 RunId = Annotated[str, Path(pattern=r"^[0-9a-f]{1,64}$", description="A run id.")]
+_PATH = re.compile(r"(?<![\w.:-])/[^\s'\"]+")
+"""An absolute path in an error message: a data source's, which only admins see (the gateway
+logs the message whole)."""
+RunIdItem = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{1,64}$")]
 AdminQuery = Annotated[
     bool, Query(description="Bypass tier and budget (admin role; recorded in the audit stream).")
 ]
@@ -177,13 +185,17 @@ def create_gateway(settings: Settings) -> FastAPI:  # noqa: PLR0915 - one closur
         if found is None:
             raise UnauthorizedError("unauthorized: unknown or revoked token")
         request.state.principal = found.principal
+        request.state.sees_sources = sees_sources(found)
         return found
 
     Who = Annotated[Caller, Depends(caller)]
 
     def client(who: Caller, admin: bool = False) -> Client:
         admitted = admit_admin_flag(who, admin)
-        return Client(settings, admitted, principal=who.principal, client=store, app=celery)
+        return Client(
+            settings, admitted, principal=who.principal, client=store, app=celery,
+            sees_sources=sees_sources(who),
+        )  # fmt: skip
 
     def owned(who: Caller, run_id: str, admin: bool = False) -> Client:
         acting = client(who, admin)
@@ -200,7 +212,13 @@ def create_gateway(settings: Settings) -> FastAPI:  # noqa: PLR0915 - one closur
         if isinstance(exc, PolicyRefusedError):
             who = getattr(request.state, "principal", "anonymous")
             audit_refusal(store, who, f"{request.method} {request.url.path}", str(exc))
-        return _error(str(exc), exc.exit_code, _status_of(exc))
+        message = str(exc)
+        if not getattr(request.state, "sees_sources", False):
+            hidden = _PATH.sub("<path>", message)
+            if hidden != message:
+                log.warning("%s %s: %s", request.method, request.url.path, message)
+            message = hidden
+        return _error(message, exc.exit_code, _status_of(exc))
 
     @api.exception_handler(RequestValidationError)
     def _invalid(request: Request, exc: Exception) -> JSONResponse:
@@ -217,13 +235,23 @@ def create_gateway(settings: Settings) -> FastAPI:  # noqa: PLR0915 - one closur
         """Submit a run of a registered dataset's split (``data``: admins only)."""
         return client(who, admin).submit(request)
 
+    @api.post("/v1/rescore", response_model=RunMeta, tags=["runs"])
+    def rescore(request: RescoreRequest, who: Who, admin: AdminQuery = False) -> RunMeta:
+        """A new run scoring a completed run's stored outputs with another evaluation (a
+        user: its own runs; gated and charged like a submit)."""
+        return owned(who, request.run, admin).rescore(request)
+
     @api.get("/v1/runs", response_model=list[RunView], tags=["runs"])
     def runs(
-        who: Who, limit: Annotated[int, Query(ge=1, le=1000)] = 20, admin: AdminQuery = False
+        who: Who,
+        only: Annotated[RunFilter, Query()],
+        limit: Annotated[int, Query(ge=1, le=1000)] = 20,
+        admin: AdminQuery = False,
     ) -> list[RunView]:
-        """The newest runs first: a user's own, every run for an admin."""
+        """The newest runs first: a user's own, every run for an admin; ``eval``, ``dataset``,
+        ``sweep``, ``tag`` and ``status`` keep only the runs that match."""
         owner = None if who.role is Role.ADMIN else who.principal
-        return client(who, admin).recent(limit, owner)
+        return client(who, admin).recent(limit, owner, only)
 
     @api.get("/v1/runs/{run_id}", response_model=RunView, tags=["runs"])
     def status(run_id: RunId, who: Who, admin: AdminQuery = False) -> RunView:
@@ -243,13 +271,36 @@ def create_gateway(settings: Settings) -> FastAPI:  # noqa: PLR0915 - one closur
         responses={200: {"content": {"application/x-ndjson": {}}}},
     )
     def results(
-        run_id: RunId, who: Who, follow: bool = False, admin: AdminQuery = False
+        run_id: RunId,
+        who: Who,
+        follow: bool = False,
+        with_input: bool = False,
+        admin: AdminQuery = False,
     ) -> StreamingResponse:
         """Per-sample results as JSON lines (viewable splits; admins see all, audited);
-        ``follow`` streams each as it is stored until the run ends."""
+        ``follow`` streams each as it is stored until the run ends; ``with_input`` adds each
+        sample's row (the gateway reads the data)."""
         acting = owned(who, run_id, admin)
-        rows = acting.follow_results(run_id) if follow else acting.results(run_id)
+        rows = (
+            acting.follow_results(run_id, with_input=with_input)
+            if follow
+            else acting.results(run_id, with_input=with_input)
+        )
         return StreamingResponse(_lines(rows), media_type="application/x-ndjson")
+
+    @api.get("/v1/compare", response_model=Comparison, tags=["runs"])
+    def compare(
+        who: Who,
+        run: Annotated[list[RunIdItem], Query(min_length=2, max_length=32)],
+        flips: Annotated[int, Query(ge=0, le=1000)] = 10,
+        admin: AdminQuery = False,
+    ) -> Comparison:
+        """Each run against the first, sample by sample (``run`` repeated: a user's own runs of
+        viewable splits; admins any, audited)."""
+        acting = client(who, admin)
+        for run_id in run:
+            admit_owner(who, run_id, acting.owner(run_id))
+        return acting.compare(run, flips)
 
     @api.get("/v1/runs/{run_id}/report", response_class=HTMLResponse, tags=["runs"])
     def report(run_id: RunId, who: Who, admin: AdminQuery = False) -> HTMLResponse:

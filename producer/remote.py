@@ -17,7 +17,7 @@ data: the gateway resolves sample ids and counts. An error the gateway answers b
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 from urllib.parse import quote
 
@@ -25,13 +25,16 @@ import httpx
 from pydantic import TypeAdapter
 
 from producer.client import Cancellation, Resumption, RunView, check_ended
+from producer.comparison import Comparison
 from producer.policy_file import PolicyFile
+from producer.rescore import RescoreRequest
 from producer.submit import SubmitRequest
 from shared.errors import GatewayUnreachableError, InputError, RemoteError, first_line
 from shared.ledger import Budget
 from shared.models import Progress, RunMeta, SampleResult
 from shared.policy import Role, Tier
 from shared.registry import RegisteredDataset
+from shared.runs import RunFilter
 from shared.tokens import TokenRecord
 
 __all__ = ["RemoteClient"]
@@ -99,9 +102,12 @@ class RemoteClient:
         """Why nothing moves the run, or None (the gateway looks)."""
         return self.status(meta.run_id).stalled
 
-    def recent(self, limit: int = 20) -> list[RunView]:
-        """The newest runs first (a user's own)."""
-        found = self._call("GET", "/v1/runs", limit=limit, **self._flag())
+    def recent(
+        self, limit: int = 20, owner: str | None = None, only: RunFilter | None = None
+    ) -> list[RunView]:
+        """The newest runs first (a user's own; ``owner`` is the gateway's to decide)."""
+        filters = {} if only is None else only.model_dump(mode="json", exclude_none=True)
+        found = self._call("GET", "/v1/runs", limit=limit, **filters, **self._flag())
         return [RunView.model_validate(v) for v in found]
 
     def progress(self, run_id: str) -> tuple[RunMeta, Progress]:
@@ -113,16 +119,20 @@ class RemoteClient:
         """The record of a run that has ended; exit code 4 if it ended failed or cancelled."""
         return check_ended(self.progress(run_id)[0])
 
-    def results(self, run_id: str) -> Iterator[SampleResult]:
+    def results(self, run_id: str, with_input: bool = False) -> Iterator[SampleResult]:
         """Per-sample results, streamed; a refusal is raised here, before any row."""
-        return self._rows(run_id, follow=False)
+        return self._rows(run_id, follow=False, with_input=with_input)
 
-    def follow_results(self, run_id: str) -> Iterator[SampleResult]:
+    def follow_results(self, run_id: str, with_input: bool = False) -> Iterator[SampleResult]:
         """Each result as it is stored, until the run ends."""
-        return self._rows(run_id, follow=True)
+        return self._rows(run_id, follow=True, with_input=with_input)
 
-    def _rows(self, run_id: str, follow: bool) -> Iterator[SampleResult]:
-        params = {"follow": "true" if follow else "false", **self._flag()}
+    def _rows(self, run_id: str, follow: bool, with_input: bool) -> Iterator[SampleResult]:
+        params = {
+            "follow": "true" if follow else "false",
+            "with_input": "true" if with_input else "false",
+            **self._flag(),
+        }
         request = self._http.build_request(
             "GET",
             f"/v1/runs/{_seg(run_id)}/results",
@@ -132,12 +142,22 @@ class RemoteClient:
         response = self._send(request, stream=True)
         return _parsed(response)
 
+    def compare(self, run_ids: Sequence[str], flips: int = 10) -> Comparison:
+        """Each run against the first, as the gateway's policy allows (own runs only)."""
+        found = self._call("GET", "/v1/compare", run=list(run_ids), flips=flips, **self._flag())
+        return Comparison.model_validate(found)
+
     def report(self, run_id: str) -> str:
         """The run's HTML report, rendered by the gateway."""
         request = self._http.build_request(
             "GET", f"/v1/runs/{_seg(run_id)}/report", params=self._flag()
         )
         return self._send(request).text
+
+    def rescore(self, request: RescoreRequest) -> RunMeta:
+        """Rescore a run's outputs through the gateway (a user: its own runs)."""
+        body = request.model_dump(mode="json")
+        return RunMeta.model_validate(self._call("POST", "/v1/rescore", body, **self._flag()))
 
     def cancel(self, run_id: str) -> Cancellation:
         """Cancel a run (a user: its own)."""

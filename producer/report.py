@@ -11,21 +11,24 @@ from __future__ import annotations
 
 import html
 import io
+import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from producer.client import Client, RunView
+from producer.comparison import Comparison
 from shared.data import load_rows, shard_of_rows
 from shared.errors import EvalqError, TierRefusedError
 from shared.models import SampleResult, SampleState
+from shared.stats import Stat
 
 if TYPE_CHECKING:
     import numpy as np
     from matplotlib.figure import Figure
 
-__all__ = ["Report", "gather", "render"]
+__all__ = ["Report", "aggregates_chart", "gather", "render", "render_comparison"]
 
 _TIMELINE_BINS = 40
 _COLORS = {"scored": "#2e7d32", "failed": "#c62828", "pending": "#b0bec5", "main": "#1565c0"}
@@ -51,6 +54,10 @@ class Report:
     timeline: list[tuple[float, int]]
     shards: list[ShardProgress] = field(default_factory=list)
     shards_note: str | None = None
+    failures: list[SampleResult] = field(default_factory=list)
+    """The first failed samples (per-sample access only)."""
+    worst: list[tuple[float, SampleResult]] = field(default_factory=list)
+    """The lowest-scoring samples by the first metric (per-sample access only)."""
     generated: float = field(default_factory=time.time)
 
 
@@ -70,9 +77,12 @@ def gather(client: Client, run_id: str) -> Report:
     the label included, would make shard counts a per-row histogram of it)."""
     view = client.status(run_id)
     values: dict[str, list[float]] = {}
+    samples = _Samples()
     withheld = None
     try:
-        states: Iterator[tuple[int, SampleState]] = _collect(client.results(run_id), values)
+        states: Iterator[tuple[int, SampleState]] = _collect(
+            client.results(run_id), values, samples
+        )
     except TierRefusedError as exc:
         states, withheld = client.states(run_id), str(exc)
     shard_of, count, note = (None, 0, withheld) if withheld else _shard_of(client, view)
@@ -84,16 +94,49 @@ def gather(client: Client, run_id: str) -> Report:
             shard.scored += state is SampleState.SCORED
             shard.failed += state is SampleState.FAILED
     scores = None if withheld is not None else values
-    return Report(view, scores, withheld, client.timeline(run_id), shards, note)
+    return Report(
+        view, scores, withheld, client.timeline(run_id), shards, note,
+        failures=samples.failures, worst=samples.lowest(),
+    )  # fmt: skip
+
+
+LISTED = 10
+"""Failed and worst-scoring samples the report lists."""
+
+
+@dataclass
+class _Samples:
+    """The first failures and the lowest scores of the first metric, kept as results pass."""
+
+    failures: list[SampleResult] = field(default_factory=list)
+    worst: list[tuple[float, SampleResult]] = field(default_factory=list)
+    metric: str | None = None
+
+    def see(self, result: SampleResult) -> None:
+        if result.error is not None and len(self.failures) < LISTED:
+            self.failures.append(result)
+        if not result.scores:
+            return
+        self.metric = self.metric or sorted(result.scores)[0]
+        if self.metric in result.scores:
+            self.worst.append((result.scores[self.metric], result))
+            if len(self.worst) > 4 * LISTED:
+                self.worst = self.lowest()
+
+    def lowest(self) -> list[tuple[float, SampleResult]]:
+        """The ``LISTED`` lowest scores, lowest first (ties by sample id)."""
+        return sorted(self.worst, key=lambda w: (w[0], w[1].sample_id))[:LISTED]
 
 
 def _collect(
-    results: Iterator[SampleResult], values: dict[str, list[float]]
+    results: Iterator[SampleResult], values: dict[str, list[float]], samples: _Samples
 ) -> Iterator[tuple[int, SampleState]]:
-    """Each result's state, gathering its metric values into ``values`` on the way."""
+    """Each result's state, gathering its metric values into ``values`` and its failure or
+    low score into ``samples`` on the way."""
     for result in results:
         for name, value in (result.scores or {}).items():
             values.setdefault(name, []).append(value)
+        samples.see(result)
         yield result.sample_id, result.state
 
 
@@ -119,13 +162,28 @@ def _figure(height: float = 3.0) -> tuple[Figure, Any]:
     return figure, axes
 
 
-def _aggregates_chart(aggregate: dict[str, float]) -> str:
+def aggregates_chart(aggregate: dict[str, float], stats: dict[str, Stat] | None) -> str:
+    """One bar per metric, with its 95% interval as an error bar where the view has one."""
     figure, axes = _figure(max(1.6, 0.5 * len(aggregate) + 1))
     names = list(aggregate)
-    axes.barh(names, [aggregate[n] for n in names], color=_COLORS["main"])
-    for y, name in enumerate(names):
-        axes.text(aggregate[name], y, f" {aggregate[name]:.4g}", va="center")
-    axes.set_xlabel("run value")
+    found = [(stats or {}).get(n) for n in names]
+    errors = [
+        (0.0, 0.0)
+        if s is None or s.ci95 is None
+        # a bootstrap interval need not contain the estimate: clamp, never a negative bar
+        else (max(0.0, aggregate[n] - s.ci95[0]), max(0.0, s.ci95[1] - aggregate[n]))
+        for n, s in zip(names, found, strict=True)
+    ]
+    axes.barh(
+        names, [aggregate[n] for n in names], color=_COLORS["main"],
+        xerr=[[low for low, _ in errors], [high for _, high in errors]], capsize=4,
+    )  # fmt: skip
+    for y, (name, stat) in enumerate(zip(names, found, strict=True)):
+        label = f" {aggregate[name]:.4g}"
+        if stat is not None and stat.ci95 is not None:
+            label += f" [{stat.ci95[0]:.4g}, {stat.ci95[1]:.4g}] n={stat.n}"
+        axes.text(aggregate[name] + errors[y][1], y, label, va="center")
+    axes.set_xlabel("run value (bars: 95% confidence interval)")
     return _svg(figure)
 
 
@@ -189,6 +247,49 @@ def _shards_chart(shards: list[ShardProgress]) -> str:
     return _svg(figure)
 
 
+def _table(name: str, headers: list[str], rows: list[list[str]], caption: str = "") -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>" for row in rows
+    )
+    title = f"<caption>{html.escape(caption)}</caption>" if caption else ""
+    return f'<table class="rows" data-table="{name}">{title}<tr>{head}</tr>{body}</table>'
+
+
+def _provenance(view: RunView) -> str:
+    found = view.provenance
+    if found is None:
+        return ""
+    rows = [
+        [w.host, w.device, w.python, ", ".join(f"{k} {v}" for k, v in w.packages.items()),
+         w.evaluation, w.source_sha256[:12]]
+        for w in found.workers
+    ]  # fmt: skip
+    headers = ["host", "device", "python", "packages", "evaluation", "source sha256"]
+    spec = f"<p>dataset spec <code>{html.escape(found.spec)}</code></p>" if found.spec else ""
+    return spec + (_table("provenance", headers, rows) if rows else "")
+
+
+def _samples(report: Report) -> str:
+    failed = [
+        [str(r.sample_id), f"{r.error.stage}/{r.error.kind}", r.error.message]
+        for r in report.failures
+        if r.error is not None
+    ]
+    worst = [
+        [str(r.sample_id), f"{value:.4g}", json.dumps(r.output)[:120]]
+        for value, r in report.worst[:LISTED]
+    ]
+    parts = []
+    if failed:
+        caption = f"failed samples (the first {LISTED})"
+        parts.append(_table("failures", ["sample", "stage/kind", "message"], failed, caption))
+    if worst:
+        caption = f"lowest-scoring samples by their first metric (the {LISTED} lowest)"
+        parts.append(_table("worst", ["sample", "score", "output"], worst, caption))
+    return "".join(parts)
+
+
 def _section(title: str, name: str, chart: str | None, note: str | None = None) -> str:
     body = f'<figure class="chart" data-chart="{name}">{chart}</figure>' if chart else ""
     if note:
@@ -196,11 +297,83 @@ def _section(title: str, name: str, chart: str | None, note: str | None = None) 
     return f"<section><h2>{html.escape(title)}</h2>{body}</section>"
 
 
+def _forest_chart(found: Comparison) -> str:
+    """Each run's difference from the baseline with its 95% interval, per metric."""
+    labels, deltas, lows, highs = [], [], [], []
+    for name, runs in found.metrics.items():
+        for run_id, delta in runs.items():
+            labels.append(f"{name}: {run_id}")
+            deltas.append(delta.delta)
+            low, high = delta.ci95 or (delta.delta, delta.delta)
+            lows.append(max(0.0, delta.delta - low))
+            highs.append(max(0.0, high - delta.delta))
+    figure, axes = _figure(max(1.6, 0.45 * len(labels) + 1))
+    axes.errorbar(
+        deltas, range(len(labels)), xerr=[lows, highs], fmt="o", color=_COLORS["main"], capsize=4
+    )
+    axes.axvline(0.0, color=_COLORS["failed"], linewidth=1)
+    axes.set_yticks(range(len(labels)), labels)
+    axes.invert_yaxis()
+    axes.set_xlabel(f"difference from {found.baseline} (95% paired bootstrap interval)")
+    return _svg(figure)
+
+
+def render_comparison(found: Comparison, views: list[RunView]) -> str:
+    """A comparison of runs as one HTML page: the runs, a forest plot of the differences from
+    the baseline, and each difference's numbers and flipped samples."""
+    runs = [
+        [v.meta.run_id, v.meta.eval, " ".join(f"{k}={x}" for k, x in sorted(v.meta.params.items())),
+         v.meta.status.value]
+        for v in views
+    ]  # fmt: skip
+    numbers = [
+        [name, run_id, f"{d.delta:+.4f}",
+         "" if d.ci95 is None else f"{d.ci95[0]:+.4f} to {d.ci95[1]:+.4f}",
+         "" if d.p_value is None else f"{d.p_value:.3g}", str(d.n_paired)]
+        for name, deltas in found.metrics.items()
+        for run_id, d in deltas.items()
+    ]  # fmt: skip
+    flips = [
+        [name, run_id, ", ".join(map(str, f.fixed)) or "-", ", ".join(map(str, f.broken)) or "-"]
+        for name, flipped in found.flips.items()
+        for run_id, f in flipped.items()
+    ]
+    sections = [
+        _section("Runs", "runs", _table("runs", ["run", "eval", "params", "status"], runs)),
+        _section(
+            "Differences from the baseline",
+            "forest",
+            _forest_chart(found) if numbers else None,
+            None if numbers else "no metric pairs",
+        ),
+        _section(
+            "Numbers",
+            "numbers",
+            _table(
+                "numbers",
+                ["metric", "run", "delta", "95% CI", "p (McNemar, Holm)", "paired"],
+                numbers,
+            ),
+        ),
+        _section(
+            "Flipped samples",
+            "flips",
+            _table("flips", ["metric", "run", "fixed (0 to 1)", "broken (1 to 0)"], flips)
+            if flips
+            else None,
+            None if flips else "no 0/1 metric",
+        ),
+    ]
+    title = f"evalq comparison against {found.baseline}"
+    return _page(title, "", sections, time.time())
+
+
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 60rem; color: #222; }
 table { border-collapse: collapse; } td, th { padding: .2rem .8rem; text-align: left; }
 th { color: #555; font-weight: normal; } section { margin-top: 1.5rem; }
 figure.chart { margin: 0; } figure.chart svg { max-width: 100%; height: auto; }
+caption { text-align: left; color: #555; padding-top: .6rem; }
 .note { color: #555; font-style: italic; }
 """
 
@@ -228,7 +401,7 @@ def render(report: Report) -> str:
         _section(
             "Per-metric aggregates",
             "aggregates",
-            _aggregates_chart(view.aggregate) if view.aggregate else None,
+            aggregates_chart(view.aggregate, view.stats) if view.aggregate else None,
             None if view.aggregate else (view.withheld or "no aggregate yet"),
         ),
         _section(
@@ -255,12 +428,23 @@ def render(report: Report) -> str:
             _shards_chart(report.shards) if report.shards else None,
             report.shards_note,
         ),
+        _section(
+            "Failures and lowest-scoring samples",
+            "samples",
+            _samples(report) or None,
+            report.scores_withheld
+            or (None if report.failures or report.worst else "no scored or failed sample yet"),
+        ),
+        _section("Provenance", "provenance", _provenance(view) or None),
     ]
-    title = f"evalq run {meta.run_id}"
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(report.generated))
+    return _page(f"evalq run {meta.run_id}", f"<table>{rows}</table>", sections, report.generated)
+
+
+def _page(title: str, facts: str, sections: list[str], generated: float) -> str:
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(generated))
     return (
         f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
         f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>"
-        f"<h1>{html.escape(title)}</h1><table>{rows}</table>{''.join(sections)}"
+        f"<h1>{html.escape(title)}</h1>{facts}{''.join(sections)}"
         f'<p class="note">generated {stamp} by evalq</p></body></html>'
     )

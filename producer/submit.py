@@ -17,7 +17,7 @@ from __future__ import annotations
 import secrets
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Annotated
 
 import redis
@@ -48,7 +48,9 @@ from shared.runs import RunStore
 from shared.spec import HubSource, LocalSource, publish_spec
 from shared.tiers import TierRegistry
 
-__all__ = ["SubmitRequest", "draw_ids", "parse_ids", "parse_params", "resolve_ids", "submit"]
+__all__ = [
+    "SubmitRequest", "draw_ids", "parse_ids", "parse_params", "resolve_ids", "start", "submit",
+]  # fmt: skip
 
 
 class SubmitRequest(BaseModel):
@@ -79,6 +81,12 @@ class SubmitRequest(BaseModel):
     sharding: Sharding = Field(default_factory=Sharding)
     priority: Priority | None = None
     """``--priority``: the run's weight in the fair dispatcher; None = the policy's default."""
+    sweep: str | None = Field(default=None, pattern=r"^[0-9a-f]{1,32}$")
+    """The grid this run belongs to (``submit --sweep`` sets it)."""
+    tags: tuple[Annotated[str, Field(pattern=r"^[\w.:/-]{1,64}$")], ...] = Field(
+        default=(), max_length=20
+    )
+    """``--tag``: labels to find the run by (``runs --tag``)."""
 
     @model_validator(mode="after")
     def _one_source(self) -> SubmitRequest:
@@ -224,33 +232,44 @@ def submit(
         admin=admin,
         charged=not admin,
         priority=priority,
+        sweep=request.sweep,
+        tags=request.tags,
     )
+    publish_spec(client, spec)
+    backlog = Backlog(client)
+    start(
+        client,
+        meta,
+        sample_ids,
+        lambda: backlog.enqueue(app, meta, shard_order(spec, rows, sample_ids)),
+    )
+    return meta
+
+
+def start(
+    client: redis.Redis, meta: RunMeta, sample_ids: list[int], enqueue: Callable[[], object]
+) -> None:
+    """Charge (or, for an admin, audit) a new run, record it and ``enqueue`` its work; if
+    recording or enqueueing fails, the run is cancelled and its charge refunded, once."""
     ledger = Ledger(client)
-    if admin:
-        audit_admin(client, "admin_submit", principal, meta, {"bypassed": ["tier", "budget"]})
+    who = meta.principal
+    if meta.admin:
+        audit_admin(client, "admin_submit", who, meta, {"bypassed": ["tier", "budget"]})
     else:
-        ledger.reserve(dataset, request.split, samples=meta.n, run_id=meta.run_id, who=principal)
-    runs, backlog = RunStore(client), Backlog(client)
+        ledger.reserve(meta.dataset_id, meta.split, samples=meta.n, run_id=meta.run_id, who=who)
+    runs = RunStore(client)
     recorded = False
     try:
-        publish_spec(client, spec)
         runs.create(meta, sample_ids)
         recorded = True
-        backlog.enqueue(app, meta, shard_order(spec, rows, sample_ids))
+        enqueue()
     except BaseException:
         if recorded:
             runs.cancel(meta.run_id)
-            backlog.withdraw(meta.run_id)
+            Backlog(client).withdraw(meta.run_id)
         if meta.charged:
             ledger.refund(
-                dataset,
-                request.split,
-                meta.run_id,
-                runs=1,
-                samples=meta.n,
-                who=principal,
-                submitter=principal,
-                reason="enqueue failed",
-            )
+                meta.dataset_id, meta.split, meta.run_id, runs=1, samples=meta.n, who=who,
+                submitter=who, reason="enqueue failed",
+            )  # fmt: skip
         raise
-    return meta

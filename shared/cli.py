@@ -75,6 +75,13 @@ def _setting_problem(exc: ValidationError) -> str:
     return f"invalid setting EVALQ_{name}: {first['msg']}"
 
 
+def _input_problem(exc: ValidationError) -> str:
+    """A request (``SubmitRequest``, ``RescoreRequest``, …) the CLI built from bad options."""
+    first = exc.errors()[0]
+    where = ".".join(str(part) for part in first["loc"]) or exc.title
+    return f"invalid {exc.title} {where}: {first['msg']}"
+
+
 def run(app: typer.Typer, argv: Sequence[str] | None = None) -> None:
     """Run ``app``; evalq's errors, a bad setting and an unreachable Redis become one line on
     stderr and an exit code."""
@@ -83,9 +90,9 @@ def run(app: typer.Typer, argv: Sequence[str] | None = None) -> None:
     except EvalqError as exc:
         _fail(str(exc), exc.exit_code)
     except ValidationError as exc:
-        if exc.title != "Settings":
-            raise
-        _fail(_setting_problem(exc), 2)
+        if exc.title == "Settings":
+            _fail(_setting_problem(exc), 2)
+        _fail(_input_problem(exc), 2)
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         url = redact(get_settings().redis_url)
         _fail(f"cannot reach Redis at {url} (set EVALQ_REDIS_URL): {exc}", 1)

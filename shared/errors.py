@@ -10,6 +10,7 @@ from __future__ import annotations
 
 __all__ = [
     "BudgetExhaustedError",
+    "ComparisonError",
     "DataError",
     "EvalqError",
     "ForbiddenError",
@@ -122,6 +123,10 @@ class PayloadError(PermanentError):
 
 class PluginError(PermanentError):
     """A plugin module could not be imported or registers something invalid."""
+
+
+class ComparisonError(InputError):
+    """Runs that cannot be compared sample by sample (other datasets, splits or specs)."""
 
 
 class PolicyError(InputError):

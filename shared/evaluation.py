@@ -53,6 +53,12 @@ class Evaluation(ABC):
     every evaluation. Rows and outputs then cross a pipe as JSON."""
     lower_is_better: ClassVar[frozenset[str]] = frozenset()
     """Metrics where less is better (a loss, an error rate); every other one, more is."""
+    output_kind: ClassVar[str | None] = None
+    """What ``infer()``'s outputs are, as a name evaluations share (``"topic-label"``): a run
+    may be rescored (``evalq rescore``) with any evaluation of the same kind, and only then."""
+    cluster_field: ClassVar[str | None] = None
+    """A row field grouping samples that are not independent (questions about one passage):
+    error bars are then cluster-robust (:mod:`shared.stats`)."""
 
     def __init__(self, **params: str) -> None:
         self.params: dict[str, str] = dict(params)
@@ -78,6 +84,20 @@ class Evaluation(ABC):
     def script_score(self, answer: str) -> dict[str, float]:
         """Metrics from what the scorer script returned; by default ``{"score": float(answer)}``."""
         return {"score": float(answer)}
+
+    def clusters(self, rows: Mapping[int, Mapping[str, Any]]) -> dict[int, str] | None:
+        """Each sample's cluster (its row's ``cluster_field``; a row without one is a cluster
+        of its own), or None when the evaluation declares no cluster field."""
+        field = self.cluster_field
+        if field is None:
+            return None
+        return {i: str(row[field]) if field in row else f"#{i}" for i, row in rows.items()}
+
+    @classmethod
+    def custom_aggregate(cls) -> bool:
+        """Whether ``aggregate()`` is the evaluation's own, not the mean of each metric (its
+        error bars are then bootstrapped)."""
+        return cls.aggregate is not Evaluation.aggregate
 
     def aggregate(self, scores: list[dict[str, float]]) -> dict[str, float]:
         """Reduce per-sample metrics to run metrics; by default the mean of each metric."""

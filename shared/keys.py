@@ -242,3 +242,15 @@ class RunKeys:
     def aggregate(self) -> str:
         """String: JSON aggregate metrics, computed once from the store."""
         return f"evalq:{{{self.run_id}}}:aggregate"
+
+    @property
+    def provenance(self) -> str:
+        """Hash: one JSON record per distinct worker (host, device, code) that stored outputs
+        (:mod:`shared.provenance`)."""
+        return f"evalq:{{{self.run_id}}}:provenance"
+
+    @property
+    def stats(self) -> str:
+        """String: JSON, each metric's mean, standard error and 95% interval
+        (:class:`shared.stats.Stat`), computed with the aggregate."""
+        return f"evalq:{{{self.run_id}}}:stats"

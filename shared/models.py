@@ -137,6 +137,12 @@ class RunMeta(BaseModel):
     """Its run and samples were charged to the split's budget."""
     priority: Priority = Priority.NORMAL
     """Its weight in the fair dispatcher (:mod:`shared.backlog`)."""
+    sweep: str | None = None
+    """The id shared by the runs of one ``submit --sweep`` grid."""
+    tags: tuple[str, ...] = ()
+    """Labels given with ``submit --tag`` (for ``runs --tag``)."""
+    rescored_from: str | None = None
+    """The run whose stored outputs this run scores (``evalq rescore``): no inference."""
     created: float
     """Unix time of submission."""
     finished: float | None = None
@@ -195,6 +201,9 @@ class SampleResult(BaseModel):
     """What ``score()`` returned, if it ran."""
     error: ErrorRecord | None = None
     """The terminal error, if the sample failed."""
+    input: dict[str, JSONValue] | None = None
+    """The sample's row, labels included (``results --with-input``: readers with per-sample
+    access only)."""
 
     @property
     def state(self) -> SampleState:

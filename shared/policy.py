@@ -17,6 +17,7 @@ from enum import StrEnum
 
 from shared.errors import ForbiddenError, PolicyError, TierRefusedError
 from shared.models import Priority
+from shared.stats import Stat
 
 __all__ = [
     "MIN_AGGREGATE_SAMPLES",
@@ -43,6 +44,7 @@ __all__ = [
     "read_access",
     "release",
     "release_rule",
+    "released_stats",
     "require_admin",
     "run_tier",
     "sees_sources",
@@ -317,6 +319,25 @@ def release_rule(reader: Reader, configured: ReleaseRule | None) -> ReleaseRule:
     if reader.access is Access.FULL:
         return ReleaseRule(Mechanism.EXACT)
     return configured or DEFAULT_RELEASE
+
+
+def released_stats(
+    stats: Mapping[str, Stat], rule: ReleaseRule, released: Mapping[str, float], samples: int
+) -> dict[str, Stat]:
+    """A run's error bars as ``rule`` releases them: as computed under an exact release; under
+    any other, only each released value and the run's scored count ``samples``. An exact
+    standard error would undo the rounding (with the count it pins the sum of squares, hence
+    the exact mean of a 0/1 metric), and so would a metric's own count (a metric that
+    ``score()`` gives only on rows of one label counts that label); the grid of the release is
+    itself about twice the largest standard error."""
+    if rule.mechanism is Mechanism.EXACT:
+        return dict(stats)
+    method = f"released ({rule.describe(samples)}): no exact error bar"
+    return {
+        name: Stat(mean=released[name], stderr=None, ci95=None, n=samples, method=method)
+        for name in stats
+        if name in released
+    }
 
 
 def default_eta(samples: int) -> float:

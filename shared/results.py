@@ -5,8 +5,9 @@ bumped only by real writes, and the run's aggregate computed once from what is s
 from __future__ import annotations
 
 import json
+import logging
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +18,12 @@ from shared.evaluation import Evaluation
 from shared.keys import RunKeys
 from shared.lua import register
 from shared.models import ErrorRecord, Progress, RunStatus, SampleResult, Stage
+from shared.stats import Stat, describe
+
+log = logging.getLogger(__name__)
+
+Clusters = Callable[[list[int]], Mapping[int, str] | None]
+"""Sample ids -> each one's cluster (read from the rows when the finalizer asks)."""
 
 __all__ = ["Finished", "ResultStore", "to_json"]
 
@@ -62,10 +69,14 @@ class ResultStore:
 
     def outputs(self, run_id: str, sample_ids: list[int]) -> dict[int, Any]:
         """The stored outputs of those samples that have one."""
+        return {i: json.loads(v) for i, v in self.output_texts(run_id, sample_ids).items()}
+
+    def output_texts(self, run_id: str, sample_ids: list[int]) -> dict[int, str]:
+        """The stored outputs of those samples that have one, as stored (JSON text)."""
         if not sample_ids:
             return {}
         raw = self._client.hmget(RunKeys(run_id).out, sample_ids)
-        return {i: json.loads(v) for i, v in zip(sample_ids, raw, strict=True) if v is not None}
+        return {i: str(v) for i, v in zip(sample_ids, raw, strict=True) if v is not None}
 
     def inferred(self, run_id: str, sample_ids: list[int]) -> set[int]:
         """Those samples that already have an output."""
@@ -144,27 +155,67 @@ class ResultStore:
         )
         return bool(finalize)
 
-    def finalize(self, run_id: str, evaluation: Evaluation) -> Finished | None:
-        """Compute the aggregate from every stored score and end the run: completed, or failed
-        when no sample could be scored or ``aggregate()`` raised. None if the run had ended
-        already (cancelled meanwhile, or finished by another finalizer)."""
-        scores = list(self.scores(run_id).values())
+    def finalize(
+        self, run_id: str, evaluation: Evaluation, clusters: Clusters | None = None
+    ) -> Finished | None:
+        """Compute the aggregate, and each metric's uncertainty (:func:`shared.stats.describe`,
+        clustered by what ``clusters`` gives for the scored ids, when the evaluation declares
+        a cluster field), from every stored score and end the run:
+        completed, or failed when no sample could be scored or ``aggregate()`` raised. None if
+        the run had ended already (cancelled meanwhile, or finished by another finalizer)."""
+        scores = self.scores(run_id)
         finished = Finished(RunStatus.FAILED, {}, "no sample could be scored")
-        encoded = to_json(finished.aggregate)
+        encoded, stats = to_json(finished.aggregate), ""
         if scores:
             try:
-                aggregate = {str(k): float(v) for k, v in evaluation.aggregate(scores).items()}
+                values = list(scores.values())
+                aggregate = {str(k): float(v) for k, v in evaluation.aggregate(values).items()}
                 encoded = to_json(aggregate)  # refuses NaN: a failed aggregate like any other
                 finished = Finished(RunStatus.COMPLETED, aggregate, None)
             except Exception as exc:
                 reason = f"aggregate() failed: {type(exc).__name__}: {first_line(exc)}"
                 finished = Finished(RunStatus.FAILED, {}, reason)
+            else:
+                stats = self._stats(run_id, scores, evaluation, clusters)
         keys = RunKeys(run_id)
         ended = self._finish(
-            keys=[keys.meta, keys.aggregate],
-            args=[finished.status.value, encoded, finished.reason or ""],
+            keys=[keys.meta, keys.aggregate, keys.stats],
+            args=[finished.status.value, encoded, finished.reason or "", stats],
         )
         return finished if ended else None
+
+    @staticmethod
+    def _stats(
+        run_id: str,
+        scores: Mapping[int, Mapping[str, float]],
+        evaluation: Evaluation,
+        clusters: Clusters | None,
+    ) -> str:
+        """The stats JSON, or '' (logged) when they cannot be computed (the clusters' rows
+        unreadable, say): the run still completes with its aggregate."""
+        custom = evaluation.aggregate if evaluation.custom_aggregate() else None
+        try:
+            grouped = None
+            if evaluation.cluster_field is not None:
+                if clusters is None:
+                    raise ValueError("its clusters were not given")
+                grouped = clusters(sorted(scores))
+            stats = describe(scores, custom, grouped)
+            return json.dumps(
+                {name: stat.model_dump(mode="json") for name, stat in stats.items()},
+                allow_nan=False,
+            )
+        except Exception as exc:
+            log.warning("run %s: no error bars: %s", run_id, first_line(exc))
+            return ""
+
+    def stats(self, run_id: str) -> dict[str, Stat] | None:
+        """Each metric's uncertainty, written with the aggregate (None before, or when it
+        could not be computed)."""
+        raw = self._client.get(RunKeys(run_id).stats)
+        if raw is None:
+            return None
+        return {str(k): Stat.model_validate(v) for k, v in json.loads(raw).items()}
 
     def recovered(self, run_id: str, samples: int) -> int:
         """Count ``samples`` sent again by the janitor and stamp the run as touched; return

@@ -7,24 +7,51 @@ import time
 from typing import Any
 
 import redis
+from pydantic import BaseModel, ConfigDict
 from redis.typing import EncodableT, FieldT
 
 from shared.errors import UnknownRunError
 from shared.keys import ACTIVE, RUNS, RunKeys
 from shared.lua import register
-from shared.models import RunMeta
+from shared.models import RunMeta, RunStatus
 
-__all__ = ["RunStore"]
+__all__ = ["RunFilter", "RunStore"]
 
 
 def _encode(meta: RunMeta) -> dict[FieldT, EncodableT]:
     fields = meta.model_dump(mode="json", exclude_none=True)
     fields["params"] = json.dumps(meta.params, sort_keys=True)
+    fields["tags"] = json.dumps(list(meta.tags))
     return {k: str(v) for k, v in fields.items()}
 
 
 def _decode(run_id: str, raw: dict[Any, Any]) -> RunMeta:
-    return RunMeta.model_validate({**raw, "run_id": run_id, "params": json.loads(raw["params"])})
+    tags = json.loads(raw.get("tags", "[]"))
+    return RunMeta.model_validate(
+        {**raw, "run_id": run_id, "params": json.loads(raw["params"]), "tags": tags}
+    )
+
+
+class RunFilter(BaseModel):
+    """Which runs ``runs`` lists: every condition given must hold."""
+
+    model_config = ConfigDict(frozen=True)
+
+    eval: str | None = None
+    dataset: str | None = None
+    sweep: str | None = None
+    tag: str | None = None
+    status: RunStatus | None = None
+
+    def matches(self, meta: RunMeta) -> bool:
+        """Whether ``meta`` passes every condition given."""
+        return (
+            (self.eval is None or meta.eval == self.eval)
+            and (self.dataset is None or meta.dataset_id == self.dataset)
+            and (self.sweep is None or meta.sweep == self.sweep)
+            and (self.tag is None or self.tag in meta.tags)
+            and (self.status is None or meta.status is self.status)
+        )
 
 
 class RunStore:
@@ -59,12 +86,15 @@ class RunStore:
             raise UnknownRunError(f"no run '{run_id}'")
         return [int(i) for i in json.loads(raw)]
 
-    def recent(self, limit: int = 20, owner: str | None = None) -> list[RunMeta]:
-        """The newest runs first (only those ``owner`` submitted, when given)."""
+    def recent(
+        self, limit: int = 20, owner: str | None = None, only: RunFilter | None = None
+    ) -> list[RunMeta]:
+        """The newest runs first (only those ``owner`` submitted and ``only`` matches, when
+        given)."""
         found: list[RunMeta] = []
         start = 0
         while len(found) < limit:
-            page = max(limit, 100) if owner else limit
+            page = max(limit, 100) if owner or only else limit
             run_ids = [str(r) for r in self._client.zrevrange(RUNS, start, start + page - 1)]
             if not run_ids:
                 break
@@ -74,7 +104,11 @@ class RunStore:
                     pipe.hgetall(RunKeys(run_id).meta)
                 records = pipe.execute()
             metas = [_decode(r, raw) for r, raw in zip(run_ids, records, strict=True) if raw]
-            found += [m for m in metas if owner is None or m.principal == owner]
+            found += [
+                m
+                for m in metas
+                if (owner is None or m.principal == owner) and (only is None or only.matches(m))
+            ]
         return found[:limit]
 
     def active(self) -> list[str]:

@@ -36,6 +36,11 @@ pytestmark = pytest.mark.integration
             ["spy", "--split", "validation", "--routing", "kmeans", "--route-field", "body"],
             "route field 'body' is not a column",
         ),
+        (["spy", "--split", "validation", "--tag", "bad tag"], "invalid SubmitRequest tags.0"),
+        (["spy", "--split", "validation", "--param", "k" * 101 + "=1"], "invalid SubmitRequest"),
+        # the grid's second point is bad: checked before the first is submitted
+        (["spy", "--split", "validation", "--sweep", "k=a," + "x" * 10_001], "params.k"),
+        (["spy", "--split", "validation", "--sweep", "k=a", "--follow"], "--follow follows one"),
     ],
 )
 def test_bad_input_gets_one_line_and_exit_2_and_enqueues_nothing(

@@ -11,16 +11,19 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from kombu.common import QoS
 
 from producer.client import Client
 from producer.metrics import EvalqCollector
 from producer.redis_server import RedisServer
 from producer.submit import SubmitRequest
 from shared.backlog import Backlog, Staged
+from shared.celery_app import INFER_QUEUE, INFER_TASK
 from shared.connection import connect
+from shared.dispatch import publish
 from shared.errors import ForbiddenError
 from shared.keys import FAIR, RunKeys
-from shared.models import Priority, RunMeta, RunStatus
+from shared.models import Priority, RunMeta, RunStatus, SampleTask
 from shared.priorities import PriorityStore
 from shared.settings import Settings
 from tests.conftest import Stack
@@ -33,6 +36,7 @@ from tests.helpers import (
     wait_for,
     write_rows,
 )
+from worker.reserve import LONG_BATCH, RECENT, Reserve
 
 QUEUE = "q"
 
@@ -204,6 +208,124 @@ def test_a_small_run_submitted_after_a_big_one_finishes_before_it(
     wait_completed(stack.client, small.run_id, timeout=60)
     assert sweep.status(big.run_id).progress.done < big.n // 2
     sweep.cancel(big.run_id)
+
+
+class _Consumer:
+    """What :class:`Reserve` uses of Celery's worker consumer: its prefetch (kombu's QoS)."""
+
+    def __init__(self) -> None:
+        self.initial_prefetch_count = 4
+        self.qos = QoS(lambda _count: None, 4)
+
+
+def test_a_worker_reserves_one_batch_while_batches_are_long() -> None:
+    """Celery's prefetch (two batches' worth) drops to one batch's worth after a long batch
+    and comes back once the last RECENT batches were short; it is set, not stepped, so
+    Celery's own changes to it (autoscale) cannot make it drift; a new connection starts
+    again at Celery's."""
+    consumer = _Consumer()
+    reserve = Reserve.of(consumer)
+    assert Reserve.of(consumer) is reserve
+    reserve.finished(0.01)
+    assert consumer.qos.value == 4
+    reserve.finished(LONG_BATCH * 3)
+    reserve.finished(LONG_BATCH * 3)
+    assert consumer.qos.value == 2
+    for _ in range(RECENT - 1):
+        reserve.finished(0.01)
+        assert consumer.qos.value == 2  # a long batch among the last RECENT
+    reserve.finished(0.01)
+    assert consumer.qos.value == 4
+    for count in (6, 8, 4, 6, 8):  # Celery's pool grows and shrinks between batches
+        consumer.initial_prefetch_count = count
+        reserve.finished(LONG_BATCH * 3)
+        assert consumer.qos.value == count // 2
+    consumer.qos = QoS(lambda _count: None, 8)  # the consumer reconnected
+    reserve.finished(0.01)
+    assert consumer.qos.value == 8
+
+
+class _Buffer:
+    def __init__(self, held: int, buffered: bool) -> None:
+        self.held, self.buffered, self.flushed = held, buffered, 0
+
+    def held_messages(self) -> int:
+        return self.held
+
+    def flush_buffer(self) -> None:
+        self.flushed += self.buffered
+
+
+def test_a_worker_holding_all_it_may_runs_every_buffer() -> None:
+    consumer = _Consumer()
+    reserve = Reserve.of(consumer)
+    infer, score = _Buffer(held=2, buffered=True), _Buffer(held=1, buffered=True)
+    reserve.add(infer)
+    reserve.add(score)
+    reserve.flush_if_full()
+    assert (infer.flushed, score.flushed) == (0, 0)  # 3 held of 4: more may join
+    reserve.finished(LONG_BATCH * 3)  # the prefetch drops to 2 with 3 held
+    reserve.flush_if_full()
+    assert (infer.flushed, score.flushed) == (1, 1)
+
+
+@pytest.mark.integration
+def test_a_worker_holds_one_message_behind_a_long_batch(fresh_stack: Stack, tmp_path: Path) -> None:
+    """The slow model's messages of 64 samples take 0.3 s: once one has, the worker reserves
+    only the message it runs, so a run dispatched next waits behind one batch, not two."""
+    stack = fresh_stack
+    stack.start_workers()
+    dataset = _dataset(stack, tmp_path, 640)
+    client = _client(stack, "a")
+    meta = _submit(client, dataset, 640)
+    wait_for(lambda: client.status(meta.run_id).progress.done >= 128, 60, "two batches")
+    held: set[int] = set()
+
+    def observed() -> bool:
+        held.add(stack.client.hlen("unacked"))
+        return client.status(meta.run_id).progress.done >= 448
+
+    wait_for(observed, 60, "three more batches")
+    assert max(held) == 1, held
+    wait_completed(stack.client, meta.run_id)
+
+
+@pytest.mark.integration
+def test_a_worker_holding_all_it_may_runs_a_small_batch_at_once(
+    fresh_stack: Stack, tmp_path: Path
+) -> None:
+    """Behind long batches a worker holds one message: a 20-sample message (of a batch of 64)
+    runs at once, not when the 60-second flush timer fires, since no other message can join
+    it before it runs."""
+    stack = fresh_stack
+    stack.start_workers(EVALQ_MAX_BATCH="64", EVALQ_BATCH_WAIT="60")
+    dataset = _dataset(stack, tmp_path, 128)
+    client = _client(stack, "a")
+    wait_completed(stack.client, _submit(client, dataset, 128).run_id, timeout=30)
+    wait_completed(stack.client, _submit(client, dataset, 20).run_id, timeout=30)
+
+
+@pytest.mark.integration
+def test_a_lowered_prefetch_runs_what_is_buffered(fresh_stack: Stack, tmp_path: Path) -> None:
+    """A long solo batch (held at a gate) with two 20-sample runs buffered behind it (batches
+    of 128: prefetch 4; flush timer 60 s). As it returns, the prefetch drops to 2 with 2 held:
+    the buffer runs at once, not at the timer."""
+    stack = fresh_stack
+    dataset = _dataset(stack, tmp_path, 40)
+    gate = tmp_path / "gate"
+    client = _client(stack, "a")
+    held = _submit(client, dataset, 20, gate=str(gate), open_until="0")
+    stack.client.delete(INFER_QUEUE)  # only its solo message below
+    solo = SampleTask(run_id=held.run_id, eval="slow", spec=held.spec, sample_ids=[0], solo=True)
+    publish(stack.app, INFER_TASK, [solo])
+    stack.start_workers(EVALQ_MAX_BATCH="128", EVALQ_BATCH_WAIT="60")
+    wait_for(lambda: stack.client.hlen("unacked") == 1, 60, "the solo batch running")
+    small = [_submit(client, dataset, 20) for _ in range(2)]
+    wait_for(lambda: stack.client.hlen("unacked") == 3, 30, "two small runs buffered")
+    gate.touch()
+    for meta in small:
+        wait_completed(stack.client, meta.run_id, timeout=30)
+    client.cancel(held.run_id)
 
 
 @pytest.mark.integration

@@ -25,6 +25,7 @@ import pytest
 
 from producer.client import Client
 from producer.submit import SubmitRequest
+from shared.backlog import Backlog
 from shared.celery_app import INFER_QUEUE, SCORE_QUEUE
 from shared.models import RunMeta, RunStatus
 from shared.presence import HEARTBEAT_MISSES
@@ -253,8 +254,12 @@ def test_redis_out_of_memory_mid_run_loses_nothing(fresh_stack: Stack, tmp_path:
     stack = fresh_stack
     stack.crashes_expected = True
     stack.start_workers(**FAST)
-    meta = _gated(stack, tmp_path)
+    meta = _gated(stack, tmp_path, n=2000)
     _wait_inferred(stack, meta.run_id, 64)
+    # the run's 31 messages in the queue, not its backlog, more than the worker reserves: its
+    # consumer takes the next one (a write, refused) instead of waiting on a queue the refused
+    # dispatcher left empty
+    Backlog(stack.client).dispatch(INFER_QUEUE, 64)
     used = int(stack.client.info("memory")["used_memory"])
     stack.client.config_set("maxmemory", str(used))
     (tmp_path / "gate").touch()

@@ -484,3 +484,51 @@ def test_a_user_does_not_choose_or_see_a_non_viewable_runs_samples(door: Door) -
             assert "sample_ids" not in shown
             assert json.dumps(ids) not in shown
     assert drawn != [list(range(6))] * 3  # not the split's head (odds of that: ~1e-12)
+
+
+def test_a_user_sweeps_compares_and_rescores_its_own_runs_only(door: Door, tmp_path: Path) -> None:
+    swept = door.cli(door.alice, "submit", "spy", "--dataset", "ds", "--split", "validation",
+                     "--limit", "20", "--sweep", "k=1,2", "--tag", "gw", "--json")  # fmt: skip
+    assert swept.returncode == 0, swept.stderr
+    found = json.loads(swept.stdout)
+    for run_id in found["run_ids"]:
+        assert door.cli(door.alice, "watch", run_id).returncode == 0
+    listed = json.loads(door.cli(door.alice, "runs", "--sweep", found["sweep"], "--json").stdout)
+    assert sorted(v["run_id"] for v in listed) == sorted(found["run_ids"])
+    compared = door.cli(door.alice, "compare", "--sweep", found["sweep"], "--json")
+    assert compared.returncode == 0, compared.stderr
+    assert json.loads(compared.stdout)["baseline"] == found["run_ids"][0]
+    refused = door.cli(door.bob, "compare", *found["run_ids"])
+    assert refused.returncode == 3
+    assert "belongs to another principal" in refused.stderr
+    assert json.loads(door.cli(door.bob, "runs", "--sweep", found["sweep"], "--json").stdout) == []
+    calls = tmp_path / "calls"
+    rescored = door.cli(door.alice, "rescore", found["run_ids"][0], "--eval", "spy_close",
+                        "--param", f"calls={calls}", "--follow", "--json")  # fmt: skip
+    assert rescored.returncode == 0, rescored.stderr
+    assert json.loads(rescored.stdout.splitlines()[-1])["status"] == "completed"
+    assert not calls.exists()
+    assert door.cli(door.bob, "rescore", found["run_ids"][0], "--eval", "spy_close").returncode == 3
+
+
+def test_a_user_sees_no_spec_fingerprint_and_no_data_path(door: Door, tmp_path: Path) -> None:
+    """A run's spec fingerprint hashes its data file's path and digest: with the path, an
+    oracle for guessed labels of a small held-out file. A user sees it blank, and an error
+    that names a data file shows the user ``<path>`` (the gateway logs it whole)."""
+    data = tmp_path / "gone"
+    write_rows(data, "validation", labelled_rows(10))
+    door.operator.add_dataset("gone", str(data))
+    door.operator.set_tier("gone", "validation", Tier.VIEWABLE)
+    run_id = _run_id(door.cli(door.alice, "submit", "spy", "--dataset", "gone", "--split",
+                              "validation", "--follow", "--json"))  # fmt: skip
+    mine = json.loads(door.cli(door.alice, "status", run_id, "--json").stdout)
+    assert (mine["spec"], mine["provenance"]["spec"]) == ("", "")
+    root = json.loads(door.cli(door.admin_token, "status", run_id, "--json").stdout)
+    assert len(root["spec"]) == 64
+    assert root["spec"] not in door.cli(door.alice, "runs", "--json").stdout
+    for file in data.iterdir():
+        file.unlink()
+    missing = door.cli(door.alice, "results", run_id, "--with-input")
+    assert missing.returncode != 0
+    assert "<path>" in missing.stderr
+    assert str(data) not in missing.stderr

@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from producer.client import Client
 from producer.metrics import serve
 from producer.redis_server import free_port
-from producer.report import gather, render
+from producer.report import gather, render, render_comparison
 from producer.submit import SubmitRequest
 from shared.data import Sharding
 from shared.ledger import Ledger
@@ -193,8 +193,9 @@ def _colored_pixels(png: bytes) -> int:
     return int(((rgb.max(axis=-1) - rgb.min(axis=-1)) > 60).sum())
 
 
-def _render(html_path: Path, shot: Path) -> dict[str, int]:
-    """Open the page in headless Chromium; colored pixels of each chart, by chart name."""
+def _render(html_path: Path, shot: Path) -> tuple[dict[str, int], dict[str, list[str]]]:
+    """Open the page in headless Chromium; colored pixels of each chart, by chart name, and
+    the rendered text of each table's rows, by table name."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
@@ -208,12 +209,20 @@ def _render(html_path: Path, shot: Path) -> dict[str, int]:
             page.goto(html_path.as_uri())
             page.screenshot(path=str(shot), full_page=True)
             charts = page.locator("figure.chart")
-            return {
+            drawn = {
                 str(charts.nth(i).get_attribute("data-chart")): _colored_pixels(
                     charts.nth(i).screenshot()
                 )
                 for i in range(charts.count())
             }
+            tables = page.locator("table.rows")
+            texts = {
+                str(tables.nth(i).get_attribute("data-table")): tables.nth(i)
+                .locator("tr")
+                .all_inner_texts()
+                for i in range(tables.count())
+            }
+            return drawn, texts
         finally:
             browser.close()
 
@@ -246,10 +255,52 @@ def test_the_report_renders_its_charts_in_headless_chromium(stack: Stack, tmp_pa
     assert "<script" not in text  # self-contained: no script, nothing fetched
     assert "src=" not in text
 
-    drawn = _render(page, tmp_path / "report.png")
-    assert list(drawn) == ["aggregates", "distribution", "throughput", "errors", "shards"]
-    for name, pixels in drawn.items():
-        assert pixels > 200, f"chart {name} looks empty ({pixels} coloured pixels)"
+    drawn, tables = _render(page, tmp_path / "report.png")
+    charts = ["aggregates", "distribution", "throughput", "errors", "shards"]
+    assert list(drawn) == [*charts, "samples", "provenance"]
+    for name in charts:
+        assert drawn[name] > 200, f"chart {name} looks empty ({drawn[name]} coloured pixels)"
+    # the aggregates carry their 95% intervals; the three failed samples and the lowest
+    # scores are listed; the workers that ran it are named
+    assert report.view.stats is not None
+    low, high = report.view.stats["correct"].ci95 or (0.0, 0.0)
+    assert f"[{low:.4g}, {high:.4g}] n=87" in text
+    assert [row.split("\t")[0] for row in tables["failures"][1:]] == ["3", "40", "70"]
+    assert len(tables["worst"]) == 1 + 10
+    assert [row.split("\t")[1] for row in tables["worst"][1:]] == ["0"] * 10
+    assert len(tables["provenance"]) >= 2
+    assert report.view.provenance is not None
+    assert report.view.provenance.workers[0].evaluation.endswith(".Flaky")
+
+
+@pytest.mark.usefixtures("chromium")
+def test_a_comparison_report_draws_the_differences_and_lists_flips(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """Two candidates of the ``guess`` eval, one flipping three items: the comparison page
+    draws the forest plot and lists exactly the flipped samples."""
+    labels = [i % 2 for i in range(40)]
+    rows = [{"text": f"item-{i} cmp", "cue": 0, "label": y} for i, y in enumerate(labels)]
+    client, base = _submitted(stack, tmp_path / "data", rows, eval="guess", params={"base": "0"})
+    other = client.submit(
+        SubmitRequest(
+            eval="guess", dataset=base.dataset_id, split="validation",
+            params={"base": "0", "flip": "item-1,item-2,item-7"},
+        )
+    )  # fmt: skip
+    for meta in (base, other):
+        wait_completed(stack.client, meta.run_id)
+    found = client.compare([base.run_id, other.run_id])
+    page = tmp_path / "compare.html"
+    page.write_text(
+        render_comparison(found, [client.status(base.run_id), client.status(other.run_id)]),
+        encoding="utf-8",
+    )
+    assert "<script" not in page.read_text()
+    drawn, tables = _render(page, tmp_path / "compare.png")
+    assert drawn["forest"] > 200, f"the forest plot looks empty ({drawn['forest']} pixels)"
+    assert tables["flips"][1].split("\t") == ["accuracy", other.run_id, "1, 7", "2"]
+    assert tables["numbers"][1].split("\t")[:3] == ["accuracy", other.run_id, "+0.0250"]
 
 
 def test_a_non_viewable_report_shows_aggregates_only(stack: Stack, tmp_path: Path) -> None:
@@ -260,6 +311,8 @@ def test_a_non_viewable_report_shows_aggregates_only(stack: Stack, tmp_path: Pat
     page = render(gather(client, meta.run_id))
     assert 'data-chart="aggregates"' in page
     assert 'data-chart="distribution"' not in page
+    assert 'data-table="failures"' not in page
+    assert 'data-table="worst"' not in page
     assert "per-sample results are not readable" in page
     admin_page = render(gather(Client(client.settings, admin=True), meta.run_id))
     assert 'data-chart="distribution"' in admin_page

@@ -41,6 +41,7 @@ from shared.errors import (
 )
 from shared.evaluation import Evaluation, scrub
 from shared.models import ErrorRecord, RunMeta, SampleTask, Stage
+from shared.provenance import ProvenanceStore, of_worker
 from shared.results import ResultStore, to_json
 from shared.runs import RunStore
 from shared.scorer import ScriptCall
@@ -94,6 +95,17 @@ class Resources:
     job instead of sending score messages (no wait for a second message, no second pool job)."""
     members: LRU[str, Ranges] = field(default_factory=lambda: LRU(16))
     """Recent runs' sample ids as ranges (a run's ids never change)."""
+    provenance: ProvenanceStore | None = None
+    """Where this process records what it ran each run's inference with."""
+    recorded: LRU[str, bool] = field(default_factory=lambda: LRU(256))
+    """Recent runs whose provenance this process has recorded."""
+
+    def record_provenance(self, run_id: str, evaluation: Evaluation) -> None:
+        """Record, once per run in this process, what its inference ran with."""
+        if self.provenance is None or run_id in self.recorded:
+            return
+        self.provenance.record(run_id, of_worker(evaluation, self.runtimes.device))
+        self.recorded.get_or_create(run_id, lambda: True)
 
 
 def _error(stage: Stage, exc: BaseException) -> ErrorRecord:
@@ -154,6 +166,12 @@ class _Run:
                 found.update(self.rows([sample_id], stage))
             return found
 
+    def clusters(self, sample_ids: list[int]) -> dict[int, str] | None:
+        """Each of ``sample_ids``' cluster, from its row (:meth:`Evaluation.clusters`)."""
+        return self.evaluation.clusters(
+            dict(zip(sample_ids, self.res.shards.rows(self.meta.spec, sample_ids), strict=True))
+        )
+
     def counted(self, stage: Stage, todo: list[int]) -> list[int]:
         """Count one more attempt at ``stage`` (infer or score) of each sample in ``todo``;
         return those to run now. A sample tried before that came with others goes to
@@ -184,7 +202,7 @@ class _Run:
             self.finalize()
 
     def finalize(self) -> None:
-        finished = self.res.results.finalize(self.run_id, self.evaluation)
+        finished = self.res.results.finalize(self.run_id, self.evaluation, self.clusters)
         self.res.runs.retire(self.run_id)
         if finished is not None:
             log.info("run %s %s: %s", self.run_id, finished.status, finished.reason or "done")
@@ -287,8 +305,19 @@ def _infer(infer: Infer, items: list[Item], max_attempts: int) -> None:
 
 
 def _pending(run: _Run, inferred: set[int]) -> list[Item]:
-    """The run's samples to infer now (each counted as one more attempt), label-free."""
-    todo = run.counted(Stage.INFER, [i for i in run.ids if i not in inferred])
+    """The run's samples to infer now (each counted as one more attempt), label-free. A
+    rescored run has no inference: a sample of it without a copied output (its producer died
+    mid-copy; a forged message) ends as a terminal error, never as another model's output."""
+    missing = [i for i in run.ids if i not in inferred]
+    if run.meta.rescored_from is not None:
+        refused = PermanentError(
+            f"a rescore of run {run.meta.rescored_from} runs no inference, and this sample's "
+            "output was not copied"
+        )
+        for sample_id in missing:
+            run.errors[sample_id] = _error(Stage.INFER, refused)
+        return []
+    todo = run.counted(Stage.INFER, missing)
     items: list[Item] = []
     for sample_id, row in run.rows(todo, Stage.DATA).items() if todo else ():
         try:
@@ -330,6 +359,8 @@ def infer_batch(res: Resources, tasks: list[SampleTask]) -> set[str]:
 
     def store(run: _Run) -> None:
         res.results.record_outputs(run.run_id, run.outputs)
+        if run.outputs:
+            res.record_provenance(run.run_id, run.evaluation)
         run.settle_errors()
         ready = [i for i in run.ids if i in inferred[run.run_id] or i in run.outputs]
         if res.fuse:
@@ -425,6 +456,8 @@ def score_batch(res: Resources, tasks: list[SampleTask]) -> set[str]:
             log.warning("run %s: %d score messages without an output", run.run_id, missing)
         rows = run.rows(todo, Stage.SCORE) if todo else {}
         scores = _score(res, run, rows, outputs)
+        if scores:
+            res.record_provenance(run.run_id, run.evaluation)
         finalize = res.results.record_scores(run.run_id, scores)
         if not scores and not run.errors and not run.retry:
             finalize = res.results.claim_finalize(run.run_id, res.stall_after)

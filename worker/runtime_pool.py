@@ -96,6 +96,11 @@ class RuntimePool:
         self._scripts: LRU[ScriptScorer, ScriptPool] = LRU(max_models, on_evict=_stop)
         self._dropped = False
 
+    @property
+    def device(self) -> str:
+        """The device this process's models run on."""
+        return resolve_device(self._device, self._process_index)
+
     def evaluation(self, name: str, params: Mapping[str, str]) -> Evaluation:
         """The evaluation instance for ``name`` with ``params``."""
         key = (name, json.dumps(dict(params), sort_keys=True))
@@ -128,7 +133,7 @@ class RuntimePool:
                 "evicted a model (EVALQ_MAX_MODELS reached) before loading %s", evaluation.name
             )
             _free_memory()
-        device = resolve_device(self._device, self._process_index)
+        device = self.device
         if evaluation.isolated or self._isolate:
             return ModelProxy(
                 evaluation,

@@ -18,6 +18,7 @@ from shared.connection import connect
 from shared.dispatch import publish
 from shared.errors import first_line
 from shared.models import SampleTask
+from shared.provenance import ProvenanceStore
 from shared.results import ResultStore
 from shared.runs import RunStore
 from shared.settings import Settings
@@ -68,6 +69,7 @@ class WorkerState:
                 max_attempts=self._settings.max_attempts,
                 stall_after=self._settings.stall_after,
                 fuse=SCORE_QUEUE in (self._app.amqp.queues.consume_from or {}),
+                provenance=ProvenanceStore(client),
             )
         return self._resources
 

@@ -2,7 +2,8 @@
 
 Both tasks are celery-batches tasks: the worker buffers incoming messages and runs them as one
 call when the buffered messages hold ``EVALQ_MAX_BATCH`` samples, or every ``EVALQ_BATCH_WAIT``
-seconds, whichever comes first.
+seconds, whichever comes first, or at once when the worker holds all the messages it may reserve
+(:mod:`worker.reserve`), since none can join the batch before it runs.
 
 What reaches a worker is either buffered or dropped, never a crash and never a requeue loop:
 every message passes :func:`worker.intake.admit` in the main process first; a malformed one is
@@ -49,6 +50,7 @@ from shared.runs import RunStore
 from shared.settings import Settings
 from worker.intake import admit
 from worker.pipeline import Resources, infer_batch, score_batch
+from worker.reserve import Reserve
 from worker.state import WorkerState
 
 __all__ = ["Held", "SampleBatches", "parse_requests", "register_tasks"]
@@ -77,6 +79,10 @@ class Held:
     def snapshot(self) -> list[str]:
         with self._lock:
             return sorted(self._tags)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._tags)
 
 
 def _announce(request: Request) -> None:
@@ -135,12 +141,15 @@ class SampleBatches(Batches):  # type: ignore[misc]
         super().__init__()
         self._buffered_samples = 0
         self._worker_pool: Any = None
+        self._reserve: Reserve | None = None
         self.held = Held()
         self._unserved_logged: dict[str, float] = {}
 
     def Strategy(self, task: Batches, app: Celery, consumer: Any) -> Callable[..., None]:
         buffer_message = super().Strategy(task, app, consumer)
         self._worker_pool = consumer.pool
+        self._reserve = Reserve.of(consumer)
+        self._reserve.add(self)
         served = frozenset(registered())
 
         def handle(message: Any, *args: Any, **kwargs: Any) -> None:
@@ -166,8 +175,32 @@ class SampleBatches(Batches):  # type: ignore[misc]
             self._buffered_samples += len(payload.sample_ids)
             if payload.solo or self._buffered_samples >= self.flush_samples:
                 self._do_flush()
+            else:
+                self._reserve_full()
 
         return handle
+
+    def held_messages(self) -> int:
+        """Messages this task holds: buffered, or in a pool job not yet returned."""
+        return len(self.held)
+
+    def flush_buffer(self) -> None:
+        """Run the buffered messages now, if any."""
+        if self._buffered_samples:
+            self._do_flush()
+
+    def _reserve_full(self, batch_seconds: float | None = None) -> None:
+        """Set the prefetch after a batch of ``batch_seconds``, then run every buffer of the
+        consumer if it holds all it may (:mod:`worker.reserve`); an error here is logged, never
+        raised into Celery's callbacks."""
+        if self._reserve is None:
+            return
+        try:
+            if batch_seconds is not None:
+                self._reserve.finished(batch_seconds)
+            self._reserve.flush_if_full()
+        except Exception:
+            log.exception("could not check the worker's reservation")
 
     def forget(self) -> int:
         """Forget the buffered messages of a connection that closed (Celery's consumer does the
@@ -255,6 +288,11 @@ class SampleBatches(Batches):  # type: ignore[misc]
                 runtime = time.monotonic() - started
                 request.send_event("task-succeeded", result="None", runtime=runtime)
 
+        accepted: list[float] = []
+
+        def on_accepted(_pid: int, time_accepted: float) -> None:
+            accepted.append(time_accepted)
+
         def on_return(requeue: object) -> None:
             # The batch function returns the ids of the requests to requeue; anything else
             # means it raised (celery-batches logged it): requeue them all, the per-sample
@@ -262,6 +300,7 @@ class SampleBatches(Batches):  # type: ignore[misc]
             again = set(requeue) if isinstance(requeue, list) else None
             for request in requests:
                 finish(request, again is None or request.id in again)
+            self._reserve_full(time.monotonic() - accepted[0] if accepted else None)
 
         def on_error(_failure: Any) -> None:
             # apply_batches_task catches what the task raises, so an error here means the job
@@ -272,6 +311,7 @@ class SampleBatches(Batches):  # type: ignore[misc]
         return self._worker_pool.apply_async(
             apply_batches_task,
             (self, batch, 0, None),
+            accept_callback=on_accepted,
             callback=on_return,
             error_callback=on_error,
             timeout=self.time_limit,

@@ -1,11 +1,14 @@
 -- finish: store a run's aggregate and end it, unless it has ended already.
 -- KEYS[1] = evalq:{run}:meta       hash: status, finished, reason
 -- KEYS[2] = evalq:{run}:aggregate  string, the aggregate metrics JSON
+-- KEYS[3] = evalq:{run}:stats      string, each metric's mean, stderr and 95% interval (JSON)
 -- ARGV[1] = 'completed' or 'failed'   ARGV[2] = aggregate JSON   ARGV[3] = reason ('' = none)
+-- ARGV[4] = stats JSON ('' = none)
 -- Returns: 1 if this call ended the run, 0 if it had ended (completed, failed or cancelled).
 local status = redis.call('HGET', KEYS[1], 'status')
 if status ~= 'queued' and status ~= 'running' then return 0 end
 redis.call('SET', KEYS[2], ARGV[2])
+if ARGV[4] ~= '' then redis.call('SET', KEYS[3], ARGV[4]) end
 redis.call('HSET', KEYS[1], 'status', ARGV[1], 'finished', string.format('%.6f', now()))
 if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'reason', ARGV[3]) end
 return 1

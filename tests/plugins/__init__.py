@@ -26,6 +26,7 @@ class Spy(Evaluation):
     """Reports which fields reached ``infer()``; predicts ``len(text) % 3``."""
 
     label_fields = LABELS
+    output_kind = "spy-prediction"
 
     def load(self, device: str) -> Any:
         return {"device": device}
@@ -55,6 +56,20 @@ class Flaky(Evaluation):
         if "bust" in row["text"]:
             raise ValueError("cannot score a bust")
         return {"correct": float(output["pred"] == row["label"])}
+
+
+@register("spy_close")
+class SpyClose(Spy):
+    """Scores the spy's outputs more leniently (within one of the label); its ``infer()``
+    appends a line to the file named by param ``calls``, so a test can see it never ran."""
+
+    def infer(self, model: Any, rows: list[dict[str, Any]]) -> list[Any]:
+        with open(self.params["calls"], "a", encoding="utf-8") as calls:
+            calls.write(f"{len(rows)}\n")
+        return super().infer(model, rows)
+
+    def score(self, row: dict[str, Any], output: Any) -> dict[str, float]:
+        return {"close": float(abs(output["pred"] - row["label"]) <= 1)}
 
 
 @register("slow")

@@ -1,0 +1,110 @@
+"""``evalq rescore RUN --eval OTHER``: a new run over the same samples that scores RUN's stored
+outputs with another evaluation's ``score()``, without inference.
+
+The two evaluations must declare the same ``output_kind`` (what their outputs are); the new
+run is gated, charged and released like any run on its split (a user may not rescore what it
+may not submit), takes the source run's sample ids (the server chose them on a
+``non_viewable`` split: nothing is chosen here), copies their outputs (``HSETNX``, counted as
+inferred) and sends them straight to scoring.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Annotated
+
+import redis
+from celery import Celery
+from pydantic import BaseModel, ConfigDict, Field
+
+from producer.submit import start
+from shared.celery_app import SCORE_TASK
+from shared.dispatch import message_size, publish, split
+from shared.errors import InputError
+from shared.evaluation import create
+from shared.models import RunMeta, RunStatus
+from shared.policy import admit_run, admit_split, run_tier
+from shared.results import ResultStore
+from shared.runs import RunStore
+from shared.tiers import TierRegistry
+
+__all__ = ["COPY_CHUNK", "RescoreRequest", "rescore"]
+
+COPY_CHUNK = 5000
+"""Outputs copied per round trip."""
+
+
+class RescoreRequest(BaseModel):
+    """What ``evalq rescore`` was asked (also the gateway's request body)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    run: str = Field(pattern=r"^[0-9a-f]{1,64}$")
+    """The completed run whose outputs are scored again."""
+    eval: str = Field(min_length=1, max_length=200)
+    """The evaluation whose ``score()`` scores them (same ``output_kind``)."""
+    params: dict[
+        Annotated[str, Field(min_length=1, max_length=100)],
+        Annotated[str, Field(max_length=10_000)],
+    ] = Field(default_factory=dict, max_length=100)
+
+
+def rescore(
+    client: redis.Redis,
+    app: Celery,
+    run_id: str,
+    eval_name: str,
+    params: Mapping[str, str],
+    *,
+    principal: str,
+    admin: bool = False,
+) -> RunMeta:
+    """Start the rescoring of ``run_id`` with ``eval_name``; return the new run's record."""
+    runs, results = RunStore(client), ResultStore(client)
+    source = runs.get(run_id)
+    if source.status is not RunStatus.COMPLETED:
+        raise InputError(f"run {run_id} is {source.status}; only a completed run is rescored")
+    before, after = create(source.eval, source.params), create(eval_name, params)
+    if before.output_kind is None or before.output_kind != after.output_kind:
+        raise InputError(
+            f"'{eval_name}' cannot score the outputs of '{source.eval}': their output kinds "
+            f"({after.output_kind or 'undeclared'} and {before.output_kind or 'undeclared'}) "
+            "are not the same (Evaluation.output_kind)"
+        )
+    where = f"{source.dataset_id}/{source.split}"
+    tier = run_tier(
+        TierRegistry(client).resolve(source.dataset_id, source.split), source.registered
+    )
+    admit_split(where, tier, admin)
+    ids = _with_outputs(results, run_id, runs.sample_ids(run_id))
+    if not ids:
+        raise InputError(f"run {run_id} has no stored output to rescore")
+    admit_run(where, tier, admin, len(ids))
+    meta = RunMeta(
+        run_id=uuid.uuid4().hex[:16], eval=eval_name, params=dict(params), spec=source.spec,
+        dataset_id=source.dataset_id, registered=source.registered, split=source.split,
+        n=len(ids), status=RunStatus.QUEUED, created=time.time(), principal=principal,
+        admin=admin, charged=not admin, priority=source.priority, sweep=None, tags=source.tags,
+        rescored_from=run_id,
+    )  # fmt: skip
+
+    def enqueue() -> None:
+        for start_at in range(0, len(ids), COPY_CHUNK):
+            chunk = ids[start_at : start_at + COPY_CHUNK]
+            results.record_outputs(meta.run_id, results.output_texts(run_id, chunk))
+        publish(app, SCORE_TASK, split(meta, ids, size=message_size(len(ids))))
+
+    start(client, meta, ids, enqueue)
+    return meta
+
+
+def _with_outputs(results: ResultStore, run_id: str, sample_ids: list[int]) -> list[int]:
+    """Those of ``sample_ids`` with a stored output, in order."""
+    found: list[int] = []
+    for start_at in range(0, len(sample_ids), COPY_CHUNK):
+        chunk = sample_ids[start_at : start_at + COPY_CHUNK]
+        have = results.inferred(run_id, chunk)
+        found += [i for i in chunk if i in have]
+    return found

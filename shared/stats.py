@@ -1,0 +1,233 @@
+"""How sure a run's numbers are, and how two runs over the same samples differ.
+
+- **A metric's uncertainty** (:func:`describe`). For an evaluation that keeps the default
+  ``aggregate()`` (the mean of each per-sample metric): the analytic standard error ``s/√n``
+  (``s`` the sample standard deviation) and the normal 95% interval; when the evaluation
+  declares a ``cluster_field`` (several samples per passage, per task), the cluster-robust
+  standard error, since samples of one cluster are not independent (Miller 2024, "Adding Error
+  Bars to Evals"). For a custom ``aggregate()``: a seeded bootstrap over samples.
+- **A paired comparison** (:func:`paired`): over the samples both runs scored, the mean
+  difference of a metric (the other run minus the baseline), a seeded paired bootstrap 95%
+  interval and, for 0/1 metrics, McNemar's exact p-value (a two-sided binomial test on the
+  discordant pairs, :func:`scipy.stats.binomtest`). Several runs against one baseline are
+  corrected with Holm's step-down (:func:`holm`).
+
+Seeds are fixed, so the same scores always give the same numbers.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from statistics import fmean, stdev
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+__all__ = ["Delta", "Stat", "describe", "holm", "paired"]
+
+Z95 = 1.959963984540054
+"""The standard normal's 97.5% quantile."""
+SEED = 20261123
+RESAMPLES = 1000
+"""Bootstrap resamples (fewer for a custom aggregate of many samples: see :func:`_rounds`)."""
+BOOTSTRAP_WORK = 5_000_000
+"""Samples a custom ``aggregate()`` is given over all resamples, at most."""
+MIN_RESAMPLES = 50
+"""Fewer resamples than this give no error bar (a run too large for the budget)."""
+BOOTSTRAP_SECONDS = 10.0
+"""Resampling stops after this long."""
+PAIRED_BOOTSTRAP_MAX = 100_000
+"""Above this many pairs, a difference's interval is the normal one (the bootstrap's, to
+within its own noise, at that size) instead of 1,000 resamples of every pair."""
+_CHUNK = 4_000_000
+
+Scores = Mapping[int, Mapping[str, float]]
+
+
+class Stat(BaseModel):
+    """One metric of a run: its value, standard error, 95% interval and sample count."""
+
+    model_config = ConfigDict(frozen=True)
+
+    mean: float
+    stderr: float | None
+    """None when it cannot be estimated (fewer than two samples or clusters)."""
+    ci95: tuple[float, float] | None
+    n: int
+    method: str
+    """``analytic``, ``clustered`` (with the clusters' count) or ``bootstrap``."""
+
+
+class Delta(BaseModel):
+    """One metric of a run against the baseline, over the samples both scored."""
+
+    model_config = ConfigDict(frozen=True)
+
+    delta: float
+    """Mean of (this run's score - the baseline's) over the paired samples."""
+    ci95: tuple[float, float] | None
+    p_value: float | None
+    """McNemar's exact p-value (Holm-corrected with several runs), for 0/1 metrics only."""
+    n_paired: int
+    flips: tuple[int, int] = (0, 0)
+    """For 0/1 metrics: samples 0 in the baseline and 1 here, and 1 there and 0 here."""
+    method: str = "paired bootstrap"
+    """How ``ci95`` was computed: ``paired bootstrap``, or ``normal`` above
+    :data:`PAIRED_BOOTSTRAP_MAX` pairs."""
+
+
+def _interval(mean: float, stderr: float | None) -> tuple[float, float] | None:
+    return None if stderr is None else (mean - Z95 * stderr, mean + Z95 * stderr)
+
+
+def _analytic(values: list[float]) -> Stat:
+    mean = fmean(values)
+    stderr = stdev(values) / math.sqrt(len(values)) if len(values) > 1 else None
+    return Stat(mean=mean, stderr=stderr, ci95=_interval(mean, stderr), n=len(values),
+                method="analytic")  # fmt: skip
+
+
+def _clustered(values: list[float], clusters: list[str]) -> Stat:
+    """Liang-Zeger standard error of a mean with the small-sample factor G/(G-1)."""
+    mean = fmean(values)
+    sums: dict[str, float] = {}
+    for value, cluster in zip(values, clusters, strict=True):
+        sums[cluster] = sums.get(cluster, 0.0) + (value - mean)
+    groups = len(sums)
+    stderr = None
+    if groups > 1:
+        spread = sum(s * s for s in sums.values()) * groups / (groups - 1)
+        stderr = math.sqrt(spread) / len(values)
+    return Stat(mean=mean, stderr=stderr, ci95=_interval(mean, stderr), n=len(values),
+                method=f"clustered ({groups} clusters)")  # fmt: skip
+
+
+def _rounds(samples: int) -> int:
+    """Resamples within :data:`BOOTSTRAP_WORK` (0 when fewer than :data:`MIN_RESAMPLES` fit)."""
+    rounds = min(RESAMPLES, BOOTSTRAP_WORK // max(1, samples))
+    return rounds if rounds >= MIN_RESAMPLES else 0
+
+
+def _bootstrap(
+    samples: list[Mapping[str, float]],
+    aggregate: Callable[[list[dict[str, float]]], Mapping[str, float]],
+) -> dict[str, Stat]:
+    """A custom aggregate's value on all samples, with the standard deviation and the 2.5% and
+    97.5% percentiles of its value over seeded resamples of the samples. Resampling stops at
+    :data:`BOOTSTRAP_SECONDS` (the finalizer must finish well within ``EVALQ_STALL_AFTER``); a
+    metric with fewer than :data:`MIN_RESAMPLES` finite values over the resamples (too large a
+    run, too slow an aggregate, one that fails or is not finite on resamples) gets no error
+    bar; the others keep theirs."""
+    full = {str(k): float(v) for k, v in aggregate([dict(s) for s in samples]).items()}
+    rng = np.random.default_rng(SEED)
+    n = len(samples)
+    replicates: dict[str, list[float]] = {name: [] for name in full}
+    deadline = time.monotonic() + BOOTSTRAP_SECONDS
+    rounds = _rounds(n) if n > 1 else 0
+    for _ in range(rounds):
+        if time.monotonic() > deadline:
+            break
+        drawn = rng.integers(0, n, size=n)
+        try:
+            value = aggregate([dict(samples[i]) for i in drawn])
+        except Exception:  # a resample the aggregate cannot take: that round counts for none
+            continue
+        for name in full:
+            found = value.get(name)
+            if isinstance(found, int | float) and math.isfinite(found):
+                replicates[name].append(float(found))
+    stats = {}
+    for name, mean in full.items():
+        values = replicates[name]
+        if len(values) < MIN_RESAMPLES:
+            why = f"bootstrap: {len(values)} usable resamples of {rounds}, no error bar"
+            stats[name] = Stat(mean=mean, stderr=None, ci95=None, n=n, method=why)
+            continue
+        low, high = np.percentile(values, [2.5, 97.5])
+        stats[name] = Stat(
+            mean=mean, stderr=float(np.std(values, ddof=1)), ci95=(float(low), float(high)),
+            n=n, method=f"bootstrap ({len(values)} resamples)",
+        )  # fmt: skip
+    return stats
+
+
+def describe(
+    scores: Scores,
+    aggregate: Callable[[list[dict[str, float]]], Mapping[str, float]] | None = None,
+    clusters: Mapping[int, str] | None = None,
+) -> dict[str, Stat]:
+    """Each metric of the scored samples ``scores`` (sample id -> metrics) with its
+    uncertainty: analytic (clustered by ``clusters``, sample id -> cluster, when given) for
+    means, a seeded bootstrap through ``aggregate`` when the evaluation has its own."""
+    ids = sorted(scores)
+    if aggregate is not None:
+        return _bootstrap([scores[i] for i in ids], aggregate)
+    names = sorted({name for i in ids for name in scores[i]})
+    stats = {}
+    for name in names:
+        scored = [i for i in ids if name in scores[i]]
+        values = [float(scores[i][name]) for i in scored]
+        if clusters is not None:
+            stats[name] = _clustered(values, [clusters.get(i, f"#{i}") for i in scored])
+        else:
+            stats[name] = _analytic(values)
+    return stats
+
+
+def _binary(values: np.ndarray) -> bool:
+    return bool(np.all((values == 0) | (values == 1)))
+
+
+def paired(baseline: Mapping[int, float], other: Mapping[int, float]) -> Delta | None:
+    """``other`` against ``baseline`` (sample id -> one metric's score) over the samples both
+    scored; None when they share none."""
+    common = sorted(baseline.keys() & other.keys())
+    if not common:
+        return None
+    a = np.array([baseline[i] for i in common], dtype=float)
+    b = np.array([other[i] for i in common], dtype=float)
+    differences = b - a
+    n = len(common)
+    delta = float(differences.mean())
+    ci, method = None, "paired bootstrap"
+    if n > PAIRED_BOOTSTRAP_MAX:
+        stderr = float(differences.std(ddof=1)) / math.sqrt(n)
+        ci, method = _interval(delta, stderr), "normal"
+    elif n > 1:
+        rng = np.random.default_rng(SEED)
+        means = np.empty(RESAMPLES)
+        step = max(1, _CHUNK // n)
+        for start in range(0, RESAMPLES, step):
+            rounds = min(step, RESAMPLES - start)
+            drawn = rng.integers(0, n, size=(rounds, n))
+            means[start : start + rounds] = differences[drawn].mean(axis=1)
+        low, high = np.percentile(means, [2.5, 97.5])
+        ci = (float(low), float(high))
+    p_value, flips = None, (0, 0)
+    if _binary(a) and _binary(b):
+        up = int(np.sum((a == 0) & (b == 1)))
+        down = int(np.sum((a == 1) & (b == 0)))
+        flips = (up, down)
+        p_value = 1.0 if up + down == 0 else _mcnemar(up, up + down)
+    return Delta(delta=delta, ci95=ci, p_value=p_value, n_paired=n, flips=flips, method=method)
+
+
+def _mcnemar(up: int, discordant: int) -> float:
+    from scipy.stats import binomtest  # scipy is slow to import: only when comparing
+
+    return float(binomtest(up, discordant, 0.5).pvalue)
+
+
+def holm(p_values: Sequence[float | None]) -> list[float | None]:
+    """Holm's step-down adjustment of ``p_values`` (None stays None): the k-th smallest of m
+    is multiplied by m - k + 1, made monotone, and capped at 1."""
+    present = sorted((p, i) for i, p in enumerate(p_values) if p is not None)
+    adjusted: list[float | None] = [None] * len(p_values)
+    running = 0.0
+    m = len(present)
+    for rank, (p, i) in enumerate(present):
+        running = max(running, min(1.0, (m - rank) * p))
+        adjusted[i] = running
+    return adjusted

@@ -1,0 +1,106 @@
+"""How much work a worker reserves: two batches' worth while its batches are short, one while
+they are long; and when it holds all it may, its buffers run at once.
+
+A worker reserves (prefetches) messages so that its pool process starts the next batch the
+moment it finishes one: with batches of a few milliseconds (a small model), fetching the next
+message only then would leave the process idle for a round trip per batch. But every message a
+worker reserves is one that a newly dispatched run waits behind (see *Fair share* in the
+README): with batches of half a second, the second batch held doubled a small run's wait. So a
+worker holds Celery's prefetch (two batches' worth, ``shared.celery_app``) while its recent
+batches all took under :data:`LONG_BATCH` seconds, and half of it (one batch's worth) once one
+of its last :data:`RECENT` batches took longer. The target is set, not stepped, on the
+consumer's prefetch (kombu's ``QoS``, under its lock, as Celery's own prefetch updates do), so
+it cannot drift from Celery's value; Celery's event loop applies it.
+
+A buffer that waits for more messages while the worker already holds all it may reserve would
+wait for its flush timer with the pool idle: no message can join it before one is acknowledged.
+:meth:`Reserve.flush_if_full` runs every buffer of the consumer then: as a message arrives, and
+as a batch returns (when the prefetch may just have been lowered below what is held).
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections import deque
+from typing import Any, Protocol
+
+__all__ = ["LONG_BATCH", "RECENT", "Buffer", "Reserve"]
+
+log = logging.getLogger(__name__)
+
+LONG_BATCH = 0.1
+"""Seconds of a batch beyond which a worker reserves one batch's worth instead of two: the
+round trip to fetch the next message then costs a few percent of a batch, at most."""
+RECENT = 4
+"""Batches looked back on: one long batch among them keeps the reserve at one batch's worth
+(several pool processes, or a short solo or scoring batch, do not flip it back at once)."""
+
+_RESERVES: weakref.WeakKeyDictionary[Any, Reserve] = weakref.WeakKeyDictionary()
+
+
+class Buffer(Protocol):
+    """A batch buffer of the consumer (:class:`worker.tasks.SampleBatches`)."""
+
+    def held_messages(self) -> int:
+        """Messages it holds: buffered, or in a pool job not yet returned."""
+
+    def flush_buffer(self) -> None:
+        """Run what it has buffered now, if anything."""
+
+
+class Reserve:
+    """One worker consumer's reservation, shared by its tasks (``infer`` and ``score``)."""
+
+    def __init__(self, consumer: Any) -> None:
+        self._consumer = consumer
+        self._qos: Any = None
+        self._recent: deque[float] = deque(maxlen=RECENT)
+        self._buffers: list[Buffer] = []
+
+    @classmethod
+    def of(cls, consumer: Any) -> Reserve:
+        """The reservation of ``consumer`` (Celery's worker consumer)."""
+        reserve = _RESERVES.get(consumer)
+        if reserve is None:
+            reserve = _RESERVES[consumer] = cls(consumer)
+        return reserve
+
+    def add(self, buffer: Buffer) -> None:
+        """A task's buffer on this consumer (once per task)."""
+        if buffer not in self._buffers:
+            self._buffers.append(buffer)
+
+    @property
+    def short(self) -> bool:
+        """Whether the recent batches were all short: two batches' worth is held."""
+        return all(seconds < LONG_BATCH for seconds in self._recent)
+
+    def target(self) -> int:
+        """The prefetch to hold now."""
+        full = max(1, int(self._consumer.initial_prefetch_count))
+        return full if self.short else max(1, full // 2)
+
+    def finished(self, seconds: float) -> None:
+        """A batch ran for ``seconds``: set the prefetch it calls for. Called in the worker's
+        main process, as the pool returns the batch."""
+        qos = self._consumer.qos
+        if qos is not self._qos:  # a new connection: Celery's prefetch again, no history
+            self._qos = qos
+            self._recent.clear()
+        self._recent.append(seconds)
+        target = self.target()
+        if qos.value != target:
+            with qos._mutex:
+                qos.value = target
+
+    def full(self) -> bool:
+        """Whether the consumer holds all the messages it may reserve."""
+        limit = self._consumer.qos.value
+        return bool(limit) and sum(b.held_messages() for b in self._buffers) >= limit
+
+    def flush_if_full(self) -> None:
+        """Run every buffer now if no message can join them before one is acknowledged."""
+        if self.full():
+            for buffer in self._buffers:
+                buffer.flush_buffer()
