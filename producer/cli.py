@@ -1,5 +1,5 @@
 """The producer's commands of ``evalq``: demo, submit, status, watch, runs, results, report,
-metrics, cancel, resume (added to the app of :mod:`shared.cli` through the ``evalq.commands``
+metrics, cancel, resume, purge (added to the app of :mod:`shared.cli` through the ``evalq.commands``
 entry point). Commands that only talk to Redis import neither torch nor any model.
 """
 
@@ -22,6 +22,7 @@ from producer.sweep import MAX_GRID
 from shared.cli import AdminFlag, JsonFlag, err, out, print_json
 from shared.errors import EvalqError, InputError
 from shared.models import Priority, Progress, RunStatus
+from shared.retention import parse_age
 from shared.routing import RoutingKind
 from shared.settings import get_settings
 from shared.spec import MAX_SPEC_SHARDS
@@ -507,17 +508,22 @@ def results(  # noqa: PLR0917 - a typer command: its options are its parameters
     admin: AdminFlag = False,
 ) -> None:
     """Export a run's per-sample results (viewable splits; admins see all, audited)."""
-    from producer.export import write_results
+    from producer.export import write_lines, write_results, write_tables
 
     if follow_run and fmt is not ExportFormat.JSONL:
         raise InputError("--follow streams jsonl only")
     client = _client(admin)
-    rows = (
-        client.follow_results(run_id, with_input=with_input)
-        if follow_run
-        else client.results(run_id, with_input=with_input)
-    )
-    count = write_results(rows, fmt, out_path)
+    if fmt is ExportFormat.JSONL and not follow_run and not with_input:
+        count = write_lines(client.result_lines(run_id), out_path)
+    elif not follow_run and not with_input:
+        count = write_tables(client.result_tables(run_id), fmt, out_path)
+    else:
+        rows = (
+            client.follow_results(run_id, with_input=with_input)
+            if follow_run
+            else client.results(run_id, with_input=with_input)
+        )
+        count = write_results(rows, fmt, out_path)
     if out_path is not None:
         err.print(f"wrote {count} results to {out_path}")
     if follow_run:
@@ -546,11 +552,33 @@ def resume(run_id: RunArg, as_json: JsonFlag = False) -> None:
     )
 
 
+def purge(
+    run: Annotated[
+        list[str] | None,
+        typer.Option("--run", metavar="RUN", help="A run to purge (repeat for more)."),
+    ] = None,
+    older_than: Annotated[
+        str | None,
+        typer.Option(
+            "--older-than", metavar="AGE", help="Runs submitted longer ago: 30d, 12h, 45m, 90s."
+        ),
+    ] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Remove ended runs wholly: record, results and archive (admins; audited)."""
+    age = None if older_than is None else parse_age(older_than)
+    purged = _client().purge(run or [], age)
+    if as_json:
+        print_json({"purged": purged})
+        return
+    out.print(f"purged {len(purged)} runs" + (": " + ", ".join(purged) if purged else ""))
+
+
 def register(app: typer.Typer) -> None:
     """Add the producer's commands to the ``evalq`` app."""
     commands: tuple[Callable[..., None], ...] = (
         demo, status, watch, runs, results, compare, rescore, report, metrics, serve, acl,
-        cancel, resume,
+        cancel, resume, purge,
     )  # fmt: skip
     for command in commands:
         app.command()(command)

@@ -19,21 +19,27 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
+from typing import TYPE_CHECKING
 
 import redis
 from celery import Celery
 from pydantic import BaseModel, computed_field
 
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from datasets import Dataset
+
 from producer.comparison import Comparison, check_pairable, compare
 from producer.policy_file import PolicyFile, apply_policy
 from producer.rescore import RescoreRequest, rescore
 from producer.submit import SubmitRequest, submit
-from shared.audit import audit_admin, recent
+from shared.archive import PART_ROWS, table_of
+from shared.audit import audit_admin, recent, record
 from shared.backlog import Backlog, Standing
 from shared.celery_app import INFER_QUEUE, SCORE_QUEUE, SCORE_TASK, create_app
 from shared.connection import connect
 from shared.dispatch import enqueue
-from shared.errors import EvalqError, RunNotCompletedError
+from shared.errors import EvalqError, InputError, RunNotCompletedError, UnknownRunError
 from shared.evaluation import create, load_plugins, lower_is_better
 from shared.ledger import Budget, Ledger
 from shared.models import Progress, RunMeta, RunStatus, SampleResult, SampleState
@@ -55,7 +61,8 @@ from shared.presence import Presence, WorkerBeat, absence
 from shared.provenance import ProvenanceStore, RunProvenance
 from shared.registry import DatasetRegistry, RegisteredDataset
 from shared.release import Released, ReleaseStore
-from shared.results import ResultStore
+from shared.results import ResultStore, chunk_lines
+from shared.retention import expired, purge
 from shared.runs import RunFilter, RunStore
 from shared.settings import Settings, get_settings
 from shared.spec import DatasetSpec, fetch_spec
@@ -64,6 +71,9 @@ from shared.tiers import TierRegistry
 from shared.tokens import TokenRecord, TokenStore
 
 __all__ = ["Cancellation", "Client", "Resumption", "RunView", "check_ended"]
+
+LINE_ROWS = 10_000
+"""Samples read from the store at a time for ``result_lines``."""
 
 RELEASE_RETRIES = 20
 """Tries at committing a run's release while other reads of the same caller's runs move its
@@ -347,10 +357,18 @@ class Client:
             old = None
             if held is not None:
                 if held.run not in others:
-                    others[held.run] = self._results.scores(held.run)
+                    others[held.run] = self._held_scores(held.run)
                 old = {i: s[metric] for i, s in others[held.run].items() if metric in s}
             margins[metric] = paired_threshold(new, old)
         return margins
+
+    def _held_scores(self, run_id: str) -> dict[int, dict[str, float]]:
+        """The scores of a run that holds a Ladder's best; none (no pair, so no paired test
+        can pass: the Ladder stays where it is) if that run was purged."""
+        try:
+            return self._results.scores(run_id)
+        except UnknownRunError:
+            return {}
 
     def recent(
         self, limit: int = 20, owner: str | None = None, only: RunFilter | None = None
@@ -384,8 +402,22 @@ class Client:
         """Per-sample results (each with its row when ``with_input``: the run's data must be
         readable here); refused unless the policy gives this reader full access."""
         self._readable(run_id)
-        found = self._results.results(run_id, self._runs.sample_ids(run_id))
+        found = self._results.results(run_id)
         return self._with_input(run_id, found) if with_input else found
+
+    def result_lines(self, run_id: str) -> Iterator[str]:
+        """Per-sample results as JSON lines (:func:`shared.results.text_line`), straight from
+        the stored texts; refused as :meth:`results` is."""
+        self._readable(run_id)
+        return (
+            line for chunk in self._results.chunks(run_id, LINE_ROWS) for line in chunk_lines(chunk)
+        )
+
+    def result_tables(self, run_id: str) -> Iterator[pa.Table]:
+        """Per-sample results as tables of the archive's columns; refused as :meth:`results`
+        is."""
+        self._readable(run_id)
+        return self._results.tables(run_id)
 
     def _with_input(self, run_id: str, results: Iterator[SampleResult]) -> Iterator[SampleResult]:
         """``results`` each with its row; the data is opened here, so that a source this
@@ -402,7 +434,7 @@ class Client:
 
     def states(self, run_id: str) -> Iterator[tuple[int, SampleState]]:
         """Each sample's state (pending, scored, failed) without its values: every reader."""
-        for result in self._results.results(run_id, self._runs.sample_ids(run_id)):
+        for result in self._results.results(run_id):
             yield result.sample_id, result.state
 
     def follow_results(
@@ -415,13 +447,22 @@ class Client:
         return self._with_input(run_id, found) if with_input else found
 
     def _follow(self, run_id: str, block_ms: int) -> Iterator[SampleResult]:
-        cursor = "0-0"
-        while True:
+        """The settled stream while the run lives in Redis; once it is archived (before or
+        while this follows), the rest from its archive."""
+        cursor, seen = "0-0", set()
+        while self._results.archive(run_id) is None:
             ended = not self._runs.get(run_id).status.active
             cursor, ids = self._results.settled_since(run_id, cursor, None if ended else block_ms)
-            yield from self._results.fetch(run_id, ids)
-            if ended and not ids:
+            found = self._results.fetch_live(run_id, ids)
+            if found is None:
+                break
+            seen.update(ids)
+            yield from found
+            if ended and not ids and self._results.archive(run_id) is None:
                 return
+        for result in self._results.results(run_id):
+            if result.sample_id not in seen and result.state is not SampleState.PENDING:
+                yield result
 
     def _readable(self, run_id: str) -> None:
         meta = self._runs.get(run_id)
@@ -462,6 +503,8 @@ class Client:
         meta = self._runs.get(run_id)
         if meta.status is RunStatus.CANCELLED:
             raise EvalqError(f"run {run_id} was cancelled and refunded; submit it again instead")
+        if meta.archived is not None:
+            raise InputError(f"run {run_id} is archived; submit it again instead")
         ids = self._runs.sample_ids(run_id)
         settled = self._results.settled(run_id, ids)
         missing = [i for i in ids if i not in settled]
@@ -572,6 +615,40 @@ class Client:
     def revoke_tokens(self, principal: str) -> int:
         """Revoke every token of ``principal`` (audited); return how many."""
         return self._tokens.revoke(principal, who=self.principal)
+
+    def results_dataset(self, run_id: str) -> Dataset:
+        """The run's per-sample results as a Hugging Face ``datasets.Dataset``, live or
+        archived alike: ``sample_id``, ``output``, ``scores`` and ``error`` (JSON text, as
+        stored) and ``score.<metric>`` (float64); refused as :meth:`results` is."""
+        from datasets import Dataset
+
+        self._readable(run_id)
+        archive = self._results.archive(run_id)
+        if archive is not None:
+            return Dataset(archive.table())
+        return Dataset(table_of(self._results.chunks(run_id, PART_ROWS)))
+
+    def purge(self, run_ids: Sequence[str] = (), older_than: float | None = None) -> list[str]:
+        """Remove ended runs wholly (:mod:`shared.retention`): those named, and those
+        submitted more than ``older_than`` seconds ago; audited. Naming a going run, or none
+        at all, is refused before anything is removed."""
+        if not run_ids and older_than is None:
+            raise InputError("say which runs to purge: --run RUN or --older-than AGE")
+        for run_id in run_ids:
+            meta = self._runs.get(run_id)
+            if meta.status.active:
+                raise InputError(f"run {run_id} is {meta.status}; cancel it before purging it")
+        targets = list(dict.fromkeys(run_ids))
+        if older_than is not None:
+            targets += [
+                r for r in expired(self._redis, time.time() - older_than) if r not in targets
+            ]
+        purged = [r for r in targets if purge(self._redis, r, self.settings.archive_url)]
+        for run_id in purged:
+            record(
+                self._redis, "purge", self.principal, run=run_id, after={"older_than": older_than}
+            )
+        return purged
 
     def audit(self, limit: int = 50) -> list[dict[str, str]]:
         """The newest ``limit`` audit entries, oldest first."""

@@ -8,12 +8,16 @@ import sys
 from collections.abc import Iterable
 from enum import StrEnum
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 from shared.errors import InputError
-from shared.models import SampleResult
+from shared.models import ErrorRecord, SampleResult
+from shared.results import result_line, to_json
 
-__all__ = ["ExportFormat", "flatten", "write_results"]
+__all__ = ["ExportFormat", "flatten", "write_lines", "write_results"]
 
 
 class ExportFormat(StrEnum):
@@ -25,11 +29,12 @@ class ExportFormat(StrEnum):
 
 
 def flatten(result: SampleResult) -> dict[str, Any]:
-    """One flat record: ``sample_id``, ``output`` (JSON text), ``score.<metric>``, ``error``,
-    and ``input.<field>`` with ``--with-input`` (JSON text when not a scalar)."""
+    """One flat record: ``sample_id``, ``output`` (JSON text, as stored), ``error``
+    (``kind: message``), ``score.<metric>``, and ``input.<field>`` with ``--with-input`` (JSON
+    text when not a scalar)."""
     record: dict[str, Any] = {
         "sample_id": result.sample_id,
-        "output": None if result.output is None else json.dumps(result.output, sort_keys=True),
+        "output": None if result.output is None else to_json(result.output),
         "error": None if result.error is None else f"{result.error.kind}: {result.error.message}",
     }
     for name, value in sorted((result.scores or {}).items()):
@@ -43,14 +48,35 @@ def flatten(result: SampleResult) -> dict[str, Any]:
 def _write_jsonl(results: Iterable[SampleResult], handle: IO[str]) -> int:
     count = 0
     for result in results:
-        handle.write(result.model_dump_json(exclude_none=True) + "\n")
+        handle.write(result_line(result))
         handle.flush()
         count += 1
     return count
 
 
+def write_lines(lines: Iterable[str], out: Path | None) -> int:
+    """Write JSON lines (:func:`shared.results.text_line`) to ``out`` (stdout when None);
+    return how many."""
+    if out is None:
+        return _copy_lines(lines, sys.stdout)
+    with out.open("w", encoding="utf-8") as handle:
+        return _copy_lines(lines, handle)
+
+
+def _copy_lines(lines: Iterable[str], handle: IO[str]) -> int:
+    count = 0
+    for line in lines:
+        handle.write(line)
+        count += 1
+    handle.flush()
+    return count
+
+
 def _write_csv(results: Iterable[SampleResult], handle: IO[str]) -> int:
-    records = [flatten(r) for r in results]
+    return _csv([flatten(r) for r in results], handle)
+
+
+def _csv(records: list[dict[str, Any]], handle: IO[str]) -> int:
     columns = list(dict.fromkeys(k for record in records for k in record))
     writer = csv.DictWriter(handle, fieldnames=columns)
     writer.writeheader()
@@ -65,6 +91,63 @@ def _write_parquet(results: Iterable[SampleResult], path: Path) -> int:
     records = [flatten(r) for r in results]
     pq.write_table(pa.Table.from_pylist(records), path)
     return len(records)
+
+
+def flat_table(table: pa.Table) -> pa.Table:
+    """A table of the store's columns (:func:`shared.archive.table_of`) as the records
+    :func:`flatten` gives, column for column."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    output = table.column("output")
+    errors = [
+        None if e is None else _error_text(ErrorRecord.model_validate_json(e))
+        for e in table.column("error").to_pylist()
+    ]
+    metrics = sorted(c for c in table.column_names if c.startswith("score."))
+    columns: dict[str, Any] = {
+        "sample_id": table.column("sample_id"),
+        "output": pc.if_else(pc.equal(output, "null"), pa.scalar(None, pa.string()), output),
+        "error": pa.array(errors, pa.string()),
+    }
+    columns.update({m: table.column(m) for m in metrics})
+    return pa.table(columns)
+
+
+def _error_text(error: ErrorRecord) -> str:
+    return f"{error.kind}: {error.message}"
+
+
+def write_tables(tables: Iterable[pa.Table], fmt: ExportFormat, out: Path | None) -> int:
+    """Write a run's results given as tables of the store's columns, as csv or parquet (the
+    same file :func:`write_results` writes from the same results); return the row count."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    flat = [flat_table(t) for t in tables]
+    table = pa.concat_tables(flat, promote_options="default") if flat else None
+    if fmt is ExportFormat.PARQUET:
+        if out is None:
+            raise InputError("--format parquet needs --out PATH")
+        if table is None:
+            return _write_parquet([], out)
+        pq.write_table(table, out)
+        return int(table.num_rows)
+    if out is None:
+        return _csv_table(table, sys.stdout)
+    with out.open("w", encoding="utf-8", newline="") as handle:
+        return _csv_table(table, handle)
+
+
+def _csv_table(table: pa.Table | None, handle: IO[str]) -> int:
+    if table is None:
+        return _csv([], handle)
+    writer = csv.writer(handle)
+    writer.writerow(table.column_names)
+    for batch in table.to_batches(max_chunksize=10_000):
+        columns = batch.to_pydict().values()
+        writer.writerows(zip(*columns, strict=True))
+    return int(table.num_rows)
 
 
 def write_results(results: Iterable[SampleResult], fmt: ExportFormat, out: Path | None) -> int:

@@ -15,7 +15,6 @@ exited with in direct mode; :class:`producer.remote.RemoteClient` turns them bac
 # time, and ``Who`` is local to create_gateway.
 import logging
 import re
-from collections.abc import Iterator
 from typing import Annotated
 
 import redis
@@ -43,7 +42,7 @@ from shared.errors import (
 )
 from shared.evaluation import load_plugins
 from shared.ledger import Budget
-from shared.models import Progress, RunMeta, SampleResult
+from shared.models import Progress, RunMeta
 from shared.policy import (
     Caller,
     Role,
@@ -54,6 +53,7 @@ from shared.policy import (
     sees_sources,
 )
 from shared.registry import RegisteredDataset
+from shared.results import result_line
 from shared.runs import RunFilter
 from shared.settings import Settings
 from shared.tokens import TokenRecord, TokenStore
@@ -63,6 +63,7 @@ __all__ = ["create_gateway"]
 log = logging.getLogger("evalq.gateway")
 
 RunId = Annotated[str, Path(pattern=r"^[0-9a-f]{1,64}$", description="A run id.")]
+RunIdText = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{1,64}$")]
 _PATH = re.compile(r"(?<![\w.:-])/[^\s'\"]+")
 """An absolute path in an error message: a data source's, which only admins see (the gateway
 logs the message whole)."""
@@ -122,6 +123,20 @@ class NewToken(BaseModel):
 
 class Revoked(BaseModel):
     revoked: int
+
+
+class PurgeRequest(BaseModel):
+    """``POST /v1/purge``: the runs named, and those submitted more than ``older_than``
+    seconds ago."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    runs: list[RunIdText] = Field(default_factory=list, max_length=1000)
+    older_than: float | None = Field(default=None, gt=0)
+
+
+class Purged(BaseModel):
+    purged: list[str]
 
 
 class ErrorBody(BaseModel):
@@ -281,12 +296,15 @@ def create_gateway(settings: Settings) -> FastAPI:  # noqa: PLR0915 - one closur
         ``follow`` streams each as it is stored until the run ends; ``with_input`` adds each
         sample's row (the gateway reads the data)."""
         acting = owned(who, run_id, admin)
+        if not follow and not with_input:
+            lines = acting.result_lines(run_id)
+            return StreamingResponse(lines, media_type="application/x-ndjson")
         rows = (
             acting.follow_results(run_id, with_input=with_input)
             if follow
             else acting.results(run_id, with_input=with_input)
         )
-        return StreamingResponse(_lines(rows), media_type="application/x-ndjson")
+        return StreamingResponse(map(result_line, rows), media_type="application/x-ndjson")
 
     @api.get("/v1/compare", response_model=Comparison, tags=["runs"])
     def compare(
@@ -384,14 +402,14 @@ def create_gateway(settings: Settings) -> FastAPI:  # noqa: PLR0915 - one closur
         """Revoke every token of a principal (admin; audited)."""
         return Revoked(revoked=admin_client(who, "tokens revoke").revoke_tokens(principal))
 
+    @api.post("/v1/purge", response_model=Purged, tags=["runs"])
+    def purge(body: PurgeRequest, who: Who) -> Purged:
+        """Remove ended runs wholly: record, results, archive (admin; audited)."""
+        return Purged(purged=admin_client(who, "purge").purge(body.runs, body.older_than))
+
     @api.get("/v1/audit", response_model=list[dict[str, str]], tags=["policy"])
     def audit(who: Who, limit: Annotated[int, Query(ge=1, le=10_000)] = 50) -> list[dict[str, str]]:
         """The newest audit entries, oldest first (admin)."""
         return admin_client(who, "audit").audit(limit)
 
     return api
-
-
-def _lines(rows: Iterator[SampleResult]) -> Iterator[str]:
-    for row in rows:
-        yield row.model_dump_json() + "\n"

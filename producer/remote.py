@@ -18,17 +18,22 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import httpx
 from pydantic import TypeAdapter
 
-from producer.client import Cancellation, Resumption, RunView, check_ended
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from datasets import Dataset
+
+from producer.client import LINE_ROWS, Cancellation, Resumption, RunView, check_ended
 from producer.comparison import Comparison
 from producer.policy_file import PolicyFile
 from producer.rescore import RescoreRequest
 from producer.submit import SubmitRequest
+from shared.archive import PART_ROWS, as_chunks, table_of
 from shared.errors import GatewayUnreachableError, InputError, RemoteError, first_line
 from shared.ledger import Budget
 from shared.models import Progress, RunMeta, SampleResult
@@ -127,20 +132,27 @@ class RemoteClient:
         """Each result as it is stored, until the run ends."""
         return self._rows(run_id, follow=True, with_input=with_input)
 
+    def result_lines(self, run_id: str) -> Iterator[str]:
+        """Per-sample results as the gateway's JSON lines, passed through unparsed."""
+        response = self._send(self._results_request(run_id, False, False), stream=True)
+        return _passed(response)
+
     def _rows(self, run_id: str, follow: bool, with_input: bool) -> Iterator[SampleResult]:
+        response = self._send(self._results_request(run_id, follow, with_input), stream=True)
+        return _parsed(response)
+
+    def _results_request(self, run_id: str, follow: bool, with_input: bool) -> httpx.Request:
         params = {
             "follow": "true" if follow else "false",
             "with_input": "true" if with_input else "false",
             **self._flag(),
         }
-        request = self._http.build_request(
+        return self._http.build_request(
             "GET",
             f"/v1/runs/{_seg(run_id)}/results",
             params=params,
             timeout=httpx.Timeout(60.0, read=None),
         )
-        response = self._send(request, stream=True)
-        return _parsed(response)
 
     def compare(self, run_ids: Sequence[str], flips: int = 10) -> Comparison:
         """Each run against the first, as the gateway's policy allows (own runs only)."""
@@ -227,6 +239,22 @@ class RemoteClient:
         """The newest audit entries (admin)."""
         return [dict(e) for e in self._call("GET", "/v1/audit", limit=limit)]
 
+    def results_dataset(self, run_id: str) -> Dataset:
+        """The run's per-sample results as a ``datasets.Dataset`` (the columns of
+        :meth:`producer.client.Client.results_dataset`), streamed from the gateway."""
+        from datasets import Dataset
+
+        return Dataset(table_of(as_chunks(self.results(run_id), PART_ROWS)))
+
+    def result_tables(self, run_id: str) -> Iterator[pa.Table]:
+        """Per-sample results as tables of the archive's columns, from the gateway's lines."""
+        return (chunk.table() for chunk in as_chunks(self.results(run_id), LINE_ROWS))
+
+    def purge(self, run_ids: Sequence[str] = (), older_than: float | None = None) -> list[str]:
+        """Remove ended runs wholly (admin)."""
+        body = {"runs": list(run_ids), "older_than": older_than}
+        return [str(r) for r in self._call("POST", "/v1/purge", body)["purged"]]
+
     def close(self) -> None:
         """Close the HTTP connection pool."""
         self._http.close()
@@ -241,6 +269,15 @@ _TOKENS = TypeAdapter(list[TokenRecord])
 def _seg(part: str) -> str:
     """One path segment, percent-encoded (a ``/`` or ``..`` in a name stays inside it)."""
     return quote(part, safe="")
+
+
+def _passed(response: httpx.Response) -> Iterator[str]:
+    try:
+        for line in response.iter_lines():
+            if line:
+                yield line + "\n"
+    finally:
+        response.close()
 
 
 def _parsed(response: httpx.Response) -> Iterator[SampleResult]:

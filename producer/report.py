@@ -207,7 +207,7 @@ def _throughput_chart(timeline: list[tuple[float, int]], start: float) -> str:
     width = span / _TIMELINE_BINS
     counts = [0] * _TIMELINE_BINS
     for moment, settled in timeline:
-        counts[min(int((moment - start) / width), _TIMELINE_BINS - 1)] += settled
+        counts[max(0, min(int((moment - start) / width), _TIMELINE_BINS - 1))] += settled
     figure, axes = _figure()
     edges = [start + i * width - start for i in range(_TIMELINE_BINS)]
     axes.bar(edges, [c / width for c in counts], width=width, align="edge", color=_COLORS["main"])

@@ -78,7 +78,7 @@ def rescore(
         TierRegistry(client).resolve(source.dataset_id, source.split), source.registered
     )
     admit_split(where, tier, admin)
-    ids = _with_outputs(results, run_id, runs.sample_ids(run_id))
+    ids = [i for chunk in results.output_chunks(run_id, COPY_CHUNK) for i in chunk]
     if not ids:
         raise InputError(f"run {run_id} has no stored output to rescore")
     admit_run(where, tier, admin, len(ids))
@@ -91,20 +91,9 @@ def rescore(
     )  # fmt: skip
 
     def enqueue() -> None:
-        for start_at in range(0, len(ids), COPY_CHUNK):
-            chunk = ids[start_at : start_at + COPY_CHUNK]
-            results.record_outputs(meta.run_id, results.output_texts(run_id, chunk))
+        for outputs in results.output_chunks(run_id, COPY_CHUNK):
+            results.record_outputs(meta.run_id, outputs)
         publish(app, SCORE_TASK, split(meta, ids, size=message_size(len(ids))))
 
     start(client, meta, ids, enqueue)
     return meta
-
-
-def _with_outputs(results: ResultStore, run_id: str, sample_ids: list[int]) -> list[int]:
-    """Those of ``sample_ids`` with a stored output, in order."""
-    found: list[int] = []
-    for start_at in range(0, len(sample_ids), COPY_CHUNK):
-        chunk = sample_ids[start_at : start_at + COPY_CHUNK]
-        have = results.inferred(run_id, chunk)
-        found += [i for i in chunk if i in have]
-    return found

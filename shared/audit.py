@@ -16,7 +16,7 @@ import redis
 from shared.keys import AUDIT
 from shared.models import RunMeta
 
-__all__ = ["audit_admin", "audit_refusal", "recent", "record"]
+__all__ = ["audit_admin", "audit_refusal", "recent", "record", "trim_audit"]
 
 
 def record(
@@ -65,3 +65,10 @@ def recent(client: redis.Redis, limit: int) -> list[dict[str, str]]:
     """The newest ``limit`` entries, oldest first, each with its stream ``id``."""
     entries: Any = client.xrevrange(AUDIT, count=limit)
     return [{"id": str(i), **{str(k): str(v) for k, v in f.items()}} for i, f in reversed(entries)]
+
+
+def trim_audit(client: redis.Redis, days: float, now: float) -> int:
+    """Drop the audit entries older than ``days`` (by their stream id, the time Redis wrote
+    them), never a younger one; return how many went."""
+    oldest_kept = int((now - days * 86400) * 1000)
+    return int(client.xtrim(AUDIT, minid=f"{max(0, oldest_kept)}-0"))

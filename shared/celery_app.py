@@ -9,6 +9,7 @@ from shared.dispatch import MIN_MESSAGE_SAMPLES
 from shared.settings import Settings
 
 __all__ = [
+    "ARCHIVE_TASK",
     "INFER_QUEUE",
     "INFER_TASK",
     "SCORE_QUEUE",
@@ -20,6 +21,8 @@ __all__ = [
 
 INFER_TASK = "evalq.infer"
 SCORE_TASK = "evalq.score"
+ARCHIVE_TASK = "evalq.archive"
+"""Archive an ended run (:mod:`worker.archiver`); goes to the ``score`` queue."""
 INFER_QUEUE = "infer"
 SCORE_QUEUE = "score"
 STAGE_QUEUES = {INFER_TASK: INFER_QUEUE, SCORE_TASK: SCORE_QUEUE}
@@ -56,7 +59,11 @@ def create_app(settings: Settings) -> Celery:
         task_reject_on_worker_lost=True,
         task_queues=(_queue(INFER_QUEUE), _queue(SCORE_QUEUE)),
         task_default_queue=INFER_QUEUE,
-        task_routes={INFER_TASK: {"queue": INFER_QUEUE}, SCORE_TASK: {"queue": SCORE_QUEUE}},
+        task_routes={
+            INFER_TASK: {"queue": INFER_QUEUE},
+            SCORE_TASK: {"queue": SCORE_QUEUE},
+            ARCHIVE_TASK: {"queue": SCORE_QUEUE},
+        },
         # Batches gather prefetched messages: a process holds enough messages for two full
         # batches even of the smallest messages, and no more, so that workers share a run's
         # messages instead of one worker reserving them all, and a run the fair dispatcher

@@ -149,6 +149,8 @@ class RunMeta(BaseModel):
     """Unix time the run reached a terminal status."""
     reason: str | None = None
     """Why the run as a whole failed (e.g. its ``aggregate()`` raised), when it did."""
+    archived: float | None = None
+    """Unix time its per-sample results moved to the archive (:mod:`shared.archive`)."""
 
 
 class Progress(BaseModel):

@@ -11,9 +11,11 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
 import redis
 
-from shared.errors import first_line
+from shared.archive import RAW_COLUMNS, ArchiveReader, Chunk
+from shared.errors import UnknownRunError, first_line
 from shared.evaluation import Evaluation
 from shared.keys import RunKeys
 from shared.lua import register
@@ -25,9 +27,20 @@ log = logging.getLogger(__name__)
 Clusters = Callable[[list[int]], Mapping[int, str] | None]
 """Sample ids -> each one's cluster (read from the rows when the finalizer asks)."""
 
-__all__ = ["Finished", "ResultStore", "to_json"]
+__all__ = [
+    "Finished",
+    "ResultStore",
+    "bucketed",
+    "chunk_lines",
+    "error_kinds",
+    "result_line",
+    "text_line",
+    "to_json",
+]
 
 _SCAN_COUNT = 1000
+_ARCHIVE_SCAN = 65_536
+"""Samples looked at a time when a few are read back from an archive."""
 
 
 def to_json(value: Any) -> str:
@@ -49,15 +62,85 @@ class Finished:
     reason: str | None
 
 
+def text_line(sample_id: int, output: str | None, scores: str | None, error: str | None) -> str:
+    """One sample's JSON line (``evalq results``) from the texts the store holds: absent values
+    (and an output of JSON ``null``) left out."""
+    line = f'{{"sample_id":{sample_id}'
+    if output is not None and output != "null":
+        line += f',"output":{output}'
+    if scores is not None:
+        line += f',"scores":{scores}'
+    if error is not None:
+        line += f',"error":{error}'
+    return line + "}\n"
+
+
+def chunk_lines(chunk: Chunk) -> Iterator[str]:
+    """The JSON lines of a chunk's samples."""
+    for values in zip(chunk.sample_ids, chunk.outputs, chunk.scores, chunk.errors, strict=True):
+        yield text_line(*values)
+
+
+def result_line(result: SampleResult) -> str:
+    """A result's JSON line, the same text :func:`text_line` gives for the texts it was read
+    from (those were written by :func:`to_json` and ``model_dump_json``); with its input, as
+    pydantic writes it."""
+    if result.input is not None:
+        return result.model_dump_json(exclude_none=True) + "\n"
+    return text_line(
+        result.sample_id,
+        None if result.output is None else to_json(result.output),
+        None if result.scores is None else to_json(result.scores),
+        None if result.error is None else result.error.model_dump_json(),
+    )
+
+
+def error_kinds(records: Iterable[str]) -> dict[str, int]:
+    """Error records (JSON) counted by stage and exception class, e.g. ``infer/RuntimeError``,
+    most common first."""
+    counts: Counter[str] = Counter()
+    for raw in records:
+        error = ErrorRecord.model_validate_json(raw)
+        counts[f"{error.stage.value}/{error.kind}"] += 1
+    return dict(counts.most_common())
+
+
+TIMELINE_STEP = 0.01
+"""Seconds: the settled timeline an archive keeps is summed by this step."""
+
+
+def bucketed(timeline: Iterable[tuple[float, int]]) -> list[tuple[float, int]]:
+    """A timeline summed by :data:`TIMELINE_STEP` (how an archive keeps it)."""
+    steps: Counter[int] = Counter()
+    for at, count in timeline:
+        steps[int(at / TIMELINE_STEP)] += count
+    return [(step * TIMELINE_STEP, count) for step, count in sorted(steps.items())]
+
+
 def _settled_ids(fields: Any) -> list[int]:
     """The sample ids of one entry of a run's settled stream (written by ``settle.lua``)."""
     return [int(i) for i in str(fields["ids"]).split(",")]
 
 
+def _results(chunk: Chunk) -> Iterator[SampleResult]:
+    """Each sample's result from the texts the store holds."""
+    for sample_id, output, scores, error in zip(
+        chunk.sample_ids, chunk.outputs, chunk.scores, chunk.errors, strict=True
+    ):
+        yield SampleResult(
+            sample_id=sample_id,
+            output=None if output is None else json.loads(output),
+            scores=None if scores is None else json.loads(scores),
+            error=None if error is None else ErrorRecord.model_validate_json(error),
+        )
+
+
 class ResultStore:
-    """Per-sample writes (through Lua) and reads (through pipelines and scans) for runs; owns
-    ``attempt.lua``, ``record_outputs.lua``, ``settle.lua``, ``finish.lua`` and
-    ``recover.lua``."""
+    """Per-sample writes (through Lua) and reads for runs, live (pipelines and scans) or, once
+    a run is archived (:mod:`shared.archive`), from its Parquet folder: every read below gives
+    the same answer either way, and a read that a seal overtakes goes on from the archive where
+    it stood. Owns ``attempt.lua``, ``record_outputs.lua``, ``settle.lua``, ``finish.lua``,
+    ``recover.lua`` and ``seal.lua``."""
 
     def __init__(self, client: redis.Redis) -> None:
         self._client = client
@@ -66,6 +149,86 @@ class ResultStore:
         self._settle_script = register(client, "settle")
         self._finish = register(client, "finish")
         self._recover = register(client, "recover")
+        self._seal = register(client, "seal")
+
+    def archive(self, run_id: str) -> ArchiveReader | None:
+        """The run's archive, once it is sealed (None while its results live in Redis)."""
+        url = self._client.hget(RunKeys(run_id).meta, "archive_url")
+        return None if url is None else ArchiveReader(str(url))
+
+    def _archive_after_seal(self, run_id: str) -> ArchiveReader:
+        """The archive of a run whose live keys are gone: sealed, or there is no such run."""
+        archive = self.archive(run_id)
+        if archive is None:
+            raise UnknownRunError(f"no run '{run_id}'")
+        return archive
+
+    def sample_ids(self, run_id: str) -> list[int] | None:
+        """The run's sample ids in submission order while they live in Redis (None once
+        archived, or if there is no such run)."""
+        raw = self._client.get(RunKeys(run_id).ids)
+        return None if raw is None else [int(i) for i in json.loads(raw)]
+
+    def chunks(self, run_id: str, size: int = _SCAN_COUNT) -> Iterator[Chunk]:
+        """Every sample's stored texts, ``size`` samples at a time, in submission order."""
+        done = 0
+        if self.archive(run_id) is None:
+            ids = self.sample_ids(run_id) or []
+            for start in range(0, len(ids), size):
+                chunk = self._raw(run_id, ids[start : start + size])
+                if chunk is None:
+                    break
+                yield chunk
+                done += len(chunk.sample_ids)
+            else:
+                if ids:
+                    return
+        for batch in self._archive_after_seal(run_id).batches():
+            rows = batch.num_rows
+            if done >= rows:
+                done -= rows
+                continue
+            columns = batch.slice(done).to_pydict()
+            done = 0
+            for start in range(0, len(columns["sample_id"]), size):
+                end = start + size
+                yield Chunk(
+                    columns["sample_id"][start:end], columns["output"][start:end],
+                    columns["scores"][start:end], columns["error"][start:end],
+                )  # fmt: skip
+
+    def tables(self, run_id: str, size: int = 10_000) -> Iterator[pa.Table]:
+        """Every sample's stored texts and metrics as tables of the archive's columns
+        (:meth:`shared.archive.Chunk.table`), in submission order, live or archived."""
+        archive = self.archive(run_id)
+        if archive is None:
+            for chunk in self.chunks(run_id, size):
+                yield chunk.table()
+            return
+        metrics = tuple(f"score.{m}" for m in archive.manifest["metrics"])
+        for batch in archive.batches((*RAW_COLUMNS, *metrics)):
+            yield pa.Table.from_batches([batch])
+
+    def _raw(self, run_id: str, sample_ids: list[int]) -> Chunk | None:
+        """The stored texts of ``sample_ids``; None if the run was sealed (its keys may be
+        gone) by the time they were read."""
+        keys = RunKeys(run_id)
+        found = self._hmget(run_id, [keys.out, keys.score, keys.err], sample_ids)
+        return None if found is None else Chunk(list(sample_ids), *found)
+
+    def seal(self, run_id: str, url: str, chunk_counts: tuple[int, int, int, int]) -> int:
+        """Make the archive attempt at ``url`` the run's archive and free the run's per-sample
+        keys, unless it is sealed already; ``chunk_counts`` = (rows, scores, errors, outputs)
+        the attempt wrote. 1 sealed now, 0 before, -1 the run is going, -2 the counts disagree
+        with the run's (see ``seal.lua``)."""
+        keys = RunKeys(run_id)
+        per_sample = [
+            keys.out, keys.score, keys.err, keys.attempts_of(Stage.INFER),
+            keys.attempts_of(Stage.SCORE), keys.settled, keys.ids, keys.backlog,
+        ]  # fmt: skip
+        return int(
+            self._seal(keys=[keys.meta, keys.progress, *per_sample], args=[url, *chunk_counts])
+        )
 
     def outputs(self, run_id: str, sample_ids: list[int]) -> dict[int, Any]:
         """The stored outputs of those samples that have one."""
@@ -73,27 +236,58 @@ class ResultStore:
 
     def output_texts(self, run_id: str, sample_ids: list[int]) -> dict[int, str]:
         """The stored outputs of those samples that have one, as stored (JSON text)."""
+        outputs = self._hmget(run_id, [RunKeys(run_id).out], sample_ids)
+        found = self._archived(run_id, sample_ids).outputs if outputs is None else outputs[0]
+        return {i: str(v) for i, v in zip(sample_ids, found, strict=True) if v is not None}
+
+    def _hmget(
+        self, run_id: str, keys: list[str], sample_ids: list[int]
+    ) -> list[list[str | None]] | None:
+        """``sample_ids``' values in each of the run's hashes ``keys``; None if the run was
+        sealed by the time they were read."""
         if not sample_ids:
-            return {}
-        raw = self._client.hmget(RunKeys(run_id).out, sample_ids)
-        return {i: str(v) for i, v in zip(sample_ids, raw, strict=True) if v is not None}
+            return [[] for _ in keys]
+        with self._client.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.hmget(key, sample_ids)
+            pipe.hexists(RunKeys(run_id).meta, "archive_url")
+            *found, sealed = pipe.execute()
+        return None if sealed else found
+
+    def _archived(self, run_id: str, sample_ids: list[int]) -> Chunk:
+        """``sample_ids``' stored texts, read from the run's archive."""
+        wanted, found = set(sample_ids), {}
+        for chunk in self.chunks(run_id, _ARCHIVE_SCAN):
+            for i, *texts in zip(
+                chunk.sample_ids, chunk.outputs, chunk.scores, chunk.errors, strict=True
+            ):
+                if i in wanted:
+                    found[i] = texts
+        rows = [found.get(i, [None, None, None]) for i in sample_ids]
+        return Chunk(list(sample_ids), *([row[k] for row in rows] for k in range(3)))
+
+    def output_chunks(self, run_id: str, size: int = _SCAN_COUNT) -> Iterator[dict[int, str]]:
+        """Every stored output (JSON text) of a run, live or archived, by chunks in submission
+        order."""
+        for chunk in self.chunks(run_id, size):
+            yield {
+                i: out
+                for i, out in zip(chunk.sample_ids, chunk.outputs, strict=True)
+                if out is not None
+            }
 
     def inferred(self, run_id: str, sample_ids: list[int]) -> set[int]:
         """Those samples that already have an output."""
-        if not sample_ids:
-            return set()
-        flags = self._client.hmget(RunKeys(run_id).out, sample_ids)
-        return {i for i, v in zip(sample_ids, flags, strict=True) if v is not None}
+        return set(self.output_texts(run_id, sample_ids))
 
     def settled(self, run_id: str, sample_ids: list[int]) -> set[int]:
         """Those samples that already have a score or a terminal error."""
-        if not sample_ids:
-            return set()
         keys = RunKeys(run_id)
-        with self._client.pipeline(transaction=False) as pipe:
-            pipe.hmget(keys.score, sample_ids)
-            pipe.hmget(keys.err, sample_ids)
-            scores, errors = pipe.execute()
+        live = self._hmget(run_id, [keys.score, keys.err], sample_ids)
+        if live is None:
+            archived = self._archived(run_id, sample_ids)
+            live = [archived.scores, archived.errors]
+        scores, errors = live
         return {i for i, s, e in zip(sample_ids, scores, errors, strict=True) if s or e}
 
     def attempt(
@@ -150,7 +344,15 @@ class ResultStore:
             return False
         keys = RunKeys(run_id)
         _, finalize = self._settle_script(
-            keys=[keys.score, keys.err, keys.progress, keys.meta, keys.settled],
+            keys=[
+                keys.score,
+                keys.err,
+                keys.progress,
+                keys.meta,
+                keys.settled,
+                keys.attempts_of(Stage.INFER),
+                keys.attempts_of(Stage.SCORE),
+            ],
             args=[kind, "" if stale_after is None else stale_after, *_flatten(values)],
         )
         return bool(finalize)
@@ -224,7 +426,20 @@ class ResultStore:
 
     def scores(self, run_id: str) -> dict[int, dict[str, float]]:
         """Every scored sample's metrics, by sample id."""
-        return {int(i): json.loads(v) for i, v in self._scan(RunKeys(run_id).score)}
+        if self.archive(run_id) is None:
+            found = {int(i): json.loads(v) for i, v in self._scan(RunKeys(run_id).score)}
+            if not self._sealed(run_id):
+                return found
+        scores: dict[int, dict[str, float]] = {}
+        for batch in self._archive_after_seal(run_id).batches(("sample_id", "scores")):
+            ids, texts = batch.column(0).to_pylist(), batch.column(1).to_pylist()
+            for i, text in zip(ids, texts, strict=True):
+                if text is not None:
+                    scores[i] = json.loads(text)
+        return scores
+
+    def _sealed(self, run_id: str) -> bool:
+        return bool(self._client.hexists(RunKeys(run_id).meta, "archive_url"))
 
     def progress(self, run_id: str) -> Progress:
         """The run's counters."""
@@ -235,32 +450,23 @@ class ResultStore:
         raw = self._client.get(RunKeys(run_id).aggregate)
         return None if raw is None else dict(json.loads(raw))
 
-    def fetch(self, run_id: str, sample_ids: list[int]) -> list[SampleResult]:
-        """The stored results of ``sample_ids``, in that order."""
+    def fetch_live(self, run_id: str, sample_ids: list[int]) -> list[SampleResult] | None:
+        """The stored results of ``sample_ids`` of a live run, in that order; None if the run
+        was sealed by the time they were read (read its archive instead)."""
         if not sample_ids:
             return []
-        keys = RunKeys(run_id)
-        with self._client.pipeline(transaction=False) as pipe:
-            for key in (keys.out, keys.score, keys.err):
-                pipe.hmget(key, sample_ids)
-            outputs, scores, errors = pipe.execute()
-        return [
-            SampleResult(
-                sample_id=sample_id,
-                output=None if output is None else json.loads(output),
-                scores=None if score is None else json.loads(score),
-                error=None if error is None else ErrorRecord.model_validate_json(error),
-            )
-            for sample_id, output, score, error in zip(
-                sample_ids, outputs, scores, errors, strict=True
-            )
-        ]
+        chunk = self._raw(run_id, sample_ids)
+        return None if chunk is None else list(_results(chunk))
 
-    def results(self, run_id: str, sample_ids: Iterable[int]) -> Iterator[SampleResult]:
-        """Every sample's stored result, in the order of ``sample_ids``."""
-        ids = list(sample_ids)
-        for start in range(0, len(ids), _SCAN_COUNT):
-            yield from self.fetch(run_id, ids[start : start + _SCAN_COUNT])
+    def fetch(self, run_id: str, sample_ids: list[int]) -> list[SampleResult]:
+        """The stored results of ``sample_ids``, in that order, live or archived."""
+        found = self.fetch_live(run_id, sample_ids)
+        return list(_results(self._archived(run_id, sample_ids))) if found is None else found
+
+    def results(self, run_id: str) -> Iterator[SampleResult]:
+        """Every sample's stored result, in submission order."""
+        for chunk in self.chunks(run_id):
+            yield from _results(chunk)
 
     def settled_since(
         self, run_id: str, cursor: str, block_ms: int | None
@@ -278,21 +484,27 @@ class ResultStore:
         return cursor, ids
 
     def timeline(self, run_id: str) -> list[tuple[float, int]]:
-        """(Unix time, samples settled) of every write that settled samples, oldest first; the
-        time is the settled stream's entry id."""
-        entries: Any = self._client.xrange(RunKeys(run_id).settled)
-        return [
-            (int(str(entry_id).split("-")[0]) / 1000, len(_settled_ids(fields)))
-            for entry_id, fields in entries or []
-        ]
+        """(Unix time, samples settled) of every write that settled samples, oldest first (the
+        time is the settled stream's entry id; an archived run's, by the hundredth of a
+        second)."""
+        if self.archive(run_id) is None:
+            entries: Any = self._client.xrange(RunKeys(run_id).settled)
+            found = [
+                (int(str(entry_id).split("-")[0]) / 1000, len(_settled_ids(fields)))
+                for entry_id, fields in entries or []
+            ]
+            if not self._sealed(run_id):
+                return found
+        timeline = self._archive_after_seal(run_id).manifest["timeline"]
+        return [(float(at), int(count)) for at, count in timeline]
 
     def errors_by_kind(self, run_id: str) -> dict[str, int]:
         """Terminal errors counted by stage and exception class, e.g. ``infer/RuntimeError``."""
-        counts: Counter[str] = Counter()
-        for _, raw in self._scan(RunKeys(run_id).err):
-            error = ErrorRecord.model_validate_json(raw)
-            counts[f"{error.stage.value}/{error.kind}"] += 1
-        return dict(counts.most_common())
+        if self.archive(run_id) is None:
+            counts = error_kinds(raw for _, raw in self._scan(RunKeys(run_id).err))
+            if not self._sealed(run_id):
+                return counts
+        return dict(self._archive_after_seal(run_id).manifest["errors"])
 
     def _scan(self, key: str) -> Iterator[tuple[str, str]]:
         yield from self._client.hscan_iter(key, count=_SCAN_COUNT)

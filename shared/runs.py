@@ -116,17 +116,29 @@ class RunStore:
         last look)."""
         return sorted(str(r) for r in self._client.smembers(ACTIVE))
 
+    def claim_archive(self, run_id: str, now: float, retry_after: float | None = None) -> bool:
+        """True if the caller must send the run to be archived: nobody did, or (with
+        ``retry_after``: the janitor, the one caller that retries) the last one sent was
+        ``retry_after`` seconds ago or more."""
+        key = RunKeys(run_id).meta
+        if self._client.hsetnx(key, "archiving", repr(now)):
+            return True
+        sent = self._client.hget(key, "archiving")
+        if retry_after is None or (sent is not None and now - float(sent) < retry_after):
+            return False
+        self._client.hset(key, "archiving", repr(now))
+        return True
+
     def retire(self, run_id: str) -> None:
         """Take an ended run off the janitor's worklist."""
         self._client.srem(ACTIVE, run_id)
 
     def cancel(self, run_id: str) -> tuple[int, int]:
-        """Stop a run: no result is written after this. Return (1 cancelled now, 0 cancelled
-        before, or -1 already finished; samples with neither an output nor an error)."""
+        """Stop a run: no result is written after this (the janitor archives it). Return (1
+        cancelled now, 0 cancelled before, or -1 already finished; samples with neither an
+        output nor an error)."""
         keys = RunKeys(run_id)
         state, unproduced = self._cancel(
             keys=[keys.meta, keys.out, keys.err, keys.backlog], args=[time.time()]
         )
-        if int(state) >= 0:
-            self.retire(run_id)
         return int(state), int(unproduced)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import getpass
 import os
 from functools import lru_cache
+from pathlib import Path
 from typing import Annotated
 
 from pydantic import Field, SecretStr, field_validator
@@ -41,6 +42,30 @@ class Settings(BaseSettings):
 
     plugins: Annotated[tuple[str, ...], NoDecode] = ()
     """Comma-separated modules imported at start-up to register evaluations."""
+
+    archive_url: str = Field(
+        default_factory=lambda: str(Path.home() / ".local" / "share" / "evalq" / "archive"),
+        min_length=1,
+    )
+    """Where workers archive ended runs' per-sample results as Parquet (any fsspec URL: a
+    local folder, ``s3://…``, ``gs://…``); the gateway and the CLI read archives from the URL
+    each run's record names, so every reader must reach it (in compose: a shared volume)."""
+
+    archive_after: float = Field(default=0, ge=0)
+    """Seconds after a run completes or is cancelled before it is archived (0: at once, sent
+    by the worker that finishes it; otherwise by the janitor)."""
+
+    archive_failed_after: float = Field(default=7 * 86400, ge=0)
+    """Seconds after a run fails before it is archived (until then ``evalq resume`` can
+    still finish it)."""
+
+    keep_runs_days: float | None = Field(default=None, gt=0)
+    """Days an ended run is kept (its record, aggregate and archive), counted from its
+    submission; the janitor purges older ones. Unset: kept until ``evalq purge``."""
+
+    audit_days: float = Field(default=365, gt=0)
+    """Days of the audit stream kept: the janitor trims entries older than this, never a
+    younger one."""
 
     device: str = "auto"
     """Worker-local: torch device for models; ``auto`` picks CUDA when present."""

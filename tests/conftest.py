@@ -40,7 +40,12 @@ class Stack:
         workers = LocalWorkers(
             url or self.server.url,
             queues=queues,
-            env={**cli_env(self.server.url), "EVALQ_MAX_BATCH": "16", **env},
+            env={
+                **cli_env(self.server.url),
+                "EVALQ_MAX_BATCH": "16",
+                "EVALQ_ARCHIVE_URL": self.settings.archive_url,
+                **env,
+            },
             log_dir=self.log_dir / f"w{len(self.workers)}",
         )
         workers.log_dir.mkdir(parents=True, exist_ok=True)  # type: ignore[union-attr]
@@ -75,7 +80,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def _stack(root: Path) -> Stack:
     server = RedisServer(root / "redis", appendonly=True).start()
-    settings = Settings(redis_url=server.url, plugins=("tests.plugins",))
+    settings = Settings(
+        redis_url=server.url, plugins=("tests.plugins",), archive_url=str(root / "archive")
+    )
     load_plugins(settings.plugins)
     app = create_app(settings)
     return Stack(server, settings, app, connect(server.url), [], root)

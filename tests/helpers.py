@@ -22,6 +22,7 @@ from shared.keys import RunKeys
 from shared.models import RunStatus
 from shared.policy import Tier
 from shared.registry import DatasetRegistry
+from shared.results import ResultStore
 from shared.runs import RunStore
 from shared.tiers import TierRegistry
 from tests.plugins import predict
@@ -63,21 +64,29 @@ def wait_ended(client: redis.Redis, run_id: str, timeout: float = 120.0) -> RunS
 
 def assert_settled_once(client: redis.Redis, run_id: str, n: int) -> None:
     """The run completed with each of its ``n`` samples settled exactly once: one score or one
-    error (never both), counted once, and listed once in the settled stream."""
-    runs = RunStore(client)
+    error (never both), counted once, and listed once in the settled stream (in the archive's
+    timeline, once the run is archived)."""
+    runs, results = RunStore(client), ResultStore(client)
     assert runs.get(run_id).status is RunStatus.COMPLETED
-    keys = RunKeys(run_id)
-    scored = {int(i) for i in client.hkeys(keys.score)}
-    failed = {int(i) for i in client.hkeys(keys.err)}
+    found = list(results.results(run_id))
+    scored = {r.sample_id for r in found if r.scores is not None}
+    failed = {r.sample_id for r in found if r.error is not None}
     assert not scored & failed
-    assert scored | failed == set(runs.sample_ids(run_id))
-    progress = client.hgetall(keys.progress)
-    assert int(progress.get("scored", 0)) == len(scored)
-    assert int(progress.get("failed", 0)) == len(failed)
-    entries: Any = client.xrange(keys.settled)
-    streamed = [int(i) for _, fields in entries for i in str(fields["ids"]).split(",")]
-    assert sorted(streamed) == sorted(scored | failed)
-    assert len(streamed) == n
+    assert scored | failed == {r.sample_id for r in found}
+    assert len(found) == n
+    progress = results.progress(run_id)
+    assert progress.scored == len(scored)
+    assert progress.failed == len(failed)
+    archive = results.archive(run_id)
+    if archive is None:
+        entries: Any = client.xrange(RunKeys(run_id).settled)
+        streamed = [int(i) for _, fields in entries for i in str(fields["ids"]).split(",")]
+        if results.archive(run_id) is None:  # not sealed while read
+            assert sorted(streamed) == sorted(scored | failed)
+            return
+        archive = results.archive(run_id)
+    assert archive is not None
+    assert sum(count for _, count in archive.manifest["timeline"]) == n
 
 
 def write_rows(folder: Path, split: str, rows: list[dict[str, object]]) -> Path:

@@ -13,7 +13,6 @@ from shared.dispatch import MIN_MESSAGE_SAMPLES, publish, split
 from shared.keys import RunKeys
 from shared.models import RunMeta
 from shared.results import ResultStore
-from shared.runs import RunStore
 from tests.conftest import Stack
 from tests.helpers import (
     expected_accuracy,
@@ -49,7 +48,7 @@ def test_every_sample_scored_once_with_the_direct_aggregate(stack: Stack, tmp_pa
     results = ResultStore(stack.client)
     progress = results.progress(meta.run_id)
     assert (progress.inferred, progress.scored, progress.failed) == (300, 300, 0)
-    exported = list(results.results(meta.run_id, RunStore(stack.client).sample_ids(meta.run_id)))
+    exported = list(results.results(meta.run_id))
     assert [r.sample_id for r in exported] == list(range(300))
     assert all(r.scores is not None and r.error is None for r in exported)
     assert results.aggregate(meta.run_id) == pytest.approx(
@@ -78,7 +77,7 @@ def test_a_failing_sample_is_an_error_record_and_the_run_completes(
     results = ResultStore(stack.client)
     progress = results.progress(meta.run_id)
     assert (progress.scored, progress.failed) == (58, 2)
-    by_id = {r.sample_id: r for r in results.results(meta.run_id, range(60))}
+    by_id = {r.sample_id: r for r in results.results(meta.run_id)}
     assert by_id[5].error is not None
     assert by_id[5].error.stage == "infer"
     # infer() raised on every attempt: retried, then one terminal error after MAX_ATTEMPTS (3)

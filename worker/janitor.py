@@ -18,6 +18,13 @@ and:
    names the run's own evaluation and spec (a worker would drop any other). Nothing is charged;
    every write stays once-only, so a duplicate is harmless.
 
+It also looks after what has ended (:mod:`worker.archiver`): a run that completed or was
+cancelled ``EVALQ_ARCHIVE_AFTER`` seconds ago, or failed ``EVALQ_ARCHIVE_FAILED_AFTER`` seconds
+ago, that is not archived yet is sent to be archived (again when an attempt sent
+``4 * EVALQ_STALL_AFTER`` seconds ago has not sealed it); an archived run leaves the worklist.
+And it applies the retention policy (:mod:`shared.retention`): runs older than
+``EVALQ_KEEP_RUNS_DAYS`` are purged, audit entries older than ``EVALQ_AUDIT_DAYS`` trimmed.
+
 A run whose record cannot be read is logged and skipped; it never stops the sweep of the others.
 """
 
@@ -29,20 +36,25 @@ from dataclasses import dataclass, field
 import redis
 from celery import Celery
 
+from shared.audit import record, trim_audit
 from shared.backlog import Backlog
 from shared.broker import Broker, carried
-from shared.celery_app import INFER_QUEUE, SCORE_TASK
+from shared.celery_app import ARCHIVE_TASK, INFER_QUEUE, SCORE_QUEUE, SCORE_TASK
 from shared.dispatch import enqueue
 from shared.errors import UnknownRunError, first_line
-from shared.models import RunMeta, SampleTask
+from shared.models import RunMeta, RunStatus, SampleTask
 from shared.presence import HEARTBEAT_MISSES, Presence
 from shared.results import ResultStore
+from shared.retention import expired, purge
 from shared.runs import RunStore
 from shared.settings import Settings
 
 __all__ = ["Janitor", "Sweep"]
 
 log = logging.getLogger(__name__)
+
+PURGE_PER_SWEEP = 100
+"""Most runs one sweep purges for their age (the rest wait for the next)."""
 
 
 @dataclass
@@ -56,7 +68,11 @@ class Sweep:
     nudged: list[str] = field(default_factory=list)
     """Runs, all settled, whose finalizer died: asked to finish again."""
     retired: list[str] = field(default_factory=list)
-    """Ended runs taken off the worklist."""
+    """Ended runs taken off the worklist (archived, or gone)."""
+    archiving: list[str] = field(default_factory=list)
+    """Ended runs sent to be archived."""
+    purged: list[str] = field(default_factory=list)
+    """Runs purged for their age."""
 
 
 class Janitor:
@@ -101,16 +117,35 @@ class Janitor:
                 log.error("janitor: cannot look after run %s: %s", run_id, first_line(exc))
         if done.restored:
             log.warning("janitor: put back %d messages of workers that are gone", done.restored)
+        self._retain(now, done)
         return done
+
+    def _retain(self, now: float, done: Sweep) -> None:
+        """Apply the retention policy: purge runs past their age, trim the audit stream."""
+        trim_audit(self._client, self._settings.audit_days, now)
+        keep = self._settings.keep_runs_days
+        if keep is None:
+            return
+        for run_id in expired(self._client, now - keep * 86400):
+            if purge(self._client, run_id, self._settings.archive_url):
+                record(self._client, "purge", "janitor", run=run_id, after={"keep_days": keep})
+                done.purged.append(run_id)
+            if len(done.purged) >= PURGE_PER_SWEEP:
+                break
+        if done.purged:
+            log.warning("janitor: purged %d runs older than %g days", len(done.purged), keep)
 
     def _heal(self, run_id: str, now: float, done: Sweep) -> None:
         try:
             meta = self._runs.get(run_id)
         except UnknownRunError:
             meta = None
-        if meta is None or not meta.status.active:
+        if meta is None or self._results.archive(run_id) is not None:
             self._runs.retire(run_id)
             done.retired.append(run_id)
+            return
+        if not meta.status.active:
+            self._archive(meta, now, done)
             return
         progress = self._results.progress(run_id)
         idle = now - (progress.touched or meta.created)
@@ -151,6 +186,21 @@ class Janitor:
             if touched is None or now - touched >= self._settings.stall_after:
                 found[run_id] = [carried(raw) for raw in self._backlog.messages(run_id)]
         return found
+
+    def _archive(self, meta: RunMeta, now: float, done: Sweep) -> None:
+        """Send an ended run to be archived once it is due, unless an attempt was sent
+        lately."""
+        settings = self._settings
+        wait = (
+            settings.archive_failed_after
+            if meta.status is RunStatus.FAILED
+            else settings.archive_after
+        )
+        if now - (meta.finished or now) < wait:
+            return
+        if self._runs.claim_archive(meta.run_id, now, 4 * self._settings.stall_after):
+            self._app.send_task(ARCHIVE_TASK, args=[meta.run_id], queue=SCORE_QUEUE)
+            done.archiving.append(meta.run_id)
 
     def _nudge(self, meta: RunMeta) -> None:
         first = self._runs.sample_ids(meta.run_id)[:1]

@@ -40,7 +40,7 @@ from shared.errors import (
     first_line,
 )
 from shared.evaluation import Evaluation, scrub
-from shared.models import ErrorRecord, RunMeta, SampleTask, Stage
+from shared.models import ErrorRecord, RunMeta, RunStatus, SampleTask, Stage
 from shared.provenance import ProvenanceStore, of_worker
 from shared.results import ResultStore, to_json
 from shared.runs import RunStore
@@ -95,6 +95,8 @@ class Resources:
     job instead of sending score messages (no wait for a second message, no second pool job)."""
     members: LRU[str, Ranges] = field(default_factory=lambda: LRU(16))
     """Recent runs' sample ids as ranges (a run's ids never change)."""
+    archive: Callable[[str], None] | None = None
+    """Asks a worker to archive an ended run (sends ``evalq.archive``)."""
     provenance: ProvenanceStore | None = None
     """Where this process records what it ran each run's inference with."""
     recorded: LRU[str, bool] = field(default_factory=lambda: LRU(256))
@@ -203,9 +205,10 @@ class _Run:
 
     def finalize(self) -> None:
         finished = self.res.results.finalize(self.run_id, self.evaluation, self.clusters)
-        self.res.runs.retire(self.run_id)
         if finished is not None:
             log.info("run %s %s: %s", self.run_id, finished.status, finished.reason or "done")
+            if finished.status is RunStatus.COMPLETED and self.res.archive is not None:
+                self.res.archive(self.run_id)
 
 
 class _Batch:

@@ -7,13 +7,14 @@ use after the fork, and frees models when it exits.
 from __future__ import annotations
 
 import logging
+import time
 
 import redis
 from billiard.process import current_process
 from celery import Celery
 
 from shared.backlog import Backlog
-from shared.celery_app import SCORE_QUEUE
+from shared.celery_app import ARCHIVE_TASK, SCORE_QUEUE
 from shared.connection import connect
 from shared.dispatch import publish
 from shared.errors import first_line
@@ -38,12 +39,13 @@ class WorkerState:
         self._app = app
         self._settings = settings
         self._resources: Resources | None = None
+        self._client: redis.Redis | None = None
         self._backlog: Backlog | None = None
 
     def get(self) -> Resources:
         """This process's resources, opened on first use."""
         if self._resources is None:
-            client = connect(self._settings.redis_url)
+            client = self.client()
             self._backlog = Backlog(client)
             self._resources = Resources(
                 runs=RunStore(client),
@@ -65,6 +67,7 @@ class WorkerState:
                     isolated_timeout=self._settings.task_time_limit,
                 ),
                 publish=self._publish,
+                archive=self._archive if self._settings.archive_after == 0 else None,
                 max_batch=self._settings.max_batch,
                 max_attempts=self._settings.max_attempts,
                 stall_after=self._settings.stall_after,
@@ -72,6 +75,17 @@ class WorkerState:
                 provenance=ProvenanceStore(client),
             )
         return self._resources
+
+    def client(self) -> redis.Redis:
+        """This process's Redis client, opened on first use."""
+        if self._client is None:
+            self._client = connect(self._settings.redis_url)
+        return self._client
+
+    def _archive(self, run_id: str) -> None:
+        """Send an ended run to be archived, unless someone did."""
+        if RunStore(self.client()).claim_archive(run_id, time.time()):
+            self._app.send_task(ARCHIVE_TASK, args=[run_id], queue=SCORE_QUEUE)
 
     def _publish(self, task_name: str, tasks: list[SampleTask]) -> int:
         return publish(self._app, task_name, tasks)

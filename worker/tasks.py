@@ -40,14 +40,22 @@ from celery_batches import Batches, SimpleRequest, consume_queue
 from celery_batches.trace import apply_batches_task
 from kombu.transport.virtual import QoS as VirtualQoS
 
-from shared.celery_app import INFER_TASK, SCORE_TASK, STAGE_QUEUES, evaluation_queue
+from shared.celery_app import (
+    ARCHIVE_TASK,
+    INFER_TASK,
+    SCORE_TASK,
+    STAGE_QUEUES,
+    evaluation_queue,
+)
 from shared.connection import connect
 from shared.dispatch import publish
 from shared.errors import PayloadError, UnknownRunError, first_line
 from shared.evaluation import registered
 from shared.models import SampleTask
+from shared.names import is_name
 from shared.runs import RunStore
 from shared.settings import Settings
+from worker.archiver import archive_run
 from worker.intake import admit
 from worker.pipeline import Resources, infer_batch, score_batch
 from worker.reserve import Reserve
@@ -335,7 +343,7 @@ def parse_requests(requests: Sequence[SimpleRequest]) -> list[tuple[str, SampleT
 
 
 def register_tasks(app: Celery, state: WorkerState, settings: Settings) -> None:
-    """Register ``evalq.infer`` and ``evalq.score`` on ``app``."""
+    """Register ``evalq.infer``, ``evalq.score`` and ``evalq.archive`` on ``app``."""
 
     def batch_task(name: str, run: Callable[[Resources, list[SampleTask]], set[str]]) -> None:
         def handle(requests: list[SimpleRequest]) -> list[str]:
@@ -358,3 +366,18 @@ def register_tasks(app: Celery, state: WorkerState, settings: Settings) -> None:
 
     batch_task(INFER_TASK, infer_batch)
     batch_task(SCORE_TASK, score_batch)
+
+    @app.task(name=ARCHIVE_TASK, acks_late=True, time_limit=settings.task_time_limit)
+    def archive(run_id: object) -> None:
+        """Archive an ended run (:mod:`worker.archiver`); a malformed id is logged and
+        dropped."""
+        if not isinstance(run_id, str) or not is_name(run_id):
+            log.error("dropped an archive message: not a run id")
+            return
+        try:
+            done = archive_run(state.client(), run_id, settings.archive_url)
+        except UnknownRunError:
+            log.warning("archive: no run '%s'", run_id)
+            return
+        if done.sealed == -1:
+            log.warning("archive: run %s is still going; not archived", run_id)

@@ -5,6 +5,8 @@
 -- KEYS[3] = evalq:{run}:progress  hash, fields 'scored' / 'failed' bumped per write, 'touched'
 -- KEYS[4] = evalq:{run}:meta      hash, reads 'n' and 'status', 'finalizing' = claim time
 -- KEYS[5] = evalq:{run}:settled   stream, one entry listing the ids settled by this call
+-- KEYS[6] = evalq:{run}:attempts, KEYS[7] = evalq:{run}:score_attempts   hashes, sample id ->
+--           attempts: a settled sample's counts are deleted (they served their purpose)
 -- ARGV[1] = 'score' or 'err'      which hash the values go to
 -- ARGV[2] = seconds after which a claim to finalize counts as dead (its finalizer was killed)
 --           and may be taken over; '' = never
@@ -29,6 +31,8 @@ for i = 3, #ARGV, 2 do
 end
 if written > 0 then
   redis.call('XADD', KEYS[5], '*', 'ids', table.concat(ids, ','))
+  redis.call('HDEL', KEYS[6], unpack(ids))
+  redis.call('HDEL', KEYS[7], unpack(ids))
   redis.call('HINCRBY', KEYS[3], counter, written)
   touch(KEYS[3])
   mark_running(KEYS[4])

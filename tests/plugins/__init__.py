@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 from types import FrameType
 from typing import Any
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
 
 from shared.evaluation import Evaluation, register
 
@@ -333,3 +337,27 @@ class Probe(Evaluation):
 
     def score(self, row: dict[str, Any], output: Any) -> dict[str, float]:
         return {"ok": 1.0}
+
+
+class DyingFileSystem(LocalFileSystem):  # type: ignore[misc]
+    """``dying://PATH``: the local file system, except that the first time an archive
+    manifest is written under PATH (with ``PATH/../die-once`` absent) it kills the worker's
+    main process and then its own, at that worst moment: parts written, no seal."""
+
+    protocol = ("dying",)
+
+    @classmethod
+    def _strip_protocol(cls, path: Any) -> Any:
+        return super()._strip_protocol(str(path).removeprefix("dying://"))
+
+    def open(self, path: Any, mode: str = "rb", *args: Any, **kwargs: Any) -> Any:
+        path = self._strip_protocol(path)
+        marker = Path(path).parents[3] / "die-once"
+        if path.endswith("/manifest.json") and "w" in mode and not marker.exists():
+            marker.touch()
+            os.kill(os.getppid(), signal.SIGKILL)
+            os._exit(1)
+        return super().open(path, mode, *args, **kwargs)
+
+
+fsspec.register_implementation("dying", DyingFileSystem, clobber=True)

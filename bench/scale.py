@@ -1,0 +1,249 @@
+"""A million samples a run: what one run of the null model costs end to end and in Redis.
+
+For 1 and for 2 worker processes, each on a fresh Redis (AOF on, ``appendfsync always``, as
+evalq runs it), with a one-field dataset of ``--samples`` rows:
+
+  * ``evalq submit`` through the CLI: seconds and peak RSS;
+  * end to end: submit to completed, samples/s (and from the end of submit);
+  * Redis ``used_memory``: before the run, its peak while the run goes (sampled every 0.1 s),
+    and once the run is archived (the run's own share = that minus before);
+  * the AOF's size on disk once archived;
+  * ``evalq results`` (jsonl to /dev/null, parquet to a file) and ``evalq report``: seconds
+    and peak RSS, each a process of its own, reading the archived run.
+
+    python -m bench.scale [--samples N] [--workers 1,2] [--out PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from bench.result import save
+from producer.redis_server import RedisServer
+from producer.workers import LocalWorkers
+from shared.celery_app import create_app
+from shared.connection import connect
+from shared.keys import RunKeys
+from shared.policy import Tier
+from shared.registry import DatasetRegistry
+from shared.settings import Settings
+from shared.tiers import TierRegistry
+
+console = Console(stderr=True)
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Measured:
+    workers: int
+    samples: int
+    submit_s: float
+    submit_rss_mb: float
+    end_to_end_s: float
+    after_submit_s: float
+    redis_before_mb: float
+    redis_peak_mb: float
+    redis_final_mb: float
+    aof_mb: float
+    results_jsonl_s: float
+    results_jsonl_rss_mb: float
+    results_parquet_s: float
+    results_parquet_rss_mb: float
+    report_s: float
+    report_rss_mb: float
+
+    @property
+    def rate(self) -> float:
+        return self.samples / self.end_to_end_s
+
+
+def write_dataset(folder: Path, n: int) -> Path:
+    """``n`` rows of one integer field (and its label) as jsonl."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "validation.jsonl"
+    with path.open("w", encoding="utf-8") as handle:
+        for i in range(n):
+            handle.write(f'{{"x":{i},"label":{i % 2}}}\n')
+    return folder
+
+
+def timed(
+    args: list[str], env: dict[str, str], stdout: int | None = None
+) -> tuple[float, float, str]:
+    """Run ``evalq ARGS``; (seconds, peak RSS in MB, stdout) — RSS from the child's rusage."""
+    started = time.perf_counter()
+    process = subprocess.Popen(
+        [sys.executable, "-c", "from shared.cli import main; main()", *args],
+        env=env, cwd=REPO, stdout=stdout if stdout is not None else subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    out = ""
+    if stdout is None and process.stdout is not None:
+        out = process.stdout.read()
+    assert process.stderr is not None
+    errors = process.stderr.read()
+    _, status, usage = os.wait4(process.pid, 0)
+    seconds = time.perf_counter() - started
+    process.returncode = os.waitstatus_to_exitcode(status)
+    if process.returncode != 0:
+        raise RuntimeError(f"evalq {' '.join(args)} failed: {errors.strip()[-500:]}")
+    return seconds, usage.ru_maxrss / 1024, out
+
+
+class Sampler:
+    """Redis ``used_memory`` sampled in a thread: the highest seen."""
+
+    def __init__(self, url: str) -> None:
+        self._client = connect(url)
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, int(self._client.info("memory")["used_memory"]))
+            self._stop.wait(0.1)
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _wait(probe: Callable[[], object], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not probe():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no {what} after {timeout}s")
+        time.sleep(0.05)
+
+
+def _mb(value: float) -> float:
+    return value / 1e6
+
+
+def measure(data: Path, samples: int, workers: int, root: Path) -> Measured:
+    server = RedisServer(root / f"redis-{workers}", appendonly=True).start()
+    try:
+        archive = root / f"archive-{workers}"
+        settings = Settings(redis_url=server.url, archive_url=str(archive))
+        client = connect(server.url)
+        DatasetRegistry(client).add("scale", str(data), who="bench")
+        TierRegistry(client).set("scale", "validation", Tier.VIEWABLE, who="bench")
+        env = {
+            **os.environ, "EVALQ_REDIS_URL": server.url, "EVALQ_ARCHIVE_URL": str(archive),
+            "PYTHONPATH": str(REPO), "COLUMNS": "200",
+        }  # fmt: skip
+        env.pop("EVALQ_API_URL", None)
+        pool = LocalWorkers(
+            server.url,
+            count=workers,
+            env={"EVALQ_ARCHIVE_URL": str(archive), "EVALQ_TASK_EVENTS": "false"},
+        ).start(create_app(settings))
+        try:
+            warm = ["submit", "null", "--dataset", "scale", "--split", "validation", "--limit"]
+            _, _, shown = timed([*warm, "2048", "--json"], env)
+            warm_id = json.loads(shown)["run_id"]
+            _wait(lambda: client.hget(RunKeys(warm_id).meta, "archived"), 120, "warm-up archive")
+            before = int(client.info("memory")["used_memory"])
+            with Sampler(server.url) as sampler:
+                started = time.perf_counter()
+                submit_s, submit_rss, shown = timed([*warm, str(samples), "--json"], env)
+                run_id = json.loads(shown)["run_id"]
+                _wait(
+                    lambda: client.hget(RunKeys(run_id).meta, "status") == "completed",
+                    3600, "completion",
+                )  # fmt: skip
+                end_to_end = time.perf_counter() - started
+                _wait(lambda: client.hget(RunKeys(run_id).meta, "archived"), 600, "archive")
+            final = int(client.info("memory")["used_memory"])
+            aof = sum(p.stat().st_size for p in (server.data_dir).rglob("*.aof*") if p.is_file())
+        finally:
+            pool.stop()
+        jsonl_s, jsonl_rss, _ = timed(
+            ["results", run_id, "--format", "jsonl"], env, stdout=subprocess.DEVNULL
+        )
+        parquet_s, parquet_rss, _ = timed(
+            ["results", run_id, "--format", "parquet", "--out", str(root / "r.parquet")], env
+        )
+        report_s, report_rss, _ = timed(["report", run_id, "--out", str(root / "r.html")], env)
+        client.close()
+        return Measured(
+            workers, samples, submit_s, submit_rss, end_to_end, end_to_end - submit_s,
+            _mb(before), _mb(sampler.peak), _mb(final), _mb(aof),
+            jsonl_s, jsonl_rss, parquet_s, parquet_rss, report_s, report_rss,
+        )  # fmt: skip
+    finally:
+        server.stop()
+
+
+def table(rows: list[Measured]) -> Table:
+    shown = Table(title=f"{rows[0].samples:,} samples of the null model, one run")
+    shown.add_column("what")
+    for row in rows:
+        shown.add_column(f"{row.workers} worker{'s' if row.workers > 1 else ''}", justify="right")
+
+    def pair(seconds: float, rss: float) -> str:
+        return f"{seconds:.1f} / {rss:.0f}"
+
+    lines: list[tuple[str, Callable[[Measured], str]]] = [
+        ("submit (CLI): s / peak RSS MB", lambda m: pair(m.submit_s, m.submit_rss_mb)),
+        ("end to end: s (samples/s)", lambda m: f"{m.end_to_end_s:.1f} ({m.rate:,.0f})"),
+        ("after submit: s", lambda m: f"{m.after_submit_s:.1f}"),
+        ("Redis used_memory before: MB", lambda m: f"{m.redis_before_mb:.1f}"),
+        ("Redis used_memory peak: MB", lambda m: f"{m.redis_peak_mb:.1f}"),
+        ("Redis used_memory archived: MB", lambda m: f"{m.redis_final_mb:.1f}"),
+        ("  the run's own: MB", lambda m: f"{m.redis_final_mb - m.redis_before_mb:.2f}"),
+        ("AOF on disk: MB", lambda m: f"{m.aof_mb:.0f}"),
+        (
+            "results jsonl: s / peak RSS MB",
+            lambda m: pair(m.results_jsonl_s, m.results_jsonl_rss_mb),
+        ),
+        (
+            "results parquet: s / RSS MB",
+            lambda m: pair(m.results_parquet_s, m.results_parquet_rss_mb),
+        ),
+        ("report: s / peak RSS MB", lambda m: pair(m.report_s, m.report_rss_mb)),
+    ]
+    for name, cell in lines:
+        shown.add_row(name, *(cell(row) for row in rows))
+    return shown
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--samples", type=int, default=1_000_000)
+    parser.add_argument("--workers", default="1,2")
+    parser.add_argument("--out", type=Path, default=Path("bench/scale.json"))
+    args = parser.parse_args(argv)
+    rows: list[Measured] = []
+    with tempfile.TemporaryDirectory(prefix="evalq-scale-") as tmp:
+        root = Path(tmp)
+        data = write_dataset(root / "data", args.samples)
+        for count in (int(w) for w in args.workers.split(",")):
+            console.print(f"[bold]{count} worker(s)[/]: {args.samples:,} samples")
+            rows.append(measure(data, args.samples, count, root))
+            console.print(table(rows))
+    Console().print(table(rows))
+    save(args.out, [asdict(r) | {"samples_per_s": r.rate} for r in rows], console)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,217 @@
+"""Ended runs' per-sample results as Parquet at ``EVALQ_ARCHIVE_URL`` (any fsspec URL).
+
+One attempt at archiving a run writes into a folder of its own,
+``<archive>/<run>/<attempt>/``: ``part-00000.parquet``, ``part-00001.parquet``, … (columns
+``sample_id``, ``output``, ``scores`` and ``error`` as the live store holds them, JSON text,
+plus ``score.<metric>`` as float64 for analysis), then ``manifest.json`` last (the parts, their
+rows, and the run record with its progress, aggregate, stats, provenance, timeline and error
+counts). A folder without a manifest is an attempt that died: it is never read, and the attempt
+that wins removes it. Which attempt won is decided in Redis (``ResultStore.seal``), not here: a
+folder is the run's archive once the run's record names it.
+
+This module knows Parquet and fsspec; it never touches Redis.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from shared.models import SampleResult
+
+__all__ = [
+    "MANIFEST",
+    "PART_ROWS",
+    "RAW_COLUMNS",
+    "ArchiveReader",
+    "ArchiveWriter",
+    "Chunk",
+    "as_chunks",
+    "remove_others",
+    "remove_run",
+    "run_folder",
+    "table_of",
+]
+
+MANIFEST = "manifest.json"
+PART_ROWS = 131_072
+"""Rows per Parquet file (one row group each): what an archiver holds in memory at once."""
+READ_ROWS = 65_536
+"""Rows per batch when a reader streams an archive."""
+RAW_COLUMNS = ("sample_id", "output", "scores", "error")
+"""The columns that give back exactly what the live store held."""
+
+
+def run_folder(archive_url: str, run_id: str) -> str:
+    """Where ``run_id``'s archive attempts go under ``archive_url``."""
+    return f"{archive_url.rstrip('/')}/{run_id}"
+
+
+@dataclass
+class Chunk:
+    """Up to ``PART_ROWS`` samples of a run, in submission order, as the store holds them."""
+
+    sample_ids: list[int]
+    outputs: list[str | None]
+    scores: list[str | None]
+    errors: list[str | None]
+
+    def table(self) -> pa.Table:
+        """The chunk as one Parquet file's table: the raw columns and one float64 column per
+        metric found in this chunk."""
+        parsed = [None if s is None else json.loads(s) for s in self.scores]
+        metrics = sorted({m for s in parsed if s for m in s})
+        columns: dict[str, Any] = {
+            "sample_id": pa.array(self.sample_ids, pa.int64()),
+            "output": pa.array(self.outputs, pa.string()),
+            "scores": pa.array(self.scores, pa.string()),
+            "error": pa.array(self.errors, pa.string()),
+        }
+        for metric in metrics:
+            values = [None if s is None else s.get(metric) for s in parsed]
+            columns[f"score.{metric}"] = pa.array(values, pa.float64())
+        return pa.table(columns)
+
+
+def as_chunks(results: Iterable[SampleResult], size: int) -> Iterator[Chunk]:
+    """Results read back (from the gateway, say) as the store's texts, ``size`` at a time (an
+    output of JSON ``null`` reads as no output: a result does not tell them apart)."""
+    batch: list[SampleResult] = []
+    for result in results:
+        batch.append(result)
+        if len(batch) >= size:
+            yield _chunk(batch)
+            batch = []
+    if batch:
+        yield _chunk(batch)
+
+
+def _chunk(results: list[SampleResult]) -> Chunk:
+    def text(value: object) -> str | None:
+        return None if value is None else json.dumps(value, separators=(",", ":"))
+
+    return Chunk(
+        [r.sample_id for r in results],
+        [text(r.output) for r in results],
+        [text(r.scores) for r in results],
+        [None if r.error is None else r.error.model_dump_json() for r in results],
+    )
+
+
+def _ordered(table: pa.Table) -> pa.Table:
+    """The raw columns first, then the metrics' by name."""
+    metrics = sorted(c for c in table.column_names if c not in RAW_COLUMNS)
+    return table.select([*RAW_COLUMNS, *metrics])
+
+
+def table_of(chunks: Iterator[Chunk]) -> pa.Table:
+    """Chunks as one table with the archive's columns (a metric missing from a chunk reads as
+    nulls there): how a live run's results look as the archive will hold them."""
+    tables = [chunk.table() for chunk in chunks]
+    if not tables:
+        return Chunk([], [], [], []).table()
+    return _ordered(pa.concat_tables(tables, promote_options="default"))
+
+
+class ArchiveWriter:
+    """One attempt's folder: parts written as they come, the manifest last."""
+
+    def __init__(self, folder_url: str) -> None:
+        self._fs, self._path = fsspec.core.url_to_fs(folder_url)
+        self.url = folder_url
+        self._parts: list[dict[str, Any]] = []
+        self._metrics: set[str] = set()
+        self._fs.makedirs(self._path, exist_ok=True)
+
+    def write(self, chunk: Chunk) -> None:
+        """Write one part."""
+        name = f"part-{len(self._parts):05d}.parquet"
+        table = chunk.table()
+        with self._fs.open(f"{self._path}/{name}", "wb") as handle:
+            pq.write_table(table, handle, compression="zstd")
+        self._metrics.update(c.removeprefix("score.") for c in table.column_names[4:])
+        self._parts.append({"file": name, "rows": table.num_rows})
+
+    @property
+    def rows(self) -> int:
+        """Rows written so far."""
+        return sum(part["rows"] for part in self._parts)
+
+    def finish(self, record: dict[str, Any]) -> None:
+        """Write the manifest (the parts and ``record``): the attempt is complete."""
+        manifest = {"parts": self._parts, "metrics": sorted(self._metrics), **record}
+        with self._fs.open(f"{self._path}/{MANIFEST}", "w", encoding="utf-8") as handle:
+            handle.write(json.dumps(manifest, allow_nan=False))
+
+    def remove(self) -> None:
+        """Delete this attempt's folder (it lost, or failed)."""
+        if self._fs.exists(self._path):
+            self._fs.rm(self._path, recursive=True)
+
+
+def remove_others(folder_url: str, keep: str) -> int:
+    """Delete the attempt folders in a run's folder other than ``keep`` (the one that won);
+    return how many went."""
+    fs, path = fsspec.core.url_to_fs(folder_url)
+    if not fs.exists(path):
+        return 0
+    gone = 0
+    for entry in fs.ls(path, detail=False):
+        if str(entry).rstrip("/").rsplit("/", 1)[-1] != keep:
+            fs.rm(entry, recursive=True)
+            gone += 1
+    return gone
+
+
+def remove_run(folder_url: str) -> bool:
+    """Delete a run's whole archive folder; False if there was none."""
+    fs, path = fsspec.core.url_to_fs(folder_url)
+    if not fs.exists(path):
+        return False
+    fs.rm(path, recursive=True)
+    return True
+
+
+class ArchiveReader:
+    """A sealed attempt's folder, read back: the manifest, and the parts as record batches."""
+
+    def __init__(self, folder_url: str) -> None:
+        self._fs, self._path = fsspec.core.url_to_fs(folder_url)
+        self.url = folder_url
+        with self._fs.open(f"{self._path}/{MANIFEST}", "r", encoding="utf-8") as handle:
+            self.manifest: dict[str, Any] = json.loads(handle.read())
+
+    @property
+    def files(self) -> list[str]:
+        """The parts' URLs, in submission order of their rows."""
+        protocol = self._fs.protocol if isinstance(self._fs.protocol, str) else "file"
+        prefix = "" if protocol == "file" else f"{protocol}://"
+        return [f"{prefix}{self._path}/{part['file']}" for part in self.manifest["parts"]]
+
+    def batches(self, columns: tuple[str, ...] = RAW_COLUMNS) -> Iterator[pa.RecordBatch]:
+        """The rows, ``READ_ROWS`` at a time, in submission order (missing metric columns of a
+        part read as nulls)."""
+        for part in self.manifest["parts"]:
+            with self._fs.open(f"{self._path}/{part['file']}", "rb") as handle:
+                parquet = pq.ParquetFile(handle)
+                present = [c for c in columns if c in parquet.schema_arrow.names]
+                for batch in parquet.iter_batches(batch_size=READ_ROWS, columns=present):
+                    arrays = [
+                        batch.column(c) if c in present else pa.nulls(batch.num_rows, pa.float64())
+                        for c in columns
+                    ]
+                    yield pa.RecordBatch.from_arrays(arrays, names=list(columns))
+
+    def table(self) -> pa.Table:
+        """Every row as one table with every metric's column (for ``datasets``)."""
+        columns = (*RAW_COLUMNS, *(f"score.{m}" for m in self.manifest["metrics"]))
+        batches = list(self.batches(columns))
+        if not batches:
+            return Chunk([], [], [], []).table()
+        return _ordered(pa.Table.from_batches(batches))

@@ -1,0 +1,26 @@
+-- seal: make one archive attempt's folder the run's archive and free the run's per-sample
+-- state, once.
+-- KEYS[1] = evalq:{run}:meta   hash: reads 'status'; sets 'archive_url' and 'archived'
+-- KEYS[2] = evalq:{run}:progress  hash: reads 'scored', 'failed', 'inferred'
+-- KEYS[3..] = the run's per-sample keys (out, score, err, attempts, score_attempts, settled,
+--             ids, backlog): unlinked
+-- ARGV[1] = the attempt folder's URL (its manifest is written)
+-- ARGV[2] = the rows that attempt wrote; ARGV[3] = the scores, ARGV[4] = the errors, ARGV[5] =
+--           the outputs it found
+-- Returns: 1 sealed now; 0 sealed before (by this or another attempt); -1 the run is going (or
+-- has no record); -2 the attempt's counts disagree with the run's (it read the store while
+-- another attempt was freeing it): it must not win.
+local status = redis.call('HGET', KEYS[1], 'status')
+if status == false or status == 'queued' or status == 'running' then return -1 end
+if redis.call('HEXISTS', KEYS[1], 'archive_url') == 1 then return 0 end
+local n = tonumber(redis.call('HGET', KEYS[1], 'n') or '-1')
+local scored = tonumber(redis.call('HGET', KEYS[2], 'scored') or '0')
+local failed = tonumber(redis.call('HGET', KEYS[2], 'failed') or '0')
+local inferred = tonumber(redis.call('HGET', KEYS[2], 'inferred') or '0')
+if tonumber(ARGV[2]) ~= n or tonumber(ARGV[3]) ~= scored or tonumber(ARGV[4]) ~= failed
+  or tonumber(ARGV[5]) ~= inferred then
+  return -2
+end
+redis.call('HSET', KEYS[1], 'archive_url', ARGV[1], 'archived', string.format('%.6f', now()))
+for i = 3, #KEYS do redis.call('UNLINK', KEYS[i]) end
+return 1

@@ -1,0 +1,85 @@
+"""Retention: purging ended runs, wholly, from Redis and from the archive.
+
+``evalq purge`` (admins) and the janitor (runs older than ``EVALQ_KEEP_RUNS_DAYS``) both come
+here. A purge removes a run's record, counters, aggregate, stats, provenance, release record,
+per-sample keys and archive folder (every attempt's), and its entry in the run index; a going
+run is never purged. What stays: the audit stream's entries about the run (their own rule,
+``EVALQ_AUDIT_DAYS``) and the budget it was charged.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import redis
+
+from shared.archive import remove_run, run_folder
+from shared.errors import InputError, UnknownRunError
+from shared.keys import ACTIVE, RUNS, RunKeys, release_run_key
+from shared.models import Stage
+from shared.runs import RunStore
+
+__all__ = ["expired", "parse_age", "purge"]
+
+log = logging.getLogger(__name__)
+
+_PAGE = 100
+"""Runs looked at per call of :func:`expired`."""
+
+
+def expired(client: redis.Redis, before: float) -> Iterator[str]:
+    """The ids of the runs submitted before Unix time ``before``, oldest first (read a page at
+    a time; going ones too: :func:`purge` leaves those)."""
+    start = 0
+    while page := client.zrangebyscore(RUNS, "-inf", f"({before}", start=start, num=_PAGE):
+        yield from (str(r) for r in page)
+        start += len(page)
+
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
+
+
+def parse_age(text: str) -> float:
+    """Seconds in an age such as ``30d``, ``12h``, ``45m``, ``90s`` or ``2w``."""
+    number, unit = text.strip()[:-1], text.strip()[-1:].lower()
+    try:
+        seconds = float(number) * _UNITS[unit]
+    except (KeyError, ValueError):
+        raise InputError(
+            f"'{text}' is not an age: a number and s, m, h, d or w (e.g. 30d)"
+        ) from None
+    if not seconds > 0:
+        raise InputError(f"'{text}' is not an age: it must be more than zero")
+    return seconds
+
+
+def purge(client: redis.Redis, run_id: str, archive_url: str) -> bool:
+    """Remove the ended run ``run_id`` everywhere (see the module); False if it is going, or
+    unknown. Its archive is looked for where its record says and under ``archive_url`` (an
+    attempt that never sealed)."""
+    try:
+        meta = RunStore(client).get(run_id)
+    except UnknownRunError:
+        meta = None
+    if meta is not None and meta.status.active:
+        return False
+    keys = RunKeys(run_id)
+    sealed = client.hget(keys.meta, "archive_url")
+    folders = {run_folder(archive_url, run_id)}
+    if sealed is not None:
+        folders.add(str(sealed).rstrip("/").rsplit("/", 1)[0])
+    for folder in folders:
+        remove_run(folder)
+    per_run = [
+        keys.meta, keys.progress, keys.aggregate, keys.stats, keys.provenance, keys.refund,
+        keys.out, keys.score, keys.err, keys.attempts_of(Stage.INFER),
+        keys.attempts_of(Stage.SCORE), keys.settled, keys.ids, keys.backlog,
+    ]  # fmt: skip
+    with client.pipeline(transaction=True) as pipe:
+        pipe.zrem(RUNS, run_id)
+        pipe.srem(ACTIVE, run_id)
+        pipe.unlink(*per_run)
+        pipe.unlink(release_run_key(run_id))
+        removed = pipe.execute()
+    return meta is not None or bool(removed[0])

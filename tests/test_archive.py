@@ -1,0 +1,269 @@
+"""The archive: a run read after it moved to Parquet reads exactly as it did live (every
+format, every tier, the Python API and ``datasets``), Redis keeps only its record; an archiver
+killed at the worst moment leaves nothing lost and nothing twice; purge removes what it names
+and nothing else."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+
+from producer.client import Client
+from producer.submit import SubmitRequest
+from shared.archive import MANIFEST, ArchiveReader, ArchiveWriter, Chunk, run_folder, table_of
+from shared.errors import InputError
+from shared.keys import AUDIT, RUNS, RunKeys
+from shared.models import RunStatus, Stage
+from shared.retention import parse_age
+from shared.settings import Settings
+from tests.conftest import Stack
+from tests.helpers import (
+    evalq,
+    labelled_rows,
+    list_splits,
+    wait_completed,
+    wait_ended,
+    wait_for,
+    write_rows,
+)
+from worker.archiver import archive_run
+
+FAST = {"EVALQ_STALL_AFTER": "3", "EVALQ_HEARTBEAT_INTERVAL": "0.5"}
+
+
+def _chunk(ids: range, metric: str) -> Chunk:
+    return Chunk(
+        list(ids),
+        [json.dumps({"pred": i % 2}) for i in ids],
+        [None if i % 5 == 0 else json.dumps({metric: float(i % 2)}) for i in ids],
+        [
+            json.dumps({"stage": "score", "kind": "ValueError", "message": "x"})
+            if i % 5 == 0
+            else None
+            for i in ids
+        ],
+    )
+
+
+def test_an_archive_reads_back_its_parts_in_order_with_every_metric(tmp_path: Path) -> None:
+    """Two parts whose metrics differ: read back in order, each part's missing metric as
+    nulls, the table equal to the same chunks taken live."""
+    chunks = [_chunk(range(0, 40), "a"), _chunk(range(40, 70), "b")]
+    writer = ArchiveWriter(f"file://{tmp_path}/run/attempt")
+    for chunk in chunks:
+        writer.write(chunk)
+    writer.finish({"timeline": [], "errors": {}})
+    reader = ArchiveReader(f"file://{tmp_path}/run/attempt")
+    assert reader.manifest["metrics"] == ["a", "b"]
+    assert [p["rows"] for p in reader.manifest["parts"]] == [40, 30]
+    ids = [i for batch in reader.batches() for i in batch.column("sample_id").to_pylist()]
+    assert ids == list(range(70))
+    table = reader.table()
+    assert table.column_names == ["sample_id", "output", "scores", "error", "score.a", "score.b"]
+    assert table.column("score.a").to_pylist()[40:] == [None] * 30
+    assert table.equals(table_of(iter(chunks)))
+    assert pq.read_table(reader.files[0]).num_rows == 40
+
+
+def test_an_age_is_a_number_and_a_unit() -> None:
+    assert parse_age("30d") == 30 * 86400
+    assert parse_age("1.5h") == 5400
+    for bad in ("30", "d", "-1d", "0s", "3y"):
+        with pytest.raises(InputError, match="is not an age"):
+            parse_age(bad)
+
+
+def _board(stack: Stack, folder: Path, tier: str) -> str:
+    rows = labelled_rows(120)
+    rows[7]["text"] = f"{rows[7]['text']} boom"  # fails inference (its batch retried alone)
+    rows[50]["text"] = f"{rows[50]['text']} bust"  # fails scoring
+    write_rows(folder, "validation", rows)
+    return list_splits(stack.client, folder, "validation", tier=tier)
+
+
+def _reads(stack: Stack, run_id: str, folder: Path, *flags: str) -> dict[str, object]:
+    """Everything a reader gets of a run through the CLI, in every format."""
+    url = stack.server.url
+    found: dict[str, object] = {}
+    for fmt in ("jsonl", "csv"):
+        shown = evalq(url, "results", run_id, "--format", fmt, *flags)
+        found[fmt] = (shown.returncode, shown.stdout, shown.stderr.strip()[-200:])
+    out = folder / f"{run_id}-{len(list(folder.glob('*.parquet')))}.parquet"
+    shown = evalq(url, "results", run_id, "--format", "parquet", "--out", str(out), *flags)
+    found["parquet"] = (shown.returncode, pq.read_table(out).to_pylist() if out.exists() else None)
+    status = evalq(url, "status", run_id, "--json", *flags)
+    view = json.loads(status.stdout) if status.returncode == 0 else None
+    if view is not None:
+        view.pop("archived", None)
+    found["status"] = (status.returncode, view)
+    followed = evalq(url, "results", run_id, "--follow", *flags)
+    lines = sorted(followed.stdout.splitlines())
+    found["follow"] = (followed.returncode, lines)
+    return found
+
+
+def _live_keys(stack: Stack, run_id: str) -> list[str]:
+    keys = RunKeys(run_id)
+    per_sample = [
+        keys.out, keys.score, keys.err, keys.attempts_of(Stage.INFER),
+        keys.attempts_of(Stage.SCORE), keys.settled, keys.ids, keys.backlog,
+    ]  # fmt: skip
+    return [k for k in per_sample if stack.client.exists(k)]
+
+
+@pytest.mark.integration
+def test_an_archived_run_reads_exactly_as_it_did_live(fresh_stack: Stack, tmp_path: Path) -> None:
+    """Runs kept live (``EVALQ_ARCHIVE_AFTER``), read every way, archived, read again: the
+    same bytes and rows for a viewable run (jsonl, csv, parquet, follow, status, compare,
+    ``results_dataset``, ``--with-input``), the same refusals and releases on a non_viewable
+    split for a user and the same rows for an admin."""
+    stack = fresh_stack
+    stack.start_workers(EVALQ_ARCHIVE_AFTER="3600", **FAST)
+    viewable = _board(stack, tmp_path / "open", "viewable")
+    hidden = _board(stack, tmp_path / "held", "non_viewable")
+    client = Client(Settings(redis_url=stack.server.url, principal="dev"))
+    runs = {
+        "a": client.submit(SubmitRequest(eval="flaky", dataset=viewable, split="validation")),
+        "b": client.submit(SubmitRequest(eval="spy", dataset=viewable, split="validation")),
+        "hidden": client.submit(SubmitRequest(eval="flaky", dataset=hidden, split="validation")),
+    }
+    for meta in runs.values():
+        wait_completed(stack.client, meta.run_id)
+    a, b, held = (runs[k].run_id for k in ("a", "b", "hidden"))
+    exports = tmp_path / "exports"
+    exports.mkdir()
+
+    def everything() -> dict[str, object]:
+        compared = evalq(stack.server.url, "compare", a, b, "--json")
+        return {
+            "a": _reads(stack, a, exports),
+            "a_input": evalq(stack.server.url, "results", a, "--with-input").stdout,
+            "held_user": _reads(stack, held, exports),
+            "held_admin": _reads(stack, held, exports, "--admin"),
+            "compare": (compared.returncode, compared.stdout),
+            "dataset": client.results_dataset(a).to_list(),
+            "api": [r.model_dump() for r in client.results(a)],
+        }
+
+    live = everything()
+    assert live["held_user"]["jsonl"][0] == 3  # type: ignore[index]
+    assert live["held_admin"]["jsonl"][0] == 0  # type: ignore[index]
+    assert live["a"]["status"][1]["errors"] == {"infer/RuntimeError": 1, "score/ValueError": 1}  # type: ignore[index]
+
+    for run_id in (a, b, held):
+        done = archive_run(stack.client, run_id, stack.settings.archive_url)
+        assert (done.sealed, done.rows) == (1, 120)
+        assert _live_keys(stack, run_id) == []
+        record = stack.client.hgetall(RunKeys(run_id).meta)
+        assert record["archive_url"] == done.url
+        assert record["status"] == "completed"
+    assert archive_run(stack.client, a, stack.settings.archive_url).sealed == 0  # once
+
+    archived = everything()
+    for name, value in live.items():
+        assert archived[name] == value, name
+    reported = evalq(stack.server.url, "report", a, "--out", str(tmp_path / "a.html"))
+    assert reported.returncode == 0, reported.stderr  # its timeline from the archive
+    page = (tmp_path / "a.html").read_text()
+    assert "nothing settled yet" not in page  # the throughput chart, from the archive
+    assert "no scored or failed sample yet" not in page
+    dataset = client.results_dataset(a)
+    assert dataset.num_rows == 120
+    assert dataset.column_names == ["sample_id", "output", "scores", "error", "score.correct"]
+    refused = evalq(stack.server.url, "results", held)
+    assert refused.returncode == 3
+    assert "tier" in refused.stderr
+    with pytest.raises(InputError, match="archived"):
+        client.resume(a)
+
+
+@pytest.mark.integration
+def test_an_archiver_killed_before_its_seal_is_finished_by_another_worker(
+    fresh_stack: Stack, tmp_path: Path
+) -> None:
+    """The worker archiving a completed run is killed (main process first) once every part
+    and the manifest are being written, before the seal: Redis still holds the run; the next
+    worker's janitor puts the archive message back, its attempt seals, and the dead attempt's
+    folder goes. Every sample is archived once, as it was settled."""
+    stack = fresh_stack
+    stack.crashes_expected = True
+    base = tmp_path / "store"
+    url = f"dying://{base}/archive"
+    stack.start_workers(EVALQ_ARCHIVE_URL=url, **FAST)
+    dataset = _board(stack, tmp_path / "data", "viewable")
+    client = Client(Settings(redis_url=stack.server.url, principal="dev"))
+    meta = client.submit(SubmitRequest(eval="flaky", dataset=dataset, split="validation"))
+    wait_for((base / "die-once").exists, 60, "the archiver to die")
+    assert stack.client.hget(RunKeys(meta.run_id).meta, "archive_url") is None
+    assert stack.client.hlen(RunKeys(meta.run_id).score) == 118  # nothing freed yet
+    live = [r.model_dump() for r in client.results(meta.run_id)]
+
+    stack.start_workers(EVALQ_ARCHIVE_URL=url, **FAST)
+    wait_for(lambda: stack.client.hget(RunKeys(meta.run_id).meta, "archive_url"), 60, "the archive")
+    assert [r.model_dump() for r in client.results(meta.run_id)] == live
+    assert _live_keys(stack, meta.run_id) == []
+    folder = Path(run_folder(str(base / "archive"), meta.run_id))
+    wait_for(lambda: len(list(folder.iterdir())) == 1, 30, "the dead attempt's folder to go")
+    (attempt,) = folder.iterdir()
+    manifest = json.loads((attempt / MANIFEST).read_text())
+    assert sum(p["rows"] for p in manifest["parts"]) == 120
+    assert sum(count for _, count in manifest["timeline"]) == 120  # each settled once
+    assert manifest["progress"]["scored"] == 118
+    assert manifest["progress"]["failed"] == 2
+    assert "put back" in stack.worker_log()
+    wait_for(lambda: meta.run_id not in client._runs.active(), 30, "the run to be retired")
+
+
+@pytest.mark.integration
+def test_purge_removes_what_it_names_and_nothing_else(fresh_stack: Stack, tmp_path: Path) -> None:
+    stack = fresh_stack
+    stack.start_workers(**FAST)
+    dataset = _board(stack, tmp_path / "data", "viewable")
+    client = Client(Settings(redis_url=stack.server.url, principal="ops"))
+    gone, kept, old = (
+        client.submit(SubmitRequest(eval="spy", dataset=dataset, split="validation")).run_id
+        for _ in range(3)
+    )
+    for run_id in (gone, kept, old):
+        wait_for(lambda r=run_id: client.status(r).meta.archived, 60, "the archive")  # type: ignore[misc]
+    folders = {r: Path(run_folder(stack.settings.archive_url, r)) for r in (gone, kept, old)}
+    assert all(folder.is_dir() for folder in folders.values())
+    going = client.submit(
+        SubmitRequest(
+            eval="slow", dataset=dataset, split="validation",
+            params={"gate": str(tmp_path / "gate"), "open_until": "0"},
+        )
+    ).run_id  # fmt: skip
+
+    url = stack.server.url
+    for refused in (("purge",), ("purge", "--run", going), ("purge", "--older-than", "soon")):
+        shown = evalq(url, *refused)
+        assert shown.returncode == 2, refused
+        assert len(shown.stderr.strip().splitlines()) == 1
+    shown = evalq(url, "purge", "--run", gone, "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout) == {"purged": [gone]}
+    assert stack.client.keys(f"evalq:{{{gone}}}:*") == []
+    assert not folders[gone].exists()
+    assert stack.client.zscore(RUNS, gone) is None
+    assert evalq(url, "status", gone).returncode == 2
+
+    stack.client.zadd(RUNS, {old: 1.0})  # submitted long ago, as far as the index says
+    shown = evalq(url, "purge", "--older-than", "30d", "--json")
+    assert json.loads(shown.stdout)["purged"] == [old]
+    assert not folders[old].exists()
+
+    assert folders[kept].is_dir()
+    assert len(list(client.results(kept))) == 120
+    assert client.status(going).meta.status in (RunStatus.QUEUED, RunStatus.RUNNING)
+    entries: Any = stack.client.xrange(AUDIT)
+    purges = [e for _, e in entries if e.get("action") == "purge"]
+    assert [e["run"] for e in purges] == [gone, old]
+    client.cancel(going)
+    (tmp_path / "gate").touch()
+    assert wait_ended(stack.client, going) is RunStatus.CANCELLED
+    wait_for(lambda: client.status(going).meta.archived, 60, "the cancelled run's archive")

@@ -1,0 +1,94 @@
+"""Archiving an ended run to Parquet and freeing its per-sample keys in Redis.
+
+A worker runs it (the ``evalq.archive`` task, sent by the finalizer when a run completes and
+by the janitor for every ended run that is due and not archived yet). One attempt:
+
+1. reads the run's samples from Redis in submission order, ``PART_ROWS`` at a time, and writes
+   each as a Parquet part in a folder of its own under ``EVALQ_ARCHIVE_URL/<run>/``;
+2. writes the manifest last (the run record, progress, aggregate, stats, provenance, the
+   settled timeline by the hundredth of a second, the error counts);
+3. seals (``seal.lua``, atomic): if no attempt sealed the run before and the rows and counts it
+   wrote are the run's own, the run's record names its folder and the per-sample keys are
+   unlinked; then it removes every other attempt's folder.
+
+Killed anywhere before the seal, an attempt leaves Redis as it was and a folder nobody reads;
+the janitor sends the run again and the next attempt finishes (and removes that folder). Killed
+after it, the run is archived; a later attempt only tidies. Two attempts at once both write, one
+seals, the other removes its own folder.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+
+import redis
+
+from shared.archive import PART_ROWS, ArchiveWriter, remove_others, run_folder
+from shared.provenance import ProvenanceStore
+from shared.results import ResultStore, bucketed, error_kinds
+from shared.runs import RunStore
+
+__all__ = ["Archived", "archive_run"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Archived:
+    """How one attempt ended: ``sealed`` 1 now, 0 before, -1 the run is going, -2 it lost a
+    race with another attempt's seal; ``rows`` written by this attempt."""
+
+    sealed: int
+    rows: int
+    url: str
+
+
+def archive_run(client: redis.Redis, run_id: str, archive_url: str) -> Archived:
+    """One attempt at archiving ``run_id`` under ``archive_url``; see the module."""
+    runs, results = RunStore(client), ResultStore(client)
+    meta = runs.get(run_id)
+    folder = run_folder(archive_url, run_id)
+    sealed = results.archive(run_id)
+    if sealed is not None:
+        remove_others(folder, sealed.url.rstrip("/").rsplit("/", 1)[-1])
+        return Archived(0, 0, sealed.url)
+    if meta.status.active:
+        return Archived(-1, 0, "")
+    attempt = uuid.uuid4().hex[:12]
+    writer = ArchiveWriter(f"{folder}/{attempt}")
+    try:
+        timeline = bucketed(results.timeline(run_id))
+        scored = failed = inferred = 0
+        errors: list[str] = []
+        for chunk in results.chunks(run_id, PART_ROWS):
+            writer.write(chunk)
+            scored += sum(s is not None for s in chunk.scores)
+            inferred += sum(o is not None for o in chunk.outputs)
+            errors += [e for e in chunk.errors if e is not None]
+            failed = len(errors)
+        record = {
+            "run": meta.model_dump(mode="json"),
+            "progress": results.progress(run_id).model_dump(mode="json"),
+            "aggregate": results.aggregate(run_id),
+            "stats": {
+                k: v.model_dump(mode="json") for k, v in (results.stats(run_id) or {}).items()
+            },
+            "provenance": ProvenanceStore(client).of_run(run_id, meta.spec).model_dump(mode="json"),
+            "timeline": timeline,
+            "errors": error_kinds(errors),
+        }
+        writer.finish(record)
+        outcome = results.seal(run_id, writer.url, (writer.rows, scored, failed, inferred))
+    except BaseException:
+        writer.remove()
+        raise
+    if outcome != 1:
+        writer.remove()
+        if outcome == -2:
+            log.warning("archive of run %s lost to another attempt; it was removed", run_id)
+        return Archived(outcome, writer.rows, writer.url)
+    remove_others(folder, attempt)
+    log.info("archived run %s: %d samples to %s", run_id, writer.rows, writer.url)
+    return Archived(1, writer.rows, writer.url)
