@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import html
 import io
+import itertools
 import json
 import time
 from collections.abc import Iterator
@@ -22,10 +23,13 @@ from producer.comparison import Comparison
 from shared.data import load_rows, shard_of_rows
 from shared.errors import EvalqError, TierRefusedError
 from shared.models import SampleResult, SampleState
+from shared.results import result_of
+from shared.routing import KMeans
 from shared.stats import Stat
 
 if TYPE_CHECKING:
     import numpy as np
+    import pyarrow as pa
     from matplotlib.figure import Figure
 
 __all__ = ["Report", "aggregates_chart", "gather", "render", "render_comparison"]
@@ -62,42 +66,96 @@ class Report:
 
 
 def _shard_of(client: Client, view: RunView) -> tuple[np.ndarray | None, int, str | None]:
-    """The shard of every row of the run's split and the shard count, or why not."""
+    """The shard of every row of the run's split and the shard count, or why not (the rows
+    are read only for a routing that depends on them)."""
     try:
         spec = client.spec(view.meta.run_id)
-        return shard_of_rows(spec, load_rows(spec)), spec.shards, None
+        rows = load_rows(spec) if isinstance(spec.routing, KMeans) else None
+        return shard_of_rows(spec, rows), spec.shards, None
     except EvalqError as exc:
         return None, 0, f"per-shard progress needs the run's data on this machine: {exc}"
 
 
 def gather(client: Client, run_id: str) -> Report:
     """Everything the report of ``run_id`` shows to this client's reader, in one pass over the
-    run's results: score values and per-shard counts only where the reader may read per-sample
-    results (a split's shards are cut by its rows' content: a ``kmeans`` routing on any column,
-    the label included, would make shard counts a per-row histogram of it)."""
+    run's results (tables, live or archived): score values and per-shard counts only where the
+    reader may read per-sample results (a split's shards are cut by its rows' content: a
+    ``kmeans`` routing on any column, the label included, would make shard counts a per-row
+    histogram of it)."""
     view = client.status(run_id)
-    values: dict[str, list[float]] = {}
+    values: dict[str, list[np.ndarray]] = {}
     samples = _Samples()
     withheld = None
     try:
-        states: Iterator[tuple[int, SampleState]] = _collect(
-            client.results(run_id), values, samples
-        )
+        states = _table_states(client.result_tables(run_id), values, samples)
     except TierRefusedError as exc:
-        states, withheld = client.states(run_id), str(exc)
+        states, withheld = _states(client.states(run_id)), str(exc)
     shard_of, count, note = (None, 0, withheld) if withheld else _shard_of(client, view)
     shards = [ShardProgress() for _ in range(count)]
-    for sample_id, state in states:
+    for ids, scored, failed in states:
         if shard_of is not None:
-            shard = shards[int(shard_of[sample_id])]
-            shard.total += 1
-            shard.scored += state is SampleState.SCORED
-            shard.failed += state is SampleState.FAILED
-    scores = None if withheld is not None else values
+            _count(shards, shard_of[ids], scored, failed)
+    scores = None
+    if withheld is None:
+        import numpy as np
+
+        scores = {name: np.concatenate(parts).tolist() for name, parts in values.items()}
     return Report(
         view, scores, withheld, client.timeline(run_id), shards, note,
         failures=samples.failures, worst=samples.lowest(),
     )  # fmt: skip
+
+
+States = Iterator[tuple["np.ndarray", "np.ndarray", "np.ndarray"]]
+"""Chunks of (sample ids, scored, failed) as arrays."""
+
+
+def _table_states(
+    tables: Iterator[pa.Table], values: dict[str, list[np.ndarray]], samples: _Samples
+) -> States:
+    """Each table's states, gathering its metric values into ``values`` and its failures and
+    low scores into ``samples`` on the way."""
+    for table in tables:
+        for column in table.column_names:
+            if column.startswith("score."):
+                found = table.column(column).drop_null().to_numpy()
+                values.setdefault(column.removeprefix("score."), []).append(found)
+        samples.see(table)
+        yield (
+            table.column("sample_id").to_numpy(),
+            table.column("scores").is_valid().to_numpy(zero_copy_only=False),
+            table.column("error").is_valid().to_numpy(zero_copy_only=False),
+        )
+
+
+def _states(found: Iterator[tuple[int, SampleState]], size: int = 65_536) -> States:
+    """States one by one (a reader without per-sample access) as chunks of arrays."""
+    import numpy as np
+
+    while chunk := list(itertools.islice(found, size)):
+        ids = np.array([i for i, _ in chunk], dtype=np.int64)
+        scored = np.array([s is SampleState.SCORED for _, s in chunk], dtype=bool)
+        failed = np.array([s is SampleState.FAILED for _, s in chunk], dtype=bool)
+        yield ids, scored, failed
+
+
+def _count(
+    shards: list[ShardProgress], shard: np.ndarray, scored: np.ndarray, failed: np.ndarray
+) -> None:
+    import numpy as np
+
+    size = len(shards)
+    for index, (total, ok, bad) in enumerate(
+        zip(
+            np.bincount(shard, minlength=size),
+            np.bincount(shard[scored], minlength=size),
+            np.bincount(shard[failed], minlength=size),
+            strict=True,
+        )
+    ):
+        shards[index].total += int(total)
+        shards[index].scored += int(ok)
+        shards[index].failed += int(bad)
 
 
 LISTED = 10
@@ -106,38 +164,43 @@ LISTED = 10
 
 @dataclass
 class _Samples:
-    """The first failures and the lowest scores of the first metric, kept as results pass."""
+    """The first failures and the lowest scores of the first metric (the first scored
+    sample's first, by name), kept as tables of results pass."""
 
     failures: list[SampleResult] = field(default_factory=list)
     worst: list[tuple[float, SampleResult]] = field(default_factory=list)
     metric: str | None = None
 
-    def see(self, result: SampleResult) -> None:
-        if result.error is not None and len(self.failures) < LISTED:
-            self.failures.append(result)
-        if not result.scores:
+    def see(self, table: pa.Table) -> None:
+        import numpy as np
+
+        if len(self.failures) < LISTED:
+            failed = np.flatnonzero(table.column("error").is_valid().to_numpy(zero_copy_only=False))
+            self.failures += [_result(table, i) for i in failed[: LISTED - len(self.failures)]]
+        if self.metric is None:
+            first = table.column("scores").drop_null()
+            if len(first) == 0:
+                return
+            self.metric = sorted(json.loads(first[0].as_py()))[0]
+        column = f"score.{self.metric}"
+        if column not in table.column_names:
             return
-        self.metric = self.metric or sorted(result.scores)[0]
-        if self.metric in result.scores:
-            self.worst.append((result.scores[self.metric], result))
-            if len(self.worst) > 4 * LISTED:
-                self.worst = self.lowest()
+        present = np.flatnonzero(table.column(column).is_valid().to_numpy(zero_copy_only=False))
+        found = table.column(column).to_numpy(zero_copy_only=False)
+        ids = table.column("sample_id").to_numpy()
+        lowest = present[np.lexsort((ids[present], found[present]))[:LISTED]]
+        self.worst += [(float(found[i]), _result(table, i)) for i in lowest]
+        self.worst = self.lowest()
 
     def lowest(self) -> list[tuple[float, SampleResult]]:
         """The ``LISTED`` lowest scores, lowest first (ties by sample id)."""
         return sorted(self.worst, key=lambda w: (w[0], w[1].sample_id))[:LISTED]
 
 
-def _collect(
-    results: Iterator[SampleResult], values: dict[str, list[float]], samples: _Samples
-) -> Iterator[tuple[int, SampleState]]:
-    """Each result's state, gathering its metric values into ``values`` and its failure or
-    low score into ``samples`` on the way."""
-    for result in results:
-        for name, value in (result.scores or {}).items():
-            values.setdefault(name, []).append(value)
-        samples.see(result)
-        yield result.sample_id, result.state
+def _result(table: pa.Table, row: int) -> SampleResult:
+    """One row of a results table as a result."""
+    values = [table.column(c)[int(row)].as_py() for c in ("sample_id", "output", "scores", "error")]
+    return result_of(*values)
 
 
 def _svg(figure: Figure) -> str:

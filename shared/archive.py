@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,7 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from shared.errors import ArchiveUnreadableError, first_line
 from shared.models import SampleResult
 
 __all__ = [
@@ -124,7 +126,8 @@ class ArchiveWriter:
 
     def __init__(self, folder_url: str) -> None:
         self._fs, self._path = fsspec.core.url_to_fs(folder_url)
-        self.url = folder_url
+        self.url = str(self._fs.unstrip_protocol(self._path))
+        """Where it is, whatever the working directory of a reader (``file:///abs/...``)."""
         self._parts: list[dict[str, Any]] = []
         self._metrics: set[str] = set()
         self._fs.makedirs(self._path, exist_ok=True)
@@ -179,13 +182,38 @@ def remove_run(folder_url: str) -> bool:
 
 
 class ArchiveReader:
-    """A sealed attempt's folder, read back: the manifest, and the parts as record batches."""
+    """A sealed attempt's folder, read back: the manifest (read when first needed), and the
+    parts as record batches. What cannot be read raises :class:`ArchiveUnreadableError`, one
+    line naming the run."""
 
-    def __init__(self, folder_url: str) -> None:
-        self._fs, self._path = fsspec.core.url_to_fs(folder_url)
+    def __init__(self, folder_url: str, run_id: str = "") -> None:
         self.url = folder_url
-        with self._fs.open(f"{self._path}/{MANIFEST}", "r", encoding="utf-8") as handle:
-            self.manifest: dict[str, Any] = json.loads(handle.read())
+        self._run = run_id
+        self._manifest: dict[str, Any] | None = None
+        with self._reading():
+            self._fs, self._path = fsspec.core.url_to_fs(folder_url)
+
+    @contextmanager
+    def _reading(self) -> Iterator[None]:
+        try:
+            yield
+        except (OSError, ValueError, pa.ArrowException) as exc:
+            what = f"run {self._run}: " if self._run else ""
+            raise ArchiveUnreadableError(
+                f"{what}its archive at {self.url} cannot be read here ({type(exc).__name__}: "
+                f"{first_line(exc)}); is EVALQ_ARCHIVE_URL's store mounted on this machine?"
+            ) from exc
+
+    @property
+    def manifest(self) -> dict[str, Any]:
+        """The manifest: the parts, the run record and what was counted."""
+        if self._manifest is None:
+            with (
+                self._reading(),
+                self._fs.open(f"{self._path}/{MANIFEST}", "r", encoding="utf-8") as handle,
+            ):
+                self._manifest = json.loads(handle.read())
+        return self._manifest
 
     @property
     def files(self) -> list[str]:
@@ -198,7 +226,7 @@ class ArchiveReader:
         """The rows, ``READ_ROWS`` at a time, in submission order (missing metric columns of a
         part read as nulls)."""
         for part in self.manifest["parts"]:
-            with self._fs.open(f"{self._path}/{part['file']}", "rb") as handle:
+            with self._reading(), self._fs.open(f"{self._path}/{part['file']}", "rb") as handle:
                 parquet = pq.ParquetFile(handle)
                 present = [c for c in columns if c in parquet.schema_arrow.names]
                 for batch in parquet.iter_batches(batch_size=READ_ROWS, columns=present):

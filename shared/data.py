@@ -271,10 +271,13 @@ def refit_routing(spec: DatasetSpec) -> KMeans | RoundRobin | None:
     )  # fmt: skip
 
 
-def shard_of_rows(spec: DatasetSpec, dataset: Dataset) -> np.ndarray:
-    """The shard of every row of the spec's split (``dataset`` is that split)."""
+def shard_of_rows(spec: DatasetSpec, dataset: Dataset | None) -> np.ndarray:
+    """The shard of every row of the spec's split (``dataset`` is that split; only a
+    ``kmeans`` routing on a field reads it)."""
     texts = None
     if isinstance(spec.routing, KMeans) and spec.route_field is not None:
+        if dataset is None:
+            raise ValueError("a kmeans routing on a field needs the split's rows")
         texts = _split_texts(dataset, spec.route_field)
     return assign(spec.routing, spec.shards, spec.n_rows, texts)
 

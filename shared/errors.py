@@ -125,6 +125,10 @@ class PluginError(PermanentError):
     """A plugin module could not be imported or registers something invalid."""
 
 
+class ArchiveUnreadableError(EvalqError):
+    """A run's archive (named by its record) cannot be read from this machine."""
+
+
 class ComparisonError(InputError):
     """Runs that cannot be compared sample by sample (other datasets, splits or specs)."""
 

@@ -250,6 +250,12 @@ class RunKeys:
         return f"evalq:{{{self.run_id}}}:provenance"
 
     @property
+    def errors(self) -> str:
+        """Hash: ``stage/kind`` -> terminal errors of that kind, written when the run is
+        archived (its per-sample errors then live in the archive)."""
+        return f"evalq:{{{self.run_id}}}:errors"
+
+    @property
     def stats(self) -> str:
         """String: JSON, each metric's mean, standard error and 95% interval
         (:class:`shared.stats.Stat`), computed with the aggregate."""

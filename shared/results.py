@@ -34,6 +34,7 @@ __all__ = [
     "chunk_lines",
     "error_kinds",
     "result_line",
+    "result_of",
     "text_line",
     "to_json",
 ]
@@ -122,17 +123,22 @@ def _settled_ids(fields: Any) -> list[int]:
     return [int(i) for i in str(fields["ids"]).split(",")]
 
 
+def result_of(
+    sample_id: int, output: str | None, scores: str | None, error: str | None
+) -> SampleResult:
+    """A sample's result from the texts the store holds."""
+    return SampleResult(
+        sample_id=sample_id,
+        output=None if output is None else json.loads(output),
+        scores=None if scores is None else json.loads(scores),
+        error=None if error is None else ErrorRecord.model_validate_json(error),
+    )
+
+
 def _results(chunk: Chunk) -> Iterator[SampleResult]:
     """Each sample's result from the texts the store holds."""
-    for sample_id, output, scores, error in zip(
-        chunk.sample_ids, chunk.outputs, chunk.scores, chunk.errors, strict=True
-    ):
-        yield SampleResult(
-            sample_id=sample_id,
-            output=None if output is None else json.loads(output),
-            scores=None if scores is None else json.loads(scores),
-            error=None if error is None else ErrorRecord.model_validate_json(error),
-        )
+    for values in zip(chunk.sample_ids, chunk.outputs, chunk.scores, chunk.errors, strict=True):
+        yield result_of(*values)
 
 
 class ResultStore:
@@ -151,10 +157,16 @@ class ResultStore:
         self._recover = register(client, "recover")
         self._seal = register(client, "seal")
 
+    def archive_url(self, run_id: str) -> str | None:
+        """The folder the run's record names as its archive (None while its results live in
+        Redis)."""
+        url = self._client.hget(RunKeys(run_id).meta, "archive_url")
+        return None if url is None else str(url)
+
     def archive(self, run_id: str) -> ArchiveReader | None:
         """The run's archive, once it is sealed (None while its results live in Redis)."""
-        url = self._client.hget(RunKeys(run_id).meta, "archive_url")
-        return None if url is None else ArchiveReader(str(url))
+        url = self.archive_url(run_id)
+        return None if url is None else ArchiveReader(url, run_id)
 
     def _archive_after_seal(self, run_id: str) -> ArchiveReader:
         """The archive of a run whose live keys are gone: sealed, or there is no such run."""
@@ -172,7 +184,7 @@ class ResultStore:
     def chunks(self, run_id: str, size: int = _SCAN_COUNT) -> Iterator[Chunk]:
         """Every sample's stored texts, ``size`` samples at a time, in submission order."""
         done = 0
-        if self.archive(run_id) is None:
+        if self.archive_url(run_id) is None:
             ids = self.sample_ids(run_id) or []
             for start in range(0, len(ids), size):
                 chunk = self._raw(run_id, ids[start : start + size])
@@ -216,18 +228,29 @@ class ResultStore:
         found = self._hmget(run_id, [keys.out, keys.score, keys.err], sample_ids)
         return None if found is None else Chunk(list(sample_ids), *found)
 
-    def seal(self, run_id: str, url: str, chunk_counts: tuple[int, int, int, int]) -> int:
+    def seal(
+        self,
+        run_id: str,
+        url: str,
+        chunk_counts: tuple[int, int, int, int],
+        errors: Mapping[str, int] | None = None,
+    ) -> int:
         """Make the archive attempt at ``url`` the run's archive and free the run's per-sample
         keys, unless it is sealed already; ``chunk_counts`` = (rows, scores, errors, outputs)
-        the attempt wrote. 1 sealed now, 0 before, -1 the run is going, -2 the counts disagree
-        with the run's (see ``seal.lua``)."""
+        the attempt wrote, ``errors`` its error counts by kind (kept in Redis). 1 sealed
+        now, 2 before with this folder, 0 before with another, -1 the run is going or gone, -2
+        the counts disagree with the run's (see ``seal.lua``)."""
         keys = RunKeys(run_id)
         per_sample = [
             keys.out, keys.score, keys.err, keys.attempts_of(Stage.INFER),
             keys.attempts_of(Stage.SCORE), keys.settled, keys.ids, keys.backlog,
         ]  # fmt: skip
+        kinds = [item for pair in (errors or {}).items() for item in pair]
         return int(
-            self._seal(keys=[keys.meta, keys.progress, *per_sample], args=[url, *chunk_counts])
+            self._seal(
+                keys=[keys.meta, keys.progress, keys.errors, *per_sample],
+                args=[url, *chunk_counts, *kinds],
+            )
         )
 
     def outputs(self, run_id: str, sample_ids: list[int]) -> dict[int, Any]:
@@ -276,6 +299,20 @@ class ResultStore:
                 if out is not None
             }
 
+    def produced(self, run_id: str, sample_ids: list[int]) -> tuple[set[int], set[int]]:
+        """Those samples with an output, and those settled with an error (neither needs
+        inference again)."""
+        keys = RunKeys(run_id)
+        live = self._hmget(run_id, [keys.out, keys.err], sample_ids)
+        if live is None:
+            archived = self._archived(run_id, sample_ids)
+            live = [archived.outputs, archived.errors]
+        outputs, errors = live
+        return (
+            {i for i, o in zip(sample_ids, outputs, strict=True) if o is not None},
+            {i for i, e in zip(sample_ids, errors, strict=True) if e is not None},
+        )
+
     def inferred(self, run_id: str, sample_ids: list[int]) -> set[int]:
         """Those samples that already have an output."""
         return set(self.output_texts(run_id, sample_ids))
@@ -299,7 +336,8 @@ class ResultStore:
         if not samples:
             return {}
         flat = _flatten({sample_id: int(solo) for sample_id, solo in samples.items()})
-        counts = self._attempt(keys=[RunKeys(run_id).attempts_of(stage)], args=flat)
+        keys = RunKeys(run_id)
+        counts = self._attempt(keys=[keys.attempts_of(stage), keys.meta], args=flat)
         return dict(zip(samples, (int(c) for c in counts), strict=True))
 
     def reset_attempts(self, run_id: str, sample_ids: list[int]) -> None:
@@ -426,7 +464,7 @@ class ResultStore:
 
     def scores(self, run_id: str) -> dict[int, dict[str, float]]:
         """Every scored sample's metrics, by sample id."""
-        if self.archive(run_id) is None:
+        if self.archive_url(run_id) is None:
             found = {int(i): json.loads(v) for i, v in self._scan(RunKeys(run_id).score)}
             if not self._sealed(run_id):
                 return found
@@ -487,7 +525,7 @@ class ResultStore:
         """(Unix time, samples settled) of every write that settled samples, oldest first (the
         time is the settled stream's entry id; an archived run's, by the hundredth of a
         second)."""
-        if self.archive(run_id) is None:
+        if self.archive_url(run_id) is None:
             entries: Any = self._client.xrange(RunKeys(run_id).settled)
             found = [
                 (int(str(entry_id).split("-")[0]) / 1000, len(_settled_ids(fields)))
@@ -500,11 +538,13 @@ class ResultStore:
 
     def errors_by_kind(self, run_id: str) -> dict[str, int]:
         """Terminal errors counted by stage and exception class, e.g. ``infer/RuntimeError``."""
-        if self.archive(run_id) is None:
-            counts = error_kinds(raw for _, raw in self._scan(RunKeys(run_id).err))
+        keys = RunKeys(run_id)
+        if self.archive_url(run_id) is None:
+            counts = error_kinds(raw for _, raw in self._scan(keys.err))
             if not self._sealed(run_id):
                 return counts
-        return dict(self._archive_after_seal(run_id).manifest["errors"])
+        kept = Counter({str(k): int(v) for k, v in self._client.hgetall(keys.errors).items()})
+        return dict(kept.most_common())
 
     def _scan(self, key: str) -> Iterator[tuple[str, str]]:
         yield from self._client.hscan_iter(key, count=_SCAN_COUNT)

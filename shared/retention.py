@@ -17,10 +17,11 @@ import redis
 from shared.archive import remove_run, run_folder
 from shared.errors import InputError, UnknownRunError
 from shared.keys import ACTIVE, RUNS, RunKeys, release_run_key
-from shared.models import Stage
+from shared.models import RunMeta, RunStatus, Stage
 from shared.runs import RunStore
+from shared.settings import Settings
 
-__all__ = ["expired", "parse_age", "purge"]
+__all__ = ["archive_due", "expired", "parse_age", "purge"]
 
 log = logging.getLogger(__name__)
 
@@ -66,20 +67,31 @@ def purge(client: redis.Redis, run_id: str, archive_url: str) -> bool:
         return False
     keys = RunKeys(run_id)
     sealed = client.hget(keys.meta, "archive_url")
+    per_run = [
+        keys.meta, keys.progress, keys.aggregate, keys.stats, keys.provenance, keys.refund,
+        keys.errors,
+        keys.out, keys.score, keys.err, keys.attempts_of(Stage.INFER),
+        keys.attempts_of(Stage.SCORE), keys.settled, keys.ids, keys.backlog,
+    ]  # fmt: skip
+    with client.pipeline(transaction=True) as pipe:  # the record first: an archiver that
+        pipe.zrem(RUNS, run_id)  # seals after this finds no run and removes its own folder
+        pipe.srem(ACTIVE, run_id)
+        pipe.unlink(*per_run)
+        pipe.unlink(release_run_key(run_id))
+        removed = pipe.execute()
     folders = {run_folder(archive_url, run_id)}
     if sealed is not None:
         folders.add(str(sealed).rstrip("/").rsplit("/", 1)[0])
     for folder in folders:
         remove_run(folder)
-    per_run = [
-        keys.meta, keys.progress, keys.aggregate, keys.stats, keys.provenance, keys.refund,
-        keys.out, keys.score, keys.err, keys.attempts_of(Stage.INFER),
-        keys.attempts_of(Stage.SCORE), keys.settled, keys.ids, keys.backlog,
-    ]  # fmt: skip
-    with client.pipeline(transaction=True) as pipe:
-        pipe.zrem(RUNS, run_id)
-        pipe.srem(ACTIVE, run_id)
-        pipe.unlink(*per_run)
-        pipe.unlink(release_run_key(run_id))
-        removed = pipe.execute()
     return meta is not None or bool(removed[0])
+
+
+def archive_due(meta: RunMeta, now: float, settings: Settings) -> bool:
+    """Whether an ended run is due to be archived: ``EVALQ_ARCHIVE_AFTER`` seconds after it
+    completed or was cancelled, ``EVALQ_ARCHIVE_FAILED_AFTER`` after it failed."""
+    if meta.status.active:
+        return False
+    failed = meta.status is RunStatus.FAILED
+    wait = settings.archive_failed_after if failed else settings.archive_after
+    return now - (meta.finished or now) >= wait

@@ -56,11 +56,12 @@ class RunFilter(BaseModel):
 
 class RunStore:
     """Reads and writes ``evalq:{run}:meta`` / ``:ids`` and the ``evalq:runs`` index; owns
-    ``cancel.lua``."""
+    ``cancel.lua`` and ``claim_archive.lua``."""
 
     def __init__(self, client: redis.Redis) -> None:
         self._client = client
         self._cancel = register(client, "cancel")
+        self._claim_archive = register(client, "claim_archive")
 
     def create(self, meta: RunMeta, sample_ids: list[int]) -> None:
         """Record a new run and its sample ids in one transaction."""
@@ -119,15 +120,9 @@ class RunStore:
     def claim_archive(self, run_id: str, now: float, retry_after: float | None = None) -> bool:
         """True if the caller must send the run to be archived: nobody did, or (with
         ``retry_after``: the janitor, the one caller that retries) the last one sent was
-        ``retry_after`` seconds ago or more."""
-        key = RunKeys(run_id).meta
-        if self._client.hsetnx(key, "archiving", repr(now)):
-            return True
-        sent = self._client.hget(key, "archiving")
-        if retry_after is None or (sent is not None and now - float(sent) < retry_after):
-            return False
-        self._client.hset(key, "archiving", repr(now))
-        return True
+        ``retry_after`` seconds ago or more (``claim_archive.lua``)."""
+        again = "" if retry_after is None else retry_after
+        return bool(self._claim_archive(keys=[RunKeys(run_id).meta], args=[repr(now), again]))
 
     def retire(self, run_id: str) -> None:
         """Take an ended run off the janitor's worklist."""

@@ -6,19 +6,28 @@ and nothing else."""
 from __future__ import annotations
 
 import json
+import shutil
+import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
+import redis
 
 from producer.client import Client
+from producer.redis_server import RedisServer
 from producer.submit import SubmitRequest
 from shared.archive import MANIFEST, ArchiveReader, ArchiveWriter, Chunk, run_folder, table_of
+from shared.connection import connect
 from shared.errors import InputError
+from shared.evaluation import create
 from shared.keys import AUDIT, RUNS, RunKeys
-from shared.models import RunStatus, Stage
-from shared.retention import parse_age
+from shared.models import ErrorRecord, RunMeta, RunStatus, Stage
+from shared.results import ResultStore
+from shared.retention import archive_due, parse_age, purge
+from shared.runs import RunStore
 from shared.settings import Settings
 from tests.conftest import Stack
 from tests.helpers import (
@@ -30,7 +39,7 @@ from tests.helpers import (
     wait_for,
     write_rows,
 )
-from worker.archiver import archive_run
+from worker.archiver import _abandon, archive_run
 
 FAST = {"EVALQ_STALL_AFTER": "3", "EVALQ_HEARTBEAT_INTERVAL": "0.5"}
 
@@ -267,3 +276,103 @@ def test_purge_removes_what_it_names_and_nothing_else(fresh_stack: Stack, tmp_pa
     (tmp_path / "gate").touch()
     assert wait_ended(stack.client, going) is RunStatus.CANCELLED
     wait_for(lambda: client.status(going).meta.archived, 60, "the cancelled run's archive")
+
+
+def _ended_run(client: redis.Redis, n: int = 30) -> str:
+    """A completed run made through the store itself (no worker): every seventh sample failed
+    at inference, the rest scored."""
+    runs, results = RunStore(client), ResultStore(client)
+    meta = RunMeta(
+        run_id=uuid.uuid4().hex[:16], eval="spy", spec="0" * 64, dataset_id="ds",
+        split="validation", n=n, status=RunStatus.QUEUED, created=time.time(),
+    )  # fmt: skip
+    runs.create(meta, list(range(n)))
+    kept = [i for i in range(n) if i % 7]
+    results.record_outputs(meta.run_id, {i: json.dumps({"pred": i}) for i in kept})
+    results.record_scores(meta.run_id, {i: {"acc": float(i % 2)} for i in kept})
+    failed = ErrorRecord(stage=Stage.INFER, kind="RuntimeError", message="boom")
+    assert results.record_errors(meta.run_id, {i: failed for i in range(n) if i % 7 == 0})
+    assert results.finalize(meta.run_id, create("spy", {})) is not None
+    return meta.run_id
+
+
+def test_a_seal_whose_reply_was_lost_keeps_the_archive_it_sealed(
+    redis_only: RedisServer, tmp_path: Path
+) -> None:
+    """redis-py retries a call whose connection dropped: a seal that ran, sent again, answers
+    that this very folder is sealed (2), and an attempt never removes the folder its run's
+    record names (it did, and every result was gone: the attack review's finding)."""
+    client = connect(redis_only.url)
+    results, run_id = ResultStore(client), _ended_run(client)
+    done = archive_run(client, run_id, str(tmp_path / "archive"))
+    assert done.sealed == 1
+    counts = (30, 25, 5, 25)
+    assert results.seal(run_id, done.url, counts) == 2  # the retried call
+    assert results.seal(run_id, done.url + "x", counts) == 0  # another attempt's
+    writer = ArchiveWriter(done.url)  # the same folder, as the attempt that sealed it holds it
+    _abandon(results, run_id, writer)
+    assert len(list(results.results(run_id))) == 30  # the archive is still there
+
+
+def test_nothing_is_written_for_a_run_once_it_is_sealed_or_purged(
+    redis_only: RedisServer, tmp_path: Path
+) -> None:
+    """A batch that passed its run's status check before the run ended writes nothing after:
+    no output, no attempt, so no per-sample key comes back once the run is archived, and a
+    purged run's record is not recreated by a late claim to archive it."""
+    client = connect(redis_only.url)
+    results, runs = ResultStore(client), RunStore(client)
+    run_id = _ended_run(client)
+    assert archive_run(client, run_id, str(tmp_path / "archive")).sealed == 1
+    assert results.record_outputs(run_id, {0: "1", 7: "2"}) == 0
+    assert results.attempt(run_id, {0: False, 7: True}) == {0: 0, 7: 0}
+    assert _live_keys_of(client, run_id) == []
+    assert results.progress(run_id).inferred == 25
+    purge(client, run_id, str(tmp_path / "archive"))
+    assert not runs.claim_archive(run_id, time.time())
+    assert client.exists(RunKeys(run_id).meta) == 0
+
+
+def _live_keys_of(client: redis.Redis, run_id: str) -> list[str]:
+    keys = RunKeys(run_id)
+    per_sample = [
+        keys.out, keys.score, keys.err, keys.attempts_of(Stage.INFER),
+        keys.attempts_of(Stage.SCORE), keys.settled, keys.ids, keys.backlog,
+    ]  # fmt: skip
+    return [k for k in per_sample if client.exists(k)]
+
+
+def test_an_archive_that_cannot_be_read_is_a_one_line_error(
+    redis_only: RedisServer, tmp_path: Path
+) -> None:
+    client = connect(redis_only.url)
+    run_id = _ended_run(client)
+    done = archive_run(client, run_id, str(tmp_path / "archive"))
+    shutil.rmtree(tmp_path / "archive")  # the store not mounted on this machine
+    shown = evalq(redis_only.url, "results", run_id, "--admin")
+    assert shown.returncode == 1
+    (line,) = shown.stderr.strip().splitlines()
+    assert "cannot be read here" in line
+    assert done.url in line
+    for args in (("status", run_id, "--json"), ("runs", "--json")):  # from Redis alone
+        shown = evalq(redis_only.url, *args)
+        assert shown.returncode == 0, shown.stderr
+    shown = evalq(redis_only.url, "status", run_id, "--json", "--admin")
+    assert json.loads(shown.stdout)["errors"] == {"infer/RuntimeError": 5}
+
+
+def test_an_archive_message_for_a_run_not_due_archives_nothing() -> None:
+    """A failed run waits EVALQ_ARCHIVE_FAILED_AFTER before it is archived (until then it can
+    be resumed), whoever sends the message."""
+    settings = Settings(archive_after=0, archive_failed_after=3600)
+    base = {
+        "run_id": "r", "eval": "spy", "spec": "0" * 64, "dataset_id": "ds",
+        "split": "validation", "n": 1, "created": 0.0, "finished": 100.0,
+    }  # fmt: skip
+    failed = RunMeta.model_validate({**base, "status": RunStatus.FAILED})
+    done = RunMeta.model_validate({**base, "status": RunStatus.COMPLETED})
+    going = RunMeta.model_validate({**base, "status": RunStatus.RUNNING})
+    assert not archive_due(failed, 200.0, settings)
+    assert archive_due(failed, 3700.0, settings)
+    assert archive_due(done, 100.0, settings)
+    assert not archive_due(going, 1e9, settings)

@@ -213,7 +213,7 @@ def test_flatten_for_csv_and_parquet() -> None:
     )
     assert flatten(result) == {
         "sample_id": 4,
-        "output": '{"a": 2, "b": 1}',
+        "output": '{"b":1,"a":2}',  # as stored: compact, in the output's own order
         "error": None,
         "score.acc": 1.0,
     }

@@ -138,7 +138,10 @@ def test_a_run_whose_finalizer_died_is_finished(
     assert score_batch(patient, [nudge]) == set()
     assert bench.status(meta) is RunStatus.COMPLETED
     assert results.aggregate(meta.run_id) == {"correct": 1.0}
-    assert meta.run_id not in bench.res.runs.active()
+    # ended: the next sweep sends it to be archived, and keeps it until it is sealed
+    assert sweeper.sweep().archiving == [meta.run_id]
+    assert sweeper.sweep().archiving == []  # sent lately: not again
+    assert meta.run_id in bench.res.runs.active()
 
 
 def test_a_lease_held_by_a_name_without_a_heartbeat_is_taken_over(

@@ -37,8 +37,9 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Archived:
-    """How one attempt ended: ``sealed`` 1 now, 0 before, -1 the run is going, -2 it lost a
-    race with another attempt's seal; ``rows`` written by this attempt."""
+    """How one attempt ended: ``sealed`` 1 now (2: now, seen on a retried call), 0 before, -1
+    the run is going or gone, -2 it lost a race with another attempt's seal; ``rows`` written
+    by this attempt."""
 
     sealed: int
     rows: int
@@ -68,6 +69,7 @@ def archive_run(client: redis.Redis, run_id: str, archive_url: str) -> Archived:
             inferred += sum(o is not None for o in chunk.outputs)
             errors += [e for e in chunk.errors if e is not None]
             failed = len(errors)
+        kinds = error_kinds(errors)
         record = {
             "run": meta.model_dump(mode="json"),
             "progress": results.progress(run_id).model_dump(mode="json"),
@@ -77,18 +79,31 @@ def archive_run(client: redis.Redis, run_id: str, archive_url: str) -> Archived:
             },
             "provenance": ProvenanceStore(client).of_run(run_id, meta.spec).model_dump(mode="json"),
             "timeline": timeline,
-            "errors": error_kinds(errors),
+            "errors": kinds,
         }
         writer.finish(record)
-        outcome = results.seal(run_id, writer.url, (writer.rows, scored, failed, inferred))
+        counts = (writer.rows, scored, failed, inferred)
+        outcome = results.seal(run_id, writer.url, counts, kinds)
     except BaseException:
-        writer.remove()
+        _abandon(results, run_id, writer)
         raise
-    if outcome != 1:
-        writer.remove()
+    if outcome not in (1, 2):
+        _abandon(results, run_id, writer)
         if outcome == -2:
             log.warning("archive of run %s lost to another attempt; it was removed", run_id)
         return Archived(outcome, writer.rows, writer.url)
     remove_others(folder, attempt)
     log.info("archived run %s: %d samples to %s", run_id, writer.rows, writer.url)
     return Archived(1, writer.rows, writer.url)
+
+
+def _abandon(results: ResultStore, run_id: str, writer: ArchiveWriter) -> None:
+    """Remove an attempt's folder, unless the run's record names it (the seal happened though
+    its reply was lost): that folder is the run's archive now."""
+    try:
+        if results.archive_url(run_id) == writer.url:
+            return
+    except redis.RedisError:
+        log.warning("archive of run %s: cannot tell whether it sealed; its folder stays", run_id)
+        return
+    writer.remove()

@@ -42,10 +42,10 @@ from shared.broker import Broker, carried
 from shared.celery_app import ARCHIVE_TASK, INFER_QUEUE, SCORE_QUEUE, SCORE_TASK
 from shared.dispatch import enqueue
 from shared.errors import UnknownRunError, first_line
-from shared.models import RunMeta, RunStatus, SampleTask
+from shared.models import RunMeta, SampleTask
 from shared.presence import HEARTBEAT_MISSES, Presence
 from shared.results import ResultStore
-from shared.retention import expired, purge
+from shared.retention import archive_due, expired, purge
 from shared.runs import RunStore
 from shared.settings import Settings
 
@@ -190,13 +190,7 @@ class Janitor:
     def _archive(self, meta: RunMeta, now: float, done: Sweep) -> None:
         """Send an ended run to be archived once it is due, unless an attempt was sent
         lately."""
-        settings = self._settings
-        wait = (
-            settings.archive_failed_after
-            if meta.status is RunStatus.FAILED
-            else settings.archive_after
-        )
-        if now - (meta.finished or now) < wait:
+        if not archive_due(meta, now, self._settings):
             return
         if self._runs.claim_archive(meta.run_id, now, 4 * self._settings.stall_after):
             self._app.send_task(ARCHIVE_TASK, args=[meta.run_id], queue=SCORE_QUEUE)

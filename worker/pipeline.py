@@ -307,11 +307,12 @@ def _infer(infer: Infer, items: list[Item], max_attempts: int) -> None:
             run.errors[sample_id] = _error(Stage.INFER, PermanentError(f"output not JSON: {exc}"))
 
 
-def _pending(run: _Run, inferred: set[int]) -> list[Item]:
-    """The run's samples to infer now (each counted as one more attempt), label-free. A
+def _pending(run: _Run, done: set[int]) -> list[Item]:
+    """The run's samples to infer now, those not ``done`` (with an output, or settled with an
+    error): each counted as one more attempt, label-free. A
     rescored run has no inference: a sample of it without a copied output (its producer died
     mid-copy; a forged message) ends as a terminal error, never as another model's output."""
-    missing = [i for i in run.ids if i not in inferred]
+    missing = [i for i in run.ids if i not in done]
     if run.meta.rescored_from is not None:
         refused = PermanentError(
             f"a rescore of run {run.meta.rescored_from} runs no inference, and this sample's "
@@ -353,8 +354,8 @@ def infer_batch(res: Resources, tasks: list[SampleTask]) -> set[str]:
     by_evaluation: dict[int, list[Item]] = defaultdict(list)
 
     def prepare(run: _Run) -> None:
-        inferred[run.run_id] = res.results.inferred(run.run_id, run.ids)
-        pending = _pending(run, inferred[run.run_id])
+        inferred[run.run_id], failed = res.results.produced(run.run_id, run.ids)
+        pending = _pending(run, inferred[run.run_id] | failed)
         if pending:
             by_evaluation[id(run.evaluation)].extend(pending)
 

@@ -53,6 +53,7 @@ from shared.errors import PayloadError, UnknownRunError, first_line
 from shared.evaluation import registered
 from shared.models import SampleTask
 from shared.names import is_name
+from shared.retention import archive_due
 from shared.runs import RunStore
 from shared.settings import Settings
 from worker.archiver import archive_run
@@ -374,10 +375,15 @@ def register_tasks(app: Celery, state: WorkerState, settings: Settings) -> None:
         if not isinstance(run_id, str) or not is_name(run_id):
             log.error("dropped an archive message: not a run id")
             return
+        client = state.client()
         try:
-            done = archive_run(state.client(), run_id, settings.archive_url)
+            meta = RunStore(client).get(run_id)
         except UnknownRunError:
             log.warning("archive: no run '%s'", run_id)
             return
+        if not archive_due(meta, time.time(), settings):
+            log.warning("archive: run %s is not due to be archived; left as it is", run_id)
+            return
+        done = archive_run(client, run_id, settings.archive_url)
         if done.sealed == -1:
             log.warning("archive: run %s is still going; not archived", run_id)

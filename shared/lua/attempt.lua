@@ -1,5 +1,7 @@
 -- attempt: count inference attempts, and pick out the samples to isolate instead of running.
 -- KEYS[1] = evalq:{run}:attempts  hash, sample id -> attempts started
+-- KEYS[2] = evalq:{run}:meta      hash, reads 'status': once the run has ended (or has no
+--                                 record) nothing is counted and every count is 0 (run none)
 -- ARGV    = id1, solo1, id2, solo2, ...   solo is 1 when the sample arrived in a message of its
 --           own, 0 when it arrived with others
 -- Returns: one number per id, in order: the new attempt count (> 0) of a sample that runs now,
@@ -7,6 +9,11 @@
 -- it is not counted here; the caller sends it on alone. Counting before running means a
 -- sample whose inference kills the worker process is counted too.
 local counts = {}
+local status = redis.call('HGET', KEYS[2], 'status')
+if status ~= 'queued' and status ~= 'running' then
+  for i = 1, #ARGV, 2 do counts[#counts + 1] = 0 end
+  return counts
+end
 for i = 1, #ARGV, 2 do
   local before = tonumber(redis.call('HGET', KEYS[1], ARGV[i]) or '0')
   if before > 0 and ARGV[i + 1] == '0' then

@@ -5,8 +5,10 @@
 -- KEYS[3] = evalq:{run}:meta      hash, 'status' moves from 'queued' to 'running'
 -- ARGV    = id1, json1, id2, json2, ...
 -- Returns: the number of outputs newly written (a redelivered sample writes nothing; nothing
--- is written once the run is cancelled, so a cancellation's refund count stays exact).
-if redis.call('HGET', KEYS[3], 'status') == 'cancelled' then return 0 end
+-- is written once the run has ended, so a cancellation's refund count stays exact and no key
+-- comes back after the run is archived or purged).
+local status = redis.call('HGET', KEYS[3], 'status')
+if status ~= 'queued' and status ~= 'running' then return 0 end
 local written = 0
 for i = 1, #ARGV, 2 do
   written = written + redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1])

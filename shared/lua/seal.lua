@@ -2,17 +2,21 @@
 -- state, once.
 -- KEYS[1] = evalq:{run}:meta   hash: reads 'status'; sets 'archive_url' and 'archived'
 -- KEYS[2] = evalq:{run}:progress  hash: reads 'scored', 'failed', 'inferred'
--- KEYS[3..] = the run's per-sample keys (out, score, err, attempts, score_attempts, settled,
+-- KEYS[3] = evalq:{run}:errors    hash: stage/kind -> count, written here (status reads it)
+-- KEYS[4..] = the run's per-sample keys (out, score, err, attempts, score_attempts, settled,
 --             ids, backlog): unlinked
 -- ARGV[1] = the attempt folder's URL (its manifest is written)
 -- ARGV[2] = the rows that attempt wrote; ARGV[3] = the scores, ARGV[4] = the errors, ARGV[5] =
---           the outputs it found
--- Returns: 1 sealed now; 0 sealed before (by this or another attempt); -1 the run is going (or
--- has no record); -2 the attempt's counts disagree with the run's (it read the store while
--- another attempt was freeing it): it must not win.
+--           the outputs it found; ARGV[6..] = kind1, count1, kind2, count2, ... of its errors
+-- Returns: 1 sealed now; 2 sealed before with this very folder (this call is a retry whose first
+-- reply was lost); 0 sealed before with another attempt's folder; -1 the run is going (or has
+-- no record); -2 the attempt's counts disagree with the run's (it read the store while another
+-- attempt was freeing it): it must not win.
 local status = redis.call('HGET', KEYS[1], 'status')
 if status == false or status == 'queued' or status == 'running' then return -1 end
-if redis.call('HEXISTS', KEYS[1], 'archive_url') == 1 then return 0 end
+local sealed = redis.call('HGET', KEYS[1], 'archive_url')
+if sealed == ARGV[1] then return 2 end
+if sealed then return 0 end
 local n = tonumber(redis.call('HGET', KEYS[1], 'n') or '-1')
 local scored = tonumber(redis.call('HGET', KEYS[2], 'scored') or '0')
 local failed = tonumber(redis.call('HGET', KEYS[2], 'failed') or '0')
@@ -22,5 +26,6 @@ if tonumber(ARGV[2]) ~= n or tonumber(ARGV[3]) ~= scored or tonumber(ARGV[4]) ~=
   return -2
 end
 redis.call('HSET', KEYS[1], 'archive_url', ARGV[1], 'archived', string.format('%.6f', now()))
-for i = 3, #KEYS do redis.call('UNLINK', KEYS[i]) end
+for i = 6, #ARGV, 2 do redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1]) end
+for i = 4, #KEYS do redis.call('UNLINK', KEYS[i]) end
 return 1

@@ -31,8 +31,11 @@ for i = 3, #ARGV, 2 do
 end
 if written > 0 then
   redis.call('XADD', KEYS[5], '*', 'ids', table.concat(ids, ','))
-  redis.call('HDEL', KEYS[6], unpack(ids))
-  redis.call('HDEL', KEYS[7], unpack(ids))
+  for from = 1, #ids, 1000 do  -- unpack() has a stack limit: a thousand at a time
+    local upto = math.min(from + 999, #ids)
+    redis.call('HDEL', KEYS[6], unpack(ids, from, upto))
+    redis.call('HDEL', KEYS[7], unpack(ids, from, upto))
+  end
   redis.call('HINCRBY', KEYS[3], counter, written)
   touch(KEYS[3])
   mark_running(KEYS[4])
