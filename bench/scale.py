@@ -7,7 +7,8 @@ evalq runs it), with a one-field dataset of ``--samples`` rows:
   * end to end: submit to completed, samples/s (and from the end of submit);
   * Redis ``used_memory``: before the run, its peak while the run goes (sampled every 0.1 s),
     and once the run is archived (the run's own share = that minus before);
-  * the AOF's size on disk once archived;
+  * the AOF's size on disk once archived, and after a rewrite (``BGREWRITEAOF``, which Redis
+    runs by itself once the file has doubled);
   * ``evalq results`` (jsonl to /dev/null, parquet to a file) and ``evalq report``: seconds
     and peak RSS, each a process of its own, reading the archived run.
 
@@ -28,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import redis
 from rich.console import Console
 from rich.table import Table
 
@@ -45,12 +47,16 @@ from shared.tiers import TierRegistry
 console = Console(stderr=True)
 
 REPO = Path(__file__).resolve().parent.parent
+SMALL = 20_000
+"""The run a million-sample run's samples/s is compared with."""
 
 
 @dataclass
 class Measured:
     workers: int
     samples: int
+    small_rate: float
+    """Samples/s end to end of a 20,000-sample run on the same workers, just before."""
     submit_s: float
     submit_rss_mb: float
     end_to_end_s: float
@@ -59,6 +65,7 @@ class Measured:
     redis_peak_mb: float
     redis_final_mb: float
     aof_mb: float
+    aof_rewritten_mb: float
     results_jsonl_s: float
     results_jsonl_rss_mb: float
     results_parquet_s: float
@@ -135,11 +142,25 @@ def _wait(probe: Callable[[], object], timeout: float, what: str) -> None:
         time.sleep(0.05)
 
 
+def _aof_bytes(server: RedisServer) -> int:
+    return sum(p.stat().st_size for p in server.data_dir.rglob("*.aof*") if p.is_file())
+
+
+def _freed(client: redis.Redis) -> bool:
+    """UNLINK frees in a background thread: nothing left pending."""
+    return int(client.info("memory").get("lazyfree_pending_objects", 0)) == 0
+
+
+def _rewritten(client: redis.Redis) -> bool:
+    info = client.info("persistence")
+    return not info["aof_rewrite_in_progress"] and not info["aof_rewrite_scheduled"]
+
+
 def _mb(value: float) -> float:
     return value / 1e6
 
 
-def measure(data: Path, samples: int, workers: int, root: Path) -> Measured:
+def measure(data: Path, samples: int, workers: int, root: Path, batch: int) -> Measured:
     server = RedisServer(root / f"redis-{workers}", appendonly=True).start()
     try:
         archive = root / f"archive-{workers}"
@@ -155,26 +176,41 @@ def measure(data: Path, samples: int, workers: int, root: Path) -> Measured:
         pool = LocalWorkers(
             server.url,
             count=workers,
-            env={"EVALQ_ARCHIVE_URL": str(archive), "EVALQ_TASK_EVENTS": "false"},
+            env={
+                "EVALQ_ARCHIVE_URL": str(archive),
+                "EVALQ_TASK_EVENTS": "false",
+                "EVALQ_MAX_BATCH": str(batch),
+            },
         ).start(create_app(settings))
         try:
             warm = ["submit", "null", "--dataset", "scale", "--split", "validation", "--limit"]
-            _, _, shown = timed([*warm, "2048", "--json"], env)
-            warm_id = json.loads(shown)["run_id"]
-            _wait(lambda: client.hget(RunKeys(warm_id).meta, "archived"), 120, "warm-up archive")
-            before = int(client.info("memory")["used_memory"])
-            with Sampler(server.url) as sampler:
+
+            def run(n: int) -> tuple[float, float, str, float]:
+                """Submit ``n`` samples: (submit s, its peak RSS MB, run id, s to completed)."""
                 started = time.perf_counter()
-                submit_s, submit_rss, shown = timed([*warm, str(samples), "--json"], env)
+                submit_s, submit_rss, shown = timed([*warm, str(n), "--json"], env)
                 run_id = json.loads(shown)["run_id"]
                 _wait(
                     lambda: client.hget(RunKeys(run_id).meta, "status") == "completed",
                     3600, "completion",
                 )  # fmt: skip
-                end_to_end = time.perf_counter() - started
+                return submit_s, submit_rss, run_id, time.perf_counter() - started
+
+            warm_id = run(2048)[2]
+            _wait(lambda: client.hget(RunKeys(warm_id).meta, "archived"), 120, "warm-up archive")
+            _, _, small_id, small_s = run(SMALL)
+            _wait(lambda: client.hget(RunKeys(small_id).meta, "archived"), 120, "small archive")
+            _wait(lambda: _freed(client), 120, "Redis to free the small run's keys")
+            before = int(client.info("memory")["used_memory"])
+            with Sampler(server.url) as sampler:
+                submit_s, submit_rss, run_id, end_to_end = run(samples)
                 _wait(lambda: client.hget(RunKeys(run_id).meta, "archived"), 600, "archive")
+            _wait(lambda: _freed(client), 120, "Redis to free the unlinked keys")
             final = int(client.info("memory")["used_memory"])
-            aof = sum(p.stat().st_size for p in (server.data_dir).rglob("*.aof*") if p.is_file())
+            aof = _aof_bytes(server)
+            client.bgrewriteaof()  # what Redis does by itself once the AOF has doubled
+            _wait(lambda: _rewritten(client), 120, "the AOF rewrite")
+            aof_rewritten = _aof_bytes(server)
         finally:
             pool.stop()
         jsonl_s, jsonl_rss, _ = timed(
@@ -186,8 +222,9 @@ def measure(data: Path, samples: int, workers: int, root: Path) -> Measured:
         report_s, report_rss, _ = timed(["report", run_id, "--out", str(root / "r.html")], env)
         client.close()
         return Measured(
-            workers, samples, submit_s, submit_rss, end_to_end, end_to_end - submit_s,
-            _mb(before), _mb(sampler.peak), _mb(final), _mb(aof),
+            workers, samples, SMALL / small_s, submit_s, submit_rss, end_to_end,
+            end_to_end - submit_s,
+            _mb(before), _mb(sampler.peak), _mb(final), _mb(aof), _mb(aof_rewritten),
             jsonl_s, jsonl_rss, parquet_s, parquet_rss, report_s, report_rss,
         )  # fmt: skip
     finally:
@@ -206,12 +243,14 @@ def table(rows: list[Measured]) -> Table:
     lines: list[tuple[str, Callable[[Measured], str]]] = [
         ("submit (CLI): s / peak RSS MB", lambda m: pair(m.submit_s, m.submit_rss_mb)),
         ("end to end: s (samples/s)", lambda m: f"{m.end_to_end_s:.1f} ({m.rate:,.0f})"),
+        (f"a {SMALL:,}-sample run: samples/s", lambda m: f"{m.small_rate:,.0f}"),
         ("after submit: s", lambda m: f"{m.after_submit_s:.1f}"),
         ("Redis used_memory before: MB", lambda m: f"{m.redis_before_mb:.1f}"),
         ("Redis used_memory peak: MB", lambda m: f"{m.redis_peak_mb:.1f}"),
         ("Redis used_memory archived: MB", lambda m: f"{m.redis_final_mb:.1f}"),
         ("  the run's own: MB", lambda m: f"{m.redis_final_mb - m.redis_before_mb:.2f}"),
         ("AOF on disk: MB", lambda m: f"{m.aof_mb:.0f}"),
+        ("AOF after BGREWRITEAOF: MB", lambda m: f"{m.aof_rewritten_mb:.1f}"),
         (
             "results jsonl: s / peak RSS MB",
             lambda m: pair(m.results_jsonl_s, m.results_jsonl_rss_mb),
@@ -231,6 +270,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--samples", type=int, default=1_000_000)
     parser.add_argument("--workers", default="1,2")
+    parser.add_argument("--batch", type=int, default=64, help="EVALQ_MAX_BATCH of the workers")
     parser.add_argument("--out", type=Path, default=Path("bench/scale.json"))
     args = parser.parse_args(argv)
     rows: list[Measured] = []
@@ -239,7 +279,7 @@ def main(argv: list[str] | None = None) -> None:
         data = write_dataset(root / "data", args.samples)
         for count in (int(w) for w in args.workers.split(",")):
             console.print(f"[bold]{count} worker(s)[/]: {args.samples:,} samples")
-            rows.append(measure(data, args.samples, count, root))
+            rows.append(measure(data, args.samples, count, root, args.batch))
             console.print(table(rows))
     Console().print(table(rows))
     save(args.out, [asdict(r) | {"samples_per_s": r.rate} for r in rows], console)
