@@ -259,8 +259,7 @@ class ResultStore:
 
     def output_texts(self, run_id: str, sample_ids: list[int]) -> dict[int, str]:
         """The stored outputs of those samples that have one, as stored (JSON text)."""
-        outputs = self._hmget(run_id, [RunKeys(run_id).out], sample_ids)
-        found = self._archived(run_id, sample_ids).outputs if outputs is None else outputs[0]
+        (found,) = self._columns(run_id, sample_ids, ("outputs",))
         return {i: str(v) for i, v in zip(sample_ids, found, strict=True) if v is not None}
 
     def _hmget(
@@ -302,12 +301,7 @@ class ResultStore:
     def produced(self, run_id: str, sample_ids: list[int]) -> tuple[set[int], set[int]]:
         """Those samples with an output, and those settled with an error (neither needs
         inference again)."""
-        keys = RunKeys(run_id)
-        live = self._hmget(run_id, [keys.out, keys.err], sample_ids)
-        if live is None:
-            archived = self._archived(run_id, sample_ids)
-            live = [archived.outputs, archived.errors]
-        outputs, errors = live
+        outputs, errors = self._columns(run_id, sample_ids, ("outputs", "errors"))
         return (
             {i for i, o in zip(sample_ids, outputs, strict=True) if o is not None},
             {i for i, e in zip(sample_ids, errors, strict=True) if e is not None},
@@ -319,13 +313,21 @@ class ResultStore:
 
     def settled(self, run_id: str, sample_ids: list[int]) -> set[int]:
         """Those samples that already have a score or a terminal error."""
-        keys = RunKeys(run_id)
-        live = self._hmget(run_id, [keys.score, keys.err], sample_ids)
-        if live is None:
-            archived = self._archived(run_id, sample_ids)
-            live = [archived.scores, archived.errors]
-        scores, errors = live
+        scores, errors = self._columns(run_id, sample_ids, ("scores", "errors"))
         return {i for i, s, e in zip(sample_ids, scores, errors, strict=True) if s or e}
+
+    def _columns(
+        self, run_id: str, sample_ids: list[int], names: tuple[str, ...]
+    ) -> list[list[str | None]]:
+        """``sample_ids``' stored texts of the columns ``names`` (``outputs``, ``scores``,
+        ``errors``), live or archived."""
+        keys = RunKeys(run_id)
+        hashes = {"outputs": keys.out, "scores": keys.score, "errors": keys.err}
+        live = self._hmget(run_id, [hashes[name] for name in names], sample_ids)
+        if live is not None:
+            return live
+        archived = self._archived(run_id, sample_ids)
+        return [getattr(archived, name) for name in names]
 
     def attempt(
         self, run_id: str, samples: dict[int, bool], stage: Stage = Stage.INFER

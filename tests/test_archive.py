@@ -116,12 +116,7 @@ def _reads(stack: Stack, run_id: str, folder: Path, *flags: str) -> dict[str, ob
 
 
 def _live_keys(stack: Stack, run_id: str) -> list[str]:
-    keys = RunKeys(run_id)
-    per_sample = [
-        keys.out, keys.score, keys.err, keys.attempts_of(Stage.INFER),
-        keys.attempts_of(Stage.SCORE), keys.settled, keys.ids, keys.backlog,
-    ]  # fmt: skip
-    return [k for k in per_sample if stack.client.exists(k)]
+    return _live_keys_of(stack.client, run_id)
 
 
 @pytest.mark.integration
