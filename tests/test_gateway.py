@@ -184,6 +184,8 @@ def test_refusals_exit_3_change_nothing_and_are_audited(door: Door, tmp_path: Pa
         ("tokens", "create", "eve", "--role", "admin"),
         ("tokens", "list"),
         ("audit",),
+        ("purge", "--run", mine),
+        ("purge", "--older-than", "1s"),
         ("cancel", mine),
         ("status", mine),
         ("results", mine),
