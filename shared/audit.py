@@ -71,4 +71,4 @@ def trim_audit(client: redis.Redis, days: float, now: float) -> int:
     """Drop the audit entries older than ``days`` (by their stream id, the time Redis wrote
     them), never a younger one; return how many went."""
     oldest_kept = int((now - days * 86400) * 1000)
-    return int(client.xtrim(AUDIT, minid=f"{max(0, oldest_kept)}-0"))
+    return int(client.xtrim(AUDIT, minid=f"{max(0, oldest_kept)}-0", approximate=False))

@@ -8,6 +8,7 @@ import dataclasses
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,7 +19,7 @@ from shared.backlog import Backlog
 from shared.broker import Broker, carried
 from shared.celery_app import INFER_QUEUE, INFER_TASK, SCORE_QUEUE, create_app
 from shared.dispatch import publish, split
-from shared.keys import ACTIVE
+from shared.keys import ACTIVE, AUDIT, RUNS, RunKeys
 from shared.models import RunMeta, RunStatus
 from shared.presence import Presence, WorkerBeat
 from shared.settings import Settings
@@ -156,3 +157,42 @@ def test_a_lease_held_by_a_name_without_a_heartbeat_is_taken_over(
     presence.beat(WorkerBeat(hostname=two, pid=1, evaluations=[], queues=[]), interval=10)
     assert not presence.lead(one, lease=10)  # a live holder keeps it
     assert presence.lead(two, lease=10)
+
+
+def test_the_janitor_purges_old_runs_and_trims_old_audit_entries_only(
+    bench: Bench,  # noqa: F811
+    janitor: tuple[Janitor, Celery],
+    server: RedisServer,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """``EVALQ_KEEP_RUNS_DAYS`` and ``EVALQ_AUDIT_DAYS``: a run submitted longer ago than the
+    first goes whole (audited), a younger one and a going one stay; audit entries older than the
+    second go, younger ones stay."""
+    _, app = janitor
+    settings = Settings(
+        redis_url=server.url, stall_after=STALL, keep_runs_days=30, audit_days=365,
+        archive_url=str(tmp_path / "archive"),
+    )  # fmt: skip
+    broker = Broker(app, bench.client)
+    sweeper = Janitor(bench.client, broker, app, settings)
+    old, young, going = (bench.run("spy", labelled_rows(4)) for _ in range(3))
+    for meta in (old, young):
+        bench.client.hset(RunKeys(meta.run_id).meta, "status", "completed")
+    month = 31 * 86400
+    bench.client.zadd(RUNS, {old.run_id: time.time() - month, going.run_id: time.time() - month})
+    stale_id = f"{int((time.time() - 400 * 86400) * 1000)}-0"
+    bench.client.xadd(AUDIT, {"action": "stale"}, id=stale_id)
+    bench.client.xadd(AUDIT, {"action": "fresh"})
+
+    try:
+        done = sweeper.sweep()
+    finally:
+        broker.close()
+
+    assert done.purged == [old.run_id]
+    assert bench.client.exists(RunKeys(old.run_id).meta) == 0
+    assert bench.client.zscore(RUNS, old.run_id) is None
+    assert bench.client.exists(RunKeys(young.run_id).meta, RunKeys(going.run_id).meta) == 2
+    entries: Any = bench.client.xrange(AUDIT)
+    assert [e["action"] for _, e in entries] == ["fresh", "purge"]
+    assert (entries[1][1]["who"], entries[1][1]["run"]) == ("janitor", old.run_id)
