@@ -465,6 +465,8 @@ def score_batch(res: Resources, tasks: list[SampleTask]) -> set[str]:
         finalize = res.results.record_scores(run.run_id, scores)
         if not scores and not run.errors and not run.retry:
             finalize = res.results.claim_finalize(run.run_id, res.stall_after)
+            if finalize:
+                log.warning("run %s: took over from a finalizer that died", run.run_id)
         if finalize:
             run.finalize()
         run.settle_errors()
