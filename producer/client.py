@@ -450,7 +450,7 @@ class Client:
         """The settled stream while the run lives in Redis; once it is archived (before or
         while this follows), the rest from its archive."""
         cursor, seen = "0-0", set()
-        while self._results.archive(run_id) is None:
+        while self._results.archive_url(run_id) is None:
             ended = not self._runs.get(run_id).status.active
             cursor, ids = self._results.settled_since(run_id, cursor, None if ended else block_ms)
             found = self._results.fetch_live(run_id, ids)
@@ -458,7 +458,7 @@ class Client:
                 break
             seen.update(ids)
             yield from found
-            if ended and not ids and self._results.archive(run_id) is None:
+            if ended and not ids and self._results.archive_url(run_id) is None:
                 return
         for result in self._results.results(run_id):
             if result.sample_id not in seen and result.state is not SampleState.PENDING:

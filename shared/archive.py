@@ -15,7 +15,7 @@ This module knows Parquet and fsspec; it never touches Redis.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +25,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shared.errors import ArchiveUnreadableError, first_line
-from shared.models import SampleResult
 
 __all__ = [
     "MANIFEST",
@@ -34,7 +33,6 @@ __all__ = [
     "ArchiveReader",
     "ArchiveWriter",
     "Chunk",
-    "as_chunks",
     "remove_others",
     "remove_run",
     "run_folder",
@@ -79,31 +77,6 @@ class Chunk:
             values = [None if s is None else s.get(metric) for s in parsed]
             columns[f"score.{metric}"] = pa.array(values, pa.float64())
         return pa.table(columns)
-
-
-def as_chunks(results: Iterable[SampleResult], size: int) -> Iterator[Chunk]:
-    """Results read back (from the gateway, say) as the store's texts, ``size`` at a time (an
-    output of JSON ``null`` reads as no output: a result does not tell them apart)."""
-    batch: list[SampleResult] = []
-    for result in results:
-        batch.append(result)
-        if len(batch) >= size:
-            yield _chunk(batch)
-            batch = []
-    if batch:
-        yield _chunk(batch)
-
-
-def _chunk(results: list[SampleResult]) -> Chunk:
-    def text(value: object) -> str | None:
-        return None if value is None else json.dumps(value, separators=(",", ":"))
-
-    return Chunk(
-        [r.sample_id for r in results],
-        [text(r.output) for r in results],
-        [text(r.scores) for r in results],
-        [None if r.error is None else r.error.model_dump_json() for r in results],
-    )
 
 
 def _ordered(table: pa.Table) -> pa.Table:

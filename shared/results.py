@@ -9,7 +9,7 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import redis
@@ -20,9 +20,12 @@ from shared.evaluation import Evaluation
 from shared.keys import RunKeys
 from shared.lua import register
 from shared.models import ErrorRecord, Progress, RunStatus, SampleResult, Stage
+from shared.runs import RunStore
 from shared.stats import Stat, describe
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 Clusters = Callable[[list[int]], Mapping[int, str] | None]
 """Sample ids -> each one's cluster (read from the rows when the finalizer asks)."""
@@ -30,6 +33,7 @@ Clusters = Callable[[list[int]], Mapping[int, str] | None]
 __all__ = [
     "Finished",
     "ResultStore",
+    "as_chunks",
     "bucketed",
     "chunk_lines",
     "error_kinds",
@@ -135,6 +139,29 @@ def result_of(
     )
 
 
+def as_chunks(results: Iterable[SampleResult], size: int) -> Iterator[Chunk]:
+    """Results read back (from the gateway, say) as the store's texts (:func:`to_json`, as
+    they were written), ``size`` at a time; an output of JSON ``null`` reads as no output: a
+    result does not tell them apart."""
+    batch: list[SampleResult] = []
+    for result in results:
+        batch.append(result)
+        if len(batch) >= size:
+            yield _texts(batch)
+            batch = []
+    if batch:
+        yield _texts(batch)
+
+
+def _texts(results: list[SampleResult]) -> Chunk:
+    return Chunk(
+        [r.sample_id for r in results],
+        [None if r.output is None else to_json(r.output) for r in results],
+        [None if r.scores is None else to_json(r.scores) for r in results],
+        [None if r.error is None else r.error.model_dump_json() for r in results],
+    )
+
+
 def _results(chunk: Chunk) -> Iterator[SampleResult]:
     """Each sample's result from the texts the store holds."""
     for values in zip(chunk.sample_ids, chunk.outputs, chunk.scores, chunk.errors, strict=True):
@@ -175,17 +202,14 @@ class ResultStore:
             raise UnknownRunError(f"no run '{run_id}'")
         return archive
 
-    def sample_ids(self, run_id: str) -> list[int] | None:
-        """The run's sample ids in submission order while they live in Redis (None once
-        archived, or if there is no such run)."""
-        raw = self._client.get(RunKeys(run_id).ids)
-        return None if raw is None else [int(i) for i in json.loads(raw)]
-
     def chunks(self, run_id: str, size: int = _SCAN_COUNT) -> Iterator[Chunk]:
         """Every sample's stored texts, ``size`` samples at a time, in submission order."""
         done = 0
         if self.archive_url(run_id) is None:
-            ids = self.sample_ids(run_id) or []
+            try:
+                ids = RunStore(self._client).sample_ids(run_id)
+            except UnknownRunError:
+                ids = []  # archived since, or no such run
             for start in range(0, len(ids), size):
                 chunk = self._raw(run_id, ids[start : start + size])
                 if chunk is None:
@@ -466,20 +490,29 @@ class ResultStore:
 
     def scores(self, run_id: str) -> dict[int, dict[str, float]]:
         """Every scored sample's metrics, by sample id."""
-        if self.archive_url(run_id) is None:
-            found = {int(i): json.loads(v) for i, v in self._scan(RunKeys(run_id).score)}
-            if not self._sealed(run_id):
-                return found
-        scores: dict[int, dict[str, float]] = {}
-        for batch in self._archive_after_seal(run_id).batches(("sample_id", "scores")):
-            ids, texts = batch.column(0).to_pylist(), batch.column(1).to_pylist()
-            for i, text in zip(ids, texts, strict=True):
-                if text is not None:
-                    scores[i] = json.loads(text)
-        return scores
 
-    def _sealed(self, run_id: str) -> bool:
-        return bool(self._client.hexists(RunKeys(run_id).meta, "archive_url"))
+        def live() -> dict[int, dict[str, float]]:
+            return {int(i): json.loads(v) for i, v in self._scan(RunKeys(run_id).score)}
+
+        def archived() -> dict[int, dict[str, float]]:
+            scores: dict[int, dict[str, float]] = {}
+            for batch in self._archive_after_seal(run_id).batches(("sample_id", "scores")):
+                ids, texts = batch.column(0).to_pylist(), batch.column(1).to_pylist()
+                for i, text in zip(ids, texts, strict=True):
+                    if text is not None:
+                        scores[i] = json.loads(text)
+            return scores
+
+        return self._live_or_archived(run_id, live, archived)
+
+    def _live_or_archived(self, run_id: str, live: Callable[[], T], archived: Callable[[], T]) -> T:
+        """``live()`` while the run's results live in Redis and were not sealed while it read
+        them; ``archived()`` otherwise."""
+        if self.archive_url(run_id) is None:
+            found = live()
+            if self.archive_url(run_id) is None:
+                return found
+        return archived()
 
     def progress(self, run_id: str) -> Progress:
         """The run's counters."""
@@ -527,26 +560,32 @@ class ResultStore:
         """(Unix time, samples settled) of every write that settled samples, oldest first (the
         time is the settled stream's entry id; an archived run's, by the hundredth of a
         second)."""
-        if self.archive_url(run_id) is None:
+
+        def live() -> list[tuple[float, int]]:
             entries: Any = self._client.xrange(RunKeys(run_id).settled)
-            found = [
+            return [
                 (int(str(entry_id).split("-")[0]) / 1000, len(_settled_ids(fields)))
                 for entry_id, fields in entries or []
             ]
-            if not self._sealed(run_id):
-                return found
-        timeline = self._archive_after_seal(run_id).manifest["timeline"]
-        return [(float(at), int(count)) for at, count in timeline]
+
+        def archived() -> list[tuple[float, int]]:
+            timeline = self._archive_after_seal(run_id).manifest["timeline"]
+            return [(float(at), int(count)) for at, count in timeline]
+
+        return self._live_or_archived(run_id, live, archived)
 
     def errors_by_kind(self, run_id: str) -> dict[str, int]:
-        """Terminal errors counted by stage and exception class, e.g. ``infer/RuntimeError``."""
+        """Terminal errors counted by stage and exception class, e.g. ``infer/RuntimeError``
+        (an archived run's were counted into ``evalq:{run}:errors`` at its seal)."""
         keys = RunKeys(run_id)
-        if self.archive_url(run_id) is None:
-            counts = error_kinds(raw for _, raw in self._scan(keys.err))
-            if not self._sealed(run_id):
-                return counts
-        kept = Counter({str(k): int(v) for k, v in self._client.hgetall(keys.errors).items()})
-        return dict(kept.most_common())
+
+        def archived() -> dict[str, int]:
+            kept = Counter({str(k): int(v) for k, v in self._client.hgetall(keys.errors).items()})
+            return dict(kept.most_common())
+
+        return self._live_or_archived(
+            run_id, lambda: error_kinds(raw for _, raw in self._scan(keys.err)), archived
+        )
 
     def _scan(self, key: str) -> Iterator[tuple[str, str]]:
         yield from self._client.hscan_iter(key, count=_SCAN_COUNT)

@@ -51,10 +51,10 @@ def archive_run(client: redis.Redis, run_id: str, archive_url: str) -> Archived:
     runs, results = RunStore(client), ResultStore(client)
     meta = runs.get(run_id)
     folder = run_folder(archive_url, run_id)
-    sealed = results.archive(run_id)
+    sealed = results.archive_url(run_id)
     if sealed is not None:
-        remove_others(folder, sealed.url.rstrip("/").rsplit("/", 1)[-1])
-        return Archived(0, 0, sealed.url)
+        remove_others(folder, sealed.rstrip("/").rsplit("/", 1)[-1])
+        return Archived(0, 0, sealed)
     if meta.status.active:
         return Archived(-1, 0, "")
     attempt = uuid.uuid4().hex[:12]

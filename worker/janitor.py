@@ -140,7 +140,7 @@ class Janitor:
             meta = self._runs.get(run_id)
         except UnknownRunError:
             meta = None
-        if meta is None or self._results.archive(run_id) is not None:
+        if meta is None or self._results.archive_url(run_id) is not None:
             self._runs.retire(run_id)
             done.retired.append(run_id)
             return
