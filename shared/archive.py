@@ -9,12 +9,18 @@ counts). A folder without a manifest is an attempt that died: it is never read, 
 that wins removes it. Which attempt won is decided in Redis (``ResultStore.seal``), not here: a
 folder is the run's archive once the run's record names it.
 
+While a run goes, its complete segments are spilled (``EVALQ_SPILL_ROWS``): each to one part
+of its own, ``<archive>/<run>/spill/segment-<k>-<token>.parquet`` (the same columns), which
+the run's record in Redis names (``ResultStore.spill``); the attempt that archives the run
+reads them back like the rest, and the seal's tidy-up removes the spill folder.
+
 This module knows Parquet and fsspec; it never touches Redis.
 """
 
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -33,10 +39,14 @@ __all__ = [
     "ArchiveReader",
     "ArchiveWriter",
     "Chunk",
+    "read_part",
     "remove_others",
+    "remove_part",
     "remove_run",
     "run_folder",
+    "spill_url",
     "table_of",
+    "write_part",
 ]
 
 MANIFEST = "manifest.json"
@@ -51,6 +61,31 @@ RAW_COLUMNS = ("sample_id", "output", "scores", "error")
 def run_folder(archive_url: str, run_id: str) -> str:
     """Where ``run_id``'s archive attempts go under ``archive_url``."""
     return f"{archive_url.rstrip('/')}/{run_id}"
+
+
+def spill_url(archive_url: str, run_id: str, segment: int) -> str:
+    """A new part's URL for segment ``segment`` of a going run (a token of its own: two
+    workers that spill the same segment never write the same file)."""
+    token = uuid.uuid4().hex[:12]
+    return f"{run_folder(archive_url, run_id)}/spill/segment-{segment:05d}-{token}.parquet"
+
+
+@contextmanager
+def _reading(url: str, run_id: str) -> Iterator[None]:
+    """What cannot be read raises :class:`ArchiveUnreadableError`, one line naming the run."""
+    try:
+        yield
+    except (OSError, ValueError, pa.ArrowException) as exc:
+        what = f"run {run_id}: " if run_id else ""
+        raise ArchiveUnreadableError(
+            f"{what}its archive at {url} cannot be read here ({type(exc).__name__}: "
+            f"{first_line(exc)}); is EVALQ_ARCHIVE_URL's store mounted on this machine?"
+        ) from exc
+
+
+def _write(fs: Any, path: str, table: pa.Table) -> None:
+    with fs.open(path, "wb") as handle:
+        pq.write_table(table, handle, compression="zstd")
 
 
 @dataclass
@@ -109,8 +144,7 @@ class ArchiveWriter:
         """Write one part."""
         name = f"part-{len(self._parts):05d}.parquet"
         table = chunk.table()
-        with self._fs.open(f"{self._path}/{name}", "wb") as handle:
-            pq.write_table(table, handle, compression="zstd")
+        _write(self._fs, f"{self._path}/{name}", table)
         self._metrics.update(c.removeprefix("score.") for c in table.column_names[4:])
         self._parts.append({"file": name, "rows": table.num_rows})
 
@@ -145,6 +179,31 @@ def remove_others(folder_url: str, keep: str) -> int:
     return gone
 
 
+def write_part(url: str, chunk: Chunk) -> str:
+    """Write ``chunk`` as one Parquet file at ``url`` (a spilled segment); return its
+    absolute URL."""
+    fs, path = fsspec.core.url_to_fs(url)
+    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+    _write(fs, path, chunk.table())
+    return str(fs.unstrip_protocol(path))
+
+
+def read_part(url: str, run_id: str = "") -> Chunk:
+    """A spilled segment's stored texts, as :func:`write_part` wrote them."""
+    with _reading(url, run_id):
+        fs, path = fsspec.core.url_to_fs(url)
+        with fs.open(path, "rb") as handle:
+            table = pq.read_table(handle, columns=list(RAW_COLUMNS))
+    return Chunk(*(table.column(name).to_pylist() for name in RAW_COLUMNS))
+
+
+def remove_part(url: str) -> None:
+    """Delete a spilled part that lost (or whose run stopped going)."""
+    fs, path = fsspec.core.url_to_fs(url)
+    if fs.exists(path):
+        fs.rm(path)
+
+
 def remove_run(folder_url: str) -> bool:
     """Delete a run's whole archive folder; False if there was none."""
     fs, path = fsspec.core.url_to_fs(folder_url)
@@ -166,16 +225,8 @@ class ArchiveReader:
         with self._reading():
             self._fs, self._path = fsspec.core.url_to_fs(folder_url)
 
-    @contextmanager
-    def _reading(self) -> Iterator[None]:
-        try:
-            yield
-        except (OSError, ValueError, pa.ArrowException) as exc:
-            what = f"run {self._run}: " if self._run else ""
-            raise ArchiveUnreadableError(
-                f"{what}its archive at {self.url} cannot be read here ({type(exc).__name__}: "
-                f"{first_line(exc)}); is EVALQ_ARCHIVE_URL's store mounted on this machine?"
-            ) from exc
+    def _reading(self) -> Any:
+        return _reading(self.url, self._run)
 
     @property
     def manifest(self) -> dict[str, Any]:

@@ -215,6 +215,29 @@ class RunKeys:
         return f"evalq:{{{self.run_id}}}:attempts"
 
     @property
+    def spill(self) -> str:
+        """Hash: ``rows`` -> samples per segment (positions ``k*rows`` up to ``(k+1)*rows`` of
+        the run's ids); segment index ``k`` -> URL of the Parquet part its settled samples were
+        moved to while the run went on (``spill.lua``)."""
+        return f"evalq:{{{self.run_id}}}:spill"
+
+    @property
+    def spilled(self) -> str:
+        """String used as a bitmap: bit ``i`` is set once sample ``i``'s results moved to a
+        spilled part; nothing is written for such a sample again."""
+        return f"evalq:{{{self.run_id}}}:spilled"
+
+    @property
+    def per_sample(self) -> list[str]:
+        """Every key whose size grows with the run's samples: freed when the run is archived
+        (``seal.lua``) or purged."""
+        return [
+            self.out, self.score, self.err, self.attempts_of(Stage.INFER),
+            self.attempts_of(Stage.SCORE), self.settled, self.ids, self.backlog, self.spill,
+            self.spilled,
+        ]  # fmt: skip
+
+    @property
     def settled(self) -> str:
         """Stream: ids of samples as they get their terminal result, for followers."""
         return f"evalq:{{{self.run_id}}}:settled"

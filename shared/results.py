@@ -8,14 +8,15 @@ import json
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from dataclasses import dataclass, field
+from typing import Any, TypeVar, cast
 
 import pyarrow as pa
 import redis
+from redis.client import NEVER_DECODE
 
-from shared.archive import RAW_COLUMNS, ArchiveReader, Chunk
-from shared.errors import UnknownRunError, first_line
+from shared.archive import RAW_COLUMNS, ArchiveReader, Chunk, read_part
+from shared.errors import ArchiveUnreadableError, UnknownRunError, first_line
 from shared.evaluation import Evaluation
 from shared.keys import RunKeys
 from shared.lua import register
@@ -33,6 +34,7 @@ Clusters = Callable[[list[int]], Mapping[int, str] | None]
 __all__ = [
     "Finished",
     "ResultStore",
+    "Settled",
     "as_chunks",
     "bucketed",
     "chunk_lines",
@@ -44,6 +46,8 @@ __all__ = [
 ]
 
 _SCAN_COUNT = 1000
+_STABLE_TRIES = 5
+"""Reads of a going run's error counts before one no spill overlapped is given up on."""
 _ARCHIVE_SCAN = 65_536
 """Samples looked at a time when a few are read back from an archive."""
 
@@ -53,9 +57,27 @@ def to_json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), allow_nan=False)
 
 
-def _flatten(values: Mapping[int, str | int]) -> list[str | int]:
-    """``{id: value}`` as the flat ``id1, value1, id2, value2, ...`` the scripts take."""
+def _flatten(values: Mapping[Any, str | int]) -> list[Any]:
+    """``{key: value}`` as the flat ``key1, value1, key2, value2, ...`` the scripts take."""
     return [item for pair in values.items() for item in pair]
+
+
+@dataclass(frozen=True)
+class Settled:
+    """What one settling write did."""
+
+    finalize: bool
+    """This caller must finalize the run."""
+    written: int
+    """Samples it settled."""
+    settled: int
+    """The run's samples settled so far."""
+
+    def filled(self, rows: int) -> bool:
+        """This write took the run's settled samples past a multiple of ``rows``: a segment
+        may be complete (see ``EVALQ_SPILL_ROWS``)."""
+        before = self.settled - self.written
+        return rows > 0 and self.written > 0 and before // rows < self.settled // rows
 
 
 @dataclass(frozen=True)
@@ -168,12 +190,85 @@ def _results(chunk: Chunk) -> Iterator[SampleResult]:
         yield result_of(*values)
 
 
+@dataclass
+class Spill:
+    """A going run's spilled segments as a reader last saw them (``evalq:{run}:spill``), and
+    the last part it read back (readers go through a run in order)."""
+
+    run_id: str
+    rows: int = 0
+    """Samples per segment (0: nothing spilled yet)."""
+    parts: dict[int, str] = field(default_factory=dict)
+    """Segment index -> its part's URL."""
+    _last: tuple[int, Chunk] | None = None
+
+    def update(self, raw: Mapping[Any, Any]) -> None:
+        """Take the hash as read now (spills only add segments)."""
+        self.rows = int(raw.get("rows", 0))
+        self.parts = {int(k): str(v) for k, v in raw.items() if k != "rows"}
+
+    def segment(self, position: int) -> int | None:
+        """The spilled segment holding the sample at ``position`` of the run's ids, if any."""
+        if not self.rows:
+            return None
+        index = position // self.rows
+        return index if index in self.parts else None
+
+    def part(self, index: int) -> Chunk:
+        """Segment ``index``'s texts, read back from its part."""
+        if self._last is None or self._last[0] != index:
+            self._last = (index, read_part(self.parts[index], self.run_id))
+        return self._last[1]
+
+    def texts(self, position: int) -> tuple[str | None, str | None, str | None]:
+        """The texts of the sample at ``position`` (in a spilled segment)."""
+        index = self.segment(position)
+        assert index is not None
+        chunk, row = self.part(index), position - index * self.rows
+        return chunk.outputs[row], chunk.scores[row], chunk.errors[row]
+
+    def by_id(self, sample_ids: Iterable[int]) -> dict[int, tuple[str | None, ...]]:
+        """The texts of spilled samples known by id only, looked for part by part."""
+        wanted, found = set(sample_ids), dict[int, tuple[str | None, ...]]()
+        for index in sorted(self.parts):
+            if len(found) == len(wanted):
+                break
+            chunk = self.part(index)
+            for i, *texts in zip(
+                chunk.sample_ids, chunk.outputs, chunk.scores, chunk.errors, strict=True
+            ):
+                if i in wanted:
+                    found[i] = tuple(texts)
+        return found
+
+
+@dataclass(frozen=True)
+class _Live:
+    """Samples' values in some of a run's hashes, read in one pipeline."""
+
+    values: list[list[str | None]]
+    spilled: set[int]
+    """Those of the samples moved to a spilled part (their values are there, not here)."""
+
+
+def _bits(sample_ids: list[int]) -> tuple[int, int]:
+    """The byte range of a bitmap that holds ``sample_ids``' bits."""
+    return min(sample_ids) >> 3, max(sample_ids) >> 3
+
+
+def _set(bitmap: bytes, first: int, sample_id: int) -> bool:
+    """Redis's bit order: bit 0 is the highest bit of byte 0."""
+    at = (sample_id >> 3) - first
+    return at < len(bitmap) and bool(bitmap[at] >> (7 - (sample_id & 7)) & 1)
+
+
 class ResultStore:
     """Per-sample writes (through Lua) and reads for runs, live (pipelines and scans) or, once
     a run is archived (:mod:`shared.archive`), from its Parquet folder: every read below gives
     the same answer either way, and a read that a seal overtakes goes on from the archive where
-    it stood. Owns ``attempt.lua``, ``record_outputs.lua``, ``settle.lua``, ``finish.lua``,
-    ``recover.lua`` and ``seal.lua``."""
+    it stood. A going run's spilled segments (:class:`Spill`) read from their parts, and
+    every write skips a spilled sample. Owns ``attempt.lua``, ``record_outputs.lua``,
+    ``settle.lua``, ``finish.lua``, ``recover.lua``, ``spill.lua`` and ``seal.lua``."""
 
     def __init__(self, client: redis.Redis) -> None:
         self._client = client
@@ -183,6 +278,7 @@ class ResultStore:
         self._finish = register(client, "finish")
         self._recover = register(client, "recover")
         self._seal = register(client, "seal")
+        self._spill = register(client, "spill")
 
     def archive_url(self, run_id: str) -> str | None:
         """The folder the run's record names as its archive (None while its results live in
@@ -210,8 +306,9 @@ class ResultStore:
                 ids = RunStore(self._client).sample_ids(run_id)
             except UnknownRunError:
                 ids = []  # archived since, or no such run
+            spill = Spill(run_id)
             for start in range(0, len(ids), size):
-                chunk = self._raw(run_id, ids[start : start + size])
+                chunk = self._positioned(run_id, ids[start : start + size], start, spill)
                 if chunk is None:
                     break
                 yield chunk
@@ -245,12 +342,96 @@ class ResultStore:
         for batch in archive.batches((*RAW_COLUMNS, *metrics)):
             yield pa.Table.from_batches([batch])
 
-    def _raw(self, run_id: str, sample_ids: list[int]) -> Chunk | None:
-        """The stored texts of ``sample_ids``; None if the run was sealed (its keys may be
-        gone) by the time they were read."""
-        keys = RunKeys(run_id)
-        found = self._hmget(run_id, [keys.out, keys.score, keys.err], sample_ids)
+    def live_chunk(self, run_id: str, sample_ids: list[int]) -> Chunk | None:
+        """The stored texts of ``sample_ids``, spilled or not; None if the run was sealed (its
+        keys may be gone) by the time they were read."""
+        found = self._live_columns(run_id, sample_ids, ("outputs", "scores", "errors"))
         return None if found is None else Chunk(list(sample_ids), *found)
+
+    def _live_columns(
+        self, run_id: str, sample_ids: list[int], names: tuple[str, ...]
+    ) -> list[list[str | None]] | None:
+        """``sample_ids``' stored texts of the columns ``names`` (``outputs``, ``scores``,
+        ``errors``), spilled samples' from their parts; None if the run was sealed by the time
+        they were read."""
+        keys = RunKeys(run_id)
+        hashes = {"outputs": keys.out, "scores": keys.score, "errors": keys.err}
+        live = self._hmget(run_id, [hashes[name] for name in names], sample_ids)
+        if live is None or not live.spilled:
+            return None if live is None else live.values
+        spilled = live.spilled
+        found = self._sealed_or(run_id, lambda: self.spill_map(run_id).by_id(spilled))
+        if found is None:
+            return None
+        at = [("outputs", "scores", "errors").index(name) for name in names]
+        for position, sample_id in enumerate(sample_ids):
+            if sample_id in found:
+                for column, index in zip(live.values, at, strict=True):
+                    column[position] = found[sample_id][index]
+        return live.values
+
+    def _positioned(
+        self, run_id: str, sample_ids: list[int], start: int, spill: Spill
+    ) -> Chunk | None:
+        """The stored texts of ``sample_ids``, the run's ids from position ``start`` on: those
+        of spilled segments from their parts (``spill`` is updated by the same read); None if
+        the run was sealed by the time they were read."""
+        keys = RunKeys(run_id)
+        live = [i for n, i in enumerate(sample_ids) if spill.segment(start + n) is None]
+        with self._client.pipeline(transaction=False) as pipe:
+            for key in (keys.out, keys.score, keys.err):
+                pipe.hmget(key, live)
+            pipe.hgetall(keys.spill)  # after: what spilled while the values were read shows
+            pipe.hexists(keys.meta, "archive_url")
+            *found, spilled, sealed = pipe.execute() if live else [[], [], [], {}, False]
+        if sealed:
+            return None
+        if live:
+            spill.update(cast(Mapping[Any, Any], spilled))
+        values: dict[int, tuple[str | None, ...]] = {
+            i: tuple(texts) for i, *texts in zip(live, *found, strict=True)
+        }
+
+        def texts(n: int, sample_id: int) -> tuple[str | None, ...]:
+            return values[sample_id] if spill.segment(start + n) is None else spill.texts(start + n)
+
+        rows = self._sealed_or(run_id, lambda: [texts(n, i) for n, i in enumerate(sample_ids)])
+        if rows is None:
+            return None
+        return Chunk(list(sample_ids), *(list(column) for column in zip(*rows, strict=True)))
+
+    def _sealed_or(self, run_id: str, read: Callable[[], T]) -> T | None:
+        """``read()`` of spilled parts; None if it failed because the run was sealed meanwhile
+        (the seal's tidy-up removes the spill folder)."""
+        try:
+            return read()
+        except ArchiveUnreadableError:
+            if self.archive_url(run_id) is not None:
+                return None
+            raise
+
+    def spill_map(self, run_id: str) -> Spill:
+        """A going run's spilled segments as they are now."""
+        spill = Spill(run_id)
+        spill.update(self._client.hgetall(RunKeys(run_id).spill))
+        return spill
+
+    def spill(self, run_id: str, segment: int, rows: int, url: str, chunk: Chunk) -> int:
+        """Name the part at ``url`` (``chunk``, the run's ids from ``segment * rows`` on, every
+        one settled) as that segment's, free its samples' results and mark them spilled:
+        1 now, 2 before with this part, 0 before with another, -1 the run is not going (or is
+        being finalized), -2 a sample is not settled (see ``spill.lua``)."""
+        keys = RunKeys(run_id)
+        kinds = _flatten(error_kinds(e for e in chunk.errors if e is not None))
+        return int(
+            self._spill(
+                keys=[
+                    keys.meta, keys.spill, keys.spilled, keys.out, keys.score, keys.err,
+                    keys.errors,
+                ],
+                args=[segment, rows, url, len(kinds) // 2, *kinds, *chunk.sample_ids],
+            )
+        )  # fmt: skip
 
     def seal(
         self,
@@ -265,14 +446,10 @@ class ResultStore:
         now, 2 before with this folder, 0 before with another, -1 the run is going or gone, -2
         the counts disagree with the run's (see ``seal.lua``)."""
         keys = RunKeys(run_id)
-        per_sample = [
-            keys.out, keys.score, keys.err, keys.attempts_of(Stage.INFER),
-            keys.attempts_of(Stage.SCORE), keys.settled, keys.ids, keys.backlog,
-        ]  # fmt: skip
-        kinds = [item for pair in (errors or {}).items() for item in pair]
+        kinds = _flatten(errors or {})
         return int(
             self._seal(
-                keys=[keys.meta, keys.progress, keys.errors, *per_sample],
+                keys=[keys.meta, keys.progress, keys.errors, *keys.per_sample],
                 args=[url, *chunk_counts, *kinds],
             )
         )
@@ -286,19 +463,24 @@ class ResultStore:
         (found,) = self._columns(run_id, sample_ids, ("outputs",))
         return {i: str(v) for i, v in zip(sample_ids, found, strict=True) if v is not None}
 
-    def _hmget(
-        self, run_id: str, keys: list[str], sample_ids: list[int]
-    ) -> list[list[str | None]] | None:
-        """``sample_ids``' values in each of the run's hashes ``keys``; None if the run was
-        sealed by the time they were read."""
+    def _hmget(self, run_id: str, keys: list[str], sample_ids: list[int]) -> _Live | None:
+        """``sample_ids``' values in each of the run's hashes ``keys``, and which of them were
+        spilled; None if the run was sealed by the time they were read."""
         if not sample_ids:
-            return [[] for _ in keys]
+            return _Live([[] for _ in keys], set())
+        first, last = _bits(sample_ids)
         with self._client.pipeline(transaction=False) as pipe:
             for key in keys:
                 pipe.hmget(key, sample_ids)
+            spilled_key = RunKeys(run_id).spilled  # after the values: see live_chunk
+            pipe.execute_command("GETRANGE", spilled_key, first, last, **{NEVER_DECODE: True})
             pipe.hexists(RunKeys(run_id).meta, "archive_url")
-            *found, sealed = pipe.execute()
-        return None if sealed else found
+            *found, bitmap, sealed = pipe.execute()
+        if sealed:
+            return None
+        bitmap = bytes(bitmap or b"")
+        spilled = {i for i in sample_ids if _set(bitmap, first, i)} if any(bitmap) else set()
+        return _Live(found, spilled)
 
     def _archived(self, run_id: str, sample_ids: list[int]) -> Chunk:
         """``sample_ids``' stored texts, read from the run's archive."""
@@ -323,12 +505,18 @@ class ResultStore:
             }
 
     def produced(self, run_id: str, sample_ids: list[int]) -> tuple[set[int], set[int]]:
-        """Those samples with an output, and those settled with an error (neither needs
-        inference again)."""
-        outputs, errors = self._columns(run_id, sample_ids, ("outputs", "errors"))
+        """Those samples with an output, and those settled with an error or spilled (neither
+        needs inference again)."""
+        keys = RunKeys(run_id)
+        live = self._hmget(run_id, [keys.out, keys.err], sample_ids)
+        if live is None:
+            outputs, errors = self._columns(run_id, sample_ids, ("outputs", "errors"))
+            spilled: set[int] = set()
+        else:
+            (outputs, errors), spilled = live.values, live.spilled
         return (
             {i for i, o in zip(sample_ids, outputs, strict=True) if o is not None},
-            {i for i, e in zip(sample_ids, errors, strict=True) if e is not None},
+            {i for i, e in zip(sample_ids, errors, strict=True) if e is not None} | spilled,
         )
 
     def inferred(self, run_id: str, sample_ids: list[int]) -> set[int]:
@@ -336,18 +524,22 @@ class ResultStore:
         return set(self.output_texts(run_id, sample_ids))
 
     def settled(self, run_id: str, sample_ids: list[int]) -> set[int]:
-        """Those samples that already have a score or a terminal error."""
-        scores, errors = self._columns(run_id, sample_ids, ("scores", "errors"))
-        return {i for i, s, e in zip(sample_ids, scores, errors, strict=True) if s or e}
+        """Those samples that already have a score or a terminal error (spilled ones too)."""
+        keys = RunKeys(run_id)
+        live = self._hmget(run_id, [keys.score, keys.err], sample_ids)
+        if live is None:
+            scores, errors = self._columns(run_id, sample_ids, ("scores", "errors"))
+            spilled: set[int] = set()
+        else:
+            (scores, errors), spilled = live.values, live.spilled
+        return {i for i, s, e in zip(sample_ids, scores, errors, strict=True) if s or e} | spilled
 
     def _columns(
         self, run_id: str, sample_ids: list[int], names: tuple[str, ...]
     ) -> list[list[str | None]]:
         """``sample_ids``' stored texts of the columns ``names`` (``outputs``, ``scores``,
         ``errors``), live or archived."""
-        keys = RunKeys(run_id)
-        hashes = {"outputs": keys.out, "scores": keys.score, "errors": keys.err}
-        live = self._hmget(run_id, [hashes[name] for name in names], sample_ids)
+        live = self._live_columns(run_id, sample_ids, names)
         if live is not None:
             return live
         archived = self._archived(run_id, sample_ids)
@@ -363,7 +555,7 @@ class ResultStore:
             return {}
         flat = _flatten({sample_id: int(solo) for sample_id, solo in samples.items()})
         keys = RunKeys(run_id)
-        counts = self._attempt(keys=[keys.attempts_of(stage), keys.meta], args=flat)
+        counts = self._attempt(keys=[keys.attempts_of(stage), keys.meta, keys.spilled], args=flat)
         return dict(zip(samples, (int(c) for c in counts), strict=True))
 
     def reset_attempts(self, run_id: str, sample_ids: list[int]) -> None:
@@ -384,30 +576,32 @@ class ResultStore:
             return 0
         keys = RunKeys(run_id)
         return int(
-            self._record_outputs(keys=[keys.out, keys.progress, keys.meta], args=_flatten(outputs))
+            self._record_outputs(
+                keys=[keys.out, keys.progress, keys.meta, keys.spilled], args=_flatten(outputs)
+            )
         )
 
-    def record_scores(self, run_id: str, scores: dict[int, dict[str, float]]) -> bool:
-        """Settle samples with their scores; True if this caller must finalize the run."""
+    def record_scores(self, run_id: str, scores: dict[int, dict[str, float]]) -> Settled:
+        """Settle samples with their scores."""
         return self._settle(run_id, "score", {i: to_json(s) for i, s in scores.items()})
 
-    def record_errors(self, run_id: str, errors: dict[int, ErrorRecord]) -> bool:
-        """Settle samples with terminal errors; True if this caller must finalize the run."""
+    def record_errors(self, run_id: str, errors: dict[int, ErrorRecord]) -> Settled:
+        """Settle samples with terminal errors."""
         encoded = {i: e.model_dump_json() for i, e in errors.items()}
         return self._settle(run_id, "err", encoded)
 
     def claim_finalize(self, run_id: str, stale_after: float) -> bool:
         """True if every sample is settled, the run is going, and nobody holds a claim to
         finalize it younger than ``stale_after`` seconds: the caller must finalize it."""
-        return self._settle(run_id, "score", {}, stale_after)
+        return self._settle(run_id, "score", {}, stale_after).finalize
 
     def _settle(
         self, run_id: str, kind: str, values: dict[int, str], stale_after: float | None = None
-    ) -> bool:
+    ) -> Settled:
         if not values and stale_after is None:
-            return False
+            return Settled(False, 0, 0)
         keys = RunKeys(run_id)
-        _, finalize = self._settle_script(
+        written, finalize, settled = self._settle_script(
             keys=[
                 keys.score,
                 keys.err,
@@ -416,10 +610,11 @@ class ResultStore:
                 keys.settled,
                 keys.attempts_of(Stage.INFER),
                 keys.attempts_of(Stage.SCORE),
+                keys.spilled,
             ],
             args=[kind, "" if stale_after is None else stale_after, *_flatten(values)],
         )
-        return bool(finalize)
+        return Settled(bool(finalize), int(written), int(settled))
 
     def finalize(
         self, run_id: str, evaluation: Evaluation, clusters: Clusters | None = None
@@ -492,7 +687,14 @@ class ResultStore:
         """Every scored sample's metrics, by sample id."""
 
         def live() -> dict[int, dict[str, float]]:
-            return {int(i): json.loads(v) for i, v in self._scan(RunKeys(run_id).score)}
+            scores = {int(i): json.loads(v) for i, v in self._scan(RunKeys(run_id).score)}
+            spill = self.spill_map(run_id)  # after the scan: what spilled during it is here
+            for index in sorted(spill.parts):
+                chunk = spill.part(index)
+                for i, text in zip(chunk.sample_ids, chunk.scores, strict=True):
+                    if text is not None:
+                        scores[i] = json.loads(text)
+            return scores
 
         def archived() -> dict[int, dict[str, float]]:
             scores: dict[int, dict[str, float]] = {}
@@ -528,7 +730,7 @@ class ResultStore:
         was sealed by the time they were read (read its archive instead)."""
         if not sample_ids:
             return []
-        chunk = self._raw(run_id, sample_ids)
+        chunk = self.live_chunk(run_id, sample_ids)
         return None if chunk is None else list(_results(chunk))
 
     def fetch(self, run_id: str, sample_ids: list[int]) -> list[SampleResult]:
@@ -579,13 +781,20 @@ class ResultStore:
         (an archived run's were counted into ``evalq:{run}:errors`` at its seal)."""
         keys = RunKeys(run_id)
 
-        def archived() -> dict[str, int]:
-            kept = Counter({str(k): int(v) for k, v in self._client.hgetall(keys.errors).items()})
-            return dict(kept.most_common())
+        def kept() -> Counter[str]:
+            return Counter({str(k): int(v) for k, v in self._client.hgetall(keys.errors).items()})
 
-        return self._live_or_archived(
-            run_id, lambda: error_kinds(raw for _, raw in self._scan(keys.err)), archived
-        )
+        def live() -> dict[str, int]:
+            """Those in Redis and those spilled (counted into ``evalq:{run}:errors``), read
+            again if a spill moved some while they were counted."""
+            for _ in range(_STABLE_TRIES):
+                before = self._client.hlen(keys.spill)
+                counts = Counter(error_kinds(raw for _, raw in self._scan(keys.err))) + kept()
+                if self._client.hlen(keys.spill) == before:
+                    break
+            return dict(counts.most_common())
+
+        return self._live_or_archived(run_id, live, lambda: dict(kept().most_common()))
 
     def _scan(self, key: str) -> Iterator[tuple[str, str]]:
         yield from self._client.hscan_iter(key, count=_SCAN_COUNT)

@@ -17,7 +17,7 @@ import redis
 from shared.archive import remove_run, run_folder
 from shared.errors import InputError, UnknownRunError
 from shared.keys import ACTIVE, RUNS, RunKeys, release_run_key
-from shared.models import RunMeta, RunStatus, Stage
+from shared.models import RunMeta, RunStatus
 from shared.runs import RunStore
 from shared.settings import Settings
 
@@ -69,9 +69,7 @@ def purge(client: redis.Redis, run_id: str, archive_url: str) -> bool:
     sealed = client.hget(keys.meta, "archive_url")
     per_run = [
         keys.meta, keys.progress, keys.aggregate, keys.stats, keys.provenance, keys.refund,
-        keys.errors,
-        keys.out, keys.score, keys.err, keys.attempts_of(Stage.INFER),
-        keys.attempts_of(Stage.SCORE), keys.settled, keys.ids, keys.backlog,
+        keys.errors, *keys.per_sample,
     ]  # fmt: skip
     with client.pipeline(transaction=True) as pipe:  # the record first: an archiver that
         pipe.zrem(RUNS, run_id)  # seals after this finds no run and removes its own folder

@@ -134,6 +134,6 @@ class RunStore:
         output nor an error)."""
         keys = RunKeys(run_id)
         state, unproduced = self._cancel(
-            keys=[keys.meta, keys.out, keys.err, keys.backlog], args=[time.time()]
+            keys=[keys.meta, keys.out, keys.err, keys.backlog, keys.spilled], args=[time.time()]
         )
         return int(state), int(unproduced)

@@ -59,6 +59,12 @@ class Settings(BaseSettings):
     """Seconds after a run fails before it is archived (until then ``evalq resume`` can
     still finish it)."""
 
+    spill_rows: int = Field(default=65_536, ge=0)
+    """Samples per segment of a going run (its ids in submission order): once every sample of
+    a segment is settled, a worker moves the segment's results to a Parquet part under
+    ``archive_url`` and frees them in Redis, so a run holds in Redis what is in flight, not
+    what has finished (0: never; everything waits for the archive)."""
+
     keep_runs_days: float | None = Field(default=None, gt=0)
     """Days an ended run is kept (its record, aggregate and archive), counted from its
     submission; the janitor purges older ones. Unset: kept until ``evalq purge``."""

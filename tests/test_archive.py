@@ -39,7 +39,7 @@ from tests.helpers import (
     wait_for,
     write_rows,
 )
-from worker.archiver import _abandon, archive_run
+from worker.archiver import _abandon, archive_run, spill_run
 
 FAST = {"EVALQ_STALL_AFTER": "3", "EVALQ_HEARTBEAT_INTERVAL": "0.5"}
 
@@ -286,7 +286,7 @@ def _ended_run(client: redis.Redis, n: int = 30) -> str:
     results.record_outputs(meta.run_id, {i: json.dumps({"pred": i}) for i in kept})
     results.record_scores(meta.run_id, {i: {"acc": float(i % 2)} for i in kept})
     failed = ErrorRecord(stage=Stage.INFER, kind="RuntimeError", message="boom")
-    assert results.record_errors(meta.run_id, {i: failed for i in range(n) if i % 7 == 0})
+    assert results.record_errors(meta.run_id, {i: failed for i in range(n) if i % 7 == 0}).finalize
     assert results.finalize(meta.run_id, create("spy", {})) is not None
     return meta.run_id
 
@@ -329,12 +329,7 @@ def test_nothing_is_written_for_a_run_once_it_is_sealed_or_purged(
 
 
 def _live_keys_of(client: redis.Redis, run_id: str) -> list[str]:
-    keys = RunKeys(run_id)
-    per_sample = [
-        keys.out, keys.score, keys.err, keys.attempts_of(Stage.INFER),
-        keys.attempts_of(Stage.SCORE), keys.settled, keys.ids, keys.backlog,
-    ]  # fmt: skip
-    return [k for k in per_sample if client.exists(k)]
+    return [k for k in RunKeys(run_id).per_sample if client.exists(k)]
 
 
 def test_an_archive_that_cannot_be_read_is_a_one_line_error(
@@ -371,3 +366,139 @@ def test_an_archive_message_for_a_run_not_due_archives_nothing() -> None:
     assert archive_due(failed, 3700.0, settings)
     assert archive_due(done, 100.0, settings)
     assert not archive_due(going, 1e9, settings)
+
+
+def _going_run(client: redis.Redis, n: int = 50, unsettled: range = range(45, 50)) -> str:
+    """A going run made through the store: every sample inferred, every seventh failed at
+    scoring, those in ``unsettled`` not settled yet."""
+    runs, results = RunStore(client), ResultStore(client)
+    meta = RunMeta(
+        run_id=uuid.uuid4().hex[:16], eval="spy", spec="0" * 64, dataset_id="ds",
+        split="validation", n=n, status=RunStatus.QUEUED, created=time.time(),
+    )  # fmt: skip
+    runs.create(meta, list(range(n)))
+    results.record_outputs(meta.run_id, {i: json.dumps({"pred": i}) for i in range(n)})
+    done = [i for i in range(n) if i not in unsettled]
+    results.record_scores(meta.run_id, {i: {"acc": float(i % 2)} for i in done if i % 7})
+    failed = ErrorRecord(stage=Stage.SCORE, kind="ValueError", message="bad")
+    results.record_errors(meta.run_id, {i: failed for i in done if i % 7 == 0})
+    return meta.run_id
+
+
+def _store_reads(results: ResultStore, run_id: str) -> dict[str, object]:
+    ids = list(range(50))
+    inferred, failed = results.produced(run_id, ids)
+    return {
+        "results": [r.model_dump() for r in results.results(run_id)],
+        "chunks": [c.table().to_pylist() for c in results.chunks(run_id, 7)],
+        "fetch": [r.model_dump() for r in results.fetch(run_id, [40, 3, 20, 47])],
+        "scores": results.scores(run_id),
+        "errors": results.errors_by_kind(run_id),
+        "settled": results.settled(run_id, ids),
+        "to_infer": set(ids) - inferred - failed,
+        "outputs": results.output_texts(run_id, [1, 17, 46]),
+    }
+
+
+def test_a_going_run_spills_its_complete_segments_and_reads_the_same(
+    redis_only: RedisServer, tmp_path: Path
+) -> None:
+    """Segments of 16 ids: the two whose samples are all settled move to parts and leave
+    Redis, the one with an unsettled sample and the short last one stay; every read gives what
+    it gave before; nothing is written for a spilled sample again (no key comes back, no
+    counter moves); the run finalizes over both and archives the same rows."""
+    client = connect(redis_only.url)
+    results, archive = ResultStore(client), str(tmp_path / "archive")
+    run_id = _going_run(client)
+    keys = RunKeys(run_id)
+    before = _store_reads(results, run_id)
+    progress = results.progress(run_id)
+    assert spill_run(client, run_id, archive, 16) == 2
+    assert sorted(results.spill_map(run_id).parts) == [0, 1]
+    assert spill_run(client, run_id, archive, 16) == 0  # once
+    assert client.hlen(keys.out) == 18
+    assert client.hlen(keys.score) + client.hlen(keys.err) == 13
+    assert client.bitcount(keys.spilled) == 32
+    assert len(list(Path(archive, run_id, "spill").iterdir())) == 2
+    assert _store_reads(results, run_id) == before
+
+    assert results.record_outputs(run_id, {3: '"again"', 20: '"again"'}) == 0
+    assert results.attempt(run_id, {3: True, 20: False}) == {3: 0, 20: 0}
+    assert results.record_scores(run_id, {3: {"acc": 9.0}}).written == 0
+    failed = ErrorRecord(stage=Stage.INFER, kind="RuntimeError", message="late")
+    assert results.record_errors(run_id, {20: failed}).written == 0
+    assert results.progress(run_id) == progress
+    assert client.hlen(keys.out) == 18
+    assert not client.exists(keys.attempts_of(Stage.INFER))
+    assert _store_reads(results, run_id) == before
+
+    done = results.record_scores(run_id, {i: {"acc": 1.0} for i in range(45, 50)})
+    assert done.finalize
+    finished = results.finalize(run_id, create("spy", {}))
+    assert finished is not None
+    scored = [s["acc"] for s in before["scores"].values()] + [1.0] * 5  # type: ignore[attr-defined]
+    assert finished.aggregate == {"acc": sum(scored) / len(scored)}
+    ended = _store_reads(results, run_id)
+    assert archive_run(client, run_id, archive).sealed == 1
+    assert _store_reads(results, run_id) == ended
+    assert not Path(archive, run_id, "spill").exists()
+    assert _live_keys_of(client, run_id) == []
+
+
+def test_a_spill_waits_for_its_segment_and_stops_with_its_run(
+    redis_only: RedisServer, tmp_path: Path
+) -> None:
+    """A segment with an unsettled sample is refused, whoever asks; a run being finalized or
+    ended spills nothing; a cancelled run's refund counts spilled samples as produced."""
+    client = connect(redis_only.url)
+    results, runs, archive = ResultStore(client), RunStore(client), str(tmp_path / "archive")
+    run_id = _going_run(client, unsettled=range(5, 6))
+    chunk = results.live_chunk(run_id, list(range(16)))
+    assert chunk is not None
+    assert results.spill(run_id, 0, 16, "file:///nowhere", chunk) == -2
+    assert spill_run(client, run_id, archive, 16) == 3  # 16..49: the last one is short
+    client.hdel(RunKeys(run_id).out, 2)  # not inferred yet
+    assert runs.cancel(run_id) == (1, 1)  # its 34 spilled samples are not refunded
+    assert spill_run(client, run_id, archive, 16) == 0
+    assert sorted(results.spill_map(run_id).parts) == [1, 2, 3]
+
+    other = _going_run(client, unsettled=range(0))
+    client.hset(RunKeys(other).meta, "finalizing", "1")
+    assert spill_run(client, other, archive, 16) == 0
+    assert list(Path(archive, other, "spill").iterdir()) == []  # the refused part went
+
+
+@pytest.mark.integration
+def test_workers_spill_a_going_run_and_it_reads_the_same_throughout(
+    fresh_stack: Stack, tmp_path: Path
+) -> None:
+    """One worker infers (its second message held at a gate), one scores: the first 64
+    samples settle, their four segments of 16 are spilled while the run goes and Redis keeps
+    no result of theirs; the results read mid-run, once complete and once archived agree."""
+    stack = fresh_stack
+    spilling = {"EVALQ_SPILL_ROWS": "16", "EVALQ_ARCHIVE_AFTER": "3600", **FAST}
+    stack.start_workers(queues="infer", **spilling)
+    stack.start_workers(queues="score", **spilling)
+    dataset = _board(stack, tmp_path / "data", "viewable")
+    gate = tmp_path / "gate"
+    client = Client(Settings(redis_url=stack.server.url, principal="dev"))
+    run_id = client.submit(
+        SubmitRequest(
+            eval="slow", dataset=dataset, split="validation",
+            params={"gate": str(gate), "open_until": "64"},
+        )
+    ).run_id  # fmt: skip
+    results, keys = ResultStore(stack.client), RunKeys(run_id)
+    wait_for(lambda: len(results.spill_map(run_id).parts) == 4, 60, "four spilled segments")
+    assert stack.client.hlen(keys.score) + stack.client.hlen(keys.err) == 0
+    assert stack.client.bitcount(keys.spilled) == 64
+    going = evalq(stack.server.url, "results", run_id).stdout.splitlines()
+    assert [json.loads(line)["sample_id"] for line in going] == list(range(120))
+    assert all("scores" in line or "error" in line for line in going[:64])
+    gate.touch()
+    wait_completed(stack.client, run_id)
+    done = evalq(stack.server.url, "results", run_id).stdout.splitlines()
+    assert done[:64] == going[:64]
+    assert all("scores" in line or "error" in line for line in done)
+    assert archive_run(stack.client, run_id, stack.settings.archive_url).rows == 120
+    assert evalq(stack.server.url, "results", run_id).stdout.splitlines() == done

@@ -220,8 +220,8 @@ def test_settle_writes_nothing_once_the_run_is_cancelled(bench: Bench) -> None:
     bench.res.runs.cancel(meta.run_id)
     error = ErrorRecord(stage=Stage.SCORE, kind="E", message="late")
 
-    assert bench.res.results.record_scores(meta.run_id, {0: {"m": 1.0}}) is False
-    assert bench.res.results.record_errors(meta.run_id, {1: error}) is False
+    assert bench.res.results.record_scores(meta.run_id, {0: {"m": 1.0}}).finalize is False
+    assert bench.res.results.record_errors(meta.run_id, {1: error}).finalize is False
     assert bench.res.results.record_outputs(meta.run_id, {2: "1"}) == 0
     progress = bench.res.results.progress(meta.run_id)
     assert (progress.inferred, progress.scored, progress.failed) == (2, 0, 0)
@@ -231,13 +231,18 @@ def test_settle_writes_nothing_once_the_run_is_cancelled(bench: Bench) -> None:
 def test_a_sample_is_settled_once_by_whichever_write_comes_first(bench: Bench) -> None:
     meta = bench.run("spy", labelled_rows(5))
     error = ErrorRecord(stage=Stage.SCORE, kind="E", message="first")
-    assert bench.res.results.record_errors(meta.run_id, {0: error}) is False
-    assert bench.res.results.record_scores(meta.run_id, {0: {"m": 1.0}, 1: {"m": 1.0}}) is False
-    assert bench.res.results.record_errors(meta.run_id, {1: error}) is False
+    assert bench.res.results.record_errors(meta.run_id, {0: error}).finalize is False
+    assert (
+        bench.res.results.record_scores(meta.run_id, {0: {"m": 1.0}, 1: {"m": 1.0}}).finalize
+        is False
+    )
+    assert bench.res.results.record_errors(meta.run_id, {1: error}).finalize is False
     progress = bench.res.results.progress(meta.run_id)
     assert (progress.scored, progress.failed) == (1, 1)
-    assert bench.res.results.record_scores(meta.run_id, {i: {"m": 0.0} for i in range(5)})
-    assert not bench.res.results.record_scores(meta.run_id, {i: {"m": 0.0} for i in range(5)})
+    assert bench.res.results.record_scores(meta.run_id, {i: {"m": 0.0} for i in range(5)}).finalize
+    assert not bench.res.results.record_scores(
+        meta.run_id, {i: {"m": 0.0} for i in range(5)}
+    ).finalize
 
 
 def test_cancel_counts_each_sample_without_a_result_once(bench: Bench) -> None:

@@ -125,7 +125,7 @@ def test_a_run_whose_finalizer_died_is_finished(
     results = bench.res.results
     results.record_outputs(meta.run_id, {i: '{"pred": 0}' for i in range(5)})
     # the finalizer claims the run, then dies before aggregate() returns
-    assert results.record_scores(meta.run_id, {i: {"correct": 1.0} for i in range(5)})
+    assert results.record_scores(meta.run_id, {i: {"correct": 1.0} for i in range(5)}).finalize
     score_batch(bench.res, [task(meta, [0])])  # a redelivery: the claim is young, it waits
     assert bench.status(meta) is RunStatus.RUNNING
     _idle(bench, meta)

@@ -41,10 +41,10 @@ def test_outputs_and_scores_are_written_once(redis_only: RedisServer) -> None:
     assert results.outputs("r1", [0, 1, 2]) == {0: "a", 1: "b", 2: "c"}
     assert runs.get("r1").status is RunStatus.RUNNING
 
-    assert results.record_scores("r1", {0: {"m": 1.0}}) is False
-    assert results.record_scores("r1", {0: {"m": 0.0}}) is False
+    assert results.record_scores("r1", {0: {"m": 1.0}}).finalize is False
+    assert results.record_scores("r1", {0: {"m": 0.0}}).finalize is False
     error = ErrorRecord(stage=Stage.SCORE, kind="E", message="m")
-    assert results.record_errors("r1", {0: error}) is False
+    assert results.record_errors("r1", {0: error}).finalize is False
     progress = results.progress("r1")
     assert (progress.inferred, progress.scored, progress.failed) == (3, 1, 0)
     assert json.loads(str(client.hget("evalq:{r1}:score", "0"))) == {"m": 1.0}
@@ -57,7 +57,9 @@ def test_exactly_one_concurrent_writer_is_elected_to_finalize(redis_only: RedisS
     _run(runs, "r2", n)
 
     def settle(i: int) -> bool:
-        return results.record_scores("r2", {i: {"m": float(i % 2)}, (i + 1) % n: {"m": 0.0}})
+        return results.record_scores(
+            "r2", {i: {"m": float(i % 2)}, (i + 1) % n: {"m": 0.0}}
+        ).finalize
 
     with ThreadPoolExecutor(max_workers=16) as pool:
         elected = list(pool.map(settle, range(n)))

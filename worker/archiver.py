@@ -15,6 +15,13 @@ Killed anywhere before the seal, an attempt leaves Redis as it was and a folder 
 the janitor sends the run again and the next attempt finishes (and removes that folder). Killed
 after it, the run is archived; a later attempt only tidies. Two attempts at once both write, one
 seals, the other removes its own folder.
+
+While a run goes, the same message spills it (:func:`spill_run`, sent each time a write takes
+the run's settled samples past a multiple of ``EVALQ_SPILL_ROWS``): each segment of that many
+of its ids whose every sample is settled goes to a part of its own, then ``spill.lua`` names
+the part and frees the segment's results in Redis, once. Killed before that, the part is a file
+nobody reads (the seal's tidy-up removes it) and the segment stays live until the next spill or
+the archive.
 """
 
 from __future__ import annotations
@@ -25,12 +32,20 @@ from dataclasses import dataclass
 
 import redis
 
-from shared.archive import PART_ROWS, ArchiveWriter, remove_others, run_folder
+from shared.archive import (
+    PART_ROWS,
+    ArchiveWriter,
+    remove_others,
+    remove_part,
+    run_folder,
+    spill_url,
+    write_part,
+)
 from shared.provenance import ProvenanceStore
 from shared.results import ResultStore, bucketed, error_kinds
 from shared.runs import RunStore
 
-__all__ = ["Archived", "archive_run"]
+__all__ = ["Archived", "archive_run", "spill_run"]
 
 log = logging.getLogger(__name__)
 
@@ -107,3 +122,32 @@ def _abandon(results: ResultStore, run_id: str, writer: ArchiveWriter) -> None:
         log.warning("archive of run %s: cannot tell whether it sealed; its folder stays", run_id)
         return
     writer.remove()
+
+
+def spill_run(client: redis.Redis, run_id: str, archive_url: str, rows: int) -> int:
+    """Spill each complete segment of the going run ``run_id`` not spilled yet (``rows``
+    samples each, unless the run's first spill chose another size); return how many went."""
+    results = ResultStore(client)
+    ids = RunStore(client).sample_ids(run_id)
+    spill = results.spill_map(run_id)
+    rows = spill.rows or rows
+    moved = 0
+    for segment in range(-(-len(ids) // rows)):
+        if segment in spill.parts:
+            continue
+        chunk = results.live_chunk(run_id, ids[segment * rows : (segment + 1) * rows])
+        if chunk is None:
+            break  # archived meanwhile
+        if any(s is None and e is None for s, e in zip(chunk.scores, chunk.errors, strict=True)):
+            continue
+        url = write_part(spill_url(archive_url, run_id, segment), chunk)
+        outcome = results.spill(run_id, segment, rows, url, chunk)
+        if outcome in (1, 2):
+            moved += 1
+            continue
+        remove_part(url)
+        if outcome == -1:
+            break  # the run ended, or its finalizer reads the store
+    if moved:
+        log.info("run %s: %d segments of %d samples spilled", run_id, moved, rows)
+    return moved

@@ -42,7 +42,7 @@ from shared.errors import (
 from shared.evaluation import Evaluation, scrub
 from shared.models import ErrorRecord, RunMeta, RunStatus, SampleTask, Stage
 from shared.provenance import ProvenanceStore, of_worker
-from shared.results import ResultStore, to_json
+from shared.results import ResultStore, Settled, to_json
 from shared.runs import RunStore
 from shared.scorer import ScriptCall
 from worker.lru import LRU
@@ -97,6 +97,10 @@ class Resources:
     """Recent runs' sample ids as ranges (a run's ids never change)."""
     archive: Callable[[str], None] | None = None
     """Asks a worker to archive an ended run (sends ``evalq.archive``)."""
+    spill: Callable[[str], None] | None = None
+    """Asks a worker to spill a going run's complete segments (sends ``evalq.archive``)."""
+    spill_rows: int = 0
+    """Samples per spilled segment (``EVALQ_SPILL_ROWS``)."""
     provenance: ProvenanceStore | None = None
     """Where this process records what it ran each run's inference with."""
     recorded: LRU[str, bool] = field(default_factory=lambda: LRU(256))
@@ -200,8 +204,16 @@ class _Run:
             self.res.publish(task_name, list(split(self.meta, self.retry, solo=True)))
 
     def settle_errors(self) -> None:
-        if self.errors and self.res.results.record_errors(self.run_id, self.errors):
+        if self.errors:
+            self.settled(self.res.results.record_errors(self.run_id, self.errors))
+
+    def settled(self, done: Settled) -> None:
+        """After a settling write: finalize the run if it fell to this caller, else ask for a
+        spill when the write may have completed a segment."""
+        if done.finalize:
             self.finalize()
+        elif done.filled(self.res.spill_rows) and self.res.spill is not None:
+            self.res.spill(self.run_id)
 
     def finalize(self) -> None:
         finished = self.res.results.finalize(self.run_id, self.evaluation, self.clusters)
@@ -462,12 +474,14 @@ def score_batch(res: Resources, tasks: list[SampleTask]) -> set[str]:
         scores = _score(res, run, rows, outputs)
         if scores:
             res.record_provenance(run.run_id, run.evaluation)
-        finalize = res.results.record_scores(run.run_id, scores)
-        if not scores and not run.errors and not run.retry:
-            finalize = res.results.claim_finalize(run.run_id, res.stall_after)
-            if finalize:
-                log.warning("run %s: took over from a finalizer that died", run.run_id)
-        if finalize:
+        if scores:
+            run.settled(res.results.record_scores(run.run_id, scores))
+        elif (
+            not run.errors
+            and not run.retry
+            and res.results.claim_finalize(run.run_id, res.stall_after)
+        ):
+            log.warning("run %s: took over from a finalizer that died", run.run_id)
             run.finalize()
         run.settle_errors()
         run.send_retries(SCORE_TASK)

@@ -68,6 +68,8 @@ class WorkerState:
                 ),
                 publish=self._publish,
                 archive=self._archive if self._settings.archive_after == 0 else None,
+                spill=self._spill if self._settings.spill_rows else None,
+                spill_rows=self._settings.spill_rows,
                 max_batch=self._settings.max_batch,
                 max_attempts=self._settings.max_attempts,
                 stall_after=self._settings.stall_after,
@@ -86,6 +88,10 @@ class WorkerState:
         """Send an ended run to be archived, unless someone did."""
         if RunStore(self.client()).claim_archive(run_id, time.time()):
             self._app.send_task(ARCHIVE_TASK, args=[run_id], queue=SCORE_QUEUE)
+
+    def _spill(self, run_id: str) -> None:
+        """Send a going run to have its complete segments spilled."""
+        self._app.send_task(ARCHIVE_TASK, args=[run_id], queue=SCORE_QUEUE)
 
     def _publish(self, task_name: str, tasks: list[SampleTask]) -> int:
         return publish(self._app, task_name, tasks)

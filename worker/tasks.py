@@ -56,7 +56,7 @@ from shared.names import is_name
 from shared.retention import archive_due
 from shared.runs import RunStore
 from shared.settings import Settings
-from worker.archiver import archive_run
+from worker.archiver import archive_run, spill_run
 from worker.intake import admit
 from worker.pipeline import Resources, infer_batch, score_batch
 from worker.reserve import Reserve
@@ -370,8 +370,8 @@ def register_tasks(app: Celery, state: WorkerState, settings: Settings) -> None:
 
     @app.task(name=ARCHIVE_TASK, acks_late=True, time_limit=settings.task_time_limit)
     def archive(run_id: object) -> None:
-        """Archive an ended run (:mod:`worker.archiver`); a malformed id is logged and
-        dropped."""
+        """Archive an ended run, or spill a going one's complete segments
+        (:mod:`worker.archiver`); a malformed id is logged and dropped."""
         if not isinstance(run_id, str) or not is_name(run_id):
             log.error("dropped an archive message: not a run id")
             return
@@ -380,6 +380,10 @@ def register_tasks(app: Celery, state: WorkerState, settings: Settings) -> None:
             meta = RunStore(client).get(run_id)
         except UnknownRunError:
             log.warning("archive: no run '%s'", run_id)
+            return
+        if meta.status.active:
+            if settings.spill_rows:
+                spill_run(client, run_id, settings.archive_url, settings.spill_rows)
             return
         if not archive_due(meta, time.time(), settings):
             log.warning("archive: run %s is not due to be archived; left as it is", run_id)

@@ -2,6 +2,7 @@
 -- KEYS[1] = evalq:{run}:attempts  hash, sample id -> attempts started
 -- KEYS[2] = evalq:{run}:meta      hash, reads 'status': once the run has ended (or has no
 --                                 record) nothing is counted and every count is 0 (run none)
+-- KEYS[3] = evalq:{run}:spilled   bitmap: a spilled sample (settled, moved to a part) counts 0
 -- ARGV    = id1, solo1, id2, solo2, ...   solo is 1 when the sample arrived in a message of its
 --           own, 0 when it arrived with others
 -- Returns: one number per id, in order: the new attempt count (> 0) of a sample that runs now,
@@ -15,11 +16,15 @@ if status ~= 'queued' and status ~= 'running' then
   return counts
 end
 for i = 1, #ARGV, 2 do
+  if redis.call('GETBIT', KEYS[3], tonumber(ARGV[i])) == 1 then
+    counts[#counts + 1] = 0
+  else
   local before = tonumber(redis.call('HGET', KEYS[1], ARGV[i]) or '0')
   if before > 0 and ARGV[i + 1] == '0' then
     counts[#counts + 1] = -before
   else
     counts[#counts + 1] = redis.call('HINCRBY', KEYS[1], ARGV[i], 1)
+  end
   end
 end
 return counts

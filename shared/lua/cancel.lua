@@ -4,6 +4,7 @@
 -- KEYS[3] = evalq:{run}:err    hash, sample id -> terminal error
 -- KEYS[4] = evalq:{run}:backlog list, messages not handed to the broker yet: deleted (the
 --           dispatcher drops the run from its round when it next meets the empty backlog)
+-- KEYS[5] = evalq:{run}:spilled bitmap: samples settled and moved to a part (produced)
 -- ARGV[1] = unix time
 -- Returns: {state, unproduced}. state: 1 cancelled by this call, 0 cancelled before,
 -- -1 the run had already finished (nothing changes). unproduced: samples with neither an
@@ -16,7 +17,7 @@ if status ~= 'cancelled' then
   state = 1
 end
 redis.call('DEL', KEYS[4])
-local produced = redis.call('HLEN', KEYS[2])
+local produced = redis.call('HLEN', KEYS[2]) + redis.call('BITCOUNT', KEYS[5])
 for _, id in ipairs(redis.call('HKEYS', KEYS[3])) do
   if redis.call('HEXISTS', KEYS[2], id) == 0 then produced = produced + 1 end
 end

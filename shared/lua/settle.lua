@@ -7,23 +7,26 @@
 -- KEYS[5] = evalq:{run}:settled   stream, one entry listing the ids settled by this call
 -- KEYS[6] = evalq:{run}:attempts, KEYS[7] = evalq:{run}:score_attempts   hashes, sample id ->
 --           attempts: a settled sample's counts are deleted (they served their purpose)
+-- KEYS[8] = evalq:{run}:spilled   bitmap: a spilled sample (settled, moved to a part) is skipped
 -- ARGV[1] = 'score' or 'err'      which hash the values go to
 -- ARGV[2] = seconds after which a claim to finalize counts as dead (its finalizer was killed)
 --           and may be taken over; '' = never
 -- ARGV[3..] = id1, json1, id2, json2, ...   (none: only ask whether to finalize)
 -- A value is written only when the sample has neither a score nor an error yet, and nothing
 -- is written once the run is cancelled.
--- Returns: {written, finalize}; finalize is 1 for the one caller that saw every sample settled
--- first (or that takes over a dead claim), and 0 for everyone else.
+-- Returns: {written, finalize, settled}; finalize is 1 for the one caller that saw every sample
+-- settled first (or that takes over a dead claim), and 0 for everyone else; settled = the run's
+-- samples settled so far.
 local status = redis.call('HGET', KEYS[4], 'status')
-if status ~= 'queued' and status ~= 'running' then return {0, 0} end
+if status ~= 'queued' and status ~= 'running' then return {0, 0, 0} end
 local target, other, counter = KEYS[1], KEYS[2], 'scored'
 if ARGV[1] == 'err' then
   target, other, counter = KEYS[2], KEYS[1], 'failed'
 end
 local written, ids = 0, {}
 for i = 3, #ARGV, 2 do
-  if redis.call('HEXISTS', other, ARGV[i]) == 0
+  if redis.call('GETBIT', KEYS[8], tonumber(ARGV[i])) == 0
+    and redis.call('HEXISTS', other, ARGV[i]) == 0
     and redis.call('HSETNX', target, ARGV[i], ARGV[i + 1]) == 1 then
     written = written + 1
     ids[#ids + 1] = ARGV[i]
@@ -43,10 +46,10 @@ end
 local n = tonumber(redis.call('HGET', KEYS[4], 'n') or '-1')
 local done = tonumber(redis.call('HGET', KEYS[3], 'scored') or '0')
   + tonumber(redis.call('HGET', KEYS[3], 'failed') or '0')
-if n < 0 or done < n then return {written, 0} end
+if n < 0 or done < n then return {written, 0, done} end
 local claimed = tonumber(redis.call('HGET', KEYS[4], 'finalizing') or '')
 if claimed and (ARGV[2] == '' or now() - claimed < tonumber(ARGV[2])) then
-  return {written, 0}
+  return {written, 0, done}
 end
 redis.call('HSET', KEYS[4], 'finalizing', string.format('%.6f', now()))
-return {written, 1}
+return {written, 1, done}
