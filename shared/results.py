@@ -473,7 +473,8 @@ class ResultStore:
             for key in keys:
                 pipe.hmget(key, sample_ids)
             spilled_key = RunKeys(run_id).spilled  # after the values: see live_chunk
-            pipe.execute_command("GETRANGE", spilled_key, first, last, **{NEVER_DECODE: True})
+            raw = cast(Any, pipe)  # redis-py leaves execute_command untyped
+            raw.execute_command("GETRANGE", spilled_key, first, last, **{NEVER_DECODE: True})
             pipe.hexists(RunKeys(run_id).meta, "archive_url")
             *found, bitmap, sealed = pipe.execute()
         if sealed:

@@ -21,6 +21,8 @@ that kills its process ends as one terminal error while its batch-mates finish.
 from __future__ import annotations
 
 import bisect
+import copy
+import json
 import logging
 import math
 from collections import defaultdict
@@ -130,6 +132,9 @@ class _Run:
         self.solo: set[int] = set()
         self.retry: list[int] = []
         self.ids: list[int] = []
+        self.known: dict[int, Any] = {}
+        """Outputs known without a read: those this worker stored just before scoring them."""
+        self._rows: dict[int, dict[str, Any]] = {}
         if not self.meta.status.active:
             return
         ranges = res.members.get_or_create(run_id, lambda: _ranges(res.runs.sample_ids(run_id)))
@@ -158,8 +163,27 @@ class _Run:
     def run_id(self) -> str:
         return self.meta.run_id
 
+    def carried(self, ids: list[int], stored: bool) -> _Run:
+        """This run's share of the scoring that follows its inference in the same job: its
+        record, evaluation and rows as read for inference, and, when every output this worker
+        wrote was stored (``stored``: none lost to another worker's), those outputs."""
+        run = copy.copy(self)
+        run.ids, run.errors, run.outputs, run.attempts, run.retry = ids, {}, {}, {}, []
+        run.solo = set()
+        run.known = (
+            {i: json.loads(self.outputs[i]) for i in ids if i in self.outputs} if stored else {}
+        )
+        return run
+
     def rows(self, sample_ids: list[int], stage: Stage) -> dict[int, dict[str, Any]]:
-        """Full rows by id; a bad id becomes that sample's error, the others still load."""
+        """Full rows by id (each read once per job); a bad id becomes that sample's error, the
+        others still load."""
+        missing = [i for i in sample_ids if i not in self._rows]
+        if missing:
+            self._rows.update(self._read(missing, stage))
+        return {i: self._rows[i] for i in sample_ids if i in self._rows}
+
+    def _read(self, sample_ids: list[int], stage: Stage) -> dict[int, dict[str, Any]]:
         try:
             rows = self.res.shards.rows(self.meta.spec, sample_ids)
             return dict(zip(sample_ids, rows, strict=True))
@@ -169,7 +193,7 @@ class _Run:
                 return {}
             found: dict[int, dict[str, Any]] = {}
             for sample_id in sample_ids:
-                found.update(self.rows([sample_id], stage))
+                found.update(self._read([sample_id], stage))
             return found
 
     def clusters(self, sample_ids: list[int]) -> dict[int, str] | None:
@@ -233,9 +257,14 @@ class _Batch:
     sends its unsettled samples again after ``EVALQ_STALL_AFTER`` seconds.
     """
 
-    def __init__(self, res: Resources, tasks: list[SampleTask], stage: Stage) -> None:
+    def __init__(self, runs: list[_Run]) -> None:
         self.requeue: set[str] = set()
-        self.runs: list[_Run] = []
+        self.runs = runs
+
+    @classmethod
+    def read(cls, res: Resources, tasks: list[SampleTask], stage: Stage) -> _Batch:
+        """The batch of ``tasks``' runs, each read from Redis."""
+        batch = cls([])
         groups: dict[str, list[SampleTask]] = defaultdict(list)
         for task in tasks:
             groups[task.run_id].append(task)
@@ -248,13 +277,14 @@ class _Batch:
                 )
                 continue
             except STORE_ERRORS as exc:
-                self._failed(run_id, exc)
+                batch._failed(run_id, exc)
                 continue
             except Exception:
                 log.exception("run %s: its messages in this batch are left to the janitor", run_id)
                 continue
             if run.meta.status.active and run.ids:
-                self.runs.append(run)
+                batch.runs.append(run)
+        return batch
 
     def _failed(self, run_id: str, exc: BaseException) -> None:
         log.warning(
@@ -361,7 +391,7 @@ def _infer_all(res: Resources, items: list[Item]) -> None:
 def infer_batch(res: Resources, tasks: list[SampleTask]) -> set[str]:
     """Run inference for a batch of messages, any mix of runs and evaluations; return the runs
     whose messages must go back to the queue."""
-    batch = _Batch(res, tasks, Stage.INFER)
+    batch = _Batch.read(res, tasks, Stage.INFER)
     inferred: dict[str, set[int]] = {}
     by_evaluation: dict[int, list[Item]] = defaultdict(list)
 
@@ -371,18 +401,18 @@ def infer_batch(res: Resources, tasks: list[SampleTask]) -> set[str]:
         if pending:
             by_evaluation[id(run.evaluation)].extend(pending)
 
-    scoring: list[SampleTask] = []
+    scoring: list[_Run] = []
 
     def store(run: _Run) -> None:
-        res.results.record_outputs(run.run_id, run.outputs)
+        stored = res.results.record_outputs(run.run_id, run.outputs) == len(run.outputs)
         if run.outputs:
             res.record_provenance(run.run_id, run.evaluation)
         run.settle_errors()
         ready = [i for i in run.ids if i in inferred[run.run_id] or i in run.outputs]
-        if res.fuse:
-            scoring.extend(split(run.meta, ready))
-        else:
+        if not res.fuse:
             res.publish(SCORE_TASK, list(split(run.meta, ready)))
+        elif ready:
+            scoring.append(run.carried(ready, stored))
         run.send_retries(INFER_TASK)
 
     batch.each(prepare)
@@ -391,7 +421,7 @@ def infer_batch(res: Resources, tasks: list[SampleTask]) -> set[str]:
     batch.each(store)
     # Scored here, in the same job: their messages go back if Redis fails while scoring, and
     # come back as inferred, so to scoring.
-    return batch.requeue | (score_batch(res, scoring) if scoring else set())
+    return batch.requeue | (_score_all(res, _Batch(scoring)) if scoring else set())
 
 
 def _checked_scores(scores: object) -> dict[str, float]:
@@ -459,11 +489,18 @@ def score_batch(res: Resources, tasks: list[SampleTask]) -> set[str]:
     finalizer died gets finished: it takes over a claim older than ``stall_after`` (the
     janitor sends such a message).
     """
-    batch = _Batch(res, tasks, Stage.SCORE)
+    return _score_all(res, _Batch.read(res, tasks, Stage.SCORE))
+
+
+def _score_all(res: Resources, batch: _Batch) -> set[str]:
+    """Score the runs of ``batch`` (see :func:`score_batch`): the outputs each run carries from
+    its inference without reading them again, the others as stored."""
 
     def score(run: _Run) -> None:
-        settled = res.results.settled(run.run_id, run.ids)
-        outputs = res.results.outputs(run.run_id, [i for i in run.ids if i not in settled])
+        rest = [i for i in run.ids if i not in run.known]
+        settled = res.results.settled(run.run_id, rest) if rest else set()
+        unsettled = [i for i in rest if i not in settled]
+        outputs = run.known | (res.results.outputs(run.run_id, unsettled) if unsettled else {})
         todo = run.counted(Stage.SCORE, list(outputs)) if outputs else []
         if len(outputs) < len(run.ids) - len(settled):
             # Scoring is enqueued only after an output is stored, so this message is stray
@@ -474,7 +511,6 @@ def score_batch(res: Resources, tasks: list[SampleTask]) -> set[str]:
         scores = _score(res, run, rows, outputs)
         if scores:
             res.record_provenance(run.run_id, run.evaluation)
-        if scores:
             run.settled(res.results.record_scores(run.run_id, scores))
         elif (
             not run.errors

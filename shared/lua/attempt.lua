@@ -19,12 +19,13 @@ for i = 1, #ARGV, 2 do
   if redis.call('GETBIT', KEYS[3], tonumber(ARGV[i])) == 1 then
     counts[#counts + 1] = 0
   else
-  local before = tonumber(redis.call('HGET', KEYS[1], ARGV[i]) or '0')
-  if before > 0 and ARGV[i + 1] == '0' then
-    counts[#counts + 1] = -before
-  else
-    counts[#counts + 1] = redis.call('HINCRBY', KEYS[1], ARGV[i], 1)
-  end
+    -- one call for the common case (a first attempt); taken back for one that must go alone
+    local count = redis.call('HINCRBY', KEYS[1], ARGV[i], 1)
+    if count > 1 and ARGV[i + 1] == '0' then
+      counts[#counts + 1] = -redis.call('HINCRBY', KEYS[1], ARGV[i], -1)
+    else
+      counts[#counts + 1] = count
+    end
   end
 end
 return counts
