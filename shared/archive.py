@@ -188,13 +188,18 @@ def write_part(url: str, chunk: Chunk) -> str:
     return str(fs.unstrip_protocol(path))
 
 
-def read_part(url: str, run_id: str = "") -> Chunk:
-    """A spilled segment's stored texts, as :func:`write_part` wrote them."""
+def read_part(url: str, run_id: str = "", columns: tuple[str, ...] = RAW_COLUMNS) -> Chunk:
+    """A spilled segment's stored texts, as :func:`write_part` wrote them (only ``columns``
+    read: the others come back as nulls)."""
     with _reading(url, run_id):
         fs, path = fsspec.core.url_to_fs(url)
         with fs.open(path, "rb") as handle:
-            table = pq.read_table(handle, columns=list(RAW_COLUMNS))
-    return Chunk(*(table.column(name).to_pylist() for name in RAW_COLUMNS))
+            table = pq.read_table(handle, columns=list(dict.fromkeys(("sample_id", *columns))))
+    texts: list[list[str | None]] = [
+        table.column(c).to_pylist() if c in columns else [None] * table.num_rows
+        for c in RAW_COLUMNS[1:]
+    ]
+    return Chunk(table.column("sample_id").to_pylist(), *texts)
 
 
 def remove_part(url: str) -> None:

@@ -690,8 +690,8 @@ class ResultStore:
         def live() -> dict[int, dict[str, float]]:
             scores = {int(i): json.loads(v) for i, v in self._scan(RunKeys(run_id).score)}
             spill = self.spill_map(run_id)  # after the scan: what spilled during it is here
-            for index in sorted(spill.parts):
-                chunk = spill.part(index)
+            for url in spill.parts.values():
+                chunk = read_part(url, run_id, ("scores",))
                 for i, text in zip(chunk.sample_ids, chunk.scores, strict=True):
                     if text is not None:
                         scores[i] = json.loads(text)
