@@ -198,6 +198,8 @@ class Spill:
     run_id: str
     rows: int = 0
     """Samples per segment (0: nothing spilled yet)."""
+    samples: int = 0
+    """Samples spilled."""
     parts: dict[int, str] = field(default_factory=dict)
     """Segment index -> its part's URL."""
     _last: tuple[int, Chunk] | None = None
@@ -205,7 +207,8 @@ class Spill:
     def update(self, raw: Mapping[Any, Any]) -> None:
         """Take the hash as read now (spills only add segments)."""
         self.rows = int(raw.get("rows", 0))
-        self.parts = {int(k): str(v) for k, v in raw.items() if k != "rows"}
+        self.samples = int(raw.get("samples", 0))
+        self.parts = {int(k): str(v) for k, v in raw.items() if str(k).isdigit()}
 
     def segment(self, position: int) -> int | None:
         """The spilled segment holding the sample at ``position`` of the run's ids, if any."""
@@ -233,6 +236,10 @@ class Spill:
         for index in sorted(self.parts):
             if len(found) == len(wanted):
                 break
+            if self._last is None or self._last[0] != index:  # its ids first: they are small
+                ids = read_part(self.parts[index], self.run_id, ()).sample_ids
+                if wanted.isdisjoint(ids):
+                    continue
             chunk = self.part(index)
             for i, *texts in zip(
                 chunk.sample_ids, chunk.outputs, chunk.scores, chunk.errors, strict=True
@@ -420,16 +427,20 @@ class ResultStore:
         """Name the part at ``url`` (``chunk``, the run's ids from ``segment * rows`` on, every
         one settled) as that segment's, free its samples' results and mark them spilled:
         1 now, 2 before with this part, 0 before with another, -1 the run is not going (or is
-        being finalized), -2 a sample is not settled (see ``spill.lua``)."""
+        being finalized), -2 the part is not what the store holds (see ``spill.lua``)."""
         keys = RunKeys(run_id)
         kinds = _flatten(error_kinds(e for e in chunk.errors if e is not None))
+        bare = [i for i, o in zip(chunk.sample_ids, chunk.outputs, strict=True) if o is None]
         return int(
             self._spill(
                 keys=[
                     keys.meta, keys.spill, keys.spilled, keys.out, keys.score, keys.err,
                     keys.errors,
                 ],
-                args=[segment, rows, url, len(kinds) // 2, *kinds, *chunk.sample_ids],
+                args=[
+                    segment, rows, url, len(kinds) // 2, *kinds, len(bare), *bare,
+                    *chunk.sample_ids,
+                ],
             )
         )  # fmt: skip
 

@@ -14,10 +14,11 @@ from collections.abc import Iterator
 
 import redis
 
-from shared.archive import remove_run, run_folder
+from shared.archive import remove_part, remove_run, run_folder
 from shared.errors import InputError, UnknownRunError
 from shared.keys import ACTIVE, RUNS, RunKeys, release_run_key
 from shared.models import RunMeta, RunStatus
+from shared.results import ResultStore
 from shared.runs import RunStore
 from shared.settings import Settings
 
@@ -67,6 +68,7 @@ def purge(client: redis.Redis, run_id: str, archive_url: str) -> bool:
         return False
     keys = RunKeys(run_id)
     sealed = client.hget(keys.meta, "archive_url")
+    parts = ResultStore(client).spill_map(run_id).parts.values()  # wherever they were written
     per_run = [
         keys.meta, keys.progress, keys.aggregate, keys.stats, keys.provenance, keys.refund,
         keys.errors, *keys.per_sample,
@@ -82,6 +84,8 @@ def purge(client: redis.Redis, run_id: str, archive_url: str) -> bool:
         folders.add(str(sealed).rstrip("/").rsplit("/", 1)[0])
     for folder in folders:
         remove_run(folder)
+    for url in parts:
+        remove_part(url)
     return meta is not None or bool(removed[0])
 
 

@@ -59,7 +59,7 @@ class Settings(BaseSettings):
     """Seconds after a run fails before it is archived (until then ``evalq resume`` can
     still finish it)."""
 
-    spill_rows: int = Field(default=65_536, ge=0)
+    spill_rows: int = Field(default=16_384, ge=0)
     """Samples per segment of a going run (its ids in submission order): once every sample of
     a segment is settled, a worker moves the segment's results to a Parquet part under
     ``archive_url`` and frees them in Redis, so a run holds in Redis what is in flight, not

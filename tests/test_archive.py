@@ -502,3 +502,50 @@ def test_workers_spill_a_going_run_and_it_reads_the_same_throughout(
     assert all("scores" in line or "error" in line for line in done)
     assert archive_run(stack.client, run_id, stack.settings.archive_url).rows == 120
     assert evalq(stack.server.url, "results", run_id).stdout.splitlines() == done
+
+
+def test_a_spill_refuses_a_segment_whose_output_came_after_it_was_read(
+    redis_only: RedisServer, tmp_path: Path
+) -> None:
+    """A sample failed for good, then a slower attempt's output landed between a spill's read
+    and its commit: the spill is refused (the attack review: it deleted that output, and the
+    run's counts never sealed), the next one takes it, and the run archives."""
+    client = connect(redis_only.url)
+    results, archive = ResultStore(client), str(tmp_path / "archive")
+    run_id = _going_run(client, n=20, unsettled=range(16, 20))
+    failed = ErrorRecord(stage=Stage.INFER, kind="RuntimeError", message="boom")
+    client.hdel(RunKeys(run_id).out, 3)
+    client.hincrby(RunKeys(run_id).progress, "inferred", -1)
+    client.hdel(RunKeys(run_id).score, 3)
+    client.hincrby(RunKeys(run_id).progress, "scored", -1)
+    results.record_errors(run_id, {3: failed})  # sample 3: failed, no output
+    read = results.live_chunk(run_id, list(range(16)))
+    assert read is not None
+    assert results.record_outputs(run_id, {3: '"late"'}) == 1  # after the spill read
+    assert results.spill(run_id, 0, 16, "file:///stale", read) == -2
+    assert spill_run(client, run_id, archive, 16) == 1
+    (three,) = results.fetch(run_id, [3])
+    assert (three.output, three.error) == ("late", failed)
+    results.record_scores(run_id, {i: {"acc": 1.0} for i in range(16, 20)})
+    assert results.finalize(run_id, create("spy", {})) is not None
+    assert archive_run(client, run_id, archive).sealed == 1
+
+
+def test_spilled_parts_go_with_the_archive_and_the_purge_wherever_they_were_written(
+    redis_only: RedisServer, tmp_path: Path
+) -> None:
+    """Parts a worker spilled under its own EVALQ_ARCHIVE_URL are removed by an archive or a
+    purge run with another one (the attack review found them left behind)."""
+    client = connect(redis_only.url)
+    results, elsewhere = ResultStore(client), tmp_path / "worker-archive"
+    for ending in ("archive", "purge"):
+        run_id = _going_run(client, n=20, unsettled=range(16, 20))
+        assert spill_run(client, run_id, str(elsewhere), 16) == 1
+        (part,) = (elsewhere / run_id / "spill").iterdir()
+        results.record_scores(run_id, {i: {"acc": 1.0} for i in range(16, 20)})
+        assert results.finalize(run_id, create("spy", {})) is not None
+        if ending == "archive":
+            assert archive_run(client, run_id, str(tmp_path / "archive")).sealed == 1
+        else:
+            assert purge(client, run_id, str(tmp_path / "archive"))
+        assert not part.exists(), ending

@@ -5,6 +5,7 @@ back to their queue and held ones stay, and a run whose finalizer died gets fini
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -17,7 +18,7 @@ from celery import Celery
 from producer.redis_server import RedisServer
 from shared.backlog import Backlog
 from shared.broker import Broker, carried
-from shared.celery_app import INFER_QUEUE, INFER_TASK, SCORE_QUEUE, create_app
+from shared.celery_app import ARCHIVE_TASK, INFER_QUEUE, INFER_TASK, SCORE_QUEUE, create_app
 from shared.dispatch import publish, split
 from shared.keys import ACTIVE, AUDIT, RUNS, RunKeys
 from shared.models import RunMeta, RunStatus
@@ -25,6 +26,7 @@ from shared.presence import Presence, WorkerBeat
 from shared.settings import Settings
 from tests.helpers import labelled_rows, wait_for
 from tests.test_batch import Bench, bench, server, task  # noqa: F401 - fixtures
+from worker.archiver import spill_run
 from worker.janitor import Janitor
 from worker.pipeline import score_batch
 
@@ -196,3 +198,37 @@ def test_the_janitor_purges_old_runs_and_trims_old_audit_entries_only(
     entries: Any = bench.client.xrange(AUDIT)
     assert [e["action"] for _, e in entries] == ["fresh", "purge"]
     assert (entries[1][1]["who"], entries[1][1]["run"]) == ("janitor", old.run_id)
+
+
+def test_the_janitor_asks_for_the_spill_a_late_sample_made_possible(
+    bench: Bench,  # noqa: F811
+    janitor: tuple[Janitor, Celery],
+    server: RedisServer,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """Workers ask for a spill only when a write takes the settled count past a multiple of a
+    segment: with each segment's first sample settling last, none of their asks finds a
+    complete segment, and the last writes cross nothing. The janitor asks (once per
+    EVALQ_STALL_AFTER), and the spill it asks for moves every complete segment."""
+    _, app = janitor
+    settings = Settings(redis_url=server.url, stall_after=60, spill_rows=16)
+    broker = Broker(app, bench.client)
+    sweeper = Janitor(bench.client, broker, app, settings)
+    meta = bench.run("spy", labelled_rows(80))  # 70..79 are in flight throughout
+    results, late = bench.res.results, [0, 16, 32, 48]
+    results.record_outputs(meta.run_id, {i: "{}" for i in range(70)})
+    for i in (i for i in range(70) if i not in late):
+        if results.record_scores(meta.run_id, {i: {"m": 1.0}}).filled(16):
+            assert spill_run(bench.client, meta.run_id, str(tmp_path), 16) == 0
+    assert not results.record_scores(meta.run_id, {i: {"m": 1.0} for i in late}).filled(16)
+    bench.client.delete(SCORE_QUEUE)
+    try:
+        assert sweeper.sweep().spilling == [meta.run_id]
+        assert sweeper.sweep().spilling == []  # asked lately
+    finally:
+        broker.close()
+    (raw,) = bench.client.lrange(SCORE_QUEUE, 0, -1)
+    message = json.loads(raw)
+    assert message["headers"]["task"] == ARCHIVE_TASK
+    assert message["headers"]["argsrepr"] == repr([meta.run_id])
+    assert spill_run(bench.client, meta.run_id, str(tmp_path), 16) == 4

@@ -73,6 +73,7 @@ def archive_run(client: redis.Redis, run_id: str, archive_url: str) -> Archived:
     if meta.status.active:
         return Archived(-1, 0, "")
     attempt = uuid.uuid4().hex[:12]
+    spilled = list(results.spill_map(run_id).parts.values())  # the seal forgets them
     writer = ArchiveWriter(f"{folder}/{attempt}")
     try:
         timeline = bucketed(results.timeline(run_id))
@@ -108,6 +109,8 @@ def archive_run(client: redis.Redis, run_id: str, archive_url: str) -> Archived:
             log.warning("archive of run %s lost to another attempt; it was removed", run_id)
         return Archived(outcome, writer.rows, writer.url)
     remove_others(folder, attempt)
+    for url in spilled:  # under another worker's EVALQ_ARCHIVE_URL, say
+        remove_part(url)
     log.info("archived run %s: %d samples to %s", run_id, writer.rows, writer.url)
     return Archived(1, writer.rows, writer.url)
 

@@ -71,6 +71,8 @@ class Sweep:
     """Ended runs taken off the worklist (archived, or gone)."""
     archiving: list[str] = field(default_factory=list)
     """Ended runs sent to be archived."""
+    spilling: list[str] = field(default_factory=list)
+    """Going runs sent to have their complete segments spilled."""
     purged: list[str] = field(default_factory=list)
     """Runs purged for their age."""
 
@@ -91,6 +93,8 @@ class Janitor:
         self._settings = settings
         self._waiting: dict[str, list[SampleTask]] | None = None
         self._backlogged: dict[str, list[SampleTask | None]] = {}
+        self._spill_sent: dict[str, float] = {}
+        """Run -> when this janitor last asked for it to be spilled."""
 
     def sweep(self) -> Sweep:
         """One pass over the broker's unacknowledged messages and the active runs."""
@@ -141,6 +145,7 @@ class Janitor:
         except UnknownRunError:
             meta = None
         if meta is None or self._results.archive_url(run_id) is not None:
+            self._spill_sent.pop(run_id, None)
             self._runs.retire(run_id)
             done.retired.append(run_id)
             return
@@ -148,6 +153,7 @@ class Janitor:
             self._archive(meta, now, done)
             return
         progress = self._results.progress(run_id)
+        self._spill(meta, progress.done, now, done)
         idle = now - (progress.touched or meta.created)
         if idle < self._settings.stall_after:
             return
@@ -195,6 +201,20 @@ class Janitor:
         if self._runs.claim_archive(meta.run_id, now, 4 * self._settings.stall_after):
             self._app.send_task(ARCHIVE_TASK, args=[meta.run_id], queue=SCORE_QUEUE)
             done.archiving.append(meta.run_id)
+
+    def _spill(self, meta: RunMeta, settled: int, now: float, done: Sweep) -> None:
+        """Ask for a spill of a going run holding a segment's worth of settled samples not
+        spilled, at most once per ``EVALQ_STALL_AFTER``: workers ask only when a write takes
+        the settled count past a multiple of a segment, which misses the segments whose last
+        sample settles late (a retry)."""
+        rows = self._settings.spill_rows
+        if not rows or now - self._spill_sent.get(meta.run_id, 0.0) < self._settings.stall_after:
+            return
+        if settled - self._results.spill_map(meta.run_id).samples < rows:
+            return
+        self._spill_sent[meta.run_id] = now
+        self._app.send_task(ARCHIVE_TASK, args=[meta.run_id], queue=SCORE_QUEUE)
+        done.spilling.append(meta.run_id)
 
     def _nudge(self, meta: RunMeta) -> None:
         first = self._runs.sample_ids(meta.run_id)[:1]

@@ -1,19 +1,23 @@
 -- spill: a going run's segment of settled samples moved to a Parquet part: free its per-sample
 -- results and mark its samples spilled, once.
 -- KEYS[1] = evalq:{run}:meta     hash: reads 'status' and 'finalizing'
--- KEYS[2] = evalq:{run}:spill    hash: 'rows' -> samples per segment; segment -> part URL
+-- KEYS[2] = evalq:{run}:spill    hash: 'rows' -> samples per segment, 'samples' -> samples
+--                                spilled; segment -> part URL
 -- KEYS[3] = evalq:{run}:spilled  bitmap: bit i set for each spilled sample i
 -- KEYS[4] = evalq:{run}:out, KEYS[5] = evalq:{run}:score, KEYS[6] = evalq:{run}:err   hashes
 -- KEYS[7] = evalq:{run}:errors   hash: stage/kind -> terminal errors moved to parts
 -- ARGV[1] = segment index, ARGV[2] = samples per segment, ARGV[3] = the part's URL,
--- ARGV[4] = how many kind/count pairs follow; then kind1, count1, ...; then the segment's ids
+-- ARGV[4] = how many kind/count pairs follow, then kind1, count1, ...; then how many ids
+-- follow that the part holds no output for, then those ids; then the segment's ids
 -- Returns: 1 spilled now; 2 spilled before with this very part (a retried call whose first
 -- reply was lost); 0 spilled before with another part (the caller removes its own);
 -- -1 the run is not going, or is being finalized (its finalizer reads the store: nothing may
--- move under it); -2 a sample of the segment is not settled, or the segment size is not the
--- run's.
+-- move under it); -2 the part is not the store's: a sample of the segment is not settled, one
+-- the part holds no output for has one now (a late attempt's), or the segment size is not
+-- the run's.
 local status = redis.call('HGET', KEYS[1], 'status')
-if (status ~= 'queued' and status ~= 'running') or redis.call('HEXISTS', KEYS[1], 'finalizing') == 1 then
+if (status ~= 'queued' and status ~= 'running')
+  or redis.call('HEXISTS', KEYS[1], 'finalizing') == 1 then
   return -1
 end
 local had = redis.call('HGET', KEYS[2], ARGV[1])
@@ -21,9 +25,12 @@ if had == ARGV[3] then return 2 end
 if had then return 0 end
 local rows = redis.call('HGET', KEYS[2], 'rows')
 if rows and rows ~= ARGV[2] then return -2 end
-local pairs_end = 4 + 2 * tonumber(ARGV[4])
+local at = 5 + 2 * tonumber(ARGV[4])
+for i = at + 1, at + tonumber(ARGV[at]) do
+  if redis.call('HEXISTS', KEYS[4], ARGV[i]) == 1 then return -2 end
+end
 local ids = {}
-for i = pairs_end + 1, #ARGV do
+for i = at + tonumber(ARGV[at]) + 1, #ARGV do
   local id = ARGV[i]
   if redis.call('HEXISTS', KEYS[5], id) == 0 and redis.call('HEXISTS', KEYS[6], id) == 0 then
     return -2
@@ -37,6 +44,7 @@ for from = 1, #ids, 1000 do  -- unpack() has a stack limit: a thousand at a time
   redis.call('HDEL', KEYS[5], unpack(ids, from, upto))
   redis.call('HDEL', KEYS[6], unpack(ids, from, upto))
 end
-for i = 5, pairs_end, 2 do redis.call('HINCRBY', KEYS[7], ARGV[i], ARGV[i + 1]) end
+for i = 5, at - 1, 2 do redis.call('HINCRBY', KEYS[7], ARGV[i], ARGV[i + 1]) end
 redis.call('HSET', KEYS[2], 'rows', ARGV[2], ARGV[1], ARGV[3])
+redis.call('HINCRBY', KEYS[2], 'samples', #ids)
 return 1
