@@ -535,6 +535,11 @@ class ResultStore:
         """Those samples that already have an output."""
         return set(self.output_texts(run_id, sample_ids))
 
+    def unsettled(self, run_id: str, sample_ids: list[int]) -> list[int]:
+        """Those samples with neither a score nor a terminal error, nor spilled."""
+        settled = self.settled(run_id, sample_ids)
+        return [i for i in sample_ids if i not in settled]
+
     def settled(self, run_id: str, sample_ids: list[int]) -> set[int]:
         """Those samples that already have a score or a terminal error (spilled ones too)."""
         keys = RunKeys(run_id)

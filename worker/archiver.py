@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import redis
@@ -127,18 +128,31 @@ def _abandon(results: ResultStore, run_id: str, writer: ArchiveWriter) -> None:
     writer.remove()
 
 
-def spill_run(client: redis.Redis, run_id: str, archive_url: str, rows: int) -> int:
+PROBES = 8
+"""Samples of a segment looked at before the whole of it is: most segments not spilled yet are
+not complete either, and one unsettled probe tells."""
+
+
+def spill_run(
+    client: redis.Redis,
+    run_id: str,
+    archive_url: str,
+    rows: int,
+    ids: Sequence[int] | None = None,
+) -> int:
     """Spill each complete segment of the going run ``run_id`` not spilled yet (``rows``
-    samples each, unless the run's first spill chose another size); return how many went."""
+    samples each, unless the run's first spill chose another size); return how many went.
+    ``ids``: the run's sample ids, when the caller holds them (they never change)."""
     results = ResultStore(client)
-    ids = RunStore(client).sample_ids(run_id)
+    ids = RunStore(client).sample_ids(run_id) if ids is None else ids
     spill = results.spill_map(run_id)
     rows = spill.rows or rows
+    segments = [s for s in range(-(-len(ids) // rows)) if s not in spill.parts]
+    probes = {s: _probes(ids[s * rows : (s + 1) * rows]) for s in segments}
+    unsettled = set(results.unsettled(run_id, [i for p in probes.values() for i in p]))
     moved = 0
-    for segment in range(-(-len(ids) // rows)):
-        if segment in spill.parts:
-            continue
-        chunk = results.live_chunk(run_id, ids[segment * rows : (segment + 1) * rows])
+    for segment in (s for s in segments if unsettled.isdisjoint(probes[s])):
+        chunk = results.live_chunk(run_id, list(ids[segment * rows : (segment + 1) * rows]))
         if chunk is None:
             break  # archived meanwhile
         if any(s is None and e is None for s, e in zip(chunk.scores, chunk.errors, strict=True)):
@@ -154,3 +168,9 @@ def spill_run(client: redis.Redis, run_id: str, archive_url: str, rows: int) -> 
     if moved:
         log.info("run %s: %d segments of %d samples spilled", run_id, moved, rows)
     return moved
+
+
+def _probes(segment: Sequence[int]) -> list[int]:
+    """Up to :data:`PROBES` of a segment's ids, spread over it, its last among them."""
+    step = max(1, len(segment) // PROBES)
+    return sorted({*segment[::step][:PROBES], segment[-1]})

@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from array import array
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
@@ -58,6 +59,7 @@ from shared.runs import RunStore
 from shared.settings import Settings
 from worker.archiver import archive_run, spill_run
 from worker.intake import admit
+from worker.lru import LRU
 from worker.pipeline import Resources, infer_batch, score_batch
 from worker.reserve import Reserve
 from worker.state import WorkerState
@@ -368,6 +370,8 @@ def register_tasks(app: Celery, state: WorkerState, settings: Settings) -> None:
     batch_task(INFER_TASK, infer_batch)
     batch_task(SCORE_TASK, score_batch)
 
+    spill_ids: LRU[str, array[int]] = LRU(2)  # a going run's ids, read once per spill it asks for
+
     @app.task(name=ARCHIVE_TASK, acks_late=True, time_limit=settings.task_time_limit)
     def archive(run_id: object) -> None:
         """Archive an ended run, or spill a going one's complete segments
@@ -383,7 +387,10 @@ def register_tasks(app: Celery, state: WorkerState, settings: Settings) -> None:
             return
         if meta.status.active:
             if settings.spill_rows:
-                spill_run(client, run_id, settings.archive_url, settings.spill_rows)
+                ids = spill_ids.get_or_create(
+                    run_id, lambda: array("q", RunStore(client).sample_ids(run_id))
+                )
+                spill_run(client, run_id, settings.archive_url, settings.spill_rows, ids)
             return
         if not archive_due(meta, time.time(), settings):
             log.warning("archive: run %s is not due to be archived; left as it is", run_id)
