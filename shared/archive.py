@@ -20,6 +20,7 @@ This module knows Parquet and fsspec; it never touches Redis.
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -202,11 +203,15 @@ def read_part(url: str, run_id: str = "", columns: tuple[str, ...] = RAW_COLUMNS
     return Chunk(table.column("sample_id").to_pylist(), *texts)
 
 
-def remove_part(url: str) -> None:
-    """Delete a spilled part that lost (or whose run stopped going)."""
+def remove_part(url: str, run_id: str) -> bool:
+    """Delete a part ``run_id`` spilled; False, deleting nothing, for a URL that is not
+    one (Redis names the parts: a record gone wrong must not delete other files)."""
+    if not re.search(rf"/{re.escape(run_id)}/spill/segment-\d+-[0-9a-f]+\.parquet$", url):
+        return False
     fs, path = fsspec.core.url_to_fs(url)
     if fs.exists(path):
         fs.rm(path)
+    return True
 
 
 def remove_run(folder_url: str) -> bool:

@@ -46,6 +46,9 @@ __all__ = [
 ]
 
 _SCAN_COUNT = 1000
+_BITMAP_SPAN = 65_536
+"""Bytes of the spilled bitmap read at once for ids close together; ids further apart have
+their bits read one by one."""
 _STABLE_TRIES = 5
 """Reads of a going run's error counts before one no spill overlapped is given up on."""
 _ARCHIVE_SCAN = 65_536
@@ -480,17 +483,24 @@ class ResultStore:
         if not sample_ids:
             return _Live([[] for _ in keys], set())
         first, last = _bits(sample_ids)
+        dense = last - first < _BITMAP_SPAN
         with self._client.pipeline(transaction=False) as pipe:
             for key in keys:
                 pipe.hmget(key, sample_ids)
             spilled_key = RunKeys(run_id).spilled  # after the values: see live_chunk
             raw = cast(Any, pipe)  # redis-py leaves execute_command untyped
-            raw.execute_command("GETRANGE", spilled_key, first, last, **{NEVER_DECODE: True})
+            if dense:  # the bytes that hold their bits
+                raw.execute_command("GETRANGE", spilled_key, first, last, **{NEVER_DECODE: True})
+            else:  # ids far apart: their bits, one by one
+                gets = [arg for i in sample_ids for arg in ("GET", "u1", i)]
+                raw.execute_command("BITFIELD_RO", spilled_key, *gets)
             pipe.hexists(RunKeys(run_id).meta, "archive_url")
-            *found, bitmap, sealed = pipe.execute()
+            *found, bits, sealed = pipe.execute()
         if sealed:
             return None
-        bitmap = bytes(bitmap or b"")
+        if not dense:
+            return _Live(found, {i for i, bit in zip(sample_ids, bits, strict=True) if bit})
+        bitmap = bytes(bits or b"")
         spilled = {i for i in sample_ids if _set(bitmap, first, i)} if any(bitmap) else set()
         return _Live(found, spilled)
 
@@ -725,12 +735,20 @@ class ResultStore:
         return self._live_or_archived(run_id, live, archived)
 
     def _live_or_archived(self, run_id: str, live: Callable[[], T], archived: Callable[[], T]) -> T:
-        """``live()`` while the run's results live in Redis and were not sealed while it read
-        them; ``archived()`` otherwise."""
+        """``live()`` while the run's results live in Redis (and spilled parts) and were not
+        sealed while it read them; ``archived()`` otherwise. A spilled part gone as it was
+        read (the seal's tidy-up, a purge) is the archive's turn, or no run."""
         if self.archive_url(run_id) is None:
-            found = live()
-            if self.archive_url(run_id) is None:
-                return found
+            try:
+                found = live()
+            except ArchiveUnreadableError:
+                if not self._client.exists(RunKeys(run_id).meta):
+                    raise UnknownRunError(f"no run '{run_id}'") from None
+                if self.archive_url(run_id) is None:
+                    raise
+            else:
+                if self.archive_url(run_id) is None:
+                    return found
         return archived()
 
     def progress(self, run_id: str) -> Progress:

@@ -85,7 +85,7 @@ def purge(client: redis.Redis, run_id: str, archive_url: str) -> bool:
     for folder in folders:
         remove_run(folder)
     for url in parts:
-        remove_part(url)
+        remove_part(url, run_id)
     return meta is not None or bool(removed[0])
 
 

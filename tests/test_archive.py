@@ -19,7 +19,15 @@ import redis
 from producer.client import Client
 from producer.redis_server import RedisServer
 from producer.submit import SubmitRequest
-from shared.archive import MANIFEST, ArchiveReader, ArchiveWriter, Chunk, run_folder, table_of
+from shared.archive import (
+    MANIFEST,
+    ArchiveReader,
+    ArchiveWriter,
+    Chunk,
+    read_part,
+    run_folder,
+    table_of,
+)
 from shared.connection import connect
 from shared.errors import InputError
 from shared.evaluation import create
@@ -549,3 +557,65 @@ def test_spilled_parts_go_with_the_archive_and_the_purge_wherever_they_were_writ
         else:
             assert purge(client, run_id, str(tmp_path / "archive"))
         assert not part.exists(), ending
+
+
+def test_a_read_whose_spilled_part_goes_with_a_seal_goes_on_from_the_archive(
+    redis_only: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The archive seals (and removes the spill folder) between the scores' scan and the read
+    of a spilled part: the read answers from the archive, the same (the attack review: it was
+    an error blaming the mount)."""
+    client = connect(redis_only.url)
+    results, archive = ResultStore(client), str(tmp_path / "archive")
+    run_id = _going_run(client, n=20, unsettled=range(16, 20))
+    assert spill_run(client, run_id, archive, 16) == 1
+    results.record_scores(run_id, {i: {"acc": 1.0} for i in range(16, 20)})
+    assert results.finalize(run_id, create("spy", {})) is not None
+    expected = results.scores(run_id)
+    sealed: list[int] = []
+
+    def sealing_first(*args: Any, **kwargs: Any) -> Chunk:
+        if not sealed:
+            sealed.append(0)
+            sealed[0] = archive_run(client, run_id, archive).sealed
+        return read_part(*args, **kwargs)
+
+    monkeypatch.setattr("shared.results.read_part", sealing_first)
+    assert results.scores(run_id) == expected
+    assert sealed == [1]
+
+
+def test_a_purge_deletes_only_files_that_are_spilled_parts(
+    redis_only: RedisServer, tmp_path: Path
+) -> None:
+    """Redis names the parts; one gone wrong (a URL that is no part of this run's) deletes
+    nothing it names."""
+    client = connect(redis_only.url)
+    victim = tmp_path / "elsewhere" / "keep.txt"
+    victim.parent.mkdir()
+    victim.write_text("keep")
+    run_id = _going_run(client, n=20, unsettled=range(16, 20))
+    RunStore(client).cancel(run_id)
+    client.hset(RunKeys(run_id).spill, "7", f"file://{victim}")
+    assert purge(client, run_id, str(tmp_path / "archive"))
+    assert victim.read_text() == "keep"
+
+
+def test_spilled_samples_far_apart_read_the_same(redis_only: RedisServer, tmp_path: Path) -> None:
+    """Ids far apart in a large split (their bits read one by one, not as a range of the
+    bitmap): spilled and live ones read as before."""
+    client = connect(redis_only.url)
+    runs, results = RunStore(client), ResultStore(client)
+    ids = [5_000_000, 3, 7_000_001, 12]
+    meta = RunMeta(
+        run_id=uuid.uuid4().hex[:16], eval="spy", spec="0" * 64, dataset_id="ds",
+        split="validation", n=4, status=RunStatus.QUEUED, created=time.time(),
+    )  # fmt: skip
+    runs.create(meta, ids)
+    results.record_outputs(meta.run_id, {i: json.dumps(i) for i in ids})
+    results.record_scores(meta.run_id, {i: {"acc": 1.0} for i in ids[:3]})
+    before = [r.model_dump() for r in results.fetch(meta.run_id, ids)]
+    assert spill_run(client, meta.run_id, str(tmp_path / "archive"), 2) == 1
+    assert results.settled(meta.run_id, ids) == set(ids[:3])
+    assert [r.model_dump() for r in results.fetch(meta.run_id, ids)] == before
+    assert results.record_outputs(meta.run_id, {5_000_000: "0"}) == 0

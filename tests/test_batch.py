@@ -8,12 +8,14 @@ exercised here, where a broken branch fails in milliseconds.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -23,7 +25,7 @@ from producer.redis_server import RedisServer
 from shared.celery_app import INFER_TASK, SCORE_TASK
 from shared.connection import connect
 from shared.data import build_spec
-from shared.evaluation import load_plugins
+from shared.evaluation import Evaluation, load_plugins, register
 from shared.keys import RunKeys, tiers_key
 from shared.models import ErrorRecord, RunMeta, RunStatus, SampleTask, Stage
 from shared.policy import Tier
@@ -357,3 +359,76 @@ def test_a_forged_message_for_a_run_of_an_unknown_eval_harms_no_batch_mate(bench
     assert infer_batch(bench.res, [forged, task(meta, [0, 1, 2, 3])]) == set()
     assert len(bench.res.results.outputs(meta.run_id, [0, 1, 2, 3])) == 4
     assert bench.res.results.outputs(ghost.run_id, [0]) == {}
+
+
+@register("turns")
+class Turns(Evaluation):
+    """``infer()`` appends a turn to its row's nested list, as a chat evaluation might; the
+    score counts the row's turns."""
+
+    label_fields = ("label",)
+
+    def infer(self, model: Any, rows: list[dict[str, Any]]) -> list[Any]:
+        for row in rows:
+            row["messages"].append({"role": "assistant"})
+        return [{1: "an int key", "pair": (1, 2)} for _ in rows]
+
+    def score(self, row: dict[str, Any], output: Any) -> dict[str, float]:
+        return {"turns": float(len(row["messages"])), "int_key": float(1 in output)}
+
+
+HOOK: list[Callable[[], object]] = []
+
+
+@register("raced")
+class Raced(Evaluation):
+    """``infer()`` first runs what a test put in ``HOOK`` (another worker's writes)."""
+
+    label_fields = ("label",)
+
+    def infer(self, model: Any, rows: list[dict[str, Any]]) -> list[Any]:
+        while HOOK:
+            HOOK.pop()()
+        return [{"pred": 1} for _ in rows]
+
+    def score(self, row: dict[str, Any], output: Any) -> dict[str, float]:
+        return {"m": 1.0}
+
+
+def _chat(n: int) -> list[dict[str, object]]:
+    tag = uuid.uuid4().hex[:8]
+    return [{"text": f"t{i} {tag}", "label": 1, "messages": [{"role": "user"}]} for i in range(n)]
+
+
+def test_scoring_in_the_same_job_scores_what_a_scoring_job_would(bench: Bench) -> None:
+    """A worker that scores what it just inferred scores the row as read, not as ``infer()``
+    left it, and the output as stored (JSON), not as returned (the attack review: it scored
+    the row infer() had changed)."""
+    separate = bench.run("turns", _chat(4))
+    infer_batch(bench.res, [task(separate, list(range(4)))])
+    score_batch(bench.res, [t for name, t in bench.sent.sent if name == SCORE_TASK])
+    bench.res = dataclasses.replace(bench.res, fuse=True)
+    fused = bench.run("turns", _chat(4))
+    infer_batch(bench.res, [task(fused, list(range(4)))])
+    for meta in (separate, fused):
+        assert bench.status(meta) is RunStatus.COMPLETED
+    expected = [r.scores for r in bench.res.results.results(separate.run_id)]
+    assert expected == [{"turns": 1.0, "int_key": 0.0}] * 4
+    assert [r.scores for r in bench.res.results.results(fused.run_id)] == expected
+
+
+def test_scoring_in_the_same_job_leaves_no_count_for_a_sample_settled_meanwhile(
+    bench: Bench,
+) -> None:
+    """Another worker ends sample 0 while this one infers it: nothing is written for it
+    twice, and no attempt count of it is left behind."""
+    bench.res = dataclasses.replace(bench.res, fuse=True)
+    meta = bench.run("raced", labelled_rows(3))
+    failed = ErrorRecord(stage=Stage.INFER, kind="RuntimeError", message="another gave up")
+    HOOK.append(lambda: bench.res.results.record_errors(meta.run_id, {0: failed}))
+    infer_batch(bench.res, [task(meta, [0, 1, 2])])
+    assert bench.status(meta) is RunStatus.COMPLETED
+    progress = bench.res.results.progress(meta.run_id)
+    assert (progress.scored, progress.failed) == (2, 1)
+    keys = RunKeys(meta.run_id)
+    assert bench.client.exists(keys.attempts_of(Stage.INFER), keys.attempts_of(Stage.SCORE)) == 0

@@ -111,7 +111,7 @@ def archive_run(client: redis.Redis, run_id: str, archive_url: str) -> Archived:
         return Archived(outcome, writer.rows, writer.url)
     remove_others(folder, attempt)
     for url in spilled:  # under another worker's EVALQ_ARCHIVE_URL, say
-        remove_part(url)
+        remove_part(url, run_id)
     log.info("archived run %s: %d samples to %s", run_id, writer.rows, writer.url)
     return Archived(1, writer.rows, writer.url)
 
@@ -162,7 +162,7 @@ def spill_run(
         if outcome in (1, 2):
             moved += 1
             continue
-        remove_part(url)
+        remove_part(url, run_id)
         if outcome == -1:
             break  # the run ended, or its finalizer reads the store
     if moved:

@@ -116,6 +116,11 @@ class Resources:
         self.recorded.get_or_create(run_id, lambda: True)
 
 
+def _immutable(row: dict[str, Any]) -> bool:
+    """Whether no field of ``row`` can be changed in place."""
+    return all(isinstance(v, str | int | float | bool | bytes | None) for v in row.values())
+
+
 def _error(stage: Stage, exc: BaseException) -> ErrorRecord:
     return ErrorRecord(stage=stage, kind=type(exc).__name__, message=first_line(exc))
 
@@ -165,11 +170,13 @@ class _Run:
 
     def carried(self, ids: list[int], stored: bool) -> _Run:
         """This run's share of the scoring that follows its inference in the same job: its
-        record, evaluation and rows as read for inference, and, when every output this worker
+        record, evaluation, the rows read for inference that ``infer()`` cannot have changed
+        (every field immutable: it got a shallow copy), and, when every output this worker
         wrote was stored (``stored``: none lost to another worker's), those outputs."""
         run = copy.copy(self)
         run.ids, run.errors, run.outputs, run.attempts, run.retry = ids, {}, {}, {}, []
         run.solo = set()
+        run._rows = {i: row for i, row in self._rows.items() if _immutable(row)}
         run.known = (
             {i: json.loads(self.outputs[i]) for i in ids if i in self.outputs} if stored else {}
         )

@@ -6,7 +6,8 @@
 -- KEYS[4] = evalq:{run}:meta      hash, reads 'n' and 'status', 'finalizing' = claim time
 -- KEYS[5] = evalq:{run}:settled   stream, one entry listing the ids settled by this call
 -- KEYS[6] = evalq:{run}:attempts, KEYS[7] = evalq:{run}:score_attempts   hashes, sample id ->
---           attempts: a settled sample's counts are deleted (they served their purpose)
+--           attempts: the counts of every sample given are deleted, written now or settled
+--           before (a late attempt's count served no purpose either)
 -- KEYS[8] = evalq:{run}:spilled   bitmap: a spilled sample (settled, moved to a part) is skipped
 -- ARGV[1] = 'score' or 'err'      which hash the values go to
 -- ARGV[2] = seconds after which a claim to finalize counts as dead (its finalizer was killed)
@@ -23,8 +24,9 @@ local target, other, counter = KEYS[1], KEYS[2], 'scored'
 if ARGV[1] == 'err' then
   target, other, counter = KEYS[2], KEYS[1], 'failed'
 end
-local written, ids = 0, {}
+local written, ids, given = 0, {}, {}
 for i = 3, #ARGV, 2 do
+  given[#given + 1] = ARGV[i]
   if redis.call('GETBIT', KEYS[8], tonumber(ARGV[i])) == 0
     and redis.call('HEXISTS', other, ARGV[i]) == 0
     and redis.call('HSETNX', target, ARGV[i], ARGV[i + 1]) == 1 then
@@ -32,13 +34,13 @@ for i = 3, #ARGV, 2 do
     ids[#ids + 1] = ARGV[i]
   end
 end
+for from = 1, #given, 1000 do  -- unpack() has a stack limit: a thousand at a time
+  local upto = math.min(from + 999, #given)
+  redis.call('HDEL', KEYS[6], unpack(given, from, upto))
+  redis.call('HDEL', KEYS[7], unpack(given, from, upto))
+end
 if written > 0 then
   redis.call('XADD', KEYS[5], '*', 'ids', table.concat(ids, ','))
-  for from = 1, #ids, 1000 do  -- unpack() has a stack limit: a thousand at a time
-    local upto = math.min(from + 999, #ids)
-    redis.call('HDEL', KEYS[6], unpack(ids, from, upto))
-    redis.call('HDEL', KEYS[7], unpack(ids, from, upto))
-  end
   redis.call('HINCRBY', KEYS[3], counter, written)
   touch(KEYS[3])
   mark_running(KEYS[4])
