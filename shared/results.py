@@ -364,9 +364,7 @@ class ResultStore:
         """``sample_ids``' stored texts of the columns ``names`` (``outputs``, ``scores``,
         ``errors``), spilled samples' from their parts; None if the run was sealed by the time
         they were read."""
-        keys = RunKeys(run_id)
-        hashes = {"outputs": keys.out, "scores": keys.score, "errors": keys.err}
-        live = self._hmget(run_id, [hashes[name] for name in names], sample_ids)
+        live = self._hmget(run_id, [self._hash(run_id, name) for name in names], sample_ids)
         if live is None or not live.spilled:
             return None if live is None else live.values
         spilled = live.spilled
@@ -529,13 +527,7 @@ class ResultStore:
     def produced(self, run_id: str, sample_ids: list[int]) -> tuple[set[int], set[int]]:
         """Those samples with an output, and those settled with an error or spilled (neither
         needs inference again)."""
-        keys = RunKeys(run_id)
-        live = self._hmget(run_id, [keys.out, keys.err], sample_ids)
-        if live is None:
-            outputs, errors = self._columns(run_id, sample_ids, ("outputs", "errors"))
-            spilled: set[int] = set()
-        else:
-            (outputs, errors), spilled = live.values, live.spilled
+        (outputs, errors), spilled = self._present(run_id, sample_ids, ("outputs", "errors"))
         return (
             {i for i, o in zip(sample_ids, outputs, strict=True) if o is not None},
             {i for i, e in zip(sample_ids, errors, strict=True) if e is not None} | spilled,
@@ -552,14 +544,24 @@ class ResultStore:
 
     def settled(self, run_id: str, sample_ids: list[int]) -> set[int]:
         """Those samples that already have a score or a terminal error (spilled ones too)."""
-        keys = RunKeys(run_id)
-        live = self._hmget(run_id, [keys.score, keys.err], sample_ids)
-        if live is None:
-            scores, errors = self._columns(run_id, sample_ids, ("scores", "errors"))
-            spilled: set[int] = set()
-        else:
-            (scores, errors), spilled = live.values, live.spilled
+        (scores, errors), spilled = self._present(run_id, sample_ids, ("scores", "errors"))
         return {i for i, s, e in zip(sample_ids, scores, errors, strict=True) if s or e} | spilled
+
+    def _present(
+        self, run_id: str, sample_ids: list[int], names: tuple[str, ...]
+    ) -> tuple[list[list[str | None]], set[int]]:
+        """``sample_ids``' texts of the columns ``names`` as live (spilled ones' left out) and
+        which were spilled; an archived run's from its archive."""
+        live = self._hmget(run_id, [self._hash(run_id, name) for name in names], sample_ids)
+        if live is None:
+            return self._columns(run_id, sample_ids, names), set()
+        return live.values, live.spilled
+
+    @staticmethod
+    def _hash(run_id: str, name: str) -> str:
+        """The run's hash that holds the column ``name`` (outputs, scores, errors)."""
+        keys = RunKeys(run_id)
+        return {"outputs": keys.out, "scores": keys.score, "errors": keys.err}[name]
 
     def _columns(
         self, run_id: str, sample_ids: list[int], names: tuple[str, ...]

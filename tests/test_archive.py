@@ -281,15 +281,20 @@ def test_purge_removes_what_it_names_and_nothing_else(fresh_stack: Stack, tmp_pa
     wait_for(lambda: client.status(going).meta.archived, 60, "the cancelled run's archive")
 
 
+def _new_run(client: redis.Redis, ids: list[int]) -> RunMeta:
+    """A queued run of ``ids``, recorded through the store itself (no worker)."""
+    meta = RunMeta(
+        run_id=uuid.uuid4().hex[:16], eval="spy", spec="0" * 64, dataset_id="ds",
+        split="validation", n=len(ids), status=RunStatus.QUEUED, created=time.time(),
+    )  # fmt: skip
+    RunStore(client).create(meta, ids)
+    return meta
+
+
 def _ended_run(client: redis.Redis, n: int = 30) -> str:
     """A completed run made through the store itself (no worker): every seventh sample failed
     at inference, the rest scored."""
-    runs, results = RunStore(client), ResultStore(client)
-    meta = RunMeta(
-        run_id=uuid.uuid4().hex[:16], eval="spy", spec="0" * 64, dataset_id="ds",
-        split="validation", n=n, status=RunStatus.QUEUED, created=time.time(),
-    )  # fmt: skip
-    runs.create(meta, list(range(n)))
+    results, meta = ResultStore(client), _new_run(client, list(range(n)))
     kept = [i for i in range(n) if i % 7]
     results.record_outputs(meta.run_id, {i: json.dumps({"pred": i}) for i in kept})
     results.record_scores(meta.run_id, {i: {"acc": float(i % 2)} for i in kept})
@@ -379,12 +384,7 @@ def test_an_archive_message_for_a_run_not_due_archives_nothing() -> None:
 def _going_run(client: redis.Redis, n: int = 50, unsettled: range = range(45, 50)) -> str:
     """A going run made through the store: every sample inferred, every seventh failed at
     scoring, those in ``unsettled`` not settled yet."""
-    runs, results = RunStore(client), ResultStore(client)
-    meta = RunMeta(
-        run_id=uuid.uuid4().hex[:16], eval="spy", spec="0" * 64, dataset_id="ds",
-        split="validation", n=n, status=RunStatus.QUEUED, created=time.time(),
-    )  # fmt: skip
-    runs.create(meta, list(range(n)))
+    results, meta = ResultStore(client), _new_run(client, list(range(n)))
     results.record_outputs(meta.run_id, {i: json.dumps({"pred": i}) for i in range(n)})
     done = [i for i in range(n) if i not in unsettled]
     results.record_scores(meta.run_id, {i: {"acc": float(i % 2)} for i in done if i % 7})
@@ -605,13 +605,8 @@ def test_spilled_samples_far_apart_read_the_same(redis_only: RedisServer, tmp_pa
     """Ids far apart in a large split (their bits read one by one, not as a range of the
     bitmap): spilled and live ones read as before."""
     client = connect(redis_only.url)
-    runs, results = RunStore(client), ResultStore(client)
     ids = [5_000_000, 3, 7_000_001, 12]
-    meta = RunMeta(
-        run_id=uuid.uuid4().hex[:16], eval="spy", spec="0" * 64, dataset_id="ds",
-        split="validation", n=4, status=RunStatus.QUEUED, created=time.time(),
-    )  # fmt: skip
-    runs.create(meta, ids)
+    results, meta = ResultStore(client), _new_run(client, ids)
     results.record_outputs(meta.run_id, {i: json.dumps(i) for i in ids})
     results.record_scores(meta.run_id, {i: {"acc": 1.0} for i in ids[:3]})
     before = [r.model_dump() for r in results.fetch(meta.run_id, ids)]

@@ -9,6 +9,7 @@ import json
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,16 @@ def janitor(bench: Bench, server: RedisServer) -> Iterator[tuple[Janitor, Celery
     broker = Broker(app, bench.client)
     yield Janitor(bench.client, broker, app, settings), app
     broker.close()
+
+
+@contextmanager
+def _sweeper(on: Bench, app: Celery, settings: Settings) -> Iterator[Janitor]:
+    """A janitor with settings of its own, on the fixture's app."""
+    broker = Broker(app, on.client)
+    try:
+        yield Janitor(on.client, broker, app, settings)
+    finally:
+        broker.close()
 
 
 def _queued(on: Bench, queue: str) -> list[int]:
@@ -175,8 +186,6 @@ def test_the_janitor_purges_old_runs_and_trims_old_audit_entries_only(
         redis_url=server.url, stall_after=STALL, keep_runs_days=30, audit_days=365,
         archive_url=str(tmp_path / "archive"),
     )  # fmt: skip
-    broker = Broker(app, bench.client)
-    sweeper = Janitor(bench.client, broker, app, settings)
     old, young, going = (bench.run("spy", labelled_rows(4)) for _ in range(3))
     for meta in (old, young):
         bench.client.hset(RunKeys(meta.run_id).meta, "status", "completed")
@@ -186,10 +195,8 @@ def test_the_janitor_purges_old_runs_and_trims_old_audit_entries_only(
     bench.client.xadd(AUDIT, {"action": "stale"}, id=stale_id)
     bench.client.xadd(AUDIT, {"action": "fresh"})
 
-    try:
+    with _sweeper(bench, app, settings) as sweeper:
         done = sweeper.sweep()
-    finally:
-        broker.close()
 
     assert done.purged == [old.run_id]
     assert bench.client.exists(RunKeys(old.run_id).meta) == 0
@@ -212,8 +219,6 @@ def test_the_janitor_asks_for_the_spill_a_late_sample_made_possible(
     EVALQ_STALL_AFTER), and the spill it asks for moves every complete segment."""
     _, app = janitor
     settings = Settings(redis_url=server.url, stall_after=60, spill_rows=16)
-    broker = Broker(app, bench.client)
-    sweeper = Janitor(bench.client, broker, app, settings)
     meta = bench.run("spy", labelled_rows(80))  # 70..79 are in flight throughout
     results, late = bench.res.results, [0, 16, 32, 48]
     results.record_outputs(meta.run_id, {i: "{}" for i in range(70)})
@@ -222,11 +227,9 @@ def test_the_janitor_asks_for_the_spill_a_late_sample_made_possible(
             assert spill_run(bench.client, meta.run_id, str(tmp_path), 16) == 0
     assert not results.record_scores(meta.run_id, {i: {"m": 1.0} for i in late}).filled(16)
     bench.client.delete(SCORE_QUEUE)
-    try:
+    with _sweeper(bench, app, settings) as sweeper:
         assert sweeper.sweep().spilling == [meta.run_id]
         assert sweeper.sweep().spilling == []  # asked lately
-    finally:
-        broker.close()
     (raw,) = bench.client.lrange(SCORE_QUEUE, 0, -1)
     message = json.loads(raw)
     assert message["headers"]["task"] == ARCHIVE_TASK
