@@ -17,12 +17,14 @@ __all__ = [
     "STAGE_QUEUES",
     "create_app",
     "evaluation_queue",
+    "send_archive",
 ]
 
 INFER_TASK = "evalq.infer"
 SCORE_TASK = "evalq.score"
 ARCHIVE_TASK = "evalq.archive"
-"""Archive an ended run (:mod:`worker.archiver`); goes to the ``score`` queue."""
+"""Archive an ended run, or spill a going one (:mod:`worker.archiver`); goes to the ``score``
+queue."""
 INFER_QUEUE = "infer"
 SCORE_QUEUE = "score"
 STAGE_QUEUES = {INFER_TASK: INFER_QUEUE, SCORE_TASK: SCORE_QUEUE}
@@ -90,3 +92,8 @@ def create_app(settings: Settings) -> Celery:
         worker_hijack_root_logger=False,
     )
     return app
+
+
+def send_archive(app: Celery, run_id: str) -> None:
+    """Ask a worker to archive the ended run ``run_id``, or spill it while it goes."""
+    app.send_task(ARCHIVE_TASK, args=[run_id], queue=SCORE_QUEUE)

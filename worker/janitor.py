@@ -39,7 +39,7 @@ from celery import Celery
 from shared.audit import record, trim_audit
 from shared.backlog import Backlog
 from shared.broker import Broker, carried
-from shared.celery_app import ARCHIVE_TASK, INFER_QUEUE, SCORE_QUEUE, SCORE_TASK
+from shared.celery_app import INFER_QUEUE, SCORE_TASK, send_archive
 from shared.dispatch import enqueue
 from shared.errors import UnknownRunError, first_line
 from shared.models import RunMeta, SampleTask
@@ -199,7 +199,7 @@ class Janitor:
         if not archive_due(meta, now, self._settings):
             return
         if self._runs.claim_archive(meta.run_id, now, 4 * self._settings.stall_after):
-            self._app.send_task(ARCHIVE_TASK, args=[meta.run_id], queue=SCORE_QUEUE)
+            send_archive(self._app, meta.run_id)
             done.archiving.append(meta.run_id)
 
     def _spill(self, meta: RunMeta, settled: int, now: float, done: Sweep) -> None:
@@ -213,7 +213,7 @@ class Janitor:
         if settled - self._results.spill_map(meta.run_id).samples < rows:
             return
         self._spill_sent[meta.run_id] = now
-        self._app.send_task(ARCHIVE_TASK, args=[meta.run_id], queue=SCORE_QUEUE)
+        send_archive(self._app, meta.run_id)
         done.spilling.append(meta.run_id)
 
     def _nudge(self, meta: RunMeta) -> None:

@@ -14,7 +14,7 @@ from billiard.process import current_process
 from celery import Celery
 
 from shared.backlog import Backlog
-from shared.celery_app import ARCHIVE_TASK, SCORE_QUEUE
+from shared.celery_app import SCORE_QUEUE, send_archive
 from shared.connection import connect
 from shared.dispatch import publish
 from shared.errors import first_line
@@ -87,11 +87,11 @@ class WorkerState:
     def _archive(self, run_id: str) -> None:
         """Send an ended run to be archived, unless someone did."""
         if RunStore(self.client()).claim_archive(run_id, time.time()):
-            self._app.send_task(ARCHIVE_TASK, args=[run_id], queue=SCORE_QUEUE)
+            send_archive(self._app, run_id)
 
     def _spill(self, run_id: str) -> None:
         """Send a going run to have its complete segments spilled."""
-        self._app.send_task(ARCHIVE_TASK, args=[run_id], queue=SCORE_QUEUE)
+        send_archive(self._app, run_id)
 
     def _publish(self, task_name: str, tasks: list[SampleTask]) -> int:
         return publish(self._app, task_name, tasks)
