@@ -15,6 +15,15 @@ local function now()
   return tonumber(t[1]) + tonumber(t[2]) / 1e6
 end
 
+-- Delete the fields listed in the table ``fields`` from each hash in the table ``hashes``, a
+-- thousand at a time (unpack() has a stack limit).
+local function hdel_all(hashes, fields)
+  for from = 1, #fields, 1000 do
+    local upto = math.min(from + 999, #fields)
+    for _, key in ipairs(hashes) do redis.call('HDEL', key, unpack(fields, from, upto)) end
+  end
+end
+
 -- A run made progress: stamp its progress hash (``status`` and the janitor read it).
 -- progress = the run's evalq:{run}:progress hash key
 local function touch(progress)

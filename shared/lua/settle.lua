@@ -34,11 +34,7 @@ for i = 3, #ARGV, 2 do
     ids[#ids + 1] = ARGV[i]
   end
 end
-for from = 1, #given, 1000 do  -- unpack() has a stack limit: a thousand at a time
-  local upto = math.min(from + 999, #given)
-  redis.call('HDEL', KEYS[6], unpack(given, from, upto))
-  redis.call('HDEL', KEYS[7], unpack(given, from, upto))
-end
+hdel_all({KEYS[6], KEYS[7]}, given)
 if written > 0 then
   redis.call('XADD', KEYS[5], '*', 'ids', table.concat(ids, ','))
   redis.call('HINCRBY', KEYS[3], counter, written)

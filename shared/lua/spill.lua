@@ -38,12 +38,7 @@ for i = at + tonumber(ARGV[at]) + 1, #ARGV do
   ids[#ids + 1] = id
 end
 for _, id in ipairs(ids) do redis.call('SETBIT', KEYS[3], tonumber(id), 1) end
-for from = 1, #ids, 1000 do  -- unpack() has a stack limit: a thousand at a time
-  local upto = math.min(from + 999, #ids)
-  redis.call('HDEL', KEYS[4], unpack(ids, from, upto))
-  redis.call('HDEL', KEYS[5], unpack(ids, from, upto))
-  redis.call('HDEL', KEYS[6], unpack(ids, from, upto))
-end
+hdel_all({KEYS[4], KEYS[5], KEYS[6]}, ids)
 for i = 5, at - 1, 2 do redis.call('HINCRBY', KEYS[7], ARGV[i], ARGV[i + 1]) end
 redis.call('HSET', KEYS[2], 'rows', ARGV[2], ARGV[1], ARGV[3])
 redis.call('HINCRBY', KEYS[2], 'samples', #ids)
