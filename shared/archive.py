@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -97,6 +97,16 @@ class Chunk:
     outputs: list[str | None]
     scores: list[str | None]
     errors: list[str | None]
+
+    def texts_of(self, wanted: Container[int]) -> dict[int, tuple[str | None, ...]]:
+        """The texts (output, scores, error) of those samples of ``wanted`` this chunk holds."""
+        return {
+            i: (output, scores, error)
+            for i, output, scores, error in zip(
+                self.sample_ids, self.outputs, self.scores, self.errors, strict=True
+            )
+            if i in wanted
+        }
 
     def table(self) -> pa.Table:
         """The chunk as one Parquet file's table: the raw columns and one float64 column per

@@ -243,12 +243,7 @@ class Spill:
                 ids = read_part(self.parts[index], self.run_id, ()).sample_ids
                 if wanted.isdisjoint(ids):
                     continue
-            chunk = self.part(index)
-            for i, *texts in zip(
-                chunk.sample_ids, chunk.outputs, chunk.scores, chunk.errors, strict=True
-            ):
-                if i in wanted:
-                    found[i] = tuple(texts)
+            found.update(self.part(index).texts_of(wanted))
         return found
 
 
@@ -259,6 +254,15 @@ class _Live:
     values: list[list[str | None]]
     spilled: set[int]
     """Those of the samples moved to a spilled part (their values are there, not here)."""
+
+
+def _parse_scores(
+    sample_ids: list[int], texts: list[str | None], into: dict[int, dict[str, float]]
+) -> None:
+    """Add the scored ones of ``sample_ids`` (their scores' JSON ``texts``) to ``into``."""
+    for i, text in zip(sample_ids, texts, strict=True):
+        if text is not None:
+            into[i] = json.loads(text)
 
 
 def _bits(sample_ids: list[int]) -> tuple[int, int]:
@@ -504,14 +508,10 @@ class ResultStore:
 
     def _archived(self, run_id: str, sample_ids: list[int]) -> Chunk:
         """``sample_ids``' stored texts, read from the run's archive."""
-        wanted, found = set(sample_ids), {}
+        wanted, found = set(sample_ids), dict[int, tuple[str | None, ...]]()
         for chunk in self.chunks(run_id, _ARCHIVE_SCAN):
-            for i, *texts in zip(
-                chunk.sample_ids, chunk.outputs, chunk.scores, chunk.errors, strict=True
-            ):
-                if i in wanted:
-                    found[i] = texts
-        rows = [found.get(i, [None, None, None]) for i in sample_ids]
+            found.update(chunk.texts_of(wanted))
+        rows = [found.get(i, (None, None, None)) for i in sample_ids]
         return Chunk(list(sample_ids), *([row[k] for row in rows] for k in range(3)))
 
     def output_chunks(self, run_id: str, size: int = _SCAN_COUNT) -> Iterator[dict[int, str]]:
@@ -720,18 +720,13 @@ class ResultStore:
             spill = self.spill_map(run_id)  # after the scan: what spilled during it is here
             for url in spill.parts.values():
                 chunk = read_part(url, run_id, ("scores",))
-                for i, text in zip(chunk.sample_ids, chunk.scores, strict=True):
-                    if text is not None:
-                        scores[i] = json.loads(text)
+                _parse_scores(chunk.sample_ids, chunk.scores, scores)
             return scores
 
         def archived() -> dict[int, dict[str, float]]:
             scores: dict[int, dict[str, float]] = {}
             for batch in self._archive_after_seal(run_id).batches(("sample_id", "scores")):
-                ids, texts = batch.column(0).to_pylist(), batch.column(1).to_pylist()
-                for i, text in zip(ids, texts, strict=True):
-                    if text is not None:
-                        scores[i] = json.loads(text)
+                _parse_scores(batch.column(0).to_pylist(), batch.column(1).to_pylist(), scores)
             return scores
 
         return self._live_or_archived(run_id, live, archived)
