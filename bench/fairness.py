@@ -74,7 +74,9 @@ class Bench:
 
     def submit(self, samples: int, principal: str = "bench") -> RunMeta:
         request = SubmitRequest(eval=EVAL, dataset="bench", split="validation", limit=samples)
-        meta = submit(self.client, self.app, request, principal=principal)
+        meta = submit(
+            self.client, self.app, request, principal=principal, archive=Settings().archive_url
+        )
         if self.fifo:
             # as before the dispatcher: every message to the broker at submit, behind all that
             # is queued (submit put the run's first message at the queue's head: back it goes)

@@ -206,6 +206,7 @@ def evalq_run(
                     app,
                     SubmitRequest(eval=eval_name, dataset="bench", split="validation", limit=limit),
                     principal="bench",
+                    archive=Settings().archive_url,
                 )
                 _wait(lambda: runs.get(meta.run_id).status is RunStatus.COMPLETED, 600)
                 return time.perf_counter() - started
@@ -257,7 +258,7 @@ def submit_time(data: Path, n: int) -> float:
         TierRegistry(client).set("bench", "validation", Tier.VIEWABLE, who="bench")
         request = SubmitRequest(eval="null", dataset="bench", split="validation", limit=n)
         started = time.perf_counter()
-        submit(client, app, request, principal="bench")
+        submit(client, app, request, principal="bench", archive=str(data / "archive"))
         seconds = time.perf_counter() - started
         client.close()
         return seconds

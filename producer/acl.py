@@ -3,9 +3,10 @@ gateway's can change what the policy rests on.
 
 - ``gateway``: every evalq key and the broker (it is the operator's credential too: direct-mode
   commands such as ``evalq tokens create`` bootstrap with it).
-- ``worker``: the broker's queues, run records, results and backlogs, the fair dispatcher's
-  state, heartbeats and the janitor's lease, spec reads (and the shard digests it records); no
-  tier, budget, token, registry, priority or audit key.
+- ``worker``: the broker's queues, run state, results and backlogs, the fair dispatcher's
+  state, heartbeats and the janitor's lease, spec reads (and the shard digests it records),
+  runs' facts read only (``evalq:facts:{run}``: what the gateway decides by); no tier,
+  budget, token, registry, priority or audit key.
 - ``monitor``: what Flower and ``evalq metrics`` read (queues, run records and counters,
   budgets, heartbeats, the dispatcher's state) and the broker's control replies; never a
   per-sample result hash.
@@ -58,6 +59,7 @@ ROLES: dict[str, tuple[str, ...]] = {
     "worker": (
         *_BROKER,
         "~evalq:{*",
+        "%R~evalq:facts:*",
         "~evalq:workers:*",
         "~evalq:janitor",
         "~evalq:active",
@@ -72,6 +74,7 @@ ROLES: dict[str, tuple[str, ...]] = {
         *(f"%R~{q}" for q in _QUEUES),
         *_CONTROL,
         "%R~evalq:runs",
+        "%R~evalq:facts:*",
         "%R~evalq:{*}:meta",
         "%R~evalq:{*}:progress",
         "%R~evalq:budget:*",

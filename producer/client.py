@@ -37,7 +37,7 @@ from shared.archive import PART_ROWS, table_of
 from shared.audit import audit_admin, recent, record
 from shared.backlog import Backlog, Standing
 from shared.celery_app import INFER_QUEUE, SCORE_QUEUE, SCORE_TASK, create_app
-from shared.connection import connect
+from shared.connection import connect, server_time
 from shared.dispatch import enqueue
 from shared.errors import EvalqError, InputError, RunNotCompletedError, UnknownRunError
 from shared.evaluation import create, load_plugins, lower_is_better
@@ -226,7 +226,10 @@ class Client:
     def submit(self, request: SubmitRequest) -> RunMeta:
         """Gate on tier and budget, then enqueue; see :func:`producer.submit.submit`."""
         load_plugins(self.settings.plugins)
-        meta = submit(self._redis, self.app, request, principal=self.principal, admin=self.admin)
+        meta = submit(
+            self._redis, self.app, request, principal=self.principal, admin=self.admin,
+            archive=self.settings.archive_url,
+        )  # fmt: skip
         return self._outward(meta)
 
     def _outward(self, meta: RunMeta) -> RunMeta:
@@ -241,7 +244,7 @@ class Client:
         load_plugins(self.settings.plugins)
         meta = rescore(
             self._redis, self.app, request.run, request.eval, request.params,
-            principal=self.principal, admin=self.admin,
+            principal=self.principal, admin=self.admin, archive=self.settings.archive_url,
         )  # fmt: skip
         return self._outward(meta)
 
@@ -282,8 +285,7 @@ class Client:
             return missing
         if waiting is not None:
             return None  # waiting its turn in the dispatcher, which says why: not stalled
-        seconds, micros = self._redis.time()
-        idle = seconds + micros / 1e6 - (progress.touched or meta.created)
+        idle = server_time(self._redis) - (progress.touched or meta.created)
         if idle >= self.settings.stall_after:
             return f"no progress for {idle:.0f}s"
         return None

@@ -10,7 +10,6 @@ inferred) and sends them straight to scoring.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Mapping
 from typing import Annotated
@@ -21,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from producer.submit import start
 from shared.celery_app import SCORE_TASK
+from shared.connection import server_time
 from shared.dispatch import message_size, publish, split
 from shared.errors import InputError
 from shared.evaluation import create
@@ -60,8 +60,10 @@ def rescore(
     *,
     principal: str,
     admin: bool = False,
+    archive: str,
 ) -> RunMeta:
-    """Start the rescoring of ``run_id`` with ``eval_name``; return the new run's record."""
+    """Start the rescoring of ``run_id`` with ``eval_name`` (its results to be archived under
+    ``archive``); return the new run's record."""
     runs, results = RunStore(client), ResultStore(client)
     source = runs.get(run_id)
     if source.status is not RunStatus.COMPLETED:
@@ -85,7 +87,7 @@ def rescore(
     meta = RunMeta(
         run_id=uuid.uuid4().hex[:16], eval=eval_name, params=dict(params), spec=source.spec,
         dataset_id=source.dataset_id, registered=source.registered, split=source.split,
-        n=len(ids), status=RunStatus.QUEUED, created=time.time(), principal=principal,
+        n=len(ids), status=RunStatus.QUEUED, created=server_time(client), principal=principal,
         admin=admin, charged=not admin, priority=source.priority, sweep=None, tags=source.tags,
         rescored_from=run_id,
     )  # fmt: skip
@@ -95,5 +97,5 @@ def rescore(
             results.record_outputs(meta.run_id, outputs)
         publish(app, SCORE_TASK, split(meta, ids, size=message_size(len(ids))))
 
-    start(client, meta, ids, enqueue)
+    start(client, meta, ids, enqueue, archive=archive)
     return meta

@@ -15,7 +15,6 @@ bypasses tier and budget; the bypass is audited.
 from __future__ import annotations
 
 import secrets
-import time
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Annotated
@@ -26,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from shared.audit import audit_admin
 from shared.backlog import Backlog
+from shared.connection import server_time
 from shared.data import Sharding, resolve_source, shard_order, spec_of
 from shared.errors import InputError, SampleIdError
 from shared.evaluation import create
@@ -190,8 +190,10 @@ def submit(
     *,
     principal: str,
     admin: bool = False,
+    archive: str,
 ) -> RunMeta:
-    """Gate, publish and enqueue ``request``; return the new run's record."""
+    """Gate, publish and enqueue ``request`` (its results to be archived under ``archive``);
+    return the new run's record."""
     evaluation = create(request.eval, request.params)
     sharding = request.sharding
     if sharding.routing is RoutingKind.KMEANS and sharding.route_field in evaluation.label_fields:
@@ -227,7 +229,7 @@ def submit(
         split=request.split,
         n=len(sample_ids),
         status=RunStatus.QUEUED,
-        created=time.time(),
+        created=server_time(client),
         principal=principal,
         admin=admin,
         charged=not admin,
@@ -242,31 +244,39 @@ def submit(
         meta,
         sample_ids,
         lambda: backlog.enqueue(app, meta, shard_order(spec, rows, sample_ids)),
+        archive=archive,
     )
     return meta
 
 
 def start(
-    client: redis.Redis, meta: RunMeta, sample_ids: list[int], enqueue: Callable[[], object]
+    client: redis.Redis,
+    meta: RunMeta,
+    sample_ids: list[int],
+    enqueue: Callable[[], object],
+    *,
+    archive: str,
 ) -> None:
-    """Charge (or, for an admin, audit) a new run, record it and ``enqueue`` its work; if
-    recording or enqueueing fails, the run is cancelled and its charge refunded, once."""
+    """Record a new run (its results to go under ``archive``), open it and charge it (or, for
+    an admin, audit it) in one script, then ``enqueue`` its work; if enqueueing fails, the run
+    is cancelled and its charge refunded, once. Killed anywhere, a producer leaves a run and
+    its charge, or neither."""
     ledger = Ledger(client)
     who = meta.principal
     if meta.admin:
         audit_admin(client, "admin_submit", who, meta, {"bypassed": ["tier", "budget"]})
-    else:
-        ledger.reserve(meta.dataset_id, meta.split, samples=meta.n, run_id=meta.run_id, who=who)
     runs = RunStore(client)
-    recorded = False
+    runs.create(meta, sample_ids, archive)
     try:
-        runs.create(meta, sample_ids)
-        recorded = True
+        ledger.reserve(meta)
+    except BaseException:
+        runs.discard(meta.run_id)
+        raise
+    try:
         enqueue()
     except BaseException:
-        if recorded:
-            runs.cancel(meta.run_id)
-            Backlog(client).withdraw(meta.run_id)
+        runs.cancel(meta.run_id)
+        Backlog(client).withdraw(meta.run_id)
         if meta.charged:
             ledger.refund(
                 meta.dataset_id, meta.split, meta.run_id, runs=1, samples=meta.n, who=who,

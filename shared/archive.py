@@ -40,6 +40,7 @@ __all__ = [
     "ArchiveReader",
     "ArchiveWriter",
     "Chunk",
+    "inside",
     "read_part",
     "remove_others",
     "remove_part",
@@ -64,11 +65,25 @@ def run_folder(archive_url: str, run_id: str) -> str:
     return f"{archive_url.rstrip('/')}/{run_id}"
 
 
-def spill_url(archive_url: str, run_id: str, segment: int) -> str:
-    """A new part's URL for segment ``segment`` of a going run (a token of its own: two
-    workers that spill the same segment never write the same file)."""
+def inside(url: str, folder: str) -> bool:
+    """Whether ``url`` names something under ``folder`` (the same file system, a path below
+    it, no ``..``): a URL read from a record workers write is followed only where the gateway's
+    own facts put the run."""
+    try:
+        fs, path = fsspec.core.url_to_fs(url)
+        home_fs, home = fsspec.core.url_to_fs(folder)
+    except (ValueError, ImportError, OSError):
+        return False
+    if fs.protocol != home_fs.protocol or ".." in path.split("/"):
+        return False
+    return str(path).startswith(str(home).rstrip("/") + "/")
+
+
+def spill_url(folder: str, segment: int) -> str:
+    """A new part's URL for segment ``segment`` of a going run whose folder is ``folder`` (a
+    token of its own: two workers that spill the same segment never write the same file)."""
     token = uuid.uuid4().hex[:12]
-    return f"{run_folder(archive_url, run_id)}/spill/segment-{segment:05d}-{token}.parquet"
+    return f"{folder}/spill/segment-{segment:05d}-{token}.parquet"
 
 
 @contextmanager

@@ -10,7 +10,7 @@ from redis.retry import Retry
 
 from shared.errors import InputError, first_line
 
-__all__ = ["connect", "redact"]
+__all__ = ["connect", "redact", "server_time"]
 
 
 def connect(url: str, *, retries: int = 8) -> redis.Redis:
@@ -49,3 +49,11 @@ def redact(url: str) -> str:
         for key, value in parse_qsl(parts.query, keep_blank_values=True)
     ]
     return urlunsplit(parts._replace(netloc=netloc, query=urlencode(query, safe="*")))
+
+
+def server_time(client: redis.Redis) -> float:
+    """Redis's clock, in seconds: the one clock every age is measured by (a run's creation,
+    the janitor's and ``status``'s idle times), whatever the producers' and workers' clocks
+    say."""
+    seconds, micros = client.time()
+    return float(seconds) + float(micros) / 1e6

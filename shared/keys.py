@@ -183,8 +183,19 @@ class RunKeys:
     run_id: str
 
     @property
+    def facts(self) -> str:
+        """Hash: what the gateway decides by, written only by a producer (the ``worker`` ACL
+        user may read it, never write it): eval, params, spec, dataset, split, n, principal,
+        charge, priority, created (Redis's clock), ``archive`` (the archive location its
+        results go under) and ``refunded`` (set once, when its charge was given back). Outside
+        ``evalq:{*``, the pattern of the keys workers write, with the run's hash tag."""
+        return f"evalq:facts:{{{self.run_id}}}"
+
+    @property
     def meta(self) -> str:
-        """Hash: eval, params, spec fingerprint, split, status, n, timestamps."""
+        """Hash: the run's state, which workers write: status, finished, reason, archive
+        claims and seal (``archive_url``, ``archived``), ``finalizing``. Its other fields are
+        ignored: the run's facts are in :attr:`facts`."""
         return f"evalq:{{{self.run_id}}}:meta"
 
     @property
@@ -254,12 +265,6 @@ class RunKeys:
         ``samples|queue|message`` (the message exactly as kombu would push it), oldest at the
         right."""
         return f"evalq:{{{self.run_id}}}:backlog"
-
-    @property
-    def refund(self) -> str:
-        """String: set once when the run's charge was (partly) given back; makes refunds
-        idempotent."""
-        return f"evalq:{{{self.run_id}}}:refund"
 
     @property
     def aggregate(self) -> str:

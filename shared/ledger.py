@@ -14,9 +14,10 @@ import time
 import redis
 from pydantic import BaseModel, Field
 
-from shared.errors import BudgetExhaustedError
-from shared.keys import AUDIT, RunKeys, budget_key
+from shared.errors import BudgetExhaustedError, StoreError
+from shared.keys import ACTIVE, AUDIT, RUNS, RunKeys, budget_key
 from shared.lua import register
+from shared.models import RunMeta
 from shared.names import check_name
 
 __all__ = ["Budget", "Ledger"]
@@ -95,14 +96,26 @@ class Ledger:
         fields = {**raw, "dataset": dataset, "split": split, "caller": caller}
         return Budget.model_validate(fields)
 
-    def reserve(self, dataset: str, split: str, *, samples: int, run_id: str, who: str) -> None:
-        """Charge one run of ``samples`` samples to the split's budget and to ``who``'s own on
-        it (when one is set), or raise :class:`BudgetExhaustedError` (nothing written)."""
+    def reserve(self, meta: RunMeta) -> None:
+        """Open the run ``meta`` recorded (:meth:`shared.runs.RunStore.create`) and, unless it
+        is not ``charged`` (an admin's), charge it in the same script: one run of ``meta.n``
+        samples to its split's budget and to its principal's own on it (when one is set).
+        Raise :class:`BudgetExhaustedError` (nothing written) when a budget refuses, and
+        :class:`StoreError` when the pending record expired."""
+        dataset, split, who, run = meta.dataset_id, meta.split, meta.principal, RunKeys(meta.run_id)
         reply = self._reserve(
-            keys=[budget_key(dataset, split), budget_key(dataset, split, who), AUDIT],
-            args=[samples, run_id, who, dataset, split, time.time()],
-        )
-        verdict = str(reply[0])
+            keys=[
+                budget_key(dataset, split), budget_key(dataset, split, who), AUDIT, run.facts,
+                run.meta, run.ids, RUNS, ACTIVE,
+            ],
+            args=[
+                meta.n, meta.run_id, who, dataset, split, repr(meta.created),
+                "1" if meta.charged else "0",
+            ],
+        )  # fmt: skip
+        verdict, samples = str(reply[0]), meta.n
+        if verdict == "gone":
+            raise StoreError(f"run {meta.run_id} was not opened in time; submit it again")
         if verdict != "ok":
             budget = self.get(dataset, split, who if reply[1] == "principal" else None)
             raise BudgetExhaustedError(_refusal(budget, verdict, samples), verdict)
@@ -125,7 +138,7 @@ class Ledger:
         caller = budget_key(dataset, split, submitter)
         return int(
             self._refund(
-                keys=[budget_key(dataset, split), caller, AUDIT, RunKeys(run_id).refund],
+                keys=[budget_key(dataset, split), caller, AUDIT, RunKeys(run_id).facts],
                 args=[runs, samples, who, dataset, split, run_id, time.time(), reason],
             )
         )

@@ -15,7 +15,7 @@ import pyarrow as pa
 import redis
 from redis.client import NEVER_DECODE
 
-from shared.archive import RAW_COLUMNS, ArchiveReader, Chunk, read_part
+from shared.archive import RAW_COLUMNS, ArchiveReader, Chunk, inside, read_part, run_folder
 from shared.errors import ArchiveUnreadableError, UnknownRunError, first_line
 from shared.evaluation import Evaluation
 from shared.keys import RunKeys
@@ -199,6 +199,8 @@ class Spill:
     the last part it read back (readers go through a run in order)."""
 
     run_id: str
+    folder: str
+    """The only folder a part is read from (workers name the parts)."""
     rows: int = 0
     """Samples per segment (0: nothing spilled yet)."""
     samples: int = 0
@@ -220,10 +222,21 @@ class Spill:
         index = position // self.rows
         return index if index in self.parts else None
 
+    def url(self, index: int) -> str:
+        """Segment ``index``'s part, where the record (which workers write) names it: only
+        inside the run's spill folder, else :class:`ArchiveUnreadableError`."""
+        url = self.parts[index]
+        if not self.folder or not inside(url, self.folder):
+            raise ArchiveUnreadableError(
+                f"run {self.run_id}: its record names a spilled part outside the run's own "
+                "folder; it is not read"
+            )
+        return url
+
     def part(self, index: int) -> Chunk:
         """Segment ``index``'s texts, read back from its part."""
         if self._last is None or self._last[0] != index:
-            self._last = (index, read_part(self.parts[index], self.run_id))
+            self._last = (index, read_part(self.url(index), self.run_id))
         return self._last[1]
 
     def texts(self, position: int) -> tuple[str | None, str | None, str | None]:
@@ -240,7 +253,7 @@ class Spill:
             if len(found) == len(wanted):
                 break
             if self._last is None or self._last[0] != index:  # its ids first: they are small
-                ids = read_part(self.parts[index], self.run_id, ()).sample_ids
+                ids = read_part(self.url(index), self.run_id, ()).sample_ids
                 if wanted.isdisjoint(ids):
                     continue
             found.update(self.part(index).texts_of(wanted))
@@ -296,9 +309,22 @@ class ResultStore:
 
     def archive_url(self, run_id: str) -> str | None:
         """The folder the run's record names as its archive (None while its results live in
-        Redis)."""
-        url = self._client.hget(RunKeys(run_id).meta, "archive_url")
-        return None if url is None else str(url)
+        Redis). Workers write that name, so it is followed only inside the run's folder under
+        the archive location its facts name; anything else raises
+        :class:`ArchiveUnreadableError`."""
+        keys = RunKeys(run_id)
+        with self._client.pipeline(transaction=False) as pipe:
+            pipe.hget(keys.meta, "archive_url")
+            pipe.hget(keys.facts, "archive")
+            url, base = pipe.execute()
+        if url is None:
+            return None
+        if base is None or not inside(str(url), run_folder(str(base), run_id)):
+            raise ArchiveUnreadableError(
+                f"run {run_id}: its record names an archive outside the run's own folder; "
+                "it is not read (an operator should look at evalq:{run}:meta)"
+            )
+        return str(url)
 
     def archive(self, run_id: str) -> ArchiveReader | None:
         """The run's archive, once it is sealed (None while its results live in Redis)."""
@@ -320,7 +346,7 @@ class ResultStore:
                 ids = RunStore(self._client).sample_ids(run_id)
             except UnknownRunError:
                 ids = []  # archived since, or no such run
-            spill = Spill(run_id)
+            spill = self._spill_of(run_id)
             for start in range(0, len(ids), size):
                 chunk = self._positioned(run_id, ids[start : start + size], start, spill)
                 if chunk is None:
@@ -422,9 +448,16 @@ class ResultStore:
                 return None
             raise
 
+    def _spill_of(self, run_id: str) -> Spill:
+        """An empty view of the run's spilled segments, whose parts are read only from the
+        spill folder under the archive location the run's facts name."""
+        base = self._client.hget(RunKeys(run_id).facts, "archive")
+        folder = "" if base is None else f"{run_folder(str(base), run_id)}/spill"
+        return Spill(run_id, folder)
+
     def spill_map(self, run_id: str) -> Spill:
         """A going run's spilled segments as they are now."""
-        spill = Spill(run_id)
+        spill = self._spill_of(run_id)
         spill.update(self._client.hgetall(RunKeys(run_id).spill))
         return spill
 
@@ -465,7 +498,7 @@ class ResultStore:
         kinds = _flatten(errors or {})
         return int(
             self._seal(
-                keys=[keys.meta, keys.progress, keys.errors, *keys.per_sample],
+                keys=[keys.meta, keys.progress, keys.errors, keys.facts, *keys.per_sample],
                 args=[url, *chunk_counts, *kinds],
             )
         )
@@ -640,6 +673,7 @@ class ResultStore:
                 keys.attempts_of(Stage.INFER),
                 keys.attempts_of(Stage.SCORE),
                 keys.spilled,
+                keys.facts,
             ],
             args=[kind, "" if stale_after is None else stale_after, *_flatten(values)],
         )
@@ -718,8 +752,8 @@ class ResultStore:
         def live() -> dict[int, dict[str, float]]:
             scores = {int(i): json.loads(v) for i, v in self._scan(RunKeys(run_id).score)}
             spill = self.spill_map(run_id)  # after the scan: what spilled during it is here
-            for url in spill.parts.values():
-                chunk = read_part(url, run_id, ("scores",))
+            for index in spill.parts:
+                chunk = read_part(spill.url(index), run_id, ("scores",))
                 _parse_scores(chunk.sample_ids, chunk.scores, scores)
             return scores
 

@@ -14,11 +14,10 @@ from collections.abc import Iterator
 
 import redis
 
-from shared.archive import remove_part, remove_run, run_folder
+from shared.archive import remove_run, run_folder
 from shared.errors import InputError, UnknownRunError
 from shared.keys import ACTIVE, RUNS, RunKeys, release_run_key
 from shared.models import RunMeta, RunStatus
-from shared.results import ResultStore
 from shared.runs import RunStore
 from shared.settings import Settings
 
@@ -58,19 +57,19 @@ def parse_age(text: str) -> float:
 
 def purge(client: redis.Redis, run_id: str, archive_url: str) -> bool:
     """Remove the ended run ``run_id`` everywhere (see the module); False if it is going, or
-    unknown. Its archive is looked for where its record says and under ``archive_url`` (an
-    attempt that never sealed)."""
+    unknown. Its archive is the one folder derived from the archive location its facts name
+    (``archive_url`` when it has none): nothing a worker wrote names what is deleted."""
+    runs = RunStore(client)
     try:
-        meta = RunStore(client).get(run_id)
+        meta = runs.get(run_id)
     except UnknownRunError:
         meta = None
     if meta is not None and meta.status.active:
         return False
     keys = RunKeys(run_id)
-    sealed = client.hget(keys.meta, "archive_url")
-    parts = ResultStore(client).spill_map(run_id).parts.values()  # wherever they were written
+    folder = run_folder(runs.archive_of(run_id) or archive_url, run_id)
     per_run = [
-        keys.meta, keys.progress, keys.aggregate, keys.stats, keys.provenance, keys.refund,
+        keys.facts, keys.meta, keys.progress, keys.aggregate, keys.stats, keys.provenance,
         keys.errors, *keys.per_sample,
     ]  # fmt: skip
     with client.pipeline(transaction=True) as pipe:  # the record first: an archiver that
@@ -79,13 +78,7 @@ def purge(client: redis.Redis, run_id: str, archive_url: str) -> bool:
         pipe.unlink(*per_run)
         pipe.unlink(release_run_key(run_id))
         removed = pipe.execute()
-    folders = {run_folder(archive_url, run_id)}
-    if sealed is not None:
-        folders.add(str(sealed).rstrip("/").rsplit("/", 1)[0])
-    for folder in folders:
-        remove_run(folder)
-    for url in parts:
-        remove_part(url, run_id)
+    remove_run(folder)
     return meta is not None or bool(removed[0])
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import redis
@@ -18,18 +17,38 @@ from shared.models import RunMeta, RunStatus
 __all__ = ["RunFilter", "RunStore"]
 
 
-def _encode(meta: RunMeta) -> dict[FieldT, EncodableT]:
+STATE = ("status", "finished", "reason", "archived")
+"""The fields of a run's record that workers write (``evalq:{run}:meta``); every other field is
+a fact (``evalq:facts:{run}``), written only by a producer."""
+
+PENDING_SECONDS = 3600
+"""How long a run recorded but not yet opened by :meth:`shared.ledger.Ledger.reserve` lives:
+a producer killed between the two leaves nothing that outlasts this."""
+
+
+def _encode(
+    meta: RunMeta, archive: str
+) -> tuple[dict[FieldT, EncodableT], dict[FieldT, EncodableT]]:
+    """The run's facts (with its ``archive`` location) and its initial state."""
     fields = meta.model_dump(mode="json", exclude_none=True)
     fields["params"] = json.dumps(meta.params, sort_keys=True)
     fields["tags"] = json.dumps(list(meta.tags))
-    return {k: str(v) for k, v in fields.items()}
+    fields["archive"] = archive
+    state: dict[FieldT, EncodableT] = {k: str(fields.pop(k)) for k in STATE if k in fields}
+    fields.pop("run_id")
+    return {k: str(v) for k, v in fields.items()}, state
 
 
-def _decode(run_id: str, raw: dict[Any, Any]) -> RunMeta:
-    tags = json.loads(raw.get("tags", "[]"))
+def _decode(run_id: str, facts: dict[Any, Any], state: dict[Any, Any]) -> RunMeta:
+    """A run's record: its facts, and of its state only the fields workers may write."""
+    tags = json.loads(facts.get("tags", "[]"))
+    written = {k: v for k, v in state.items() if k in STATE}
     return RunMeta.model_validate(
-        {**raw, "run_id": run_id, "params": json.loads(raw["params"]), "tags": tags}
-    )
+        {
+            **facts, **written, "run_id": run_id, "params": json.loads(facts["params"]),
+            "tags": tags, "charged": facts.get("charged") == "True",
+        }
+    )  # fmt: skip
 
 
 class RunFilter(BaseModel):
@@ -55,30 +74,51 @@ class RunFilter(BaseModel):
 
 
 class RunStore:
-    """Reads and writes ``evalq:{run}:meta`` / ``:ids`` and the ``evalq:runs`` index; owns
-    ``cancel.lua`` and ``claim_archive.lua``."""
+    """Reads and writes ``evalq:facts:{run}``, ``evalq:{run}:meta`` / ``:ids`` and the
+    ``evalq:runs`` index; owns ``cancel.lua`` and ``claim_archive.lua``."""
 
     def __init__(self, client: redis.Redis) -> None:
         self._client = client
         self._cancel = register(client, "cancel")
         self._claim_archive = register(client, "claim_archive")
 
-    def create(self, meta: RunMeta, sample_ids: list[int]) -> None:
-        """Record a new run and its sample ids in one transaction."""
+    def create(self, meta: RunMeta, sample_ids: list[int], archive: str) -> None:
+        """Record a new run (its facts, with ``archive`` as the location its results go under,
+        and its sample ids) in one transaction, pending: nobody sees it, and it expires after
+        :data:`PENDING_SECONDS`, until :meth:`shared.ledger.Ledger.reserve` charges and opens
+        it in one script (so a producer killed between the two leaves no charge without a
+        run, nor a run without its charge)."""
         keys = RunKeys(meta.run_id)
+        facts, state = _encode(meta, archive)
+        facts["charged"] = "False"
         with self._client.pipeline(transaction=True) as pipe:
-            pipe.hset(keys.meta, mapping=_encode(meta))
+            pipe.hset(keys.facts, mapping=facts)
+            pipe.hset(keys.meta, mapping=state)
             pipe.set(keys.ids, json.dumps(sample_ids, separators=(",", ":")))
-            pipe.zadd(RUNS, {meta.run_id: meta.created})
-            pipe.sadd(ACTIVE, meta.run_id)
+            for key in (keys.facts, keys.meta, keys.ids):
+                pipe.expire(key, PENDING_SECONDS)
             pipe.execute()
+
+    def discard(self, run_id: str) -> None:
+        """Remove a run recorded but never opened (its charge was refused)."""
+        keys = RunKeys(run_id)
+        self._client.unlink(keys.facts, keys.meta, keys.ids)
 
     def get(self, run_id: str) -> RunMeta:
         """The run's record; :class:`UnknownRunError` if there is none."""
-        raw = self._client.hgetall(RunKeys(run_id).meta)
-        if not raw:
+        keys = RunKeys(run_id)
+        with self._client.pipeline(transaction=False) as pipe:
+            pipe.hgetall(keys.facts)
+            pipe.hgetall(keys.meta)
+            facts, state = pipe.execute()
+        if not facts or not state:
             raise UnknownRunError(f"no run '{run_id}'")
-        return _decode(run_id, raw)
+        return _decode(run_id, facts, state)
+
+    def archive_of(self, run_id: str) -> str | None:
+        """The archive location the run's facts name (None: no such run)."""
+        found = self._client.hget(RunKeys(run_id).facts, "archive")
+        return None if found is None else str(found)
 
     def sample_ids(self, run_id: str) -> list[int]:
         """The run's sample ids in submission order."""
@@ -102,9 +142,11 @@ class RunStore:
             start += len(run_ids)
             with self._client.pipeline(transaction=False) as pipe:
                 for run_id in run_ids:
+                    pipe.hgetall(RunKeys(run_id).facts)
                     pipe.hgetall(RunKeys(run_id).meta)
                 records = pipe.execute()
-            metas = [_decode(r, raw) for r, raw in zip(run_ids, records, strict=True) if raw]
+            pairs = zip(run_ids, records[::2], records[1::2], strict=True)
+            metas = [_decode(r, facts, state) for r, facts, state in pairs if facts and state]
             found += [
                 m
                 for m in metas
@@ -134,6 +176,6 @@ class RunStore:
         output nor an error)."""
         keys = RunKeys(run_id)
         state, unproduced = self._cancel(
-            keys=[keys.meta, keys.out, keys.err, keys.backlog, keys.spilled], args=[time.time()]
+            keys=[keys.meta, keys.out, keys.err, keys.backlog, keys.spilled, keys.facts]
         )
         return int(state), int(unproduced)

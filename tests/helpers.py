@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 import uuid
@@ -19,7 +20,8 @@ import redis
 
 from producer.redis_server import free_port
 from shared.keys import RunKeys
-from shared.models import RunStatus
+from shared.ledger import Ledger
+from shared.models import RunMeta, RunStatus
 from shared.policy import Tier
 from shared.registry import DatasetRegistry
 from shared.results import ResultStore
@@ -41,6 +43,25 @@ def wait_for(probe: Callable[[], T], timeout: float = 60.0, what: str = "conditi
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(0.05)
+
+
+def record_run(client: redis.Redis, meta: RunMeta, ids: list[int], archive: str = "") -> None:
+    """Record and open ``meta`` through the stores as submit does (charged when
+    ``meta.charged``), its results to be archived under ``archive``."""
+    RunStore(client).create(meta, ids, archive or str(Path(tempfile.gettempdir(), "evalq-archive")))
+    Ledger(client).reserve(meta)
+
+
+def charge_run(  # noqa: PLR0917
+    client: redis.Redis, dataset: str, split: str, run_id: str, samples: int, who: str
+) -> None:
+    """Record and open a charged run of ``samples`` samples by ``who`` on ``dataset/split``
+    (raises :class:`shared.errors.BudgetExhaustedError` as submit would)."""
+    meta = RunMeta(
+        run_id=run_id, eval="spy", spec="0" * 64, dataset_id=dataset, split=split, n=samples,
+        status=RunStatus.QUEUED, created=0.0, principal=who, charged=True,
+    )  # fmt: skip
+    record_run(client, meta, list(range(samples)))
 
 
 def wait_completed(client: redis.Redis, run_id: str, timeout: float = 90.0) -> None:

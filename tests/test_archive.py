@@ -29,7 +29,7 @@ from shared.archive import (
     table_of,
 )
 from shared.connection import connect
-from shared.errors import InputError
+from shared.errors import ArchiveUnreadableError, InputError
 from shared.evaluation import create
 from shared.keys import AUDIT, RUNS, RunKeys
 from shared.models import ErrorRecord, RunMeta, RunStatus, Stage
@@ -42,6 +42,7 @@ from tests.helpers import (
     evalq,
     labelled_rows,
     list_splits,
+    record_run,
     wait_completed,
     wait_ended,
     wait_for,
@@ -167,13 +168,13 @@ def test_an_archived_run_reads_exactly_as_it_did_live(fresh_stack: Stack, tmp_pa
     assert live["a"]["status"][1]["errors"] == {"infer/RuntimeError": 1, "score/ValueError": 1}  # type: ignore[index]
 
     for run_id in (a, b, held):
-        done = archive_run(stack.client, run_id, stack.settings.archive_url)
+        done = archive_run(stack.client, run_id)
         assert (done.sealed, done.rows) == (1, 120)
         assert _live_keys(stack, run_id) == []
         record = stack.client.hgetall(RunKeys(run_id).meta)
         assert record["archive_url"] == done.url
         assert record["status"] == "completed"
-    assert archive_run(stack.client, a, stack.settings.archive_url).sealed == 0  # once
+    assert archive_run(stack.client, a).sealed == 0  # once
 
     archived = everything()
     for name, value in live.items():
@@ -281,20 +282,21 @@ def test_purge_removes_what_it_names_and_nothing_else(fresh_stack: Stack, tmp_pa
     wait_for(lambda: client.status(going).meta.archived, 60, "the cancelled run's archive")
 
 
-def _new_run(client: redis.Redis, ids: list[int]) -> RunMeta:
-    """A queued run of ``ids``, recorded through the store itself (no worker)."""
+def _new_run(client: redis.Redis, ids: list[int], archive: Path) -> RunMeta:
+    """A queued run of ``ids``, recorded through the store itself (no worker), archived under
+    ``archive``."""
     meta = RunMeta(
         run_id=uuid.uuid4().hex[:16], eval="spy", spec="0" * 64, dataset_id="ds",
         split="validation", n=len(ids), status=RunStatus.QUEUED, created=time.time(),
     )  # fmt: skip
-    RunStore(client).create(meta, ids)
+    record_run(client, meta, ids, str(archive))
     return meta
 
 
-def _ended_run(client: redis.Redis, n: int = 30) -> str:
+def _ended_run(client: redis.Redis, archive: Path, n: int = 30) -> str:
     """A completed run made through the store itself (no worker): every seventh sample failed
     at inference, the rest scored."""
-    results, meta = ResultStore(client), _new_run(client, list(range(n)))
+    results, meta = ResultStore(client), _new_run(client, list(range(n)), archive)
     kept = [i for i in range(n) if i % 7]
     results.record_outputs(meta.run_id, {i: json.dumps({"pred": i}) for i in kept})
     results.record_scores(meta.run_id, {i: {"acc": float(i % 2)} for i in kept})
@@ -311,8 +313,8 @@ def test_a_seal_whose_reply_was_lost_keeps_the_archive_it_sealed(
     that this very folder is sealed (2), and an attempt never removes the folder its run's
     record names (it did, and every result was gone: the attack review's finding)."""
     client = connect(redis_only.url)
-    results, run_id = ResultStore(client), _ended_run(client)
-    done = archive_run(client, run_id, str(tmp_path / "archive"))
+    results, run_id = ResultStore(client), _ended_run(client, tmp_path / "archive")
+    done = archive_run(client, run_id)
     assert done.sealed == 1
     counts = (30, 25, 5, 25)
     assert results.seal(run_id, done.url, counts) == 2  # the retried call
@@ -330,8 +332,8 @@ def test_nothing_is_written_for_a_run_once_it_is_sealed_or_purged(
     purged run's record is not recreated by a late claim to archive it."""
     client = connect(redis_only.url)
     results, runs = ResultStore(client), RunStore(client)
-    run_id = _ended_run(client)
-    assert archive_run(client, run_id, str(tmp_path / "archive")).sealed == 1
+    run_id = _ended_run(client, tmp_path / "archive")
+    assert archive_run(client, run_id).sealed == 1
     assert results.record_outputs(run_id, {0: "1", 7: "2"}) == 0
     assert results.attempt(run_id, {0: False, 7: True}) == {0: 0, 7: 0}
     assert _live_keys_of(client, run_id) == []
@@ -349,8 +351,8 @@ def test_an_archive_that_cannot_be_read_is_a_one_line_error(
     redis_only: RedisServer, tmp_path: Path
 ) -> None:
     client = connect(redis_only.url)
-    run_id = _ended_run(client)
-    done = archive_run(client, run_id, str(tmp_path / "archive"))
+    run_id = _ended_run(client, tmp_path / "archive")
+    done = archive_run(client, run_id)
     shutil.rmtree(tmp_path / "archive")  # the store not mounted on this machine
     shown = evalq(redis_only.url, "results", run_id, "--admin")
     assert shown.returncode == 1
@@ -381,10 +383,12 @@ def test_an_archive_message_for_a_run_not_due_archives_nothing() -> None:
     assert not archive_due(going, 1e9, settings)
 
 
-def _going_run(client: redis.Redis, n: int = 50, unsettled: range = range(45, 50)) -> str:
+def _going_run(
+    client: redis.Redis, archive: Path, n: int = 50, unsettled: range = range(45, 50)
+) -> str:
     """A going run made through the store: every sample inferred, every seventh failed at
     scoring, those in ``unsettled`` not settled yet."""
-    results, meta = ResultStore(client), _new_run(client, list(range(n)))
+    results, meta = ResultStore(client), _new_run(client, list(range(n)), archive)
     results.record_outputs(meta.run_id, {i: json.dumps({"pred": i}) for i in range(n)})
     done = [i for i in range(n) if i not in unsettled]
     results.record_scores(meta.run_id, {i: {"acc": float(i % 2)} for i in done if i % 7})
@@ -417,13 +421,13 @@ def test_a_going_run_spills_its_complete_segments_and_reads_the_same(
     counter moves); the run finalizes over both and archives the same rows."""
     client = connect(redis_only.url)
     results, archive = ResultStore(client), str(tmp_path / "archive")
-    run_id = _going_run(client)
+    run_id = _going_run(client, tmp_path / "archive")
     keys = RunKeys(run_id)
     before = _store_reads(results, run_id)
     progress = results.progress(run_id)
-    assert spill_run(client, run_id, archive, 16) == 2
+    assert spill_run(client, run_id, 16) == 2
     assert sorted(results.spill_map(run_id).parts) == [0, 1]
-    assert spill_run(client, run_id, archive, 16) == 0  # once
+    assert spill_run(client, run_id, 16) == 0  # once
     assert client.hlen(keys.out) == 18
     assert client.hlen(keys.score) + client.hlen(keys.err) == 13
     assert client.bitcount(keys.spilled) == 32
@@ -447,7 +451,7 @@ def test_a_going_run_spills_its_complete_segments_and_reads_the_same(
     scored = [s["acc"] for s in before["scores"].values()] + [1.0] * 5  # type: ignore[attr-defined]
     assert finished.aggregate == {"acc": sum(scored) / len(scored)}
     ended = _store_reads(results, run_id)
-    assert archive_run(client, run_id, archive).sealed == 1
+    assert archive_run(client, run_id).sealed == 1
     assert _store_reads(results, run_id) == ended
     assert not Path(archive, run_id, "spill").exists()
     assert _live_keys_of(client, run_id) == []
@@ -460,19 +464,19 @@ def test_a_spill_waits_for_its_segment_and_stops_with_its_run(
     ended spills nothing; a cancelled run's refund counts spilled samples as produced."""
     client = connect(redis_only.url)
     results, runs, archive = ResultStore(client), RunStore(client), str(tmp_path / "archive")
-    run_id = _going_run(client, unsettled=range(5, 6))
+    run_id = _going_run(client, tmp_path / "archive", unsettled=range(5, 6))
     chunk = results.live_chunk(run_id, list(range(16)))
     assert chunk is not None
     assert results.spill(run_id, 0, 16, "file:///nowhere", chunk) == -2
-    assert spill_run(client, run_id, archive, 16) == 3  # 16..49: the last one is short
+    assert spill_run(client, run_id, 16) == 3  # 16..49: the last one is short
     client.hdel(RunKeys(run_id).out, 2)  # not inferred yet
     assert runs.cancel(run_id) == (1, 1)  # its 34 spilled samples are not refunded
-    assert spill_run(client, run_id, archive, 16) == 0
+    assert spill_run(client, run_id, 16) == 0
     assert sorted(results.spill_map(run_id).parts) == [1, 2, 3]
 
-    other = _going_run(client, unsettled=range(0))
+    other = _going_run(client, tmp_path / "archive", unsettled=range(0))
     client.hset(RunKeys(other).meta, "finalizing", "1")
-    assert spill_run(client, other, archive, 16) == 0
+    assert spill_run(client, other, 16) == 0
     assert list(Path(archive, other, "spill").iterdir()) == []  # the refused part went
 
 
@@ -508,7 +512,7 @@ def test_workers_spill_a_going_run_and_it_reads_the_same_throughout(
     done = evalq(stack.server.url, "results", run_id).stdout.splitlines()
     assert done[:64] == going[:64]
     assert all("scores" in line or "error" in line for line in done)
-    assert archive_run(stack.client, run_id, stack.settings.archive_url).rows == 120
+    assert archive_run(stack.client, run_id).rows == 120
     assert evalq(stack.server.url, "results", run_id).stdout.splitlines() == done
 
 
@@ -519,8 +523,8 @@ def test_a_spill_refuses_a_segment_whose_output_came_after_it_was_read(
     and its commit: the spill is refused (the attack review: it deleted that output, and the
     run's counts never sealed), the next one takes it, and the run archives."""
     client = connect(redis_only.url)
-    results, archive = ResultStore(client), str(tmp_path / "archive")
-    run_id = _going_run(client, n=20, unsettled=range(16, 20))
+    results, _archive = ResultStore(client), str(tmp_path / "archive")
+    run_id = _going_run(client, tmp_path / "archive", n=20, unsettled=range(16, 20))
     failed = ErrorRecord(stage=Stage.INFER, kind="RuntimeError", message="boom")
     client.hdel(RunKeys(run_id).out, 3)
     client.hincrby(RunKeys(run_id).progress, "inferred", -1)
@@ -531,32 +535,55 @@ def test_a_spill_refuses_a_segment_whose_output_came_after_it_was_read(
     assert read is not None
     assert results.record_outputs(run_id, {3: '"late"'}) == 1  # after the spill read
     assert results.spill(run_id, 0, 16, "file:///stale", read) == -2
-    assert spill_run(client, run_id, archive, 16) == 1
+    assert spill_run(client, run_id, 16) == 1
     (three,) = results.fetch(run_id, [3])
     assert (three.output, three.error) == ("late", failed)
     results.record_scores(run_id, {i: {"acc": 1.0} for i in range(16, 20)})
     assert results.finalize(run_id, create("spy", {})) is not None
-    assert archive_run(client, run_id, archive).sealed == 1
+    assert archive_run(client, run_id).sealed == 1
 
 
-def test_spilled_parts_go_with_the_archive_and_the_purge_wherever_they_were_written(
+def test_spilled_parts_go_under_the_run_s_own_folder_and_leave_with_it(
     redis_only: RedisServer, tmp_path: Path
 ) -> None:
-    """Parts a worker spilled under its own EVALQ_ARCHIVE_URL are removed by an archive or a
-    purge run with another one (the attack review found them left behind)."""
+    """A part is spilled under the archive location the run's facts name (the gateway's
+    choice, whatever a worker's own EVALQ_ARCHIVE_URL), and an archive or a purge removes it
+    with the run's folder."""
     client = connect(redis_only.url)
-    results, elsewhere = ResultStore(client), tmp_path / "worker-archive"
+    results = ResultStore(client)
     for ending in ("archive", "purge"):
-        run_id = _going_run(client, n=20, unsettled=range(16, 20))
-        assert spill_run(client, run_id, str(elsewhere), 16) == 1
-        (part,) = (elsewhere / run_id / "spill").iterdir()
+        run_id = _going_run(client, tmp_path / "archive", n=20, unsettled=range(16, 20))
+        assert spill_run(client, run_id, 16) == 1
+        (part,) = (tmp_path / "archive" / run_id / "spill").iterdir()
         results.record_scores(run_id, {i: {"acc": 1.0} for i in range(16, 20)})
         assert results.finalize(run_id, create("spy", {})) is not None
         if ending == "archive":
-            assert archive_run(client, run_id, str(tmp_path / "archive")).sealed == 1
+            assert archive_run(client, run_id).sealed == 1
         else:
-            assert purge(client, run_id, str(tmp_path / "archive"))
+            assert purge(client, run_id, str(tmp_path / "elsewhere"))
         assert not part.exists(), ending
+
+
+def test_a_record_naming_files_outside_its_run_s_folder_is_neither_read_nor_deleted(
+    redis_only: RedisServer, tmp_path: Path
+) -> None:
+    """Workers write a run's archive and spill records; one that names a file outside the
+    run's own folder (another run's archive, anything) is refused as unreadable and never
+    deleted (the attack review: a purge deleted the directory a rewritten record named)."""
+    client = connect(redis_only.url)
+    victim = tmp_path / "important"
+    (victim / "attempt").mkdir(parents=True)
+    (victim / "attempt" / "keep.txt").write_text("keep")
+    run_id = _going_run(client, tmp_path / "archive", n=20, unsettled=range(16, 20))
+    client.hset(RunKeys(run_id).spill, mapping={"rows": 16, "0": f"file://{victim}/p.parquet"})
+    with pytest.raises(ArchiveUnreadableError, match="outside the run's own folder"):
+        ResultStore(client).scores(run_id)
+    RunStore(client).cancel(run_id)
+    client.hset(RunKeys(run_id).meta, "archive_url", f"file://{victim}/attempt")
+    with pytest.raises(ArchiveUnreadableError, match="outside the run's own folder"):
+        list(ResultStore(client).results(run_id))
+    assert purge(client, run_id, str(tmp_path / "archive"))
+    assert (victim / "attempt" / "keep.txt").read_text() == "keep"
 
 
 def test_a_read_whose_spilled_part_goes_with_a_seal_goes_on_from_the_archive(
@@ -566,9 +593,9 @@ def test_a_read_whose_spilled_part_goes_with_a_seal_goes_on_from_the_archive(
     of a spilled part: the read answers from the archive, the same (the attack review: it was
     an error blaming the mount)."""
     client = connect(redis_only.url)
-    results, archive = ResultStore(client), str(tmp_path / "archive")
-    run_id = _going_run(client, n=20, unsettled=range(16, 20))
-    assert spill_run(client, run_id, archive, 16) == 1
+    results, _archive = ResultStore(client), str(tmp_path / "archive")
+    run_id = _going_run(client, tmp_path / "archive", n=20, unsettled=range(16, 20))
+    assert spill_run(client, run_id, 16) == 1
     results.record_scores(run_id, {i: {"acc": 1.0} for i in range(16, 20)})
     assert results.finalize(run_id, create("spy", {})) is not None
     expected = results.scores(run_id)
@@ -577,7 +604,7 @@ def test_a_read_whose_spilled_part_goes_with_a_seal_goes_on_from_the_archive(
     def sealing_first(*args: Any, **kwargs: Any) -> Chunk:
         if not sealed:
             sealed.append(0)
-            sealed[0] = archive_run(client, run_id, archive).sealed
+            sealed[0] = archive_run(client, run_id).sealed
         return read_part(*args, **kwargs)
 
     monkeypatch.setattr("shared.results.read_part", sealing_first)
@@ -594,7 +621,7 @@ def test_a_purge_deletes_only_files_that_are_spilled_parts(
     victim = tmp_path / "elsewhere" / "keep.txt"
     victim.parent.mkdir()
     victim.write_text("keep")
-    run_id = _going_run(client, n=20, unsettled=range(16, 20))
+    run_id = _going_run(client, tmp_path / "archive", n=20, unsettled=range(16, 20))
     RunStore(client).cancel(run_id)
     client.hset(RunKeys(run_id).spill, "7", f"file://{victim}")
     assert purge(client, run_id, str(tmp_path / "archive"))
@@ -606,11 +633,11 @@ def test_spilled_samples_far_apart_read_the_same(redis_only: RedisServer, tmp_pa
     bitmap): spilled and live ones read as before."""
     client = connect(redis_only.url)
     ids = [5_000_000, 3, 7_000_001, 12]
-    results, meta = ResultStore(client), _new_run(client, ids)
+    results, meta = ResultStore(client), _new_run(client, ids, tmp_path / "archive")
     results.record_outputs(meta.run_id, {i: json.dumps(i) for i in ids})
     results.record_scores(meta.run_id, {i: {"acc": 1.0} for i in ids[:3]})
     before = [r.model_dump() for r in results.fetch(meta.run_id, ids)]
-    assert spill_run(client, meta.run_id, str(tmp_path / "archive"), 2) == 1
+    assert spill_run(client, meta.run_id, 2) == 1
     assert results.settled(meta.run_id, ids) == set(ids[:3])
     assert [r.model_dump() for r in results.fetch(meta.run_id, ids)] == before
     assert results.record_outputs(meta.run_id, {5_000_000: "0"}) == 0

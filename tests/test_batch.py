@@ -34,7 +34,7 @@ from shared.runs import RunStore
 from shared.settings import Settings
 from shared.spec import publish_spec
 from shared.tiers import TierRegistry
-from tests.helpers import labelled_rows, write_rows
+from tests.helpers import labelled_rows, record_run, write_rows
 from worker.pipeline import Resources, infer_batch, score_batch
 from worker.runtime_pool import RuntimePool
 from worker.shard_cache import ShardCache
@@ -85,7 +85,7 @@ class Bench:
             status=RunStatus.QUEUED,
             created=time.time(),
         )
-        RunStore(self.client).create(meta, list(range(len(rows))))
+        record_run(self.client, meta, list(range(len(rows))), str(self.data.parent / "archive"))
         return meta
 
     def status(self, meta: RunMeta) -> RunStatus:

@@ -102,7 +102,9 @@ def _leaked(stack: Stack, folder: Path, eval_name: str) -> tuple[float, list[obj
     write_rows(folder, "validation", rows)
     name = list_splits(stack.client, str(folder), "validation")
     request = SubmitRequest(eval=eval_name, dataset=name, split="validation")
-    meta = submit(stack.client, stack.app, request, principal="tests")
+    meta = submit(
+        stack.client, stack.app, request, principal="tests", archive=stack.settings.archive_url
+    )
     wait_completed(stack.client, meta.run_id)
     results = ResultStore(stack.client)
     aggregate = results.aggregate(meta.run_id)
@@ -136,7 +138,9 @@ def test_an_isolated_model_cannot_read_its_workers_environment_or_memory(
     write_rows(tmp_path, "validation", rows)
     name = list_splits(stack.client, str(tmp_path), "validation")
     request = SubmitRequest(eval="probe", dataset=name, split="validation")
-    meta = submit(stack.client, stack.app, request, principal="tests")
+    meta = submit(
+        stack.client, stack.app, request, principal="tests", archive=stack.settings.archive_url
+    )
     wait_completed(stack.client, meta.run_id)
     seen = ResultStore(stack.client).outputs(meta.run_id, [0])[0]
     assert seen["ancestors_read"] == []  # the worker's /proc environ and mem: refused

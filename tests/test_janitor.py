@@ -224,7 +224,7 @@ def test_the_janitor_asks_for_the_spill_a_late_sample_made_possible(
     results.record_outputs(meta.run_id, {i: "{}" for i in range(70)})
     for i in (i for i in range(70) if i not in late):
         if results.record_scores(meta.run_id, {i: {"m": 1.0}}).filled(16):
-            assert spill_run(bench.client, meta.run_id, str(tmp_path), 16) == 0
+            assert spill_run(bench.client, meta.run_id, 16) == 0
     assert not results.record_scores(meta.run_id, {i: {"m": 1.0} for i in late}).filled(16)
     bench.client.delete(SCORE_QUEUE)
     with _sweeper(bench, app, settings) as sweeper:
@@ -234,4 +234,4 @@ def test_the_janitor_asks_for_the_spill_a_late_sample_made_possible(
     message = json.loads(raw)
     assert message["headers"]["task"] == ARCHIVE_TASK
     assert message["headers"]["argsrepr"] == repr([meta.run_id])
-    assert spill_run(bench.client, meta.run_id, str(tmp_path), 16) == 4
+    assert spill_run(bench.client, meta.run_id, 16) == 4

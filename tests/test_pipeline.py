@@ -36,6 +36,7 @@ def _run(stack: Stack, folder: Path, rows: list[dict[str, object]], eval_name: s
         stack.app,
         SubmitRequest(eval=eval_name, dataset=name, split="validation"),
         principal="tests",
+        archive=stack.settings.archive_url,
     )
     wait_completed(stack.client, meta.run_id)
     return meta
@@ -111,6 +112,7 @@ def test_redelivered_messages_change_no_count_and_no_result(
         stack.app,
         SubmitRequest(eval="spy", dataset=name, split="validation"),
         principal="tests",
+        archive=stack.settings.archive_url,
     )
     # Deliver every message twice, as a broker redelivery would: the copy (same task id and
     # body) of each message comes right after the next message, so it lands in a later batch

@@ -28,6 +28,7 @@ from tests.conftest import Stack
 from tests.helpers import (
     REPO,
     audit_entries,
+    charge_run,
     cli_env,
     evalq,
     labelled_rows,
@@ -65,9 +66,7 @@ def _reserve(url: str, samples: int, index: int, start: threading.Event) -> bool
     start.wait(30)
     client = connect(url)
     try:
-        Ledger(client).reserve(
-            "race", "validation", samples=samples, run_id=f"run{index}", who=f"t{index}"
-        )
+        charge_run(client, "race", "validation", f"run{index}", samples, f"t{index}")
         return True
     except BudgetExhaustedError:
         return False
@@ -128,18 +127,18 @@ def test_a_refused_reservation_changes_nothing_and_names_its_limit(server: Redis
     client = connect(server.url)
     ledger = Ledger(client)
     ledger.set("d", "s", runs=3, samples=100, max_samples_per_run=20, who="admin")
-    ledger.reserve("d", "s", samples=20, run_id="r1", who="me")
+    charge_run(client, "d", "s", "r1", 20, "me")
     before = client.hgetall(budget_key("d", "s")), client.xlen(AUDIT)
     with pytest.raises(BudgetExhaustedError, match="at most 20 samples per run") as capped:
-        ledger.reserve("d", "s", samples=21, run_id="r2", who="me")
+        charge_run(client, "d", "s", "r2", 21, "me")
     assert capped.value.limit == "max_samples_per_run"
     ledger.set("d", "s", runs=1, samples=100, max_samples_per_run=20, who="admin")
     with pytest.raises(BudgetExhaustedError, match="no runs left") as runs:
-        ledger.reserve("d", "s", samples=1, run_id="r3", who="me")
+        charge_run(client, "d", "s", "r3", 1, "me")
     assert runs.value.limit == "runs"
     ledger.set("d", "s", runs=9, samples=25, max_samples_per_run=None, who="admin")
     with pytest.raises(BudgetExhaustedError, match="5 samples left") as samples:
-        ledger.reserve("d", "s", samples=6, run_id="r4", who="me")
+        charge_run(client, "d", "s", "r4", 6, "me")
     assert samples.value.limit == "samples"
     after = client.hgetall(budget_key("d", "s"))
     assert (after["runs_used"], after["samples_used"]) == (before[0]["runs_used"], "20")
@@ -269,9 +268,9 @@ def test_budget_survives_a_redis_restart_and_reapplying_policy_never_refunds(
     )
     applied = evalq(server.url, "policy", "apply", str(policy))
     assert applied.returncode == 0, applied.stderr
-    ledger = Ledger(connect(server.url))
-    ledger.reserve("demo", "validation", samples=30, run_id="r1", who="me")
-    ledger.reserve("demo", "validation", samples=25, run_id="r2", who="me")
+    client = connect(server.url)
+    charge_run(client, "demo", "validation", "r1", 30, "me")
+    charge_run(client, "demo", "validation", "r2", 25, "me")
 
     server.restart()  # SIGTERM, then a new redis-server replaying the AOF
     ledger = Ledger(connect(server.url))

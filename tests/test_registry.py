@@ -25,7 +25,7 @@ from shared.policy import Tier
 from shared.registry import DatasetRegistry
 from shared.spec import LocalSource
 from shared.tiers import TierRegistry
-from tests.helpers import audit_entries, labelled_rows, write_rows
+from tests.helpers import audit_entries, charge_run, labelled_rows, write_rows
 
 
 def test_a_dataset_is_pinned_split_by_split_and_audited(
@@ -98,13 +98,13 @@ def test_callers_on_one_split_are_metered_apart(redis_only: RedisServer, tmp_pat
         load_policy(policy), client, registered={"ds": ["validation"]}, who="op"
     )
     assert warnings == ["ds/validation: budgeted but unlisted, made non_viewable"]
-    ledger.reserve("ds", "validation", samples=10, run_id="r1", who="agent-a")
+    charge_run(client, "ds", "validation", "r1", 10, "agent-a")
     with pytest.raises(BudgetExhaustedError, match="ds/validation for agent-a has no runs left"):
-        ledger.reserve("ds", "validation", samples=10, run_id="r2", who="agent-a")
-    ledger.reserve("ds", "validation", samples=20, run_id="r3", who="agent-b")
+        charge_run(client, "ds", "validation", "r2", 10, "agent-a")
+    charge_run(client, "ds", "validation", "r3", 20, "agent-b")
     with pytest.raises(BudgetExhaustedError, match="for agent-b has 10 samples left"):
-        ledger.reserve("ds", "validation", samples=11, run_id="r4", who="agent-b")
-    ledger.reserve("ds", "validation", samples=5, run_id="r5", who="someone")  # the split only
+        charge_run(client, "ds", "validation", "r4", 11, "agent-b")
+    charge_run(client, "ds", "validation", "r5", 5, "someone")  # the split only
     assert ledger.get("ds", "validation").samples_used == 35
     assert ledger.get("ds", "validation", "agent-a").runs_used == 1
     assert not client.exists(budget_key("ds", "validation", "someone"))
@@ -115,4 +115,4 @@ def test_callers_on_one_split_are_metered_apart(redis_only: RedisServer, tmp_pat
     shown = [(b.caller, b.runs_total) for b in ledger.all()]
     assert shown == [(None, None), ("agent-a", 1), ("agent-b", 2)]
     with pytest.raises(BudgetExhaustedError, match=r"^budget refused: ds/validation has 75"):
-        ledger.reserve("ds", "validation", samples=76, run_id="r6", who="agent-a")
+        charge_run(client, "ds", "validation", "r6", 76, "agent-a")

@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import redis
 
 from producer.redis_server import RedisServer, find_redis_server
 from shared.connection import connect
@@ -16,9 +17,10 @@ from shared.evaluation import create, load_plugins
 from shared.models import ErrorRecord, RunMeta, RunStatus, Stage
 from shared.results import ResultStore
 from shared.runs import RunStore
+from tests.helpers import record_run
 
 
-def _run(runs: RunStore, run_id: str, n: int) -> None:
+def _run(client: redis.Redis, run_id: str, n: int) -> None:
     meta = RunMeta(
         run_id=run_id,
         eval="spy",
@@ -29,13 +31,13 @@ def _run(runs: RunStore, run_id: str, n: int) -> None:
         status=RunStatus.QUEUED,
         created=time.time(),
     )
-    runs.create(meta, list(range(n)))
+    record_run(client, meta, list(range(n)))
 
 
 def test_outputs_and_scores_are_written_once(redis_only: RedisServer) -> None:
     client = connect(redis_only.url)
     runs, results = RunStore(client), ResultStore(client)
-    _run(runs, "r1", 3)
+    _run(client, "r1", 3)
     assert results.record_outputs("r1", {0: '"a"', 1: '"b"'}) == 2
     assert results.record_outputs("r1", {0: '"changed"', 2: '"c"'}) == 1
     assert results.outputs("r1", [0, 1, 2]) == {0: "a", 1: "b", 2: "c"}
@@ -54,7 +56,7 @@ def test_exactly_one_concurrent_writer_is_elected_to_finalize(redis_only: RedisS
     client = connect(redis_only.url)
     runs, results = RunStore(client), ResultStore(client)
     n = 200
-    _run(runs, "r2", n)
+    _run(client, "r2", n)
 
     def settle(i: int) -> bool:
         return results.record_scores(

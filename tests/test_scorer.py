@@ -133,7 +133,9 @@ def test_a_script_scored_run_end_to_end(stack: Stack, tmp_path: Path) -> None:
     write_rows(tmp_path, "validation", rows)  # type: ignore[arg-type]
     name = list_splits(stack.client, str(tmp_path), "validation")
     request = SubmitRequest(eval="arithmetic", dataset=name, split="validation")
-    meta = submit(stack.client, stack.app, request, principal="tests")
+    meta = submit(
+        stack.client, stack.app, request, principal="tests", archive=stack.settings.archive_url
+    )
     wait_completed(stack.client, meta.run_id)
 
     evaluation = Arithmetic()
@@ -157,7 +159,10 @@ def test_the_model_pool_cap_holds_across_more_evals_than_the_cap(
     for name in ("a", "b", "c", "d", "a"):
         params = {"name": name, "log": str(log)}
         request = SubmitRequest(eval="sized", dataset=dataset, split="validation", params=params)
-        meta = submit(fresh_stack.client, fresh_stack.app, request, principal="tests")
+        meta = submit(
+            fresh_stack.client, fresh_stack.app, request, principal="tests",
+            archive=fresh_stack.settings.archive_url,
+        )  # fmt: skip
         wait_completed(fresh_stack.client, meta.run_id, 60)
 
     events = [line.split() for line in log.read_text().splitlines()]

@@ -34,10 +34,9 @@ from shared.routing import (
     assign,
     fit_kmeans,
 )
-from shared.runs import RunStore
 from shared.spec import DatasetSpec, LocalSource, publish_spec
 from tests.conftest import Stack
-from tests.helpers import REPO, list_splits, wait_ended
+from tests.helpers import REPO, list_splits, record_run, wait_ended
 from worker.shard_cache import ShardCache, rows_digest
 
 ROUTINGS = (
@@ -117,7 +116,14 @@ def test_routing_by_a_label_field_is_refused(redis_only: RedisServer, demo_folde
         sharding=Sharding(shards=2, routing=RoutingKind.KMEANS, route_field="label"),
     )
     with pytest.raises(InputError, match="label field"):
-        submit(client, app, request, principal="tests", admin=True)
+        submit(
+            client,
+            app,
+            request,
+            principal="tests",
+            admin=True,
+            archive=str(demo_folder / "archive"),
+        )
     assert client.llen(INFER_QUEUE) == 0
 
 
@@ -233,7 +239,9 @@ def test_a_message_body_holds_ids_only_grouped_by_shard(
     request = SubmitRequest(
         eval="null", data=str(demo_folder), split="validation", sharding=sharding
     )
-    meta = submit(client, app, request, principal="tests", admin=True)
+    meta = submit(
+        client, app, request, principal="tests", admin=True, archive=str(demo_folder / "archive")
+    )
     spec, rows = build_spec(str(demo_folder), "validation", sharding=sharding)
     texts = {str(r["text"]) for r in rows}
 
@@ -271,7 +279,7 @@ def _enqueue(stack: Stack, spec: DatasetSpec) -> str:
         created=time.time(),
     )
     ids = list(range(spec.n_rows))
-    RunStore(stack.client).create(meta, ids)
+    record_run(stack.client, meta, ids, stack.settings.archive_url)
     publish(stack.app, INFER_TASK, split(meta, ids))
     return meta.run_id
 

@@ -23,7 +23,6 @@ from shared.backlog import Backlog
 from shared.errors import InputError
 from shared.models import RunStatus
 from shared.policy import Mechanism, ReleaseRule, released_stats
-from shared.runs import RunStore
 from shared.settings import Settings
 from shared.stats import Z95, Stat, describe, holm, paired
 from tests.conftest import Stack
@@ -31,6 +30,7 @@ from tests.helpers import (
     evalq,
     labelled_rows,
     list_splits,
+    record_run,
     wait_completed,
     wait_for,
     write_rows,
@@ -387,7 +387,7 @@ def test_a_rescored_run_whose_outputs_were_not_copied_never_runs_inference(
                 "params": {"calls": str(calls)}, "rescored_from": source.run_id,
                 "status": RunStatus.QUEUED}
     )  # fmt: skip
-    RunStore(stack.client).create(meta, list(range(20)))
+    record_run(stack.client, meta, list(range(20)), stack.settings.archive_url)
     Backlog(stack.client).enqueue(stack.app, meta, list(range(20)))  # as the janitor would
     wait_for(lambda: not client.progress(meta.run_id)[0].status.active, 60, "the run to end")
     view = client.status(meta.run_id)

@@ -63,7 +63,9 @@ def test_one_worker_reserves_two_batches_and_leaves_the_rest_queued(
         split="validation",
         params={"gate": str(gate), "open_until": "0"},  # every sample waits at the gate
     )
-    meta = submit(stack.client, stack.app, request, principal="tests")
+    meta = submit(
+        stack.client, stack.app, request, principal="tests", archive=stack.settings.archive_url
+    )
     backlog = Backlog(stack.client)
 
     def waiting() -> int:
@@ -142,7 +144,9 @@ def test_worker_pool_processes_keep_freed_heap_memory(stack: Stack, tmp_path: Pa
     write_rows(tmp_path, "validation", labelled_rows(4))
     name = list_splits(stack.client, str(tmp_path), "validation")
     request = SubmitRequest(eval="churn", dataset=name, split="validation")
-    meta = submit(stack.client, stack.app, request, principal="tests")
+    meta = submit(
+        stack.client, stack.app, request, principal="tests", archive=stack.settings.archive_url
+    )
     wait_completed(stack.client, meta.run_id, 60)
     outputs = ResultStore(stack.client).outputs(meta.run_id, [0, 1, 2, 3])
     assert len(outputs) == 4

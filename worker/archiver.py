@@ -4,7 +4,8 @@ A worker runs it (the ``evalq.archive`` task, sent by the finalizer when a run c
 by the janitor for every ended run that is due and not archived yet). One attempt:
 
 1. reads the run's samples from Redis in submission order, ``PART_ROWS`` at a time, and writes
-   each as a Parquet part in a folder of its own under ``EVALQ_ARCHIVE_URL/<run>/``;
+   each as a Parquet part in a folder of its own under ``<archive>/<run>/`` (``<archive>``:
+   the location the run's facts name, which the gateway chose at submit);
 2. writes the manifest last (the run record, progress, aggregate, stats, provenance, the
    settled timeline by the hundredth of a second, the error counts);
 3. seals (``seal.lua``, atomic): if no attempt sealed the run before and the rows and counts it
@@ -42,6 +43,7 @@ from shared.archive import (
     spill_url,
     write_part,
 )
+from shared.errors import UnknownRunError
 from shared.provenance import ProvenanceStore
 from shared.results import ResultStore, bucketed, error_kinds
 from shared.runs import RunStore
@@ -62,11 +64,21 @@ class Archived:
     url: str
 
 
-def archive_run(client: redis.Redis, run_id: str, archive_url: str) -> Archived:
-    """One attempt at archiving ``run_id`` under ``archive_url``; see the module."""
+def _folder(runs: RunStore, run_id: str) -> str:
+    """The run's folder under the archive location its facts name (the gateway's choice, not
+    this worker's)."""
+    base = runs.archive_of(run_id)
+    if base is None:
+        raise UnknownRunError(f"no run '{run_id}'")
+    return run_folder(base, run_id)
+
+
+def archive_run(client: redis.Redis, run_id: str) -> Archived:
+    """One attempt at archiving ``run_id`` under the archive location its facts name; see the
+    module."""
     runs, results = RunStore(client), ResultStore(client)
     meta = runs.get(run_id)
-    folder = run_folder(archive_url, run_id)
+    folder = _folder(runs, run_id)
     sealed = results.archive_url(run_id)
     if sealed is not None:
         remove_others(folder, sealed.rstrip("/").rsplit("/", 1)[-1])
@@ -74,7 +86,6 @@ def archive_run(client: redis.Redis, run_id: str, archive_url: str) -> Archived:
     if meta.status.active:
         return Archived(-1, 0, "")
     attempt = uuid.uuid4().hex[:12]
-    spilled = list(results.spill_map(run_id).parts.values())  # the seal forgets them
     writer = ArchiveWriter(f"{folder}/{attempt}")
     try:
         timeline = bucketed(results.timeline(run_id))
@@ -109,9 +120,7 @@ def archive_run(client: redis.Redis, run_id: str, archive_url: str) -> Archived:
         if outcome == -2:
             log.warning("archive of run %s lost to another attempt; it was removed", run_id)
         return Archived(outcome, writer.rows, writer.url)
-    remove_others(folder, attempt)
-    for url in spilled:  # under another worker's EVALQ_ARCHIVE_URL, say
-        remove_part(url, run_id)
+    remove_others(folder, attempt)  # the spill folder among them
     log.info("archived run %s: %d samples to %s", run_id, writer.rows, writer.url)
     return Archived(1, writer.rows, writer.url)
 
@@ -133,18 +142,13 @@ PROBES = 8
 not complete either, and one unsettled probe tells."""
 
 
-def spill_run(
-    client: redis.Redis,
-    run_id: str,
-    archive_url: str,
-    rows: int,
-    ids: Sequence[int] | None = None,
-) -> int:
+def spill_run(client: redis.Redis, run_id: str, rows: int, ids: Sequence[int] | None = None) -> int:
     """Spill each complete segment of the going run ``run_id`` not spilled yet (``rows``
     samples each, unless the run's first spill chose another size); return how many went.
     ``ids``: the run's sample ids, when the caller holds them (they never change)."""
-    results = ResultStore(client)
-    ids = RunStore(client).sample_ids(run_id) if ids is None else ids
+    runs, results = RunStore(client), ResultStore(client)
+    ids = runs.sample_ids(run_id) if ids is None else ids
+    folder = _folder(runs, run_id)
     spill = results.spill_map(run_id)
     rows = spill.rows or rows
     segments = [s for s in range(-(-len(ids) // rows)) if s not in spill.parts]
@@ -157,7 +161,7 @@ def spill_run(
             break  # archived meanwhile
         if any(s is None and e is None for s, e in zip(chunk.scores, chunk.errors, strict=True)):
             continue
-        url = write_part(spill_url(archive_url, run_id, segment), chunk)
+        url = write_part(spill_url(folder, segment), chunk)
         outcome = results.spill(run_id, segment, rows, url, chunk)
         if outcome in (1, 2):
             moved += 1

@@ -40,6 +40,7 @@ from shared.audit import record, trim_audit
 from shared.backlog import Backlog
 from shared.broker import Broker, carried
 from shared.celery_app import INFER_QUEUE, SCORE_TASK, send_archive
+from shared.connection import server_time
 from shared.dispatch import enqueue
 from shared.errors import UnknownRunError, first_line
 from shared.models import RunMeta, SampleTask
@@ -99,8 +100,7 @@ class Janitor:
     def sweep(self) -> Sweep:
         """One pass over the broker's unacknowledged messages and the active runs."""
         done = Sweep()
-        seconds, micros = self._client.time()
-        now = seconds + micros / 1e6
+        now = server_time(self._client)
         live = self._presence.live()
         held = {tag for beat in live for tag in beat.held}
         batches = sum(beat.prefetch // 2 for beat in live if INFER_QUEUE in beat.queues)

@@ -390,11 +390,11 @@ def register_tasks(app: Celery, state: WorkerState, settings: Settings) -> None:
                 ids = spill_ids.get_or_create(
                     run_id, lambda: array("q", RunStore(client).sample_ids(run_id))
                 )
-                spill_run(client, run_id, settings.archive_url, settings.spill_rows, ids)
+                spill_run(client, run_id, settings.spill_rows, ids)
             return
         if not archive_due(meta, time.time(), settings):
             log.warning("archive: run %s is not due to be archived; left as it is", run_id)
             return
-        done = archive_run(client, run_id, settings.archive_url)
+        done = archive_run(client, run_id)
         if done.sealed == -1:
             log.warning("archive: run %s is still going; not archived", run_id)

@@ -1,11 +1,11 @@
 -- cancel: stop a run (no result is written after this) and count the samples without result.
--- KEYS[1] = evalq:{run}:meta   hash: status, n, finished
+-- KEYS[1] = evalq:{run}:meta   hash: status, finished (Redis's clock)
 -- KEYS[2] = evalq:{run}:out    hash, sample id -> output
 -- KEYS[3] = evalq:{run}:err    hash, sample id -> terminal error
 -- KEYS[4] = evalq:{run}:backlog list, messages not handed to the broker yet: deleted (the
 --           dispatcher drops the run from its round when it next meets the empty backlog)
 -- KEYS[5] = evalq:{run}:spilled bitmap: samples settled and moved to a part (produced)
--- ARGV[1] = unix time
+-- KEYS[6] = evalq:facts:{run} hash: reads 'n' (the gateway's count, not the workers')
 -- Returns: {state, unproduced}. state: 1 cancelled by this call, 0 cancelled before,
 -- -1 the run had already finished (nothing changes). unproduced: samples with neither an
 -- output nor an error; stable once the run is cancelled, since writes then stop.
@@ -13,7 +13,7 @@ local status = redis.call('HGET', KEYS[1], 'status')
 if status == 'completed' or status == 'failed' then return {-1, 0} end
 local state = 0
 if status ~= 'cancelled' then
-  redis.call('HSET', KEYS[1], 'status', 'cancelled', 'finished', ARGV[1])
+  redis.call('HSET', KEYS[1], 'status', 'cancelled', 'finished', string.format('%.6f', now()))
   state = 1
 end
 redis.call('DEL', KEYS[4])
@@ -21,4 +21,5 @@ local produced = redis.call('HLEN', KEYS[2]) + redis.call('BITCOUNT', KEYS[5])
 for _, id in ipairs(redis.call('HKEYS', KEYS[3])) do
   if redis.call('HEXISTS', KEYS[2], id) == 0 then produced = produced + 1 end
 end
-return {state, tonumber(redis.call('HGET', KEYS[1], 'n')) - produced}
+local n = tonumber(redis.call('HGET', KEYS[6], 'n') or '0')
+return {state, math.max(0, n - produced)}

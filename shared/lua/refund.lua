@@ -3,11 +3,13 @@
 -- KEYS[1] = evalq:budget:{dataset}:{split}              hash: runs_used, samples_used
 -- KEYS[2] = evalq:budget:{dataset}:{split}:{submitter}  the same, for one caller (if it exists)
 -- KEYS[3] = evalq:audit                                 stream
--- KEYS[4] = evalq:{run}:refund                          string, set once (SETNX): idempotency
+-- KEYS[4] = evalq:facts:{run}   hash: 'refunded' set once (HSETNX): idempotency, where no
+--           worker can write (nothing is given back for a run without facts)
 -- ARGV[1] = runs to give back   ARGV[2] = samples to give back   ARGV[3] = principal
 -- ARGV[4] = dataset   ARGV[5] = split   ARGV[6] = run id   ARGV[7] = unix time   ARGV[8] = reason
 -- Returns: the number of samples given back to the split (0 when this run was refunded before).
-if redis.call('SET', KEYS[4], ARGV[8], 'NX') == false then return 0 end
+if redis.call('EXISTS', KEYS[4]) == 0 then return 0 end
+if redis.call('HSETNX', KEYS[4], 'refunded', ARGV[8]) == 0 then return 0 end
 local function give_back(key)
   local runs_used = tonumber(redis.call('HGET', key, 'runs_used') or '0')
   local samples_used = tonumber(redis.call('HGET', key, 'samples_used') or '0')

@@ -3,12 +3,13 @@
 -- KEYS[1] = evalq:{run}:score     hash, sample id -> metrics JSON
 -- KEYS[2] = evalq:{run}:err       hash, sample id -> error record JSON
 -- KEYS[3] = evalq:{run}:progress  hash, fields 'scored' / 'failed' bumped per write, 'touched'
--- KEYS[4] = evalq:{run}:meta      hash, reads 'n' and 'status', 'finalizing' = claim time
+-- KEYS[4] = evalq:{run}:meta      hash, reads 'status', 'finalizing' = claim time
 -- KEYS[5] = evalq:{run}:settled   stream, one entry listing the ids settled by this call
 -- KEYS[6] = evalq:{run}:attempts, KEYS[7] = evalq:{run}:score_attempts   hashes, sample id ->
 --           attempts: the counts of every sample given are deleted, written now or settled
 --           before (a late attempt's count served no purpose either)
 -- KEYS[8] = evalq:{run}:spilled   bitmap: a spilled sample (settled, moved to a part) is skipped
+-- KEYS[9] = evalq:facts:{run}     hash, reads 'n' (read only: workers cannot write it)
 -- ARGV[1] = 'score' or 'err'      which hash the values go to
 -- ARGV[2] = seconds after which a claim to finalize counts as dead (its finalizer was killed)
 --           and may be taken over; '' = never
@@ -41,7 +42,7 @@ if written > 0 then
   touch(KEYS[3])
   mark_running(KEYS[4])
 end
-local n = tonumber(redis.call('HGET', KEYS[4], 'n') or '-1')
+local n = tonumber(redis.call('HGET', KEYS[9], 'n') or '-1')
 local done = tonumber(redis.call('HGET', KEYS[3], 'scored') or '0')
   + tonumber(redis.call('HGET', KEYS[3], 'failed') or '0')
 if n < 0 or done < n then return {written, 0, done} end
