@@ -269,7 +269,7 @@ def status(
     table.add_row(
         "progress", ", ".join(f"{k} {v}" for k, v in progress.items() if v or k != "recovered")
     )
-    pace = f"{view.throughput:.1f} samples/s"
+    pace = "—" if view.throughput is None else f"{view.throughput:.1f} samples/s"
     if view.eta_seconds is not None:
         pace += f", about {view.eta_seconds:.0f}s left"
     table.add_row("throughput", pace)

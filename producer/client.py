@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import redis
 from celery import Celery
-from pydantic import BaseModel, computed_field
+from pydantic import BaseModel, Field, computed_field
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -36,21 +36,21 @@ from producer.submit import SubmitRequest, submit
 from shared.archive import PART_ROWS, table_of
 from shared.audit import audit_admin, recent, record
 from shared.backlog import Backlog, Standing
+from shared.broker import Broker, carried
 from shared.celery_app import INFER_QUEUE, SCORE_QUEUE, SCORE_TASK, create_app
 from shared.connection import connect, server_time
 from shared.dispatch import enqueue
-from shared.errors import EvalqError, InputError, RunNotCompletedError, UnknownRunError
+from shared.errors import EvalqError, InputError, RunNotCompletedError, TierRefusedError
 from shared.evaluation import create, load_plugins, lower_is_better
 from shared.ledger import Budget, Ledger
 from shared.models import Progress, RunMeta, RunStatus, SampleResult, SampleState
 from shared.policy import (
-    Best,
     Mechanism,
     Reader,
     ReleaseRule,
     Role,
     Tier,
-    paired_threshold,
+    coarse_timing,
     read_access,
     release,
     release_rule,
@@ -113,12 +113,20 @@ class RunView(BaseModel):
     it, or no progress for ``EVALQ_STALL_AFTER`` seconds); None otherwise."""
     waiting: Standing | None = None
     """Where the run stands in the fair dispatcher while samples of it wait in its backlog."""
+    timed: bool = True
+    """The reader sees the run's timing (:attr:`shared.policy.Reader.sees_timing`): else
+    ``meta`` and ``progress`` are coarse and there is no throughput nor ETA."""
+    now: float = Field(default_factory=time.time, exclude=True)
+    """When it was read (Redis's clock)."""
 
     @computed_field  # type: ignore[prop-decorator]
     @property
-    def throughput(self) -> float:
-        """Samples settled per second since submission (until it finished)."""
-        elapsed = (self.meta.finished or time.time()) - self.meta.created
+    def throughput(self) -> float | None:
+        """Samples settled per second since submission (until it finished); None for a
+        reader who does not see the run's timing."""
+        if not self.timed:
+            return None
+        elapsed = (self.meta.finished or self.now) - self.meta.created
         return round(self.progress.done / elapsed, 3) if elapsed > 0 else 0.0
 
     @computed_field  # type: ignore[prop-decorator]
@@ -157,6 +165,11 @@ class Cancellation:
     run_id: str
     cancelled_now: bool
     refunded_samples: int
+
+
+def _untimed(stalled: str) -> str:
+    """Why a run is stalled, without the exact idle time (a time of its last write)."""
+    return "no progress lately" if stalled.startswith("no progress for") else stalled
 
 
 def _by_stage(errors: dict[str, int]) -> dict[str, int]:
@@ -293,6 +306,12 @@ class Client:
     def _view(self, meta: RunMeta, workers: list[WorkerBeat]) -> RunView:
         progress = self._results.progress(meta.run_id)
         reader = self._reader(meta, None if meta.status.active else progress.scored)
+        now = server_time(self._redis)
+        waiting = self._backlog.standing(meta.run_id) if meta.status.active else None
+        stalled = self._stalled(meta, progress, workers, waiting)
+        if not reader.sees_timing:
+            meta, progress = coarse_timing(meta, progress, now)
+            stalled = stalled and _untimed(stalled)
         withheld = reader.withheld
         # only a completed run has an aggregate, and only then is the floor's count final (a
         # run read as going may complete before its aggregate is read)
@@ -308,7 +327,6 @@ class Client:
                 aggregate = released.aggregate
             if stats is not None:
                 stats = released_stats(stats, rule, aggregate, progress.scored)
-        waiting = self._backlog.standing(meta.run_id) if meta.status.active else None
         errors = self._results.errors_by_kind(meta.run_id) if progress.failed else {}
         if not reader.sees_error_kinds:
             errors = _by_stage(errors)
@@ -322,8 +340,10 @@ class Client:
             stats=stats,
             provenance=self._provenance.of_run(meta.run_id, self._outward(meta).spec),
             errors=errors,
-            stalled=self._stalled(meta, progress, workers, waiting),
+            stalled=stalled,
             waiting=waiting,
+            timed=reader.sees_timing,
+            now=now,
         )
 
     def _release(
@@ -336,9 +356,8 @@ class Client:
             if done is not None:
                 return done
             best = self._releases.best(meta)
-            margins = self._margins(meta.run_id, best) if rule.paired else {}
             decisions = release(
-                rule, aggregate, samples, meta.run_id, best=best, margins=margins,
+                rule, aggregate, samples, meta.run_id, best=best,
                 lower_is_better=lower_is_better(meta.eval),
             )  # fmt: skip
             described = rule.describe(samples)
@@ -346,31 +365,6 @@ class Client:
             if committed is not None:
                 return committed
         raise EvalqError(f"run {meta.run_id}: its release kept racing other reads; try again")
-
-    def _margins(self, run_id: str, best: dict[str, Best]) -> dict[str, float | None]:
-        """The paired Ladder's margin of each per-sample metric of the run against the run
-        that holds the caller's best on it."""
-        scores = self._results.scores(run_id)
-        others: dict[str, dict[int, dict[str, float]]] = {}
-        margins: dict[str, float | None] = {}
-        for metric in {m for sample in scores.values() for m in sample}:
-            new = {i: s[metric] for i, s in scores.items() if metric in s}
-            held = best.get(metric)
-            old = None
-            if held is not None:
-                if held.run not in others:
-                    others[held.run] = self._held_scores(held.run)
-                old = {i: s[metric] for i, s in others[held.run].items() if metric in s}
-            margins[metric] = paired_threshold(new, old)
-        return margins
-
-    def _held_scores(self, run_id: str) -> dict[int, dict[str, float]]:
-        """The scores of a run that holds a Ladder's best; none (no pair, so no paired test
-        can pass: the Ladder stays where it is) if that run was purged."""
-        try:
-            return self._results.scores(run_id)
-        except UnknownRunError:
-            return {}
 
     def recent(
         self, limit: int = 20, owner: str | None = None, only: RunFilter | None = None
@@ -388,12 +382,23 @@ class Client:
         return self._outward(check_ended(self._runs.get(run_id)))
 
     def progress(self, run_id: str) -> tuple[RunMeta, Progress]:
-        """The run's record and counters (counts only: every reader may see them)."""
-        return self._outward(self._runs.get(run_id)), self._results.progress(run_id)
+        """The run's record and counters (counts only; coarse, as :func:`coarse_timing` makes
+        them, for a reader who does not see the run's timing)."""
+        meta, progress = self._runs.get(run_id), self._results.progress(run_id)
+        reader = self._reader(meta, None if meta.status.active else progress.scored)
+        if not reader.sees_timing:
+            meta, progress = coarse_timing(meta, progress, server_time(self._redis))
+        return self._outward(meta), progress
 
     def timeline(self, run_id: str) -> list[tuple[float, int]]:
-        """(Unix time, samples settled) of every settling write, oldest first."""
-        self._runs.get(run_id)
+        """(Unix time, samples settled) of every settling write, oldest first: per-sample
+        timing, so only for a reader who sees it (:class:`TierRefusedError` otherwise)."""
+        meta = self._runs.get(run_id)
+        if not self._reader(meta).sees_timing:
+            raise TierRefusedError(
+                f"tier refused: {meta.dataset_id}/{meta.split} is not viewable; when its "
+                "samples settled is per-sample data (the run's status shows it as a whole)"
+            )
         return self._results.timeline(run_id)
 
     def spec(self, run_id: str) -> DatasetSpec:
@@ -498,9 +503,10 @@ class Client:
         """Re-enqueue every sample without a terminal result; charges nothing.
 
         Samples with an output go back to scoring, the rest to the run's backlog for inference
-        with a fresh attempt count. Duplicates of messages still queued are harmless (every
-        write is once-only). If every sample is settled but the run never finished, its
-        aggregate is computed here.
+        with a fresh attempt count; a sample a message still carries (in the run's backlog, a
+        broker queue, or held by a worker) is not sent again, so resuming a queued run adds
+        nothing. If every sample is settled but the run never finished, its aggregate is
+        computed here.
         """
         meta = self._runs.get(run_id)
         if meta.status is RunStatus.CANCELLED:
@@ -508,10 +514,12 @@ class Client:
         if meta.archived is not None:
             raise InputError(f"run {run_id} is archived; submit it again instead")
         ids = self._runs.sample_ids(run_id)
-        settled = self._results.settled(run_id, ids)
+        settled = self._results.settled(run_id, ids) | self._queued(run_id)
         missing = [i for i in ids if i not in settled]
         if not missing:
-            finalize = meta.status.active  # settled, but the finalizer never finished
+            finalize = meta.status.active and not self._queued(
+                run_id
+            )  # settled, but the finalizer never finished
             if finalize:
                 load_plugins(self.settings.plugins)
                 evaluation = create(meta.eval, meta.params)
@@ -525,6 +533,17 @@ class Client:
         self._backlog.enqueue(self.app, meta, to_infer)
         enqueue(self.app, SCORE_TASK, meta, to_score)
         return Resumption(run_id, len(to_infer), len(to_score), False)
+
+    def _queued(self, run_id: str) -> set[int]:
+        """The samples of ``run_id`` a message still carries: in its backlog, in a broker
+        queue, or held (unacknowledged) by a worker."""
+        carried_now = [carried(raw) for raw in self._backlog.messages(run_id)]
+        broker = Broker(self.app, self._redis)
+        try:
+            carried_now += broker.waiting().get(run_id, [])
+        finally:
+            broker.close()
+        return {i for task in carried_now if task is not None for i in task.sample_ids}
 
     def _clusters(self, meta: RunMeta, sample_ids: list[int]) -> dict[int, str] | None:
         """The clusters of a run's samples, read from its data where this client runs."""

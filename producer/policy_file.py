@@ -12,7 +12,7 @@ JSON file, reconciled.
         test: {tier: no_access}
         hidden:
           tier: non_viewable
-          release: {mechanism: ladder, paired: true}   # or rounded / exact, {eta: 0.02}
+          release: {mechanism: ladder, eta: 0.02}   # or ladder / rounded / exact
       agents:
         validation:
           budget: {samples: 10000}

@@ -100,8 +100,12 @@ def gather(client: Client, run_id: str) -> Report:
         import numpy as np
 
         scores = {name: np.concatenate(parts).tolist() for name, parts in values.items()}
+    try:
+        timeline = client.timeline(run_id)
+    except TierRefusedError:
+        timeline = []  # per-sample timing: the run's status shows it as a whole
     return Report(
-        view, scores, withheld, client.timeline(run_id), shards, note,
+        view, scores, withheld, timeline, shards, note,
         failures=samples.failures, worst=samples.lowest(),
     )  # fmt: skip
 
@@ -454,7 +458,7 @@ def render(report: Report) -> str:
         "samples": f"{meta.n:,}",
         "inferred / scored / failed": f"{progress.inferred:,} / {progress.scored:,} / "
         f"{progress.failed:,}",
-        "throughput": f"{view.throughput:,.1f} samples/s",
+        "throughput": "—" if view.throughput is None else f"{view.throughput:,.1f} samples/s",
         "submitted": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(meta.created)),
     }
     rows = "".join(
@@ -477,7 +481,11 @@ def render(report: Report) -> str:
             "Throughput over time",
             "throughput",
             _throughput_chart(report.timeline, meta.created) if report.timeline else None,
-            None if report.timeline else "nothing settled yet",
+            None
+            if report.timeline
+            else "nothing settled yet"
+            if view.timed
+            else "when samples settled is per-sample data of this split (not shown)",
         ),
         _section(
             "Errors by kind",

@@ -49,8 +49,13 @@ from shared.spec import HubSource, LocalSource, publish_spec
 from shared.tiers import TierRegistry
 
 __all__ = [
-    "SubmitRequest", "draw_ids", "parse_ids", "parse_params", "resolve_ids", "start", "submit",
+    "PARAMS_CHARS", "SubmitRequest", "draw_ids", "parse_ids", "parse_params", "resolve_ids",
+    "start", "submit",
 ]  # fmt: skip
+
+
+PARAMS_CHARS = 16_384
+"""Characters of a run's parameters, names and values together."""
 
 
 class SubmitRequest(BaseModel):
@@ -72,8 +77,10 @@ class SubmitRequest(BaseModel):
     )
     params: dict[
         Annotated[str, Field(min_length=1, max_length=100)],
-        Annotated[str, Field(max_length=10_000)],
-    ] = Field(default_factory=dict, max_length=100)
+        Annotated[str, Field(max_length=PARAMS_CHARS)],
+    ] = Field(default_factory=dict, max_length=64)
+    """``--param k=v``: at most 64, of :data:`PARAMS_CHARS` characters in all (they are kept
+    in the run's record for as long as the run)."""
     revision: str | None = Field(default=None, max_length=200)
     """Hub revision of an unregistered source."""
     config: str | None = Field(default=None, max_length=200)
@@ -90,6 +97,12 @@ class SubmitRequest(BaseModel):
 
     @model_validator(mode="after")
     def _one_source(self) -> SubmitRequest:
+        size = sum(len(k) + len(v) for k, v in self.params.items())
+        if size > PARAMS_CHARS:
+            raise ValueError(
+                f"--param values hold {size:,} characters in all; at most {PARAMS_CHARS:,} are "
+                "kept with a run"
+            )
         if (self.dataset is None) == (self.data is None):
             raise ValueError(
                 "give --dataset NAME (a registered dataset) or --data SOURCE (unregistered: "

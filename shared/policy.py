@@ -10,17 +10,17 @@ unlisted, unreadable or unknown is ``no_access``.
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
 from shared.errors import ForbiddenError, PolicyError, TierRefusedError
-from shared.models import Priority
+from shared.models import Priority, Progress, RunMeta, RunStatus
 from shared.stats import Stat
 
 __all__ = [
     "MIN_AGGREGATE_SAMPLES",
+    "TIMING_GRAIN",
     "Access",
     "Best",
     "Caller",
@@ -38,9 +38,9 @@ __all__ = [
     "admit_source",
     "admit_split",
     "budgeted_tier",
+    "coarse_timing",
     "default_eta",
     "on_grid",
-    "paired_threshold",
     "read_access",
     "release",
     "release_rule",
@@ -188,6 +188,15 @@ class Reader:
             return f"fewer than {MIN_AGGREGATE_SAMPLES} samples of a non_viewable split"
         return f"{self.where} is {self.tier.value}"
 
+    @property
+    def sees_timing(self) -> bool:
+        """When a run's samples settled (its timeline, throughput, ETA, live counts, exact
+        times) is per-sample data too: a scorer slower on a wrong answer writes each label
+        into it (the attack review read 178 of 200 off the report's throughput chart). Only a
+        reader with per-sample access sees it; everyone else sees the run as a whole, on a
+        grain of :data:`TIMING_GRAIN` (:func:`coarse_timing`)."""
+        return self.access is Access.FULL
+
     def require_samples(self) -> None:
         """Per-sample results (outputs, scores, score distributions) need full access:
         raise :class:`TierRefusedError` otherwise."""
@@ -209,6 +218,27 @@ def read_access(where: str, tier: Tier, admin: bool, samples: int) -> Reader:
     else:
         allowed = Access.NONE
     return Reader(where, tier, allowed, admin)
+
+
+TIMING_GRAIN = 10.0
+"""Seconds: the grain of a run's times for a reader who does not see its timing."""
+
+
+def coarse_timing(meta: RunMeta, progress: Progress, now: float) -> tuple[RunMeta, Progress]:
+    """A run's record and counters as a reader who does not see its timing
+    (:attr:`Reader.sees_timing`) reads them at ``now`` (Redis's clock): its creation rounded
+    down to :data:`TIMING_GRAIN`; its end shown only from the next multiple of the grain after
+    it (until then the run reads as running, so polling ``status`` learns its end to the
+    grain, not to the sample); no counts while it goes (each settling write would show)."""
+    created = math.floor(meta.created / TIMING_GRAIN) * TIMING_GRAIN
+    if meta.finished is None:
+        shown = meta.model_copy(update={"created": created})
+        return shown, Progress() if meta.status.active else progress
+    end = math.ceil(meta.finished / TIMING_GRAIN) * TIMING_GRAIN
+    if now < end:
+        going = {"created": created, "finished": None, "reason": None, "status": RunStatus.RUNNING}
+        return meta.model_copy(update=going), Progress()
+    return meta.model_copy(update={"created": created, "finished": end}), progress
 
 
 def budgeted_tier(where: str, listed: Tier | None) -> tuple[Tier | None, str | None]:
@@ -288,12 +318,10 @@ class Mechanism(StrEnum):
 
 @dataclass(frozen=True)
 class ReleaseRule:
-    """A split's release mechanism; ``eta`` None = :func:`default_eta` of the run's samples;
-    ``paired`` = the Ladder's parameter-free variant (better = a paired test, no ``eta``)."""
+    """A split's release mechanism; ``eta`` None = :func:`default_eta` of the run's samples."""
 
     mechanism: Mechanism = Mechanism.LADDER
     eta: float | None = None
-    paired: bool = False
 
     def step(self, samples: int) -> float:
         """The grid (and the Ladder's margin) for a run aggregated over ``samples``."""
@@ -303,8 +331,6 @@ class ReleaseRule:
         """How it reads in ``status`` and the audit stream."""
         if self.mechanism is Mechanism.EXACT:
             return "exact"
-        if self.paired:
-            return f"ladder, paired test, grid 1/{samples}"
         return f"{self.mechanism.value}, eta {self.step(samples):g}"
 
 
@@ -357,23 +383,8 @@ def on_grid(value: float, eta: float) -> float:
     return round(math.floor(value / eta + 0.5) * eta, 12)
 
 
-def paired_threshold(new: Mapping[int, float], best: Mapping[int, float] | None) -> float | None:
-    """The parameter-free Ladder's margin ``s / sqrt(n)``: ``s`` the standard deviation of the
-    per-sample differences from the best run on the samples both scored (of the run's own
-    values for a caller's first run). None when fewer than :data:`MIN_AGGREGATE_SAMPLES`
-    samples pair up: no test can be made."""
-    if best is None:
-        values = list(new.values())
-    else:
-        values = [new[i] - best[i] for i in new.keys() & best.keys()]
-    if len(values) < MIN_AGGREGATE_SAMPLES:
-        return None
-    return statistics.stdev(values) / math.sqrt(len(values))
-
-
 _TIE = 1e-9
-"""A gain within float error of the margin is a tie, and a tie does not move the Ladder: one
-sample's flip on n samples gains exactly 1/n, the paired test's margin for it."""
+"""A gain within float error of the margin is a tie, and a tie does not move the Ladder."""
 
 
 @dataclass(frozen=True)
@@ -394,21 +405,18 @@ class Decision:
     best: Best | None = None
     """The caller's new best (the Ladder moved), None when it stays."""
     margin: float | None = None
-    """The gain the Ladder asked for (audited, not shown: a paired test's margin is a
-    statistic of the labels)."""
+    """The gain the Ladder asked for (audited)."""
 
 
-def _ladder(
-    value: float, best: Best | None, margin: float | None, grid: float, *, higher: bool, run: str
-) -> Decision:
+def _ladder(value: float, best: Best | None, grid: float, *, higher: bool, run: str) -> Decision:
     if best is None:
         released = on_grid(value, grid)
-        return Decision(released, "first run", Best(released, run), margin)
+        return Decision(released, "first run", Best(released, run), grid)
     gain = (value - best.value) if higher else (best.value - value)
-    if margin is None or gain <= margin * (1 + _TIE) + _TIE:
-        return Decision(best.value, "not better than the best so far", None, margin)
+    if gain <= grid * (1 + _TIE) + _TIE:
+        return Decision(best.value, "not better than the best so far", None, grid)
     released = on_grid(value, grid)
-    return Decision(released, "better than the best so far", Best(released, run), margin)
+    return Decision(released, "better than the best so far", Best(released, run), grid)
 
 
 def release(
@@ -418,13 +426,10 @@ def release(
     run: str,
     *,
     best: Mapping[str, Best],
-    margins: Mapping[str, float | None],
     lower_is_better: frozenset[str] = frozenset(),
 ) -> dict[str, Decision]:
     """Each metric of a run aggregated over ``samples`` as ``rule`` releases it, given the
-    caller's ``best`` so far and, for the paired Ladder, each metric's paired-test margin
-    (:func:`paired_threshold`; a metric that is not a per-sample score has none and is
-    compared with the fixed step instead)."""
+    caller's ``best`` so far."""
     decisions: dict[str, Decision] = {}
     for metric, value in aggregate.items():
         if rule.mechanism is Mechanism.EXACT:
@@ -433,10 +438,8 @@ def release(
             eta = rule.step(samples)
             decisions[metric] = Decision(on_grid(value, eta), f"rounded to {eta:g}")
         else:
-            grid = 1 / samples if rule.paired else rule.step(samples)
-            margin = margins.get(metric, rule.step(samples)) if rule.paired else grid
             higher = metric not in lower_is_better
             decisions[metric] = _ladder(
-                value, best.get(metric), margin, grid, higher=higher, run=run
+                value, best.get(metric), rule.step(samples), higher=higher, run=run
             )
     return decisions

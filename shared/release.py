@@ -19,7 +19,6 @@ from pydantic import (
     ConfigDict,
     Field,
     Strict,
-    StrictBool,
     ValidationError,
     model_validator,
 )
@@ -39,34 +38,34 @@ MIN_ETA = 1e-6
 
 class Release(BaseModel):
     """``release:`` of a split in a policy file: ``exact``, ``rounded``, ``ladder`` or a
-    mapping ``{mechanism: ladder, eta: 0.02}`` / ``{mechanism: ladder, paired: true}``."""
+    mapping ``{mechanism: ladder, eta: 0.02}``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     mechanism: Mechanism
     eta: Annotated[float, Strict(), Field(ge=MIN_ETA, le=1)] | None = None
     """Grid and Ladder step; absent = :func:`shared.policy.default_eta` of the run's samples."""
-    paired: StrictBool = False
-    """Ladder only: the parameter-free variant (better = a paired test on the same samples)."""
 
     @model_validator(mode="before")
     @classmethod
     def _shorthand(cls, value: object) -> object:
+        if isinstance(value, dict) and "paired" in value:
+            raise ValueError(
+                "the paired Ladder was removed: it has no leakage bound, and a caller that keeps "
+                "its best run's answers and adds one sample forced its margin to zero (200 of "
+                "200 labels in 201 runs); use the ladder (with eta, if needed)"
+            )
         return {"mechanism": value} if isinstance(value, str) else value
 
     @model_validator(mode="after")
     def _consistent(self) -> Release:
-        if self.paired and self.mechanism is not Mechanism.LADDER:
-            raise ValueError("paired is a variant of the ladder only")
-        if self.paired and self.eta is not None:
-            raise ValueError("the paired ladder has no eta (its margin is the paired test's)")
         if self.mechanism is Mechanism.EXACT and self.eta is not None:
             raise ValueError("exact release has no eta")
         return self
 
     def rule(self) -> ReleaseRule:
         """The policy's view of it."""
-        return ReleaseRule(self.mechanism, self.eta, self.paired)
+        return ReleaseRule(self.mechanism, self.eta)
 
 
 class Released(BaseModel):

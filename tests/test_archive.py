@@ -206,16 +206,16 @@ def test_an_archiver_killed_before_its_seal_is_finished_by_another_worker(
     stack.crashes_expected = True
     base = tmp_path / "store"
     url = f"dying://{base}/archive"
-    stack.start_workers(EVALQ_ARCHIVE_URL=url, **FAST)
+    stack.start_workers(**FAST)
     dataset = _board(stack, tmp_path / "data", "viewable")
-    client = Client(Settings(redis_url=stack.server.url, principal="dev"))
+    client = Client(Settings(redis_url=stack.server.url, principal="dev", archive_url=url))
     meta = client.submit(SubmitRequest(eval="flaky", dataset=dataset, split="validation"))
     wait_for((base / "die-once").exists, 60, "the archiver to die")
     assert stack.client.hget(RunKeys(meta.run_id).meta, "archive_url") is None
     assert stack.client.hlen(RunKeys(meta.run_id).score) == 118  # nothing freed yet
     live = [r.model_dump() for r in client.results(meta.run_id)]
 
-    stack.start_workers(EVALQ_ARCHIVE_URL=url, **FAST)
+    stack.start_workers(**FAST)
     wait_for(lambda: stack.client.hget(RunKeys(meta.run_id).meta, "archive_url"), 60, "the archive")
     assert [r.model_dump() for r in client.results(meta.run_id)] == live
     assert _live_keys(stack, meta.run_id) == []
