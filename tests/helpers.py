@@ -189,14 +189,14 @@ def answers(url: str) -> bool:
 
 
 @contextmanager
-def serving(redis_url: str, log: Path) -> Iterator[str]:
+def gateway(redis_url: str, log: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """``evalq serve`` on a free port with the test plugins, until the block ends; yields its
-    base URL once it answers."""
+    base URL once it answers, and its process."""
     env = {**os.environ, "EVALQ_REDIS_URL": redis_url, "EVALQ_PLUGINS": "tests.plugins"}
     env["PYTHONPATH"] = str(REPO)
     port = free_port()
     with log.open("wb") as out:
-        gateway = subprocess.Popen(
+        process = subprocess.Popen(
             [sys.executable, "-c", "from shared.cli import main; main()",
              "serve", "--port", str(port)],
             env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
@@ -204,7 +204,15 @@ def serving(redis_url: str, log: Path) -> Iterator[str]:
     api = f"http://127.0.0.1:{port}"
     try:
         wait_for(lambda: answers(f"{api}/openapi.json"), 60, "the gateway to answer")
-        yield api
+        yield api, process
     finally:
-        gateway.terminate()
-        gateway.wait(30)
+        process.terminate()
+        process.wait(30)
+
+
+@contextmanager
+def serving(redis_url: str, log: Path) -> Iterator[str]:
+    """``evalq serve`` on a free port with the test plugins, until the block ends; yields its
+    base URL once it answers."""
+    with gateway(redis_url, log) as (api, _):
+        yield api

@@ -138,7 +138,11 @@ def test_an_archived_run_reads_exactly_as_it_did_live(fresh_stack: Stack, tmp_pa
     stack.start_workers(EVALQ_ARCHIVE_AFTER="3600", **FAST)
     viewable = _board(stack, tmp_path / "open", "viewable")
     hidden = _board(stack, tmp_path / "held", "non_viewable")
-    client = Client(Settings(redis_url=stack.server.url, principal="dev"))
+    client = Client(
+        Settings(
+            redis_url=stack.server.url, archive_url=stack.settings.archive_url, principal="dev"
+        )
+    )
     runs = {
         "a": client.submit(SubmitRequest(eval="flaky", dataset=viewable, split="validation")),
         "b": client.submit(SubmitRequest(eval="spy", dataset=viewable, split="validation")),
@@ -208,7 +212,13 @@ def test_an_archiver_killed_before_its_seal_is_finished_by_another_worker(
     url = f"dying://{base}/archive"
     stack.start_workers(**FAST)
     dataset = _board(stack, tmp_path / "data", "viewable")
-    client = Client(Settings(redis_url=stack.server.url, principal="dev", archive_url=url))
+    client = Client(
+        Settings(
+            redis_url=stack.server.url,
+            principal="dev",
+            archive_url=url,
+        )
+    )
     meta = client.submit(SubmitRequest(eval="flaky", dataset=dataset, split="validation"))
     wait_for((base / "die-once").exists, 60, "the archiver to die")
     assert stack.client.hget(RunKeys(meta.run_id).meta, "archive_url") is None
@@ -236,7 +246,11 @@ def test_purge_removes_what_it_names_and_nothing_else(fresh_stack: Stack, tmp_pa
     stack = fresh_stack
     stack.start_workers(**FAST)
     dataset = _board(stack, tmp_path / "data", "viewable")
-    client = Client(Settings(redis_url=stack.server.url, principal="ops"))
+    client = Client(
+        Settings(
+            redis_url=stack.server.url, archive_url=stack.settings.archive_url, principal="ops"
+        )
+    )
     gone, kept, old = (
         client.submit(SubmitRequest(eval="spy", dataset=dataset, split="validation")).run_id
         for _ in range(3)
@@ -493,7 +507,11 @@ def test_workers_spill_a_going_run_and_it_reads_the_same_throughout(
     stack.start_workers(queues="score", **spilling)
     dataset = _board(stack, tmp_path / "data", "viewable")
     gate = tmp_path / "gate"
-    client = Client(Settings(redis_url=stack.server.url, principal="dev"))
+    client = Client(
+        Settings(
+            redis_url=stack.server.url, archive_url=stack.settings.archive_url, principal="dev"
+        )
+    )
     run_id = client.submit(
         SubmitRequest(
             eval="slow", dataset=dataset, split="validation",

@@ -178,7 +178,11 @@ def test_status_and_metrics_say_where_queued_runs_stand(
 
 
 def _client(stack: Stack, principal: str) -> Client:
-    return Client(Settings(redis_url=stack.server.url, principal=principal))
+    return Client(
+        Settings(
+            redis_url=stack.server.url, archive_url=stack.settings.archive_url, principal=principal
+        )
+    )
 
 
 def _dataset(stack: Stack, folder: Path, n: int) -> str:

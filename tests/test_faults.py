@@ -57,7 +57,9 @@ GONE_AFTER = TIMING.heartbeat_interval * HEARTBEAT_MISSES
 
 
 def _client(stack: Stack) -> Client:
-    settings = Settings(redis_url=stack.server.url, principal="tests")
+    settings = Settings(
+        redis_url=stack.server.url, archive_url=stack.settings.archive_url, principal="tests"
+    )
     return Client(settings.model_copy(update={"stall_after": TIMING.stall_after}))
 
 

@@ -73,7 +73,11 @@ def _submitted(
     the :class:`SubmitRequest`); the run is not awaited."""
     write_rows(folder, "validation", rows)
     name = list_splits(stack.client, str(folder), "validation", tier=tier)
-    client = Client(Settings(redis_url=stack.server.url, principal="tests"))
+    client = Client(
+        Settings(
+            redis_url=stack.server.url, archive_url=stack.settings.archive_url, principal="tests"
+        )
+    )
     options = {"eval": "spy", **request}
     return client, client.submit(SubmitRequest(dataset=name, split="validation", **options))
 

@@ -199,7 +199,12 @@ def test_no_access_and_unlisted_are_refused_before_the_ledger(stack: Stack, tmp_
     assert not stack.client.exists(budget_key(name, "test"), budget_key(name, "train"))
     assert stack.client.zcard(RUNS) == runs_before
 
-    admin = Client(Settings(redis_url=stack.server.url, principal="root-op"), admin=True)
+    admin = Client(
+        Settings(
+            redis_url=stack.server.url, archive_url=stack.settings.archive_url, principal="root-op"
+        ),
+        admin=True,
+    )
     meta = admin.submit(SubmitRequest(eval="spy", dataset=name, split="test"))
     assert meta.admin
     assert not meta.charged
@@ -329,7 +334,11 @@ def test_cancel_refunds_exactly_the_unproduced_samples_once(
     name = list_splits(stack.client, data, "validation")
     Ledger(stack.client).set(name, "validation", runs=5, samples=100, max_samples_per_run=None,
                              who="admin")  # fmt: skip
-    user = Client(Settings(redis_url=stack.server.url, principal="agent"))
+    user = Client(
+        Settings(
+            redis_url=stack.server.url, archive_url=stack.settings.archive_url, principal="agent"
+        )
+    )
     meta = user.submit(SubmitRequest(eval="spy", dataset=name, split="validation"))
     assert Ledger(stack.client).get(name, "validation").samples_used == 20
 

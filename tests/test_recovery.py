@@ -43,7 +43,11 @@ def _submit(stack: Stack, folder: Path, n: int = N) -> RunMeta:
     rows = labelled_rows(n)
     write_rows(folder, "validation", rows)
     name = list_splits(stack.client, str(folder), "validation")
-    client = Client(Settings(redis_url=stack.server.url, principal="tests"))
+    client = Client(
+        Settings(
+            redis_url=stack.server.url, archive_url=stack.settings.archive_url, principal="tests"
+        )
+    )
     gate = {"gate": str(folder / "gate"), "open_until": "200"}
     request = SubmitRequest(eval="slow", dataset=name, split="validation", params=gate)
     return client.submit(request)
@@ -54,7 +58,11 @@ def _open_gate(folder: Path) -> None:
 
 
 def _view(stack: Stack, run_id: str) -> Client:
-    return Client(Settings(redis_url=stack.server.url, principal="tests"))
+    return Client(
+        Settings(
+            redis_url=stack.server.url, archive_url=stack.settings.archive_url, principal="tests"
+        )
+    )
 
 
 def _wait_inferred(stack: Stack, run_id: str, at_least: int = 100) -> None:
@@ -149,7 +157,11 @@ def test_a_sample_that_kills_its_worker_ends_as_one_terminal_error(
     rows[7]["text"] = text
     write_rows(tmp_path, "validation", rows)
     name = list_splits(stack.client, str(tmp_path), "validation")
-    client = Client(Settings(redis_url=stack.server.url, principal="tests"))
+    client = Client(
+        Settings(
+            redis_url=stack.server.url, archive_url=stack.settings.archive_url, principal="tests"
+        )
+    )
     meta = client.submit(SubmitRequest(eval="killer", dataset=name, split="validation"))
     assert wait_ended(stack.client, meta.run_id) is not RunStatus.CANCELLED
     view = client.status(meta.run_id)

@@ -212,7 +212,11 @@ def _run(client: Client, dataset: str, split: str = "validation", **params: str)
 def test_status_stats_and_compare_end_to_end(stack: Stack, tmp_path: Path) -> None:
     dataset = _board(stack, tmp_path)
     labels = [(i * 5) % 3 % 2 for i in range(N)]
-    client = Client(Settings(redis_url=stack.server.url, principal="dev"))
+    client = Client(
+        Settings(
+            redis_url=stack.server.url, archive_url=stack.settings.archive_url, principal="dev"
+        )
+    )
     flipped = [3, 4, 10, 17]
     runs = [
         _run(client, dataset, base="0"),
@@ -260,7 +264,11 @@ def test_a_non_viewable_split_releases_no_exact_error_bar_and_no_pairs(
     stack: Stack, tmp_path: Path
 ) -> None:
     dataset = _board(stack, tmp_path, tier="non_viewable")
-    client = Client(Settings(redis_url=stack.server.url, principal="loop"))
+    client = Client(
+        Settings(
+            redis_url=stack.server.url, archive_url=stack.settings.archive_url, principal="loop"
+        )
+    )
     runs = [_run(client, dataset, base="0"), _run(client, dataset, base="1")]
     for run_id in runs:
         wait_completed(stack.client, run_id)
@@ -346,7 +354,11 @@ def test_rescore_scores_stored_outputs_without_inference(stack: Stack, tmp_path:
     rows = labelled_rows(60)
     write_rows(tmp_path, "validation", rows)
     dataset = list_splits(stack.client, tmp_path, "validation")
-    client = Client(Settings(redis_url=stack.server.url, principal="dev"))
+    client = Client(
+        Settings(
+            redis_url=stack.server.url, archive_url=stack.settings.archive_url, principal="dev"
+        )
+    )
     source = client.submit(SubmitRequest(eval="spy", dataset=dataset, split="validation"))
     calls = tmp_path / "infer-calls"
     wait_completed(stack.client, source.run_id)
@@ -378,7 +390,11 @@ def test_a_rescored_run_whose_outputs_were_not_copied_never_runs_inference(
     rows = labelled_rows(20)
     write_rows(tmp_path, "validation", rows)
     dataset = list_splits(stack.client, tmp_path, "validation")
-    client = Client(Settings(redis_url=stack.server.url, principal="dev"))
+    client = Client(
+        Settings(
+            redis_url=stack.server.url, archive_url=stack.settings.archive_url, principal="dev"
+        )
+    )
     source = client.submit(SubmitRequest(eval="spy", dataset=dataset, split="validation"))
     wait_completed(stack.client, source.run_id)
     calls = tmp_path / "infer-calls"

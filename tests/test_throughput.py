@@ -81,7 +81,11 @@ def test_one_worker_reserves_two_batches_and_leaves_the_rest_queued(
     wait_for(lambda: stack.client.llen(INFER_QUEUE) == 1, 30, "the queue to be refilled")
     assert waiting() == MIN_MESSAGES - 2
     assert stack.client.hlen(held) == 2
-    Client(Settings(redis_url=stack.server.url, principal="tests")).cancel(meta.run_id)
+    Client(
+        Settings(
+            redis_url=stack.server.url, archive_url=stack.settings.archive_url, principal="tests"
+        )
+    ).cancel(meta.run_id)
     gate.touch()
 
 

@@ -1,0 +1,145 @@
+"""The boundary on the worker side: what the gateway decides by is written where the ``worker``
+credential cannot write (``evalq:facts:{run}``), so a record rewritten with that credential (from
+a compromised worker, or code beside one) changes nothing the gateway serves, deletes nothing
+outside the archive and refunds nothing. The attack review's scripts, replayed on a real
+redis-server with the ACL file, workers holding the ``worker`` user and the gateway on uvicorn.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+from shared.errors import EvalqError
+from shared.keys import RUNS, RunKeys, budget_key
+from shared.models import RunStatus
+from shared.policy import Tier
+from tests.helpers import gateway, wait_for, write_rows
+from tests.test_gateway import Door, _run_id, door  # noqa: F401
+
+pytestmark = pytest.mark.integration
+
+
+def _completed(door: Door, *args: str) -> str:  # noqa: F811
+    """A run of alice's on the held-out split, followed to its end."""
+    run_id = _run_id(
+        door.cli(door.alice, "submit", "spy", "--dataset", "ds", "--split", "hidden", "--json",
+                 *args)
+    )  # fmt: skip
+    wait_for(lambda: door.operator.status(run_id).meta.status is RunStatus.COMPLETED, 90, "end")
+    return run_id
+
+
+def test_a_record_rewritten_by_the_worker_credential_changes_what_the_gateway_serves_not_at_all(
+    door: Door,  # noqa: F811
+) -> None:
+    """The critical finding: ``HSET evalq:{R}:meta dataset_id … split validation`` on the
+    caller's own non_viewable run made ``GET /v1/runs/R/results`` serve every label."""
+    run_id = _completed(door)
+    worker = door.redis("worker")
+    keys = RunKeys(run_id)
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        worker.hset(keys.facts, "split", "validation")
+    worker.hset(keys.meta, mapping={"dataset_id": "ds", "split": "validation", "principal": "x"})
+    shown = door.cli(door.alice, "results", run_id)
+    assert shown.returncode == 3, shown.stdout[:200]
+    assert shown.stderr.startswith("error: tier refused: ds/hidden is non_viewable")
+    status = json.loads(door.cli(door.alice, "status", run_id, "--json").stdout)
+    assert (status["split"], status["tier"], status["principal"]) == (
+        "hidden", "non_viewable", "alice",
+    )  # fmt: skip
+    assert door.cli(door.bob, "status", run_id).returncode == 3  # still alice's
+
+
+def test_a_rewritten_archive_record_deletes_nothing_outside_the_archive(
+    door: Door,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """``HSET … archive_url file:///…/important/attempt``, then an admin's purge deleted that
+    directory recursively."""
+    run_id = _completed(door)
+    victim = tmp_path / "important" / "attempt"
+    victim.mkdir(parents=True)
+    (victim / "keep.txt").write_text("keep")
+    door.redis("worker").hset(RunKeys(run_id).meta, "archive_url", f"file://{victim}")
+    shown = door.cli(door.admin_token, "results", run_id, "--admin")
+    assert shown.returncode == 1
+    assert "outside the run's own folder" in shown.stderr
+    purged = door.cli(door.admin_token, "purge", "--run", run_id, "--json")
+    assert purged.returncode == 0, purged.stderr
+    assert json.loads(purged.stdout) == {"purged": [run_id]}
+    assert (victim / "keep.txt").read_text() == "keep"
+
+
+def test_a_rewritten_record_refunds_nothing(door: Door) -> None:  # noqa: F811
+    """``HSET … status running n 1000000000`` + ``DEL evalq:{R}:refund`` + the owner's cancel
+    refunded 900 spent samples, so over-budget submits were accepted."""
+    door.operator.set_budget("ds", "hidden", runs=None, samples=1000, max_samples_per_run=None)
+    store = door.redis("gateway")
+    before = int(store.hget(budget_key("ds", "hidden"), "samples_used") or 0)
+    run_id = _completed(door)
+    charged = int(store.hget(budget_key("ds", "hidden"), "samples_used") or 0)
+    assert charged == before + 20
+    worker = door.redis("worker")
+    keys = RunKeys(run_id)
+    worker.hset(keys.meta, mapping={"status": "running", "n": 1_000_000_000})
+    forges: list[Callable[[], object]] = [
+        lambda: worker.delete(keys.facts),
+        lambda: worker.hset(keys.facts, "n", 1_000_000_000),
+        lambda: worker.hdel(keys.facts, "refunded"),
+    ]
+    for forge in forges:
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            forge()
+    cancelled = door.cli(door.alice, "cancel", run_id)
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert "refunded 0 samples" in cancelled.stdout
+    assert int(store.hget(budget_key("ds", "hidden"), "samples_used") or 0) == charged
+
+
+def test_a_gateway_killed_during_submits_leaves_the_ledger_balanced(
+    door: Door,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """Gateways SIGKILLed at random moments while each handles a burst of submits (the attack
+    review once charged 1 run and 100,000 samples with no run recorded): every charge belongs
+    to a run that is listed, and every listed run is charged, once."""
+    rows = [{"text": f"row {i}", "label": i % 2} for i in range(5_000)]
+    write_rows(tmp_path / "big", "validation", rows)
+    door.operator.add_dataset("big", str(tmp_path / "big"))
+    door.operator.set_tier("big", "validation", Tier.VIEWABLE)
+    door.operator.set_budget("big", "validation", runs=None, samples=None, max_samples_per_run=None)
+    body = {"eval": "spy", "dataset": "big", "split": "validation"}
+    chance = random.Random(28)
+    for attempt in range(4):
+        with gateway(door.url("gateway"), tmp_path / f"gateway-{attempt}.log") as (api, process), \
+                httpx.Client(base_url=api, timeout=30) as http:  # fmt: skip
+            headers = {"Authorization": f"Bearer {door.alice}"}
+            with ThreadPoolExecutor(5) as pool:
+                sent = [pool.submit(http.post, "/v1/runs", json=body, headers=headers)
+                        for _ in range(5)]  # fmt: skip
+                time.sleep(chance.uniform(0.05, 1.5))  # a random moment to kill at, not a wait
+                process.kill()
+                for request in sent:
+                    with contextlib.suppress(httpx.HTTPError):
+                        request.result()
+    store = door.redis("gateway")
+    listed = [str(r) for r in store.zrange(RUNS, 0, -1)]
+    facts = {r: store.hgetall(RunKeys(r).facts) for r in listed}
+    mine = {r: f for r, f in facts.items() if f.get("dataset_id") == "big"}
+    assert all(f["charged"] == "True" and "refunded" not in f for f in mine.values())
+    budget = store.hgetall(budget_key("big", "validation"))
+    assert int(budget.get("runs_used", 0)) == len(mine)
+    assert int(budget.get("samples_used", 0)) == sum(int(f["n"]) for f in mine.values())
+    for run_id in mine:  # their samples are not this module's other tests' business
+        with contextlib.suppress(EvalqError):
+            door.operator.cancel(run_id)
