@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -22,7 +22,12 @@ __all__ = ["LocalWorkers"]
 
 
 class LocalWorkers:
-    """``count`` ``evalq worker`` subprocesses against ``redis_url``, each in its own session."""
+    """``count`` ``evalq worker`` subprocesses against ``redis_url``, each in its own session.
+
+    With ``EVALQ_REDIS_URL_FILE`` in ``env`` they read the URL from that file and get no
+    ``EVALQ_REDIS_URL``. ``launcher`` is put before each worker's command line, and runs it
+    (the tests drop every capability in one, so that a worker run as root behaves as one run
+    by an ordinary user)."""
 
     def __init__(
         self,
@@ -33,6 +38,7 @@ class LocalWorkers:
         queues: str = "infer,score",
         env: Mapping[str, str] | None = None,
         log_dir: Path | None = None,
+        launcher: Sequence[str] = (),
     ) -> None:
         self.redis_url = redis_url
         self.count = count
@@ -40,18 +46,22 @@ class LocalWorkers:
         self.queues = queues
         self.env = dict(env or {})
         self.log_dir = log_dir
+        self.launcher = list(launcher)
         self.processes: list[subprocess.Popen[bytes]] = []
 
     def start(self, app: Celery, timeout: float = 60.0) -> LocalWorkers:
         """Start the processes and wait until each answers a ping."""
         env = {**os.environ, **self.env, "EVALQ_REDIS_URL": self.redis_url}
         env.pop("EVALQ_BROKER_URL", None)
+        if env.get("EVALQ_REDIS_URL_FILE"):
+            del env["EVALQ_REDIS_URL"]
         # processes sharing this machine split its cores for torch rather than oversubscribe
         share = Settings(redis_url=self.redis_url).for_processes(self.count * self.concurrency)
         if share.torch_threads is not None:
             env.setdefault("EVALQ_TORCH_THREADS", str(share.torch_threads))
         for index in range(self.count):
             command = [
+                *self.launcher,
                 sys.executable, "-m", "worker",
                 "--queues", self.queues,
                 "--concurrency", str(self.concurrency),

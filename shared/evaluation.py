@@ -51,6 +51,11 @@ class Evaluation(ABC):
     """Run ``infer()`` in a warm subprocess of its own that only ever receives label-free rows
     (for models that run code the caller controls); ``EVALQ_ISOLATE_INFERENCE`` does it for
     every evaluation. Rows and outputs then cross a pipe as JSON."""
+    model_files: ClassVar[tuple[str, ...]] = ()
+    """Absolute paths (files or folders) an isolated model's sandbox may read besides the
+    Python installation and the plugins: the model's weights when they live elsewhere (a
+    Hugging Face cache folder holds datasets too, so name the model's own folder). Fixed in
+    the plugin's code, never taken from ``params``, which the caller chooses."""
     lower_is_better: ClassVar[frozenset[str]] = frozenset()
     """Metrics where less is better (a loss, an error rate); every other one, more is."""
     output_kind: ClassVar[str | None] = None

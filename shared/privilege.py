@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import sys
 from pathlib import Path
@@ -41,7 +40,8 @@ class _CapData(ctypes.Structure):
 def _libc() -> ctypes.CDLL | None:
     if not sys.platform.startswith("linux"):
         return None
-    return ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    # the C library the interpreter already loaded: finding it by name would run ldconfig
+    return ctypes.CDLL(None, use_errno=True)
 
 
 def undumpable() -> bool:

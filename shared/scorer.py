@@ -11,13 +11,13 @@ The path comes from the plugin's code, never from a message.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from shared.child_env import child_env
 from shared.errors import ScriptError
 
 __all__ = ["ScriptCall", "ScriptScorer", "run_cold"]
@@ -50,13 +50,15 @@ class ScriptCall:
 
 
 def run_cold(scorer: ScriptScorer, call: ScriptCall) -> str:
-    """Run ``python script.py ARGS`` once in a fresh empty directory; its stdout, stripped."""
+    """Run ``python script.py ARGS`` once in a fresh empty directory, with the environment
+    a worker gives its scorer processes (:func:`shared.child_env.child_env`) and the call's
+    ``env`` over it; its stdout, stripped."""
     with tempfile.TemporaryDirectory(prefix="evalq-cold-") as workdir:
         try:
             done = subprocess.run(
                 [sys.executable, scorer.path, *call.argv],
                 cwd=workdir,
-                env={**os.environ, **call.env},
+                env={**child_env(workdir), **call.env},
                 capture_output=True,
                 text=True,
                 timeout=scorer.timeout,

@@ -10,10 +10,12 @@ import getpass
 import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from shared.errors import InputError
 
 __all__ = ["Settings", "get_settings"]
 
@@ -25,6 +27,12 @@ class Settings(BaseSettings):
 
     redis_url: str = "redis://127.0.0.1:6379/0"
     """Redis holding the ledger, the tier registry, specs, runs and results."""
+
+    redis_url_file: Path | None = None
+    """A file whose contents are ``redis_url`` (surrounding whitespace dropped), instead of
+    ``EVALQ_REDIS_URL``, which may not be set as well: a worker's credential in a file only its
+    user can read keeps the password out of its environment, and so out of reach of every
+    program started with it."""
 
     broker_url: str | None = None
     """Celery broker; defaults to ``redis_url``."""
@@ -128,6 +136,23 @@ class Settings(BaseSettings):
     """Worker-local: accept Celery remote-control commands that change or stop a worker
     (``time_limit``, ``shutdown``, ``pool_restart``, ``revoke``, ...). Off: only inspection
     (what Flower lists) and ``enable_events`` are answered, the rest are refused."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_url_file(cls, data: Any) -> Any:
+        # InputError, not ValueError: a ValidationError would print the input, URL included
+        if not isinstance(data, dict) or not data.get("redis_url_file"):
+            return data
+        if data.get("redis_url"):
+            raise InputError("set EVALQ_REDIS_URL or EVALQ_REDIS_URL_FILE, not both")
+        path = Path(data["redis_url_file"])
+        try:
+            url = path.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InputError(f"cannot read EVALQ_REDIS_URL_FILE {path}: {exc}") from None
+        if not url:
+            raise InputError(f"EVALQ_REDIS_URL_FILE {path} is empty")
+        return {**data, "redis_url": url}
 
     @field_validator("plugins", mode="before")
     @classmethod

@@ -158,6 +158,16 @@ def expected_accuracy(rows: list[dict[str, object]]) -> float:
     return sum(predict(str(r["text"])) == r["label"] for r in rows) / len(rows)
 
 
+UNPRIVILEGED = [
+    sys.executable,
+    "-c",
+    "import os, sys; from shared.privilege import drop_capabilities; drop_capabilities(); "
+    "os.execv(sys.argv[1], sys.argv[1:])",
+]
+"""A launcher (:class:`producer.workers.LocalWorkers`) that runs its command line with every
+capability given up for good: a process of uid 0 then is what one of an ordinary user is."""
+
+
 def cli_env(redis_url: str, **extra: str) -> dict[str, str]:
     env = {**os.environ, "EVALQ_REDIS_URL": redis_url, "EVALQ_PLUGINS": "tests.plugins"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))

@@ -1,22 +1,45 @@
 """Isolated inference: a model in a warm subprocess of its own that only ever receives
 label-free rows. A candidate that walks the stack and the heap for rows holding labels finds
-every label when its inference runs in the worker, and none when it is isolated."""
+every label when its inference runs in the worker, and none when it is isolated. Run in its
+sandbox, it finds no credential in any process's environment, cannot read the data, the archive
+or the caches, and cannot reach Redis; no program a worker starts inherits its secrets."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from producer.redis_server import RedisServer
 from producer.submit import SubmitRequest, submit
-from shared.errors import ModelHostError, PermanentError
+from producer.workers import LocalWorkers
+from shared import landlock
+from shared.celery_app import create_app
+from shared.child_env import child_env
+from shared.connection import connect
+from shared.errors import InputError, ModelHostError, PermanentError
 from shared.evaluation import create, load_plugins
 from shared.results import ResultStore
+from shared.scorer import ScriptCall
+from shared.settings import Settings
 from tests.conftest import Stack
-from tests.helpers import REPO, labelled_rows, list_splits, wait_completed, write_rows
+from tests.helpers import (
+    REPO,
+    UNPRIVILEGED,
+    cli_env,
+    labelled_rows,
+    list_splits,
+    wait_completed,
+    wait_for,
+    write_rows,
+)
 from worker.model_proxy import ModelProxy
 from worker.runtime_pool import RuntimePool
+from worker.script_pool import ScriptPool
 
 ROWS = [{"text": "a"}, {"text": "b"}]
 
@@ -45,6 +68,7 @@ def test_an_isolated_model_runs_elsewhere_without_the_workers_secrets_or_modules
     assert len(seen) == 2
     assert seen[0]["pid"] != os.getpid()
     assert seen[0]["evalq_env"] == []
+    assert seen[0]["dumpable"] == 0
     assert seen[0]["worker_loaded"] is False
     assert seen[0]["fields"] == ["text"]
 
@@ -146,3 +170,228 @@ def test_an_isolated_model_cannot_read_its_workers_environment_or_memory(
     assert seen["ancestors_read"] == []  # the worker's /proc environ and mem: refused
     assert seen["evalq_env"] == []
     assert seen["fields"] == ["secret", "text"]  # label fields scrubbed
+
+
+def test_a_child_gets_only_the_allowlisted_environment(tmp_path: Path) -> None:
+    worker = {
+        "EVALQ_REDIS_URL": "redis://worker:secret@redis:6379/0",
+        "EVALQ_TOKEN": "token",
+        "OPENAI_API_KEY": "sk-secret",
+        "AWS_SECRET_ACCESS_KEY": "aws-secret",
+        "HF_TOKEN": "hf-secret",
+        "HF_HOME": "/data/hf",
+        "HF_HUB_OFFLINE": "1",
+        "HOME": "/home/evalq",
+        "TMPDIR": "/tmp/worker",
+        "LD_PRELOAD": "/lib/evil.so",
+        "PATH": "/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "CUDA_VISIBLE_DEVICES": "1",
+        "PYTHONPATH": f"plugins{os.pathsep}/opt/evalq",
+    }
+    env = child_env(tmp_path, worker)
+    assert env == {
+        "HF_HUB_OFFLINE": "1",
+        "PATH": "/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "CUDA_VISIBLE_DEVICES": "1",
+        "PYTHONPATH": f"{Path.cwd() / 'plugins'}{os.pathsep}/opt/evalq",
+        "HOME": str(tmp_path),
+        "TMPDIR": str(tmp_path),
+    }
+
+
+@pytest.mark.usefixtures("host_env")
+def test_a_scorer_process_runs_with_the_allowlist_and_is_not_dumpable() -> None:
+    scorer = create("script_scored").scorer
+    assert scorer is not None
+    pool = ScriptPool(scorer, 1)
+    try:
+        pid = int(pool.call(ScriptCall(argv=["pid"])))
+        dumpable = pool.call(ScriptCall(argv=["dumpable"]))
+        environ = Path(f"/proc/{pid}/environ").read_bytes().decode()
+    finally:
+        pool.close()
+    assert dumpable == "0"
+    assert "EVALQ_" not in environ
+    assert "secret" not in environ
+    assert f"PYTHONPATH={REPO}" in environ.split("\0")
+
+
+PASSWORD = "walker-password-7d3e91"
+"""The Redis password of the worker the candidate attacks (an ACL user of the test's Redis)."""
+
+
+@dataclass
+class Walk:
+    """What the ``walker`` candidate saw from its sandbox, and what the test knows."""
+
+    seen: dict[str, Any]
+    scorer_pids: set[int]
+    """The worker's warm scorer processes that were alive before the walk and after it."""
+    sandbox_log: list[str]
+
+
+def _descendants(root: int) -> list[int]:
+    """``root`` and every process under it, from each process's parent in ``/proc``."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if entry.name.isdigit():
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    tree = [root]
+    for pid in tree:
+        tree += [child for child, parent in parents.items() if parent == pid]
+    return tree
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def walk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Walk]:
+    """A worker holding a Redis password in its environment, run as an ordinary user runs it
+    (no capability: a container's user has none), with warm scorer processes left by a first
+    run; then an isolated candidate walks ``/proc`` and tries the first run's data file, the
+    archive, the Hugging Face cache and Redis."""
+    root = tmp_path_factory.mktemp("walk")
+    server = RedisServer(root / "redis").start()
+    client = connect(server.url)
+    client.acl_setuser(
+        "worker",
+        enabled=True,
+        passwords=[f"+{PASSWORD}"],
+        keys=["*"],
+        channels=["*"],
+        commands=["+@all"],
+    )
+    settings = Settings(
+        redis_url=server.url, plugins=("tests.plugins",), archive_url=str(root / "archive")
+    )
+    app = create_app(settings)
+    hf = root / "hf"
+    workers = LocalWorkers(
+        f"redis://worker:{PASSWORD}@127.0.0.1:{server.port}/0",
+        env={**cli_env(server.url), "EVALQ_ARCHIVE_URL": settings.archive_url, "HF_HOME": str(hf)},
+        log_dir=root,
+        launcher=UNPRIVILEGED,
+    )
+    workers.start(app)
+    try:
+        data = write_rows(root / "data", "validation", labelled_rows(20))
+        name = list_splits(client, str(root / "data"), "validation")
+        request = SubmitRequest(eval="script_scored", dataset=name, split="validation")
+        scored = submit(client, app, request, principal="tests")
+        wait_completed(client, scored.run_id)
+        scores = ResultStore(client).scores(scored.run_id).values()
+        scorer_pids = {int(score["scorer_pid"]) for score in scores}
+        archived = wait_for(
+            lambda: next(Path(settings.archive_url).rglob("*.parquet"), None),
+            what="the first run's archive",
+        )
+        cached = next(path for path in sorted(hf.rglob("*")) if path.is_file())
+        params = {
+            "pids": ",".join(map(str, _descendants(workers.processes[0].pid))),
+            "needle": PASSWORD,
+            "data": str(data),
+            "archive": settings.archive_url,
+            "archive_file": str(archived),
+            "hf": str(hf),
+            "hf_file": str(cached),
+            "port": str(server.port),
+        }
+        request = SubmitRequest(eval="walker", dataset=name, split="validation", params=params)
+        walked = submit(client, app, request, principal="tests")
+        wait_completed(client, walked.run_id)
+        seen = ResultStore(client).outputs(walked.run_id, [0])[0]
+        alive = {pid for pid in scorer_pids if _alive(pid)}
+        log = (root / "worker-0.log").read_text().splitlines()
+        yield Walk(seen, alive, [line for line in log if "sandbox=" in line])
+    finally:
+        workers.stop()
+        client.close()
+        server.stop()
+
+
+@pytest.mark.integration
+def test_an_isolated_candidate_finds_no_credential_in_any_process(walk: Walk) -> None:
+    assert walk.scorer_pids  # warm all along: started by the first run, alive after the walk
+    assert walk.seen["found"] == []  # no EVALQ_ variable, no password, in any environ or cmdline
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(landlock.abi() < 4, reason="needs Landlock ABI 4 (Linux 6.7+)")
+def test_an_isolated_candidate_reads_no_data_archive_or_cache_and_reaches_no_redis(
+    walk: Walk,
+) -> None:
+    assert walk.seen["access"] == {
+        "data": "denied: PermissionError",
+        "archive": "denied: PermissionError",
+        "archive_file": "denied: PermissionError",
+        "hf": "denied: PermissionError",
+        "hf_file": "denied: PermissionError",
+        "redis": "denied: PermissionError",
+    }
+    assert (walk.seen["listed"], walk.seen["readable"]) == (0, [])  # nothing of /proc at all
+    assert len(walk.sandbox_log) == 1
+    assert "sandbox=seccomp,landlock,landlock-tcp" in walk.sandbox_log[0]
+
+
+def test_the_redis_url_can_come_from_a_file_instead_of_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secret = tmp_path / "redis-url"
+    secret.write_text("redis://worker:from-a-file@redis:6379/0\n")
+    monkeypatch.delenv("EVALQ_REDIS_URL", raising=False)
+    monkeypatch.setenv("EVALQ_REDIS_URL_FILE", str(secret))
+    settings = Settings()
+    assert (settings.redis_url, settings.broker) == ("redis://worker:from-a-file@redis:6379/0",) * 2
+    monkeypatch.setenv("EVALQ_REDIS_URL", "redis://other")
+    with pytest.raises(InputError, match="not both"):
+        Settings()
+    monkeypatch.delenv("EVALQ_REDIS_URL")
+    secret.write_text("\n")
+    with pytest.raises(InputError, match="is empty"):
+        Settings()
+    monkeypatch.setenv("EVALQ_REDIS_URL_FILE", str(tmp_path / "missing"))
+    with pytest.raises(InputError, match="cannot read EVALQ_REDIS_URL_FILE"):
+        Settings()
+
+
+@pytest.mark.integration
+def test_a_worker_reading_its_url_from_a_file_holds_no_password_in_its_environment(
+    fresh_stack: Stack, tmp_path: Path
+) -> None:
+    fresh_stack.client.acl_setuser(
+        "worker",
+        enabled=True,
+        passwords=[f"+{PASSWORD}"],
+        keys=["*"],
+        channels=["*"],
+        commands=["+@all"],
+    )
+    secret = tmp_path / "redis-url"
+    secret.write_text(f"redis://worker:{PASSWORD}@127.0.0.1:{fresh_stack.server.port}/0")
+    secret.chmod(0o600)
+    workers = fresh_stack.start_workers(EVALQ_REDIS_URL_FILE=str(secret))
+    write_rows(tmp_path / "data", "validation", labelled_rows(5))
+    name = list_splits(fresh_stack.client, str(tmp_path / "data"), "validation")
+    request = SubmitRequest(eval="spy", dataset=name, split="validation")
+    meta = submit(fresh_stack.client, fresh_stack.app, request, principal="tests")
+    wait_completed(fresh_stack.client, meta.run_id)
+    clients = fresh_stack.client.client_list()
+    assert any(entry.get("user") == "worker" for entry in clients)  # it logged in as worker
+    for pid in _descendants(workers.processes[0].pid):
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+        assert PASSWORD.encode() not in environ
+        assert b"EVALQ_REDIS_URL=" not in environ

@@ -2,10 +2,12 @@
 first use, killed on a timeout, replaced after it dies. Scorer scripts (``script_pool.py``)
 and isolated models (``model_proxy.py``) each run in one.
 
-The subprocess runs in a session of its own, so killing it kills what it started too. It says
-``{"ready": true}`` (or ``{"error": ...}``) once it has started, after the optional ``hello``
-line; every failure here is the caller's ``error`` type with a one-line message that names the
-subprocess (``name``).
+The subprocess runs in a session of its own, so killing it kills what it started too, in an
+empty folder of its own (its working folder, ``HOME`` and ``TMPDIR``; deleted when it is
+closed), with the environment of :func:`shared.child_env.child_env`: never the worker's own,
+which holds the Redis URL and its password. It says ``{"ready": true}`` (or
+``{"error": ...}``) once it has started, after the optional ``hello`` line; every failure here
+is the caller's ``error`` type with a one-line message that names the subprocess (``name``).
 """
 
 from __future__ import annotations
@@ -14,11 +16,16 @@ import contextlib
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
+
+from shared.child_env import child_env
 
 __all__ = ["HostProcess", "ended"]
 
@@ -43,16 +50,18 @@ class HostProcess:
         death: Callable[[int | None], str],
         start_timeout: float,
         hello: Mapping[str, Any] | None = None,
-        env: Mapping[str, str] | None = None,
+        on_ready: Callable[[int, dict[str, Any]], None] | None = None,
     ) -> None:
+        """``on_ready`` is called with each started subprocess's pid and its ready reply."""
         self._command = command
         self._name = name
         self._error = error
         self._death = death
         self._start_timeout = start_timeout
         self._hello = hello
-        self._env = None if env is None else dict(env)
+        self._on_ready = on_ready
         self._proc: subprocess.Popen[bytes] | None = None
+        self._home: Path | None = None
         self._buffer = b""
         self.started = 0
         """Subprocesses started so far."""
@@ -72,12 +81,14 @@ class HostProcess:
 
     def _start(self) -> subprocess.Popen[bytes]:
         self.close()
+        self._home = Path(tempfile.mkdtemp(prefix="evalq-host-"))
         proc = subprocess.Popen(
             self._command,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             start_new_session=True,
-            env=self._env,
+            cwd=self._home,
+            env=child_env(self._home),
         )
         self._proc, self._buffer = proc, b""
         self.started += 1
@@ -87,6 +98,8 @@ class HostProcess:
         if not reply.get("ready"):
             self.close()
             raise self._error(str(reply.get("error", f"{self._name} did not start")))
+        if self._on_ready is not None:
+            self._on_ready(proc.pid, reply)
         return proc
 
     def _write(self, proc: subprocess.Popen[bytes], line: bytes) -> None:
@@ -125,13 +138,15 @@ class HostProcess:
         return reply
 
     def close(self) -> None:
-        """Kill the subprocess and everything it started, and reap it."""
+        """Kill the subprocess and everything it started, reap it and delete its folder."""
         proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        for stream in (proc.stdin, proc.stdout):
-            if stream is not None:
-                stream.close()
+        home, self._home = self._home, None
+        if proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            for stream in (proc.stdin, proc.stdout):
+                if stream is not None:
+                    stream.close()
+        if home is not None:
+            shutil.rmtree(home, ignore_errors=True)

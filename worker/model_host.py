@@ -2,16 +2,20 @@
 per worker process, started by :class:`worker.model_proxy.ModelProxy`.
 
 A fresh interpreter (not a fork): none of the worker's memory is here, neither the rows with
-their labels, nor the shard cache, nor the Redis connection; its environment has no ``EVALQ_``
-variable (no Redis URL, password or token), and ``-P`` keeps the worker's folder off
-``sys.path``. Before anything else it drops every capability (a worker running as root
-included), and workers are not dumpable (:mod:`shared.privilege`), so it cannot read its
-parent's ``/proc/<pid>/environ`` or ``/proc/<pid>/mem`` either.
+their labels, nor the shard cache, nor the Redis connection; its environment is the allowlist
+of :mod:`shared.child_env` (no ``EVALQ_`` variable, no Redis URL, password or token), and
+``-P`` keeps the worker's folder off ``sys.path``. Before anything else it makes itself not
+dumpable and drops every capability (a worker running as root included), and workers are not
+dumpable (:mod:`shared.privilege`), so it cannot read its parent's ``/proc/<pid>/environ`` or
+``/proc/<pid>/mem`` either.
 
-It reads one hello line ``{"eval", "params", "plugins", "device", "threads"}``, imports the
-plugin modules, loads the model once and says ``{"ready": true}``; then each line
-``{"rows": [...]}`` (label-free rows) is answered ``{"ok": [outputs]}`` or ``{"error": "..."}``
-(``"permanent": true`` when an output is not JSON, as in-process inference treats it).
+It reads one hello line ``{"eval", "params", "plugins", "files", "device", "threads"}``, shuts
+itself in its sandbox (:func:`shared.sandbox.confine`: no network, no file but the Python
+installation, the plugins, the model's ``files`` and its own ``HOME``), imports the plugin
+modules, loads the model once and says ``{"ready": true, "sandbox": {"applied", "missing"}}``;
+then each line ``{"rows": [...]}`` (label-free rows) is answered ``{"ok": [outputs]}`` or
+``{"error": "..."}`` (``"permanent": true`` when an output is not JSON, as in-process inference
+treats it).
 
 The protocol has its own file descriptor: what the plugin prints goes to stderr.
 """
@@ -25,7 +29,8 @@ from typing import IO, Any
 
 from shared.errors import first_line
 from shared.evaluation import Evaluation, create, load_plugins
-from shared.privilege import drop_capabilities
+from shared.privilege import drop_capabilities, undumpable
+from shared.sandbox import confine
 
 
 def _why(exc: BaseException) -> str:
@@ -65,16 +70,24 @@ def main() -> int:
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     try:
+        undumpable()
         drop_capabilities()
     except OSError as exc:
-        _reply(channel, {"error": f"cannot drop its capabilities, so it does not run: {exc}"})
+        _reply(channel, {"error": f"cannot drop its privileges, so it does not run: {exc}"})
         return 1
+    hello = json.loads(sys.stdin.readline())
+    sandbox = confine(
+        modules=hello["plugins"],
+        files=hello.get("files", []),
+        home=os.environ.get("HOME"),
+        device=hello["device"],
+    )
     try:
-        evaluation, model = _load(json.loads(sys.stdin.readline()))
+        evaluation, model = _load(hello)
     except Exception as exc:
         _reply(channel, {"error": f"cannot load the model: {_why(exc)}"})
         return 1
-    _reply(channel, {"ready": True})
+    _reply(channel, {"ready": True, "sandbox": sandbox})
     for line in sys.stdin:
         _reply(channel, _answer(evaluation, model, json.loads(line)["rows"]))
     return 0

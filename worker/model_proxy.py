@@ -6,12 +6,14 @@ Used when the evaluation sets ``isolated = True`` or the worker runs with
 then cannot walk the worker's stack or heap for the rows its labels were scrubbed from. The
 subprocess is started once per (evaluation, params) per worker process, replaced after it dies
 or times out (the batch is then tried again like any failed inference), and killed when its
-model is evicted or the worker stops.
+model is evicted or the worker stops. It runs in a sandbox (:mod:`shared.sandbox`): each start
+is logged with the layers the machine allowed (``sandbox=seccomp,landlock,...``), and a warning
+names each layer that is missing and why.
 """
 
 from __future__ import annotations
 
-import os
+import logging
 import sys
 from collections.abc import Sequence
 from functools import partial
@@ -26,10 +28,7 @@ __all__ = ["ModelProxy"]
 
 HOST = Path(__file__).with_name("model_host.py")
 
-
-def host_env() -> dict[str, str]:
-    """The worker's environment without any ``EVALQ_`` variable (Redis URL, passwords)."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("EVALQ_")}
+log = logging.getLogger(__name__)
 
 
 class ModelProxy:
@@ -48,10 +47,14 @@ class ModelProxy:
             "eval": evaluation.name,
             "params": evaluation.params,
             "plugins": list(plugins),
+            "files": list(evaluation.model_files),
             "device": device,
             "threads": threads,
         }
+        self._name = evaluation.name
         self._timeout = timeout
+        self.sandbox: dict[str, Any] = {}
+        """What the latest subprocess reported of its sandbox: ``applied``, ``missing``."""
         self._host = HostProcess(
             [sys.executable, "-P", str(HOST)],
             name=f"the model host of {evaluation.name}",
@@ -59,8 +62,16 @@ class ModelProxy:
             death=partial(ended, "the model host"),
             start_timeout=timeout,
             hello=hello,
-            env=host_env(),
+            on_ready=self._ready,
         )
+
+    def _ready(self, pid: int, reply: dict[str, Any]) -> None:
+        sandbox = reply.get("sandbox")
+        self.sandbox = sandbox if isinstance(sandbox, dict) else {}
+        applied = ",".join(map(str, self.sandbox.get("applied", []))) or "none"
+        log.info("the model host of %s started (pid %d) sandbox=%s", self._name, pid, applied)
+        for layer, why in dict(self.sandbox.get("missing", {})).items():
+            log.warning("the model host of %s runs without %s: %s", self._name, layer, why)
 
     def start(self) -> ModelProxy:
         """Start the subprocess and load the model now (a failure is a ModelHostError)."""

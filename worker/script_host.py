@@ -2,7 +2,10 @@
 
 Standard library only, and started by path, so a scorer process imports nothing of the worker.
 
-It applies its resource limits (address space, no core files), imports the script once, says
+Before anything else it makes itself not dumpable, so that no other process of its user (an
+isolated model's host among them) can read its ``/proc/<pid>/environ`` or memory; its
+environment is already the worker's allowlist (:mod:`shared.child_env`). It applies its
+resource limits (address space, no core files), imports the script once, says
 ``{"ready": true}``, then answers one JSON line per call read from stdin:
 ``{"argv": [...], "env": {...}}`` -> ``{"ok": "<answer>"}`` or ``{"error": "<one line>"}``.
 Each call runs in a fresh empty working directory (also its ``TMPDIR``) that is deleted after
@@ -16,6 +19,7 @@ The protocol has its own file descriptor: what the script prints goes to stderr,
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import json
 import math
@@ -29,6 +33,15 @@ from pathlib import Path
 from typing import IO, Any
 
 Main = Callable[[list[str]], object]
+
+
+def _undumpable() -> None:
+    """``prctl(PR_SET_DUMPABLE, 0)`` (:func:`shared.privilege.undumpable`, which this file
+    cannot import)."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(4, 0, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
 
 
 def _limit(memory_mb: int) -> None:
@@ -99,6 +112,7 @@ def _reply(channel: IO[str], message: dict[str, Any]) -> None:
 
 def main(argv: list[str]) -> int:
     """Serve calls of the script ``argv[0]`` until stdin closes."""
+    _undumpable()
     path, cpu_seconds, memory_mb = argv[0], int(argv[1]), int(argv[2])
     channel = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)

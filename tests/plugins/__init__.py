@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -16,6 +18,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from shared.evaluation import Evaluation, register
+from shared.scorer import ScriptCall, ScriptScorer
 
 LABELS = ("label", "secret")
 
@@ -300,14 +303,25 @@ def _ancestors_read() -> list[str]:
     process opens (the worker's hold its Redis password), and which a program it executes
     opens (``exec:`` ...: a process of uid 0 regains its capabilities at ``execve`` unless
     prevented)."""
-    parent = os.getppid()
-    grandparent = int(Path(f"/proc/{parent}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    pids = [str(parent), str(grandparent)]
+    pids = [str(os.getppid())]
+    try:
+        stat = Path(f"/proc/{pids[0]}/stat").read_text()
+        pids.append(stat.rsplit(")", 1)[1].split()[1])
+    except OSError:
+        pass  # a sandboxed host cannot read its parent's /proc files at all
     script = "import sys, tests.plugins as p; print(','.join(p._opened(sys.argv[1:])))"
     child = subprocess.run(
         [sys.executable, "-c", script, *pids], capture_output=True, text=True, check=False
     )
     return _opened(pids) + [f"exec:{item}" for item in child.stdout.strip().split(",") if item]
+
+
+def _dumpable() -> int:
+    """``prctl(PR_GET_DUMPABLE)``: 0 when no other process of this user may read this one's
+    ``/proc/<pid>/environ`` or memory."""
+    import ctypes
+
+    return int(ctypes.CDLL(None).prctl(3, 0, 0, 0, 0))
 
 
 @register("probe")
@@ -330,8 +344,98 @@ class Probe(Evaluation):
             "pid": os.getpid(),
             "ancestors_read": _ancestors_read(),
             "evalq_env": sorted(k for k in os.environ if k.startswith("EVALQ_")),
+            "dumpable": _dumpable(),
             "worker_loaded": "worker.shard_cache" in sys.modules,
             "fields": sorted({field for row in rows for field in row}),
+        }
+        return [seen for _ in rows]
+
+    def score(self, row: dict[str, Any], output: Any) -> dict[str, float]:
+        return {"ok": 1.0}
+
+
+@register("script_scored")
+class ScriptScored(Evaluation):
+    """Scored in the worker's warm scorer processes by ``tests/scripts/probe.py``: each
+    sample's ``scorer_pid`` is the process id of the scorer process that scored it."""
+
+    label_fields = LABELS
+    scorer = ScriptScorer(path=str(Path(__file__).parents[1] / "scripts" / "probe.py"))
+
+    def infer(self, model: Any, rows: list[dict[str, Any]]) -> list[Any]:
+        return [row["text"] for row in rows]
+
+    def script_call(self, row: dict[str, Any], output: Any) -> ScriptCall:
+        return ScriptCall(argv=["pid"])
+
+    def script_score(self, answer: str) -> dict[str, float]:
+        return {"scorer_pid": float(answer)}
+
+
+def _attempt(action: Any) -> str:
+    """``allowed``, or ``denied: <the OSError's class>`` (the file or the port is the same
+    either way: only what the sandbox lets through differs)."""
+    try:
+        action()
+    except OSError as exc:
+        return f"denied: {type(exc).__name__}"
+    return "allowed"
+
+
+def _read(path: str) -> None:
+    with open(path, "rb") as file:
+        file.read(1)
+
+
+def _connect(port: int) -> None:
+    socket.create_connection(("127.0.0.1", port), timeout=5).close()
+
+
+def _credentials_in_proc(pids: list[str], needle: str) -> dict[str, Any]:
+    """Each ``/proc/<pid>/environ`` and ``cmdline`` this process reads — every process's it
+    can list, and those of ``pids`` — and which of them hold an ``EVALQ_`` variable or
+    ``needle`` (the Redis password)."""
+    try:
+        listed = [name for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        listed = []
+    readable, found = [], []
+    for pid in sorted({*listed, *pids}, key=int):
+        for name in ("environ", "cmdline"):
+            try:
+                content = Path(f"/proc/{pid}/{name}").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            readable.append(f"{pid}/{name}")
+            hits = sorted(set(re.findall(r"EVALQ_\w+", content)))
+            if needle and needle in content:
+                hits.append("the password")
+            if hits:
+                found.append(f"{pid}/{name}: {', '.join(hits)}")
+    return {"listed": len(listed), "readable": readable, "found": found}
+
+
+@register("walker")
+class Walker(Evaluation):
+    """An isolated candidate that goes looking for what its sandbox should keep from it: the
+    credentials in every ``/proc/*/environ`` and ``cmdline`` (params ``pids``, comma-separated,
+    are tried even when ``/proc`` cannot be listed; ``needle`` is the password to look for),
+    the files and folders named by params ``data``, ``archive``, ``archive_file``, ``hf`` and
+    ``hf_file``, and a TCP connection to ``127.0.0.1:port``."""
+
+    label_fields = ("label",)
+    isolated = True
+
+    def infer(self, model: Any, rows: list[dict[str, Any]]) -> list[Any]:
+        p = self.params
+        seen = _credentials_in_proc(list(filter(None, p["pids"].split(","))), p["needle"])
+        seen["access"] = {
+            "data": _attempt(lambda: _read(p["data"])),
+            "archive": _attempt(lambda: os.listdir(p["archive"])),
+            "archive_file": _attempt(lambda: _read(p["archive_file"])),
+            "hf": _attempt(lambda: os.listdir(p["hf"])),
+            "hf_file": _attempt(lambda: _read(p["hf_file"])),
+            "redis": _attempt(lambda: _connect(int(p["port"]))),
         }
         return [seen for _ in rows]
 
