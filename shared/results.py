@@ -289,6 +289,10 @@ def _set(bitmap: bytes, first: int, sample_id: int) -> bool:
     return at < len(bitmap) and bool(bitmap[at] >> (7 - (sample_id & 7)) & 1)
 
 
+_SIZES = 4096
+"""Runs whose sample count a :class:`ResultStore` keeps (oldest dropped first)."""
+
+
 class ResultStore:
     """Per-sample writes (through Lua) and reads for runs, live (pipelines and scans) or, once
     a run is archived (:mod:`shared.archive`), from its Parquet folder: every read below gives
@@ -306,6 +310,22 @@ class ResultStore:
         self._recover = register(client, "recover")
         self._seal = register(client, "seal")
         self._spill = register(client, "spill")
+        self._sizes: dict[str, int] = {}
+
+    def _size(self, run_id: str) -> int:
+        """The run's sample count, from its facts (-1: no such run). Passed to the scripts that
+        need it as an argument: a key the caller may only read cannot be a script's key
+        (Redis's ACL asks for write access to every key of ``EVALSHA``). Facts never change,
+        so each run's is read once."""
+        size = self._sizes.get(run_id)
+        if size is None:
+            found = self._client.hget(RunKeys(run_id).facts, "n")
+            if found is None:
+                return -1
+            size = self._sizes[run_id] = int(found)
+            if len(self._sizes) > _SIZES:
+                del self._sizes[next(iter(self._sizes))]
+        return size
 
     def archive_url(self, run_id: str) -> str | None:
         """The folder the run's record names as its archive (None while its results live in
@@ -498,8 +518,8 @@ class ResultStore:
         kinds = _flatten(errors or {})
         return int(
             self._seal(
-                keys=[keys.meta, keys.progress, keys.errors, keys.facts, *keys.per_sample],
-                args=[url, *chunk_counts, *kinds],
+                keys=[keys.meta, keys.progress, keys.errors, *keys.per_sample],
+                args=[url, self._size(run_id), *chunk_counts, *kinds],
             )
         )
 
@@ -673,9 +693,13 @@ class ResultStore:
                 keys.attempts_of(Stage.INFER),
                 keys.attempts_of(Stage.SCORE),
                 keys.spilled,
-                keys.facts,
             ],
-            args=[kind, "" if stale_after is None else stale_after, *_flatten(values)],
+            args=[
+                kind,
+                "" if stale_after is None else stale_after,
+                self._size(run_id),
+                *_flatten(values),
+            ],
         )
         return Settled(bool(finalize), int(written), int(settled))
 

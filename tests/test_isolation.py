@@ -291,7 +291,7 @@ def walk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Walk]:
         data = write_rows(root / "data", "validation", labelled_rows(20))
         name = list_splits(client, str(root / "data"), "validation")
         request = SubmitRequest(eval="script_scored", dataset=name, split="validation")
-        scored = submit(client, app, request, principal="tests")
+        scored = submit(client, app, request, principal="tests", archive=str(root / "archive"))
         wait_completed(client, scored.run_id)
         scores = ResultStore(client).scores(scored.run_id).values()
         scorer_pids = {int(score["scorer_pid"]) for score in scores}
@@ -311,7 +311,7 @@ def walk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Walk]:
             "port": str(server.port),
         }
         request = SubmitRequest(eval="walker", dataset=name, split="validation", params=params)
-        walked = submit(client, app, request, principal="tests")
+        walked = submit(client, app, request, principal="tests", archive=str(root / "archive"))
         wait_completed(client, walked.run_id)
         seen = ResultStore(client).outputs(walked.run_id, [0])[0]
         alive = {pid for pid in scorer_pids if _alive(pid)}
@@ -387,7 +387,10 @@ def test_a_worker_reading_its_url_from_a_file_holds_no_password_in_its_environme
     write_rows(tmp_path / "data", "validation", labelled_rows(5))
     name = list_splits(fresh_stack.client, str(tmp_path / "data"), "validation")
     request = SubmitRequest(eval="spy", dataset=name, split="validation")
-    meta = submit(fresh_stack.client, fresh_stack.app, request, principal="tests")
+    meta = submit(
+        fresh_stack.client, fresh_stack.app, request, principal="tests",
+        archive=fresh_stack.settings.archive_url,
+    )  # fmt: skip
     wait_completed(fresh_stack.client, meta.run_id)
     clients = fresh_stack.client.client_list()
     assert any(entry.get("user") == "worker" for entry in clients)  # it logged in as worker

@@ -1,4 +1,4 @@
-"""Release rules (exact, rounded, the Ladder and its paired variant) on their own, and the store
+"""Release rules (exact, rounded, the Ladder) on their own, and the store
 that fixes a run's release and moves a caller's Ladder atomically."""
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from shared.policy import (
     Tier,
     default_eta,
     on_grid,
-    paired_threshold,
     release,
     release_rule,
 )
@@ -31,7 +30,6 @@ from shared.release import Release, Released, ReleaseStore
 from shared.tiers import TierRegistry
 
 LADDER = ReleaseRule(Mechanism.LADDER)
-PAIRED = ReleaseRule(Mechanism.LADDER, paired=True)
 
 
 @pytest.mark.parametrize(
@@ -50,13 +48,11 @@ def test_values_round_to_the_nearest_multiple_of_eta() -> None:
 
 def _one(rule: ReleaseRule, value: float, best: Best | None, samples: int = 200) -> float:
     known = {} if best is None else {"accuracy": best}
-    return release(rule, {"accuracy": value}, samples, "r", best=known, margins={})[
-        "accuracy"
-    ].released
+    return release(rule, {"accuracy": value}, samples, "r", best=known)["accuracy"].released
 
 
 def test_the_ladder_moves_only_when_beaten_by_more_than_eta() -> None:
-    first = release(LADDER, {"accuracy": 0.512}, 200, "r1", best={}, margins={})["accuracy"]
+    first = release(LADDER, {"accuracy": 0.512}, 200, "r1", best={})["accuracy"]
     assert (first.released, first.best) == (0.5, Best(0.5, "r1"))
     best = Best(0.5, "r1")
     assert _one(LADDER, 0.6, best) == 0.5  # a gain of eta exactly is a tie
@@ -68,7 +64,7 @@ def test_the_ladder_moves_only_when_beaten_by_more_than_eta() -> None:
 
 def test_a_loss_ladders_downwards() -> None:
     decisions = release(
-        LADDER, {"loss": 0.3}, 200, "r2", best={"loss": Best(0.5, "r1")}, margins={},
+        LADDER, {"loss": 0.3}, 200, "r2", best={"loss": Best(0.5, "r1")},
         lower_is_better=frozenset({"loss"}),
     )  # fmt: skip
     assert decisions["loss"].released == 0.3
@@ -101,19 +97,12 @@ def _flip_attack(rule: ReleaseRule, labels: list[int]) -> float:
 
     def submit(flip: int | None, run: str) -> float:
         per_sample = {i: 1 - s if i == flip else s for i, s in scores.items()}
-        margins = {"accuracy": paired_threshold(per_sample, held.get(run_of(best)))}
-        decision = release(
-            rule, {"accuracy": sum(per_sample.values()) / n}, n, run, best=best, margins=margins
-        )["accuracy"]
+        decision = release(rule, {"accuracy": sum(per_sample.values()) / n}, n, run, best=best)[
+            "accuracy"
+        ]
         if decision.best is not None:
             best["accuracy"] = decision.best
-            held[run] = per_sample
         return decision.released
-
-    held: dict[str, dict[int, float]] = {}
-
-    def run_of(known: dict[str, Best]) -> str:
-        return known["accuracy"].run if known else ""
 
     baseline = submit(None, "base")
     guesses = [int(submit(i, f"flip{i}") > baseline) for i in range(n)]
@@ -125,17 +114,14 @@ def test_single_flips_never_move_either_ladder_but_read_every_label_exactly() ->
     random.Random(3).shuffle(labels)
     assert _flip_attack(ReleaseRule(Mechanism.EXACT), labels) == 1.0
     assert _flip_attack(LADDER, labels) == 0.5
-    assert _flip_attack(PAIRED, labels) == 0.5  # a flip gains 1/n, exactly the paired margin
     assert _flip_attack(ReleaseRule(Mechanism.ROUNDED, eta=0.001), labels) == 1.0
 
 
-def test_the_paired_margin_is_one_standard_error_of_the_paired_differences() -> None:
-    assert paired_threshold({i: float(i % 2) for i in range(4)}, None) is None  # under the floor
-    first = paired_threshold({i: float(i % 2) for i in range(100)}, None)
-    assert first == pytest.approx((100 / 99 / 4) ** 0.5 / 10)
-    same = {i: 1.0 for i in range(50)}
-    assert paired_threshold(same, same) == 0.0
-    assert paired_threshold({i: 1.0 for i in range(50)}, {i + 46: 1.0 for i in range(50)}) is None
+def test_the_paired_ladder_is_refused_with_why() -> None:
+    """The paired variant had no leakage bound, and keeping the best run's answers while adding
+    one sample forced its margin to zero (the attack review: 200 of 200 labels in 201 runs)."""
+    with pytest.raises(ValidationError, match="the paired Ladder was removed"):
+        Release.model_validate({"mechanism": "ladder", "paired": True})
 
 
 def test_release_rules_in_a_policy_file(tmp_path: Path) -> None:
@@ -143,14 +129,14 @@ def test_release_rules_in_a_policy_file(tmp_path: Path) -> None:
     path.write_text(
         "datasets:\n  d:\n    a: {tier: non_viewable, release: rounded}\n"
         "    b: {tier: non_viewable, release: {mechanism: ladder, eta: 0.02}}\n"
-        "    c: {tier: non_viewable, release: {mechanism: ladder, paired: true}}\n"
+        "    c: {tier: non_viewable, release: ladder}\n"
     )
     splits = load_policy(path).datasets["d"]
     rules = {s: p.release.rule() for s, p in splits.items() if p.release is not None}
     assert rules == {
         "a": ReleaseRule(Mechanism.ROUNDED),
         "b": ReleaseRule(Mechanism.LADDER, eta=0.02),
-        "c": PAIRED,
+        "c": ReleaseRule(Mechanism.LADDER),
     }
 
 
@@ -179,15 +165,15 @@ def test_a_release_is_fixed_once_and_a_moved_ladder_refuses_a_stale_commit(
 ) -> None:
     store = ReleaseStore(connect(redis_only.url))
     meta = _meta("r1")
-    decisions = release(LADDER, {"accuracy": 0.5}, 200, "r1", best={}, margins={})
+    decisions = release(LADDER, {"accuracy": 0.5}, 200, "r1", best={})
     released = Released(rule="ladder", aggregate={"accuracy": 0.5}, why={"accuracy": "first run"})
     assert store.commit(meta, "ladder", decisions, {}, {"accuracy": 0.5}) == released
     assert store.best(meta) == {"accuracy": Best(0.5, "r1")}
     # the same run read again keeps its release, whatever a later computation says
-    other = release(LADDER, {"accuracy": 0.9}, 200, "r1", best={}, margins={})
+    other = release(LADDER, {"accuracy": 0.9}, 200, "r1", best={})
     assert store.commit(meta, "ladder", other, {}, {"accuracy": 0.9}) == released
     # a second run computed against the empty Ladder it read before r1 moved it: refused
-    stale = release(LADDER, {"accuracy": 0.3}, 200, "r2", best={}, margins={})
+    stale = release(LADDER, {"accuracy": 0.3}, 200, "r2", best={})
     assert store.commit(_meta("r2"), "ladder", stale, {}, {"accuracy": 0.3}) is None
     assert store.released("r2") is None
     assert store.best(meta) == {"accuracy": Best(0.5, "r1")}

@@ -3,12 +3,12 @@
 -- KEYS[1] = evalq:{run}:meta   hash: reads 'status'; sets 'archive_url' and 'archived'
 -- KEYS[2] = evalq:{run}:progress  hash: reads 'scored', 'failed', 'inferred'
 -- KEYS[3] = evalq:{run}:errors    hash: stage/kind -> count, written here (status reads it)
--- KEYS[4] = evalq:facts:{run}  hash: reads 'n' (read only for workers)
--- KEYS[5..] = the run's per-sample keys (out, score, err, attempts, score_attempts, settled,
+-- KEYS[4..] = the run's per-sample keys (out, score, err, attempts, score_attempts, settled,
 --             ids, backlog): unlinked
 -- ARGV[1] = the attempt folder's URL (its manifest is written)
--- ARGV[2] = the rows that attempt wrote; ARGV[3] = the scores, ARGV[4] = the errors, ARGV[5] =
---           the outputs it found; ARGV[6..] = kind1, count1, kind2, count2, ... of its errors
+-- ARGV[2] = the run's sample count, from its facts (read only for workers: not a key here)
+-- ARGV[3] = the rows that attempt wrote; ARGV[4] = the scores, ARGV[5] = the errors, ARGV[6] =
+--           the outputs it found; ARGV[7..] = kind1, count1, kind2, count2, ... of its errors
 -- Returns: 1 sealed now; 2 sealed before with this very folder (this call is a retry whose first
 -- reply was lost); 0 sealed before with another attempt's folder; -1 the run is going (or has
 -- no record); -2 the attempt's counts disagree with the run's (it read the store while another
@@ -18,15 +18,15 @@ if status == false or status == 'queued' or status == 'running' then return -1 e
 local sealed = redis.call('HGET', KEYS[1], 'archive_url')
 if sealed == ARGV[1] then return 2 end
 if sealed then return 0 end
-local n = tonumber(redis.call('HGET', KEYS[4], 'n') or '-1')
+local n = tonumber(ARGV[2])
 local scored = tonumber(redis.call('HGET', KEYS[2], 'scored') or '0')
 local failed = tonumber(redis.call('HGET', KEYS[2], 'failed') or '0')
 local inferred = tonumber(redis.call('HGET', KEYS[2], 'inferred') or '0')
-if tonumber(ARGV[2]) ~= n or tonumber(ARGV[3]) ~= scored or tonumber(ARGV[4]) ~= failed
-  or tonumber(ARGV[5]) ~= inferred then
+if tonumber(ARGV[3]) ~= n or tonumber(ARGV[4]) ~= scored or tonumber(ARGV[5]) ~= failed
+  or tonumber(ARGV[6]) ~= inferred then
   return -2
 end
 redis.call('HSET', KEYS[1], 'archive_url', ARGV[1], 'archived', string.format('%.6f', now()))
-for i = 6, #ARGV, 2 do redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1]) end
-for i = 5, #KEYS do redis.call('UNLINK', KEYS[i]) end
+for i = 7, #ARGV, 2 do redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1]) end
+for i = 4, #KEYS do redis.call('UNLINK', KEYS[i]) end
 return 1

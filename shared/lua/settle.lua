@@ -9,11 +9,12 @@
 --           attempts: the counts of every sample given are deleted, written now or settled
 --           before (a late attempt's count served no purpose either)
 -- KEYS[8] = evalq:{run}:spilled   bitmap: a spilled sample (settled, moved to a part) is skipped
--- KEYS[9] = evalq:facts:{run}     hash, reads 'n' (read only: workers cannot write it)
 -- ARGV[1] = 'score' or 'err'      which hash the values go to
 -- ARGV[2] = seconds after which a claim to finalize counts as dead (its finalizer was killed)
 --           and may be taken over; '' = never
--- ARGV[3..] = id1, json1, id2, json2, ...   (none: only ask whether to finalize)
+-- ARGV[3] = the run's sample count, from its facts (evalq:facts:{run}, which workers may only
+--           read, so it cannot be a key of this script); -1: no such run
+-- ARGV[4..] = id1, json1, id2, json2, ...   (none: only ask whether to finalize)
 -- A value is written only when the sample has neither a score nor an error yet, and nothing
 -- is written once the run is cancelled.
 -- Returns: {written, finalize, settled}; finalize is 1 for the one caller that saw every sample
@@ -26,7 +27,7 @@ if ARGV[1] == 'err' then
   target, other, counter = KEYS[2], KEYS[1], 'failed'
 end
 local written, ids, given = 0, {}, {}
-for i = 3, #ARGV, 2 do
+for i = 4, #ARGV, 2 do
   given[#given + 1] = ARGV[i]
   if redis.call('GETBIT', KEYS[8], tonumber(ARGV[i])) == 0
     and redis.call('HEXISTS', other, ARGV[i]) == 0
@@ -42,7 +43,7 @@ if written > 0 then
   touch(KEYS[3])
   mark_running(KEYS[4])
 end
-local n = tonumber(redis.call('HGET', KEYS[9], 'n') or '-1')
+local n = tonumber(ARGV[3])
 local done = tonumber(redis.call('HGET', KEYS[3], 'scored') or '0')
   + tonumber(redis.call('HGET', KEYS[3], 'failed') or '0')
 if n < 0 or done < n then return {written, 0, done} end
