@@ -304,6 +304,7 @@ class Client:
         return None
 
     def _view(self, meta: RunMeta, workers: list[WorkerBeat]) -> RunView:
+        self._runs.saw_end(meta)
         progress = self._results.progress(meta.run_id)
         reader = self._reader(meta, None if meta.status.active else progress.scored)
         now = server_time(self._redis)
@@ -385,6 +386,7 @@ class Client:
         """The run's record and counters (counts only; coarse, as :func:`coarse_timing` makes
         them, for a reader who does not see the run's timing)."""
         meta, progress = self._runs.get(run_id), self._results.progress(run_id)
+        self._runs.saw_end(meta)
         reader = self._reader(meta, None if meta.status.active else progress.scored)
         if not reader.sees_timing:
             meta, progress = coarse_timing(meta, progress, server_time(self._redis))
@@ -472,9 +474,13 @@ class Client:
                 yield result
 
     def _readable(self, run_id: str) -> None:
+        """Refuse, before any result is streamed, a reader without per-sample access and a
+        run whose record names an archive outside its folder."""
         meta = self._runs.get(run_id)
+        self._runs.saw_end(meta)
         reader = self._reader(meta)
         reader.require_samples()
+        self._results.archive_url(run_id)
         if reader.bypasses:
             audit_admin(self._redis, "admin_read", self.principal, meta, {"tier": reader.tier})
 

@@ -151,6 +151,9 @@ class RunMeta(BaseModel):
     """Why the run as a whole failed (e.g. its ``aggregate()`` raised), when it did."""
     archived: float | None = None
     """Unix time its per-sample results moved to the archive (:mod:`shared.archive`)."""
+    ended_seen: bool = Field(default=False, exclude=True)
+    """A producer read the run ended and wrote so in its facts, where no worker can undo it:
+    nothing is refunded after that, whatever its state (which workers write) says later."""
 
 
 class Progress(BaseModel):

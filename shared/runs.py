@@ -47,6 +47,7 @@ def _decode(run_id: str, facts: dict[Any, Any], state: dict[Any, Any]) -> RunMet
         {
             **facts, **written, "run_id": run_id, "params": json.loads(facts["params"]),
             "tags": tags, "charged": facts.get("charged") == "True",
+            "ended_seen": "ended" in facts,
         }
     )  # fmt: skip
 
@@ -114,6 +115,19 @@ class RunStore:
         if not facts or not state:
             raise UnknownRunError(f"no run '{run_id}'")
         return _decode(run_id, facts, state)
+
+    def saw_end(self, meta: RunMeta) -> None:
+        """Write in an ended run's facts that a producer saw it end (once; producers only: the
+        ``worker`` user cannot), so that no later cancel refunds it, whatever its state says
+        by then (a record rewritten with the worker credential, its results archived)."""
+        if not meta.status.active and not meta.ended_seen:
+            keys = RunKeys(meta.run_id)
+            with self._client.pipeline(transaction=True) as pipe:
+                pipe.exists(keys.facts)
+                pipe.hsetnx(keys.facts, "ended", meta.status.value)
+                exists, _ = pipe.execute()
+            if not exists:
+                self._client.delete(keys.facts)  # purged meanwhile: no record comes back
 
     def archive_of(self, run_id: str) -> str | None:
         """The archive location the run's facts name (None: no such run)."""

@@ -5,12 +5,15 @@
 -- KEYS[4] = evalq:{run}:backlog list, messages not handed to the broker yet: deleted (the
 --           dispatcher drops the run from its round when it next meets the empty backlog)
 -- KEYS[5] = evalq:{run}:spilled bitmap: samples settled and moved to a part (produced)
--- KEYS[6] = evalq:facts:{run} hash: reads 'n' (the gateway's count, not the workers')
+-- KEYS[6] = evalq:facts:{run} hash: reads 'n' (the gateway's count, not the workers') and
+--           'ended' (a producer saw the run end: it is finished, whatever its state says)
 -- Returns: {state, unproduced}. state: 1 cancelled by this call, 0 cancelled before,
 -- -1 the run had already finished (nothing changes). unproduced: samples with neither an
 -- output nor an error; stable once the run is cancelled, since writes then stop.
 local status = redis.call('HGET', KEYS[1], 'status')
-if status == 'completed' or status == 'failed' then return {-1, 0} end
+if status == 'completed' or status == 'failed' or redis.call('HEXISTS', KEYS[6], 'ended') == 1 then
+  return {-1, 0}
+end
 local state = 0
 if status ~= 'cancelled' then
   redis.call('HSET', KEYS[1], 'status', 'cancelled', 'finished', string.format('%.6f', now()))
