@@ -220,7 +220,7 @@ def read_access(where: str, tier: Tier, admin: bool, samples: int) -> Reader:
     return Reader(where, tier, allowed, admin)
 
 
-TIMING_GRAIN = 10.0
+TIMING_GRAIN = 1.0
 """Seconds: the grain of a run's times for a reader who does not see its timing."""
 
 

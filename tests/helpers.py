@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -31,6 +32,14 @@ from tests.plugins import predict
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parent.parent
+
+
+def wilson(right: int, n: int) -> tuple[float, float, float]:
+    """The fraction ``right / n`` with its 95% Wilson interval."""
+    z, p = 1.96, right / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return p, centre - half, centre + half
 
 
 def wait_for(probe: Callable[[], T], timeout: float = 60.0, what: str = "condition") -> T:

@@ -8,7 +8,6 @@ better candidate score higher."""
 
 from __future__ import annotations
 
-import math
 import random
 import uuid
 from collections.abc import Iterator
@@ -27,7 +26,7 @@ from shared.errors import RemoteError, TierRefusedError
 from shared.models import RunStatus
 from shared.policy import Role, Tier
 from shared.settings import Settings
-from tests.helpers import REPO, audit_entries, serving, wait_for, write_rows
+from tests.helpers import REPO, audit_entries, serving, wait_for, wilson, write_rows
 
 pytestmark = pytest.mark.integration
 
@@ -164,11 +163,7 @@ def _differencing_attack(caller: RemoteClient, split: str) -> list[int]:
 
 def _right(guesses: list[int]) -> tuple[float, float, float]:
     """The fraction of labels guessed right, with its 95% Wilson interval."""
-    k, n, z = sum(g == y for g, y in zip(guesses, LABELS, strict=True)), len(LABELS), 1.96
-    p = k / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return p, centre - half, centre + half
+    return wilson(sum(g == y for g, y in zip(guesses, LABELS, strict=True)), len(LABELS))
 
 
 def _report(name: str, guesses: list[int]) -> tuple[float, float, float]:

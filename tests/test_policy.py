@@ -47,15 +47,13 @@ _RACER = """
 import sys
 from shared.connection import connect
 from shared.errors import BudgetExhaustedError
-from shared.ledger import Ledger
+from tests.helpers import charge_run
 url, samples, index = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 client = connect(url)
 client.incr("test:ready")
 client.blpop(["test:go"], timeout=30)
 try:
-    Ledger(client).reserve(
-        "race", "validation", samples=samples, run_id="run" + index, who="p" + index
-    )
+    charge_run(client, "race", "validation", "run" + index, samples, "p" + index)
     print("won")
 except BudgetExhaustedError:
     print("refused")
@@ -359,6 +357,46 @@ def test_cancel_refunds_exactly_the_unproduced_samples_once(
     assert store.record_outputs(meta.run_id, {10: '{"pred": 1}'}) == 0
     refunds = [e for e in audit_entries(stack.client) if e["action"] == "refund"]
     assert [(e["run"], e["samples"]) for e in refunds] == [(meta.run_id, "13")]
+
+
+_KILLED_AFTER = """
+import os, signal, sys
+from shared.cli import main
+from shared.ledger import Ledger
+from shared.runs import RunStore
+owner = {"reserve": Ledger, "create": RunStore}[sys.argv[1]]
+original = getattr(owner, sys.argv[1])
+def then_killed(self, *args, **kwargs):
+    original(self, *args, **kwargs)
+    os.kill(os.getpid(), signal.SIGKILL)
+setattr(owner, sys.argv[1], then_killed)
+sys.argv = ["evalq", *sys.argv[2:]]
+main()
+"""
+
+
+@pytest.mark.parametrize("step", ["create", "reserve"])
+def test_a_producer_killed_at_its_charge_leaves_a_run_and_its_charge_or_neither(
+    redis_only: RedisServer, tmp_path: Path, step: str
+) -> None:
+    """SIGKILLed right after the run is recorded, or right after it is charged (the attack
+    review once found 1 run and 100,000 samples charged with no run recorded): whatever runs
+    are listed are charged, and nothing else is."""
+    write_rows(tmp_path, "validation", labelled_rows(40))
+    store = connect(redis_only.url)
+    name = list_splits(store, str(tmp_path), "validation")
+    Ledger(store).set(name, "validation", runs=5, samples=None, max_samples_per_run=None, who="a")
+    killed = subprocess.run(
+        [sys.executable, "-c", _KILLED_AFTER, step, "submit", "spy", "--dataset", name,
+         "--split", "validation"],
+        env=cli_env(redis_only.url, EVALQ_PRINCIPAL="agent"), cwd=REPO, capture_output=True,
+        text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert killed.returncode == -9, killed.stderr
+    listed = [str(r) for r in store.zrange(RUNS, 0, -1)]
+    budget = Ledger(store).get(name, "validation")
+    assert (budget.runs_used, budget.samples_used) == (len(listed), 40 * len(listed))
+    assert len(listed) == (1 if step == "reserve" else 0)
 
 
 def test_a_failed_enqueue_rolls_the_reservation_back_once(

@@ -1,0 +1,151 @@
+"""No timing channel on a split a reader may not read per sample: when a run's samples settled
+is per-sample data (a scorer slower on a wrong answer writes each label into it), so a reader
+without per-sample access reads a run's times only as a whole, on a coarse grain.
+
+The attack review's script, replayed through the reader's own client (the gateway's code path)
+on a real redis-server: a candidate keeps one sample per run (the other four fail at once), the
+operator's scorer takes 50 ms longer on a mismatch, and the candidate reads everything a user
+may read of each run (timeline, report, status) to guess the label. The settling writes are the
+stores' own Lua, made here as a worker would (no worker process: the timing is the scorer's,
+so it is the test's to make)."""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from producer.client import Client
+from producer.redis_server import RedisServer
+from producer.report import gather, render
+from producer.submit import SubmitRequest
+from shared.connection import connect, server_time
+from shared.errors import TierRefusedError
+from shared.evaluation import create, load_plugins
+from shared.models import ErrorRecord, RunMeta, RunStatus, Stage
+from shared.policy import TIMING_GRAIN, Tier
+from shared.results import ResultStore
+from shared.settings import Settings
+from shared.tiers import TierRegistry
+from tests.helpers import labelled_rows, list_splits, record_run, wilson, write_rows
+
+RUNS = 200
+SLOWER = 0.05
+"""Seconds the scorer takes longer on a mismatch (the review measured 47-61 ms)."""
+
+
+@pytest.fixture
+def board(redis_only: RedisServer) -> Iterator[tuple[Client, Client]]:
+    """A user and an admin on a held-out split of an in-process store."""
+    load_plugins(("tests.plugins",))
+    TierRegistry(connect(redis_only.url)).set("ds", "held", Tier.NON_VIEWABLE, who="op")
+    settings = Settings(redis_url=redis_only.url, plugins=("tests.plugins",))
+    user = Client(settings.model_copy(update={"principal": "agent"}))
+    admin = Client(settings.model_copy(update={"principal": "root"}), admin=True)
+    yield user, admin
+    user.close()
+    admin.close()
+
+
+def _run(client: Client, label: int) -> str:
+    """One run of five samples: four fail at inference at once, the kept one is scored, 50 ms
+    later when the candidate's answer (always 1) is wrong."""
+    redis_client = connect(client.settings.redis_url)
+    meta = RunMeta(
+        run_id=uuid.uuid4().hex[:16], eval="spy", spec="0" * 64, dataset_id="ds", split="held",
+        n=5, status=RunStatus.QUEUED, created=server_time(redis_client), principal="agent",
+    )  # fmt: skip
+    record_run(redis_client, meta, list(range(5)))
+    results = ResultStore(redis_client)
+    failed = ErrorRecord(stage=Stage.INFER, kind="ValueError", message="not JSON")
+    results.record_outputs(meta.run_id, {4: '{"pred": 1}'})
+    results.record_errors(meta.run_id, {i: failed for i in range(4)})
+    if label != 1:
+        time.sleep(SLOWER)  # the operator's scorer, slower on a mismatch: the channel itself
+    if results.record_scores(meta.run_id, {4: {"correct": float(label == 1)}}).finalize:
+        results.finalize(meta.run_id, create("spy", {}))
+    redis_client.close()
+    return meta.run_id
+
+
+def _guess(user: Client, run_id: str) -> int:
+    """The attack: the gap between the failures' and the kept sample's settling, read off the
+    timeline (the report's throughput chart is drawn from it) or, failing that, the run's
+    duration as its status shows it."""
+    try:
+        moments = [t for t, _ in user.timeline(run_id)]
+        return int(max(moments) - min(moments) < SLOWER / 2)
+    except TierRefusedError:
+        meta = user.status(run_id).meta
+        if meta.finished is None:
+            return 1
+        return int(meta.finished - meta.created <= TIMING_GRAIN)
+
+
+def test_a_slow_scorer_s_timing_tells_a_user_nothing_of_the_labels(
+    board: tuple[Client, Client],
+) -> None:
+    user, admin = board
+    labels = [0] * (RUNS // 2) + [1] * (RUNS // 2)
+    random.Random(28).shuffle(labels)
+    guesses = [_guess(user, _run(user, label)) for label in labels]
+    right, low, high = wilson(sum(g == y for g, y in zip(guesses, labels, strict=True)), RUNS)
+    print(f"timing attack: {right:.3f} of {RUNS} labels right (95% CI {low:.3f}-{high:.3f})")
+    assert low <= 0.5 <= high
+    # an admin, who may read per-sample results, reads the timing too: the channel is real
+    seen = [_guess(admin, _run(admin, label)) for label in labels[:20]]
+    assert sum(g == y for g, y in zip(seen, labels[:20], strict=True)) >= 18
+
+
+def test_a_user_reads_a_held_out_run_s_times_only_as_a_whole(
+    board: tuple[Client, Client],
+) -> None:
+    """No timeline, chart, throughput or ETA; no counts while it goes; its creation and end on
+    the grain, and its end shown only from the grain's next step."""
+    user, admin = board
+    run_id = _run(user, 0)
+    with pytest.raises(TierRefusedError, match="per-sample data"):
+        user.timeline(run_id)
+    assert admin.timeline(run_id)
+    view = user.status(run_id)
+    assert (view.throughput, view.eta_seconds, view.timed) == (None, None, False)
+    assert view.meta.created % TIMING_GRAIN == 0
+    exact = admin.status(run_id).meta
+    assert exact.finished is not None
+    if view.meta.status is RunStatus.COMPLETED:
+        assert view.meta.finished is not None
+        assert view.meta.finished % TIMING_GRAIN == 0
+        assert view.meta.finished >= exact.finished
+    else:  # read before the grain's next step after its end: still running, nothing counted
+        assert view.meta.status is RunStatus.RUNNING
+        assert (view.progress.done, view.aggregate) == (0, None)
+    page = render(gather(user, run_id))
+    assert "per-sample data of this split" in page
+    assert "samples/s" not in page
+    assert "samples/s" in render(gather(admin, run_id))
+
+
+def test_a_run_s_age_is_on_redis_s_clock_whatever_the_producer_s(
+    redis_only: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A gateway whose clock ran 600 s ahead wrote that into ``created``, which the janitor
+    and ``status`` compare with Redis's time: a run whose messages were lost healed after 662 s
+    instead of 71 s, and ``stalled`` stayed empty. Every age is Redis's now."""
+    store = connect(redis_only.url)
+    write_rows(tmp_path, "validation", labelled_rows(10))
+    name = list_splits(store, str(tmp_path), "validation")
+    ahead = time.time
+    monkeypatch.setattr(time, "time", lambda: ahead() + 600)
+    client = Client(Settings(redis_url=redis_only.url, principal="gw", archive_url=str(tmp_path)))
+    meta = client.submit(SubmitRequest(eval="spy", dataset=name, split="validation"))
+    assert abs(server_time(store) - meta.created) < 30
+    assert abs(server_time(store) - client.status(meta.run_id).meta.created) < 30
+    cancelled = client.cancel(meta.run_id)
+    assert cancelled.cancelled_now
+    finished = client.status(meta.run_id).meta.finished
+    assert finished is not None
+    assert abs(server_time(store) - finished) < 30
