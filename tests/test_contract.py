@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 from celery_batches import SimpleRequest
+from pydantic import ValidationError
 
 from producer.export import flatten
-from producer.submit import parse_ids, parse_params, resolve_ids
+from producer.submit import SubmitRequest, parse_ids, parse_params, resolve_ids
 from shared.celery_app import create_app
 from shared.data import build_spec
 from shared.dispatch import split
@@ -181,8 +182,24 @@ def test_split_packs_consecutive_ids_of_one_run() -> None:
 
 def test_run_keys_share_one_hash_tag() -> None:
     keys = RunKeys("abc")
-    tags = {k.split("{")[1].split("}")[0] for k in (keys.meta, keys.out, keys.score, keys.err)}
+    tags = {
+        k.split("{")[1].split("}")[0]
+        for k in (keys.meta, keys.out, keys.score, keys.err, keys.facts)
+    }
     assert tags == {"abc"}
+    assert not keys.facts.startswith("evalq:{")  # outside the worker user's write pattern
+
+
+def test_a_run_s_params_are_bounded_in_count_and_size() -> None:
+    """100 params of 10,000 characters per run were accepted and kept (20 runs: +27 MB of
+    gateway RSS, a 20 MB ``GET /v1/runs``)."""
+    base = {"eval": "spy", "dataset": "ds", "split": "validation"}
+    with pytest.raises(ValidationError, match="at most 16,384 are kept"):
+        SubmitRequest.model_validate({**base, "params": {f"p{i}": "x" * 10_000 for i in range(2)}})
+    with pytest.raises(ValidationError, match="at most 64 items"):
+        SubmitRequest.model_validate({**base, "params": {f"p{i}": "x" for i in range(65)}})
+    fine = {f"p{i}": "x" * 200 for i in range(64)}
+    assert SubmitRequest.model_validate({**base, "params": fine}).params == fine
 
 
 def test_lru_evicts_least_recently_used() -> None:

@@ -18,7 +18,7 @@ from producer.redis_server import RedisServer
 from producer.submit import SubmitRequest
 from shared.connection import connect
 from shared.errors import BudgetExhaustedError, PolicyRefusedError, TierRefusedError
-from shared.keys import AUDIT, FAIR, JANITOR, RUNS, budget_key
+from shared.keys import AUDIT, FAIR, JANITOR, RUNS, RunKeys, budget_key
 from shared.ledger import Ledger
 from shared.policy import Tier
 from shared.results import ResultStore
@@ -417,3 +417,29 @@ def test_a_failed_enqueue_rolls_the_reservation_back_once(
     assert store.hget(f"evalq:{{{run_id}}}:meta", "status") == "cancelled"
     actions = [e["action"] for e in audit_entries(store, run_id)]
     assert actions == ["reserve", "refund"]
+
+
+def test_resuming_a_queued_run_sends_nothing_that_is_still_queued(
+    redis_only: RedisServer, tmp_path: Path
+) -> None:
+    """20 resumes of a queued run grew its backlog from 390 to 8,190 messages, at no charge."""
+    write_rows(tmp_path, "validation", labelled_rows(300))
+    store = connect(redis_only.url)
+    name = list_splits(store, str(tmp_path), "validation")
+    client = Client(
+        Settings(redis_url=redis_only.url, principal="agent", archive_url=str(tmp_path))
+    )
+    run_id = client.submit(SubmitRequest(eval="spy", dataset=name, split="validation")).run_id
+
+    def queued() -> tuple[int, int]:
+        return store.llen(RunKeys(run_id).backlog), sum(store.llen(q) for q in ("infer", "score"))
+
+    before = queued()
+    assert sum(before) > 0
+    for _ in range(20):
+        resumed = client.resume(run_id)
+        assert (resumed.inference, resumed.scoring) == (0, 0)
+    assert queued() == before
+    store.delete(RunKeys(run_id).backlog)  # its messages lost: those samples are sent again
+    store.delete("infer")
+    assert client.resume(run_id).inference == 300
