@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 import redis
 
+from producer.client import Client, RunView
 from producer.redis_server import free_port
 from shared.keys import RunKeys
 from shared.ledger import Ledger
@@ -71,6 +72,19 @@ def charge_run(  # noqa: PLR0917
         status=RunStatus.QUEUED, created=0.0, principal=who, charged=True,
     )  # fmt: skip
     record_run(client, meta, list(range(samples)))
+
+
+def ended_view(reader: Client, run_id: str) -> RunView:
+    """The run's status as ``reader`` sees it once its end shows (a reader who does not see
+    a held-out run's timing sees its end from the next second on)."""
+
+    def ended() -> RunView | None:
+        view = reader.status(run_id)
+        return None if view.meta.status.active else view
+
+    found = wait_for(ended, 10, "the end to show")
+    assert found is not None
+    return found
 
 
 def wait_completed(client: redis.Redis, run_id: str, timeout: float = 90.0) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import redis
 
-from producer.client import Client, RunView
+from producer.client import Client
 from producer.redis_server import RedisServer
 from shared.celery_app import INFER_TASK, SCORE_TASK
 from shared.connection import connect
@@ -34,7 +34,7 @@ from shared.runs import RunStore
 from shared.settings import Settings
 from shared.spec import publish_spec
 from shared.tiers import TierRegistry
-from tests.helpers import labelled_rows, record_run, wait_for, write_rows
+from tests.helpers import ended_view, labelled_rows, record_run, write_rows
 from worker.pipeline import Resources, infer_batch, score_batch
 from worker.runtime_pool import RuntimePool
 from worker.shard_cache import ShardCache
@@ -312,19 +312,6 @@ def _one_of_five_scored(bench: Bench) -> RunMeta:
     return meta
 
 
-def _ended_view(reader: Client, run_id: str) -> RunView:
-    """The run's status as ``reader`` sees it once its end shows (a reader who does not see
-    a held-out run's timing sees its end from the next second on)."""
-
-    def ended() -> RunView | None:
-        view = reader.status(run_id)
-        return None if view.meta.status.active else view
-
-    found = wait_for(ended, 10, "the end to show")
-    assert found is not None
-    return found
-
-
 def test_the_floor_counts_the_samples_an_aggregate_is_made_of(
     bench: Bench, server: RedisServer
 ) -> None:
@@ -334,7 +321,7 @@ def test_the_floor_counts_the_samples_an_aggregate_is_made_of(
     reader = Client(Settings(redis_url=server.url))
     try:
         assert bench.status(meta) is RunStatus.COMPLETED
-        view = _ended_view(reader, meta.run_id)
+        view = ended_view(reader, meta.run_id)
         assert view.progress.scored == 1
         assert view.aggregate is None
         assert view.withheld == "fewer than 5 samples of a non_viewable split"
@@ -356,7 +343,7 @@ def test_a_run_read_as_going_shows_no_aggregate_and_error_kinds_need_full_access
         assert completed.status is RunStatus.COMPLETED
         seen_going = completed.model_copy(update={"status": RunStatus.RUNNING})
         assert reader._view(seen_going, []).aggregate is None
-        assert _ended_view(reader, meta.run_id).errors == {"score": 4}
+        assert ended_view(reader, meta.run_id).errors == {"score": 4}
         assert admin.status(meta.run_id).errors == {"score/ValueError": 4}
     finally:
         reader.close()

@@ -27,6 +27,7 @@ from shared.settings import Settings
 from shared.stats import Z95, Stat, describe, holm, paired
 from tests.conftest import Stack
 from tests.helpers import (
+    ended_view,
     evalq,
     labelled_rows,
     list_splits,
@@ -272,7 +273,7 @@ def test_a_non_viewable_split_releases_no_exact_error_bar_and_no_pairs(
     runs = [_run(client, dataset, base="0"), _run(client, dataset, base="1")]
     for run_id in runs:
         wait_completed(stack.client, run_id)
-    view = client.status(runs[0])
+    view = ended_view(client, runs[0])
     assert view.stats is not None
     stat = view.stats["accuracy"]
     assert view.aggregate is not None
