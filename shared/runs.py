@@ -173,12 +173,12 @@ class RunStore:
         last look)."""
         return sorted(str(r) for r in self._client.smembers(ACTIVE))
 
-    def claim_archive(self, run_id: str, now: float, retry_after: float | None = None) -> bool:
+    def claim_archive(self, run_id: str, retry_after: float | None = None) -> bool:
         """True if the caller must send the run to be archived: nobody did, or (with
         ``retry_after``: the janitor, the one caller that retries) the last one sent was
         ``retry_after`` seconds ago or more (``claim_archive.lua``)."""
         again = "" if retry_after is None else retry_after
-        return bool(self._claim_archive(keys=[RunKeys(run_id).meta], args=[repr(now), again]))
+        return bool(self._claim_archive(keys=[RunKeys(run_id).meta], args=[again]))
 
     def retire(self, run_id: str) -> None:
         """Take an ended run off the janitor's worklist."""

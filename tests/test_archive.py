@@ -353,7 +353,7 @@ def test_nothing_is_written_for_a_run_once_it_is_sealed_or_purged(
     assert _live_keys_of(client, run_id) == []
     assert results.progress(run_id).inferred == 25
     purge(client, run_id, str(tmp_path / "archive"))
-    assert not runs.claim_archive(run_id, time.time())
+    assert not runs.claim_archive(run_id)
     assert client.exists(RunKeys(run_id).meta) == 0
 
 

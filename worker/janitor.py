@@ -198,7 +198,7 @@ class Janitor:
         lately."""
         if not archive_due(meta, now, self._settings):
             return
-        if self._runs.claim_archive(meta.run_id, now, 4 * self._settings.stall_after):
+        if self._runs.claim_archive(meta.run_id, 4 * self._settings.stall_after):
             send_archive(self._app, meta.run_id)
             done.archiving.append(meta.run_id)
 

@@ -7,7 +7,6 @@ use after the fork, and frees models when it exits.
 from __future__ import annotations
 
 import logging
-import time
 
 import redis
 from billiard.process import current_process
@@ -86,7 +85,7 @@ class WorkerState:
 
     def _archive(self, run_id: str) -> None:
         """Send an ended run to be archived, unless someone did."""
-        if RunStore(self.client()).claim_archive(run_id, time.time()):
+        if RunStore(self.client()).claim_archive(run_id):
             send_archive(self._app, run_id)
 
     def _spill(self, run_id: str) -> None:

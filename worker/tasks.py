@@ -48,7 +48,7 @@ from shared.celery_app import (
     STAGE_QUEUES,
     evaluation_queue,
 )
-from shared.connection import connect
+from shared.connection import connect, server_time
 from shared.dispatch import publish
 from shared.errors import PayloadError, UnknownRunError, first_line
 from shared.evaluation import registered
@@ -392,7 +392,7 @@ def register_tasks(app: Celery, state: WorkerState, settings: Settings) -> None:
                 )
                 spill_run(client, run_id, settings.spill_rows, ids)
             return
-        if not archive_due(meta, time.time(), settings):
+        if not archive_due(meta, server_time(client), settings):
             log.warning("archive: run %s is not due to be archived; left as it is", run_id)
             return
         done = archive_run(client, run_id)
