@@ -5,7 +5,9 @@ The two evaluations must declare the same ``output_kind`` (what their outputs ar
 run is gated, charged and released like any run on its split (a user may not rescore what it
 may not submit), takes the source run's sample ids (the server chose them on a
 ``non_viewable`` split: nothing is chosen here), copies their outputs (``HSETNX``, counted as
-inferred) and sends them straight to scoring.
+inferred) and stages their scoring in the new run's score backlog, from which the fair
+dispatcher hands it to the scoring workers (:mod:`shared.backlog`): a small rescore waits for no
+one's big one.
 """
 
 from __future__ import annotations
@@ -19,9 +21,8 @@ from celery import Celery
 from pydantic import BaseModel, ConfigDict, Field
 
 from producer.submit import start
-from shared.celery_app import SCORE_TASK
+from shared.backlog import SCORE_LANE, Backlog
 from shared.connection import server_time
-from shared.dispatch import message_size, publish, split
 from shared.errors import InputError
 from shared.evaluation import create
 from shared.models import RunMeta, RunStatus
@@ -95,7 +96,7 @@ def rescore(
     def enqueue() -> None:
         for outputs in results.output_chunks(run_id, COPY_CHUNK):
             results.record_outputs(meta.run_id, outputs)
-        publish(app, SCORE_TASK, split(meta, ids, size=message_size(len(ids))))
+        Backlog(client).enqueue(app, meta, ids, SCORE_LANE)
 
     start(client, meta, ids, enqueue, archive=archive)
     return meta

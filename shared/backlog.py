@@ -1,28 +1,42 @@
 """Runs' backlogs and the fair dispatcher that hands them to the workers.
 
-A run's inference messages do not go to the broker's ``infer`` queue at submit: they wait in
-the run's backlog (``evalq:{run}:backlog``), each exactly as kombu's Redis transport would have
-pushed it. ``dispatch.lua`` keeps the queue only as deep as the workers need (a batch's worth of
-messages per live worker process: one with the default batch of 64) and refills it,
-one message at a time, by start-time fair queueing (weighted fair queueing by virtual time):
-first the principal with the lowest virtual time, then that principal's run with the lowest.
-A message of ``s`` samples advances its run's time by ``s / weight`` and its principal's by
-``s / principal weight``, so principals share the workers evenly whatever the number of runs
-each has queued, and a principal's runs share its part by their priority (``high`` 4,
-``normal`` 2, ``low`` 1; a principal weighs as much as its highest-priority backlogged run).
-A principal that arrives joins at the clock, the time of the last one served (or at its own
-time when it left, if later: leaving and coming back sheds nothing), so it is served next: a
-small run waits for one refill, not for the big runs' backlogs. Within a principal, the run
-chosen keeps its turn for :data:`TURN_SAMPLES` samples, so a sweep's runs (a model each) do not
-make workers swap models at every batch. A cancelled run is withdrawn from the round at once.
+A run's messages do not go to the broker's stage queues when they are made: they wait in the
+run's backlog for that queue, each exactly as kombu's Redis transport would have pushed it.
+Inference messages (made at submit) wait in ``evalq:{run}:backlog`` for ``infer``; scoring
+messages (made by an inference-only worker as a batch's outputs are stored, and by
+``rescore``) wait in ``evalq:{run}:score_backlog`` for ``score``. Each queue is a
+:class:`Lane` with a round of its own: ``dispatch.lua`` keeps the queue only as deep as its
+workers need (a batch's worth of messages per live worker process consuming it: one with the
+default batch of 64) and refills it, one message at a time, by start-time fair queueing
+(weighted fair queueing by virtual time): first the principal with the lowest virtual time,
+then that principal's run with the lowest. A message of ``s`` samples advances its run's time
+by ``s / weight`` and its principal's by ``s / principal weight``, so principals share the
+workers evenly whatever the number of runs each has queued, and a principal's runs share its
+part by their priority (``high`` 4, ``normal`` 2, ``low`` 1; a principal weighs as much as its
+highest-priority backlogged run). A principal that arrives joins at the clock, the time of the
+last one served (or at its own time when it left, if later: leaving and coming back sheds
+nothing), so it is served next: a small run waits for one refill, not for the big runs'
+backlogs. Within a principal, the run chosen keeps its turn for :data:`TURN_SAMPLES` samples,
+so a sweep's runs (a model each) do not make workers swap models at every batch. A cancelled
+run is withdrawn from every round at once.
+
+The two queues keep separate virtual times because they are separate resources, often served
+by separate workers (the compose topology: GPU workers infer, CPU workers score): a principal
+is charged in each round for what it takes of that queue's workers only. One shared round would
+charge a run's inference against its scoring, so a rescore (scoring only) would get two thirds
+of the scorers against a run that needs both, and a principal whose inference went fast would
+wait longer for scoring than one arriving with nothing inferred.
 
 Moving a message is one Lua script (``RPOP`` from the backlog, ``LPUSH`` to the queue), so a
 dispatcher killed at any point, or a Redis restart, loses and duplicates nothing. Once a
-message is in the queue it is kombu's: delivered, acknowledged, restored to ``infer`` if its
-worker dies, exactly as before. Workers refill as their batches finish (and on every
-heartbeat, so a queue drained while Redis was away is refilled). ``submit`` moves one message
-whatever the queue's depth, to the queue's head: the fair choice at that moment (usually the
-new run, which joined at the clock) is the next message any worker takes.
+message is in the queue it is kombu's: delivered, acknowledged, restored to its queue if its
+worker dies, exactly as before. Workers refill the queues they consume as their batches finish
+(and on every heartbeat, so a queue drained while Redis was away is refilled); staging refills
+its queue in the same call. ``submit`` (and ``rescore``) moves one message whatever the queue's
+depth, to the queue's head: the fair choice at that moment (usually the new run, which joined
+at the clock) is the next message any worker takes. An inference-only worker's scoring
+messages move only as deep as the queue should be: one to the head per batch would make
+``score`` a queue in arrival order again.
 """
 
 from __future__ import annotations
@@ -39,13 +53,25 @@ from kombu.transport.redis import Transport as RedisTransport
 from kombu.utils.json import dumps
 from pydantic import BaseModel, ConfigDict
 
-from shared.celery_app import INFER_QUEUE, INFER_TASK
+from shared.celery_app import INFER_QUEUE, INFER_TASK, SCORE_QUEUE, SCORE_TASK
 from shared.dispatch import message_size, split
-from shared.keys import FAIR, RunKeys
+from shared.keys import FAIR, FAIR_SCORE, FairKeys, RunKeys
 from shared.lua import register
-from shared.models import RunMeta, SampleTask
+from shared.models import RunMeta, SampleTask, Stage
 
-__all__ = ["STAGE_CHUNK", "TURN_SAMPLES", "Backlog", "Staged", "Standing", "capture"]
+__all__ = [
+    "INFER_LANE",
+    "LANES",
+    "SCORE_LANE",
+    "STAGE_CHUNK",
+    "TURN_SAMPLES",
+    "Backlog",
+    "Capturer",
+    "Lane",
+    "Staged",
+    "Standing",
+    "capture",
+]
 
 STAGE_CHUNK = 500
 """Messages staged per script call: a million-sample run does not block Redis in one call."""
@@ -75,6 +101,33 @@ class _CapturingTransport(RedisTransport):
 
 
 @dataclass(frozen=True, slots=True)
+class Lane:
+    """A broker queue the dispatcher keeps a batch deep, its task, the runs' backlogs of its
+    messages and its own round."""
+
+    queue: str
+    task: str
+    fair: FairKeys
+    stage: Stage
+    """Which of a run's backlogs holds its messages (:meth:`RunKeys.backlog_of`)."""
+
+    def backlog(self, run_id: str) -> str:
+        """``run_id``'s backlog of this lane's messages."""
+        return RunKeys(run_id).backlog_of(self.stage)
+
+    def script_args(self) -> tuple[str, str, str]:
+        """The round's prefix and the backlog key's prefix and suffix around a run id, as
+        the Lua scripts take them."""
+        prefix, suffix = self.backlog("\0").split("\0")
+        return self.fair.prefix, prefix, suffix
+
+
+INFER_LANE = Lane(INFER_QUEUE, INFER_TASK, FAIR, Stage.INFER)
+SCORE_LANE = Lane(SCORE_QUEUE, SCORE_TASK, FAIR_SCORE, Stage.SCORE)
+LANES = (INFER_LANE, SCORE_LANE)
+
+
+@dataclass(frozen=True, slots=True)
 class Staged:
     """One message bound for a backlog: the queue it goes to and its samples."""
 
@@ -83,22 +136,52 @@ class Staged:
     message: str
 
 
+class Capturer:
+    """Builds the broker messages ``app.send_task`` would push, on one capturing connection
+    kept open: a worker that stages scoring at every batch pays about 0.2 ms a message, not
+    the 4 ms of opening the connection (and its ``PING``) again. Nothing it builds touches
+    Redis; :meth:`close` releases the connection."""
+
+    def __init__(self, app: Celery) -> None:
+        self._app = app
+        self._connection: Connection | None = None
+        self._channel: _CapturingChannel | None = None
+        self._producer: Any = None
+
+    def __call__(self, task_name: str, tasks: Iterable[SampleTask]) -> list[Staged]:
+        """The messages for ``tasks`` (one per payload, to the task's queue), built by Celery
+        and kombu but not pushed."""
+        if self._channel is None:
+            self._connection = Connection(
+                self._app.conf.broker_url,
+                transport=_CapturingTransport,
+                transport_options=self._app.conf.broker_transport_options,
+            )
+            self._channel = cast(_CapturingChannel, self._connection.default_channel)
+            self._producer = self._app.amqp.Producer(self._channel)
+        staged: list[Staged] = []
+        for task in tasks:
+            kwargs = task.model_dump(mode="json")
+            self._app.send_task(task_name, kwargs=kwargs, producer=self._producer)
+            queue, message = self._channel.captured.pop()
+            staged.append(Staged(len(task.sample_ids), queue, message))
+        return staged
+
+    def close(self) -> None:
+        """Release the connection (a later call opens another)."""
+        if self._connection is not None:
+            self._connection.release()
+        self._connection, self._channel, self._producer = None, None, None
+
+
 def capture(app: Celery, task_name: str, tasks: Iterable[SampleTask]) -> list[Staged]:
     """The broker messages ``app.send_task`` would push for ``tasks`` (one per payload, to the
-    task's queue), built by Celery and kombu but not pushed."""
-    staged: list[Staged] = []
-    with Connection(
-        app.conf.broker_url,
-        transport=_CapturingTransport,
-        transport_options=app.conf.broker_transport_options,
-    ) as connection:
-        channel = cast(_CapturingChannel, connection.default_channel)
-        producer = app.amqp.Producer(channel)
-        for task in tasks:
-            app.send_task(task_name, kwargs=task.model_dump(mode="json"), producer=producer)
-            queue, message = channel.captured.pop()
-            staged.append(Staged(len(task.sample_ids), queue, message))
-    return staged
+    task's queue), built by Celery and kombu but not pushed, on a connection of their own."""
+    capturer = Capturer(app)
+    try:
+        return capturer(task_name, tasks)
+    finally:
+        capturer.close()
 
 
 class Standing(BaseModel):
@@ -133,8 +216,8 @@ class Standing(BaseModel):
 
 
 class Backlog:
-    """The runs' backlogs and the fair dispatcher's state; owns ``stage.lua``,
-    ``dispatch.lua`` and ``withdraw.lua``."""
+    """The runs' backlogs and the fair dispatcher's state, for every :class:`Lane`; owns
+    ``stage.lua``, ``dispatch.lua`` and ``withdraw.lua``."""
 
     def __init__(self, client: redis.Redis, turn_samples: int = TURN_SAMPLES) -> None:
         self._client = client
@@ -143,78 +226,136 @@ class Backlog:
         self._dispatch = register(client, "dispatch")
         self._withdraw = register(client, "withdraw")
 
-    def stage(self, meta: RunMeta, messages: Sequence[Staged]) -> int:
-        """Append ``messages`` to ``meta``'s backlog (in chunks of :data:`STAGE_CHUNK`) and
-        enter the run in the dispatcher; return the samples staged (0 if the run has ended)."""
+    def stage(
+        self,
+        meta: RunMeta,
+        messages: Sequence[Staged],
+        lane: Lane = INFER_LANE,
+        *,
+        refill: int | None = None,
+        at_least: int = 0,
+    ) -> int:
+        """Append ``messages`` to ``meta``'s backlog in ``lane`` (in chunks of
+        :data:`STAGE_CHUNK`) and enter the run in the lane's round; with ``refill``, then
+        refill the lane's queue as :meth:`dispatch` does, in the same call as the last chunk.
+        Return the samples staged (0 if the run has ended)."""
         keys = RunKeys(meta.run_id)
+        prefix, backlog_prefix, backlog_suffix = lane.script_args()
         staged = 0
         for start in range(0, len(messages), STAGE_CHUNK):
+            last = start + STAGE_CHUNK >= len(messages)
             fields: list[str | int] = [
-                FAIR.prefix, meta.run_id, meta.principal, meta.priority.weight,
+                prefix, meta.run_id, meta.principal, meta.priority.weight,
+                "" if refill is None or not last else max(0, refill), at_least, self._turn,
+                backlog_prefix, backlog_suffix,
             ]  # fmt: skip
             for entry in messages[start : start + STAGE_CHUNK]:
                 fields += [entry.samples, entry.queue, entry.message]
-            staged += int(self._stage(keys=[keys.meta, keys.backlog], args=fields))
+            staged += int(
+                self._stage(
+                    keys=[keys.meta, lane.backlog(meta.run_id), lane.queue, lane.fair.depth],
+                    args=fields,
+                )
+            )
         return staged
 
-    def enqueue(self, app: Celery, meta: RunMeta, sample_ids: Sequence[int]) -> int:
-        """Stage inference of ``sample_ids`` of ``meta``'s run in its backlog, in messages of
-        :func:`shared.dispatch.message_size` samples, then move one message to the queue's
-        head; return the samples staged."""
+    def enqueue(
+        self, app: Celery, meta: RunMeta, sample_ids: Sequence[int], lane: Lane = INFER_LANE
+    ) -> int:
+        """Stage ``lane``'s work (inference, or scoring for ``rescore``) on ``sample_ids`` of
+        ``meta``'s run in its backlog, in messages of :func:`shared.dispatch.message_size`
+        samples, and move one message to the queue's head; return the samples staged."""
         if not sample_ids:
             return 0
         size = message_size(len(sample_ids))
-        staged = self.stage(meta, capture(app, INFER_TASK, split(meta, sample_ids, size=size)))
-        if staged:
-            self.dispatch(INFER_QUEUE, 1, at_least=1)
-        return staged
+        messages = capture(app, lane.task, split(meta, sample_ids, size=size))
+        return self.stage(meta, messages, lane, refill=1, at_least=1)
 
-    def refill(self, depth: int) -> int:
-        """Refill ``infer`` to ``depth`` messages (a batch of the caller's worker), or deeper
-        when the janitor counted more; return the messages moved."""
-        return self.dispatch(INFER_QUEUE, max(1, depth))
+    def stage_scoring(self, capturer: Capturer, meta: RunMeta, sample_ids: Sequence[int]) -> int:
+        """Stage the scoring of ``sample_ids`` of ``meta``'s run, just inferred by an
+        inference-only worker, in its score backlog (messages of up to
+        :data:`shared.dispatch.MESSAGE_SAMPLES`: one per run and batch), and refill ``score``
+        to its depth, in one call; return the samples staged."""
+        if not sample_ids:
+            return 0
+        messages = capturer(SCORE_TASK, split(meta, sample_ids))
+        return self.stage(meta, messages, SCORE_LANE, refill=1)
 
-    def dispatch(self, queue: str, depth: int, *, at_least: int = 0) -> int:
-        """Refill ``queue`` up to ``depth`` messages from the backlogs, fairly, and move at
-        least ``at_least`` (those beyond ``depth`` go to the queue's head: the fair choice of
-        this moment goes before what was chosen earlier); return how many moved."""
-        prefix, suffix = RunKeys("\0").backlog.split("\0")
-        args: list[str | int] = [depth, at_least, FAIR.prefix, self._turn, prefix, suffix]
-        return int(self._dispatch(keys=[queue, FAIR.depth], args=args))
+    def refill(self, depth: int, queues: Iterable[str] = (INFER_QUEUE,)) -> int:
+        """Refill each of ``queues`` that has a lane (the stage queues the caller's worker
+        consumes) to ``depth`` messages (a batch of the caller's worker), or deeper when the
+        janitor counted more, in one call; return the messages moved."""
+        lanes = [lane for lane in LANES if lane.queue in set(queues)]
+        return self._refill([(lane.queue, lane, max(1, depth), 0) for lane in lanes])
+
+    def dispatch(
+        self, queue: str, depth: int, *, at_least: int = 0, lane: Lane = INFER_LANE
+    ) -> int:
+        """Refill ``queue`` up to ``depth`` messages from ``lane``'s backlogs, fairly, and move
+        at least ``at_least`` (those beyond ``depth`` go to the queue's head: the fair choice
+        of this moment goes before what was chosen earlier); return how many moved."""
+        return self._refill([(queue, lane, depth, at_least)])
+
+    def _refill(self, queues: Sequence[tuple[str, Lane, int, int]]) -> int:
+        if not queues:
+            return 0
+        keys: list[str] = []
+        args: list[str | int] = [self._turn]
+        for queue, lane, depth, at_least in queues:
+            keys += [queue, lane.fair.depth]
+            args += [depth, at_least, *lane.script_args()]
+        return int(self._dispatch(keys=keys, args=args))
 
     def withdraw(self, run_id: str) -> bool:
-        """Take a cancelled run out of the dispatcher's round; False if it was not in it."""
-        return bool(self._withdraw(keys=[], args=[FAIR.prefix, run_id]))
+        """Take a cancelled run out of every lane's round and delete its backlogs; False if it
+        was in no round."""
+        keys = [lane.backlog(run_id) for lane in LANES]
+        prefixes = [lane.fair.prefix for lane in LANES]
+        return bool(self._withdraw(keys=keys, args=[run_id, *prefixes]))
 
-    def set_depth(self, messages: int, ttl: float) -> None:
-        """Keep ``infer`` ``messages`` deep: a batch's worth per live worker process consuming
-        it (the janitor counts them; the count expires after ``ttl`` seconds unless counted
-        again)."""
-        self._client.set(FAIR.depth, max(1, messages), px=max(1, int(ttl * 1000)))
+    def set_depth(self, messages: int, ttl: float, lane: Lane = INFER_LANE) -> None:
+        """Keep ``lane``'s queue ``messages`` deep: a batch's worth per live worker process
+        consuming it (the janitor counts them; the count expires after ``ttl`` seconds unless
+        counted again)."""
+        self._client.set(lane.fair.depth, max(1, messages), px=max(1, int(ttl * 1000)))
 
     def waiting(self) -> dict[str, tuple[str, int]]:
-        """Backlogged run -> (its principal, samples in its backlog)."""
+        """Backlogged run -> (its principal, samples in its backlogs, every lane's)."""
         with self._client.pipeline(transaction=False) as pipe:
-            pipe.hgetall(FAIR.owner)
-            pipe.hgetall(FAIR.waiting)
-            owners, counts = pipe.execute()
-        return {str(run): (str(owner), int(counts.get(run, 0))) for run, owner in owners.items()}
+            for lane in LANES:
+                pipe.hgetall(lane.fair.owner)
+                pipe.hgetall(lane.fair.waiting)
+            replies = pipe.execute()
+        found: dict[str, tuple[str, int]] = {}
+        for owners, counts in zip(replies[::2], replies[1::2], strict=True):
+            for run, owner in owners.items():
+                before = found.get(str(run), ("", 0))[1]
+                found[str(run)] = (str(owner), before + int(counts.get(run, 0)))
+        return found
 
     def standing(self, run_id: str) -> Standing | None:
-        """Where ``run_id`` stands, or None when it has no backlog."""
-        principal = self._client.hget(FAIR.owner, run_id)
+        """Where ``run_id`` stands: in the inference round while it has inference waiting,
+        else in the scoring round; None when it has no backlog."""
+        for lane in LANES:
+            found = self._standing(run_id, lane.fair)
+            if found is not None:
+                return found
+        return None
+
+    def _standing(self, run_id: str, fair: FairKeys) -> Standing | None:
+        principal = self._client.hget(fair.owner, run_id)
         if principal is None:
             return None
         principal = str(principal)
         with self._client.pipeline(transaction=False) as pipe:
-            pipe.hget(FAIR.waiting, run_id)
-            pipe.zrange(FAIR.principals, 0, -1)
-            pipe.zrange(FAIR.runs(principal), 0, -1)
-            pipe.hgetall(FAIR.weight)
+            pipe.hget(fair.waiting, run_id)
+            pipe.zrange(fair.principals, 0, -1)
+            pipe.zrange(fair.runs(principal), 0, -1)
+            pipe.hgetall(fair.weight)
             waiting, principals, runs, weights = pipe.execute()
             principals = [str(p) for p in principals]
             for other in principals:
-                pipe.hgetall(FAIR.weights(other))
+                pipe.hgetall(fair.weights(other))
             counts = pipe.execute()
         if principal not in principals or run_id not in {str(r) for r in runs}:
             return None
@@ -229,9 +370,10 @@ class Backlog:
         )
 
     def messages(self, run_id: str) -> Iterator[str]:
-        """The broker messages waiting in ``run_id``'s backlog."""
-        for entry in self._client.lrange(RunKeys(run_id).backlog, 0, -1):
-            yield str(entry).split("|", 2)[2]
+        """The broker messages waiting in ``run_id``'s backlogs (inference, then scoring)."""
+        for lane in LANES:
+            for entry in self._client.lrange(lane.backlog(run_id), 0, -1):
+                yield str(entry).split("|", 2)[2]
 
 
 def _highest(counts: dict[Any, Any]) -> int:

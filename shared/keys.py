@@ -16,6 +16,7 @@ __all__ = [
     "DATASETS",
     "DATASET_FILES",
     "FAIR",
+    "FAIR_SCORE",
     "JANITOR",
     "PRIORITIES",
     "RUNS",
@@ -53,9 +54,10 @@ def worker_key(hostname: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class FairKeys:
-    """The fair dispatcher's keys (:mod:`shared.backlog`): which runs have a backlog, whose
-    they are, their weights, and where each stands in its weighted round. The Lua scripts
-    build the same names from ``prefix`` (``fair_keys`` in ``prelude.lua``)."""
+    """The fair dispatcher's keys for one broker queue (:mod:`shared.backlog`): which runs
+    have a backlog for it, whose they are, their weights, and where each stands in its
+    weighted round. The Lua scripts build the same names from ``prefix`` (``fair_keys`` in
+    ``prelude.lua``)."""
 
     prefix: str = "evalq:fair:"
 
@@ -111,12 +113,17 @@ class FairKeys:
 
     @property
     def depth(self) -> str:
-        """String with an expiry: the live worker processes that consume ``infer`` (the
-        janitor counts them), which is how deep the dispatcher keeps that queue."""
+        """String with an expiry: a batch's worth of messages per live worker process that
+        consumes the queue (the janitor counts them), which is how deep the dispatcher keeps
+        that queue."""
         return f"{self.prefix}depth"
 
 
 FAIR = FairKeys()
+"""The round of the ``infer`` queue."""
+FAIR_SCORE = FairKeys("evalq:fair:score:")
+"""The round of the ``score`` queue: virtual times of its own (no name under ``FAIR``'s
+prefix starts with ``score:``)."""
 
 
 PRIORITIES = "evalq:priorities"
@@ -244,8 +251,8 @@ class RunKeys:
         (``seal.lua``) or purged."""
         return [
             self.out, self.score, self.err, self.attempts_of(Stage.INFER),
-            self.attempts_of(Stage.SCORE), self.settled, self.ids, self.backlog, self.spill,
-            self.spilled,
+            self.attempts_of(Stage.SCORE), self.settled, self.ids, self.backlog,
+            self.backlog_of(Stage.SCORE), self.spill, self.spilled,
         ]  # fmt: skip
 
     @property
@@ -265,6 +272,13 @@ class RunKeys:
         ``samples|queue|message`` (the message exactly as kombu would push it), oldest at the
         right."""
         return f"evalq:{{{self.run_id}}}:backlog"
+
+    def backlog_of(self, stage: Stage) -> str:
+        """List: the run's inference (``backlog``) or scoring (``score_backlog``) messages not
+        handed to the broker yet, as :attr:`backlog` holds them."""
+        if stage is Stage.SCORE:
+            return f"evalq:{{{self.run_id}}}:score_backlog"
+        return self.backlog
 
     @property
     def aggregate(self) -> str:

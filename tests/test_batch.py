@@ -25,6 +25,7 @@ from producer.redis_server import RedisServer
 from shared.celery_app import INFER_TASK, SCORE_TASK
 from shared.connection import connect
 from shared.data import build_spec
+from shared.dispatch import split
 from shared.evaluation import Evaluation, load_plugins, register
 from shared.keys import RunKeys, tiers_key
 from shared.models import ErrorRecord, RunMeta, RunStatus, SampleTask, Stage
@@ -52,6 +53,10 @@ class Recorder:
         self.sent += [(task_name, task) for task in tasks]
         return len(tasks)
 
+    def stage_scoring(self, meta: RunMeta, sample_ids: list[int]) -> int:
+        """What an inference-only worker stages in a run's score backlog, kept as sent."""
+        return self(SCORE_TASK, list(split(meta, sample_ids)))
+
     def ids(self, task_name: str, *, solo: bool | None = None) -> list[int]:
         return [
             i
@@ -68,8 +73,11 @@ class Bench:
     sent: Recorder
     data: Path
 
-    def run(self, eval_name: str, rows: list[dict[str, object]], **params: str) -> RunMeta:
-        """A recorded run of ``eval_name`` over ``rows`` (a split of its own)."""
+    def run(
+        self, eval_name: str, rows: list[dict[str, object]], principal: str = "", **params: str
+    ) -> RunMeta:
+        """A recorded run of ``eval_name`` over ``rows`` (a split of its own), of
+        ``principal``."""
         split = f"s{uuid.uuid4().hex[:8]}"
         write_rows(self.data, split, rows)
         spec, _ = build_spec(str(self.data), split)
@@ -84,6 +92,7 @@ class Bench:
             n=len(rows),
             status=RunStatus.QUEUED,
             created=time.time(),
+            principal=principal,
         )
         record_run(self.client, meta, list(range(len(rows))), str(self.data.parent / "archive"))
         return meta
@@ -114,6 +123,7 @@ def bench(server: RedisServer, tmp_path: Path) -> Iterator[Bench]:
         shards=ShardCache(client, capacity=4),
         runtimes=runtimes,
         publish=sent,
+        stage_scoring=sent.stage_scoring,
         max_batch=16,
         max_attempts=MAX_ATTEMPTS,
     )

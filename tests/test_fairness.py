@@ -5,9 +5,13 @@ lose and duplicate nothing."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
+import time
 from collections import Counter
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -16,15 +20,18 @@ from kombu.common import QoS
 from producer.client import Client
 from producer.metrics import EvalqCollector
 from producer.redis_server import RedisServer
+from producer.rescore import RescoreRequest
 from producer.submit import SubmitRequest
-from shared.backlog import Backlog, Staged
-from shared.celery_app import INFER_QUEUE, INFER_TASK
+from shared.backlog import INFER_LANE, SCORE_LANE, Backlog, Capturer, Lane, Staged
+from shared.broker import carried
+from shared.celery_app import INFER_QUEUE, INFER_TASK, SCORE_QUEUE, create_app
 from shared.connection import connect
 from shared.dispatch import publish
 from shared.errors import ForbiddenError
-from shared.keys import FAIR, RunKeys
-from shared.models import Priority, RunMeta, RunStatus, SampleTask
+from shared.keys import FAIR, FAIR_SCORE, RunKeys
+from shared.models import Priority, RunMeta, RunStatus, SampleTask, Stage
 from shared.priorities import PriorityStore
+from shared.results import ResultStore
 from shared.settings import Settings
 from tests.conftest import Stack
 from tests.helpers import (
@@ -36,6 +43,8 @@ from tests.helpers import (
     wait_for,
     write_rows,
 )
+from tests.test_batch import Bench, bench, server, task  # noqa: F401 - fixtures
+from worker.pipeline import infer_batch, score_batch
 from worker.reserve import LONG_BATCH, RECENT, Reserve
 
 QUEUE = "q"
@@ -49,24 +58,28 @@ def _meta(run_id: str, principal: str, priority: Priority = Priority.NORMAL) -> 
 
 
 class Round:
-    """A backlog on a real Redis with turns of two messages, staged and drained by hand as
-    workers would drain it."""
+    """A lane's backlogs on a real Redis with turns of two messages, staged and drained by hand
+    as workers would drain its queue."""
 
-    def __init__(self, server: RedisServer) -> None:
-        self.client = connect(server.url)
+    def __init__(self, on: RedisServer, lane: Lane = INFER_LANE) -> None:
+        self.client = connect(on.url)
         self.backlog = Backlog(self.client, turn_samples=128)
+        self.lane = lane
+        self.queue = f"{QUEUE}-{lane.queue}"
 
     def stage(self, meta: RunMeta, messages: int = 10, samples: int = 64) -> None:
         self.client.hset(RunKeys(meta.run_id).meta, "status", "queued")
-        entries = [Staged(samples, QUEUE, f"{meta.run_id}:{i}:{samples}") for i in range(messages)]
-        assert self.backlog.stage(meta, entries) == samples * messages
+        entries = [
+            Staged(samples, self.queue, f"{meta.run_id}:{i}:{samples}") for i in range(messages)
+        ]
+        assert self.backlog.stage(meta, entries, self.lane) == samples * messages
 
     def take(self, count: int) -> list[str]:
         """Dispatch ``count`` messages one at a time; the runs they were of, in order."""
         taken = []
         for _ in range(count):
-            assert self.backlog.dispatch(QUEUE, 1) == 1
-            taken.append(str(self.client.rpop(QUEUE)).split(":")[0])
+            assert self.backlog.dispatch(self.queue, 1, lane=self.lane) == 1
+            taken.append(str(self.client.rpop(self.queue)).split(":")[0])
         return taken
 
 
@@ -101,8 +114,8 @@ def test_leaving_and_coming_back_gains_a_principal_nothing(redis_only: RedisServ
     served = Counter[str]()
     for i in range(40):
         fair.stage(_meta(f"x{i}", "x"), 1)
-        fair.backlog.dispatch(QUEUE, 4, at_least=1)  # what submit does
-        run, _, samples = str(fair.client.rpop(QUEUE)).split(":")  # a worker takes the head
+        fair.backlog.dispatch(fair.queue, 4, at_least=1)  # what submit does
+        run, _, samples = str(fair.client.rpop(fair.queue)).split(":")  # a worker takes the head
         served[run[0]] += int(samples)
     share = served["x"] / (served["x"] + served["v"])
     assert 0.35 <= share <= 0.65, served
@@ -121,6 +134,88 @@ def test_a_cancelled_run_leaves_the_round_at_once(redis_only: RedisServer) -> No
     assert fair.take(3) == ["kept"] * 3
     fair.client.hset(RunKeys("ended").meta, "status", "completed")
     assert fair.backlog.stage(_meta("ended", "a"), [Staged(64, QUEUE, "x")]) == 0
+
+
+def test_scoring_has_a_round_of_its_own_where_principals_alternate(
+    redis_only: RedisServer,
+) -> None:
+    """Scoring messages (staged by inference-only workers and by rescore) wait in the runs'
+    score backlogs and are dispatched by their own round: principals alternate whatever runs
+    each has, a principal's runs take turns, a newcomer is served next; what a principal took
+    of the scorers does not count against its inference, nor the other way round."""
+    score = Round(redis_only, SCORE_LANE)
+    infer = Round(redis_only)
+    score.stage(_meta("a1", "a"))
+    score.stage(_meta("a2", "a"))
+    score.stage(_meta("b1", "b"))
+    infer.stage(_meta("a1", "a"))
+    infer.stage(_meta("b1", "b"))
+    assert score.take(4) == ["a1", "b1", "a1", "b1"]
+    infer.stage(_meta("c1", "c"))
+    assert infer.take(3) == ["a1", "b1", "c1"]  # a's scoring left its inference time alone
+    first = score.take(8)
+    assert [r[0] for r in first] == ["a", "b"] * 4
+    assert [r for r in first if r[0] == "a"] == ["a2", "a2", "a1", "a1"]
+    score.stage(_meta("d1", "d"), 2)
+    assert score.take(1) == ["d1"]  # joins at the clock: next
+    assert Counter(infer.take(6)) == {"a1": 2, "b1": 2, "c1": 2}  # nor a's and b's scoring
+    standing = score.backlog.standing("a2")  # no inference waiting: its place in scoring
+    assert standing is not None
+    assert (standing.principals, standing.runs, standing.share) == (3, 2, 0.5 / 3)
+    assert score.backlog.waiting()["b1"] == ("b", (10 - 6 + 10 - 3) * 64)  # both lanes
+
+
+def test_a_cancelled_runs_scoring_is_withdrawn(redis_only: RedisServer) -> None:
+    """Cancel deletes the run's score backlog and takes it out of the scoring round at once;
+    what an inference-only worker stages for it afterwards is refused."""
+    score = Round(redis_only, SCORE_LANE)
+    score.stage(_meta("gone", "a"))
+    score.stage(_meta("kept", "b"))
+    assert score.take(2) == ["gone", "kept"]
+    score.client.hset(RunKeys("gone").meta, "status", "cancelled")  # what cancel.lua does
+    assert score.backlog.withdraw("gone")
+    assert not score.client.exists(RunKeys("gone").backlog_of(Stage.SCORE))
+    assert score.client.hget(FAIR_SCORE.owner, "gone") is None
+    assert score.take(8) == ["kept"] * 8
+    late = [Staged(64, score.queue, "gone:late:64")]
+    assert score.backlog.stage(_meta("gone", "a"), late, SCORE_LANE, refill=1) == 0
+    assert score.client.llen(score.queue) == 0
+    assert not score.backlog.withdraw("gone")
+
+
+def test_an_inference_only_workers_scoring_goes_through_the_dispatcher(
+    bench: Bench,  # noqa: F811
+    server: RedisServer,  # noqa: F811
+) -> None:
+    """``infer_batch`` on a worker that does not score (``fuse`` off) stages each batch's
+    scoring in the run's score backlog and keeps ``score`` one message deep: another
+    principal's run, inferred after four batches of a big run, is scored next, not after them.
+    Nothing is lost or scored twice."""
+    app = create_app(Settings(redis_url=server.url))
+    capturer = Capturer(app)
+    backlog = Backlog(bench.client)
+    bench.res = dataclasses.replace(
+        bench.res, stage_scoring=partial(backlog.stage_scoring, capturer)
+    )
+    bench.client.delete(SCORE_QUEUE)
+    big = bench.run("spy", labelled_rows(64), principal="sweep")
+    for start in range(0, 64, 16):
+        infer_batch(bench.res, [task(big, list(range(start, start + 16)))])
+    small = bench.run("spy", labelled_rows(8), principal="loop")
+    infer_batch(bench.res, [task(small, list(range(8)))])
+    assert bench.client.llen(SCORE_QUEUE) == 1  # the rest waits in the backlogs
+    order = []
+    while (raw := bench.client.rpop(SCORE_QUEUE)) is not None:
+        payload = carried(str(raw))
+        assert payload is not None
+        order.append(payload.run_id)
+        score_batch(bench.res, [payload])
+        backlog.refill(1, [SCORE_QUEUE])  # what the scoring worker does after each batch
+    assert order == [big.run_id, small.run_id, *[big.run_id] * 3]
+    for meta in (big, small):
+        assert bench.status(meta) is RunStatus.COMPLETED
+        assert_settled_once(bench.client, meta.run_id, meta.n)
+    capturer.close()
 
 
 def test_priority_is_the_policys_to_grant(redis_only: RedisServer, tmp_path: Path) -> None:
@@ -190,9 +285,11 @@ def _dataset(stack: Stack, folder: Path, n: int) -> str:
     return list_splits(stack.client, str(folder), "validation")
 
 
-def _submit(client: Client, dataset: str, limit: int, **params: str) -> RunMeta:
+def _submit(
+    client: Client, dataset: str, limit: int, eval_name: str = "slow", **params: str
+) -> RunMeta:
     request = SubmitRequest(
-        eval="slow", dataset=dataset, split="validation", limit=limit, params=params
+        eval=eval_name, dataset=dataset, split="validation", limit=limit, params=params
     )
     return client.submit(request)
 
@@ -372,6 +469,101 @@ def test_a_worker_killed_and_redis_restarted_mid_dispatch_settle_every_run_once(
     stack.server.restart()  # SIGTERM (AOF flushed), then a new server on the same port
     (tmp_path / "gate").touch()
     stack.start_workers(**fast)
+    for meta in runs:
+        wait_ended(stack.client, meta.run_id)
+        assert_settled_once(stack.client, meta.run_id, meta.n)
+    assert not backlog.waiting()
+
+
+def _split_workers(stack: Stack) -> None:
+    """The compose topology: one inference-only worker and one scoring-only worker."""
+    stack.start_workers(queues="infer")
+    stack.start_workers(queues="score")
+
+
+def _while_big_goes(
+    stack: Stack, big: RunMeta, small: Callable[[], RunMeta], what: str
+) -> tuple[float, int]:
+    """Start ``small`` while ``big`` goes; the seconds it took to complete, and how many of
+    ``big``'s samples were settled by then."""
+    started = time.monotonic()
+    meta = small()
+    wait_completed(stack.client, meta.run_id, timeout=120)
+    took = time.monotonic() - started
+    done = ResultStore(stack.client).progress(big.run_id).done
+    print(f"\n{what}: {took:.2f} s; the big run had {done} of {big.n} samples settled")
+    return took, done
+
+
+@pytest.mark.integration
+def test_a_small_runs_scoring_waits_behind_no_ones_backlog(
+    fresh_stack: Stack, tmp_path: Path
+) -> None:
+    """Inference-only and scoring-only workers, scoring the bottleneck (5 ms a sample: 20 s
+    for the big run, whose inference takes a few seconds). The big run's scoring messages wait
+    in its score backlog, not in ``score``: another principal's 20-sample run, submitted once
+    three quarters of the big run are inferred, completes while most of the big run is
+    unscored. (When inference-only workers sent scoring straight to ``score``, the small run's
+    one scoring message queued behind every one the big run had sent.)"""
+    stack = fresh_stack
+    _split_workers(stack)
+    dataset = _dataset(stack, tmp_path, 4000)
+    sweep, loop = _client(stack, "sweep"), _client(stack, "loop")
+    request = SubmitRequest(eval="slow_score", dataset=dataset, split="validation", limit=4000)
+    big = sweep.submit(request)
+    wait_for(lambda: sweep.status(big.run_id).progress.inferred >= 3000, 60, "inference")
+    small = request.model_copy(update={"limit": 20})
+    _, done = _while_big_goes(stack, big, lambda: loop.submit(small), "20-sample run")
+    assert done < big.n // 2
+    sweep.cancel(big.run_id)
+
+
+@pytest.mark.integration
+def test_a_small_rescore_waits_behind_no_ones_big_rescore(
+    fresh_stack: Stack, tmp_path: Path
+) -> None:
+    """The same topology: a 4,000-sample rescore with the slow scorer (20 s of scoring) is
+    staged whole at once; another principal's 64-sample rescore started right after it
+    completes while most of the big one is unscored (a rescore used to send every scoring
+    message straight to ``score``, behind all that was there)."""
+    stack = fresh_stack
+    _split_workers(stack)
+    dataset = _dataset(stack, tmp_path, 4000)
+    sweep, loop = _client(stack, "sweep"), _client(stack, "loop")
+    sources = [_submit(sweep, dataset, 4000, "spy"), _submit(loop, dataset, 64, "spy")]
+    for meta in sources:
+        wait_completed(stack.client, meta.run_id, timeout=120)
+    big = sweep.rescore(RescoreRequest(run=sources[0].run_id, eval="slow_score"))
+    again = RescoreRequest(run=sources[1].run_id, eval="slow_score")
+    _, done = _while_big_goes(stack, big, lambda: loop.rescore(again), "64-sample rescore")
+    assert done < big.n // 2
+    sweep.cancel(big.run_id)
+
+
+@pytest.mark.integration
+def test_a_scoring_worker_killed_leaves_no_staged_scoring_behind(
+    fresh_stack: Stack, tmp_path: Path
+) -> None:
+    """The split topology, the scoring worker SIGKILLed while two principals' scoring waits in
+    their runs' score backlogs (and a message of it is in the worker's hands): a new scoring
+    worker's refills dispatch what was staged, what the dead one held comes back, and every
+    sample settles exactly once."""
+    stack = fresh_stack
+    stack.crashes_expected = True
+    fast = {"EVALQ_VISIBILITY_TIMEOUT": "5"}
+    stack.start_workers(queues="infer", **fast)
+    scorer = stack.start_workers(queues="score", **fast)
+    dataset = _dataset(stack, tmp_path, 640)
+    a, b = _client(stack, "a"), _client(stack, "b")
+    runs = [_submit(a, dataset, 640, "slow_score"), _submit(b, dataset, 320, "slow_score")]
+    backlog = Backlog(stack.client)
+    wait_for(lambda: sum(a.status(m.run_id).progress.done for m in runs) >= 128, 60, "scoring")
+    assert backlog.waiting()  # scoring staged and not dispatched yet
+    for process in scorer.processes:
+        os.killpg(process.pid, signal.SIGKILL)  # main process and pool child, mid-batch
+        process.wait(60)
+    stack.workers.remove(scorer)
+    stack.start_workers(queues="score", **fast)
     for meta in runs:
         wait_ended(stack.client, meta.run_id)
         assert_settled_once(stack.client, meta.run_id, meta.n)

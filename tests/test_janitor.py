@@ -17,9 +17,16 @@ import pytest
 from celery import Celery
 
 from producer.redis_server import RedisServer
-from shared.backlog import Backlog
+from shared.backlog import SCORE_LANE, Backlog, capture
 from shared.broker import Broker, carried
-from shared.celery_app import ARCHIVE_TASK, INFER_QUEUE, INFER_TASK, SCORE_QUEUE, create_app
+from shared.celery_app import (
+    ARCHIVE_TASK,
+    INFER_QUEUE,
+    INFER_TASK,
+    SCORE_QUEUE,
+    SCORE_TASK,
+    create_app,
+)
 from shared.dispatch import publish, split
 from shared.keys import ACTIVE, AUDIT, RUNS, RunKeys
 from shared.models import RunMeta, RunStatus
@@ -98,6 +105,28 @@ def test_lost_samples_are_sent_again_and_waiting_ones_are_not(
     assert str(bench.client.lindex(INFER_QUEUE, -1)).find(meta.run_id) > 0  # the head
     assert results.progress(meta.run_id).recovered == 10
     assert sweeper.sweep().resent == {}  # just sent: not stalled again yet
+
+
+def test_samples_whose_scoring_waits_in_a_score_backlog_are_not_sent_again(
+    bench: Bench,  # noqa: F811
+    janitor: tuple[Janitor, Celery],
+) -> None:
+    """An inference-only worker staged the scoring of a stalled run's inferred samples: they
+    wait their turn in the score backlog, so the janitor sends none of them again, and a
+    scoring worker's refill hands them to ``score``."""
+    sweeper, app = janitor
+    meta = bench.run("spy", labelled_rows(10))
+    bench.res.results.record_outputs(meta.run_id, {i: "{}" for i in range(10)})
+    backlog = Backlog(bench.client)
+    staged = capture(app, SCORE_TASK, split(meta, list(range(10))))
+    assert backlog.stage(meta, staged, SCORE_LANE) == 10  # staged, no refill: not dispatched
+    _idle(bench, meta)
+
+    assert sweeper.sweep().resent == {}
+    assert _backlogged(bench, meta) == list(range(10))
+    assert backlog.refill(1, [SCORE_QUEUE]) == 1
+    assert _queued(bench, SCORE_QUEUE) == list(range(10))
+    assert _backlogged(bench, meta) == []
 
 
 def test_messages_of_gone_workers_go_back_and_held_ones_stay(

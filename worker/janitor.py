@@ -3,8 +3,8 @@ visibility timeout and without anyone typing ``evalq resume``.
 
 One worker at a time runs it (the holder of the ``evalq:janitor`` lease; see
 :mod:`worker.presence`). Each sweep counts, for the fair dispatcher, the messages of one batch
-per live worker process that consumes ``infer`` (:meth:`shared.backlog.Backlog.set_depth`),
-and:
+per live worker process that consumes ``infer``, and likewise for ``score``
+(:meth:`shared.backlog.Backlog.set_depth`), and:
 
 1. puts back in their queue the unacknowledged messages that no live worker holds (their
    worker's main process was killed, or lost Redis and gave up on them) once they are older
@@ -37,9 +37,9 @@ import redis
 from celery import Celery
 
 from shared.audit import record, trim_audit
-from shared.backlog import Backlog
+from shared.backlog import LANES, Backlog
 from shared.broker import Broker, carried
-from shared.celery_app import INFER_QUEUE, SCORE_TASK, send_archive
+from shared.celery_app import SCORE_TASK, send_archive
 from shared.connection import server_time
 from shared.dispatch import enqueue
 from shared.errors import UnknownRunError, first_line
@@ -103,8 +103,9 @@ class Janitor:
         now = server_time(self._client)
         live = self._presence.live()
         held = {tag for beat in live for tag in beat.held}
-        batches = sum(beat.prefetch // 2 for beat in live if INFER_QUEUE in beat.queues)
-        self._backlog.set_depth(batches, ttl=4 * self._settings.stall_after)
+        for lane in LANES:
+            batches = sum(beat.prefetch // 2 for beat in live if lane.queue in beat.queues)
+            self._backlog.set_depth(batches, ttl=4 * self._settings.stall_after, lane=lane)
         gone_after = self._settings.heartbeat_interval * HEARTBEAT_MISSES
         for tag in self._broker.delivered_before(now - gone_after):
             if tag not in held:

@@ -2,9 +2,11 @@
 
 Inference: skip samples already inferred (redeliveries), rebuild rows from each run's spec,
 remove label fields, and run each evaluation's warm model on batches of at most ``max_batch``
-rows drawn from every run in the batch that uses it; store each output once and enqueue
-scoring, or, on a worker that consumes the ``score`` queue too, score them in the same job
-(``fuse``): a small run is not sent back to wait behind the work this worker reserved.
+rows drawn from every run in the batch that uses it; store each output once and stage its
+scoring in the run's score backlog, for the fair dispatcher to hand to the scoring workers
+(:mod:`shared.backlog`), or, on a worker that consumes the ``score`` queue too, score them in
+the same job (``fuse``): a small run is not sent back to wait behind the work this worker
+reserved.
 Scoring: full rows plus stored outputs through ``score()``, each score stored once; the call
 that settles a run's last sample computes its aggregate from the store. An evaluation with a
 scorer script is scored on the runtime pool's warm script subprocesses, a batch at a time.
@@ -56,6 +58,7 @@ __all__ = ["Resources", "infer_batch", "score_batch"]
 log = logging.getLogger(__name__)
 
 Publisher = Callable[[str, list[SampleTask]], object]
+Stager = Callable[[RunMeta, list[int]], object]
 
 STORE_ERRORS = (redis.RedisError, StoreError)
 """What a failed read or write of Redis raises: the run's messages go back to the queue."""
@@ -88,6 +91,10 @@ class Resources:
     shards: ShardCache
     runtimes: RuntimePool
     publish: Publisher
+    """Sends messages straight to their queue (a sample's retry, alone)."""
+    stage_scoring: Stager
+    """Stages the scoring of a run's inferred samples in its score backlog, from which the
+    fair dispatcher hands it to the scoring workers (an inference-only worker)."""
     max_batch: int
     max_attempts: int
     stall_after: float = 60.0
@@ -416,8 +423,8 @@ def infer_batch(res: Resources, tasks: list[SampleTask]) -> set[str]:
             res.record_provenance(run.run_id, run.evaluation)
         run.settle_errors()
         ready = [i for i in run.ids if i in inferred[run.run_id] or i in run.outputs]
-        if not res.fuse:
-            res.publish(SCORE_TASK, list(split(run.meta, ready)))
+        if ready and not res.fuse:
+            res.stage_scoring(run.meta, ready)
         elif ready:
             scoring.append(run.carried(ready, stored))
         run.send_retries(INFER_TASK)

@@ -1,8 +1,9 @@
 """A worker's presence thread: publishes its heartbeat every ``EVALQ_HEARTBEAT_INTERVAL``
-seconds (the evaluations and queues it serves, the messages it holds), refills the ``infer``
-queue from the runs' backlogs (batches refill it as they finish; this beat refills a queue that
-drained while no batch was running, after a Redis restart say) and, while it holds the
-janitor's lease, sweeps every ``stall_after / 4`` seconds (at most every 15 s).
+seconds (the evaluations and queues it serves, the messages it holds), refills the stage queues
+it consumes (``infer``, ``score``) from the runs' backlogs (batches refill them as they finish;
+this beat refills a queue that drained while no batch was running, after a Redis restart say)
+and, while it holds the janitor's lease, sweeps every ``stall_after / 4`` seconds (at most
+every 15 s).
 
 It runs in the worker's main process from ``worker_ready`` to ``worker_shutdown``, on its own
 Redis connections, so a long batch in the pool never delays a heartbeat. A worker whose main
@@ -88,7 +89,7 @@ class PresenceThread(threading.Thread):
         try:
             while True:
                 self._guard("heartbeat", lambda: presence.beat(self._beat(), interval))
-                self._guard("refill", lambda: backlog.refill(self._prefetch // 2))
+                self._guard("refill", lambda: backlog.refill(self._prefetch // 2, self._queues))
                 if time.monotonic() >= next_sweep:
                     next_sweep = time.monotonic() + every
                     self._guard("janitor", sweep)

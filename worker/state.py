@@ -12,12 +12,12 @@ import redis
 from billiard.process import current_process
 from celery import Celery
 
-from shared.backlog import Backlog
+from shared.backlog import Backlog, Capturer
 from shared.celery_app import SCORE_QUEUE, send_archive
 from shared.connection import connect
 from shared.dispatch import publish
 from shared.errors import first_line
-from shared.models import SampleTask
+from shared.models import RunMeta, SampleTask
 from shared.provenance import ProvenanceStore
 from shared.results import ResultStore
 from shared.runs import RunStore
@@ -40,12 +40,14 @@ class WorkerState:
         self._resources: Resources | None = None
         self._client: redis.Redis | None = None
         self._backlog: Backlog | None = None
+        self._capturer: Capturer | None = None
 
     def get(self) -> Resources:
         """This process's resources, opened on first use."""
         if self._resources is None:
             client = self.client()
             self._backlog = Backlog(client)
+            self._capturer = Capturer(self._app)
             self._resources = Resources(
                 runs=RunStore(client),
                 results=ResultStore(client),
@@ -66,13 +68,14 @@ class WorkerState:
                     isolated_timeout=self._settings.task_time_limit,
                 ),
                 publish=self._publish,
+                stage_scoring=self._stage_scoring,
                 archive=self._archive if self._settings.archive_after == 0 else None,
                 spill=self._spill if self._settings.spill_rows else None,
                 spill_rows=self._settings.spill_rows,
                 max_batch=self._settings.max_batch,
                 max_attempts=self._settings.max_attempts,
                 stall_after=self._settings.stall_after,
-                fuse=SCORE_QUEUE in (self._app.amqp.queues.consume_from or {}),
+                fuse=SCORE_QUEUE in self._consumed(),
                 provenance=ProvenanceStore(client),
             )
         return self._resources
@@ -95,24 +98,38 @@ class WorkerState:
     def _publish(self, task_name: str, tasks: list[SampleTask]) -> int:
         return publish(self._app, task_name, tasks)
 
+    def _stage_scoring(self, meta: RunMeta, sample_ids: list[int]) -> int:
+        assert self._backlog is not None
+        assert self._capturer is not None
+        return self._backlog.stage_scoring(self._capturer, meta, sample_ids)
+
+    def _consumed(self) -> set[str]:
+        return set(self._app.amqp.queues.consume_from or {})
+
     def refill(self) -> None:
-        """Refill the ``infer`` queue from the runs' backlogs, as a batch finishes; a Redis
-        error is logged (the next batch or heartbeat refills)."""
+        """Refill the stage queues this worker consumes (``infer``, ``score``) from the runs'
+        backlogs, in one call, as a batch finishes; a Redis error is logged (the next batch or
+        heartbeat refills)."""
         self.get()
         assert self._backlog is not None
         try:
-            self._backlog.refill(self._app.conf.worker_prefetch_multiplier // 2)
+            self._backlog.refill(self._app.conf.worker_prefetch_multiplier // 2, self._consumed())
         except redis.RedisError as exc:
-            log.warning("could not refill the infer queue: %s", first_line(exc))
+            log.warning("could not refill the queues: %s", first_line(exc))
 
     def reset(self) -> None:
         """Forget what a parent process opened (called in a child right after fork)."""
         self._resources = None
         self._backlog = None
+        self._capturer = None
 
     def close(self) -> None:
-        """Free loaded models (called when a worker process exits)."""
+        """Free loaded models and the capturing connection (called when a worker process
+        exits)."""
         if self._resources is not None:
             self._resources.runtimes.close()
             self._resources = None
             self._backlog = None
+        if self._capturer is not None:
+            self._capturer.close()
+            self._capturer = None

@@ -375,7 +375,16 @@ def register_tasks(app: Celery, state: WorkerState, settings: Settings) -> None:
     @app.task(name=ARCHIVE_TASK, acks_late=True, time_limit=settings.task_time_limit)
     def archive(run_id: object) -> None:
         """Archive an ended run, or spill a going one's complete segments
-        (:mod:`worker.archiver`); a malformed id is logged and dropped."""
+        (:mod:`worker.archiver`); a malformed id is logged and dropped. Then refill the queues,
+        as a batch does: the message took a place in ``score``, which the dispatcher keeps
+        only a batch deep, and a scoring-only worker would otherwise idle until its next
+        heartbeat's refill."""
+        try:
+            archive_or_spill(run_id)
+        finally:
+            state.refill()
+
+    def archive_or_spill(run_id: object) -> None:
         if not isinstance(run_id, str) or not is_name(run_id):
             log.error("dropped an archive message: not a run id")
             return

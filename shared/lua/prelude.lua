@@ -31,7 +31,8 @@ local function touch(progress)
 end
 
 -- Fair share (shared/backlog.py): keys of the dispatcher, in a table built by fair_keys().
--- p = principal; prefix = 'evalq:fair:'
+-- Each broker queue it keeps has a round of its own under its prefix ('evalq:fair:' for
+-- 'infer', 'evalq:fair:score:' for 'score'). principal = whose runs' keys; prefix = the round's
 local function fair_keys(prefix, principal)
   return {
     principals = prefix .. 'principals', clock = prefix .. 'clock',
@@ -75,4 +76,74 @@ local function fair_leave(f, principal, run)
     redis.call('HDEL', f.clock, principal)
     redis.call('DEL', f.weights)
   end
+end
+
+-- Refill one broker queue from its round's backlogs (dispatch.lua, stage.lua): keep it at
+-- least ``depth`` messages deep (the janitor's count at ``depth_key`` when greater) and move
+-- ``at_least`` messages whatever its depth, those beyond the depth to its head (the fair
+-- choice of this moment goes before what was chosen earlier). Weighted fair queueing
+-- (start-time fair queueing: serve the lowest virtual time; a message of s samples advances
+-- its run's time by s / run weight and its principal's by s / principal weight), first between
+-- principals, then between one principal's runs; within a principal, the run chosen keeps its
+-- turn for ``quantum`` samples before the lowest time is chosen again, so a principal's runs
+-- (a sweep of checkpoints: one model each) are not cut into alternating messages that would
+-- make workers swap models at every batch. Each message goes to the queue its entry names,
+-- unchanged; a run whose backlog is empty (drained, or deleted by a cancel) leaves the round,
+-- and a principal with no run left leaves.
+-- queue = the broker queue whose depth is kept (kombu's list); depth_key = its
+-- evalq:fair:...depth string; prefix = the round's; a run's backlog is the key
+-- backlog_prefix .. run .. backlog_suffix ('evalq:{', '}:backlog' or '}:score_backlog').
+-- Returns: messages moved.
+local function fair_dispatch(queue, depth_key, depth, at_least, prefix, quantum,
+                             backlog_prefix, backlog_suffix)
+  depth = math.max(depth, tonumber(redis.call('GET', depth_key) or '0'))
+  local refill = depth - redis.call('LLEN', queue)
+  local want = math.max(refill, at_least)
+  local g = fair_keys(prefix, '')
+  local moved, visits = 0, 0
+  while moved < want and visits < 4 * want + 64 do
+    visits = visits + 1
+    local top = redis.call('ZRANGE', g.principals, 0, 0, 'WITHSCORES')
+    if #top == 0 then break end
+    local principal, ptime = top[1], tonumber(top[2])
+    local f = fair_keys(prefix, principal)
+    local run, rtime, left = nil, nil, quantum
+    local turn = redis.call('HGET', f.turn, principal)
+    if turn then
+      local bar = string.find(turn, '|', 1, true)
+      run, left = string.sub(turn, 1, bar - 1), tonumber(string.sub(turn, bar + 1))
+      local at = redis.call('ZSCORE', f.runs, run)
+      if at then rtime = tonumber(at) end
+      if rtime == nil or left <= 0 then run, left = nil, quantum end
+    end
+    if run == nil then
+      local first = redis.call('ZRANGE', f.runs, 0, 0, 'WITHSCORES')
+      if #first > 0 then run, rtime = first[1], tonumber(first[2]) end
+    end
+    if run == nil then
+      fair_leave(f, principal, '')
+    else
+      local backlog = backlog_prefix .. run .. backlog_suffix
+      local entry = redis.call('RPOP', backlog)
+      if not entry then
+        fair_leave(f, principal, run)
+      else
+        local a = string.find(entry, '|', 1, true)
+        local b = string.find(entry, '|', a + 1, true)
+        local samples = tonumber(string.sub(entry, 1, a - 1))
+        local push = 'LPUSH'
+        if moved >= refill then push = 'RPUSH' end  -- kombu pops from the right: the head
+        redis.call(push, string.sub(entry, a + 1, b - 1), string.sub(entry, b + 1))
+        redis.call('HINCRBY', f.waiting, run, -samples)
+        local rweight = tonumber(redis.call('HGET', f.weight, run) or '1')
+        redis.call('HSET', f.clock, principal, rtime, '', ptime)
+        redis.call('ZADD', f.runs, rtime + samples / rweight, run)
+        redis.call('ZADD', f.principals, ptime + samples / fair_principal_weight(f), principal)
+        redis.call('HSET', f.turn, principal, run .. '|' .. (left - samples))
+        moved = moved + 1
+        if redis.call('LLEN', backlog) == 0 then fair_leave(f, principal, run) end
+      end
+    end
+  end
+  return moved
 end

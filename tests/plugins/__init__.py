@@ -94,6 +94,17 @@ class Slow(Spy):
         return super().infer(model, rows)
 
 
+@register("slow_score")
+class SlowScore(Spy):
+    """The spy with a scorer that takes ``score_ms`` (param, default 5) milliseconds per
+    sample: scoring, not inference, is what a worker waits on. Its outputs are the spy's
+    (same ``output_kind``), so a spy run can be rescored with it."""
+
+    def score(self, row: dict[str, Any], output: Any) -> dict[str, float]:
+        time.sleep(float(self.params.get("score_ms", "5")) / 1000)
+        return super().score(row, output)
+
+
 @register("killer")
 class Killer(Spy):
     """Kills its own worker process on a row whose text contains 'kill'; never returns on one
