@@ -542,11 +542,13 @@ class Client:
 
     def _queued(self, run_id: str) -> set[int]:
         """The samples of ``run_id`` a message still carries: in its backlog, in a broker
-        queue, or held (unacknowledged) by a worker."""
+        queue, or held (unacknowledged) by a live worker (a dead worker's are lost until the
+        janitor puts them back)."""
         carried_now = [carried(raw) for raw in self._backlog.messages(run_id)]
+        held = {tag for beat in self._presence.live() for tag in beat.held}
         broker = Broker(self.app, self._redis)
         try:
-            carried_now += broker.waiting().get(run_id, [])
+            carried_now += broker.waiting(held).get(run_id, [])
         finally:
             broker.close()
         return {i for task in carried_now if task is not None for i in task.sample_ids}

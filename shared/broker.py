@@ -15,7 +15,7 @@ import base64
 import binascii
 import json
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 from typing import Any
 
 import redis
@@ -80,16 +80,18 @@ class Broker:
         acknowledged meanwhile)."""
         self._channel().qos.restore_by_tag(tag, leftmost=False)
 
-    def waiting(self) -> dict[str, list[SampleTask]]:
-        """Run id -> the payloads of the queued and unacknowledged messages naming that run."""
+    def waiting(self, held: Container[str] | None = None) -> dict[str, list[SampleTask]]:
+        """Run id -> the payloads of the queued and unacknowledged messages naming that run
+        (of the unacknowledged, only those whose tags are in ``held``, when given: the ones a
+        live worker holds)."""
         found: dict[str, list[SampleTask]] = defaultdict(list)
-        for raw in self._stored():
+        for raw in self._stored(held):
             payload = carried(raw)
             if payload is not None:
                 found[payload.run_id].append(payload)
         return found
 
-    def _stored(self) -> Iterator[str]:
+    def _stored(self, held: Container[str] | None) -> Iterator[str]:
         for queue in queue_names(self._client):
             start = 0
             while True:
@@ -98,8 +100,9 @@ class Broker:
                 if len(entries) < _CHUNK:
                     break
                 start += _CHUNK
-        for _, raw in self._client.hscan_iter(self._channel().unacked_key, count=_CHUNK):
-            yield str(raw)
+        for tag, raw in self._client.hscan_iter(self._channel().unacked_key, count=_CHUNK):
+            if held is None or str(tag) in held:
+                yield str(raw)
 
     def close(self) -> None:
         """Release the broker connection."""

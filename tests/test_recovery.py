@@ -190,9 +190,12 @@ def test_resume_after_a_kill_reenqueues_only_the_missing(
     resumed = evalq(stack.server.url, "resume", meta.run_id, "--json")
     assert resumed.returncode == 0, resumed.stderr
     counts = json.loads(resumed.stdout)
-    assert counts["inference"] == len([i for i in ids if i not in inferred])
-    assert counts["scoring"] == len([i for i in ids if i in inferred and i not in scored])
-    assert counts["inference"] + counts["scoring"] == N - len(scored) > 0
+    # what no message carries any more is sent again (the run's backlog still holds what was
+    # never dispatched, and the killed worker's messages come back through the janitor)
+    assert counts["inference"] <= len([i for i in ids if i not in inferred])
+    assert counts["scoring"] <= len([i for i in ids if i in inferred and i not in scored])
+    again = json.loads(evalq(stack.server.url, "resume", meta.run_id, "--json").stdout)
+    assert (again["inference"], again["scoring"]) == (0, 0)  # nothing sent twice
     assert Ledger(stack.client).get(str(tmp_path), "validation").samples_used == used
 
     stack.start_workers()
