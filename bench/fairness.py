@@ -28,7 +28,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -39,6 +39,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.result import save
+from bench.waiting import completed, wait
 from producer.demo_data import write_demo_dataset
 from producer.redis_server import RedisServer
 from producer.submit import SubmitRequest, submit
@@ -47,7 +48,7 @@ from shared.backlog import Backlog
 from shared.celery_app import INFER_QUEUE, create_app
 from shared.connection import connect
 from shared.evaluation import load_plugins
-from shared.models import RunMeta, RunStatus
+from shared.models import RunMeta
 from shared.policy import Tier
 from shared.registry import DatasetRegistry
 from shared.results import ResultStore
@@ -59,7 +60,6 @@ from worker.runtime_pool import resolve_device
 console = Console(stderr=True)
 
 EVAL = "topic"
-POLL = 0.01
 
 
 @dataclass
@@ -87,22 +87,8 @@ class Bench:
     def done(self, run_id: str) -> int:
         return self.results.progress(run_id).done
 
-    def wait(self, probe: Callable[[], bool], timeout: float = 900) -> None:
-        deadline = time.monotonic() + timeout
-        while not probe():
-            if time.monotonic() > deadline:
-                raise TimeoutError("a benchmark run did not finish")
-            time.sleep(POLL)
-
     def completed(self, meta: RunMeta) -> RunMeta:
-        def ended() -> bool:
-            return not self.runs.get(meta.run_id).status.active
-
-        self.wait(ended)
-        final = self.runs.get(meta.run_id)
-        if final.status is not RunStatus.COMPLETED or final.finished is None:
-            raise RuntimeError(f"run {meta.run_id} ended {final.status}")
-        return final
+        return completed(self.runs, meta)
 
     def small_latency(self, samples: int) -> float:
         """Seconds from just before submit to the small run's completion stamp."""
@@ -134,9 +120,9 @@ def rate_alone(bench: Bench, big: int) -> float:
     """Samples/s one big run settles on its own, from 5% to 90% of it (the steady state, as
     the shared window below is)."""
     meta = bench.submit(big)
-    bench.wait(lambda: bench.done(meta.run_id) >= big // 20)
+    wait(lambda: bench.done(meta.run_id) >= big // 20)
     start, before = time.time(), bench.done(meta.run_id)
-    bench.wait(lambda: bench.done(meta.run_id) >= big * 9 // 10)
+    wait(lambda: bench.done(meta.run_id) >= big * 9 // 10)
     end, after = time.time(), bench.done(meta.run_id)
     bench.completed(meta)
     return (after - before) / (end - start)
@@ -155,7 +141,7 @@ class Shared:
 def shared(bench: Bench, big: int, small: int, smalls: int) -> Shared:
     """The big run, and ``smalls`` small runs one after another once it is under way."""
     meta = bench.submit(big)
-    bench.wait(lambda: bench.done(meta.run_id) >= big // 20)
+    wait(lambda: bench.done(meta.run_id) >= big // 20)
     start, before = time.time(), bench.done(meta.run_id)
     latencies = [bench.small_latency(small) for _ in range(smalls)]
     end, after = time.time(), bench.done(meta.run_id)
@@ -176,9 +162,9 @@ def principals(bench: Bench, samples: int) -> dict[str, float]:
     def total(principal: str) -> int:
         return sum(m.n for m in metas[principal])
 
-    bench.wait(lambda: all(v > 0 for v in done().values()))
+    wait(lambda: all(v > 0 for v in done().values()))
     first = done()
-    bench.wait(lambda: any(v >= total(p) for p, v in done().items()))
+    wait(lambda: any(v >= total(p) for p, v in done().items()))
     last = done()
     for meta in [m for ms in metas.values() for m in ms]:
         bench.completed(meta)

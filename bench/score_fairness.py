@@ -40,6 +40,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.result import save
+from bench.waiting import completed, wait
 from producer.redis_server import RedisServer
 from producer.rescore import rescore
 from producer.submit import SubmitRequest, submit
@@ -47,7 +48,7 @@ from producer.workers import LocalWorkers
 from shared.celery_app import create_app
 from shared.connection import connect
 from shared.evaluation import load_plugins
-from shared.models import RunMeta, RunStatus
+from shared.models import RunMeta
 from shared.policy import Tier
 from shared.registry import DatasetRegistry
 from shared.results import ResultStore
@@ -58,7 +59,6 @@ from shared.tiers import TierRegistry
 console = Console(stderr=True)
 
 PLUGINS = "tests.plugins"
-POLL = 0.01
 
 
 @dataclass
@@ -90,20 +90,8 @@ class Bench:
         found = ResultStore(self.client).progress(meta.run_id)
         return found.inferred, found.done
 
-    def wait(self, probe: Callable[[], bool], timeout: float = 900) -> None:
-        deadline = time.monotonic() + timeout
-        while not probe():
-            if time.monotonic() > deadline:
-                raise TimeoutError("a benchmark run did not finish")
-            time.sleep(POLL)
-
     def completed(self, meta: RunMeta) -> RunMeta:
-        runs = RunStore(self.client)
-        self.wait(lambda: not runs.get(meta.run_id).status.active)
-        final = runs.get(meta.run_id)
-        if final.status is not RunStatus.COMPLETED or final.finished is None:
-            raise RuntimeError(f"run {meta.run_id} ended {final.status}")
-        return final
+        return completed(RunStore(self.client), meta)
 
     def latency(self, start: Callable[[], RunMeta]) -> float:
         """Seconds from just before ``start`` to the completion stamp of the run it starts."""
@@ -151,7 +139,7 @@ class During:
 
 def runs_during(bench: Bench, args: argparse.Namespace) -> During:
     big = bench.submit("slow_score", args.big, "sweep")
-    bench.wait(lambda: bench.progress(big)[0] >= args.big * 3 // 4)
+    wait(lambda: bench.progress(big)[0] >= args.big * 3 // 4)
     found = During([], [])
     while not found.latencies or bench.progress(big)[1] < args.big * 3 // 4:
         found.latencies.append(

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
 from producer.redis_server import RedisServer
 from producer.submit import SubmitRequest, submit
@@ -258,6 +259,14 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _worker_user(client: redis.Redis) -> None:
+    """A Redis user ``worker`` with a real password (so a leaked credential is findable)."""
+    client.acl_setuser(
+        "worker", enabled=True, passwords=[f"+{PASSWORD}"], keys=["*"], channels=["*"],
+        commands=["+@all"],
+    )  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def walk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Walk]:
     """A worker holding a Redis password in its environment, run as an ordinary user runs it
@@ -267,14 +276,7 @@ def walk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Walk]:
     root = tmp_path_factory.mktemp("walk")
     server = RedisServer(root / "redis").start()
     client = connect(server.url)
-    client.acl_setuser(
-        "worker",
-        enabled=True,
-        passwords=[f"+{PASSWORD}"],
-        keys=["*"],
-        channels=["*"],
-        commands=["+@all"],
-    )
+    _worker_user(client)
     settings = Settings(
         redis_url=server.url, plugins=("tests.plugins",), archive_url=str(root / "archive")
     )
@@ -372,14 +374,7 @@ def test_the_redis_url_can_come_from_a_file_instead_of_the_environment(
 def test_a_worker_reading_its_url_from_a_file_holds_no_password_in_its_environment(
     fresh_stack: Stack, tmp_path: Path
 ) -> None:
-    fresh_stack.client.acl_setuser(
-        "worker",
-        enabled=True,
-        passwords=[f"+{PASSWORD}"],
-        keys=["*"],
-        channels=["*"],
-        commands=["+@all"],
-    )
+    _worker_user(fresh_stack.client)
     secret = tmp_path / "redis-url"
     secret.write_text(f"redis://worker:{PASSWORD}@127.0.0.1:{fresh_stack.server.port}/0")
     secret.chmod(0o600)
