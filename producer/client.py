@@ -310,9 +310,14 @@ class Client:
         now = server_time(self._redis)
         waiting = self._backlog.standing(meta.run_id) if meta.status.active else None
         stalled = self._stalled(meta, progress, workers, waiting)
+        provenance: RunProvenance | None = self._provenance.of_run(
+            meta.run_id, self._outward(meta).spec
+        )
         if not reader.sees_timing:
             meta, progress = coarse_timing(meta, progress, now)
             stalled = stalled and _untimed(stalled)
+            if meta.status.active:  # where it stands in the dispatcher and who has stored
+                waiting, provenance = None, None  # outputs move with each batch
         withheld = reader.withheld
         # only a completed run has an aggregate, and only then is the floor's count final (a
         # run read as going may complete before its aggregate is read)
@@ -339,7 +344,7 @@ class Client:
             withheld=withheld,
             release=released,
             stats=stats,
-            provenance=self._provenance.of_run(meta.run_id, self._outward(meta).spec),
+            provenance=provenance,
             errors=errors,
             stalled=stalled,
             waiting=waiting,
@@ -374,7 +379,14 @@ class Client:
         as :meth:`status` shows them; viewed oldest first, so that runs first read here take
         their Ladder rounds in the order they were submitted."""
         workers = self._presence.live()
-        metas = self._runs.recent(limit, owner, only)
+        now = server_time(self._redis)
+
+        def shown(meta: RunMeta) -> RunMeta:
+            if self._reader(meta).sees_timing:
+                return meta
+            return coarse_timing(meta, Progress(), now)[0]
+
+        metas = self._runs.recent(limit, owner, only, shown)
         return [self._view(meta, workers) for meta in reversed(metas)][::-1]
 
     def ended(self, run_id: str) -> RunMeta:
@@ -520,7 +532,8 @@ class Client:
         if meta.archived is not None:
             raise InputError(f"run {run_id} is archived; submit it again instead")
         ids = self._runs.sample_ids(run_id)
-        settled = self._results.settled(run_id, ids) | self._queued(run_id)
+        queued = self._queued(run_id)  # first: a message acknowledged after is settled then
+        settled = self._results.settled(run_id, ids) | queued
         missing = [i for i in ids if i not in settled]
         if not missing:
             finalize = meta.status.active and not self._queued(
@@ -669,9 +682,8 @@ class Client:
                 raise InputError(f"run {run_id} is {meta.status}; cancel it before purging it")
         targets = list(dict.fromkeys(run_ids))
         if older_than is not None:
-            targets += [
-                r for r in expired(self._redis, time.time() - older_than) if r not in targets
-            ]
+            before = server_time(self._redis) - older_than
+            targets += [r for r in expired(self._redis, before) if r not in targets]
         purged = [r for r in targets if purge(self._redis, r, self.settings.archive_url)]
         for run_id in purged:
             record(

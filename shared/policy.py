@@ -229,11 +229,14 @@ def coarse_timing(meta: RunMeta, progress: Progress, now: float) -> tuple[RunMet
     (:attr:`Reader.sees_timing`) reads them at ``now`` (Redis's clock): its creation rounded
     down to :data:`TIMING_GRAIN`; its end shown only from the next multiple of the grain after
     it (until then the run reads as running, so polling ``status`` learns its end to the
-    grain, not to the sample); no counts while it goes (each settling write would show)."""
+    grain, not to the sample); no counts while it goes (each settling write would show), and
+    ``running`` from submission on (the moment of its first write would show too)."""
     created = math.floor(meta.created / TIMING_GRAIN) * TIMING_GRAIN
     if meta.finished is None:
-        shown = meta.model_copy(update={"created": created})
-        return shown, Progress() if meta.status.active else progress
+        if meta.status.active:
+            going = {"created": created, "status": RunStatus.RUNNING}
+            return meta.model_copy(update=going), Progress()
+        return meta.model_copy(update={"created": created}), progress
     end = math.ceil(meta.finished / TIMING_GRAIN) * TIMING_GRAIN
     if now < end:
         going = {"created": created, "finished": None, "reason": None, "status": RunStatus.RUNNING}

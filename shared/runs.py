@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -142,10 +143,15 @@ class RunStore:
         return [int(i) for i in json.loads(raw)]
 
     def recent(
-        self, limit: int = 20, owner: str | None = None, only: RunFilter | None = None
+        self,
+        limit: int = 20,
+        owner: str | None = None,
+        only: RunFilter | None = None,
+        shown: Callable[[RunMeta], RunMeta] | None = None,
     ) -> list[RunMeta]:
         """The newest runs first (only those ``owner`` submitted and ``only`` matches, when
-        given)."""
+        given; ``only`` is matched against each record as ``shown`` makes it for the reader,
+        so that a filter tells nothing the record it shows does not)."""
         found: list[RunMeta] = []
         start = 0
         while len(found) < limit:
@@ -164,7 +170,8 @@ class RunStore:
             found += [
                 m
                 for m in metas
-                if (owner is None or m.principal == owner) and (only is None or only.matches(m))
+                if (owner is None or m.principal == owner)
+                and (only is None or only.matches(m if shown is None else shown(m)))
             ]
         return found[:limit]
 

@@ -38,6 +38,7 @@ from tests.helpers import (
     wait_for,
     write_rows,
 )
+from tests.plugins import FORGED
 from worker.model_proxy import ModelProxy
 from worker.runtime_pool import RuntimePool
 from worker.script_pool import ScriptPool
@@ -233,6 +234,8 @@ class Walk:
     scorer_pids: set[int]
     """The worker's warm scorer processes that were alive before the walk and after it."""
     sandbox_log: list[str]
+    forged: list[str]
+    """The worker log's lines holding what the candidate wrote to its stderr."""
 
 
 def _descendants(root: int) -> list[int]:
@@ -318,7 +321,10 @@ def walk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Walk]:
         seen = ResultStore(client).outputs(walked.run_id, [0])[0]
         alive = {pid for pid in scorer_pids if _alive(pid)}
         log = (root / "worker-0.log").read_text().splitlines()
-        yield Walk(seen, alive, [line for line in log if "sandbox=" in line])
+        yield Walk(
+            seen, alive, [line for line in log if "sandbox=" in line],
+            [line for line in log if FORGED in line],
+        )  # fmt: skip
     finally:
         workers.stop()
         client.close()
@@ -329,6 +335,15 @@ def walk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Walk]:
 def test_an_isolated_candidate_finds_no_credential_in_any_process(walk: Walk) -> None:
     assert walk.scorer_pids  # warm all along: started by the first run, alive after the walk
     assert walk.seen["found"] == []  # no EVALQ_ variable, no password, in any environ or cmdline
+
+
+@pytest.mark.integration
+def test_an_isolated_candidate_cannot_write_a_line_of_its_worker_s_log(walk: Walk) -> None:
+    """The host's stderr was the worker's log file: a candidate wrote a line dressed as the
+    worker's own (the attack review). Its stderr is relayed, quoted and marked as the host's."""
+    (line,) = walk.forged
+    assert not line.startswith("[2026-01-01")
+    assert "wrote: '[2026-01-01 00:00:00,000: ERROR/MainProcess] FORGED" in line
 
 
 @pytest.mark.integration

@@ -11,6 +11,7 @@ so it is the test's to make)."""
 
 from __future__ import annotations
 
+import math
 import random
 import time
 import uuid
@@ -29,6 +30,7 @@ from shared.evaluation import create, load_plugins
 from shared.models import ErrorRecord, RunMeta, RunStatus, Stage
 from shared.policy import TIMING_GRAIN, Tier
 from shared.results import ResultStore
+from shared.runs import RunFilter
 from shared.settings import Settings
 from shared.tiers import TierRegistry
 from tests.helpers import labelled_rows, list_splits, record_run, wilson, write_rows
@@ -51,15 +53,17 @@ def board(redis_only: RedisServer) -> Iterator[tuple[Client, Client]]:
     admin.close()
 
 
-def _run(client: Client, label: int) -> str:
+def _run(client: Client, label: int, *, settle: bool = True) -> str:
     """One run of five samples: four fail at inference at once, the kept one is scored, 50 ms
-    later when the candidate's answer (always 1) is wrong."""
+    later when the candidate's answer (always 1) is wrong (none of it unless ``settle``)."""
     redis_client = connect(client.settings.redis_url)
     meta = RunMeta(
         run_id=uuid.uuid4().hex[:16], eval="spy", spec="0" * 64, dataset_id="ds", split="held",
         n=5, status=RunStatus.QUEUED, created=server_time(redis_client), principal="agent",
     )  # fmt: skip
     record_run(redis_client, meta, list(range(5)))
+    if not settle:
+        return meta.run_id
     results = ResultStore(redis_client)
     failed = ErrorRecord(stage=Stage.INFER, kind="ValueError", message="not JSON")
     results.record_outputs(meta.run_id, {4: '{"pred": 1}'})
@@ -123,6 +127,9 @@ def test_a_user_reads_a_held_out_run_s_times_only_as_a_whole(
     else:  # read before the grain's next step after its end: still running, nothing counted
         assert view.meta.status is RunStatus.RUNNING
         assert (view.progress.done, view.aggregate) == (0, None)
+    going = _run(user, 0, settle=False)
+    seen = user.status(going)  # queued in truth: no write yet
+    assert (seen.meta.status, seen.waiting, seen.provenance) == (RunStatus.RUNNING, None, None)
     page = render(gather(user, run_id))
     assert "per-sample data of this split" in page
     assert "samples/s" not in page
@@ -149,3 +156,27 @@ def test_a_run_s_age_is_on_redis_s_clock_whatever_the_producer_s(
     finished = client.status(meta.run_id).meta.finished
     assert finished is not None
     assert abs(server_time(store) - finished) < 30
+    admin = Client(client.settings, admin=True)
+    assert admin.purge(older_than=300) == []  # it is seconds old, whatever this clock says
+
+
+def test_listing_runs_by_status_tells_a_user_no_more_than_their_status(
+    board: tuple[Client, Client],
+) -> None:
+    """``runs --status completed`` listed a held-out run 4-30 ms after its end, while its
+    status said ``running`` for up to a second more (the attack review read 36 of 40 labels
+    through it). A filter now matches each run as its reader sees it."""
+    user, admin = board
+    for _ in range(5):  # a run read within the second after its end (almost every one)
+        run_id = _run(user, 0)
+        finished = admin.status(run_id).meta.finished
+        listed = {
+            v.meta.run_id for v in user.recent(50, only=RunFilter(status=RunStatus.COMPLETED))
+        }
+        shown = user.status(run_id).meta.status
+        assert finished is not None
+        if server_time(connect(user.settings.redis_url)) < math.ceil(finished):
+            assert shown is RunStatus.RUNNING
+            assert run_id not in listed
+            return
+    pytest.fail("no run was read within the second after its end")

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import select
 import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -28,6 +30,8 @@ from typing import Any
 from shared.child_env import child_env
 
 __all__ = ["HostProcess", "ended"]
+
+log = logging.getLogger(__name__)
 
 
 def ended(what: str, code: int | None) -> str:
@@ -86,10 +90,12 @@ class HostProcess:
             self._command,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             start_new_session=True,
             cwd=self._home,
             env=child_env(self._home),
         )
+        threading.Thread(target=_relay, args=(proc, self._name), daemon=True).start()
         self._proc, self._buffer = proc, b""
         self.started += 1
         if self._hello is not None:
@@ -145,8 +151,23 @@ class HostProcess:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-            for stream in (proc.stdin, proc.stdout):
+            for stream in (proc.stdin, proc.stdout, proc.stderr):
                 if stream is not None:
                     stream.close()
         if home is not None:
             shutil.rmtree(home, ignore_errors=True)
+
+
+STDERR_LINE = 1000
+"""Characters of a subprocess's stderr line that reach the worker's log."""
+
+
+def _relay(proc: subprocess.Popen[bytes], name: str) -> None:
+    """Log what a subprocess writes to stderr, a line at a time, quoted and marked as its own:
+    code in it (a caller's, in an isolated model host) never writes the worker's log itself,
+    so it cannot forge a line of it."""
+    assert proc.stderr is not None
+    with contextlib.suppress(OSError, ValueError):
+        for raw in proc.stderr:
+            text = raw.decode("utf-8", "replace").rstrip("\n")[:STDERR_LINE]
+            log.warning("%s (pid %d) wrote: %r", name, proc.pid, text)

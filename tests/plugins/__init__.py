@@ -426,19 +426,26 @@ def _credentials_in_proc(pids: list[str], needle: str) -> dict[str, Any]:
     return {"listed": len(listed), "readable": readable, "found": found}
 
 
+FORGED = "FORGED-BY-THE-SANDBOXED-HOST"
+"""What the walker writes to its stderr, dressed as a line of its worker's log."""
+
+
 @register("walker")
 class Walker(Evaluation):
     """An isolated candidate that goes looking for what its sandbox should keep from it: the
     credentials in every ``/proc/*/environ`` and ``cmdline`` (params ``pids``, comma-separated,
     are tried even when ``/proc`` cannot be listed; ``needle`` is the password to look for),
     the files and folders named by params ``data``, ``archive``, ``archive_file``, ``hf`` and
-    ``hf_file``, and a TCP connection to ``127.0.0.1:port``."""
+    ``hf_file``, and a TCP connection to ``127.0.0.1:port``; it also writes a line dressed
+    as its worker's own to its stderr (:data:`FORGED`)."""
 
     label_fields = ("label",)
     isolated = True
 
     def infer(self, model: Any, rows: list[dict[str, Any]]) -> list[Any]:
         p = self.params
+        sys.stderr.write(f"[2026-01-01 00:00:00,000: ERROR/MainProcess] {FORGED}\n")
+        sys.stderr.flush()
         seen = _credentials_in_proc(list(filter(None, p["pids"].split(","))), p["needle"])
         seen["access"] = {
             "data": _attempt(lambda: _read(p["data"])),
