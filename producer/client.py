@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from datasets import Dataset
 
 from producer.comparison import Comparison, check_pairable, compare
+from producer.follower import Follower
 from producer.policy_file import PolicyFile, apply_policy
 from producer.rescore import RescoreRequest, rescore
 from producer.submit import SubmitRequest, submit
@@ -443,15 +444,19 @@ class Client:
     def _with_input(self, run_id: str, results: Iterator[SampleResult]) -> Iterator[SampleResult]:
         """``results`` each with its row; the data is opened here, so that a source this
         machine cannot read fails before any result is written."""
+        return map(self._input_adder(run_id), results)
+
+    def _input_adder(self, run_id: str) -> Callable[[SampleResult], SampleResult]:
+        """What adds its row to one of the run's results (the data is opened here)."""
         from shared.data import load_rows
 
         rows = load_rows(self.spec(run_id))
-        return (
-            result.model_copy(
-                update={"input": json.loads(json.dumps(rows[result.sample_id], default=str))}
-            )
-            for result in results
-        )
+
+        def added(result: SampleResult) -> SampleResult:
+            row = json.loads(json.dumps(rows[result.sample_id], default=str))
+            return result.model_copy(update={"input": row})
+
+        return added
 
     def states(self, run_id: str) -> Iterator[tuple[int, SampleState]]:
         """Each sample's state (pending, scored, failed) without its values: every reader."""
@@ -463,27 +468,16 @@ class Client:
     ) -> Iterator[SampleResult]:
         """Each sample's result as soon as it is settled, once each, until the run ends; the
         policy is asked here, before anything is returned (or a file opened for it)."""
-        self._readable(run_id)
-        found = self._follow(run_id, block_ms)
-        return self._with_input(run_id, found) if with_input else found
+        follower = self.follower(run_id, with_input=with_input)
+        return follower.waiting(block_ms)
 
-    def _follow(self, run_id: str, block_ms: int) -> Iterator[SampleResult]:
-        """The settled stream while the run lives in Redis; once it is archived (before or
-        while this follows), the rest from its archive."""
-        cursor, seen = "0-0", set()
-        while self._results.archive_url(run_id) is None:
-            ended = not self._runs.get(run_id).status.active
-            cursor, ids = self._results.settled_since(run_id, cursor, None if ended else block_ms)
-            found = self._results.fetch_live(run_id, ids)
-            if found is None:
-                break
-            seen.update(ids)
-            yield from found
-            if ended and not ids and self._results.archive_url(run_id) is None:
-                return
-        for result in self._results.results(run_id):
-            if result.sample_id not in seen and result.state is not SampleState.PENDING:
-                yield result
+    def follower(self, run_id: str, with_input: bool = False) -> Follower:
+        """A :class:`producer.follower.Follower` of the run's results, whose steps never wait
+        unless asked to (the gateway waits between them asynchronously); the policy is asked
+        here, before anything is read."""
+        self._readable(run_id)
+        adder = self._input_adder(run_id) if with_input else None
+        return Follower(self._results, self._runs, run_id, adder)
 
     def _readable(self, run_id: str) -> None:
         """Refuse, before any result is streamed, a reader without per-sample access and a

@@ -14,7 +14,11 @@ exited with in direct mode; :class:`producer.remote.RemoteClient` turns them bac
 # No ``from __future__ import annotations`` here: FastAPI reads the routes' annotations at run
 # time, and ``Who`` is local to create_gateway.
 import logging
+import math
 import re
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from functools import partial
 from typing import Annotated
 
 import redis
@@ -26,17 +30,20 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from producer.client import Cancellation, Client, Resumption, RunView
 from producer.comparison import Comparison
+from producer.limits import BodyLimit, RateLimiter, StreamSlots
 from producer.policy_file import BudgetLimits, PolicyFile
 from producer.rescore import RescoreRequest
+from producer.streams import ResultStream, Streams
 from producer.submit import SubmitRequest
 from shared.audit import audit_refusal
 from shared.celery_app import create_app
-from shared.connection import connect
+from shared.connection import connect, connect_async
 from shared.errors import (
     EvalqError,
     InputError,
     PolicyRefusedError,
     StoreError,
+    ThrottledError,
     UnauthorizedError,
     UnknownRunError,
 )
@@ -50,13 +57,14 @@ from shared.policy import (
     admit_admin_flag,
     admit_owner,
     require_admin,
+    sees_budget,
     sees_sources,
 )
 from shared.registry import RegisteredDataset
 from shared.results import result_line
 from shared.runs import RunFilter
 from shared.settings import Settings
-from shared.tokens import TokenRecord, TokenStore
+from shared.tokens import TokenLookup, TokenRecord
 
 __all__ = ["create_gateway"]
 
@@ -144,6 +152,9 @@ class ErrorBody(BaseModel):
     """One line for a person."""
     exit_code: int
     """What the CLI exits with."""
+    retry_after: float | None = None
+    """429 only: seconds after which the same request would be admitted (the ``Retry-After``
+    header rounds it up to whole seconds); absent when a stream cap refused."""
 
 
 def _status_of(exc: EvalqError) -> int:
@@ -165,6 +176,15 @@ def _error(message: str, code: int, status: int) -> JSONResponse:
     return JSONResponse({"error": message, "exit_code": code}, status_code=status, headers=headers)
 
 
+def _throttled(exc: ThrottledError) -> JSONResponse:
+    body: dict[str, object] = {"error": str(exc), "exit_code": exc.exit_code}
+    headers = None
+    if exc.retry_after is not None:
+        body["retry_after"] = round(exc.retry_after, 3)
+        headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after)))}
+    return JSONResponse(body, status_code=429, headers=headers)
+
+
 def _validation_message(exc: RequestValidationError) -> str:
     first = exc.errors()[0]
     where = ".".join(str(part) for part in first.get("loc", ()))
@@ -175,10 +195,28 @@ def _validation_message(exc: RequestValidationError) -> str:
 def create_gateway(settings: Settings) -> FastAPI:  # noqa: PLR0915 - one closure per route
     """The gateway's FastAPI app, talking to Redis with ``settings.redis_url``."""
     store = connect(settings.redis_url)
+    # a connection per open stream (its XREAD BLOCK), and some for the token look-ups
+    waits = connect_async(settings.redis_url, max_connections=settings.gateway_streams + 64)
     load_plugins(settings.plugins)
     celery = create_app(settings)
-    tokens = TokenStore(store)
+    lookup = TokenLookup(waits)
+    limiter = RateLimiter(settings.gateway_burst)
+    streams = Streams(
+        StreamSlots(settings.gateway_streams_per_principal, settings.gateway_streams), waits
+    )
     bearer = HTTPBearer(auto_error=False, description="An API token: evalq tokens create")
+
+    def too_large() -> JSONResponse:
+        message = (
+            f"request body too large: the gateway takes at most {settings.gateway_max_body} bytes"
+        )
+        return _error(message, InputError.exit_code, 413)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        await waits.aclose()
+
     api = FastAPI(
         title="evalq gateway",
         summary="Submit, watch and read evaluation runs within the split tiers.",
@@ -186,22 +224,42 @@ def create_gateway(settings: Settings) -> FastAPI:  # noqa: PLR0915 - one closur
         responses={
             401: {"model": ErrorBody, "description": "No token, or an unknown one"},
             403: {"model": ErrorBody, "description": "Refused by role, tier or budget"},
+            413: {"model": ErrorBody, "description": "A request body over the gateway's limit"},
             422: {"model": ErrorBody, "description": "Invalid request"},
+            429: {"model": ErrorBody, "description": "Too many requests or open streams"},
         },
+        lifespan=lifespan,
     )
+    api.add_middleware(BodyLimit, limit=settings.gateway_max_body, refusal=too_large)
 
-    def caller(
+    def admit(key: tuple[str, str], rate: float, who: str) -> None:
+        wait = limiter.admit(key, rate)
+        if wait is not None:
+            raise ThrottledError(
+                f"rate limited: {who} sent more than {rate:g} requests a second (at most "
+                f"{limiter.size(rate):g} at once); try again in {wait:.1f} s",
+                retry_after=wait,
+            )
+
+    async def caller(
         request: Request,
         credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
     ) -> Caller:
-        if credentials is None:
-            raise UnauthorizedError("unauthorized: no token (set EVALQ_TOKEN)")
-        found = tokens.caller(credentials.credentials)
+        # on the event loop, before the request takes a thread: a refused one never does
+        found = None if credentials is None else await lookup.caller(credentials.credentials)
         if found is None:
+            address = request.client.host if request.client else "unknown"
+            admit(("anonymous", address), settings.gateway_rate, f"anonymous caller {address}")
+            if credentials is None:
+                raise UnauthorizedError("unauthorized: no token (set EVALQ_TOKEN)")
             raise UnauthorizedError("unauthorized: unknown or revoked token")
-        request.state.principal = found.principal
-        request.state.sees_sources = sees_sources(found)
-        return found
+        who, digest = found
+        request.state.principal = who.principal
+        request.state.sees_sources = sees_sources(who)
+        request.state.token = digest
+        rate = settings.gateway_admin_rate if who.role is Role.ADMIN else settings.gateway_rate
+        admit(("principal", who.principal), rate, who.principal)
+        return who
 
     Who = Annotated[Caller, Depends(caller)]
 
@@ -234,6 +292,11 @@ def create_gateway(settings: Settings) -> FastAPI:  # noqa: PLR0915 - one closur
                 log.warning("%s %s: %s", request.method, request.url.path, message)
             message = hidden
         return _error(message, exc.exit_code, _status_of(exc))
+
+    @api.exception_handler(ThrottledError)
+    async def _too_many(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, ThrottledError)
+        return _throttled(exc)  # not audited: a flood of them would grow the audit stream
 
     @api.exception_handler(RequestValidationError)
     def _invalid(request: Request, exc: Exception) -> JSONResponse:
@@ -285,26 +348,31 @@ def create_gateway(settings: Settings) -> FastAPI:  # noqa: PLR0915 - one closur
         response_class=StreamingResponse,
         responses={200: {"content": {"application/x-ndjson": {}}}},
     )
-    def results(
+    async def results(
         run_id: RunId,
         who: Who,
+        request: Request,
+        *,
         follow: bool = False,
         with_input: bool = False,
         admin: AdminQuery = False,
     ) -> StreamingResponse:
         """Per-sample results as JSON lines (viewable splits; admins see all, audited);
         ``follow`` streams each as it is stored until the run ends; ``with_input`` adds each
-        sample's row (the gateway reads the data)."""
-        acting = owned(who, run_id, admin)
-        if not follow and not with_input:
-            lines = acting.result_lines(run_id)
-            return StreamingResponse(lines, media_type="application/x-ndjson")
-        rows = (
-            acting.follow_results(run_id, with_input=with_input)
-            if follow
-            else acting.results(run_id, with_input=with_input)
-        )
-        return StreamingResponse(map(result_line, rows), media_type="application/x-ndjson")
+        sample's row (the gateway reads the data). A principal holds at most
+        ``EVALQ_GATEWAY_STREAMS_PER_PRINCIPAL`` of these streams open at once (429 beyond)."""
+        give_back = streams.slots.take(who.principal)
+        try:
+            acting = await streams.run(lambda: owned(who, run_id, admin))
+            if follow:
+                follower = await streams.run(lambda: acting.follower(run_id, with_input))
+                lines = streams.follow(follower, partial(lookup.live, request.state.token))
+            else:
+                lines = streams.lines(await streams.run(lambda: _lines(acting, run_id, with_input)))
+        except BaseException:
+            give_back()
+            raise
+        return ResultStream(lines, give_back)
 
     @api.get("/v1/compare", response_model=Comparison, tags=["runs"])
     def compare(
@@ -359,8 +427,9 @@ def create_gateway(settings: Settings) -> FastAPI:  # noqa: PLR0915 - one closur
 
     @api.get("/v1/budgets", response_model=list[Budget], tags=["policy"])
     def budgets(who: Who) -> list[Budget]:
-        """Every budget: totals and used."""
-        return client(who).budgets()
+        """The budgets this caller may see, totals and used: an admin every one; a user the
+        splits' own (shared by every caller on them) and its own, never another principal's."""
+        return [b for b in client(who).budgets() if sees_budget(who, b.caller)]
 
     @api.put("/v1/budgets/{dataset}/{split}", response_model=Budget, tags=["policy"])
     def set_budget(
@@ -413,3 +482,10 @@ def create_gateway(settings: Settings) -> FastAPI:  # noqa: PLR0915 - one closur
         return admin_client(who, "audit").audit(limit)
 
     return api
+
+
+def _lines(acting: Client, run_id: str, with_input: bool) -> Iterator[str]:
+    """The run's results as JSON lines: straight from the stored texts, or with each row."""
+    if not with_input:
+        return acting.result_lines(run_id)
+    return map(result_line, acting.results(run_id, with_input=True))

@@ -17,6 +17,7 @@ data: the gateway resolves sample ids and counts. An error the gateway answers b
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -49,6 +50,8 @@ _TOKEN = re.compile(r"[A-Za-z0-9_-]{1,200}")
 
 TIMEOUT = httpx.Timeout(60.0, connect=5.0)
 """A submit reads the split on the gateway; streams have no read timeout."""
+RATE_WAIT = 10.0
+"""Seconds one call waits out the gateway's rate limit, in all, before it gives up (exit 3)."""
 
 
 class RemoteClient:
@@ -67,25 +70,37 @@ class RemoteClient:
         self.url = str(self._http.base_url).rstrip("/")
 
     def _send(self, request: httpx.Request, stream: bool = False) -> httpx.Response:
+        """``request``'s answer; a rate limit (429 with ``Retry-After``) is waited out and the
+        request sent again, up to :data:`RATE_WAIT` seconds in all (the gateway refuses it
+        before doing anything, so sending it again is safe)."""
+        waited = 0.0
+        while True:
+            response = self._answer(request, stream)
+            if response.is_success:
+                return response
+            if stream:
+                response.read()
+                response.close()
+            try:
+                body = response.json()
+                message, code = str(body["error"]), int(body["exit_code"])
+            except (ValueError, KeyError, TypeError):
+                body, message, code = {}, f"the gateway answered HTTP {response.status_code}", 1
+            if response.status_code in {502, 503, 504}:  # its Redis, or a proxy before it, is down
+                raise GatewayUnreachableError(message)
+            wait = _retry_after(response, body) if response.status_code == 429 else None
+            if wait is None or waited + wait > RATE_WAIT:
+                raise RemoteError(message, code)
+            time.sleep(wait)
+            waited += wait
+
+    def _answer(self, request: httpx.Request, stream: bool) -> httpx.Response:
         try:
-            response = self._http.send(request, stream=stream)
+            return self._http.send(request, stream=stream)
         except httpx.TransportError as exc:
             raise GatewayUnreachableError(
                 f"cannot reach the gateway at {self.url} (EVALQ_API_URL): {first_line(exc)}"
             ) from None
-        if response.is_success:
-            return response
-        if stream:
-            response.read()
-            response.close()
-        try:
-            body = response.json()
-            message, code = str(body["error"]), int(body["exit_code"])
-        except (ValueError, KeyError, TypeError):
-            message, code = f"the gateway answered HTTP {response.status_code}", 1
-        if response.status_code in {502, 503, 504}:  # its Redis, or a proxy before it, is down
-            raise GatewayUnreachableError(message)
-        raise RemoteError(message, code)
 
     def _call(self, method: str, path: str, body: Any = None, **params: Any) -> Any:
         query = {k: v for k, v in params.items() if v is not None}
@@ -270,6 +285,18 @@ _TOKENS = TypeAdapter(list[TokenRecord])
 def _seg(part: str) -> str:
     """One path segment, percent-encoded (a ``/`` or ``..`` in a name stays inside it)."""
     return quote(part, safe="")
+
+
+def _retry_after(response: httpx.Response, body: Any) -> float | None:
+    """The seconds a 429 says to wait: its body's ``retry_after`` (to the millisecond), else
+    its ``Retry-After`` header; None when it says neither (a cap on open streams)."""
+    found = body.get("retry_after") if isinstance(body, dict) else None
+    if found is None:
+        found = response.headers.get("retry-after")
+    try:
+        return None if found is None else max(0.0, float(found))
+    except ValueError:
+        return None
 
 
 def _passed(response: httpx.Response) -> Iterator[str]:

@@ -5,12 +5,14 @@ from __future__ import annotations
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis
+import redis.asyncio
+from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from shared.errors import InputError, first_line
 
-__all__ = ["connect", "redact", "server_time"]
+__all__ = ["connect", "connect_async", "redact", "server_time"]
 
 
 def connect(url: str, *, retries: int = 8) -> redis.Redis:
@@ -33,6 +35,26 @@ def _from_url(url: str, retries: int) -> redis.Redis:
         retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=retries),
         retry_on_error=[redis.ConnectionError, redis.TimeoutError],
     )
+
+
+def connect_async(url: str, *, max_connections: int, retries: int = 8) -> redis.asyncio.Redis:
+    """:func:`connect`'s asyncio twin (``redis.asyncio``), for code on an event loop: the
+    gateway's token look-ups and its results streams' waits. It holds at most
+    ``max_connections`` connections; a command that finds them all taken waits for one."""
+    try:
+        pool = redis.asyncio.BlockingConnectionPool.from_url(
+            url,
+            max_connections=max_connections,
+            decode_responses=True,
+            health_check_interval=30,
+            retry=AsyncRetry(ExponentialBackoff(cap=2.0, base=0.05), retries=retries),
+            retry_on_error=[redis.ConnectionError, redis.TimeoutError],
+        )
+    except ValueError as exc:
+        raise InputError(
+            f"the Redis URL (EVALQ_REDIS_URL) is malformed: {first_line(exc)}"
+        ) from None
+    return redis.asyncio.Redis.from_pool(pool)
 
 
 def redact(url: str) -> str:

@@ -33,6 +33,7 @@ __all__ = [
     "SpecError",
     "SplitNotFoundError",
     "StoreError",
+    "ThrottledError",
     "TierRefusedError",
     "UnauthorizedError",
     "UnknownEvalError",
@@ -179,3 +180,15 @@ class BudgetExhaustedError(PolicyRefusedError):
     def __init__(self, message: str, limit: str) -> None:
         super().__init__(message)
         self.limit = limit
+
+
+class ThrottledError(EvalqError):
+    """The gateway refuses a caller for now: too many requests a second, or too many streams
+    open; not audited (a flood would grow the audit stream), worth retrying later."""
+
+    exit_code = 3
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+        """Seconds after which the same request would be admitted (None: unknown)."""

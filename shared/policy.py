@@ -47,6 +47,7 @@ __all__ = [
     "released_stats",
     "require_admin",
     "run_tier",
+    "sees_budget",
     "sees_sources",
     "server_draws",
     "stored_tier",
@@ -297,6 +298,14 @@ def sees_sources(caller: Caller) -> bool:
     """Registered datasets' sources (paths, Hub ids, file digests) are an admin's to read; a
     user sees names, splits and tiers."""
     return caller.role is Role.ADMIN
+
+
+def sees_budget(caller: Caller, metered: str | None) -> bool:
+    """Whether ``caller`` may see a budget metering ``metered`` (None: a whole split's, which
+    every caller on the split draws from, so its ``used`` counts everyone's runs together): an
+    admin sees every budget, a user the splits' and its own; another principal's budget (its
+    name, totals and use) is not a user's to read."""
+    return caller.role is Role.ADMIN or metered is None or metered == caller.principal
 
 
 def admit_owner(caller: Caller, run_id: str, owner: str) -> None:

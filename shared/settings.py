@@ -132,6 +132,29 @@ class Settings(BaseSettings):
     the janitor re-sends the samples whose messages were lost and finishes a run whose
     finalizer died (it looks every ``stall_after / 4`` seconds, at most every 15 s)."""
 
+    gateway_rate: float = Field(default=20.0, ge=0)
+    """Requests a second a ``user`` principal may send the gateway on average (a token bucket
+    per principal, in the gateway's process); beyond it the gateway answers 429 with
+    ``Retry-After``. 0: no limit."""
+
+    gateway_admin_rate: float = Field(default=100.0, ge=0)
+    """The same for an ``admin`` principal (0: no limit)."""
+
+    gateway_burst: float = Field(default=3.0, gt=0)
+    """Seconds' worth of its rate a principal may send at once: the bucket holds
+    ``rate * burst`` requests (60 for a user by default)."""
+
+    gateway_streams_per_principal: int = Field(default=8, ge=1)
+    """Results streams (``results``, ``results --follow``) one principal may hold open on one
+    gateway process at once; one more is answered 429."""
+
+    gateway_streams: int = Field(default=256, ge=1)
+    """Results streams one gateway process holds open at once, all principals together."""
+
+    gateway_max_body: int = Field(default=1024 * 1024, ge=0)
+    """Bytes a request body sent to the gateway may hold; a bigger one is answered 413 before
+    it is read (by its ``Content-Length``) or as soon as the bytes read pass the limit."""
+
     remote_control: bool = False
     """Worker-local: accept Celery remote-control commands that change or stop a worker
     (``time_limit``, ``shutdown``, ``pool_restart``, ``revoke``, ...). Off: only inspection

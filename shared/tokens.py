@@ -12,6 +12,7 @@ import secrets
 import time
 
 import redis
+import redis.asyncio
 from pydantic import BaseModel, ConfigDict
 
 from shared import audit
@@ -19,7 +20,7 @@ from shared.keys import TOKENS
 from shared.names import check_name
 from shared.policy import Caller, Role
 
-__all__ = ["TOKEN_PREFIX", "TokenRecord", "TokenStore"]
+__all__ = ["TOKEN_PREFIX", "TokenLookup", "TokenRecord", "TokenStore"]
 
 TOKEN_PREFIX = "evalq_"
 
@@ -45,6 +46,13 @@ def _digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
+def _stored_as(token: str) -> str | None:
+    """The field ``token`` is stored under, or None when it cannot be a token."""
+    if not token.startswith(TOKEN_PREFIX) or len(token) > 200:
+        return None
+    return _digest(token)
+
+
 class TokenStore:
     """Token digests in ``evalq:tokens``."""
 
@@ -65,9 +73,8 @@ class TokenStore:
 
     def caller(self, token: str) -> Caller | None:
         """Who ``token`` stands for, or None when it is unknown or revoked."""
-        if not token.startswith(TOKEN_PREFIX) or len(token) > 200:
-            return None
-        raw = self._client.hget(TOKENS, _digest(token))
+        field = _stored_as(token)
+        raw = None if field is None else self._client.hget(TOKENS, field)
         return None if raw is None else TokenRecord.model_validate_json(raw).caller
 
     def all(self) -> list[TokenRecord]:
@@ -89,3 +96,24 @@ class TokenStore:
             audit.record(pipe, "token_revoke", who, principal=principal, after=len(owned))
             pipe.execute()
         return len(owned)
+
+
+class TokenLookup:
+    """Who a token stands for, asked without blocking (the gateway's event loop asks it for
+    every request before the request takes a thread)."""
+
+    def __init__(self, client: redis.asyncio.Redis) -> None:
+        self._client = client
+
+    async def caller(self, token: str) -> tuple[Caller, str] | None:
+        """Who ``token`` stands for and its digest (to ask :meth:`live` later), or None when
+        it is unknown or revoked."""
+        field = _stored_as(token)
+        raw = None if field is None else await self._client.hget(TOKENS, field)
+        if field is None or raw is None:
+            return None
+        return TokenRecord.model_validate_json(raw).caller, field
+
+    async def live(self, digest: str) -> bool:
+        """Whether the token of ``digest`` is still live (not revoked)."""
+        return bool(await self._client.hexists(TOKENS, digest))

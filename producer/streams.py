@@ -1,0 +1,96 @@
+"""The gateway's results streams (``GET /v1/runs/{run}/results``, followed or not).
+
+Each stream is an async generator on the event loop. Its reads of Redis run on the gateway's
+stream threads (:data:`STREAM_THREADS`, apart from the thread pool the request routes share),
+a batch of lines at a time, never one thread per stream; a followed run's stream waits for
+new results with ``XREAD BLOCK`` on :mod:`redis.asyncio`, holding no thread while nothing
+settles. Streams are counted (:class:`producer.limits.StreamSlots`) from before their first
+read until they end, however they end: the run ends, the caller hangs up, or its token is
+revoked.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from itertools import islice
+from typing import TypeVar
+
+import anyio
+import redis.asyncio
+from anyio import to_thread
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from producer.follower import Follower
+from producer.limits import StreamSlots
+from shared.results import result_line
+
+__all__ = ["STREAM_THREADS", "ResultStream", "Streams"]
+
+T = TypeVar("T")
+
+STREAM_THREADS = 8
+"""Threads the streams' reads share (the request routes keep Starlette's own 40)."""
+WAIT_MS = 1000
+"""How long a followed stream waits on the settled stream before it looks again whether the
+run ended (a cancelled run writes nothing there) and its token is still live."""
+LINES = 1000
+"""Lines read and sent at a time."""
+
+
+class ResultStream(StreamingResponse):
+    """A results stream that gives its slot back when it ends, however it ends."""
+
+    def __init__(self, lines: AsyncIterator[str], give_back: Callable[[], None]) -> None:
+        super().__init__(lines, media_type="application/x-ndjson")
+        self._give_back = give_back
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._give_back()
+
+
+class Streams:
+    """The gateway's open results streams: their slots, their threads and their waits."""
+
+    def __init__(self, slots: StreamSlots, client: redis.asyncio.Redis) -> None:
+        self.slots = slots
+        self._client = client
+        self._threads = anyio.CapacityLimiter(STREAM_THREADS)
+
+    async def run(self, read: Callable[[], T]) -> T:
+        """``read()`` on a stream thread."""
+        return await to_thread.run_sync(read, limiter=self._threads)
+
+    async def lines(self, lines: Iterator[str]) -> AsyncIterator[str]:
+        """``lines``, read on the stream threads :data:`LINES` at a time."""
+
+        def batch() -> str:
+            return "".join(islice(lines, LINES))
+
+        while chunk := await self.run(batch):
+            yield chunk
+
+    async def follow(
+        self, follower: Follower, live: Callable[[], Awaitable[bool]]
+    ) -> AsyncIterator[str]:
+        """The run's results as they settle, until it ends or ``live()`` (asked about once
+        every :data:`WAIT_MS`) says the caller's token was revoked."""
+
+        def step() -> str | None:
+            found = follower.step()
+            return None if found is None else "".join(map(result_line, found))
+
+        asked = time.monotonic()
+        while (chunk := await self.run(step)) is not None:
+            if chunk:
+                yield chunk
+            if not chunk or time.monotonic() - asked >= WAIT_MS / 1000:
+                if not await live():
+                    return
+                asked = time.monotonic()
+            if not chunk:
+                await self._client.xread({follower.stream: follower.cursor}, count=1, block=WAIT_MS)
