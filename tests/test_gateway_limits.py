@@ -1,7 +1,8 @@
-"""The gateway's limits, end to end: a real redis-server, the gateway (``evalq serve``) on
-uvicorn on a free port, callers holding only tokens. One caller cannot stall the gateway for the
-others (open streams, requests a second, request bodies), and a user reads no other principal's
-budget. No worker runs: a submitted run stays queued, a run that never ends during a test."""
+"""The gateway's limits: the token bucket, the stream slots and the budget rule alone, then end
+to end with a real redis-server, the gateway (``evalq serve``) on uvicorn on a free port and
+callers holding only tokens. One caller cannot stall the gateway for the others (open streams,
+requests a second, request bodies), and a user reads no other principal's budget. No worker
+runs: a submitted run stays queued, a run that never ends during a test."""
 
 from __future__ import annotations
 
@@ -21,14 +22,16 @@ import httpx
 import pytest
 
 from producer.client import Client
+from producer.limits import RateLimiter, StreamSlots
 from producer.redis_server import RedisServer, free_port
 from producer.remote import RemoteClient
 from producer.submit import SubmitRequest
-from shared.policy import Role, Tier
+from shared.errors import ThrottledError
+from shared.policy import Caller, Role, Tier, sees_budget
 from shared.settings import Settings
 from tests.helpers import REPO, answers, labelled_rows, wait_for, write_rows
 
-pytestmark = pytest.mark.integration
+integration = pytest.mark.integration
 
 NOWHERE = "redis://must-not-be-read.invalid:1/0"
 
@@ -124,6 +127,43 @@ def _one_line_refusal(response: httpx.Response, status: int, exit_code: int) -> 
     return str(body["error"])
 
 
+def test_a_bucket_admits_its_burst_then_one_request_per_refill() -> None:
+    now = [100.0]
+    limiter = RateLimiter(burst=3.0, clock=lambda: now[0])
+    alice, bob = ("principal", "alice"), ("principal", "bob")
+    assert [limiter.admit(alice, 2.0) for _ in range(6)] == [None] * 6  # 2/s x 3 s
+    assert limiter.admit(alice, 2.0) == pytest.approx(0.5)
+    assert limiter.admit(bob, 2.0) is None  # a bucket per key
+    now[0] += 0.25
+    assert limiter.admit(alice, 2.0) == pytest.approx(0.25)
+    now[0] += 0.25
+    assert limiter.admit(alice, 2.0) is None
+    assert limiter.admit(alice, 2.0) is not None
+    assert limiter.admit(alice, 0.0) is None  # rate 0: no limit
+    assert limiter.size(0.1) == 1.0  # a bucket holds one request at least
+
+
+def test_stream_slots_cap_each_principal_and_all_and_come_back_once() -> None:
+    slots = StreamSlots(per_principal=2, total=3)
+    first, _ = slots.take("alice"), slots.take("alice")
+    with pytest.raises(ThrottledError, match="alice has 2 results streams open"):
+        slots.take("alice")
+    slots.take("bob")
+    with pytest.raises(ThrottledError, match="the gateway has 3 results streams open"):
+        slots.take("bob")
+    first()
+    first()  # given back once, however often
+    assert slots.count == 2
+    slots.take("alice")
+    assert slots.count == 3
+
+
+def test_a_user_sees_the_splits_budgets_and_its_own() -> None:
+    alice, root = Caller("alice", Role.USER), Caller("root", Role.ADMIN)
+    assert [sees_budget(alice, m) for m in (None, "alice", "bob")] == [True, True, False]
+    assert all(sees_budget(root, m) for m in (None, "alice", "bob"))
+
+
 async def _until(probe: Callable[[], bool], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not probe():
@@ -174,6 +214,7 @@ async def _latencies_beside_streams(api: str, place: Place, streams: int) -> lis
             await asyncio.gather(*tasks, return_exceptions=True)
 
 
+@integration
 def test_four_hundred_open_streams_do_not_stall_another_users_request(
     place: Place, tmp_path: Path
 ) -> None:
@@ -190,6 +231,7 @@ def test_four_hundred_open_streams_do_not_stall_another_users_request(
     assert max(latencies) < 1.0
 
 
+@integration
 def test_open_streams_are_capped_per_principal_and_in_all(place: Place, tmp_path: Path) -> None:
     caps = {"EVALQ_GATEWAY_STREAMS_PER_PRINCIPAL": "2", "EVALQ_GATEWAY_STREAMS": "3"}
     timeout = httpx.Timeout(30.0, read=None)
@@ -229,6 +271,7 @@ def test_open_streams_are_capped_per_principal_and_in_all(place: Place, tmp_path
         wait_for(lambda: follow("alice").status_code == 200, 30, "alice's slot to come back")
 
 
+@integration
 def test_requests_beyond_a_principals_rate_are_refused_429(place: Place, tmp_path: Path) -> None:
     """A user's bucket of 3 requests refilling once every 20 s: the fourth request is refused
     with Retry-After, another user's and an admin's (a higher limit) are not, and the CLI exits
@@ -258,6 +301,7 @@ def test_requests_beyond_a_principals_rate_are_refused_429(place: Place, tmp_pat
         assert anonymous == [401, 401, 401, 429]
 
 
+@integration
 def test_the_python_client_waits_out_a_short_rate_limit(place: Place, tmp_path: Path) -> None:
     limits = {"EVALQ_GATEWAY_RATE": "4", "EVALQ_GATEWAY_BURST": "0.5"}  # 2 at once, 4 a second
     with gateway(place, tmp_path / "gateway.log", **limits) as served:
@@ -281,6 +325,7 @@ def _rss(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
+@integration
 def test_a_39_mb_body_is_refused_413_without_being_read(place: Place, tmp_path: Path) -> None:
     ids = b"1," * (39 * 1024 * 1024 // 2)
     body = b'{"eval": "spy", "dataset": "ds", "split": "validation", "ids": [' + ids + b"1]}"
@@ -301,6 +346,7 @@ def test_a_39_mb_body_is_refused_413_without_being_read(place: Place, tmp_path: 
         anonymous = httpx.post(f"{served.api}/v1/runs", content=body, timeout=60.0)
         _one_line_refusal(anonymous, 413, 2)
         grown = _rss(served.process.pid) - before
+        print(f"the gateway's RSS beside three 39 MB bodies: {grown / 2**20:+.1f} MiB")
         assert grown < 20 * 1024 * 1024, f"the gateway grew by {grown / 2**20:.1f} MiB"
         # a body under the limit still gets through
         small = httpx.post(
@@ -312,6 +358,7 @@ def test_a_39_mb_body_is_refused_413_without_being_read(place: Place, tmp_path: 
         assert small.status_code == 200, small.text
 
 
+@integration
 def test_a_user_sees_no_other_principals_budget(place: Place, tmp_path: Path) -> None:
     place.operator.set_budget("ds", "validation", runs=100, samples=None, max_samples_per_run=None)
     for user in ("alice", "bob"):
@@ -332,6 +379,7 @@ def test_a_user_sees_no_other_principals_budget(place: Place, tmp_path: Path) ->
         assert {b["caller"] for b in json.loads(every.stdout)} == {None, "alice", "bob"}
 
 
+@integration
 def test_an_open_stream_ends_when_its_token_is_revoked(place: Place, tmp_path: Path) -> None:
     ended = threading.Event()
     with gateway(place, tmp_path / "gateway.log") as served:
