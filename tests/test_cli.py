@@ -12,6 +12,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from producer.submit import PARAMS_CHARS
 from shared.celery_app import INFER_QUEUE
 from shared.keys import RUNS
 from tests.conftest import Stack
@@ -39,7 +40,10 @@ pytestmark = pytest.mark.integration
         (["spy", "--split", "validation", "--tag", "bad tag"], "invalid SubmitRequest tags.0"),
         (["spy", "--split", "validation", "--param", "k" * 101 + "=1"], "invalid SubmitRequest"),
         # the grid's second point is bad: checked before the first is submitted
-        (["spy", "--split", "validation", "--sweep", "k=a," + "x" * 10_001], "params.k"),
+        (
+            ["spy", "--split", "validation", "--sweep", "k=a," + "x" * (PARAMS_CHARS + 1)],
+            "params.k",
+        ),
         (["spy", "--split", "validation", "--sweep", "k=a", "--follow"], "--follow follows one"),
     ],
 )

@@ -33,6 +33,7 @@ from tests.helpers import (
     REPO,
     cli_env,
     dataset_name,
+    ended_view,
     labelled_rows,
     list_splits,
     wait_completed,
@@ -314,6 +315,7 @@ def test_a_non_viewable_report_shows_aggregates_only(stack: Stack, tmp_path: Pat
     rows = labelled_rows(30, salt="hidden-")
     client, meta = _submitted(stack, tmp_path / "data", rows, tier="non_viewable")
     wait_completed(stack.client, meta.run_id)
+    ended_view(client, meta.run_id)  # its end shows to a user from the next second on
 
     page = render(gather(client, meta.run_id))
     assert 'data-chart="aggregates"' in page

@@ -30,6 +30,7 @@ from tests.helpers import (
     audit_entries,
     charge_run,
     cli_env,
+    ended_view,
     evalq,
     labelled_rows,
     list_splits,
@@ -222,7 +223,7 @@ def test_non_viewable_runs_are_aggregate_only(stack: Stack, tmp_path: Path) -> N
     wait_completed(stack.client, meta.run_id, 60)
 
     # Python API: aggregate yes, per-sample rows no
-    view = user.status(meta.run_id)
+    view = ended_view(user, meta.run_id)
     assert set(view.aggregate or {}) == {"correct", "saw_label"}
     with pytest.raises(TierRefusedError, match="non_viewable"):
         user.results(meta.run_id)
