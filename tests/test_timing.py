@@ -90,6 +90,7 @@ def _guess(user: Client, run_id: str) -> int:
         return int(meta.finished - meta.created <= TIMING_GRAIN)
 
 
+@pytest.mark.integration  # 200 runs: an attack's replay, not a unit of behaviour
 def test_a_slow_scorer_s_timing_tells_a_user_nothing_of_the_labels(
     board: tuple[Client, Client],
 ) -> None:
