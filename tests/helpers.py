@@ -222,11 +222,16 @@ def answers(url: str) -> bool:
 
 
 @contextmanager
-def gateway(redis_url: str, log: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """``evalq serve`` on a free port with the test plugins, until the block ends; yields its
-    base URL once it answers, and its process."""
-    env = {**os.environ, "EVALQ_REDIS_URL": redis_url, "EVALQ_PLUGINS": "tests.plugins"}
-    env["PYTHONPATH"] = str(REPO)
+def gateway(
+    redis_url: str, log: Path, **settings: str
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """``evalq serve`` on a free port with the test plugins and ``settings`` (``EVALQ_*``; none
+    inherited from the test's environment), until the block ends; yields its base URL once it
+    answers, and its process."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EVALQ_")}
+    env.update(
+        EVALQ_REDIS_URL=redis_url, EVALQ_PLUGINS="tests.plugins", PYTHONPATH=str(REPO), **settings
+    )
     port = free_port()
     with log.open("wb") as out:
         process = subprocess.Popen(

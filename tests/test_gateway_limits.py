@@ -23,13 +23,14 @@ import pytest
 
 from producer.client import Client
 from producer.limits import RateLimiter, StreamSlots
-from producer.redis_server import RedisServer, free_port
+from producer.redis_server import RedisServer
 from producer.remote import RemoteClient
 from producer.submit import SubmitRequest
 from shared.errors import ThrottledError
 from shared.policy import Caller, Role, Tier, sees_budget
 from shared.settings import Settings
-from tests.helpers import REPO, answers, labelled_rows, wait_for, write_rows
+from tests.helpers import REPO, labelled_rows, wait_for, write_rows
+from tests.helpers import gateway as serve
 
 integration = pytest.mark.integration
 
@@ -82,27 +83,8 @@ def place(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Place]:
 def gateway(place: Place, log: Path, **env: str) -> Iterator[Gateway]:
     """``evalq serve`` on a free port with ``env`` (``EVALQ_GATEWAY_*`` limits), until the
     block ends."""
-    full = {k: v for k, v in os.environ.items() if not k.startswith("EVALQ_")}
-    full.update(
-        EVALQ_REDIS_URL=place.server.url,
-        EVALQ_PLUGINS="tests.plugins",
-        PYTHONPATH=str(REPO),
-        **env,
-    )
-    port = free_port()
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-c", "from shared.cli import main; main()",
-             "serve", "--port", str(port)],
-            env=full, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    api = f"http://127.0.0.1:{port}"
-    try:
-        wait_for(lambda: answers(f"{api}/openapi.json"), 60, "the gateway to answer")
+    with serve(place.server.url, log, **env) as (api, process):
         yield Gateway(api, process)
-    finally:
-        process.terminate()
-        process.wait(30)
 
 
 def _auth(token: str) -> dict[str, str]:
