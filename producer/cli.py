@@ -438,7 +438,10 @@ def serve(
     undumpable()  # its Redis credential is the strongest there is: not readable through /proc
     gateway = create_gateway(get_settings())
     err.print(f"evalq gateway on http://{host}:{port} (OpenAPI schema at /openapi.json)")
-    uvicorn.run(gateway, host=host, port=port, log_level="info", access_log=True)
+    # the peer address as it is: a caller must not pick its own anonymous bucket by a header
+    uvicorn.run(
+        gateway, host=host, port=port, log_level="info", access_log=True, proxy_headers=False
+    )
 
 
 def acl(

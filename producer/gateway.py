@@ -27,10 +27,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from starlette.datastructures import Headers
+from starlette.responses import Response
+from starlette.types import Scope
 
 from producer.client import Cancellation, Client, Resumption, RunView
 from producer.comparison import Comparison
-from producer.limits import BodyLimit, RateLimiter, StreamSlots
+from producer.limits import BodyLimit, RateLimiter, StreamSlots, TokenFirst
 from producer.policy_file import BudgetLimits, PolicyFile
 from producer.rescore import RescoreRequest
 from producer.streams import ResultStream, Streams
@@ -205,6 +208,10 @@ def create_gateway(settings: Settings) -> FastAPI:  # noqa: PLR0915 - one closur
         StreamSlots(settings.gateway_streams_per_principal, settings.gateway_streams), waits
     )
     bearer = HTTPBearer(auto_error=False, description="An API token: evalq tokens create")
+    working = StreamSlots(
+        settings.gateway_inflight, 2**31,
+        ("too many requests", "requests in flight", "wait for one to finish"),
+    )  # fmt: skip
 
     def too_large() -> JSONResponse:
         message = (
@@ -230,7 +237,30 @@ def create_gateway(settings: Settings) -> FastAPI:  # noqa: PLR0915 - one closur
         },
         lifespan=lifespan,
     )
-    api.add_middleware(BodyLimit, limit=settings.gateway_max_body, refusal=too_large)
+
+    async def token_first(scope: Scope) -> Response | None:
+        """A request with a body: its token's caller first (a 401, or the anonymous rate
+        limit's 429, before the body is read)."""
+        scheme, _, token = Headers(scope=scope).get("authorization", "").partition(" ")
+        given = scheme.lower() == "bearer" and token.strip() != ""
+        if given and await lookup.caller(token.strip()) is not None:
+            return None
+        client = scope.get("client")
+        address = client[0] if client else "unknown"
+        try:
+            admit(("anonymous", address), settings.gateway_rate, f"anonymous caller {address}")
+        except ThrottledError as exc:
+            return _throttled(exc)
+        refused = UnauthorizedError(
+            "unauthorized: unknown or revoked token"
+            if given
+            else "unauthorized: no token (set EVALQ_TOKEN)"
+        )
+        audit_refusal(store, "anonymous", f"{scope['method']} {scope['path']}", str(refused))
+        return _error(str(refused), refused.exit_code, 401)
+
+    api.add_middleware(TokenFirst, check=token_first)
+    api.add_middleware(BodyLimit, limit=settings.gateway_max_body, refusal=too_large)  # outer
 
     def admit(key: tuple[str, str], rate: float, who: str) -> None:
         wait = limiter.admit(key, rate)
@@ -244,7 +274,7 @@ def create_gateway(settings: Settings) -> FastAPI:  # noqa: PLR0915 - one closur
     async def caller(
         request: Request,
         credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
-    ) -> Caller:
+    ) -> AsyncIterator[Caller]:
         # on the event loop, before the request takes a thread: a refused one never does
         found = None if credentials is None else await lookup.caller(credentials.credentials)
         if found is None:
@@ -259,9 +289,14 @@ def create_gateway(settings: Settings) -> FastAPI:  # noqa: PLR0915 - one closur
         request.state.token = digest
         rate = settings.gateway_admin_rate if who.role is Role.ADMIN else settings.gateway_rate
         admit(("principal", who.principal), rate, who.principal)
-        return who
+        give_back = working.take(who.principal)  # held while its route works
+        request.state.working = give_back  # a results stream gives it back at once (it holds
+        try:  # a stream slot of its own instead)
+            yield who
+        finally:
+            give_back()
 
-    Who = Annotated[Caller, Depends(caller)]
+    Who = Annotated[Caller, Depends(caller, scope="function")]
 
     def client(who: Caller, admin: bool = False) -> Client:
         admitted = admit_admin_flag(who, admin)
@@ -361,6 +396,7 @@ def create_gateway(settings: Settings) -> FastAPI:  # noqa: PLR0915 - one closur
         ``follow`` streams each as it is stored until the run ends; ``with_input`` adds each
         sample's row (the gateway reads the data). A principal holds at most
         ``EVALQ_GATEWAY_STREAMS_PER_PRINCIPAL`` of these streams open at once (429 beyond)."""
+        request.state.working()
         give_back = streams.slots.take(who.principal)
         try:
             acting = await streams.run(lambda: owned(who, run_id, admin))

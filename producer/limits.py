@@ -14,7 +14,7 @@ only (they take no lock).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from starlette.datastructures import Headers
@@ -84,11 +84,18 @@ class RateLimiter:
 
 
 class StreamSlots:
-    """Open results streams, counted per principal and in all."""
+    """Open results streams (or, with another ``what``, requests in flight), counted per
+    principal and in all."""
 
-    def __init__(self, per_principal: int, total: int) -> None:
+    def __init__(
+        self,
+        per_principal: int,
+        total: int,
+        what: tuple[str, str, str] = ("too many streams", "results streams open", "close one"),
+    ) -> None:
         self.per_principal = per_principal
         self.total = total
+        self._refusal, self._held, self._advice = what
         self._open: dict[str, int] = {}
         self._count = 0
 
@@ -103,13 +110,13 @@ class StreamSlots:
         held = self._open.get(principal, 0)
         if held >= self.per_principal:
             raise ThrottledError(
-                f"too many streams: {principal} has {held} results streams open on this "
-                f"gateway (at most {self.per_principal}); close one first"
+                f"{self._refusal}: {principal} has {held} {self._held} on this gateway (at "
+                f"most {self.per_principal}); {self._advice} first"
             )
         if self._count >= self.total:
             raise ThrottledError(
-                f"too many streams: the gateway has {self._count} results streams open (at "
-                "most that many); try again later"
+                f"{self._refusal}: the gateway has {self._count} {self._held} (at most that "
+                "many); try again later"
             )
         self._open[principal] = held + 1
         self._count += 1
@@ -180,3 +187,27 @@ class BodyLimit:
                 raise
         if over and not started:
             await self.refusal()(scope, receive, send)
+
+
+class TokenFirst:
+    """ASGI middleware: a request that carries a body is let in only once ``check`` (given
+    the request's scope, before any byte of the body is read) answers None; else ``check``'s
+    response is sent and the body never read. FastAPI reads and parses a JSON body before it
+    resolves the route's dependencies (the token among them): without this, anyone could make
+    the gateway parse megabytes on its event loop (the attack review: 32 unauthenticated 1 MiB
+    bodies at a time held another user's request for 1.8-2.4 s)."""
+
+    def __init__(self, app: ASGIApp, check: Callable[[Scope], Awaitable[Response | None]]) -> None:
+        self.app = app
+        self.check = check
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            headers = Headers(scope=scope)
+            sized = headers.get("content-length", "0") not in ("", "0")
+            if sized or "transfer-encoding" in headers:
+                refusal = await self.check(scope)
+                if refusal is not None:
+                    await refusal(scope, receive, send)
+                    return
+        await self.app(scope, receive, send)

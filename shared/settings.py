@@ -151,6 +151,11 @@ class Settings(BaseSettings):
     gateway_streams: int = Field(default=256, ge=1)
     """Results streams one gateway process holds open at once, all principals together."""
 
+    gateway_inflight: int = Field(default=8, ge=1)
+    """Requests of one principal a gateway process works on at once (its route threads are
+    shared by everyone: one caller's costly requests must not hold them all); one more is
+    answered 429 at once, before it takes a thread."""
+
     gateway_max_body: int = Field(default=1024 * 1024, ge=0)
     """Bytes a request body sent to the gateway may hold; a bigger one is answered 413 before
     it is read (by its ``Content-Length``) or as soon as the bytes read pass the limit."""

@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -382,3 +383,42 @@ def test_an_open_stream_ends_when_its_token_is_revoked(place: Place, tmp_path: P
             reader.start()
             assert place.operator.revoke_tokens("carol") == 1
             wait_for(ended.is_set, 30, "carol's stream to end")
+
+
+@integration
+def test_a_body_is_not_read_before_its_token_is_known(place: Place, tmp_path: Path) -> None:
+    """FastAPI parses a JSON body before it resolves the token: 32 unauthenticated 1 MiB
+    bodies at a time held another user's request for 1.8-2.4 s (the attack review). A body
+    that is not even JSON tells apart who reads it first: the token check (401) or the parser
+    (422)."""
+    garbage = b"{not json" * 1000
+    with gateway(place, tmp_path / "gateway.log") as served:
+        url = f"{served.api}/v1/runs"
+        for headers in ({}, _auth("evalq_not-a-token")):
+            answer = httpx.post(url, content=garbage, headers=headers, timeout=30.0)
+            assert _one_line_refusal(answer, 401, 3).startswith("unauthorized: ")
+        known = httpx.post(url, content=garbage, headers=_auth(place.tokens["alice"]), timeout=30)
+        assert known.status_code == 422
+
+
+@integration
+def test_one_principal_s_requests_in_flight_are_capped(place: Place, tmp_path: Path) -> None:
+    """Under its rate, one user kept 45 report renderings in flight and held all of the
+    route threads: another user's request took 14.8 s (the attack review). Beyond its cap a
+    principal's request is refused at once; another user is answered."""
+    report = f"/v1/runs/{place.runs['alice']}/report"
+    limits = {"EVALQ_GATEWAY_INFLIGHT": "2", "EVALQ_GATEWAY_RATE": "0"}
+    with gateway(place, tmp_path / "gateway.log", **limits) as served, \
+            httpx.Client(base_url=served.api, timeout=60.0) as http:  # fmt: skip
+        alice = _auth(place.tokens["alice"])
+        with ThreadPoolExecutor(16) as pool:
+            sent = [pool.submit(http.get, report, headers=alice) for _ in range(16)]
+            other = http.get("/v1/tiers", headers=_auth(place.tokens["bob"]))
+            answers = [request.result() for request in sent]
+        assert other.status_code == 200
+        refused = [a for a in answers if a.status_code == 429]
+        assert refused, [a.status_code for a in answers]
+        assert _one_line_refusal(refused[0], 429, 3).startswith(
+            "too many requests: alice has 2 requests in flight on this gateway"
+        )
+        assert all(a.status_code in (200, 429) for a in answers)
