@@ -238,26 +238,33 @@ def create_gateway(settings: Settings) -> FastAPI:  # noqa: PLR0915 - one closur
         lifespan=lifespan,
     )
 
-    async def token_first(scope: Scope) -> Response | None:
-        """A request with a body: its token's caller first (a 401, or the anonymous rate
-        limit's 429, before the body is read)."""
-        scheme, _, token = Headers(scope=scope).get("authorization", "").partition(" ")
-        given = scheme.lower() == "bearer" and token.strip() != ""
-        if given and await lookup.caller(token.strip()) is not None:
-            return None
-        client = scope.get("client")
-        address = client[0] if client else "unknown"
-        try:
+    async def identify(token: str | None, address: str) -> tuple[Caller, str]:
+        """Who ``token`` stands for, and its digest; a caller without a known token is held
+        to the anonymous rate of its ``address`` (:class:`ThrottledError`), then refused
+        (:class:`UnauthorizedError`). On the event loop: a refused request takes no thread."""
+        found = None if token is None else await lookup.caller(token)
+        if found is None:
             admit(("anonymous", address), settings.gateway_rate, f"anonymous caller {address}")
+            if token is None:
+                raise UnauthorizedError("unauthorized: no token (set EVALQ_TOKEN)")
+            raise UnauthorizedError("unauthorized: unknown or revoked token")
+        return found
+
+    async def token_first(scope: Scope) -> Response | None:
+        """A request with a body: its caller first (a 401, or the anonymous rate limit's 429,
+        before the body is read); a known one is kept for the route's ``caller``."""
+        scheme, _, token = Headers(scope=scope).get("authorization", "").partition(" ")
+        given = token.strip() if scheme.lower() == "bearer" and token.strip() else None
+        client = scope.get("client")
+        try:
+            found = await identify(given, client[0] if client else "unknown")
         except ThrottledError as exc:
             return _throttled(exc)
-        refused = UnauthorizedError(
-            "unauthorized: unknown or revoked token"
-            if given
-            else "unauthorized: no token (set EVALQ_TOKEN)"
-        )
-        audit_refusal(store, "anonymous", f"{scope['method']} {scope['path']}", str(refused))
-        return _error(str(refused), refused.exit_code, 401)
+        except UnauthorizedError as exc:
+            audit_refusal(store, "anonymous", f"{scope['method']} {scope['path']}", str(exc))
+            return _error(str(exc), exc.exit_code, 401)
+        scope.setdefault("state", {})["identified"] = found
+        return None
 
     api.add_middleware(TokenFirst, check=token_first)
     api.add_middleware(BodyLimit, limit=settings.gateway_max_body, refusal=too_large)  # outer
@@ -276,13 +283,11 @@ def create_gateway(settings: Settings) -> FastAPI:  # noqa: PLR0915 - one closur
         credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
     ) -> AsyncIterator[Caller]:
         # on the event loop, before the request takes a thread: a refused one never does
-        found = None if credentials is None else await lookup.caller(credentials.credentials)
+        found = getattr(request.state, "identified", None)  # TokenFirst's, for a body's
         if found is None:
+            token = None if credentials is None else credentials.credentials
             address = request.client.host if request.client else "unknown"
-            admit(("anonymous", address), settings.gateway_rate, f"anonymous caller {address}")
-            if credentials is None:
-                raise UnauthorizedError("unauthorized: no token (set EVALQ_TOKEN)")
-            raise UnauthorizedError("unauthorized: unknown or revoked token")
+            found = await identify(token, address)
         who, digest = found
         request.state.principal = who.principal
         request.state.sees_sources = sees_sources(who)
