@@ -96,13 +96,17 @@ class SubmitRequest(BaseModel):
     """``--tag``: labels to find the run by (``runs --tag``)."""
 
     @model_validator(mode="after")
-    def _one_source(self) -> SubmitRequest:
+    def _bounded_params(self) -> SubmitRequest:
         size = sum(len(k) + len(v) for k, v in self.params.items())
         if size > PARAMS_CHARS:
             raise ValueError(
                 f"--param values hold {size:,} characters in all; at most {PARAMS_CHARS:,} are "
                 "kept with a run"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _one_source(self) -> SubmitRequest:
         if (self.dataset is None) == (self.data is None):
             raise ValueError(
                 "give --dataset NAME (a registered dataset) or --data SOURCE (unregistered: "
