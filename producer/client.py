@@ -304,21 +304,31 @@ class Client:
             return f"no progress for {idle:.0f}s"
         return None
 
-    def _view(self, meta: RunMeta, workers: list[WorkerBeat]) -> RunView:
+    def _as_read(
+        self, meta: RunMeta, progress: Progress, now: float
+    ) -> tuple[RunMeta, Progress, Reader]:
+        """A run's record and counters as this reader reads them at ``now`` (coarse, as
+        :func:`coarse_timing` makes them, for one who does not see the run's timing), and what
+        it may read; an ended run's end is written into its facts (:meth:`RunStore.saw_end`)."""
         self._runs.saw_end(meta)
-        progress = self._results.progress(meta.run_id)
         reader = self._reader(meta, None if meta.status.active else progress.scored)
+        if not reader.sees_timing:
+            meta, progress = coarse_timing(meta, progress, now)
+        return meta, progress, reader
+
+    def _view(self, meta: RunMeta, workers: list[WorkerBeat]) -> RunView:
+        progress = self._results.progress(meta.run_id)
         now = server_time(self._redis)
         waiting = self._backlog.standing(meta.run_id) if meta.status.active else None
         stalled = self._stalled(meta, progress, workers, waiting)
-        provenance: RunProvenance | None = self._provenance.of_run(
-            meta.run_id, self._outward(meta).spec
-        )
-        if not reader.sees_timing:
-            meta, progress = coarse_timing(meta, progress, now)
-            stalled = stalled and _untimed(stalled)
-            if meta.status.active:  # where it stands in the dispatcher and who has stored
-                waiting, provenance = None, None  # outputs move with each batch
+        meta, progress, reader = self._as_read(meta, progress, now)
+        provenance = None
+        if reader.sees_timing or not meta.status.active:
+            provenance = self._provenance.of_run(meta.run_id, self._outward(meta).spec)
+        else:  # where it stands in the dispatcher and who stored outputs move by batch
+            waiting = None
+        if not reader.sees_timing and stalled:
+            stalled = _untimed(stalled)
         withheld = reader.withheld
         # only a completed run has an aggregate, and only then is the floor's count final (a
         # run read as going may complete before its aggregate is read)
@@ -398,11 +408,9 @@ class Client:
     def progress(self, run_id: str) -> tuple[RunMeta, Progress]:
         """The run's record and counters (counts only; coarse, as :func:`coarse_timing` makes
         them, for a reader who does not see the run's timing)."""
-        meta, progress = self._runs.get(run_id), self._results.progress(run_id)
-        self._runs.saw_end(meta)
-        reader = self._reader(meta, None if meta.status.active else progress.scored)
-        if not reader.sees_timing:
-            meta, progress = coarse_timing(meta, progress, server_time(self._redis))
+        meta, progress, _ = self._as_read(
+            self._runs.get(run_id), self._results.progress(run_id), server_time(self._redis)
+        )
         return self._outward(meta), progress
 
     def timeline(self, run_id: str) -> list[tuple[float, int]]:
