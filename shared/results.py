@@ -471,9 +471,10 @@ class ResultStore:
     def _spill_of(self, run_id: str) -> Spill:
         """An empty view of the run's spilled segments, whose parts are read only from the
         spill folder under the archive location the run's facts name."""
-        base = self._client.hget(RunKeys(run_id).facts, "archive")
-        folder = "" if base is None else f"{run_folder(str(base), run_id)}/spill"
-        return Spill(run_id, folder)
+        try:
+            return Spill(run_id, f"{RunStore(self._client).folder(run_id)}/spill")
+        except UnknownRunError:
+            return Spill(run_id, "")
 
     def spill_map(self, run_id: str) -> Spill:
         """A going run's spilled segments as they are now."""

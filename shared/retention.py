@@ -67,7 +67,10 @@ def purge(client: redis.Redis, run_id: str, archive_url: str) -> bool:
     if meta is not None and meta.status.active:
         return False
     keys = RunKeys(run_id)
-    folder = run_folder(runs.archive_of(run_id) or archive_url, run_id)
+    try:
+        folder = runs.folder(run_id)
+    except UnknownRunError:
+        folder = run_folder(archive_url, run_id)
     per_run = [
         keys.facts, keys.meta, keys.progress, keys.aggregate, keys.stats, keys.provenance,
         keys.errors, *keys.per_sample,

@@ -10,6 +10,7 @@ import redis
 from pydantic import BaseModel, ConfigDict
 from redis.typing import EncodableT, FieldT
 
+from shared.archive import run_folder
 from shared.errors import UnknownRunError
 from shared.keys import ACTIVE, RUNS, RunKeys
 from shared.lua import register
@@ -130,10 +131,14 @@ class RunStore:
             if not exists:
                 self._client.delete(keys.facts)  # purged meanwhile: no record comes back
 
-    def archive_of(self, run_id: str) -> str | None:
-        """The archive location the run's facts name (None: no such run)."""
+    def folder(self, run_id: str) -> str:
+        """The run's folder under the archive location its facts name (the gateway's choice,
+        not a worker's): where its parts and archive go, and all a purge deletes;
+        :class:`UnknownRunError` when it has no facts."""
         found = self._client.hget(RunKeys(run_id).facts, "archive")
-        return None if found is None else str(found)
+        if found is None:
+            raise UnknownRunError(f"no run '{run_id}'")
+        return run_folder(str(found), run_id)
 
     def sample_ids(self, run_id: str) -> list[int]:
         """The run's sample ids in submission order."""

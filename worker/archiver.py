@@ -39,11 +39,9 @@ from shared.archive import (
     ArchiveWriter,
     remove_others,
     remove_part,
-    run_folder,
     spill_url,
     write_part,
 )
-from shared.errors import UnknownRunError
 from shared.provenance import ProvenanceStore
 from shared.results import ResultStore, bucketed, error_kinds
 from shared.runs import RunStore
@@ -64,21 +62,12 @@ class Archived:
     url: str
 
 
-def _folder(runs: RunStore, run_id: str) -> str:
-    """The run's folder under the archive location its facts name (the gateway's choice, not
-    this worker's)."""
-    base = runs.archive_of(run_id)
-    if base is None:
-        raise UnknownRunError(f"no run '{run_id}'")
-    return run_folder(base, run_id)
-
-
 def archive_run(client: redis.Redis, run_id: str) -> Archived:
     """One attempt at archiving ``run_id`` under the archive location its facts name; see the
     module."""
     runs, results = RunStore(client), ResultStore(client)
     meta = runs.get(run_id)
-    folder = _folder(runs, run_id)
+    folder = runs.folder(run_id)
     sealed = results.archive_url(run_id)
     if sealed is not None:
         remove_others(folder, sealed.rstrip("/").rsplit("/", 1)[-1])
@@ -148,7 +137,7 @@ def spill_run(client: redis.Redis, run_id: str, rows: int, ids: Sequence[int] | 
     ``ids``: the run's sample ids, when the caller holds them (they never change)."""
     runs, results = RunStore(client), ResultStore(client)
     ids = runs.sample_ids(run_id) if ids is None else ids
-    folder = _folder(runs, run_id)
+    folder = runs.folder(run_id)
     spill = results.spill_map(run_id)
     rows = spill.rows or rows
     segments = [s for s in range(-(-len(ids) // rows)) if s not in spill.parts]
