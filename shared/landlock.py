@@ -16,8 +16,9 @@ import ctypes
 import errno
 import os
 import stat
-import sys
 from collections.abc import Iterable
+
+from shared.privilege import c_library, no_new_privs
 
 __all__ = [
     "FILE_RIGHTS",
@@ -32,7 +33,6 @@ __all__ = [
 _CREATE_RULESET, _ADD_RULE, _RESTRICT_SELF = 444, 445, 446  # the same number on every arch
 _CREATE_RULESET_VERSION = 1
 _RULE_PATH_BENEATH = 1
-_PR_SET_NO_NEW_PRIVS = 38
 
 EXECUTE, WRITE_FILE, READ_FILE, READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
 REMOVE_DIR, REMOVE_FILE, MAKE_CHAR, MAKE_DIR = 1 << 4, 1 << 5, 1 << 6, 1 << 7
@@ -67,14 +67,6 @@ class _PathBeneathAttr(ctypes.Structure):
     _fields_ = (("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32))
 
 
-def _libc() -> ctypes.CDLL | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.syscall.restype = ctypes.c_long
-    return libc
-
-
 def _fail(what: str) -> OSError:
     code = ctypes.get_errno()
     return OSError(code, f"{what} failed: {os.strerror(code)}")
@@ -83,7 +75,7 @@ def _fail(what: str) -> OSError:
 def abi() -> int:
     """The kernel's Landlock ABI version; 0 where there is none (not Linux, a kernel built
     without it, or Landlock left out of the LSMs it boots with)."""
-    libc = _libc()
+    libc = c_library()
     if libc is None:
         return 0
     version = libc.syscall(_CREATE_RULESET, None, ctypes.c_size_t(0), _CREATE_RULESET_VERSION)
@@ -96,7 +88,7 @@ def restrict(rules: Iterable[tuple[str, int]], *, version: int) -> list[str]:
     TCP ``bind`` or ``connect`` at all. ``version`` is :func:`abi`'s answer (at least 1). What
     was restricted beyond files, by name: ``tcp`` (ABI 4) and ``scope`` (ABI 6, abstract UNIX
     sockets and signals outside the sandbox). Raises OSError when the kernel refuses."""
-    libc = _libc()
+    libc = c_library()
     if libc is None or version < 1:
         raise OSError(errno.ENOSYS, "Landlock is not available")
     handled_fs = _FS_BY_ABI[max(v for v in _FS_BY_ABI if v <= version)]
@@ -114,8 +106,7 @@ def restrict(rules: Iterable[tuple[str, int]], *, version: int) -> list[str]:
     try:
         for path, rights in rules:
             _add(libc, int(ruleset), path, rights & handled_fs)
-        if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-            raise _fail("prctl(PR_SET_NO_NEW_PRIVS)")
+        no_new_privs(libc)
         if libc.syscall(_RESTRICT_SELF, int(ruleset), 0) != 0:
             raise _fail("landlock_restrict_self()")
     finally:

@@ -25,6 +25,7 @@ has one thread, after it gave up its capabilities (:func:`shared.privilege.drop_
 from __future__ import annotations
 
 import ctypes
+import errno
 import glob
 import importlib.util
 import os
@@ -34,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from shared import landlock, seccomp
-from shared.privilege import drop_capabilities
+from shared.privilege import c_library, drop_capabilities
 
 __all__ = ["confine", "python_paths"]
 
@@ -95,7 +96,9 @@ def _network_namespace() -> None:
     themselves, and every capability the new namespace granted given up again. User 0 stays
     unmapped (the overflow user inside): mapping it needs ``CAP_SETFCAP``, given up already."""
     uid, gid = os.geteuid(), os.getegid()
-    libc = ctypes.CDLL(None, use_errno=True)
+    libc = c_library()
+    if libc is None:
+        raise OSError(errno.ENOSYS, "namespaces are Linux's")
     if libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNET) != 0:
         code = ctypes.get_errno()
         raise OSError(code, f"unshare(CLONE_NEWUSER | CLONE_NEWNET) failed: {os.strerror(code)}")

@@ -17,9 +17,11 @@ import os
 import platform
 import sys
 
+from shared.privilege import c_library, no_new_privs
+
 __all__ = ["deny_sockets"]
 
-_PR_SET_NO_NEW_PRIVS, _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 38, 22, 2
+_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 22, 2
 _LD_W_ABS, _JEQ_K, _JGE_K, _RET_K = 0x20, 0x15, 0x35, 0x06
 _RET_ALLOW, _RET_ERRNO = 0x7FFF0000, 0x00050000
 _NR, _ARCH = 0, 4  # offsets in struct seccomp_data
@@ -70,9 +72,9 @@ def deny_sockets() -> None:
     code = _program(machine)
     filters = (_Filter * len(code))(*(_Filter(*line) for line in code))
     program = _Program(len(code), filters)
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+    libc = c_library()
+    assert libc is not None  # Linux, checked above
+    no_new_privs(libc)
     if libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(program), 0, 0) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"prctl(PR_SET_SECCOMP) failed: {os.strerror(err)}")
