@@ -8,8 +8,10 @@ gateway's can change what the policy rests on.
   runs' facts read only (``evalq:facts:{run}``: what the gateway decides by); no tier,
   budget, token, registry, priority or audit key.
 - ``monitor``: what Flower and ``evalq metrics`` read (queues, run records and counters,
-  budgets, heartbeats, the dispatcher's state) and the broker's control replies; never a
-  per-sample result hash.
+  budgets, heartbeats, the dispatcher's state), the broker's control replies, and kombu's
+  ``unacked_mutex`` (a lock that every kombu consumer, Flower's inspection replies included,
+  takes before it looks for messages to put back: without it each ``celery inspect`` is
+  refused); never a per-sample result hash, and no queue it could write to.
 
 Every user is denied the ``@dangerous`` commands (``FLUSHALL``, ``CONFIG``, ``KEYS``, ...), the
 worker and the monitor also ``FUNCTION`` and ``SCRIPT FLUSH``/``KILL``; the monitor only reads
@@ -33,11 +35,12 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
+from collections.abc import Mapping
 from pathlib import Path
 
 from shared.errors import InputError
 
-__all__ = ["ROLES", "acl_text", "write_acl"]
+__all__ = ["ROLES", "acl_text", "password_variable", "write_acl"]
 
 _QUEUES = ("infer*", "score*", "unacked*")
 """kombu's Redis transport: a list per queue, evaluation queue and priority step (infer,
@@ -72,6 +75,7 @@ ROLES: dict[str, tuple[str, ...]] = {
     ),
     "monitor": (
         *(f"%R~{q}" for q in _QUEUES),
+        "~unacked_mutex",
         *_CONTROL,
         "%R~evalq:runs",
         "%R~evalq:facts:*",
@@ -90,28 +94,35 @@ ROLES: dict[str, tuple[str, ...]] = {
 command categories."""
 
 
-def _password(role: str) -> str:
-    variable = f"EVALQ_ACL_{role.upper()}_PASSWORD"
-    value = os.environ.get(variable, "")
+def password_variable(role: str) -> str:
+    """The environment variable holding ``role``'s password (``EVALQ_ACL_<ROLE>_PASSWORD``)."""
+    return f"EVALQ_ACL_{role.upper()}_PASSWORD"
+
+
+def _password(role: str, passwords: Mapping[str, str]) -> str:
+    variable = password_variable(role)
+    value = passwords.get(variable, "")
     if len(value) < 12:
         raise InputError(f"{variable} must be set to a password of at least 12 characters")
     return value
 
 
-def acl_text() -> str:
+def acl_text(passwords: Mapping[str, str] | None = None) -> str:
     """The ACL file's text (one ``user`` line per role; ``default`` behind a thrown-away
-    password)."""
+    password); the roles' passwords from ``passwords`` (``EVALQ_ACL_<ROLE>_PASSWORD`` ->
+    password; default: the environment)."""
+    given = os.environ if passwords is None else passwords
     unknown = hashlib.sha256(secrets.token_bytes(32)).hexdigest()
     lines = [f"user default on resetkeys resetchannels #{unknown} ~* &* +@all"]
     for role, rules in ROLES.items():
-        digest = hashlib.sha256(_password(role).encode()).hexdigest()
+        digest = hashlib.sha256(_password(role, given).encode()).hexdigest()
         head = ["user", role, "on", "resetkeys", "resetchannels", f"#{digest}"]
         lines.append(" ".join([*head, *rules]))
     return "\n".join(lines) + "\n"
 
 
-def write_acl(path: Path) -> None:
-    """Write the ACL file to ``path`` (mode 644: digests only)."""
-    text = acl_text()
+def write_acl(path: Path, passwords: Mapping[str, str] | None = None) -> None:
+    """Write the ACL file to ``path`` (mode 644: digests only); see :func:`acl_text`."""
+    text = acl_text(passwords)
     path.write_text(text, encoding="utf-8")
     path.chmod(0o644)

@@ -1,6 +1,7 @@
-"""The producer's commands of ``evalq``: demo, submit, status, watch, runs, results, report,
-metrics, cancel, resume, purge (added to the app of :mod:`shared.cli` through the ``evalq.commands``
-entry point). Commands that only talk to Redis import neither torch nor any model.
+"""The producer's commands of ``evalq``: demo, up, submit, status, watch, runs, results, report,
+metrics, cancel, resume, purge, retention (added to the app of :mod:`shared.cli` through the
+``evalq.commands`` entry point). Commands that only talk to Redis import neither torch nor any
+model.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from producer.client import RunView
 from producer.export import ExportFormat
 from producer.sweep import MAX_GRID
 from shared.cli import AdminFlag, JsonFlag, err, out, print_json
-from shared.errors import EvalqError, InputError
+from shared.errors import DetachedError, EvalqError, InputError
 from shared.models import Priority, Progress, RunStatus
+from shared.names import check_run_id
 from shared.retention import parse_age
 from shared.routing import RoutingKind
 from shared.settings import get_settings
@@ -32,7 +34,12 @@ if TYPE_CHECKING:
 
 __all__ = ["register"]
 
-RunArg = Annotated[str, typer.Argument(metavar="RUN")]
+RunArg = Annotated[str, typer.Argument(metavar="RUN", callback=check_run_id)]
+
+
+def _run_ids(values: list[str] | None) -> list[str] | None:
+    """Each of several RUN arguments checked as :data:`RunArg` checks one."""
+    return None if values is None else [check_run_id(value) for value in values]
 
 
 def _client(admin: bool = False) -> Api:
@@ -164,6 +171,9 @@ def submit_command(  # noqa: PLR0913, PLR0917 - a typer command: its options are
         print_json({"run_id": meta.run_id})
     else:
         out.print(meta.run_id, highlight=False)
+    view = client.status(meta.run_id)
+    if view.stale_code:
+        err.print(f"warning: {view.stale_code}", highlight=False, soft_wrap=True)
     waiting = client.stalled(meta, Progress())
     if waiting:
         err.print(f"warning: {waiting}; the run waits until one does", highlight=False)
@@ -181,6 +191,7 @@ def _submit_sweep(
         type(request).model_validate({**request.model_dump(), "params": params, "sweep": sweep})
         for params in grid
     ]
+    client.check_params(points)
     submitted: list[str] = []
     try:
         for point in points:
@@ -211,7 +222,10 @@ def _follow_and_report(client: Api, run_id: str, as_json: bool) -> None:
     when it ended failed or cancelled."""
     from producer.follow import follow
 
-    follow(client, run_id, err if as_json else out)
+    try:
+        follow(client, run_id, err if as_json else out)
+    except KeyboardInterrupt:
+        raise DetachedError(run_id) from None
     view = client.status(run_id)
     if as_json:
         print_json(
@@ -256,6 +270,10 @@ def status(
         ("priority", meta.priority),
     ):
         table.add_row(key, str(value))
+    if view.stale_code:
+        table.add_row("warning", view.stale_code)
+    for worker in view.provenance.workers if view.provenance else ():
+        table.add_row("code", f"{worker.host} {worker.device}: {worker.code}")
     if view.waiting is not None:
         waiting = view.waiting
         table.add_row(
@@ -283,14 +301,32 @@ def status(
 
 
 def _metric(view: RunView, name: str, value: float) -> str:
-    """``0.9167 ± 0.0234 (95% CI 0.8708-0.9625, n 48)``, as far as the view has them, then how
-    it was released when not exactly."""
+    """``0.8520 ± 0.0159 (95% CI 0.8190-0.8800, n 500, 24 failed: infer/RuntimeError)``, as
+    far as the view has them (``skipped`` instead of ``failed`` when the evaluation leaves
+    failed samples out), then how it was released when not exactly."""
     text = f"{value:.4f}"
     stat = (view.stats or {}).get(name)
-    if stat is not None and stat.stderr is not None and stat.ci95 is not None:
-        low, high = stat.ci95
-        text += f" ± {stat.stderr:.4f} (95% CI {low:.4f}-{high:.4f}, n {stat.n})"
+    notes: list[str] = []
+    if stat is not None:
+        if stat.stderr is not None:
+            text += f" ± {stat.stderr:.4f}"
+        if stat.ci95 is not None:
+            notes.append(f"95% CI {stat.ci95[0]:.4f}-{stat.ci95[1]:.4f}")
+        if notes or stat.failed:
+            notes.append(f"n {stat.n}")
+        if stat.failed:
+            notes.append(_failures(stat.failed, "skipped" if stat.skipped else "failed"))
+    if notes:
+        text += f" ({', '.join(notes)})"
     return text + _released(view, name)
+
+
+def _failures(failed: dict[str, int], verb: str) -> str:
+    """``24 failed: infer/RuntimeError``, or ``24 failed: 20 infer/RuntimeError, 4 score``."""
+    total = sum(failed.values())
+    if len(failed) == 1:
+        return f"{total} {verb}: {next(iter(failed))}"
+    return f"{total} {verb}: " + ", ".join(f"{count} {kind}" for kind, count in failed.items())
 
 
 def _released(view: RunView, metric: str) -> str:
@@ -310,7 +346,7 @@ def watch(
 
 
 def report(
-    run_ids: Annotated[list[str], typer.Argument(metavar="RUN [RUN ...]")],
+    run_ids: Annotated[list[str], typer.Argument(metavar="RUN [RUN ...]", callback=_run_ids)],
     out_path: Annotated[Path, typer.Option("--out", help="HTML file to write.")] = Path(
         "report.html"
     ),
@@ -363,7 +399,8 @@ def rescore(  # noqa: PLR0917 - a typer command: its options are its parameters
 
 def compare(
     run_ids: Annotated[
-        list[str] | None, typer.Argument(metavar="RUN_A RUN_B [RUN ...]", show_default=False)
+        list[str] | None,
+        typer.Argument(metavar="RUN_A RUN_B [RUN ...]", show_default=False, callback=_run_ids),
     ] = None,
     sweep: Annotated[
         str | None, typer.Option(help="Compare a sweep's runs (the first submitted: baseline).")
@@ -374,7 +411,9 @@ def compare(
     admin: AdminFlag = False,
     as_json: JsonFlag = False,
 ) -> None:
-    """Compare runs sample by sample: each against the first (same dataset, split and spec)."""
+    """Compare runs sample by sample: each against the first (same dataset, split and spec),
+    beside each run's own mean and interval."""
+    from producer.comparison import shown
     from shared.runs import RunFilter
 
     client = _client(admin)
@@ -391,14 +430,20 @@ def compare(
         print_json(found.model_dump(mode="json"))
         return
     table = Table(title=f"against {found.baseline}")
-    for column in ("metric", "run", "delta", "95% CI", "p (McNemar)", "paired", "flips"):
+    for column in ("metric", "run", "mean", "its 95% CI", "delta", "95% CI", "p (McNemar)",
+                   "paired", "flips"):  # fmt: skip
         table.add_column(column, justify="left" if column in ("metric", "run") else "right")
     for name, deltas in found.metrics.items():
+        own = found.stats.get(name, {})
+        table.add_row(name, found.baseline, *shown(own.get(found.baseline)), "baseline")
         for run_id, delta in deltas.items():
             ci = "" if delta.ci95 is None else f"{delta.ci95[0]:+.4f} to {delta.ci95[1]:+.4f}"
             p = "" if delta.p_value is None else f"{delta.p_value:.3g}"
             moved = f"+{delta.flips[0]} / -{delta.flips[1]}" if delta.p_value is not None else ""
-            table.add_row(name, run_id, f"{delta.delta:+.4f}", ci, p, str(delta.n_paired), moved)
+            table.add_row(
+                name, run_id, *shown(own.get(run_id)), f"{delta.delta:+.4f}", ci, p,
+                str(delta.n_paired), moved,
+            )  # fmt: skip
     out.print(table)
     for name, runs in found.flips.items():
         for run_id, flipped in runs.items():
@@ -474,26 +519,58 @@ def runs(  # noqa: PLR0917 - a typer command: its options are its parameters
     if as_json:
         print_json([v.as_dict() for v in views])
         return
-    # an id is never shortened (it is what the other commands take); other cells wrap
-    width = max((len(v.meta.run_id) for v in views), default=3)
-    table = Table(
-        Column("run", no_wrap=True, min_width=width),
-        *(Column(name, overflow="fold") for name in ("eval", "data", "status", "params", "tags")),
-        "done / n",
-        Column("metric", overflow="fold"),
-    )
+    rows: list[tuple[str, ...]] = []
     for v in views:
         m = v.meta
-        params = " ".join(f"{k}={val}" for k, val in sorted(m.params.items()))
         metric = ""
         if v.aggregate:
             name = sorted(v.aggregate)[0]
-            metric = f"{name} {_metric(v, name, v.aggregate[name])}"
-        table.add_row(
-            m.run_id, m.eval, f"{m.dataset_id}/{m.split} ({v.tier})", m.status, params,
-            " ".join(m.tags), f"{v.progress.done} / {m.n}", metric,
+            metric = f"{name} {v.aggregate[name]:.4f}"
+        rows.append(
+            (
+                m.run_id, m.eval, f"{m.dataset_id}/{m.split}", str(m.status),
+                f"{v.progress.done}/{m.n}", metric,
+                " ".join(f"{k}={val}" for k, val in sorted(m.params.items())), " ".join(m.tags),
+            )
         )  # fmt: skip
+    widths = _fit(rows, out.width)
+    table = Table(
+        *(
+            Column(header, width=width, min_width=width, no_wrap=True, overflow="ellipsis")
+            for header, width in zip(RUNS_COLUMNS, widths, strict=True)
+        ),
+        box=None,
+        pad_edge=False,
+        collapse_padding=True,
+    )
+    for row in rows:
+        table.add_row(*row)
     out.print(table)
+
+
+RUNS_COLUMNS = ("run", "eval", "data", "status", "done/n", "metric", "params", "tags")
+SHRINK = (
+    ("tags", 4), ("data", 8), ("params", 8), ("eval", 6), ("metric", 8),
+    ("tags", 1), ("params", 1), ("data", 1), ("eval", 1), ("metric", 1), ("status", 1),
+    ("done/n", 1),
+)  # fmt: skip
+"""Which ``runs`` columns give up width first when the output is narrow, down to how much (an
+id is never shortened: it is what the other commands take)."""
+
+
+def _fit(rows: list[tuple[str, ...]], available: int) -> list[int]:
+    """Each ``runs`` column's width, so that a row is one line of at most ``available``
+    characters where it can be (cells cut with an ellipsis, as :data:`SHRINK` says)."""
+    widths = [
+        max([len(header), *(len(row[i]) for row in rows)]) for i, header in enumerate(RUNS_COLUMNS)
+    ]
+    for header, floor in SHRINK:
+        excess = sum(widths) + len(widths) - 1 - available
+        if excess <= 0:
+            break
+        i = RUNS_COLUMNS.index(header)
+        widths[i] -= min(excess, max(0, widths[i] - floor))
+    return widths
 
 
 def results(  # noqa: PLR0917 - a typer command: its options are its parameters
@@ -577,11 +654,58 @@ def purge(
     out.print(f"purged {len(purged)} runs" + (": " + ", ".join(purged) if purged else ""))
 
 
+def retention(as_json: JsonFlag = False) -> None:
+    """Apply the retention policy once: trim audit entries older than EVALQ_AUDIT_DAYS, purge
+    runs older than EVALQ_KEEP_RUNS_DAYS (operators, direct mode; `evalq serve` does it on its
+    own)."""
+    from shared.connection import connect
+    from shared.retention import retain
+
+    done = retain(connect(get_settings().redis_url), get_settings())
+    if as_json:
+        print_json({"trimmed": done.trimmed, "purged": done.purged})
+        return
+    purged = ": " + ", ".join(done.purged) if done.purged else ""
+    out.print(
+        f"trimmed {done.trimmed} audit entries; purged {len(done.purged)} runs{purged}",
+        highlight=False,
+    )
+
+
+def up(  # noqa: PLR0913, PLR0917 - a typer command: its options are its parameters
+    workers: Annotated[int, typer.Option(min=1, help="Worker processes to start.")] = 1,
+    concurrency: Annotated[int, typer.Option(min=1, help="Pool processes per worker.")] = 1,
+    host: Annotated[str, typer.Option(help="Address the gateway binds.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535, help="The gateway's port.")] = 8700,
+    flower_port: Annotated[int, typer.Option(min=1, max=65535, help="Flower's port.")] = 5555,
+    metrics_port: Annotated[
+        int, typer.Option(min=1, max=65535, help="The metrics endpoint's port.")
+    ] = 9808,
+    redis_port: Annotated[
+        int, typer.Option(min=0, max=65535, help="Redis's port (0: a free one).")
+    ] = 0,
+    redis_server: Annotated[
+        str | None,
+        typer.Option(metavar="PATH", help="The redis-server (7.0 or newer) to run."),
+    ] = None,
+    state: Annotated[
+        Path, typer.Option("--dir", help="Where Redis's data, secrets, archive and logs go.")
+    ] = Path("evalq-up"),
+) -> None:
+    """Run a one-machine deployment until Ctrl-C: Redis with the ACL file, the gateway, workers,
+    Flower and metrics, each under its own Redis user; prints an admin token."""
+    from producer.stack import Stack, StackPorts
+
+    ports = StackPorts(gateway=port, flower=flower_port, metrics=metrics_port, redis=redis_port)
+    stack = Stack(state.resolve(), ports, workers=workers, concurrency=concurrency, host=host)
+    raise typer.Exit(stack.run(redis_server, out))
+
+
 def register(app: typer.Typer) -> None:
     """Add the producer's commands to the ``evalq`` app."""
     commands: tuple[Callable[..., None], ...] = (
         demo, status, watch, runs, results, compare, rescore, report, metrics, serve, acl,
-        cancel, resume, purge,
+        cancel, resume, purge, retention, up,
     )  # fmt: skip
     for command in commands:
         app.command()(command)

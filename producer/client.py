@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import redis
 from celery import Celery
@@ -42,7 +42,7 @@ from shared.celery_app import INFER_QUEUE, SCORE_QUEUE, SCORE_TASK, create_app
 from shared.connection import connect, server_time
 from shared.dispatch import enqueue
 from shared.errors import EvalqError, InputError, RunNotCompletedError, TierRefusedError
-from shared.evaluation import create, load_plugins, lower_is_better
+from shared.evaluation import create, failure_rule, load_plugins, lower_is_better, source
 from shared.ledger import Budget, Ledger
 from shared.models import Progress, RunMeta, RunStatus, SampleResult, SampleState
 from shared.policy import (
@@ -57,8 +57,9 @@ from shared.policy import (
     release_rule,
     released_stats,
     run_tier,
+    suggests_datasets,
 )
-from shared.presence import Presence, WorkerBeat, absence
+from shared.presence import Presence, WorkerBeat, absence, stale_code
 from shared.provenance import ProvenanceStore, RunProvenance
 from shared.registry import DatasetRegistry, RegisteredDataset
 from shared.release import Released, ReleaseStore
@@ -114,6 +115,9 @@ class RunView(BaseModel):
     it, or no progress for ``EVALQ_STALL_AFTER`` seconds); None otherwise."""
     waiting: Standing | None = None
     """Where the run stands in the fair dispatcher while samples of it wait in its backlog."""
+    stale_code: str | None = None
+    """While the run is going: why it would not run its evaluation's file as it is now (a live
+    worker serving it loaded the file before it was edited); None otherwise."""
     timed: bool = True
     """The reader sees the run's timing (:attr:`shared.policy.Reader.sees_timing`): else
     ``meta`` and ``progress`` are coarse and there is no throughput nor ETA."""
@@ -243,8 +247,17 @@ class Client:
         meta = submit(
             self._redis, self.app, request, principal=self.principal, admin=self.admin,
             archive=self.settings.archive_url,
+            suggest=suggests_datasets(self.admin, self._sees_sources),
         )  # fmt: skip
         return self._outward(meta)
+
+    def check_params(self, points: Sequence[SubmitRequest]) -> None:
+        """Refuse (:class:`shared.errors.ParamError`, nothing charged) the first point whose
+        params its evaluation does not declare as given: a sweep checks every point before
+        it submits one."""
+        load_plugins(self.settings.plugins)
+        for point in points:
+            create(point.eval, point.params)
 
     def _outward(self, meta: RunMeta) -> RunMeta:
         """``meta`` as this caller may see it: without the spec fingerprint unless it sees data
@@ -347,6 +360,11 @@ class Client:
         errors = self._results.errors_by_kind(meta.run_id) if progress.failed else {}
         if not reader.sees_error_kinds:
             errors = _by_stage(errors)
+            if stats is not None:
+                stats = {
+                    name: stat.model_copy(update={"failed": _by_stage(stat.failed)})
+                    for name, stat in stats.items()
+                }
         return RunView(
             meta=self._outward(meta),
             progress=progress,
@@ -359,9 +377,21 @@ class Client:
             errors=errors,
             stalled=stalled,
             waiting=waiting,
+            stale_code=self._stale_code(meta, workers),
             timed=reader.sees_timing,
             now=now,
         )
+
+    def _stale_code(self, meta: RunMeta, workers: list[WorkerBeat]) -> str | None:
+        """While the run is going, whether live workers serving its evaluation run other code
+        than its file holds now, as this process reads the file (the gateway's, or the CLI's
+        after a submit loaded the plugins; this process's own staleness is logged once per
+        change)."""
+        found = source(meta.eval) if meta.status.active else None
+        if found is None:
+            return None
+        found.stale()
+        return stale_code(workers, meta.eval, found.now())
 
     def _release(
         self, meta: RunMeta, rule: ReleaseRule, aggregate: dict[str, float], samples: int
@@ -454,17 +484,34 @@ class Client:
         machine cannot read fails before any result is written."""
         return map(self._input_adder(run_id), results)
 
-    def _input_adder(self, run_id: str) -> Callable[[SampleResult], SampleResult]:
-        """What adds its row to one of the run's results (the data is opened here)."""
+    def _row_reader(self, run_id: str) -> Callable[[int], dict[str, Any]]:
+        """What reads one sample's row of the run's split, labels included, as JSON values:
+        the split re-materialised from the run's spec (the data is opened here)."""
         from shared.data import load_rows
 
         rows = load_rows(self.spec(run_id))
 
+        def row_of(sample_id: int) -> dict[str, Any]:
+            return dict(json.loads(json.dumps(rows[sample_id], default=str)))
+
+        return row_of
+
+    def _input_adder(self, run_id: str) -> Callable[[SampleResult], SampleResult]:
+        """What adds its row to one of the run's results (the data is opened here)."""
+        row_of = self._row_reader(run_id)
+
         def added(result: SampleResult) -> SampleResult:
-            row = json.loads(json.dumps(rows[result.sample_id], default=str))
-            return result.model_copy(update={"input": row})
+            return result.model_copy(update={"input": row_of(result.sample_id)})
 
         return added
+
+    def rows(self, run_id: str, sample_ids: Iterable[int]) -> dict[int, dict[str, Any]]:
+        """Those samples' rows, labels included, read from the run's data where this runs (the
+        results hold no input, and no label: labels are scrubbed before inference); refused
+        as :meth:`results` is."""
+        self._readable(run_id)
+        row_of = self._row_reader(run_id)
+        return {i: row_of(i) for i in sample_ids}
 
     def states(self, run_id: str) -> Iterator[tuple[int, SampleState]]:
         """Each sample's state (pending, scored, failed) without its values: every reader."""
@@ -632,15 +679,20 @@ class Client:
         return self._runs.get(run_id).principal
 
     def compare(self, run_ids: Sequence[str], flips: int = 10) -> Comparison:
-        """Each run against the first, sample by sample (:mod:`producer.comparison`); every
-        run must be readable per sample by this reader (a ``non_viewable`` split's pairs are
-        statistics of its labels: admins only, audited) and all must pair."""
+        """Each run against the first, sample by sample (:mod:`producer.comparison`), beside
+        each run's own stats as :meth:`status` gives them; every run must be readable per
+        sample by this reader (a ``non_viewable`` split's pairs are statistics of its labels:
+        admins only, audited) and all must pair."""
         metas = [self._runs.get(run_id) for run_id in run_ids]
         for meta in metas:  # before pairing, whose refusal names the runs' data
             self._readable(meta.run_id)
         check_pairable(metas)
-        scores = [self._results.scores(meta.run_id) for meta in metas]
-        return compare([m.run_id for m in metas], scores, flips)
+        load_plugins(self.settings.plugins)
+        scores = [
+            self._results.counted(meta.run_id, failure_rule(meta.eval)).scores for meta in metas
+        ]
+        stats = [self.status(meta.run_id).stats for meta in metas]
+        return compare([m.run_id for m in metas], scores, flips, stats)
 
     def report(self, run_id: str) -> str:
         """The run's self-contained HTML report (charts as its split's tier allows)."""

@@ -1,9 +1,12 @@
 """A paired comparison of runs over the same samples: ``evalq compare``.
 
 Runs pair by sample id, so they must share a dataset, a split and a spec (the fingerprint that
-fixes which row an id is); a sample pairs when every run scored it. Each run after the first
-is compared with the first (the baseline), per metric (:func:`shared.stats.paired`); with more
-than two runs, the McNemar p-values of one metric are Holm-corrected together.
+fixes which row an id is); a sample pairs when every run counted it (scored, or failed and
+counted at the metric's worst value: :func:`shared.failures.metric_samples`). Each run after
+the first is compared with the first (the baseline), per metric (:func:`shared.stats.paired`);
+with more than two runs, the McNemar p-values of one metric are Holm-corrected together.
+Beside the differences, each run's own value of each metric (mean, interval, count) as its
+status gives it, the baseline's included.
 """
 
 from __future__ import annotations
@@ -14,9 +17,9 @@ from pydantic import BaseModel
 
 from shared.errors import ComparisonError
 from shared.models import RunMeta, RunStatus
-from shared.stats import Delta, holm, paired
+from shared.stats import Delta, Stat, holm, paired
 
-__all__ = ["Comparison", "Flips", "check_pairable", "compare"]
+__all__ = ["Comparison", "Flips", "check_pairable", "compare", "shown"]
 
 
 class Flips(BaseModel):
@@ -36,6 +39,18 @@ class Comparison(BaseModel):
     """Metric -> run -> its difference from the baseline."""
     flips: dict[str, dict[str, Flips]] = {}
     """Metric -> run -> samples that flipped (0/1 metrics)."""
+    stats: dict[str, dict[str, Stat]] = {}
+    """Metric -> run -> the run's own value of it (mean, standard error, 95% interval, count,
+    over all its samples, as ``status`` gives them), the baseline's first."""
+
+
+def shown(stat: Stat | None) -> tuple[str, str]:
+    """A run's own value of a metric as the comparison tables show it: the mean, and its 95%
+    interval with the count (blank where there is none)."""
+    if stat is None:
+        return "", ""
+    interval = "" if stat.ci95 is None else f"{stat.ci95[0]:.4f} to {stat.ci95[1]:.4f}, "
+    return f"{stat.mean:.4f}", f"{interval}n {stat.n}"
 
 
 def check_pairable(metas: Sequence[RunMeta]) -> None:
@@ -60,10 +75,15 @@ def check_pairable(metas: Sequence[RunMeta]) -> None:
 
 
 def compare(
-    run_ids: Sequence[str], scores: Sequence[Mapping[int, Mapping[str, float]]], flips: int = 10
+    run_ids: Sequence[str],
+    scores: Sequence[Mapping[int, Mapping[str, float]]],
+    flips: int = 10,
+    stats: Sequence[Mapping[str, Stat] | None] = (),
 ) -> Comparison:
-    """Each run after the first against the first, per metric, over the samples both scored;
-    up to ``flips`` flipped samples of each kind per run and 0/1 metric."""
+    """Each run after the first against the first, per metric, over the samples both counted
+    (``scores``: each run's metric samples); up to ``flips`` flipped samples of each kind per
+    run and 0/1 metric; beside them each run's own ``stats`` (in the order of ``run_ids``) of
+    the metrics compared."""
     baseline, *others = range(len(run_ids))
     names = sorted({name for sample in scores[baseline].values() for name in sample})
     metrics: dict[str, dict[str, Delta]] = {}
@@ -88,7 +108,17 @@ def compare(
         metrics[name] = deltas
     if not any(metrics.values()):
         raise ComparisonError(f"runs {', '.join(run_ids)} share no scored sample and metric")
-    return Comparison(baseline=run_ids[baseline], metrics=metrics, flips=flipped)
+    own: dict[str, dict[str, Stat]] = {}
+    for run_id, found in zip(run_ids, stats, strict=False):
+        for name in names:
+            if found is not None and name in found:
+                own.setdefault(name, {})[run_id] = found[name]
+    return Comparison(
+        baseline=run_ids[baseline],
+        metrics=metrics,
+        flips=flipped,
+        stats=own,
+    )
 
 
 def _metric(scores: Mapping[int, Mapping[str, float]], name: str) -> dict[int, float]:

@@ -29,7 +29,8 @@ class ExportFormat(StrEnum):
 
 
 def flatten(result: SampleResult) -> dict[str, Any]:
-    """One flat record: ``sample_id``, ``output`` (JSON text, as stored), ``error``
+    """One flat record: ``sample_id``, ``output`` (JSON text, as stored; Parquet types it,
+    :func:`shared.archive.typed_table`), ``error``
     (``kind: message``), ``score.<metric>``, and ``input.<field>`` with ``--with-input`` (JSON
     text when not a scalar)."""
     record: dict[str, Any] = {
@@ -86,11 +87,20 @@ def _csv(records: list[dict[str, Any]], handle: IO[str]) -> int:
 
 def _write_parquet(results: Iterable[SampleResult], path: Path) -> int:
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     records = [flatten(r) for r in results]
-    pq.write_table(pa.Table.from_pylist(records), path)
+    _parquet(pa.Table.from_pylist(records), path)
     return len(records)
+
+
+def _parquet(table: pa.Table, path: Path) -> None:
+    """Write a flat table as Parquet, its outputs typed where they can be
+    (:func:`shared.archive.typed_table`; a table of no result has no column)."""
+    import pyarrow.parquet as pq
+
+    from shared.archive import typed_table
+
+    pq.write_table(typed_table(table) if "output" in table.column_names else table, path)
 
 
 def flat_table(table: pa.Table) -> pa.Table:
@@ -122,7 +132,6 @@ def write_tables(tables: Iterable[pa.Table], fmt: ExportFormat, out: Path | None
     """Write a run's results given as tables of the store's columns, as csv or parquet (the
     same file :func:`write_results` writes from the same results); return the row count."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     flat = [flat_table(t) for t in tables]
     table = pa.concat_tables(flat, promote_options="default") if flat else None
@@ -131,7 +140,7 @@ def write_tables(tables: Iterable[pa.Table], fmt: ExportFormat, out: Path | None
             raise InputError("--format parquet needs --out PATH")
         if table is None:
             return _write_parquet([], out)
-        pq.write_table(table, out)
+        _parquet(table, out)
         return int(table.num_rows)
     if out is None:
         return _csv_table(table, sys.stdout)

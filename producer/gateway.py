@@ -22,7 +22,7 @@ from functools import partial
 from typing import Annotated
 
 import redis
-from fastapi import Depends, FastAPI, Path, Query, Request
+from fastapi import Body, Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -36,8 +36,10 @@ from producer.comparison import Comparison
 from producer.limits import BodyLimit, RateLimiter, StreamSlots, TokenFirst
 from producer.policy_file import BudgetLimits, PolicyFile
 from producer.rescore import RescoreRequest
+from producer.retainer import Retainer
 from producer.streams import ResultStream, Streams
 from producer.submit import SubmitRequest
+from producer.sweep import MAX_GRID
 from shared.audit import audit_refusal
 from shared.celery_app import create_app
 from shared.connection import connect, connect_async
@@ -48,11 +50,13 @@ from shared.errors import (
     StoreError,
     ThrottledError,
     UnauthorizedError,
+    UnknownEvalError,
     UnknownRunError,
 )
 from shared.evaluation import load_plugins
 from shared.ledger import Budget
 from shared.models import Progress, RunMeta
+from shared.names import RUN_ID
 from shared.policy import (
     Caller,
     Role,
@@ -73,12 +77,12 @@ __all__ = ["create_gateway"]
 
 log = logging.getLogger("evalq.gateway")
 
-RunId = Annotated[str, Path(pattern=r"^[0-9a-f]{1,64}$", description="A run id.")]
-RunIdText = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{1,64}$")]
+RunId = Annotated[str, Path(pattern=RUN_ID, description="A run id.")]
+RunIdText = Annotated[str, StringConstraints(pattern=RUN_ID)]
 _PATH = re.compile(r"(?<![\w.:-])/[^\s'\"]+")
 """An absolute path in an error message: a data source's, which only admins see (the gateway
 logs the message whole)."""
-RunIdItem = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{1,64}$")]
+RunIdItem = Annotated[str, StringConstraints(pattern=RUN_ID)]
 AdminQuery = Annotated[
     bool, Query(description="Bypass tier and budget (admin role; recorded in the audit stream).")
 ]
@@ -188,6 +192,16 @@ def _throttled(exc: ThrottledError) -> JSONResponse:
     return JSONResponse(body, status_code=429, headers=headers)
 
 
+def _unknown_run(exc: RequestValidationError) -> str | None:
+    """``no run 'X'`` when the request names a run by something that cannot be a run id (a
+    path's ``run_id``, a ``run`` query or body field): no run has it, whatever its shape."""
+    first = exc.errors()[0]
+    named = [part for part in first.get("loc", ()) if isinstance(part, str)]
+    if first.get("type") == "string_pattern_mismatch" and named[-1:] in (["run_id"], ["run"]):
+        return f"no run '{first.get('input')}'"
+    return None
+
+
 def _validation_message(exc: RequestValidationError) -> str:
     first = exc.errors()[0]
     where = ".".join(str(part) for part in first.get("loc", ()))
@@ -219,9 +233,13 @@ def create_gateway(settings: Settings) -> FastAPI:  # noqa: PLR0915 - one closur
         )
         return _error(message, InputError.exit_code, 413)
 
+    retainer = Retainer(store, settings)
+
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        retainer.start()
         yield
+        retainer.stop()
         await waits.aclose()
 
     api = FastAPI(
@@ -325,7 +343,7 @@ def create_gateway(settings: Settings) -> FastAPI:  # noqa: PLR0915 - one closur
         if isinstance(exc, PolicyRefusedError):
             who = getattr(request.state, "principal", "anonymous")
             audit_refusal(store, who, f"{request.method} {request.url.path}", str(exc))
-        message = str(exc)
+        message = exc.on("the gateway") if isinstance(exc, UnknownEvalError) else str(exc)
         if not getattr(request.state, "sees_sources", False):
             hidden = _PATH.sub("<path>", message)
             if hidden != message:
@@ -341,6 +359,9 @@ def create_gateway(settings: Settings) -> FastAPI:  # noqa: PLR0915 - one closur
     @api.exception_handler(RequestValidationError)
     def _invalid(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
+        unknown = _unknown_run(exc)
+        if unknown is not None:
+            return _error(unknown, UnknownRunError.exit_code, 404)
         return _error(_validation_message(exc), InputError.exit_code, 422)
 
     @api.exception_handler(redis.RedisError)
@@ -352,6 +373,15 @@ def create_gateway(settings: Settings) -> FastAPI:  # noqa: PLR0915 - one closur
     def submit(request: SubmitRequest, who: Who, admin: AdminQuery = False) -> RunMeta:
         """Submit a run of a registered dataset's split (``data``: admins only)."""
         return client(who, admin).submit(request)
+
+    @api.post("/v1/sweeps/check", tags=["runs"])
+    def check_sweep(
+        points: Annotated[list[SubmitRequest], Body(max_length=MAX_GRID)], who: Who
+    ) -> dict[str, int]:
+        """Check a sweep's points' params against their evaluations' declarations before
+        any is submitted (400 naming the declared parameters; nothing is charged)."""
+        client(who, False).check_params(points)
+        return {"points": len(points)}
 
     @api.post("/v1/rescore", response_model=RunMeta, tags=["runs"])
     def rescore(request: RescoreRequest, who: Who, admin: AdminQuery = False) -> RunMeta:

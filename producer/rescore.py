@@ -7,7 +7,9 @@ may not submit), takes the source run's sample ids (the server chose them on a
 ``non_viewable`` split: nothing is chosen here), copies their outputs (``HSETNX``, counted as
 inferred) and stages their scoring in the new run's score backlog, from which the fair
 dispatcher hands it to the scoring workers (:mod:`shared.backlog`): a small rescore waits for no
-one's big one.
+one's big one. A sample without an output (its ``infer()`` failed) is in the new run too,
+failed with the source's error: it counts as a failure there as it did in the source, so a
+rescore never drops the samples a candidate crashed on.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from shared.connection import server_time
 from shared.errors import InputError
 from shared.evaluation import create
 from shared.models import RunMeta, RunStatus
+from shared.names import RUN_ID
 from shared.policy import admit_run, admit_split, run_tier
 from shared.results import ResultStore
 from shared.runs import RunStore
@@ -42,7 +45,7 @@ class RescoreRequest(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    run: str = Field(pattern=r"^[0-9a-f]{1,64}$")
+    run: str = Field(pattern=RUN_ID)
     """The completed run whose outputs are scored again."""
     eval: str = Field(min_length=1, max_length=200)
     """The evaluation whose ``score()`` scores them (same ``output_kind``)."""
@@ -81,9 +84,11 @@ def rescore(
         TierRegistry(client).resolve(source.dataset_id, source.split), source.registered
     )
     admit_split(where, tier, admin)
-    ids = [i for chunk in results.output_chunks(run_id, COPY_CHUNK) for i in chunk]
-    if not ids:
+    produced = [i for chunk in results.output_chunks(run_id, COPY_CHUNK) for i in chunk]
+    if not produced:
         raise InputError(f"run {run_id} has no stored output to rescore")
+    unproduced = sorted(set(results.failures(run_id)) - set(produced))
+    ids = sorted(produced + unproduced)
     admit_run(where, tier, admin, len(ids))
     meta = RunMeta(
         run_id=uuid.uuid4().hex[:16], eval=eval_name, params=dict(params), spec=source.spec,
@@ -96,7 +101,12 @@ def rescore(
     def enqueue() -> None:
         for outputs in results.output_chunks(run_id, COPY_CHUNK):
             results.record_outputs(meta.run_id, outputs)
-        Backlog(client).enqueue(app, meta, ids, SCORE_LANE)
+        for start_at in range(0, len(unproduced), COPY_CHUNK):
+            failed = results.fetch(run_id, unproduced[start_at : start_at + COPY_CHUNK])
+            results.record_errors(
+                meta.run_id, {r.sample_id: r.error for r in failed if r.error is not None}
+            )
+        Backlog(client).enqueue(app, meta, produced, SCORE_LANE)
 
     start(client, meta, ids, enqueue, archive=archive)
     return meta

@@ -14,6 +14,7 @@ bypasses tier and budget; the bypass is audited.
 
 from __future__ import annotations
 
+import difflib
 import secrets
 import uuid
 from collections.abc import Callable, Sequence
@@ -27,7 +28,7 @@ from shared.audit import audit_admin
 from shared.backlog import Backlog
 from shared.connection import server_time
 from shared.data import Sharding, resolve_source, shard_order, spec_of
-from shared.errors import InputError, SampleIdError
+from shared.errors import InputError, SampleIdError, UnknownDatasetError
 from shared.evaluation import create
 from shared.ledger import Ledger
 from shared.models import Priority, RunMeta, RunStatus
@@ -181,21 +182,26 @@ def resolve_ids(n_rows: int, limit: int | None, ids: Sequence[int] | None) -> li
 
 
 def _locate(
-    client: redis.Redis, request: SubmitRequest, admin: bool
+    client: redis.Redis, request: SubmitRequest, admin: bool, suggest: bool
 ) -> tuple[LocalSource | HubSource, Tier]:
     """The source to read and the tier that applies: a registered dataset's pinned split and
     its tier, or an unregistered source (``no_access``: refused here to a non-admin before
-    anything is read)."""
+    anything is read). An unknown dataset name is :class:`UnknownDatasetError` (exit 2), with
+    the closest registered name when ``suggest`` (:func:`shared.policy.suggests_datasets`)."""
     if request.data is not None:
         admit_source(request.where, registered=False, admin=admin)
         return resolve_source(request.data, request.split, request.revision, request.config), (
             Tier.NO_ACCESS
         )
     name = str(request.dataset)
-    record = DatasetRegistry(client).get(name) if is_name(name) else None
+    registry = DatasetRegistry(client)
+    record = registry.get(name) if is_name(name) else None
     if record is None:
-        admit_source(request.where, registered=False, admin=admin)
-        raise InputError(f"no dataset '{name}' is registered (evalq datasets list)")
+        hint = ""
+        if suggest:
+            close = difflib.get_close_matches(name, registry.names(), n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else " (evalq datasets list)"
+        raise UnknownDatasetError(f"unknown dataset '{name}'{hint}")
     source = record.source(request.split)
     return source, TierRegistry(client).resolve(name, request.split)
 
@@ -208,9 +214,11 @@ def submit(
     principal: str,
     admin: bool = False,
     archive: str,
+    suggest: bool = False,
 ) -> RunMeta:
     """Gate, publish and enqueue ``request`` (its results to be archived under ``archive``);
-    return the new run's record."""
+    return the new run's record. ``suggest``: an unknown dataset name's error may name the
+    closest registered one."""
     evaluation = create(request.eval, request.params)
     sharding = request.sharding
     if sharding.routing is RoutingKind.KMEANS and sharding.route_field in evaluation.label_fields:
@@ -219,7 +227,7 @@ def submit(
             "shards cut by it would reveal labels"
         )
     where = request.where
-    source, tier = _locate(client, request, admin)
+    source, tier = _locate(client, request, admin, suggest)
     admit_split(where, tier, admin)
     admit_sample_choice(where, tier, admin, request.ids is not None)
     defaults = PriorityStore(client).defaults(principal, request.dataset or "", request.split)

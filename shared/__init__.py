@@ -3,12 +3,14 @@ stores, dataset specs, the Evaluation plugin API and the Celery app factory."""
 
 from shared.errors import EvalqError, PermanentError, RetryableError
 from shared.evaluation import Evaluation, register
+from shared.failures import FailurePolicy
 from shared.models import RunMeta, RunStatus, SampleResult, SampleTask
 from shared.settings import Settings, get_settings
 
 __all__ = [
     "EvalqError",
     "Evaluation",
+    "FailurePolicy",
     "PermanentError",
     "RetryableError",
     "RunMeta",

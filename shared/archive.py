@@ -2,12 +2,14 @@
 
 One attempt at archiving a run writes into a folder of its own,
 ``<archive>/<run>/<attempt>/``: ``part-00000.parquet``, ``part-00001.parquet``, … (columns
-``sample_id``, ``output``, ``scores`` and ``error`` as the live store holds them, JSON text,
-plus ``score.<metric>`` as float64 for analysis), then ``manifest.json`` last (the parts, their
-rows, and the run record with its progress, aggregate, stats, provenance, timeline and error
-counts). A folder without a manifest is an attempt that died: it is never read, and the attempt
-that wins removes it. Which attempt won is decided in Redis (``ResultStore.seal``), not here: a
-folder is the run's archive once the run's record names it.
+``sample_id``; ``output`` as a column of its values where they have one Arrow type that gives
+each stored text back exactly, else their JSON text (:func:`typed_output`); ``scores`` and
+``error`` as the live store holds them, JSON text; ``score.<metric>`` as float64 for
+analysis), then ``manifest.json`` last (the parts, their rows, and the run record with its
+progress, aggregate, stats, provenance, timeline and error counts). A folder without a
+manifest is an attempt that died: it is never read, and the attempt that wins removes it.
+Which attempt won is decided in Redis (``ResultStore.seal``), not here: a folder is the run's
+archive once the run's record names it.
 
 While a run goes, its complete segments are spilled (``EVALQ_SPILL_ROWS``): each to one part
 of its own, ``<archive>/<run>/spill/segment-<k>-<token>.parquet`` (the same columns), which
@@ -32,9 +34,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shared.errors import ArchiveUnreadableError, first_line
+from shared.models import to_json
 
 __all__ = [
     "MANIFEST",
+    "OUTPUT_ENCODING",
     "PART_ROWS",
     "RAW_COLUMNS",
     "ArchiveReader",
@@ -48,6 +52,8 @@ __all__ = [
     "run_folder",
     "spill_url",
     "table_of",
+    "typed_output",
+    "typed_table",
     "write_part",
 ]
 
@@ -58,6 +64,62 @@ READ_ROWS = 65_536
 """Rows per batch when a reader streams an archive."""
 RAW_COLUMNS = ("sample_id", "output", "scores", "error")
 """The columns that give back exactly what the live store held."""
+OUTPUT_ENCODING = b"evalq.output"
+"""The ``output`` field's metadata key: ``value`` (a column of the outputs' values) or
+``json`` (their JSON text). A file without it (written before outputs were typed) holds JSON
+text."""
+
+
+def _writable(kind: pa.DataType) -> bool:
+    """Whether Parquet stores ``kind``: no null column, no struct without fields, anywhere."""
+    if pa.types.is_null(kind) or (pa.types.is_struct(kind) and kind.num_fields == 0):
+        return False
+    return all(_writable(kind.field(i).type) for i in range(kind.num_fields))
+
+
+def _values(texts: list[str | None]) -> pa.Array | None:
+    """Outputs' JSON texts as one column of their values, or None where no Arrow type gives
+    every text back exactly (and no output as null)."""
+    values = [None if t is None else json.loads(t) for t in texts]
+    try:
+        typed = pa.array(values)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+        return None
+    if not _writable(typed.type):
+        return None
+    for value, text in zip(typed.to_pylist(), texts, strict=True):
+        if (value is None) != (text is None) or (text is not None and to_json(value) != text):
+            return None
+    return typed
+
+
+def typed_output(texts: pa.Array | pa.ChunkedArray) -> tuple[pa.Field, pa.Array]:
+    """Outputs' JSON texts (None: no output) as a column of their values when pyarrow infers
+    one type (string, int64, double, bool, list, struct) in which every value reads back as
+    exactly its text, else the texts themselves (a mix of types, dicts with other keys, an
+    output of JSON ``null``); the field's metadata says which (:data:`OUTPUT_ENCODING`)."""
+    found = texts.to_pylist()
+    typed = _values(found)
+    column = pa.array(found, pa.string()) if typed is None else typed
+    encoding = b"json" if typed is None else b"value"
+    return pa.field("output", column.type, metadata={OUTPUT_ENCODING: encoding}), column
+
+
+def typed_table(table: pa.Table) -> pa.Table:
+    """``table`` (an ``output`` column of JSON texts) with its outputs typed
+    (:func:`typed_output`)."""
+    field, column = typed_output(table.column("output"))
+    return table.set_column(table.column_names.index("output"), field, column)
+
+
+def _output_texts(table: pa.Table | pa.RecordBatch, schema: pa.Schema) -> list[str | None]:
+    """A table's outputs as JSON texts, whichever layout ``schema`` (the file's) says they
+    were written in."""
+    metadata = schema.field("output").metadata or {}
+    values: list[Any] = table.column("output").to_pylist()
+    if metadata.get(OUTPUT_ENCODING) != b"value":
+        return values
+    return [None if v is None else to_json(v) for v in values]
 
 
 def run_folder(archive_url: str, run_id: str) -> str:
@@ -100,8 +162,9 @@ def _reading(url: str, run_id: str) -> Iterator[None]:
 
 
 def _write(fs: Any, path: str, table: pa.Table) -> None:
+    """Write a chunk's table as a part: its outputs typed where they can be."""
     with fs.open(path, "wb") as handle:
-        pq.write_table(table, handle, compression="zstd")
+        pq.write_table(typed_table(table), handle, compression="zstd")
 
 
 @dataclass
@@ -124,8 +187,9 @@ class Chunk:
         }
 
     def table(self) -> pa.Table:
-        """The chunk as one Parquet file's table: the raw columns and one float64 column per
-        metric found in this chunk."""
+        """The chunk as a table of the store's columns (texts) and one float64 column per
+        metric found in this chunk: what a part holds, once its outputs are typed
+        (:func:`typed_table`, when it is written)."""
         parsed = [None if s is None else json.loads(s) for s in self.scores]
         metrics = sorted({m for s in parsed if s for m in s})
         columns: dict[str, Any] = {
@@ -148,11 +212,13 @@ def _ordered(table: pa.Table) -> pa.Table:
 
 def table_of(chunks: Iterator[Chunk]) -> pa.Table:
     """Chunks as one table with the archive's columns (a metric missing from a chunk reads as
-    nulls there): how a live run's results look as the archive will hold them."""
+    nulls there), its outputs typed over all of them (:func:`typed_table`): what
+    ``results_dataset`` gives of a live run, as :meth:`ArchiveReader.table` of an archived
+    one."""
     tables = [chunk.table() for chunk in chunks]
     if not tables:
-        return Chunk([], [], [], []).table()
-    return _ordered(pa.concat_tables(tables, promote_options="default"))
+        return typed_table(Chunk([], [], [], []).table())
+    return typed_table(_ordered(pa.concat_tables(tables, promote_options="default")))
 
 
 class ArchiveWriter:
@@ -222,7 +288,9 @@ def read_part(url: str, run_id: str = "", columns: tuple[str, ...] = RAW_COLUMNS
         with fs.open(path, "rb") as handle:
             table = pq.read_table(handle, columns=list(dict.fromkeys(("sample_id", *columns))))
     texts: list[list[str | None]] = [
-        table.column(c).to_pylist() if c in columns else [None] * table.num_rows
+        (_output_texts(table, table.schema) if c == "output" else table.column(c).to_pylist())
+        if c in columns
+        else [None] * table.num_rows
         for c in RAW_COLUMNS[1:]
     ]
     return Chunk(table.column("sample_id").to_pylist(), *texts)
@@ -282,23 +350,30 @@ class ArchiveReader:
         return [f"{prefix}{self._path}/{part['file']}" for part in self.manifest["parts"]]
 
     def batches(self, columns: tuple[str, ...] = RAW_COLUMNS) -> Iterator[pa.RecordBatch]:
-        """The rows, ``READ_ROWS`` at a time, in submission order (missing metric columns of a
-        part read as nulls)."""
+        """The rows, ``READ_ROWS`` at a time, in submission order, as the store held them
+        (outputs as JSON text, in either layout; missing metric columns of a part read as
+        nulls)."""
         for part in self.manifest["parts"]:
             with self._reading(), self._fs.open(f"{self._path}/{part['file']}", "rb") as handle:
                 parquet = pq.ParquetFile(handle)
-                present = [c for c in columns if c in parquet.schema_arrow.names]
+                schema = parquet.schema_arrow
+                present = [c for c in columns if c in schema.names]
                 for batch in parquet.iter_batches(batch_size=READ_ROWS, columns=present):
                     arrays = [
-                        batch.column(c) if c in present else pa.nulls(batch.num_rows, pa.float64())
+                        pa.array(_output_texts(batch, schema), pa.string())
+                        if c == "output"
+                        else batch.column(c)
+                        if c in present
+                        else pa.nulls(batch.num_rows, pa.float64())
                         for c in columns
                     ]
                     yield pa.RecordBatch.from_arrays(arrays, names=list(columns))
 
     def table(self) -> pa.Table:
-        """Every row as one table with every metric's column (for ``datasets``)."""
+        """Every row as one table with every metric's column, its outputs typed over the whole
+        run (:func:`typed_table`; for ``datasets``)."""
         columns = (*RAW_COLUMNS, *(f"score.{m}" for m in self.manifest["metrics"]))
         batches = list(self.batches(columns))
         if not batches:
-            return Chunk([], [], [], []).table()
-        return _ordered(pa.Table.from_batches(batches))
+            return typed_table(Chunk([], [], [], []).table())
+        return typed_table(_ordered(pa.Table.from_batches(batches)))

@@ -5,8 +5,9 @@ The frame owns no command. ``producer/`` and ``worker/`` each add theirs through
 function each), the way Celery's own CLI loads its ``celery.commands`` group; so the contract
 package never imports either side, and the worker never imports the producer.
 
-Exit codes: 0 ok, 1 error, 2 bad input or usage, 3 refused by policy. Errors print one line on
-stderr, never a traceback.
+Exit codes: 0 ok, 1 error, 2 bad input or usage, 3 refused by policy, 4 a followed run ended
+failed or cancelled, 130 a person stopped following a run (Ctrl-C: the run goes on). Errors
+print one line on stderr, never a traceback.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from rich.console import Console
 from rich.text import Text
 
 from shared.connection import redact
-from shared.errors import EvalqError
+from shared.errors import DetachedError, EvalqError
 from shared.settings import get_settings
 
 __all__ = ["COMMANDS_GROUP", "AdminFlag", "JsonFlag", "create_cli", "err", "main", "out", "run"]
@@ -87,6 +88,9 @@ def run(app: typer.Typer, argv: Sequence[str] | None = None) -> None:
     stderr and an exit code."""
     try:
         app(args=list(argv) if argv is not None else sys.argv[1:], prog_name="evalq")
+    except DetachedError as exc:
+        err.print(str(exc), highlight=False, soft_wrap=True)
+        raise SystemExit(exc.exit_code) from None
     except EvalqError as exc:
         _fail(str(exc), exc.exit_code)
     except ValidationError as exc:

@@ -1,7 +1,14 @@
-"""Redis clients: made here, from a URL, and handed to whoever needs one."""
+"""Redis clients: made here, from a URL, and handed to whoever needs one.
+
+A command Redis refuses for the client's ACL user raises redis-py's ``NoPermissionError`` as
+usual, with a message that says which user was refused which command on which keys
+(:func:`refusal`): Redis's own answer names neither.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis
@@ -12,7 +19,55 @@ from redis.retry import Retry
 
 from shared.errors import InputError, first_line
 
-__all__ = ["connect", "connect_async", "redact", "server_time"]
+__all__ = ["connect", "connect_async", "redact", "refusal", "server_time"]
+
+_SCRIPTS = frozenset({"EVAL", "EVALSHA", "EVAL_RO", "EVALSHA_RO", "FCALL", "FCALL_RO"})
+_ALL_KEYS = frozenset({"DEL", "UNLINK", "EXISTS", "MGET", "TOUCH", "WATCH"})
+
+
+def refusal(user: str, command: Sequence[Any], answer: str) -> str:
+    """One line for a command Redis refused to ``user``: the command's name and keys (never its
+    values: they may be results or secrets) and Redis's ``answer``."""
+    name = str(command[0]).upper() if command else "?"
+    if name in _SCRIPTS and len(command) > 2:
+        keys = command[3 : 3 + int(command[2])]
+    elif name in _ALL_KEYS:
+        keys = command[1:]
+    else:
+        keys = command[1:2]
+    shown = " ".join(str(k) for k in keys) or "(no key)"
+    return f"NOPERM: Redis user {user!r} may not {name} {shown}: {answer}"
+
+
+class _Pipeline(redis.client.Pipeline):
+    """A pipeline whose refused command names its keys and user (see :func:`refusal`)."""
+
+    def annotate_exception(self, exception: Exception, number: int, command: Any) -> None:
+        if not isinstance(exception, redis.exceptions.NoPermissionError):
+            super().annotate_exception(exception, number, command)  # type: ignore[no-untyped-call]
+            return
+        user = _user(self.connection_pool)
+        exception.args = (refusal(user, command, str(exception.args[0])),)
+
+
+class _Client(redis.Redis):
+    """``redis.Redis`` whose refused commands name their keys and user (see :func:`refusal`)."""
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        try:
+            return super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
+        except redis.exceptions.NoPermissionError as exc:
+            answer = first_line(exc)
+            raise redis.exceptions.NoPermissionError(
+                refusal(_user(self.connection_pool), args, answer)
+            ) from None
+
+    def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> _Pipeline:
+        return _Pipeline(self.connection_pool, self.response_callbacks, transaction, shard_hint)
+
+
+def _user(pool: redis.ConnectionPool) -> str:
+    return str(pool.connection_kwargs.get("username") or "default")
 
 
 def connect(url: str, *, retries: int = 8) -> redis.Redis:
@@ -28,7 +83,7 @@ def connect(url: str, *, retries: int = 8) -> redis.Redis:
 
 
 def _from_url(url: str, retries: int) -> redis.Redis:
-    return redis.Redis.from_url(
+    return _Client.from_url(
         url,
         decode_responses=True,
         health_check_interval=30,

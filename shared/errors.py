@@ -3,7 +3,8 @@
 Everything evalq raises on purpose derives from :class:`EvalqError`. Two branches decide what a
 worker does with a failure: :class:`RetryableError` is tried again, :class:`PermanentError` ends
 the sample with a terminal error record. ``exit_code`` is what the CLI exits with: 1 error,
-2 bad input, 3 refused by policy, 4 a followed run ended ``failed`` or ``cancelled``.
+2 bad input, 3 refused by policy, 4 a followed run ended ``failed`` or ``cancelled``, 130
+the person stopped following a run (Ctrl-C).
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ __all__ = [
     "BudgetExhaustedError",
     "ComparisonError",
     "DataError",
+    "DetachedError",
     "EvalqError",
     "ForbiddenError",
     "GatewayUnreachableError",
     "InputError",
     "ModelHostError",
+    "ParamError",
     "PayloadError",
     "PermanentError",
     "PluginError",
@@ -36,6 +39,7 @@ __all__ = [
     "ThrottledError",
     "TierRefusedError",
     "UnauthorizedError",
+    "UnknownDatasetError",
     "UnknownEvalError",
     "UnknownRunError",
     "first_line",
@@ -74,7 +78,36 @@ class InputError(PermanentError):
 
 
 class UnknownEvalError(InputError):
-    """No evaluation is registered under that name."""
+    """No evaluation is registered under that name in this process."""
+
+    def __init__(self, name: str, known: list[str]) -> None:
+        listed = ", ".join(known) or "none"
+        super().__init__(
+            f"unknown evaluation '{name}' (registered: {listed}; plugins come from EVALQ_PLUGINS)"
+        )
+        self.name = name
+        self.known = known
+
+    def on(self, component: str) -> str:
+        """The message as ``component`` (``the gateway``) says it: which process lacks it."""
+        listed = ", ".join(self.known) or "none"
+        return (
+            f"{component} has no evaluation '{self.name}' (it loads: {listed}; plugins come "
+            f"from EVALQ_PLUGINS on {component})"
+        )
+
+
+class ParamError(InputError):
+    """A parameter the evaluation does not declare, a required one missing, or a value that
+    is not of its declared type."""
+
+
+class PortInUseError(InputError):
+    """A port evalq was told to listen on is taken by another process."""
+
+
+class UnknownDatasetError(InputError):
+    """No dataset is registered under that name."""
 
 
 class UnknownRunError(InputError):
@@ -172,6 +205,17 @@ class RunNotCompletedError(EvalqError):
     """A run that was followed to its end ended ``failed`` or ``cancelled``."""
 
     exit_code = 4
+
+
+class DetachedError(EvalqError):
+    """A person stopped following a run (Ctrl-C); the run goes on without them."""
+
+    exit_code = 130
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(
+            f"detached: run {run_id} goes on (evalq watch {run_id}, evalq cancel {run_id})"
+        )
 
 
 class BudgetExhaustedError(PolicyRefusedError):

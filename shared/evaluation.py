@@ -13,24 +13,53 @@ from collections.abc import Callable, Iterable, Mapping
 from statistics import fmean
 from typing import Any, ClassVar, TypeVar
 
-from shared.errors import PayloadError, PluginError, UnknownEvalError
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from shared.errors import ParamError, PayloadError, PluginError, UnknownEvalError
+from shared.failures import FailurePolicy, FailureRule
 from shared.scorer import ScriptCall, ScriptScorer, run_cold
+from shared.source import SourceFile, snapshot
 
 __all__ = [
     "Evaluation",
+    "Parameters",
     "create",
+    "failure_rule",
+    "label_fields",
     "load_plugins",
     "lower_is_better",
     "register",
     "registered",
     "scrub",
+    "source",
 ]
 
 BUILTIN_PLUGINS = ("shared.evals",)
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,127}$")
 _registry: dict[str, type[Evaluation]] = {}
+_sources: dict[str, SourceFile | None] = {}
 
 E = TypeVar("E", bound="type[Evaluation]")
+
+
+class Parameters(BaseModel):
+    """What an evaluation's ``--param k=v`` may be: subclass it inside the evaluation as
+    ``Params``, one field per parameter with its type and default (a field without a default
+    is required). Values arrive as text and are converted (``"0.1"`` to a float, ``"1"`` or
+    ``"true"`` to a bool); an undeclared name, or a value that is not of its type, is refused
+    before anything is charged. An evaluation that declares nothing takes no parameter."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @classmethod
+    def described(cls) -> str:
+        """``tolerance (float, default 1e-06), text_field (str, default 'text')``, or ``none``."""
+        parts = []
+        for name, field in cls.model_fields.items():
+            kind = getattr(field.annotation, "__name__", str(field.annotation))
+            default = "required" if field.is_required() else f"default {field.default!r}"
+            parts.append(f"{name} ({kind}, {default})")
+        return ", ".join(parts) or "none"
 
 
 class Evaluation(ABC):
@@ -58,6 +87,16 @@ class Evaluation(ABC):
     the plugin's code, never taken from ``params``, which the caller chooses."""
     lower_is_better: ClassVar[frozenset[str]] = frozenset()
     """Metrics where less is better (a loss, an error rate); every other one, more is."""
+    metric_ranges: ClassVar[Mapping[str, tuple[float, float]]] = {}
+    """Metrics' ``(low, high)`` ranges: a failed sample scores the end on the metric's bad
+    side, and error bars stay inside. An undeclared metric whose scores are all 0 or 1 is
+    taken as ``(0, 1)``; any other undeclared one has no range (a failed sample then scores
+    the worst value the run scored). A ``score()`` outside its metric's declared range is a
+    failed sample (stage ``score``), so no mean leaves the range."""
+    on_failure: ClassVar[FailurePolicy] = FailurePolicy.WORST
+    """What a failed sample counts as in every metric (:mod:`shared.failures`): its worst
+    value, or ``FailurePolicy.SKIP`` to leave failed samples out (the count is then shown
+    beside each metric)."""
     output_kind: ClassVar[str | None] = None
     """What ``infer()``'s outputs are, as a name evaluations share (``"topic-label"``): a run
     may be rescored (``evalq rescore``) with any evaluation of the same kind, and only then."""
@@ -65,8 +104,25 @@ class Evaluation(ABC):
     """A row field grouping samples that are not independent (questions about one passage):
     error bars are then cluster-robust (:mod:`shared.stats`)."""
 
+    Params: ClassVar[type[Parameters]] = Parameters
+    """The declared parameters (a :class:`Parameters` subclass); the base declares none."""
+    args: Parameters
+    """This instance's parameters, typed and with their defaults (annotate ``args: Params``
+    in an evaluation that declares some)."""
+
     def __init__(self, **params: str) -> None:
         self.params: dict[str, str] = dict(params)
+        """The parameters as given (text), as the run's record keeps them."""
+        self.args = self.check(params)
+
+    @classmethod
+    def check(cls, params: Mapping[str, str]) -> Parameters:
+        """``params`` validated against :attr:`Params`; :class:`ParamError` (exit 2) naming
+        the first problem and the evaluation's parameters otherwise."""
+        try:
+            return cls.Params.model_validate(dict(params))
+        except ValidationError as exc:
+            raise ParamError(_param_problem(cls, exc)) from None
 
     def load(self, device: str) -> Any:
         """Load and return the model on ``device``; called once per worker process."""
@@ -99,6 +155,11 @@ class Evaluation(ABC):
         return {i: str(row[field]) if field in row else f"#{i}" for i, row in rows.items()}
 
     @classmethod
+    def failure_rule(cls) -> FailureRule:
+        """How this evaluation's failed samples count (:func:`shared.failures.metric_samples`)."""
+        return FailureRule(cls.on_failure, dict(cls.metric_ranges), cls.lower_is_better)
+
+    @classmethod
     def custom_aggregate(cls) -> bool:
         """Whether ``aggregate()`` is the evaluation's own, not the mean of each metric (its
         error bars are then bootstrapped)."""
@@ -108,6 +169,22 @@ class Evaluation(ABC):
         """Reduce per-sample metrics to run metrics; by default the mean of each metric."""
         names = sorted({name for sample in scores for name in sample})
         return {n: fmean(s[n] for s in scores if n in s) for n in names}
+
+
+def _param_problem(cls: type[Evaluation], exc: ValidationError) -> str:
+    first = exc.errors()[0]
+    key = str(first["loc"][0]) if first["loc"] else ""
+    declared = cls.Params.described()
+    if first["type"] == "extra_forbidden":
+        if not cls.Params.model_fields:
+            return f"evaluation '{cls.name}' takes no parameters, got '{key}'"
+        return f"evaluation '{cls.name}' has no parameter '{key}' (its parameters: {declared})"
+    if first["type"] == "missing":
+        return f"evaluation '{cls.name}' needs parameter '{key}' (its parameters: {declared})"
+    return (
+        f"evaluation '{cls.name}' parameter '{key}' = {first.get('input')!r}: {first['msg']} "
+        f"(its parameters: {declared})"
+    )
 
 
 def register(name: str) -> Callable[[E], E]:
@@ -122,6 +199,8 @@ def register(name: str) -> Callable[[E], E]:
         if current is not None and current.__qualname__ != cls.__qualname__:
             raise PluginError(f"evaluation {name!r} is registered twice")
         cls.name = name
+        if _registry.get(name) is not cls:
+            _sources[name] = snapshot(name, cls)
         _registry[name] = cls
         return cls
 
@@ -142,22 +221,39 @@ def registered() -> list[str]:
     return sorted(_registry)
 
 
+def label_fields(name: str) -> tuple[str, ...]:
+    """The label fields of evaluation ``name``, scrubbed before ``infer()`` (none for an unknown
+    name)."""
+    cls = _registry.get(name)
+    return cls.label_fields if cls is not None else ()
+
+
+def source(name: str) -> SourceFile | None:
+    """The source file of evaluation ``name`` with the sha256 it had when this process loaded
+    it (None for an unknown name, or a class without a source file)."""
+    return _sources.get(name)
+
+
 def lower_is_better(name: str) -> frozenset[str]:
     """The metrics of evaluation ``name`` where less is better (none for an unknown name)."""
     cls = _registry.get(name)
     return cls.lower_is_better if cls is not None else frozenset()
 
 
+def failure_rule(name: str) -> FailureRule:
+    """How failed samples of evaluation ``name`` count (the default rule for an unknown
+    name)."""
+    cls = _registry.get(name)
+    return cls.failure_rule() if cls is not None else FailureRule()
+
+
 def create(name: str, params: Mapping[str, str] | None = None) -> Evaluation:
-    """Instantiate the evaluation registered as ``name``."""
+    """Instantiate the evaluation registered as ``name`` with ``params`` (checked against its
+    declared :attr:`Evaluation.Params`: :class:`ParamError` otherwise)."""
     cls = _registry.get(name)
     if cls is None:
-        known = ", ".join(registered()) or "none"
-        raise UnknownEvalError(f"unknown evaluation '{name}' (registered: {known})")
-    try:
-        return cls(**dict(params or {}))
-    except TypeError as exc:
-        raise UnknownEvalError(f"evaluation '{name}' rejects its parameters: {exc}") from exc
+        raise UnknownEvalError(name, registered())
+    return cls(**dict(params or {}))
 
 
 def scrub(row: object, label_fields: Iterable[str]) -> dict[str, Any]:

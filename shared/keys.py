@@ -19,6 +19,7 @@ __all__ = [
     "FAIR_SCORE",
     "JANITOR",
     "PRIORITIES",
+    "RETENTION",
     "RUNS",
     "TOKENS",
     "WORKERS",
@@ -42,6 +43,10 @@ ACTIVE = "evalq:active"
 
 JANITOR = "evalq:janitor"
 """String with an expiry: the hostname of the worker that runs the janitor (its lease)."""
+
+RETENTION = "evalq:retention"
+"""String with an expiry: the gateway process that applies the retention policy (its lease;
+:mod:`producer.retainer`)."""
 
 WORKERS = "evalq:workers:"
 """Prefix of the workers' heartbeat keys."""

@@ -4,6 +4,7 @@ error records and exported results. Payloads travel as JSON and carry ids only, 
 
 from __future__ import annotations
 
+import json
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -20,9 +21,15 @@ __all__ = [
     "SampleState",
     "SampleTask",
     "Stage",
+    "to_json",
 ]
 
 JSONValue = Any
+
+
+def to_json(value: Any) -> str:
+    """Compact, strict JSON (no NaN): how every stored value is encoded."""
+    return json.dumps(value, separators=(",", ":"), allow_nan=False)
 
 
 class RunStatus(StrEnum):

@@ -100,6 +100,13 @@ def admit_source(where: str, registered: bool, admin: bool) -> None:
         )
 
 
+def suggests_datasets(admin: bool, sees_sources: bool) -> bool:
+    """Whether an unknown dataset name's error may suggest a registered name that is close
+    (``did you mean 'reviews'?``): for an admin (``--admin``, an admin token) or an operator
+    holding Redis, who may list every dataset anyway; a user's typo teaches it of no dataset."""
+    return admin or sees_sources
+
+
 def admit_split(where: str, tier: Tier, admin: bool) -> None:
     """Before anything is read or charged: refuse a ``no_access`` split to a non-admin."""
     if not admin and tier is Tier.NO_ACCESS:
@@ -199,8 +206,9 @@ class Reader:
         return self.access is Access.FULL
 
     def require_samples(self) -> None:
-        """Per-sample results (outputs, scores, score distributions) need full access:
-        raise :class:`TierRefusedError` otherwise."""
+        """Per-sample results (outputs, scores, score distributions) and samples' rows (their
+        inputs and targets, as ``--with-input`` and the report's lowest-scoring samples show
+        them) need full access: raise :class:`TierRefusedError` otherwise."""
         if self.access is not Access.FULL:
             raise TierRefusedError(
                 f"tier refused: {self.where} is {self.tier.value}; "
@@ -367,15 +375,29 @@ def released_stats(
     standard error would undo the rounding (with the count it pins the sum of squares, hence
     the exact mean of a 0/1 metric), and so would a metric's own count (a metric that
     ``score()`` gives only on rows of one label counts that label); the grid of the release is
-    itself about twice the largest standard error."""
+    itself about twice the largest standard error. Failed samples stay counted as the run
+    counted them (in ``n`` unless skipped)."""
     if rule.mechanism is Mechanism.EXACT:
         return dict(stats)
     method = f"released ({rule.describe(samples)}): no exact error bar"
     return {
-        name: Stat(mean=released[name], stderr=None, ci95=None, n=samples, method=method)
-        for name in stats
+        name: Stat(
+            mean=released[name],
+            stderr=None,
+            ci95=None,
+            n=samples + _counted_failures(stat),
+            method=method,
+            failed=stat.failed,
+            on_failure=stat.on_failure,
+        )
+        for name, stat in stats.items()
         if name in released
     }
+
+
+def _counted_failures(stat: Stat) -> int:
+    """Failed samples counted in the stat's ``n`` besides the scored ones."""
+    return 0 if stat.on_failure is None else sum(stat.failed.values()) - stat.skipped
 
 
 def default_eta(samples: int) -> float:

@@ -1,5 +1,5 @@
 """Worker presence in Redis: each worker's heartbeat (what it serves, what it holds), expiring
-when the worker stops beating, and the janitor's lease; owns ``lead.lua``."""
+when the worker stops beating, and leases (the janitor's, the retainer's); owns ``lead.lua``."""
 
 from __future__ import annotations
 
@@ -10,11 +10,33 @@ from pydantic import BaseModel, ValidationError
 
 from shared.keys import JANITOR, WORKERS, worker_key
 from shared.lua import register
+from shared.settings import Settings
 
-__all__ = ["HEARTBEAT_MISSES", "Presence", "WorkerBeat", "absence"]
+__all__ = ["HEARTBEAT_MISSES", "Lease", "Presence", "WorkerBeat", "absence", "sweep_every"]
 
 HEARTBEAT_MISSES = 5
 """Heartbeat intervals after which a silent worker counts as gone (its key expires)."""
+
+MAX_SWEEP_EVERY = 15.0
+
+
+def sweep_every(settings: Settings) -> float:
+    """Seconds between two sweeps of the janitor (and passes of the retainer)."""
+    return min(MAX_SWEEP_EVERY, settings.stall_after / 4)
+
+
+class Lease:
+    """A key with an expiry that one holder at a time takes and renews (``lead.lua``)."""
+
+    def __init__(self, client: redis.Redis, key: str) -> None:
+        self._key = key
+        self._lead = register(client, "lead")
+
+    def hold(self, holder: str, seconds: float, gone: str = "") -> bool:
+        """Take the lease for ``seconds`` when it is free (or held by ``gone``), or renew it
+        when ``holder`` holds it; True if ``holder`` holds it now."""
+        ttl_ms = max(1, int(seconds * 1000))
+        return bool(self._lead(keys=[self._key], args=[holder, ttl_ms, gone]))
 
 
 class WorkerBeat(BaseModel):
@@ -32,6 +54,8 @@ class WorkerBeat(BaseModel):
     """Delivery tags of the messages it holds unacknowledged."""
     prefetch: int = 2
     """Messages it reserves at most (Celery's prefetch multiplier times its processes)."""
+    code: dict[str, str] = {}
+    """Evaluation -> sha256 of its source file as this worker loaded it (the code it runs)."""
 
 
 def absence(workers: Iterable[WorkerBeat], evaluation: str, queues: Iterable[str]) -> str | None:
@@ -55,7 +79,7 @@ class Presence:
 
     def __init__(self, client: redis.Redis) -> None:
         self._client = client
-        self._lead = register(client, "lead")
+        self._lease = Lease(client, JANITOR)
 
     def beat(self, beat: WorkerBeat, interval: float) -> None:
         """Publish a heartbeat that lives ``HEARTBEAT_MISSES`` intervals."""
@@ -85,5 +109,19 @@ class Presence:
         by hand without an expiry) is taken over."""
         holder = self._client.get(JANITOR)
         gone = "" if holder is None or holder in {b.hostname for b in self.live()} else holder
-        ttl_ms = max(1, int(lease * 1000))
-        return bool(self._lead(keys=[JANITOR], args=[hostname, ttl_ms, str(gone)]))
+        return self._lease.hold(hostname, lease, str(gone))
+
+
+def stale_code(workers: Iterable[WorkerBeat], evaluation: str, now: str | None) -> str | None:
+    """Why a run of ``evaluation`` would not run its file as it is now (sha256 ``now``, as the
+    producer reads it): some live worker serving it loaded other code; None otherwise."""
+    if now is None:
+        return None
+    old = sorted({w.code[evaluation] for w in workers if w.code.get(evaluation, now) != now})
+    if not old:
+        return None
+    codes = ", ".join(code[:12] for code in old)
+    return (
+        f"workers run evaluation '{evaluation}' as code {codes} but its file is now {now[:12]} "
+        "(restart them to run the edit)"
+    )

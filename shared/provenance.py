@@ -2,15 +2,16 @@
 
 Each worker process that stores outputs of a run records, once per run, what it ran with: its
 host and device, Python and the versions of evalq, torch, transformers and datasets, and the
-evaluation's module with a sha256 of its source file. Records of the same (host, device, code)
-are one entry (``HSETNX`` in ``evalq:{run}:provenance``). ``status --json`` and the report
-show them with the run's dataset spec fingerprint.
+evaluation's module with a sha256 of its source file as the process loaded it, and the file's
+sha256 now when it differs (the file was edited after the process started: stale code).
+Records of the same (host, device, code) are one entry (``HSETNX`` in
+``evalq:{run}:provenance``). ``status`` and the report show them with the run's dataset spec
+fingerprint.
 """
 
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 import platform
 import socket
@@ -20,8 +21,9 @@ from importlib import metadata
 import redis
 from pydantic import BaseModel, ConfigDict
 
-from shared.evaluation import Evaluation
+from shared.evaluation import Evaluation, source
 from shared.keys import RunKeys
+from shared.source import stale_note
 
 __all__ = ["PACKAGES", "ProvenanceStore", "RunProvenance", "WorkerProvenance", "of_worker"]
 
@@ -41,7 +43,16 @@ class WorkerProvenance(BaseModel):
     evaluation: str
     """The evaluation class's module and name."""
     source_sha256: str
-    """sha256 of the evaluation's source file (``unknown`` when it has none)."""
+    """sha256 of the evaluation's source file as the worker loaded it: the code it ran
+    (``unknown`` when it has none)."""
+    source_now: str | None = None
+    """sha256 of that file on disk when the worker recorded this, when it differs: the worker
+    ran code older than the file (it was edited after the worker started)."""
+
+    @property
+    def code(self) -> str:
+        """``code ad84e7a0c470``, and `` (stale: file now 14befa780383)`` when stale."""
+        return stale_note(self.source_sha256, self.source_now)
 
 
 class RunProvenance(BaseModel):
@@ -60,18 +71,6 @@ def _version(package: str) -> str:
 
 
 @cache
-def _source_sha256(cls: type[Evaluation]) -> str:
-    try:
-        path = inspect.getsourcefile(cls)
-        if path is None:
-            return "unknown"
-        with open(path, "rb") as handle:
-            return hashlib.sha256(handle.read()).hexdigest()
-    except (OSError, TypeError):
-        return "unknown"
-
-
-@cache
 def _packages() -> tuple[tuple[str, str], ...]:
     return tuple((p, _version(p)) for p in PACKAGES)
 
@@ -79,13 +78,15 @@ def _packages() -> tuple[tuple[str, str], ...]:
 def of_worker(evaluation: Evaluation, device: str) -> WorkerProvenance:
     """This process's provenance for ``evaluation`` on ``device``."""
     cls = type(evaluation)
+    found = source(cls.name)
     return WorkerProvenance(
         host=socket.gethostname(),
         device=device,
         python=platform.python_version(),
         packages=dict(_packages()),
         evaluation=f"{cls.__module__}.{cls.__qualname__}",
-        source_sha256=_source_sha256(cls),
+        source_sha256="unknown" if found is None else found.loaded,
+        source_now=None if found is None else found.changed(),
     )
 
 

@@ -145,6 +145,10 @@ class DatasetRegistry:
         raw = self._client.hget(DATASETS, name)
         return None if raw is None else RegisteredDataset.model_validate_json(raw)
 
+    def names(self) -> list[str]:
+        """Every registered dataset's name."""
+        return sorted(str(name) for name in self._client.hkeys(DATASETS))
+
     def all(self) -> list[RegisteredDataset]:
         """Every registered dataset, by name."""
         raw = self._client.hgetall(DATASETS)

@@ -18,9 +18,10 @@ from redis.client import NEVER_DECODE
 from shared.archive import RAW_COLUMNS, ArchiveReader, Chunk, inside, read_part, run_folder
 from shared.errors import ArchiveUnreadableError, UnknownRunError, first_line
 from shared.evaluation import Evaluation
+from shared.failures import Counted, FailureRule, metric_samples
 from shared.keys import RunKeys
 from shared.lua import register
-from shared.models import ErrorRecord, Progress, RunStatus, SampleResult, Stage
+from shared.models import ErrorRecord, Progress, RunStatus, SampleResult, Stage, to_json
 from shared.runs import RunStore
 from shared.stats import Stat, describe
 
@@ -53,11 +54,6 @@ _STABLE_TRIES = 5
 """Reads of a going run's error counts before one no spill overlapped is given up on."""
 _ARCHIVE_SCAN = 65_536
 """Samples looked at a time when a few are read back from an archive."""
-
-
-def to_json(value: Any) -> str:
-    """Compact, strict JSON (no NaN): how every stored value is encoded."""
-    return json.dumps(value, separators=(",", ":"), allow_nan=False)
 
 
 def _flatten(values: Mapping[Any, str | int]) -> list[Any]:
@@ -128,11 +124,13 @@ def result_line(result: SampleResult) -> str:
 def error_kinds(records: Iterable[str]) -> dict[str, int]:
     """Error records (JSON) counted by stage and exception class, e.g. ``infer/RuntimeError``,
     most common first."""
-    counts: Counter[str] = Counter()
-    for raw in records:
-        error = ErrorRecord.model_validate_json(raw)
-        counts[f"{error.stage.value}/{error.kind}"] += 1
-    return dict(counts.most_common())
+    return dict(Counter(_kind(raw) for raw in records).most_common())
+
+
+def _kind(raw: str) -> str:
+    """An error record's (JSON) stage and exception class, e.g. ``infer/RuntimeError``."""
+    error = ErrorRecord.model_validate_json(raw)
+    return f"{error.stage.value}/{error.kind}"
 
 
 TIMELINE_STEP = 0.01
@@ -704,18 +702,25 @@ class ResultStore:
         )
         return Settled(bool(finalize), int(written), int(settled))
 
+    def counted(self, run_id: str, rule: FailureRule) -> Counted:
+        """The run's metric samples: every stored score, and its failed samples as ``rule``
+        (the evaluation's declarations) counts them (:func:`shared.failures.metric_samples`)."""
+        return metric_samples(self.scores(run_id), self.failures(run_id), rule)
+
     def finalize(
         self, run_id: str, evaluation: Evaluation, clusters: Clusters | None = None
     ) -> Finished | None:
         """Compute the aggregate, and each metric's uncertainty (:func:`shared.stats.describe`,
-        clustered by what ``clusters`` gives for the scored ids, when the evaluation declares
-        a cluster field), from every stored score and end the run:
-        completed, or failed when no sample could be scored or ``aggregate()`` raised. None if
-        the run had ended already (cancelled meanwhile, or finished by another finalizer)."""
-        scores = self.scores(run_id)
+        clustered by what ``clusters`` gives for the counted ids, when the evaluation declares
+        a cluster field), from every stored score and failure (:meth:`counted`) and end the
+        run: completed, or failed when no sample could be scored or ``aggregate()`` raised.
+        None if the run had ended already (cancelled meanwhile, or finished by another
+        finalizer)."""
+        counted = self.counted(run_id, evaluation.failure_rule())
+        scores = counted.scores
         finished = Finished(RunStatus.FAILED, {}, "no sample could be scored")
         encoded, stats = to_json(finished.aggregate), ""
-        if scores:
+        if counted.scored:
             try:
                 values = list(scores.values())
                 aggregate = {str(k): float(v) for k, v in evaluation.aggregate(values).items()}
@@ -725,7 +730,7 @@ class ResultStore:
                 reason = f"aggregate() failed: {type(exc).__name__}: {first_line(exc)}"
                 finished = Finished(RunStatus.FAILED, {}, reason)
             else:
-                stats = self._stats(run_id, scores, evaluation, clusters)
+                stats = self._stats(run_id, counted, evaluation, clusters)
         keys = RunKeys(run_id)
         ended = self._finish(
             keys=[keys.meta, keys.aggregate, keys.stats],
@@ -735,10 +740,7 @@ class ResultStore:
 
     @staticmethod
     def _stats(
-        run_id: str,
-        scores: Mapping[int, Mapping[str, float]],
-        evaluation: Evaluation,
-        clusters: Clusters | None,
+        run_id: str, counted: Counted, evaluation: Evaluation, clusters: Clusters | None
     ) -> str:
         """The stats JSON, or '' (logged) when they cannot be computed (the clusters' rows
         unreadable, say): the run still completes with its aggregate."""
@@ -748,8 +750,8 @@ class ResultStore:
             if evaluation.cluster_field is not None:
                 if clusters is None:
                     raise ValueError("its clusters were not given")
-                grouped = clusters(sorted(scores))
-            stats = describe(scores, custom, grouped)
+                grouped = clusters(sorted(counted.scores))
+            stats = counted.noted(describe(counted.scores, custom, grouped, counted.ranges))
             return json.dumps(
                 {name: stat.model_dump(mode="json") for name, stat in stats.items()},
                 allow_nan=False,
@@ -787,6 +789,30 @@ class ResultStore:
             for batch in self._archive_after_seal(run_id).batches(("sample_id", "scores")):
                 _parse_scores(batch.column(0).to_pylist(), batch.column(1).to_pylist(), scores)
             return scores
+
+        return self._live_or_archived(run_id, live, archived)
+
+    def failures(self, run_id: str) -> dict[int, str]:
+        """Every failed sample's ``stage/kind`` (e.g. ``infer/RuntimeError``), by sample id."""
+
+        def kinds(sample_ids: list[int], texts: list[str | None], into: dict[int, str]) -> None:
+            into.update({i: _kind(t) for i, t in zip(sample_ids, texts, strict=True) if t})
+
+        def live() -> dict[int, str]:
+            found: dict[int, str] = {}
+            scanned = list(self._scan(RunKeys(run_id).err))
+            kinds([int(i) for i, _ in scanned], [raw for _, raw in scanned], found)
+            spill = self.spill_map(run_id)  # after the scan: what spilled during it is here
+            for index in spill.parts:
+                chunk = read_part(spill.url(index), run_id, ("error",))
+                kinds(chunk.sample_ids, chunk.errors, found)
+            return found
+
+        def archived() -> dict[int, str]:
+            found: dict[int, str] = {}
+            for batch in self._archive_after_seal(run_id).batches(("sample_id", "error")):
+                kinds(batch.column(0).to_pylist(), batch.column(1).to_pylist(), found)
+            return found
 
         return self._live_or_archived(run_id, live, archived)
 

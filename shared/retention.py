@@ -1,32 +1,71 @@
 """Retention: purging ended runs, wholly, from Redis and from the archive.
 
-``evalq purge`` (admins) and the janitor (runs older than ``EVALQ_KEEP_RUNS_DAYS``) both come
-here. A purge removes a run's record, counters, aggregate, stats, provenance, release record,
-per-sample keys and archive folder (every attempt's), and its entry in the run index; a going
-run is never purged. What stays: the audit stream's entries about the run (their own rule,
-``EVALQ_AUDIT_DAYS``) and the budget it was charged.
+``evalq purge`` (admins) and the retention policy (:func:`retain`: runs older than
+``EVALQ_KEEP_RUNS_DAYS``, audit entries older than ``EVALQ_AUDIT_DAYS``; applied by the
+gateway's retainer, :mod:`producer.retainer`, or once by ``evalq retention``) come here. Both
+need the operator's rights (the ``gateway`` ACL user): the ``worker`` user may touch neither the
+audit stream nor a run's facts. A purge removes a run's record, counters, aggregate, stats,
+provenance, release record, per-sample keys and archive folder (every attempt's), and its entry
+in the run index; a going run is never purged. What stays: the audit stream's entries about the
+run (their own rule, ``EVALQ_AUDIT_DAYS``) and the budget it was charged.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 import redis
 
 from shared.archive import remove_run, run_folder
+from shared.audit import record, trim_audit
+from shared.connection import server_time
 from shared.errors import InputError, UnknownRunError
 from shared.keys import ACTIVE, RUNS, RunKeys, release_run_key
 from shared.models import RunMeta, RunStatus
 from shared.runs import RunStore
 from shared.settings import Settings
 
-__all__ = ["archive_due", "expired", "parse_age", "purge"]
+__all__ = ["PURGE_PER_PASS", "Retained", "archive_due", "expired", "parse_age", "purge", "retain"]
 
 log = logging.getLogger(__name__)
 
 _PAGE = 100
 """Runs looked at per call of :func:`expired`."""
+
+PURGE_PER_PASS = 100
+"""Most runs one pass of :func:`retain` purges for their age (the rest wait for the next)."""
+
+
+@dataclass
+class Retained:
+    """What one pass of :func:`retain` did."""
+
+    trimmed: int = 0
+    """Audit entries dropped for their age."""
+    purged: list[str] = field(default_factory=list)
+    """Runs purged for their age."""
+
+
+def retain(client: redis.Redis, settings: Settings, who: str = "retention") -> Retained:
+    """One pass of the retention policy: trim the audit entries older than
+    ``EVALQ_AUDIT_DAYS``, then purge (wholly, audited as ``purge`` by ``who``) at most
+    :data:`PURGE_PER_PASS` ended runs submitted more than ``EVALQ_KEEP_RUNS_DAYS`` ago."""
+    now = server_time(client)
+    done = Retained(trimmed=trim_audit(client, settings.audit_days, now))
+    keep = settings.keep_runs_days
+    if keep is None:
+        return done
+    for run_id in expired(client, now - keep * 86400):
+        if purge(client, run_id, settings.archive_url):
+            record(client, "purge", who, run=run_id, after={"keep_days": keep})
+            done.purged.append(run_id)
+        if len(done.purged) >= PURGE_PER_PASS:
+            break
+    if done.purged:
+        log.warning("retention: purged %d runs older than %g days", len(done.purged), keep)
+    return done
 
 
 def expired(client: redis.Redis, before: float) -> Iterator[str]:

@@ -2,10 +2,12 @@
 
 - **A metric's uncertainty** (:func:`describe`). For an evaluation that keeps the default
   ``aggregate()`` (the mean of each per-sample metric): the analytic standard error ``s/√n``
-  (``s`` the sample standard deviation) and the normal 95% interval; when the evaluation
-  declares a ``cluster_field`` (several samples per passage, per task), the cluster-robust
-  standard error, since samples of one cluster are not independent (Miller 2024, "Adding Error
-  Bars to Evals"). For a custom ``aggregate()``: a seeded bootstrap over samples.
+  (``s`` the sample standard deviation) and the 95% interval: Wilson's score interval for a
+  0/1 metric (:func:`wilson`), else the normal one clipped to the metric's range when it has
+  one; when the evaluation declares a ``cluster_field`` (several samples per passage, per
+  task), the cluster-robust standard error, since samples of one cluster are not independent
+  (Miller 2024, "Adding Error Bars to Evals"), and its normal interval clipped to the range.
+  For a custom ``aggregate()``: a seeded bootstrap over samples (percentile interval).
 - **A paired comparison** (:func:`paired`): over the samples both runs scored, the mean
   difference of a metric (the other run minus the baseline), a seeded paired bootstrap 95%
   interval and, for 0/1 metrics, McNemar's exact p-value (a two-sided binomial test on the
@@ -23,9 +25,9 @@ from collections.abc import Callable, Mapping, Sequence
 from statistics import fmean, stdev
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, computed_field
 
-__all__ = ["Delta", "Stat", "describe", "holm", "paired"]
+__all__ = ["Delta", "Interval", "Stat", "describe", "holm", "paired", "wilson"]
 
 Z95 = 1.959963984540054
 """The standard normal's 97.5% quantile."""
@@ -44,10 +46,24 @@ within its own noise, at that size) instead of 1,000 resamples of every pair."""
 _CHUNK = 4_000_000
 
 Scores = Mapping[int, Mapping[str, float]]
+Range = tuple[float, float]
+
+
+class Interval(BaseModel):
+    """A 95% interval and how it was computed."""
+
+    model_config = ConfigDict(frozen=True)
+
+    method: str
+    """``wilson`` (a 0/1 metric's mean), ``normal`` (``normal, clipped to [low, high]`` when
+    it reached past the metric's range) or ``bootstrap percentile``."""
+    low: float
+    high: float
 
 
 class Stat(BaseModel):
-    """One metric of a run: its value, standard error, 95% interval and sample count."""
+    """One metric of a run: its value, standard error, 95% interval and sample count, and how
+    its failed samples were counted."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -55,9 +71,26 @@ class Stat(BaseModel):
     stderr: float | None
     """None when it cannot be estimated (fewer than two samples or clusters)."""
     ci95: tuple[float, float] | None
+    """``interval``'s ends."""
     n: int
+    """Samples counted (failed ones included, unless the failure policy is ``skip``)."""
     method: str
     """``analytic``, ``clustered`` (with the clusters' count) or ``bootstrap``."""
+    interval: Interval | None = None
+    """The 95% interval with its method (None where ``ci95`` is)."""
+    failed: dict[str, int] = {}
+    """The run's failed samples by ``stage/kind`` (by ``stage`` for a reader who does not see
+    error kinds)."""
+    on_failure: str | None = None
+    """How they count (:class:`shared.failures.FailurePolicy`): ``worst`` (in ``n`` and the
+    mean, at the metric's worst value) or ``skip`` (left out); None for a run finalized before
+    failures counted."""
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def skipped(self) -> int:
+        """Failed samples left out of the metric (the ``skip`` policy)."""
+        return sum(self.failed.values()) if self.on_failure == "skip" else 0
 
 
 class Delta(BaseModel):
@@ -82,14 +115,52 @@ def _interval(mean: float, stderr: float | None) -> tuple[float, float] | None:
     return None if stderr is None else (mean - Z95 * stderr, mean + Z95 * stderr)
 
 
-def _analytic(values: list[float]) -> Stat:
+def wilson(right: int, n: int) -> tuple[float, float]:
+    """Wilson's 95% score interval of the fraction ``right / n`` (always inside [0, 1])."""
+    z2, p = Z95 * Z95, right / n
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = Z95 * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def _binary(values: np.ndarray | list[float]) -> bool:
+    return bool(np.all((np.asarray(values) == 0) | (np.asarray(values) == 1)))
+
+
+def _clipped(bounds: tuple[float, float] | None, span: Range | None) -> Interval | None:
+    """The normal interval ``bounds``, clipped to the metric's range ``span`` (said so in its
+    method when it reached past it)."""
+    if bounds is None:
+        return None
+    low, high = bounds
+    if span is None or (span[0] <= low and high <= span[1]):
+        return Interval(method="normal", low=low, high=high)
+    return Interval(
+        method=f"normal, clipped to [{span[0]:g}, {span[1]:g}]",
+        low=min(max(low, span[0]), span[1]),
+        high=max(min(high, span[1]), span[0]),
+    )
+
+
+def _stat(
+    mean: float, stderr: float | None, n: int, method: str, interval: Interval | None
+) -> Stat:
+    ci = None if interval is None else (interval.low, interval.high)
+    return Stat(mean=mean, stderr=stderr, ci95=ci, n=n, method=method, interval=interval)
+
+
+def _analytic(values: list[float], span: Range | None = None) -> Stat:
     mean = fmean(values)
     stderr = stdev(values) / math.sqrt(len(values)) if len(values) > 1 else None
-    return Stat(mean=mean, stderr=stderr, ci95=_interval(mean, stderr), n=len(values),
-                method="analytic")  # fmt: skip
+    if _binary(values):
+        low, high = wilson(int(sum(values)), len(values))
+        interval: Interval | None = Interval(method="wilson", low=low, high=high)
+    else:
+        interval = _clipped(_interval(mean, stderr), span)
+    return _stat(mean, stderr, len(values), "analytic", interval)
 
 
-def _clustered(values: list[float], clusters: list[str]) -> Stat:
+def _clustered(values: list[float], clusters: list[str], span: Range | None = None) -> Stat:
     """Liang-Zeger standard error of a mean with the small-sample factor G/(G-1)."""
     mean = fmean(values)
     sums: dict[str, float] = {}
@@ -100,8 +171,10 @@ def _clustered(values: list[float], clusters: list[str]) -> Stat:
     if groups > 1:
         spread = sum(s * s for s in sums.values()) * groups / (groups - 1)
         stderr = math.sqrt(spread) / len(values)
-    return Stat(mean=mean, stderr=stderr, ci95=_interval(mean, stderr), n=len(values),
-                method=f"clustered ({groups} clusters)")  # fmt: skip
+    if span is None and _binary(values):
+        span = (0.0, 1.0)
+    interval = _clipped(_interval(mean, stderr), span)
+    return _stat(mean, stderr, len(values), f"clustered ({groups} clusters)", interval)
 
 
 def _rounds(samples: int) -> int:
@@ -146,10 +219,9 @@ def _bootstrap(
             stats[name] = Stat(mean=mean, stderr=None, ci95=None, n=n, method=why)
             continue
         low, high = np.percentile(values, [2.5, 97.5])
-        stats[name] = Stat(
-            mean=mean, stderr=float(np.std(values, ddof=1)), ci95=(float(low), float(high)),
-            n=n, method=f"bootstrap ({len(values)} resamples)",
-        )  # fmt: skip
+        interval = Interval(method="bootstrap percentile", low=float(low), high=float(high))
+        stderr = float(np.std(values, ddof=1))
+        stats[name] = _stat(mean, stderr, n, f"bootstrap ({len(values)} resamples)", interval)
     return stats
 
 
@@ -157,10 +229,13 @@ def describe(
     scores: Scores,
     aggregate: Callable[[list[dict[str, float]]], Mapping[str, float]] | None = None,
     clusters: Mapping[int, str] | None = None,
+    ranges: Mapping[str, Range] | None = None,
 ) -> dict[str, Stat]:
-    """Each metric of the scored samples ``scores`` (sample id -> metrics) with its
-    uncertainty: analytic (clustered by ``clusters``, sample id -> cluster, when given) for
-    means, a seeded bootstrap through ``aggregate`` when the evaluation has its own."""
+    """Each metric of the samples ``scores`` (sample id -> metrics, as
+    :func:`shared.failures.metric_samples` counts them) with its uncertainty: analytic
+    (clustered by ``clusters``, sample id -> cluster, when given) for means, its interval
+    inside the metric's range (from ``ranges``, when known); a seeded bootstrap through
+    ``aggregate`` when the evaluation has its own."""
     ids = sorted(scores)
     if aggregate is not None:
         return _bootstrap([scores[i] for i in ids], aggregate)
@@ -169,15 +244,12 @@ def describe(
     for name in names:
         scored = [i for i in ids if name in scores[i]]
         values = [float(scores[i][name]) for i in scored]
+        span = (ranges or {}).get(name)
         if clusters is not None:
-            stats[name] = _clustered(values, [clusters.get(i, f"#{i}") for i in scored])
+            stats[name] = _clustered(values, [clusters.get(i, f"#{i}") for i in scored], span)
         else:
-            stats[name] = _analytic(values)
+            stats[name] = _analytic(values, span)
     return stats
-
-
-def _binary(values: np.ndarray) -> bool:
-    return bool(np.all((values == 0) | (values == 1)))
 
 
 def paired(baseline: Mapping[int, float], other: Mapping[int, float]) -> Delta | None:
@@ -207,6 +279,8 @@ def paired(baseline: Mapping[int, float], other: Mapping[int, float]) -> Delta |
         ci = (float(low), float(high))
     p_value, flips = None, (0, 0)
     if _binary(a) and _binary(b):
+        if ci is not None:  # a difference of 0/1 values lies in [-1, 1]
+            ci = (max(-1.0, ci[0]), min(1.0, ci[1]))
         up = int(np.sum((a == 0) & (b == 1)))
         down = int(np.sum((a == 1) & (b == 0)))
         flips = (up, down)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,13 +13,15 @@ import pytest
 import redis
 from celery import Celery
 
+from producer.client import Client
 from producer.redis_server import RedisServer
 from producer.workers import LocalWorkers
 from shared.celery_app import create_app
 from shared.connection import connect
 from shared.evaluation import load_plugins
+from shared.policy import Role
 from shared.settings import Settings
-from tests.helpers import cli_env
+from tests.helpers import REPO, cli_env, gateway, wait_for
 
 
 @dataclass
@@ -59,6 +63,12 @@ class Stack:
 
     def worker_log(self) -> str:
         return "".join(p.read_text() for p in sorted(self.log_dir.glob("w*/worker-*.log")))
+
+    def wait_logged(self, text: str, count: int = 1, timeout: float = 60.0) -> str:
+        """The workers' log once it holds ``text`` at least ``count`` times: a worker logs
+        what it did after doing it, so a test that saw the effect waits for the line."""
+        wait_for(lambda: self.worker_log().count(text) >= count, timeout, f"{text!r} logged")
+        return self.worker_log()
 
     def assert_no_task_crashed(self) -> None:
         """No batch raised out of evalq's code (per-sample errors are records, not crashes):
@@ -118,3 +128,44 @@ def redis_only(tmp_path: Path) -> Iterator[RedisServer]:
     """Just a redis-server, for tests that need no worker."""
     with RedisServer(tmp_path / "redis") as server:
         yield server
+
+
+NOWHERE = "redis://must-not-be-read.invalid:1/0"
+
+
+@dataclass
+class Door:
+    """How the CLI reaches evalq: ``redis`` (an operator) or ``gateway`` (a user's token)."""
+
+    name: str
+    env: dict[str, str]
+
+    def popen(self, *args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, "-c", "from shared.cli import main; main()", *args],
+            env=self.env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+
+    def run(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-c", "from shared.cli import main; main()", *args],
+            env={**self.env, **env}, cwd=REPO, capture_output=True, text=True, timeout=120,
+            check=False,
+        )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def served(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """The gateway in front of the shared stack, and a user's token."""
+    token = Client(stack.settings).create_token("ux-user", Role.USER)
+    log = tmp_path_factory.mktemp("gw") / "gateway.log"
+    with gateway(stack.server.url, log) as (api, _):
+        yield api, token
+
+
+@pytest.fixture(params=["redis", "gateway"])
+def door(request: pytest.FixtureRequest, stack: Stack) -> Door:
+    if request.param == "redis":
+        return Door("redis", cli_env(stack.server.url))
+    api, token = request.getfixturevalue("served")
+    return Door("gateway", cli_env(NOWHERE, EVALQ_API_URL=api, EVALQ_TOKEN=token))

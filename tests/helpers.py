@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from shared.policy import Tier
 from shared.registry import DatasetRegistry
 from shared.results import ResultStore
 from shared.runs import RunStore
+from shared.stats import wilson as wilson_interval
 from shared.tiers import TierRegistry
 from tests.plugins import predict
 
@@ -36,11 +36,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def wilson(right: int, n: int) -> tuple[float, float, float]:
-    """The fraction ``right / n`` with its 95% Wilson interval."""
-    z, p = 1.96, right / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return p, centre - half, centre + half
+    """The fraction ``right / n`` with its 95% Wilson interval (:func:`shared.stats.wilson`)."""
+    return (right / n, *wilson_interval(right, n))
 
 
 def wait_for(probe: Callable[[], T], timeout: float = 60.0, what: str = "condition") -> T:
@@ -230,8 +227,9 @@ def gateway(
     answers, and its process."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("EVALQ_")}
     env.update(
-        EVALQ_REDIS_URL=redis_url, EVALQ_PLUGINS="tests.plugins", PYTHONPATH=str(REPO), **settings
+        {"EVALQ_REDIS_URL": redis_url, "EVALQ_PLUGINS": "tests.plugins", "PYTHONPATH": str(REPO)}
     )
+    env.update(settings)
     port = free_port()
     with log.open("wb") as out:
         process = subprocess.Popen(

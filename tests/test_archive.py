@@ -12,27 +12,32 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import redis
 
 from producer.client import Client
+from producer.export import ExportFormat, write_tables
 from producer.redis_server import RedisServer
 from producer.submit import SubmitRequest
 from shared.archive import (
     MANIFEST,
+    OUTPUT_ENCODING,
     ArchiveReader,
     ArchiveWriter,
     Chunk,
     read_part,
     run_folder,
     table_of,
+    typed_output,
+    write_part,
 )
 from shared.connection import connect
 from shared.errors import ArchiveUnreadableError, InputError
 from shared.evaluation import create
 from shared.keys import AUDIT, RUNS, RunKeys
-from shared.models import ErrorRecord, RunMeta, RunStatus, Stage
+from shared.models import ErrorRecord, RunMeta, RunStatus, Stage, to_json
 from shared.results import ResultStore
 from shared.retention import archive_due, parse_age, purge
 from shared.runs import RunStore
@@ -237,7 +242,7 @@ def test_an_archiver_killed_before_its_seal_is_finished_by_another_worker(
     assert sum(count for _, count in manifest["timeline"]) == 120  # each settled once
     assert manifest["progress"]["scored"] == 118
     assert manifest["progress"]["failed"] == 2
-    assert "put back" in stack.worker_log()
+    stack.wait_logged("put back")
     wait_for(lambda: meta.run_id not in client._runs.active(), 30, "the run to be retired")
 
 
@@ -463,7 +468,9 @@ def test_a_going_run_spills_its_complete_segments_and_reads_the_same(
     finished = results.finalize(run_id, create("spy", {}))
     assert finished is not None
     scored = [s["acc"] for s in before["scores"].values()] + [1.0] * 5  # type: ignore[attr-defined]
-    assert finished.aggregate == {"acc": sum(scored) / len(scored)}
+    failures = sum(before["errors"].values())  # type: ignore[attr-defined]
+    assert failures == 7  # each scores 0 (a 0/1 metric's worst value), spilled ones too
+    assert finished.aggregate == {"acc": sum(scored) / (len(scored) + failures)}
     ended = _store_reads(results, run_id)
     assert archive_run(client, run_id).sealed == 1
     assert _store_reads(results, run_id) == ended
@@ -659,3 +666,100 @@ def test_spilled_samples_far_apart_read_the_same(redis_only: RedisServer, tmp_pa
     assert results.settled(meta.run_id, ids) == set(ids[:3])
     assert [r.model_dump() for r in results.fetch(meta.run_id, ids)] == before
     assert results.record_outputs(meta.run_id, {5_000_000: "0"}) == 0
+
+
+def _typed_run(client: redis.Redis, archive: Path, outputs: list[object]) -> RunMeta:
+    """A completed run made through the store whose sample ``i`` output ``outputs[i]`` (as a
+    worker stores it) and scored ``acc`` (every third failed at inference)."""
+    results, meta = ResultStore(client), _new_run(client, list(range(len(outputs))), archive)
+    kept = [i for i in range(len(outputs)) if i % 3]
+    results.record_outputs(meta.run_id, {i: to_json(outputs[i]) for i in kept})
+    results.record_scores(meta.run_id, {i: {"acc": float(i % 2)} for i in kept})
+    failed = ErrorRecord(stage=Stage.INFER, kind="RuntimeError", message="boom")
+    results.record_errors(meta.run_id, {i: failed for i in range(len(outputs)) if i % 3 == 0})
+    assert results.finalize(meta.run_id, create("spy", {})) is not None
+    return meta
+
+
+def _parquet_views(api: Client, run_id: str, out: Path) -> dict[str, object]:
+    """A run's results as Parquet gives them: ``results_dataset`` and the exported file."""
+    write_tables(api.result_tables(run_id), ExportFormat.PARQUET, out)
+    exported = pq.read_table(out)
+    dataset = api.results_dataset(run_id)
+    return {
+        "dataset": (dataset.data.schema, dataset.to_list()),
+        "export": (exported.schema.field("output").type, exported.schema.field("score.acc").type,
+                   exported.to_pylist()),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("outputs", "kind"),
+    [
+        ([f"label-{i % 4}" for i in range(12)], pa.string()),
+        ([i * 10 for i in range(12)], pa.int64()),
+        ([{"pred": i % 2, "why": [f"w{i}"]} for i in range(12)],
+         pa.struct([("pred", pa.int64()), ("why", pa.list_(pa.string()))])),
+    ],
+)  # fmt: skip
+def test_parquet_outputs_and_scores_are_typed_columns_live_archived_and_in_the_old_layout(
+    redis_only: RedisServer, tmp_path: Path, outputs: list[object], kind: pa.DataType
+) -> None:
+    """Outputs of one JSON type are a column of that type (strings, integers, a struct) and
+    each metric a float64 column in the archive's parts, ``results_dataset`` and the Parquet
+    export, live and archived alike; an archive written before outputs were typed (JSON text,
+    no marker) reads exactly the same."""
+    client = connect(redis_only.url)
+    results = ResultStore(client)
+    meta = _typed_run(client, tmp_path / "archive", outputs)
+    api = Client(
+        Settings(redis_url=redis_only.url, archive_url=str(tmp_path / "archive")), admin=True
+    )
+    live = _parquet_views(api, meta.run_id, tmp_path / "live.parquet")
+    stored = [r.model_dump() for r in results.results(meta.run_id)]
+    dataset = api.results_dataset(meta.run_id)
+    assert dataset.data.schema.field("output").type == kind
+    assert dataset.data.schema.field("score.acc").type == pa.float64()
+    assert dataset["output"][:3] == [None, outputs[1], outputs[2]]
+    assert dataset["score.acc"][:3] == [None, 1.0, 0.0]
+    exported = pq.read_table(tmp_path / "live.parquet")
+    assert exported.schema.field("output").type == kind
+    assert exported.column("output").to_pylist()[1] == outputs[1]
+
+    done = archive_run(client, meta.run_id)
+    assert done.sealed == 1
+    (part,) = ArchiveReader(done.url).files
+    written = pq.read_table(part)
+    assert written.schema.field("output").type == kind
+    assert written.schema.field("score.acc").type == pa.float64()
+    assert [r.model_dump() for r in results.results(meta.run_id)] == stored
+    assert _parquet_views(api, meta.run_id, tmp_path / "archived.parquet") == live
+
+    old = Chunk(
+        written.column("sample_id").to_pylist(),
+        [None if v is None else to_json(v) for v in written.column("output").to_pylist()],
+        written.column("scores").to_pylist(),
+        written.column("error").to_pylist(),
+    ).table()  # the layout archives had before: the stored JSON texts, no marker
+    pq.write_table(old, part)
+    assert pq.read_table(part).schema.field("output").type == pa.string()
+    assert [r.model_dump() for r in results.results(meta.run_id)] == stored
+    assert _parquet_views(api, meta.run_id, tmp_path / "old.parquet") == live
+
+
+def test_outputs_without_one_exact_type_stay_json_text(tmp_path: Path) -> None:
+    """Outputs that no one Arrow type holds exactly (numbers of two kinds, dicts with other
+    keys, a JSON null, an empty dict) stay the stored JSON text, marked so, and a spilled part
+    reads back as it was written either way."""
+    mixed: list[list[object]] = [[1, 2.5], [{"a": 1}, {"b": 2}], [None, "x"], [{}, {}], ["x", 2]]
+    for outputs in mixed:
+        texts: list[str | None] = [to_json(o) for o in outputs]
+        field, column = typed_output(pa.array(texts, pa.string()))
+        assert (field.type, field.metadata) == (pa.string(), {OUTPUT_ENCODING: b"json"})
+        assert column.to_pylist() == texts
+        chunk = Chunk([0, 1], texts, [None, None], [None, None])
+        assert read_part(write_part(f"{tmp_path}/{uuid.uuid4().hex}.parquet", chunk)) == chunk
+    typed = Chunk([0, 1], ['"a"', None], [None, None], [None, None])
+    url = write_part(f"{tmp_path}/typed.parquet", typed)
+    assert pq.read_table(url.removeprefix("file://")).column("output").to_pylist() == ["a", None]
+    assert read_part(url) == typed

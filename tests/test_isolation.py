@@ -117,7 +117,7 @@ def test_the_runtime_pool_isolates_on_request_and_stops_evicted_hosts() -> None:
     pool = RuntimePool("cpu", max_models=1, isolate=True, plugins=["tests.plugins"])
     first = pool.model(create("probe"))(ROWS)[0]["pid"]
     assert pool.model(create("probe"))(ROWS)[0]["pid"] == first  # warm
-    pool.model(create("probe", {"other": "1"}))  # evicts the first host
+    pool.model(create("probe", {"fail": "none"}))  # another spec: evicts the first host
     with pytest.raises(ProcessLookupError):
         os.kill(first, 0)
     pool.close()

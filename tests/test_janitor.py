@@ -31,6 +31,7 @@ from shared.dispatch import publish, split
 from shared.keys import ACTIVE, AUDIT, RUNS, RunKeys
 from shared.models import RunMeta, RunStatus
 from shared.presence import Presence, WorkerBeat
+from shared.retention import retain
 from shared.settings import Settings
 from tests.helpers import labelled_rows, wait_for
 from tests.test_batch import Bench, bench, server, task  # noqa: F401 - fixtures
@@ -201,7 +202,7 @@ def test_a_lease_held_by_a_name_without_a_heartbeat_is_taken_over(
     assert presence.lead(two, lease=10)
 
 
-def test_the_janitor_purges_old_runs_and_trims_old_audit_entries_only(
+def test_retention_purges_old_runs_and_trims_old_audit_entries_only(
     bench: Bench,  # noqa: F811
     janitor: tuple[Janitor, Celery],
     server: RedisServer,  # noqa: F811
@@ -209,7 +210,7 @@ def test_the_janitor_purges_old_runs_and_trims_old_audit_entries_only(
 ) -> None:
     """``EVALQ_KEEP_RUNS_DAYS`` and ``EVALQ_AUDIT_DAYS``: a run submitted longer ago than the
     first goes whole (audited), a younger one and a going one stay; audit entries older than the
-    second go, younger ones stay."""
+    second go, younger ones stay. The janitor leaves both alone: it is the operator's."""
     _, app = janitor
     settings = Settings(
         redis_url=server.url, stall_after=STALL, keep_runs_days=30, audit_days=365,
@@ -225,7 +226,10 @@ def test_the_janitor_purges_old_runs_and_trims_old_audit_entries_only(
     bench.client.xadd(AUDIT, {"action": "fresh"})
 
     with _sweeper(bench, app, settings) as sweeper:
-        done = sweeper.sweep()
+        sweeper.sweep()
+    assert bench.client.exists(RunKeys(old.run_id).meta) == 1
+    assert len(bench.client.xrange(AUDIT)) == 2  # type: ignore[arg-type]
+    done = retain(bench.client, settings, who="janitor")
 
     assert done.purged == [old.run_id]
     assert bench.client.exists(RunKeys(old.run_id).meta) == 0

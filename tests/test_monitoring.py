@@ -4,8 +4,10 @@ rendered in headless Chromium."""
 from __future__ import annotations
 
 import base64
+import html
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -40,6 +42,7 @@ from tests.helpers import (
     wait_for,
     write_rows,
 )
+from tests.plugins import predict
 
 pytestmark = pytest.mark.integration
 
@@ -272,7 +275,7 @@ def test_the_report_renders_its_charts_in_headless_chromium(stack: Stack, tmp_pa
     # scores are listed; the workers that ran it are named
     assert report.view.stats is not None
     low, high = report.view.stats["correct"].ci95 or (0.0, 0.0)
-    assert f"[{low:.4g}, {high:.4g}] n=87" in text
+    assert f"[{low:.4g}, {high:.4g}] n=90 (3 failed)" in text
     assert [row.split("\t")[0] for row in tables["failures"][1:]] == ["3", "40", "70"]
     assert len(tables["worst"]) == 1 + 10
     assert [row.split("\t")[1] for row in tables["worst"][1:]] == ["0"] * 10
@@ -325,3 +328,47 @@ def test_a_non_viewable_report_shows_aggregates_only(stack: Stack, tmp_path: Pat
     assert "per-sample results are not readable" in page
     admin_page = render(gather(Client(client.settings, admin=True), meta.run_id))
     assert 'data-chart="distribution"' in admin_page
+
+
+def _cells(page: str, table: str) -> list[list[str]]:
+    """The data rows of one of the page's tables, cell by cell, as text."""
+    found = re.search(rf'<table class="rows" data-table="{table}">(.*?)</table>', page)
+    assert found is not None, f"no {table} table"
+    rows = re.findall(r"<tr>(.*?)</tr>", found.group(1))
+    return [[html.unescape(c) for c in re.findall(r"<td>(.*?)</td>", row)] for row in rows[1:]]
+
+
+def test_the_lowest_scoring_samples_show_their_input_and_target_where_the_tier_allows(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """On a viewable split each of the lowest-scoring samples shows its input (the row without
+    its label fields) and its target (the label fields, read from the data: the results hold
+    neither) beside its output, long values cut; on a non_viewable split a user gets no such
+    table and no row's text, and an admin gets it as on a viewable one."""
+    rows = [{**row, "context": "c" * 200} for row in labelled_rows(30)]
+    client, meta = _submitted(stack, tmp_path / "open", rows)
+    wait_completed(stack.client, meta.run_id)
+    page = render(gather(client, meta.run_id))
+    listed = _cells(page, "worst")
+    wrong = [i for i, row in enumerate(rows) if predict(str(row["text"])) != row["label"]]
+    assert [int(cells[0]) for cells in listed] == wrong[:10]
+    for sample, score, shown_input, target, output in listed:
+        row = rows[int(sample)]
+        text = json.dumps({"text": row["text"], "context": row["context"]})
+        assert score == "0"
+        assert shown_input == text[:119] + "…"  # cut to 120 characters
+        assert json.loads(target) == {"label": row["label"], "secret": row["secret"]}
+        assert json.loads(output)["pred"] == predict(str(row["text"]))
+
+    hidden = labelled_rows(30, salt="held-")
+    user, held = _submitted(stack, tmp_path / "held", hidden, tier="non_viewable")
+    wait_completed(stack.client, held.run_id)
+    ended_view(user, held.run_id)
+    page = render(gather(user, held.run_id))
+    assert 'data-table="worst"' not in page
+    assert not any(str(row["text"]) in page for row in hidden)
+    admin = _cells(render(gather(Client(user.settings, admin=True), held.run_id)), "worst")
+    assert [len(cells) for cells in admin] == [5] * 10
+    first = hidden[int(admin[0][0])]
+    assert json.loads(admin[0][2]) == {"text": first["text"]}
+    assert json.loads(admin[0][3]) == {"label": first["label"], "secret": first["secret"]}

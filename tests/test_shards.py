@@ -327,4 +327,4 @@ def test_verification_refuses_altered_routing_and_passes_honest_specs(
         assert all(e is not None and "routing does not verify" in e.message for e in errors)
         # refused at the first attempt, never retried
         assert not any("(attempt 2" in e.message or "(attempt 3" in e.message for e in errors if e)
-    assert "cannot verify the kmeans routing" in fresh_stack.worker_log()
+    fresh_stack.wait_logged("cannot verify the kmeans routing")

@@ -44,7 +44,7 @@ def _scores(values: Sequence[float], name: str = "acc") -> dict[int, dict[str, f
 
 
 def test_a_mean_has_the_analytic_standard_error_and_interval() -> None:
-    values = [1, 0, 1, 1, 0, 1, 1, 1, 0, 1, 1, 0]
+    values = [1, 0, 1, 1, 0.5, 1, 1, 1, 0, 1, 1, 0]  # not 0/1: the normal interval
     stat = describe(_scores(values))["acc"]
     stderr = np.std(values, ddof=1) / math.sqrt(len(values))
     mean = float(np.mean(values))
@@ -348,6 +348,21 @@ def test_a_swept_grid_is_listed_and_compared_as_one_sweep(stack: Stack, tmp_path
     result = json.loads(compared.stdout)
     assert result["baseline"] == found["run_ids"][0]
     assert set(result["metrics"]["accuracy"]) == set(found["run_ids"][1:])
+    # each run's own mean and interval beside its delta, the baseline's too, as status has them
+    own = {v["run_id"]: v["stats"]["accuracy"] for v in views}
+    assert result["stats"]["accuracy"] == own
+    text = evalq(stack.server.url, "compare", "--sweep", found["sweep"], COLUMNS="250").stdout
+    for run_id, stat in own.items():
+        (line,) = [row for row in text.splitlines() if run_id in row and "│" in row]
+        low, high = stat["ci95"]
+        assert f"{stat['mean']:.4f}" in line
+        assert f"{low:.4f} to {high:.4f}, n {N}" in line
+    page = tmp_path / "sweep.html"
+    reported = evalq(stack.server.url, "report", *found["run_ids"], "--out", str(page))
+    assert reported.returncode == 0, reported.stderr
+    html = page.read_text()
+    for stat in own.values():
+        assert f"{stat['mean']:.4f} {stat['ci95'][0]:.4f} to {stat['ci95'][1]:.4f}, n {N}" in html
 
 
 @pytest.mark.integration

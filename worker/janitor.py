@@ -22,8 +22,9 @@ It also looks after what has ended (:mod:`worker.archiver`): a run that complete
 cancelled ``EVALQ_ARCHIVE_AFTER`` seconds ago, or failed ``EVALQ_ARCHIVE_FAILED_AFTER`` seconds
 ago, that is not archived yet is sent to be archived (again when an attempt sent
 ``4 * EVALQ_STALL_AFTER`` seconds ago has not sealed it); an archived run leaves the worklist.
-And it applies the retention policy (:mod:`shared.retention`): runs older than
-``EVALQ_KEEP_RUNS_DAYS`` are purged, audit entries older than ``EVALQ_AUDIT_DAYS`` trimmed.
+The retention policy (purging old runs, trimming the audit stream) is not the janitor's: it
+needs rights the ``worker`` ACL user does not have, and runs on the operator's side
+(:func:`shared.retention.retain`, by the gateway or ``evalq retention``).
 
 A run whose record cannot be read is logged and skipped; it never stops the sweep of the others.
 """
@@ -36,7 +37,6 @@ from dataclasses import dataclass, field
 import redis
 from celery import Celery
 
-from shared.audit import record, trim_audit
 from shared.backlog import LANES, Backlog
 from shared.broker import Broker, carried
 from shared.celery_app import SCORE_TASK, send_archive
@@ -46,16 +46,13 @@ from shared.errors import UnknownRunError, first_line
 from shared.models import RunMeta, SampleTask
 from shared.presence import HEARTBEAT_MISSES, Presence
 from shared.results import ResultStore
-from shared.retention import archive_due, expired, purge
+from shared.retention import archive_due
 from shared.runs import RunStore
 from shared.settings import Settings
 
 __all__ = ["Janitor", "Sweep"]
 
 log = logging.getLogger(__name__)
-
-PURGE_PER_SWEEP = 100
-"""Most runs one sweep purges for their age (the rest wait for the next)."""
 
 
 @dataclass
@@ -74,8 +71,6 @@ class Sweep:
     """Ended runs sent to be archived."""
     spilling: list[str] = field(default_factory=list)
     """Going runs sent to have their complete segments spilled."""
-    purged: list[str] = field(default_factory=list)
-    """Runs purged for their age."""
 
 
 class Janitor:
@@ -122,23 +117,7 @@ class Janitor:
                 log.error("janitor: cannot look after run %s: %s", run_id, first_line(exc))
         if done.restored:
             log.warning("janitor: put back %d messages of workers that are gone", done.restored)
-        self._retain(now, done)
         return done
-
-    def _retain(self, now: float, done: Sweep) -> None:
-        """Apply the retention policy: purge runs past their age, trim the audit stream."""
-        trim_audit(self._client, self._settings.audit_days, now)
-        keep = self._settings.keep_runs_days
-        if keep is None:
-            return
-        for run_id in expired(self._client, now - keep * 86400):
-            if purge(self._client, run_id, self._settings.archive_url):
-                record(self._client, "purge", "janitor", run=run_id, after={"keep_days": keep})
-                done.purged.append(run_id)
-            if len(done.purged) >= PURGE_PER_SWEEP:
-                break
-        if done.purged:
-            log.warning("janitor: purged %d runs older than %g days", len(done.purged), keep)
 
     def _heal(self, run_id: str, now: float, done: Sweep) -> None:
         try:

@@ -28,7 +28,7 @@ import json
 import logging
 import math
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -438,7 +438,10 @@ def infer_batch(res: Resources, tasks: list[SampleTask]) -> set[str]:
     return batch.requeue | (_score_all(res, _Batch(scoring)) if scoring else set())
 
 
-def _checked_scores(scores: object) -> dict[str, float]:
+def _checked_scores(scores: object, ranges: Mapping[str, tuple[float, float]]) -> dict[str, float]:
+    """``score()``'s answer as metric -> float; :class:`PermanentError` (a failed sample) for
+    anything else, for a value that is not finite, or one outside its declared range
+    (``Evaluation.metric_ranges``: the interval is clipped to it)."""
     if not isinstance(scores, dict) or not scores:
         raise PermanentError(f"score() returned {type(scores).__name__}, not a dict of metrics")
     checked: dict[str, float] = {}
@@ -451,6 +454,11 @@ def _checked_scores(scores: object) -> dict[str, float]:
             raise PermanentError(f"score() metric {name!r} is not a number")
         if not math.isfinite(value):
             raise PermanentError(f"score() metric {name!r} is {value}")
+        low, high = ranges.get(name, (-math.inf, math.inf))
+        if not low <= value <= high:
+            raise PermanentError(
+                f"score() metric {name!r} is {value}, outside its declared range [{low}, {high}]"
+            )
         checked[name] = float(value)
     return checked
 
@@ -489,7 +497,7 @@ def _score(
                 if isinstance(answer, ScriptError):
                     raise answer
                 raw = evaluation.script_score(answer)
-            scores[sample_id] = _checked_scores(raw)
+            scores[sample_id] = _checked_scores(raw, evaluation.metric_ranges)
         except Exception as exc:
             run.errors[sample_id] = _error(Stage.SCORE, exc)
     return scores

@@ -24,22 +24,15 @@ from celery import Celery
 from shared.backlog import Backlog
 from shared.broker import Broker
 from shared.connection import connect
-from shared.errors import first_line
-from shared.evaluation import registered
-from shared.presence import HEARTBEAT_MISSES, Presence, WorkerBeat
+from shared.evaluation import registered, source
+from shared.guard import Guard
+from shared.presence import HEARTBEAT_MISSES, Presence, WorkerBeat, sweep_every
 from shared.settings import Settings
 from worker.janitor import Janitor
 
-__all__ = ["PresenceThread", "sweep_every"]
+__all__ = ["PresenceThread"]
 
 log = logging.getLogger(__name__)
-
-MAX_SWEEP_EVERY = 15.0
-
-
-def sweep_every(settings: Settings) -> float:
-    """Seconds between two sweeps of the janitor."""
-    return min(MAX_SWEEP_EVERY, settings.stall_after / 4)
 
 
 class PresenceThread(threading.Thread):
@@ -63,7 +56,7 @@ class PresenceThread(threading.Thread):
         self._held = held
         self._prefetch = prefetch
         self._stopping = threading.Event()
-        self._failing: set[str] = set()
+        self._guard = Guard(log, "presence").run
 
     def stop(self) -> None:
         """Stop beating and leave (the heartbeat is removed at once)."""
@@ -101,24 +94,18 @@ class PresenceThread(threading.Thread):
             client.close()
 
     def _beat(self) -> WorkerBeat:
+        code = {}
+        for name in registered():
+            found = source(name)
+            if found is not None:
+                found.stale()  # says so in the log, once per change of the file
+                code[name] = found.loaded
         return WorkerBeat(
             hostname=self._hostname,
             pid=os.getpid(),
             evaluations=registered(),
+            code=code,
             queues=self._queues,
             held=self._held(),
             prefetch=self._prefetch,
         )
-
-    def _guard(self, what: str, step: Callable[[], object]) -> None:
-        """Run one step; a failure (Redis unreachable) is logged once until a step works."""
-        try:
-            step()
-        except Exception as exc:
-            if what not in self._failing:
-                log.warning("presence %s failed: %s", what, first_line(exc))
-            self._failing.add(what)
-            return
-        if what in self._failing:
-            log.info("presence %s works again", what)
-        self._failing.discard(what)

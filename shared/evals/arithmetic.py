@@ -13,7 +13,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from shared.evaluation import Evaluation, register
+from shared.evaluation import Evaluation, Parameters, register
 from shared.scorer import ScriptCall, ScriptScorer
 
 __all__ = ["Arithmetic", "arithmetic_rows"]
@@ -43,8 +43,13 @@ def arithmetic_rows(n: int, seed: int = 0) -> list[dict[str, str]]:
 
 @register("arithmetic")
 class Arithmetic(Evaluation):
-    """Params: ``tolerance`` (relative, default ``1e-6``)."""
+    """A calculator scored within a relative tolerance."""
 
+    class Params(Parameters):
+        tolerance: float = 1e-6
+        """Relative tolerance of the numeric comparison."""
+
+    args: Params
     label_fields = ("answer",)
     scorer = ScriptScorer(path=str(Path(__file__).with_name("scripts") / "check_number.py"))
 
@@ -58,9 +63,9 @@ class Arithmetic(Evaluation):
         return outputs
 
     def script_call(self, row: dict[str, Any], output: Any) -> ScriptCall:
-        tolerance = self.params.get("tolerance", "1e-6")
         return ScriptCall(
-            argv=[str(output), str(row["answer"])], env={"CHECK_TOLERANCE": tolerance}
+            argv=[str(output), str(row["answer"])],
+            env={"CHECK_TOLERANCE": repr(self.args.tolerance)},
         )
 
     def script_score(self, answer: str) -> dict[str, float]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared.evaluation import Evaluation, register
+from shared.evaluation import Evaluation, Parameters, register
 
 __all__ = ["DEFAULT_TOPICS", "TopicClassification"]
 
@@ -18,14 +18,20 @@ DEFAULT_TOPICS = ("sports", "politics", "technology", "food", "weather", "music"
 
 @register("topic")
 class TopicClassification(Evaluation):
-    """Params: ``topics`` (comma-separated), ``text_field`` (default ``text``)."""
+    """The nearest of the topics' descriptions, by cosine similarity of embeddings."""
 
+    class Params(Parameters):
+        topics: str = ",".join(DEFAULT_TOPICS)
+        """The topics, comma-separated."""
+        text_field: str = "text"
+        """The row field holding the text."""
+
+    args: Params
     label_fields = ("label",)
 
     @property
     def topics(self) -> list[str]:
-        raw = self.params.get("topics")
-        return [t.strip() for t in raw.split(",")] if raw else list(DEFAULT_TOPICS)
+        return [t.strip() for t in self.args.topics.split(",") if t.strip()]
 
     def load(self, device: str) -> Any:
         import os
@@ -44,7 +50,7 @@ class TopicClassification(Evaluation):
         import torch
 
         encoder, anchors = model
-        texts = [str(row[self.params.get("text_field", "text")]) for row in rows]
+        texts = [str(row[self.args.text_field]) for row in rows]
         with torch.inference_mode():
             embedded = encoder.encode(
                 texts,

@@ -17,7 +17,8 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from shared.evaluation import Evaluation, register
+from shared.evaluation import Evaluation, Parameters, register
+from shared.failures import FailurePolicy
 from shared.scorer import ScriptCall, ScriptScorer
 
 LABELS = ("label", "secret")
@@ -70,8 +71,13 @@ class SpyClose(Spy):
     """Scores the spy's outputs more leniently (within one of the label); its ``infer()``
     appends a line to the file named by param ``calls``, so a test can see it never ran."""
 
+    class Params(Parameters):
+        calls: str
+
+    args: Params
+
     def infer(self, model: Any, rows: list[dict[str, Any]]) -> list[Any]:
-        with open(self.params["calls"], "a", encoding="utf-8") as calls:
+        with open(self.args.calls, "a", encoding="utf-8") as calls:
             calls.write(f"{len(rows)}\n")
         return super().infer(model, rows)
 
@@ -85,8 +91,14 @@ class Slow(Spy):
     ``open_until`` (a sample number), samples numbered from ``open_until`` on wait until the
     gate file exists, so a test can interrupt a run at a known point."""
 
+    class Params(Parameters):
+        gate: str = ""
+        open_until: int = 0
+
+    args: Params
+
     def infer(self, model: Any, rows: list[dict[str, Any]]) -> list[Any]:
-        gate, limit = self.params.get("gate"), int(self.params.get("open_until", "0"))
+        gate, limit = self.args.gate, self.args.open_until
         if gate and any(int(row["text"].split()[1]) >= limit for row in rows):
             while not Path(gate).exists():
                 time.sleep(0.05)
@@ -100,8 +112,13 @@ class SlowScore(Spy):
     sample: scoring, not inference, is what a worker waits on. Its outputs are the spy's
     (same ``output_kind``), so a spy run can be rescored with it."""
 
+    class Params(Parameters):
+        score_ms: float = 5
+
+    args: Params
+
     def score(self, row: dict[str, Any], output: Any) -> dict[str, float]:
-        time.sleep(float(self.params.get("score_ms", "5")) / 1000)
+        time.sleep(self.args.score_ms / 1000)
         return super().score(row, output)
 
 
@@ -133,8 +150,13 @@ class DiesAggregating(Spy):
     """The spy whose ``aggregate()`` kills its process the first time, when the ``marker`` file
     param does not exist yet (it creates the file first), and works after that."""
 
+    class Params(Parameters):
+        marker: str
+
+    args: Params
+
     def aggregate(self, scores: list[dict[str, float]]) -> dict[str, float]:
-        marker = Path(self.params["marker"])
+        marker = Path(self.args.marker)
         if not marker.exists():
             marker.touch()
             os._exit(1)
@@ -151,6 +173,11 @@ class Sized(Evaluation):
     """A small torch model per ``name`` param; appends ``load PID NAME`` to the ``log`` file when
     a worker loads it and ``free PID NAME`` when the model object is actually freed."""
 
+    class Params(Parameters):
+        name: str
+        log: str
+
+    args: Params
     label_fields = ("label",)
 
     def load(self, device: str) -> Any:
@@ -159,7 +186,7 @@ class Sized(Evaluation):
         import torch
 
         model = torch.nn.Linear(8, 2)
-        name, log = self.params["name"], self.params["log"]
+        name, log = self.args.name, self.args.log
         _note(log, f"load {os.getpid()} {name}")
         weakref.finalize(model, _note, log, f"free {os.getpid()} {name}")
         return model
@@ -232,19 +259,51 @@ class Guess(Evaluation):
     ``base`` (0 or 1) on every row, or the row's visible ``cue`` with ``use_cue=1``, and the
     other answer on the rows whose first word is named in ``flip`` (comma-separated)."""
 
+    class Params(Parameters):
+        base: int = 0
+        flip: str = ""
+        use_cue: bool = False
+
+    args: Params
     label_fields = ("label",)
+    output_kind = "guess-label"
 
     def infer(self, model: Any, rows: list[dict[str, Any]]) -> list[Any]:
-        flips = set(filter(None, self.params.get("flip", "").split(",")))
-        base = int(self.params.get("base", "0"))
+        flips = set(filter(None, self.args.flip.split(",")))
+        base = self.args.base
         answers = []
         for row in rows:
-            answer = int(row["cue"]) if self.params.get("use_cue") == "1" else base
+            answer = int(row["cue"]) if self.args.use_cue else base
             answers.append(1 - answer if row["text"].split()[0] in flips else answer)
         return answers
 
     def score(self, row: dict[str, Any], output: Any) -> dict[str, float]:
         return {"accuracy": float(output == row["label"])}
+
+
+@register("fumble")
+class Fumble(Guess):
+    """The guess candidate whose ``infer()`` raises ``RuntimeError`` on a batch holding a row
+    whose first word is named in ``fail`` (comma-separated): a model that crashes on chosen
+    rows."""
+
+    class Params(Guess.Params):
+        fail: str = ""
+
+    args: Params
+
+    def infer(self, model: Any, rows: list[dict[str, Any]]) -> list[Any]:
+        fails = set(filter(None, self.args.fail.split(",")))
+        if any(row["text"].split()[0] in fails for row in rows):
+            raise RuntimeError("fumbled")
+        return super().infer(model, rows)
+
+
+@register("fumble_skip")
+class FumbleSkip(Fumble):
+    """The same candidate, whose evaluation leaves failed samples out of its metrics."""
+
+    on_failure = FailurePolicy.SKIP
 
 
 def _labels_in_memory(texts: set[str]) -> dict[str, Any]:
@@ -340,11 +399,15 @@ class Probe(Evaluation):
     """Where ``infer()`` runs: its process id, the ``EVALQ_`` variables it sees, whether the
     worker's modules are loaded; ``fail`` = ``raise``, ``exit`` or ``nonjson`` misbehaves."""
 
+    class Params(Parameters):
+        fail: str = ""
+
+    args: Params
     label_fields = ("label",)
     isolated = True
 
     def infer(self, model: Any, rows: list[dict[str, Any]]) -> list[Any]:
-        fail = self.params.get("fail")
+        fail = self.args.fail
         if fail == "raise":
             raise RuntimeError("the probe failed")
         if fail == "exit":
@@ -439,21 +502,32 @@ class Walker(Evaluation):
     ``hf_file``, and a TCP connection to ``127.0.0.1:port``; it also writes a line dressed
     as its worker's own to its stderr (:data:`FORGED`)."""
 
+    class Params(Parameters):
+        pids: str
+        needle: str
+        data: str
+        archive: str
+        archive_file: str
+        hf: str
+        hf_file: str
+        port: int
+
+    args: Params
     label_fields = ("label",)
     isolated = True
 
     def infer(self, model: Any, rows: list[dict[str, Any]]) -> list[Any]:
-        p = self.params
+        p = self.args
         sys.stderr.write(f"[2026-01-01 00:00:00,000: ERROR/MainProcess] {FORGED}\n")
         sys.stderr.flush()
-        seen = _credentials_in_proc(list(filter(None, p["pids"].split(","))), p["needle"])
+        seen = _credentials_in_proc(list(filter(None, p.pids.split(","))), p.needle)
         seen["access"] = {
-            "data": _attempt(lambda: _read(p["data"])),
-            "archive": _attempt(lambda: os.listdir(p["archive"])),
-            "archive_file": _attempt(lambda: _read(p["archive_file"])),
-            "hf": _attempt(lambda: os.listdir(p["hf"])),
-            "hf_file": _attempt(lambda: _read(p["hf_file"])),
-            "redis": _attempt(lambda: _connect(int(p["port"]))),
+            "data": _attempt(lambda: _read(p.data)),
+            "archive": _attempt(lambda: os.listdir(p.archive)),
+            "archive_file": _attempt(lambda: _read(p.archive_file)),
+            "hf": _attempt(lambda: os.listdir(p.hf)),
+            "hf_file": _attempt(lambda: _read(p.hf_file)),
+            "redis": _attempt(lambda: _connect(p.port)),
         }
         return [seen for _ in rows]
 

@@ -1,0 +1,306 @@
+"""The documented one-machine deployment: ``evalq up`` as a subprocess on free ports, the user
+story through it (a token, a dataset, submits followed, a comparison, a report, Flower's
+inspection, a metrics scrape), retention under it, no ``NOPERM`` in any process's log, and a
+Ctrl-C that leaves no process behind. Before it, in process: each ACL user can do its own job
+(the janitor's sweep as ``worker``, Flower's inspection as ``monitor``), and a refused step
+names its user and keys, every time."""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from producer.acl import password_variable, write_acl
+from producer.redis_server import RedisServer, free_port
+from shared.broker import Broker
+from shared.celery_app import create_app
+from shared.connection import connect
+from shared.errors import PortInUseError
+from shared.guard import Guard
+from shared.keys import AUDIT, RUNS, RunKeys
+from shared.retention import retain
+from shared.settings import Settings
+from tests.helpers import REPO, labelled_rows, wait_for, write_rows
+from worker.janitor import Janitor
+
+PASSWORDS = {password_variable(role): f"{role}-password-0123" for role in ("gateway", "worker",
+             "monitor")}  # fmt: skip
+REFUSED = re.compile(r"NOPERM|no permissions", re.IGNORECASE)
+
+
+@pytest.fixture(scope="module")
+def acl_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A redis-server running the ACL file ``evalq acl`` writes."""
+    root = tmp_path_factory.mktemp("acl")
+    write_acl(root / "users.acl", PASSWORDS)
+    with RedisServer(root / "redis", aclfile=root / "users.acl") as server:
+        yield server
+
+
+def _url(server: RedisServer, role: str) -> str:
+    return f"redis://{role}:{PASSWORDS[password_variable(role)]}@127.0.0.1:{server.port}/0"
+
+
+def test_the_janitor_sweeps_and_flower_inspects_under_their_own_users(
+    acl_server: RedisServer,
+) -> None:
+    worker = Settings(redis_url=_url(acl_server, "worker"), keep_runs_days=1, audit_days=1)
+    app = create_app(worker)
+    client = connect(worker.redis_url, retries=0)
+    broker = Broker(app, connect(worker.broker, retries=0))
+    try:
+        Janitor(client, broker, app, worker).sweep()  # was: NOPERM on evalq:audit
+    finally:
+        broker.close()
+        client.close()
+    monitor = create_app(Settings(redis_url=_url(acl_server, "monitor")))
+    assert monitor.control.inspect(timeout=0.2).stats() is None  # no worker; was: NOPERM
+    with pytest.raises(redis.exceptions.NoPermissionError):  # the monitor writes no queue
+        connect(_url(acl_server, "monitor"), retries=0).lpush("infer", "forged")
+
+
+def test_a_refused_step_names_its_user_and_keys_every_time(
+    acl_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    worker = connect(_url(acl_server, "worker"), retries=0)
+    settings = Settings(redis_url=_url(acl_server, "worker"), keep_runs_days=1)
+    guard = Guard(logging.getLogger("evalq.test"), "retention")
+    with caplog.at_level(logging.ERROR, logger="evalq.test"):
+        for _ in range(3):
+            assert not guard.run("pass", lambda: retain(worker, settings))
+    lines = [r.getMessage() for r in caplog.records]
+    assert (
+        lines
+        == [
+            "retention pass refused: NOPERM: Redis user 'worker' may not XTRIM evalq:audit: "
+            "this user has no permissions to access one of the keys used as arguments"
+        ]
+        * 3
+    )
+    with worker.pipeline(transaction=True) as pipe:  # in a transaction, the refused command
+        pipe.hset(RunKeys("ab").meta, "status", "running")
+        pipe.unlink(RunKeys("ab").facts, RunKeys("ab").meta)
+        with pytest.raises(redis.exceptions.NoPermissionError) as refused:
+            pipe.execute()
+    assert str(refused.value).startswith(
+        f"NOPERM: Redis user 'worker' may not UNLINK {RunKeys('ab').facts} {RunKeys('ab').meta}: "
+    )
+
+
+@dataclass
+class Up:
+    """A running ``evalq up`` and what it printed."""
+
+    process: subprocess.Popen[bytes]
+    root: Path
+    printed: Path
+    api: str
+    flower: str
+    metrics: str
+
+    def admin_token(self) -> str:
+        found = re.search(r"admin token \(shown once\): (\S+)", self.printed.read_text())
+        assert found is not None, self.printed.read_text()
+        return found.group(1)
+
+    def operator(self) -> redis.Redis:
+        """The gateway user, from the URL file ``evalq up`` wrote for the operator."""
+        return connect((self.root / "secrets" / "gateway.url").read_text().strip(), retries=0)
+
+    def cli(self, token: str, *args: str) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("EVALQ_")}
+        env.update(PYTHONPATH=str(REPO), EVALQ_API_URL=self.api, EVALQ_TOKEN=token)
+        return subprocess.run(
+            [sys.executable, "-c", "from shared.cli import main; main()", *args],
+            env=env, cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+
+    def flower_get(self, path: str) -> Any:
+        auth = base64.b64encode((self.root / "secrets" / "flower.auth").read_bytes().strip())
+        request = urllib.request.Request(f"{self.flower}{path}")
+        request.add_header("Authorization", f"Basic {auth.decode()}")
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.loads(response.read())
+
+    def logs(self) -> dict[Path, str]:
+        files = [*sorted((self.root / "logs").glob("*.log")), self.root / "redis" / "redis.log"]
+        return {path: path.read_text(errors="replace") for path in files}
+
+
+@pytest.fixture
+def taken() -> Iterator[int]:
+    """A loopback port something else listens on."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield int(sock.getsockname()[1])
+
+
+def test_a_redis_server_is_not_started_on_a_taken_port(taken: int, tmp_path: Path) -> None:
+    with pytest.raises(PortInUseError, match=f"port {taken} \\(redis\\) is in use"):
+        RedisServer(tmp_path, port=taken).start()
+
+
+@pytest.mark.parametrize("flag", ["port", "flower-port", "metrics-port", "redis-port"])
+def test_evalq_up_refuses_a_taken_port_before_it_starts_anything(
+    flag: str, taken: int, tmp_path: Path
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EVALQ_")}
+    others = {name: free_port() for name in ("port", "flower-port", "metrics-port")}
+    ports = {**others, flag: taken}
+    done = subprocess.run(
+        [sys.executable, "-c", "from shared.cli import main; main()", "up",
+         "--dir", str(tmp_path / "stack"), *(f"--{name}={port}" for name, port in ports.items())],
+        env={**env, "PYTHONPATH": str(REPO)}, cwd=REPO, capture_output=True, text=True,
+        timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert f"port {taken} (" in done.stderr
+    assert f"--{flag}) is in use" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert not (tmp_path / "stack").exists()  # no secrets written, no Redis started
+
+
+def _descendants(pid: int) -> set[int]:
+    """The processes below ``pid``, from /proc."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+    found: set[int] = set()
+    frontier = {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.fixture(scope="module")
+def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
+    """``evalq up`` with the test plugins, free ports, the janitor's (and retainer's) interval
+    at 0.5 s, runs kept a day and audit entries 8.6 s."""
+    root = tmp_path_factory.mktemp("up")
+    ports = {name: free_port() for name in ("port", "flower-port", "metrics-port")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EVALQ_")}
+    env.update(
+        PYTHONPATH=str(REPO), EVALQ_PLUGINS="tests.plugins", EVALQ_STALL_AFTER="2",
+        EVALQ_KEEP_RUNS_DAYS="1", EVALQ_AUDIT_DAYS="0.0001", EVALQ_MAX_BATCH="16",
+    )  # fmt: skip
+    printed = root / "up.out"
+    with printed.open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-c", "from shared.cli import main; main()", "up",
+             "--dir", str(root / "stack"), "--workers", "2",
+             *(f"--{name}={port}" for name, port in ports.items())],
+            env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    stack = Up(
+        process, root / "stack", printed, f"http://127.0.0.1:{ports['port']}",
+        f"http://127.0.0.1:{ports['flower-port']}", f"http://127.0.0.1:{ports['metrics-port']}",
+    )  # fmt: skip
+
+    def started() -> bool:
+        assert process.poll() is None, printed.read_text()
+        return "Ctrl-C stops everything." in printed.read_text()
+
+    try:
+        wait_for(started, 180, "evalq up to start everything")
+        yield stack
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)
+            process.wait(120)
+
+
+def _run_id(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 0, result.stderr
+    return str(json.loads(result.stdout.splitlines()[0])["run_id"])
+
+
+@pytest.mark.integration
+def test_the_user_story_runs_through_evalq_up_with_retention_and_no_refusal(
+    up: Up, tmp_path: Path
+) -> None:
+    admin = up.admin_token()
+    operator = up.operator()
+    data = tmp_path / "data"
+    write_rows(data, "validation", labelled_rows(40))
+    assert up.cli(admin, "datasets", "add", "ds", "--data", str(data)).returncode == 0
+    registered: Any = operator.xrevrange(AUDIT, count=1)  # the newest entry now
+    assert up.cli(admin, "tiers", "set", "ds", "validation", "viewable").returncode == 0
+    made = up.cli(admin, "tokens", "create", "alice", "--role", "user", "--json")
+    assert made.returncode == 0, made.stderr
+    alice = json.loads(made.stdout)["token"]
+    submit = ("submit", "spy", "--dataset", "ds", "--split", "validation", "--limit", "30",
+              "--follow", "--json")  # fmt: skip
+    old, new = _run_id(up.cli(alice, *submit)), _run_id(up.cli(alice, *submit))
+    compared = up.cli(alice, "compare", old, new, "--json")
+    assert compared.returncode == 0, compared.stderr
+    assert json.loads(compared.stdout)["baseline"] == old
+    report = tmp_path / "report.html"
+    made_report = up.cli(alice, "report", old, new, "--out", str(report))
+    assert made_report.returncode == 0, made_report.stderr
+    assert "<html" in report.read_text()
+
+    workers = up.flower_get("/api/workers")
+    assert len([w for w in workers if w.startswith("evalq-")]) == 2
+    inspected = up.flower_get("/api/workers?refresh=1")  # stats, conf, registered, queues...
+    assert all("stats" in inspected[w] and "registered" in inspected[w] for w in workers)
+    scraped = urllib.request.urlopen(f"{up.metrics}/metrics", timeout=30).read().decode()
+    assert f'run="{old}"' in scraped
+
+    # retention, by the gateway: a run submitted two days ago goes (with its archive folder),
+    # audit entries older than 8.6 s go
+    archive = up.root / "archive" / old
+    wait_for(archive.exists, 60, "the run's archive")
+    operator.zadd(RUNS, {old: float(operator.time()[0]) - 2 * 86400})
+
+    def purged() -> bool:
+        return not operator.exists(RunKeys(old).facts) and not archive.exists()
+
+    wait_for(purged, 60, "the old run to be purged")
+    assert operator.exists(RunKeys(new).facts)
+
+    def trimmed() -> bool:
+        oldest: Any = operator.xrange(AUDIT, count=1)
+        return not oldest or int(oldest[0][0].split("-")[0]) > int(registered[0][0].split("-")[0])
+
+    wait_for(trimmed, 60, "the oldest audit entries to be trimmed")
+    for path, text in up.logs().items():
+        assert not REFUSED.search(text), (path, REFUSED.findall(text)[:3])
+
+
+@pytest.mark.integration
+def test_ctrl_c_stops_every_process_evalq_up_started(up: Up) -> None:
+    children = _descendants(up.process.pid)
+    assert len(children) >= 6  # redis, gateway, metrics, flower, two workers (and pools)
+    up.process.send_signal(signal.SIGINT)
+    assert up.process.wait(120) == 0
+    wait_for(lambda: not any(_alive(pid) for pid in children), 60, "every child to be gone")
+    assert up.printed.read_text().rstrip().endswith("stopped")
