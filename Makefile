@@ -23,6 +23,7 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 # Debian's Chromium, for the run report's headless screenshot test (skipped without it).
 browser:

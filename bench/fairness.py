@@ -44,17 +44,17 @@ from producer.demo_data import write_demo_dataset
 from producer.redis_server import RedisServer
 from producer.submit import SubmitRequest, submit
 from producer.workers import LocalWorkers
-from shared.backlog import Backlog
-from shared.celery_app import INFER_QUEUE, create_app
+from shared.access.policy import Tier
+from shared.access.registry import DatasetRegistry
+from shared.access.tiers import TierRegistry
 from shared.connection import connect
 from shared.evaluation import load_plugins
 from shared.models import RunMeta
-from shared.policy import Tier
-from shared.registry import DatasetRegistry
-from shared.results import ResultStore
-from shared.runs import RunStore
+from shared.queue.backlog import Backlog
+from shared.queue.celery_app import INFER_QUEUE, create_app
 from shared.settings import Settings
-from shared.tiers import TierRegistry
+from shared.store.results import ResultStore
+from shared.store.runs import RunStore
 from worker.runtime_pool import resolve_device
 
 console = Console(stderr=True)

@@ -14,9 +14,9 @@ from typing import Any
 from celery import Celery
 
 from shared.connection import connect
-from shared.data import load_rows
+from shared.data.loading import load_rows
+from shared.data.spec import fetch_spec
 from shared.evaluation import Evaluation, create, load_plugins, scrub
-from shared.spec import fetch_spec
 
 app = Celery("naive", broker=os.environ.get("EVALQ_REDIS_URL", "redis://127.0.0.1:6379/0"))
 app.conf.update(task_serializer="json", accept_content=["json"], task_ignore_result=True)

@@ -25,8 +25,8 @@ from rich.table import Table
 
 from bench.result import save
 from producer.demo_data import write_demo_dataset
-from shared.data import Sharding, build_spec, shard_order
-from shared.routing import RoutingKind
+from shared.data.loading import Sharding, build_spec, shard_order
+from shared.data.routing import RoutingKind
 
 console = Console()
 

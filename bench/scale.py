@@ -36,13 +36,13 @@ from rich.table import Table
 from bench.result import save
 from producer.redis_server import RedisServer
 from producer.workers import LocalWorkers
-from shared.celery_app import create_app
+from shared.access.policy import Tier
+from shared.access.registry import DatasetRegistry
+from shared.access.tiers import TierRegistry
 from shared.connection import connect
 from shared.keys import RunKeys
-from shared.policy import Tier
-from shared.registry import DatasetRegistry
+from shared.queue.celery_app import create_app
 from shared.settings import Settings
-from shared.tiers import TierRegistry
 
 console = Console(stderr=True)
 

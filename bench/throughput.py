@@ -39,19 +39,19 @@ from producer.demo_data import write_demo_dataset
 from producer.redis_server import RedisServer
 from producer.submit import SubmitRequest, submit
 from producer.workers import LocalWorkers
-from shared.celery_app import create_app
+from shared.access.policy import Tier
+from shared.access.registry import DatasetRegistry
+from shared.access.tiers import TierRegistry
 from shared.connection import connect
-from shared.data import build_spec
-from shared.dispatch import MESSAGE_SAMPLES
+from shared.data.loading import build_spec
+from shared.data.spec import publish_spec
 from shared.errors import ScriptError
 from shared.evaluation import create, load_plugins, scrub
 from shared.models import RunStatus
-from shared.policy import Tier
-from shared.registry import DatasetRegistry
-from shared.runs import RunStore
+from shared.queue.celery_app import create_app
+from shared.queue.sizing import MESSAGE_SAMPLES
 from shared.settings import Settings
-from shared.spec import publish_spec
-from shared.tiers import TierRegistry
+from shared.store.runs import RunStore
 from worker.heap import keep_freed_memory
 from worker.runtime_pool import resolve_device
 from worker.script_pool import ScriptPool

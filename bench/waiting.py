@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 
 from shared.models import RunMeta, RunStatus
-from shared.runs import RunStore
+from shared.store.runs import RunStore
 
 __all__ = ["completed", "wait"]
 

@@ -8,7 +8,7 @@ run = evalq.submit(SubmitRequest(eval="topic", dataset="demo", split="validation
 evalq.status(run.run_id).aggregate    # None until completed, or when withheld
 list(evalq.results(run.run_id))       # per-sample rows: viewable splits only
 
-The stores are private: every read goes through a method that asks :mod:`shared.policy` what
+The stores are private: every read goes through a method that asks :mod:`shared.access.policy` what
 this reader may see.
 """
 
@@ -34,18 +34,8 @@ from producer.follower import Follower
 from producer.policy_file import PolicyFile, apply_policy
 from producer.rescore import RescoreRequest, rescore
 from producer.submit import SubmitRequest, submit
-from shared.archive import PART_ROWS, table_of
-from shared.audit import audit_admin, recent, record
-from shared.backlog import Backlog, Standing
-from shared.broker import Broker, carried
-from shared.celery_app import INFER_QUEUE, SCORE_QUEUE, SCORE_TASK, create_app
-from shared.connection import connect, server_time
-from shared.dispatch import enqueue
-from shared.errors import EvalqError, InputError, RunNotCompletedError, TierRefusedError
-from shared.evaluation import create, failure_rule, load_plugins, lower_is_better, source
-from shared.ledger import Budget, Ledger
-from shared.models import Progress, RunMeta, RunStatus, SampleResult, SampleState
-from shared.policy import (
+from shared.access.ledger import Budget, Ledger
+from shared.access.policy import (
     Mechanism,
     Reader,
     ReleaseRule,
@@ -59,18 +49,28 @@ from shared.policy import (
     run_tier,
     suggests_datasets,
 )
-from shared.presence import Presence, WorkerBeat, absence, stale_code
-from shared.provenance import ProvenanceStore, RunProvenance
-from shared.registry import DatasetRegistry, RegisteredDataset
-from shared.release import Released, ReleaseStore
-from shared.results import ResultStore, chunk_lines
-from shared.retention import expired, purge
-from shared.runs import RunFilter, RunStore
+from shared.access.registry import DatasetRegistry, RegisteredDataset
+from shared.access.release import Released, ReleaseStore
+from shared.access.tiers import TierRegistry
+from shared.access.tokens import TokenRecord, TokenStore
+from shared.connection import connect, server_time
+from shared.data.spec import DatasetSpec, fetch_spec
+from shared.errors import EvalqError, InputError, RunNotCompletedError, TierRefusedError
+from shared.evaluation import create, failure_rule, load_plugins, lower_is_better, source
+from shared.models import Progress, RunMeta, RunStatus, SampleResult, SampleState
+from shared.queue.backlog import Backlog, Standing
+from shared.queue.broker import Broker, carried
+from shared.queue.celery_app import INFER_QUEUE, SCORE_QUEUE, SCORE_TASK, create_app
+from shared.queue.sizing import enqueue
 from shared.settings import Settings, get_settings
-from shared.spec import DatasetSpec, fetch_spec
 from shared.stats import Stat
-from shared.tiers import TierRegistry
-from shared.tokens import TokenRecord, TokenStore
+from shared.store.archive import PART_ROWS, table_of
+from shared.store.audit import audit_admin, recent, record
+from shared.store.presence import Presence, WorkerBeat, absence, stale_code
+from shared.store.provenance import ProvenanceStore, RunProvenance
+from shared.store.results import ResultStore, chunk_lines
+from shared.store.retention import expired, purge
+from shared.store.runs import RunFilter, RunStore
 
 __all__ = ["Cancellation", "Client", "Resumption", "RunView", "check_ended"]
 
@@ -119,7 +119,7 @@ class RunView(BaseModel):
     """While the run is going: why it would not run its evaluation's file as it is now (a live
     worker serving it loaded the file before it was edited); None otherwise."""
     timed: bool = True
-    """The reader sees the run's timing (:attr:`shared.policy.Reader.sees_timing`): else
+    """The reader sees the run's timing (:attr:`shared.access.policy.Reader.sees_timing`): else
     ``meta`` and ``progress`` are coarse and there is no throughput nor ETA."""
     now: float = Field(default_factory=time.time, exclude=True)
     """When it was read (Redis's clock)."""
@@ -466,7 +466,7 @@ class Client:
         return self._with_input(run_id, found) if with_input else found
 
     def result_lines(self, run_id: str) -> Iterator[str]:
-        """Per-sample results as JSON lines (:func:`shared.results.text_line`), straight from
+        """Per-sample results as JSON lines (:func:`shared.store.results.text_line`), straight from
         the stored texts; refused as :meth:`results` is."""
         self._readable(run_id)
         return (
@@ -487,7 +487,7 @@ class Client:
     def _row_reader(self, run_id: str) -> Callable[[int], dict[str, Any]]:
         """What reads one sample's row of the run's split, labels included, as JSON values:
         the split re-materialised from the run's spec (the data is opened here)."""
-        from shared.data import load_rows
+        from shared.data.loading import load_rows
 
         rows = load_rows(self.spec(run_id))
 
@@ -617,7 +617,7 @@ class Client:
 
     def _clusters(self, meta: RunMeta, sample_ids: list[int]) -> dict[int, str] | None:
         """The clusters of a run's samples, read from its data where this client runs."""
-        from shared.data import load_rows
+        from shared.data.loading import load_rows
 
         rows = load_rows(self.spec(meta.run_id))
         return create(meta.eval, meta.params).clusters({i: rows[i] for i in sample_ids})
@@ -725,7 +725,7 @@ class Client:
         return Dataset(table_of(self._results.chunks(run_id, PART_ROWS)))
 
     def purge(self, run_ids: Sequence[str] = (), older_than: float | None = None) -> list[str]:
-        """Remove ended runs wholly (:mod:`shared.retention`): those named, and those
+        """Remove ended runs wholly (:mod:`shared.store.retention`): those named, and those
         submitted more than ``older_than`` seconds ago; audited. Naming a going run, or none
         at all, is refused before anything is removed."""
         if not run_ids and older_than is None:

@@ -20,9 +20,9 @@ from producer.follow import follow
 from producer.redis_server import RedisServer
 from producer.submit import SubmitRequest
 from producer.workers import LocalWorkers
+from shared.access.policy import Tier
 from shared.errors import EvalqError
 from shared.models import RunMeta, RunStatus
-from shared.policy import Tier
 from shared.settings import Settings
 
 __all__ = ["DEMO_DATASET", "DemoSummary", "run_demo"]

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 from shared.errors import InputError
 from shared.models import ErrorRecord, SampleResult
-from shared.results import result_line, to_json
+from shared.store.results import result_line, to_json
 
 __all__ = ["ExportFormat", "flatten", "write_lines", "write_results"]
 
@@ -30,7 +30,7 @@ class ExportFormat(StrEnum):
 
 def flatten(result: SampleResult) -> dict[str, Any]:
     """One flat record: ``sample_id``, ``output`` (JSON text, as stored; Parquet types it,
-    :func:`shared.archive.typed_table`), ``error``
+    :func:`shared.store.archive.typed_table`), ``error``
     (``kind: message``), ``score.<metric>``, and ``input.<field>`` with ``--with-input`` (JSON
     text when not a scalar)."""
     record: dict[str, Any] = {
@@ -56,7 +56,7 @@ def _write_jsonl(results: Iterable[SampleResult], handle: IO[str]) -> int:
 
 
 def write_lines(lines: Iterable[str], out: Path | None) -> int:
-    """Write JSON lines (:func:`shared.results.text_line`) to ``out`` (stdout when None);
+    """Write JSON lines (:func:`shared.store.results.text_line`) to ``out`` (stdout when None);
     return how many."""
     if out is None:
         return _copy_lines(lines, sys.stdout)
@@ -95,16 +95,16 @@ def _write_parquet(results: Iterable[SampleResult], path: Path) -> int:
 
 def _parquet(table: pa.Table, path: Path) -> None:
     """Write a flat table as Parquet, its outputs typed where they can be
-    (:func:`shared.archive.typed_table`; a table of no result has no column)."""
+    (:func:`shared.store.archive.typed_table`; a table of no result has no column)."""
     import pyarrow.parquet as pq
 
-    from shared.archive import typed_table
+    from shared.store.archive import typed_table
 
     pq.write_table(typed_table(table) if "output" in table.column_names else table, path)
 
 
 def flat_table(table: pa.Table) -> pa.Table:
-    """A table of the store's columns (:func:`shared.archive.table_of`) as the records
+    """A table of the store's columns (:func:`shared.store.archive.table_of`) as the records
     :func:`flatten` gives, column for column."""
     import pyarrow as pa
     import pyarrow.compute as pc

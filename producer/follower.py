@@ -14,8 +14,8 @@ from itertools import islice
 
 from shared.keys import RunKeys
 from shared.models import SampleResult, SampleState
-from shared.results import ResultStore
-from shared.runs import RunStore
+from shared.store.results import ResultStore
+from shared.store.runs import RunStore
 
 __all__ = ["Follower"]
 

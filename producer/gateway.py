@@ -1,11 +1,11 @@
 """The gateway (``evalq serve``): the HTTP door for callers who are not operators.
 
 It holds the Redis credential and reads the data; a caller holds an API token, and the token
-alone says who the caller is (:class:`shared.policy.Caller`). Every route hands the work to a
+alone says who the caller is (:class:`shared.access.policy.Caller`). Every route hands the work to a
 :class:`producer.client.Client` acting for that principal, so the gateway applies exactly the
-rules direct mode does (tiers, floors, budgets: :mod:`shared.policy`), plus the role and
-ownership rules of :mod:`shared.policy` that only a gateway can enforce. A refusal (a bad token,
-a missing role, a tier, a budget) answers one line and is appended to the audit stream.
+rules direct mode does (tiers, floors, budgets: :mod:`shared.access.policy`), plus the role and
+ownership rules of :mod:`shared.access.policy` that only a gateway can enforce. A refusal (a bad
+token, a missing role, a tier, a budget) answers one line and is appended to the audit stream.
 
 Errors answer ``{"error": "<one line>", "exit_code": N}`` with the exit code the CLI would have
 exited with in direct mode; :class:`producer.remote.RemoteClient` turns them back into that.
@@ -40,8 +40,19 @@ from producer.retainer import Retainer
 from producer.streams import ResultStream, Streams
 from producer.submit import SubmitRequest
 from producer.sweep import MAX_GRID
-from shared.audit import audit_refusal
-from shared.celery_app import create_app
+from shared.access.ledger import Budget
+from shared.access.policy import (
+    Caller,
+    Role,
+    Tier,
+    admit_admin_flag,
+    admit_owner,
+    require_admin,
+    sees_budget,
+    sees_sources,
+)
+from shared.access.registry import RegisteredDataset
+from shared.access.tokens import TokenLookup, TokenRecord
 from shared.connection import connect, connect_async
 from shared.errors import (
     EvalqError,
@@ -54,24 +65,13 @@ from shared.errors import (
     UnknownRunError,
 )
 from shared.evaluation import load_plugins
-from shared.ledger import Budget
 from shared.models import Progress, RunMeta
 from shared.names import RUN_ID
-from shared.policy import (
-    Caller,
-    Role,
-    Tier,
-    admit_admin_flag,
-    admit_owner,
-    require_admin,
-    sees_budget,
-    sees_sources,
-)
-from shared.registry import RegisteredDataset
-from shared.results import result_line
-from shared.runs import RunFilter
+from shared.queue.celery_app import create_app
 from shared.settings import Settings
-from shared.tokens import TokenLookup, TokenRecord
+from shared.store.audit import audit_refusal
+from shared.store.results import result_line
+from shared.store.runs import RunFilter
 
 __all__ = ["create_gateway"]
 

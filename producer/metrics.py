@@ -31,12 +31,12 @@ from prometheus_client import start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from shared.backlog import Backlog
-from shared.broker import queue_names
+from shared.access.ledger import Ledger
 from shared.errors import UnknownRunError
-from shared.ledger import Ledger
-from shared.results import ResultStore
-from shared.runs import RunStore
+from shared.queue.backlog import Backlog
+from shared.queue.broker import queue_names
+from shared.store.results import ResultStore
+from shared.store.runs import RunStore
 
 __all__ = ["EvalqCollector", "MetricsServer", "serve"]
 

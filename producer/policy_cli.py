@@ -13,10 +13,10 @@ from rich.table import Table
 from rich.text import Text
 
 from producer.api import Api, open_api
+from shared.access.ledger import Budget
+from shared.access.policy import Role, Tier
 from shared.cli import JsonFlag, err, out, print_json
-from shared.ledger import Budget
 from shared.names import NAME_RULE
-from shared.policy import Role, Tier
 
 __all__ = ["register"]
 

@@ -34,15 +34,15 @@ from producer.comparison import Comparison
 from producer.policy_file import PolicyFile
 from producer.rescore import RescoreRequest
 from producer.submit import SubmitRequest
-from shared.archive import PART_ROWS, table_of
+from shared.access.ledger import Budget
+from shared.access.policy import Role, Tier
+from shared.access.registry import RegisteredDataset
+from shared.access.tokens import TokenRecord
 from shared.errors import GatewayUnreachableError, InputError, RemoteError, first_line
-from shared.ledger import Budget
 from shared.models import Progress, RunMeta, SampleResult
-from shared.policy import Role, Tier
-from shared.registry import RegisteredDataset
-from shared.results import as_chunks
-from shared.runs import RunFilter
-from shared.tokens import TokenRecord
+from shared.store.archive import PART_ROWS, table_of
+from shared.store.results import as_chunks
+from shared.store.runs import RunFilter
 
 __all__ = ["RemoteClient"]
 

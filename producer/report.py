@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING, Any
 
 from producer.client import Client, RunView
 from producer.comparison import Comparison, shown
-from shared.data import load_rows, shard_of_rows
+from shared.data.loading import load_rows, shard_of_rows
+from shared.data.routing import KMeans
 from shared.errors import EvalqError, TierRefusedError
 from shared.evaluation import label_fields, scrub
 from shared.models import SampleResult, SampleState
-from shared.results import result_of
-from shared.routing import KMeans
 from shared.stats import Stat
+from shared.store.results import result_of
 
 if TYPE_CHECKING:
     import numpy as np

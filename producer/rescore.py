@@ -6,8 +6,8 @@ run is gated, charged and released like any run on its split (a user may not res
 may not submit), takes the source run's sample ids (the server chose them on a
 ``non_viewable`` split: nothing is chosen here), copies their outputs (``HSETNX``, counted as
 inferred) and stages their scoring in the new run's score backlog, from which the fair
-dispatcher hands it to the scoring workers (:mod:`shared.backlog`): a small rescore waits for no
-one's big one. A sample without an output (its ``infer()`` failed) is in the new run too,
+dispatcher hands it to the scoring workers (:mod:`shared.queue.backlog`): a small rescore waits for
+no one's big one. A sample without an output (its ``infer()`` failed) is in the new run too,
 failed with the source's error: it counts as a failure there as it did in the source, so a
 rescore never drops the samples a candidate crashed on.
 """
@@ -23,16 +23,16 @@ from celery import Celery
 from pydantic import BaseModel, ConfigDict, Field
 
 from producer.submit import start
-from shared.backlog import SCORE_LANE, Backlog
+from shared.access.policy import admit_run, admit_split, run_tier
+from shared.access.tiers import TierRegistry
 from shared.connection import server_time
 from shared.errors import InputError
 from shared.evaluation import create
 from shared.models import RunMeta, RunStatus
 from shared.names import RUN_ID
-from shared.policy import admit_run, admit_split, run_tier
-from shared.results import ResultStore
-from shared.runs import RunStore
-from shared.tiers import TierRegistry
+from shared.queue.backlog import SCORE_LANE, Backlog
+from shared.store.results import ResultStore
+from shared.store.runs import RunStore
 
 __all__ = ["COPY_CHUNK", "RescoreRequest", "rescore"]
 

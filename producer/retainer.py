@@ -1,6 +1,6 @@
 """The gateway's retainer: a background thread of ``evalq serve`` that applies the retention
-policy (:func:`shared.retention.retain`: the audit trim and the purge of runs past
-``EVALQ_KEEP_RUNS_DAYS``) every janitor interval (:func:`shared.presence.sweep_every`).
+policy (:func:`shared.store.retention.retain`: the audit trim and the purge of runs past
+``EVALQ_KEEP_RUNS_DAYS``) every janitor interval (:func:`shared.store.presence.sweep_every`).
 
 It runs where the rights are: the gateway holds the ``gateway`` ACL user, which may trim
 ``evalq:audit`` and delete runs' facts; the workers' user may do neither. Several gateways
@@ -20,9 +20,9 @@ import redis
 
 from shared.guard import Guard
 from shared.keys import RETENTION
-from shared.presence import Lease, sweep_every
-from shared.retention import retain
 from shared.settings import Settings
+from shared.store.presence import Lease, sweep_every
+from shared.store.retention import retain
 
 __all__ = ["Retainer"]
 

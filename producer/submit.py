@@ -1,13 +1,13 @@
 """Submitting a run: gate it on the split's tier and budget, then publish and enqueue.
 
-Order for a non-admin: resolve the tier -> :func:`shared.policy.admit_split` refuses
-``no_access``, and :func:`shared.policy.admit_sample_choice` caller-chosen ids on a
+Order for a non-admin: resolve the tier -> :func:`shared.access.policy.admit_split` refuses
+``no_access``, and :func:`shared.access.policy.admit_sample_choice` caller-chosen ids on a
 ``non_viewable`` split, before the data is read or the ledger touched -> read the split (fitting
 its routing) and resolve the sample ids (on a ``non_viewable`` split: the whole split or a
-subset the server draws) -> :func:`shared.policy.admit_run` applies the tier and the
+subset the server draws) -> :func:`shared.access.policy.admit_run` applies the tier and the
 k-anonymity floor to the resolved count -> reserve run and samples in one Lua script -> publish
 the spec, record the run, stage the ids shard by shard in the run's backlog, from which the fair
-dispatcher (:mod:`shared.backlog`) hands them to the workers. If anything fails after the
+dispatcher (:mod:`shared.queue.backlog`) hands them to the workers. If anything fails after the
 reservation, it is refunded (once) and the run, if it was recorded, is cancelled. An admin
 bypasses tier and budget; the bypass is audited.
 """
@@ -24,16 +24,8 @@ import redis
 from celery import Celery
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from shared.audit import audit_admin
-from shared.backlog import Backlog
-from shared.connection import server_time
-from shared.data import Sharding, resolve_source, shard_order, spec_of
-from shared.errors import InputError, SampleIdError, UnknownDatasetError
-from shared.evaluation import create
-from shared.ledger import Ledger
-from shared.models import Priority, RunMeta, RunStatus
-from shared.names import is_name
-from shared.policy import (
+from shared.access.ledger import Ledger
+from shared.access.policy import (
     Tier,
     admit_priority,
     admit_run,
@@ -42,12 +34,20 @@ from shared.policy import (
     admit_split,
     server_draws,
 )
-from shared.priorities import PriorityStore
-from shared.registry import DatasetRegistry
-from shared.routing import RoutingKind
-from shared.runs import RunStore
-from shared.spec import HubSource, LocalSource, publish_spec
-from shared.tiers import TierRegistry
+from shared.access.priorities import PriorityStore
+from shared.access.registry import DatasetRegistry
+from shared.access.tiers import TierRegistry
+from shared.connection import server_time
+from shared.data.loading import Sharding, resolve_source, shard_order, spec_of
+from shared.data.routing import RoutingKind
+from shared.data.spec import HubSource, LocalSource, publish_spec
+from shared.errors import InputError, SampleIdError, UnknownDatasetError
+from shared.evaluation import create
+from shared.models import Priority, RunMeta, RunStatus
+from shared.names import is_name
+from shared.queue.backlog import Backlog
+from shared.store.audit import audit_admin
+from shared.store.runs import RunStore
 
 __all__ = [
     "PARAMS_CHARS", "SubmitRequest", "draw_ids", "parse_ids", "parse_params", "resolve_ids",
@@ -187,7 +187,8 @@ def _locate(
     """The source to read and the tier that applies: a registered dataset's pinned split and
     its tier, or an unregistered source (``no_access``: refused here to a non-admin before
     anything is read). An unknown dataset name is :class:`UnknownDatasetError` (exit 2), with
-    the closest registered name when ``suggest`` (:func:`shared.policy.suggests_datasets`)."""
+    the closest registered name when ``suggest``
+    (:func:`shared.access.policy.suggests_datasets`)."""
     if request.data is not None:
         admit_source(request.where, registered=False, admin=admin)
         return resolve_source(request.data, request.split, request.revision, request.config), (

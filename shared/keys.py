@@ -59,7 +59,7 @@ def worker_key(hostname: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class FairKeys:
-    """The fair dispatcher's keys for one broker queue (:mod:`shared.backlog`): which runs
+    """The fair dispatcher's keys for one broker queue (:mod:`shared.queue.backlog`): which runs
     have a backlog for it, whose they are, their weights, and where each stands in its
     weighted round. The Lua scripts build the same names from ``prefix`` (``fair_keys`` in
     ``prelude.lua``)."""
@@ -293,7 +293,7 @@ class RunKeys:
     @property
     def provenance(self) -> str:
         """Hash: one JSON record per distinct worker (host, device, code) that stored outputs
-        (:mod:`shared.provenance`)."""
+        (:mod:`shared.store.provenance`)."""
         return f"evalq:{{{self.run_id}}}:provenance"
 
     @property

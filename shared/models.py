@@ -143,7 +143,7 @@ class RunMeta(BaseModel):
     charged: bool = False
     """Its run and samples were charged to the split's budget."""
     priority: Priority = Priority.NORMAL
-    """Its weight in the fair dispatcher (:mod:`shared.backlog`)."""
+    """Its weight in the fair dispatcher (:mod:`shared.queue.backlog`)."""
     sweep: str | None = None
     """The id shared by the runs of one ``submit --sweep`` grid."""
     tags: tuple[str, ...] = ()
@@ -157,7 +157,7 @@ class RunMeta(BaseModel):
     reason: str | None = None
     """Why the run as a whole failed (e.g. its ``aggregate()`` raised), when it did."""
     archived: float | None = None
-    """Unix time its per-sample results moved to the archive (:mod:`shared.archive`)."""
+    """Unix time its per-sample results moved to the archive (:mod:`shared.store.archive`)."""
     ended_seen: bool = Field(default=False, exclude=True)
     """A producer read the run ended and wrote so in its facts, where no worker can undo it:
     nothing is refunded after that, whatever its state (which workers write) says later."""

@@ -16,10 +16,10 @@ from celery import Celery
 from producer.client import Client
 from producer.redis_server import RedisServer
 from producer.workers import LocalWorkers
-from shared.celery_app import create_app
+from shared.access.policy import Role
 from shared.connection import connect
 from shared.evaluation import load_plugins
-from shared.policy import Role
+from shared.queue.celery_app import create_app
 from shared.settings import Settings
 from tests.helpers import REPO, cli_env, gateway, wait_for
 

@@ -20,15 +20,15 @@ import redis
 
 from producer.client import Client, RunView
 from producer.redis_server import free_port
+from shared.access.ledger import Ledger
+from shared.access.policy import Tier
+from shared.access.registry import DatasetRegistry
+from shared.access.tiers import TierRegistry
 from shared.keys import RunKeys
-from shared.ledger import Ledger
 from shared.models import RunMeta, RunStatus
-from shared.policy import Tier
-from shared.registry import DatasetRegistry
-from shared.results import ResultStore
-from shared.runs import RunStore
 from shared.stats import wilson as wilson_interval
-from shared.tiers import TierRegistry
+from shared.store.results import ResultStore
+from shared.store.runs import RunStore
 from tests.plugins import predict
 
 T = TypeVar("T")
@@ -181,7 +181,8 @@ def expected_accuracy(rows: list[dict[str, object]]) -> float:
 UNPRIVILEGED = [
     sys.executable,
     "-c",
-    "import os, sys; from shared.privilege import drop_capabilities; drop_capabilities(); "
+    "import os, sys; from shared.isolation.privilege import drop_capabilities; "
+    "drop_capabilities(); "
     "os.execv(sys.argv[1], sys.argv[1:])",
 ]
 """A launcher (:class:`producer.workers.LocalWorkers`) that runs its command line with every

@@ -21,7 +21,13 @@ from producer.client import Client
 from producer.export import ExportFormat, write_tables
 from producer.redis_server import RedisServer
 from producer.submit import SubmitRequest
-from shared.archive import (
+from shared.connection import connect
+from shared.errors import ArchiveUnreadableError, InputError
+from shared.evaluation import create
+from shared.keys import AUDIT, RUNS, RunKeys
+from shared.models import ErrorRecord, RunMeta, RunStatus, Stage, to_json
+from shared.settings import Settings
+from shared.store.archive import (
     MANIFEST,
     OUTPUT_ENCODING,
     ArchiveReader,
@@ -33,15 +39,9 @@ from shared.archive import (
     typed_output,
     write_part,
 )
-from shared.connection import connect
-from shared.errors import ArchiveUnreadableError, InputError
-from shared.evaluation import create
-from shared.keys import AUDIT, RUNS, RunKeys
-from shared.models import ErrorRecord, RunMeta, RunStatus, Stage, to_json
-from shared.results import ResultStore
-from shared.retention import archive_due, parse_age, purge
-from shared.runs import RunStore
-from shared.settings import Settings
+from shared.store.results import ResultStore
+from shared.store.retention import archive_due, parse_age, purge
+from shared.store.runs import RunStore
 from tests.conftest import Stack
 from tests.helpers import (
     evalq,
@@ -632,7 +632,7 @@ def test_a_read_whose_spilled_part_goes_with_a_seal_goes_on_from_the_archive(
             sealed[0] = archive_run(client, run_id).sealed
         return read_part(*args, **kwargs)
 
-    monkeypatch.setattr("shared.results.read_part", sealing_first)
+    monkeypatch.setattr("shared.store.results.read_part", sealing_first)
     assert results.scores(run_id) == expected
     assert sealed == [1]
 

@@ -22,19 +22,19 @@ import redis
 
 from producer.client import Client
 from producer.redis_server import RedisServer
-from shared.celery_app import INFER_TASK, SCORE_TASK
+from shared.access.policy import Tier
+from shared.access.tiers import TierRegistry
 from shared.connection import connect
-from shared.data import build_spec
-from shared.dispatch import split
+from shared.data.loading import build_spec
+from shared.data.spec import publish_spec
 from shared.evaluation import Evaluation, load_plugins, register
 from shared.keys import RunKeys, tiers_key
 from shared.models import ErrorRecord, RunMeta, RunStatus, SampleTask, Stage
-from shared.policy import Tier
-from shared.results import ResultStore
-from shared.runs import RunStore
+from shared.queue.celery_app import INFER_TASK, SCORE_TASK
+from shared.queue.sizing import split
 from shared.settings import Settings
-from shared.spec import publish_spec
-from shared.tiers import TierRegistry
+from shared.store.results import ResultStore
+from shared.store.runs import RunStore
 from tests.helpers import ended_view, labelled_rows, record_run, write_rows
 from worker.pipeline import Resources, infer_batch, score_batch
 from worker.runtime_pool import RuntimePool

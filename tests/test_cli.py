@@ -13,8 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from producer.submit import PARAMS_CHARS
-from shared.celery_app import INFER_QUEUE
 from shared.keys import RUNS
+from shared.queue.celery_app import INFER_QUEUE
 from tests.conftest import Stack
 from tests.helpers import REPO, cli_env, evalq, labelled_rows, list_splits, write_rows
 

@@ -10,9 +10,7 @@ from pydantic import ValidationError
 
 from producer.export import flatten
 from producer.submit import SubmitRequest, parse_ids, parse_params, resolve_ids
-from shared.celery_app import create_app
-from shared.data import build_spec
-from shared.dispatch import split
+from shared.data.loading import build_spec
 from shared.errors import (
     DataError,
     InputError,
@@ -25,6 +23,8 @@ from shared.errors import (
 from shared.evaluation import Evaluation, create, load_plugins, register, scrub
 from shared.keys import RunKeys
 from shared.models import ErrorRecord, RunMeta, RunStatus, SampleResult, Stage
+from shared.queue.celery_app import create_app
+from shared.queue.sizing import split
 from shared.settings import Settings
 from tests.helpers import labelled_rows, write_rows
 from worker.lru import LRU

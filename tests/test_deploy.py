@@ -27,14 +27,14 @@ import redis
 
 from producer.acl import password_variable, write_acl
 from producer.redis_server import RedisServer, free_port
-from shared.broker import Broker
-from shared.celery_app import create_app
 from shared.connection import connect
 from shared.errors import PortInUseError
 from shared.guard import Guard
 from shared.keys import AUDIT, RUNS, RunKeys
-from shared.retention import retain
+from shared.queue.broker import Broker
+from shared.queue.celery_app import create_app
 from shared.settings import Settings
+from shared.store.retention import retain
 from tests.helpers import REPO, labelled_rows, wait_for, write_rows
 from worker.janitor import Janitor
 

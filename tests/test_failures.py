@@ -12,10 +12,10 @@ from scipy import stats as scipy_stats
 
 from producer.client import Client
 from producer.submit import SubmitRequest
+from shared.access.policy import Mechanism
+from shared.access.release import Release, ReleaseStore
 from shared.errors import PermanentError
 from shared.failures import FailurePolicy, FailureRule, metric_samples
-from shared.policy import Mechanism
-from shared.release import Release, ReleaseStore
 from shared.settings import Settings
 from shared.stats import Z95, describe, paired
 from tests.conftest import Stack

@@ -22,17 +22,17 @@ from producer.metrics import EvalqCollector
 from producer.redis_server import RedisServer
 from producer.rescore import RescoreRequest
 from producer.submit import SubmitRequest
-from shared.backlog import INFER_LANE, SCORE_LANE, Backlog, Capturer, Lane, Staged
-from shared.broker import carried
-from shared.celery_app import INFER_QUEUE, INFER_TASK, SCORE_QUEUE, create_app
+from shared.access.priorities import PriorityStore
 from shared.connection import connect
-from shared.dispatch import publish
 from shared.errors import ForbiddenError
 from shared.keys import FAIR, FAIR_SCORE, RunKeys
 from shared.models import Priority, RunMeta, RunStatus, SampleTask, Stage
-from shared.priorities import PriorityStore
-from shared.results import ResultStore
+from shared.queue.backlog import INFER_LANE, SCORE_LANE, Backlog, Capturer, Lane, Staged
+from shared.queue.broker import carried
+from shared.queue.celery_app import INFER_QUEUE, INFER_TASK, SCORE_QUEUE, create_app
+from shared.queue.sizing import publish
 from shared.settings import Settings
+from shared.store.results import ResultStore
 from tests.conftest import Stack
 from tests.helpers import (
     assert_settled_once,
@@ -45,7 +45,7 @@ from tests.helpers import (
 )
 from tests.test_batch import Bench, bench, server, task  # noqa: F401 - fixtures
 from worker.pipeline import infer_batch, score_batch
-from worker.reserve import LONG_BATCH, RECENT, Reserve
+from worker.prefetch import LONG_BATCH, RECENT, Reserve
 
 QUEUE = "q"
 # A flush timer no test here waits for: a run that completes well before it ran at once (a

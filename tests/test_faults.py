@@ -25,11 +25,11 @@ import pytest
 
 from producer.client import Client
 from producer.submit import SubmitRequest
-from shared.backlog import Backlog
-from shared.celery_app import INFER_QUEUE, SCORE_QUEUE
 from shared.models import RunMeta, RunStatus
-from shared.presence import HEARTBEAT_MISSES
+from shared.queue.backlog import Backlog
+from shared.queue.celery_app import INFER_QUEUE, SCORE_QUEUE
 from shared.settings import Settings
+from shared.store.presence import HEARTBEAT_MISSES
 from tests.conftest import Stack
 from tests.helpers import (
     REPO,

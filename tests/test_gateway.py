@@ -22,13 +22,13 @@ from producer.acl import write_acl
 from producer.client import Client
 from producer.redis_server import RedisServer, free_port
 from producer.workers import LocalWorkers
-from shared.celery_app import create_app
+from shared.access.policy import Role, Tier
 from shared.connection import connect
 from shared.keys import AUDIT, DATASETS, PRIORITIES, TOKENS, RunKeys, budget_key, tiers_key
 from shared.models import RunStatus
-from shared.policy import Role, Tier
-from shared.results import ResultStore
+from shared.queue.celery_app import create_app
 from shared.settings import Settings
+from shared.store.results import ResultStore
 from tests.helpers import (
     REPO,
     audit_entries,

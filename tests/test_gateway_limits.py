@@ -27,8 +27,8 @@ from producer.limits import RateLimiter, StreamSlots
 from producer.redis_server import RedisServer
 from producer.remote import RemoteClient
 from producer.submit import SubmitRequest
+from shared.access.policy import Caller, Role, Tier, sees_budget
 from shared.errors import ThrottledError
-from shared.policy import Caller, Role, Tier, sees_budget
 from shared.settings import Settings
 from tests.helpers import REPO, labelled_rows, wait_for, write_rows
 from tests.helpers import gateway as serve

@@ -18,15 +18,15 @@ import redis
 from producer.redis_server import RedisServer
 from producer.submit import SubmitRequest, submit
 from producer.workers import LocalWorkers
-from shared import landlock
-from shared.celery_app import create_app
-from shared.child_env import child_env
 from shared.connection import connect
 from shared.errors import InputError, ModelHostError, PermanentError
 from shared.evaluation import create, load_plugins
-from shared.results import ResultStore
+from shared.isolation import landlock
+from shared.isolation.child_env import child_env
+from shared.queue.celery_app import create_app
 from shared.scorer import ScriptCall
 from shared.settings import Settings
+from shared.store.results import ResultStore
 from tests.conftest import Stack
 from tests.helpers import (
     REPO,

@@ -17,9 +17,11 @@ import pytest
 from celery import Celery
 
 from producer.redis_server import RedisServer
-from shared.backlog import SCORE_LANE, Backlog, capture
-from shared.broker import Broker, carried
-from shared.celery_app import (
+from shared.keys import ACTIVE, AUDIT, RUNS, RunKeys
+from shared.models import RunMeta, RunStatus
+from shared.queue.backlog import SCORE_LANE, Backlog, capture
+from shared.queue.broker import Broker, carried
+from shared.queue.celery_app import (
     ARCHIVE_TASK,
     INFER_QUEUE,
     INFER_TASK,
@@ -27,12 +29,10 @@ from shared.celery_app import (
     SCORE_TASK,
     create_app,
 )
-from shared.dispatch import publish, split
-from shared.keys import ACTIVE, AUDIT, RUNS, RunKeys
-from shared.models import RunMeta, RunStatus
-from shared.presence import Presence, WorkerBeat
-from shared.retention import retain
+from shared.queue.sizing import publish, split
 from shared.settings import Settings
+from shared.store.presence import Presence, WorkerBeat
+from shared.store.retention import retain
 from tests.helpers import labelled_rows, wait_for
 from tests.test_batch import Bench, bench, server, task  # noqa: F401 - fixtures
 from worker.archiver import spill_run

@@ -21,10 +21,10 @@ from producer.redis_server import RedisServer
 from producer.remote import RemoteClient
 from producer.submit import SubmitRequest
 from producer.workers import LocalWorkers
-from shared.celery_app import create_app
+from shared.access.policy import Role, Tier
 from shared.errors import RemoteError, TierRefusedError
 from shared.models import RunStatus
-from shared.policy import Role, Tier
+from shared.queue.celery_app import create_app
 from shared.settings import Settings
 from tests.helpers import REPO, audit_entries, serving, wait_for, wilson, write_rows
 

@@ -25,11 +25,11 @@ from producer.metrics import serve
 from producer.redis_server import free_port
 from producer.report import gather, render, render_comparison
 from producer.submit import SubmitRequest
-from shared.data import Sharding
-from shared.ledger import Ledger
+from shared.access.ledger import Ledger
+from shared.data.loading import Sharding
 from shared.models import RunMeta
-from shared.results import ResultStore
 from shared.settings import Settings
+from shared.store.results import ResultStore
 from tests.conftest import Stack
 from tests.helpers import (
     REPO,

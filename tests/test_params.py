@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from producer.client import Client
+from shared.access.ledger import Ledger
 from shared.errors import ParamError
 from shared.evaluation import create, load_plugins
 from shared.keys import RUNS
-from shared.ledger import Ledger
 from tests.conftest import Door, Stack
 from tests.helpers import labelled_rows, list_splits, write_rows
 

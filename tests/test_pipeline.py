@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 
 from producer.submit import SubmitRequest, submit
-from shared.backlog import Backlog
-from shared.celery_app import INFER_QUEUE, INFER_TASK, SCORE_QUEUE, SCORE_TASK
-from shared.dispatch import MIN_MESSAGE_SAMPLES, publish, split
 from shared.keys import RunKeys
 from shared.models import RunMeta
-from shared.results import ResultStore
+from shared.queue.backlog import Backlog
+from shared.queue.celery_app import INFER_QUEUE, INFER_TASK, SCORE_QUEUE, SCORE_TASK
+from shared.queue.sizing import MIN_MESSAGE_SAMPLES, publish, split
+from shared.store.results import ResultStore
 from tests.conftest import Stack
 from tests.helpers import (
     expected_accuracy,

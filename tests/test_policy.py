@@ -16,14 +16,14 @@ import redis
 from producer.client import Client
 from producer.redis_server import RedisServer
 from producer.submit import SubmitRequest
+from shared.access.ledger import Ledger
+from shared.access.policy import Tier
+from shared.access.tiers import TierRegistry
 from shared.connection import connect
 from shared.errors import BudgetExhaustedError, PolicyRefusedError, TierRefusedError
 from shared.keys import AUDIT, FAIR, JANITOR, RUNS, RunKeys, budget_key
-from shared.ledger import Ledger
-from shared.policy import Tier
-from shared.results import ResultStore
 from shared.settings import Settings
-from shared.tiers import TierRegistry
+from shared.store.results import ResultStore
 from tests.conftest import Stack
 from tests.helpers import (
     REPO,
@@ -363,8 +363,8 @@ def test_cancel_refunds_exactly_the_unproduced_samples_once(
 _KILLED_AFTER = """
 import os, signal, sys
 from shared.cli import main
-from shared.ledger import Ledger
-from shared.runs import RunStore
+from shared.access.ledger import Ledger
+from shared.store.runs import RunStore
 owner = {"reserve": Ledger, "create": RunStore}[sys.argv[1]]
 original = getattr(owner, sys.argv[1])
 def then_killed(self, *args, **kwargs):

@@ -8,10 +8,7 @@ import pytest
 
 from producer.policy_file import load_policy
 from producer.submit import draw_ids
-from shared.connection import connect, redact
-from shared.errors import ForbiddenError, InputError, PolicyError, TierRefusedError
-from shared.names import check_name, is_name
-from shared.policy import (
+from shared.access.policy import (
     MIN_AGGREGATE_SAMPLES,
     Access,
     Caller,
@@ -30,6 +27,9 @@ from shared.policy import (
     server_draws,
     stored_tier,
 )
+from shared.connection import connect, redact
+from shared.errors import ForbiddenError, InputError, PolicyError, TierRefusedError
+from shared.names import check_name, is_name
 
 
 @pytest.mark.parametrize("raw", [None, "", "VIEWABLE", "viewable ", "public", b"x", 3])

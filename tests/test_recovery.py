@@ -14,10 +14,10 @@ import pytest
 
 from producer.client import Client
 from producer.submit import SubmitRequest
-from shared.ledger import Ledger
+from shared.access.ledger import Ledger
 from shared.models import RunMeta, RunStatus
-from shared.results import ResultStore
 from shared.settings import Settings
+from shared.store.results import ResultStore
 from tests.conftest import Stack
 from tests.helpers import (
     REPO,

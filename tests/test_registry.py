@@ -10,8 +10,13 @@ import pytest
 
 from producer.policy_file import apply_policy, load_policy
 from producer.redis_server import RedisServer
+from shared.access.ledger import Ledger
+from shared.access.policy import Tier
+from shared.access.registry import DatasetRegistry
+from shared.access.tiers import TierRegistry
 from shared.connection import connect
-from shared.data import spec_of
+from shared.data.loading import spec_of
+from shared.data.spec import LocalSource
 from shared.errors import (
     BudgetExhaustedError,
     DataError,
@@ -20,11 +25,6 @@ from shared.errors import (
     SplitNotFoundError,
 )
 from shared.keys import DATASET_FILES, budget_key
-from shared.ledger import Ledger
-from shared.policy import Tier
-from shared.registry import DatasetRegistry
-from shared.spec import LocalSource
-from shared.tiers import TierRegistry
 from tests.helpers import audit_entries, charge_run, labelled_rows, write_rows
 
 

@@ -11,10 +11,7 @@ from pydantic import ValidationError
 
 from producer.policy_file import apply_policy, load_policy
 from producer.redis_server import RedisServer
-from shared.connection import connect
-from shared.errors import PolicyError
-from shared.models import RunMeta
-from shared.policy import (
+from shared.access.policy import (
     Access,
     Best,
     Mechanism,
@@ -26,8 +23,11 @@ from shared.policy import (
     release,
     release_rule,
 )
-from shared.release import Release, Released, ReleaseStore
-from shared.tiers import TierRegistry
+from shared.access.release import Release, Released, ReleaseStore
+from shared.access.tiers import TierRegistry
+from shared.connection import connect
+from shared.errors import PolicyError
+from shared.models import RunMeta
 
 LADDER = ReleaseRule(Mechanism.LADDER)
 

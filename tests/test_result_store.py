@@ -15,8 +15,8 @@ from shared.connection import connect
 from shared.errors import EvalqError
 from shared.evaluation import create, load_plugins
 from shared.models import ErrorRecord, RunMeta, RunStatus, Stage
-from shared.results import ResultStore
-from shared.runs import RunStore
+from shared.store.results import ResultStore
+from shared.store.runs import RunStore
 from tests.helpers import record_run
 
 

@@ -12,8 +12,8 @@ import pytest
 from producer.submit import SubmitRequest, submit
 from shared.errors import ScriptError
 from shared.evals.arithmetic import Arithmetic, arithmetic_rows
-from shared.results import ResultStore
 from shared.scorer import ScriptCall, ScriptScorer, run_cold
+from shared.store.results import ResultStore
 from tests.conftest import Stack
 from tests.helpers import list_splits, wait_completed, write_rows
 from worker.script_pool import ScriptPool

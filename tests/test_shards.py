@@ -17,14 +17,9 @@ import pytest
 from producer.demo_data import write_demo_dataset
 from producer.redis_server import RedisServer
 from producer.submit import SubmitRequest, submit
-from shared.celery_app import INFER_QUEUE, INFER_TASK
 from shared.connection import connect
-from shared.data import Sharding, build_spec, shard_of_rows, stream_texts
-from shared.dispatch import publish, split
-from shared.errors import InputError
-from shared.models import RunMeta, RunStatus, SampleTask
-from shared.results import ResultStore
-from shared.routing import (
+from shared.data.loading import Sharding, build_spec, shard_of_rows, stream_texts
+from shared.data.routing import (
     Contiguous,
     Featurizer,
     KMeans,
@@ -34,7 +29,12 @@ from shared.routing import (
     assign,
     fit_kmeans,
 )
-from shared.spec import DatasetSpec, LocalSource, publish_spec
+from shared.data.spec import DatasetSpec, LocalSource, publish_spec
+from shared.errors import InputError
+from shared.models import RunMeta, RunStatus, SampleTask
+from shared.queue.celery_app import INFER_QUEUE, INFER_TASK
+from shared.queue.sizing import publish, split
+from shared.store.results import ResultStore
 from tests.conftest import Stack
 from tests.helpers import REPO, list_splits, record_run, wait_ended
 from worker.shard_cache import ShardCache, rows_digest
@@ -104,7 +104,7 @@ def test_a_spec_rejects_centroids_that_do_not_fit_its_shards(demo_folder: Path) 
 
 
 def test_routing_by_a_label_field_is_refused(redis_only: RedisServer, demo_folder: Path) -> None:
-    from shared.celery_app import create_app
+    from shared.queue.celery_app import create_app
     from shared.settings import Settings
 
     client = connect(redis_only.url)
@@ -229,8 +229,8 @@ def test_the_shard_cap_holds_and_a_rebuilt_shard_has_the_same_rows(
 def test_a_message_body_holds_ids_only_grouped_by_shard(
     redis_only: RedisServer, demo_folder: Path
 ) -> None:
-    from shared.backlog import Backlog
-    from shared.celery_app import create_app
+    from shared.queue.backlog import Backlog
+    from shared.queue.celery_app import create_app
     from shared.settings import Settings
 
     client = connect(redis_only.url)

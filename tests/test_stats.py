@@ -19,10 +19,10 @@ from producer.client import Client
 from producer.report import aggregates_chart
 from producer.submit import SubmitRequest
 from producer.sweep import grid, parse_sweeps, read_sweep_file
-from shared.backlog import Backlog
+from shared.access.policy import Mechanism, ReleaseRule, released_stats
 from shared.errors import InputError
 from shared.models import RunStatus
-from shared.policy import Mechanism, ReleaseRule, released_stats
+from shared.queue.backlog import Backlog
 from shared.settings import Settings
 from shared.stats import Z95, Stat, describe, holm, paired
 from tests.conftest import Stack

@@ -14,11 +14,11 @@ from kombu.transport.redis import Channel
 from producer.client import Client
 from producer.submit import SubmitRequest, submit
 from producer.workers import LocalWorkers
-from shared.backlog import Backlog
-from shared.celery_app import INFER_QUEUE
-from shared.dispatch import MESSAGE_SAMPLES, MIN_MESSAGE_SAMPLES, MIN_MESSAGES, message_size
-from shared.results import ResultStore
+from shared.queue.backlog import Backlog
+from shared.queue.celery_app import INFER_QUEUE
+from shared.queue.sizing import MESSAGE_SAMPLES, MIN_MESSAGE_SAMPLES, MIN_MESSAGES, message_size
 from shared.settings import Settings
+from shared.store.results import ResultStore
 from tests.conftest import Stack
 from tests.helpers import (
     REPO,

@@ -24,15 +24,15 @@ from producer.client import Client
 from producer.redis_server import RedisServer
 from producer.report import gather, render
 from producer.submit import SubmitRequest
+from shared.access.policy import TIMING_GRAIN, Tier
+from shared.access.tiers import TierRegistry
 from shared.connection import connect, server_time
 from shared.errors import TierRefusedError
 from shared.evaluation import create, load_plugins
 from shared.models import ErrorRecord, RunMeta, RunStatus, Stage
-from shared.policy import TIMING_GRAIN, Tier
-from shared.results import ResultStore
-from shared.runs import RunFilter
 from shared.settings import Settings
-from shared.tiers import TierRegistry
+from shared.store.results import ResultStore
+from shared.store.runs import RunFilter
 from tests.helpers import labelled_rows, list_splits, record_run, wilson, write_rows
 
 RUNS = 200

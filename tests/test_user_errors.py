@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from producer.client import Client
+from shared.access.policy import Role
 from shared.keys import RUNS
-from shared.policy import Role
 from tests.conftest import NOWHERE, Door, Stack
 from tests.helpers import (
     cli_env,

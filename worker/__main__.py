@@ -1,5 +1,5 @@
 """``python -m worker``: the same as ``evalq worker``."""
 
-from worker.cli import main
+from worker.commands import main
 
 main()

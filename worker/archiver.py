@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import redis
 
-from shared.archive import (
+from shared.store.archive import (
     PART_ROWS,
     ArchiveWriter,
     remove_others,
@@ -42,9 +42,9 @@ from shared.archive import (
     spill_url,
     write_part,
 )
-from shared.provenance import ProvenanceStore
-from shared.results import ResultStore, bucketed, error_kinds
-from shared.runs import RunStore
+from shared.store.provenance import ProvenanceStore
+from shared.store.results import ResultStore, bucketed, error_kinds
+from shared.store.runs import RunStore
 
 __all__ = ["Archived", "archive_run", "spill_run"]
 

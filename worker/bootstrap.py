@@ -19,12 +19,12 @@ from celery.signals import (
 )
 from kombu import Queue
 
-from shared.celery_app import STAGE_QUEUES, create_app, evaluation_queue
 from shared.evaluation import load_plugins, registered
-from shared.privilege import undumpable
+from shared.isolation.privilege import undumpable
+from shared.queue.celery_app import STAGE_QUEUES, create_app, evaluation_queue
 from shared.settings import Settings
 from worker.heap import keep_freed_memory
-from worker.presence import PresenceThread
+from worker.heartbeat import PresenceThread
 from worker.remote_control import lock_down
 from worker.state import WorkerState
 from worker.tasks import SampleBatches, register_tasks
@@ -53,8 +53,9 @@ def create_worker_app(settings: Settings) -> Celery:
     Remote-control commands that change or stop a worker are refused unless
     ``EVALQ_REMOTE_CONTROL`` is on (:mod:`worker.remote_control`). Once the worker is ready, its
     presence thread beats and, when it holds the lease, runs the janitor
-    (:mod:`worker.presence`). Worker processes are not dumpable (:mod:`shared.privilege`):
-    an isolated model's subprocess cannot read their environment or memory through ``/proc``.
+    (:mod:`worker.heartbeat`). Worker processes are not dumpable
+    (:mod:`shared.isolation.privilege`): an isolated model's subprocess cannot read their
+    environment or memory through ``/proc``.
     """
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     import datasets  # noqa: F401

@@ -2,9 +2,9 @@
 visibility timeout and without anyone typing ``evalq resume``.
 
 One worker at a time runs it (the holder of the ``evalq:janitor`` lease; see
-:mod:`worker.presence`). Each sweep counts, for the fair dispatcher, the messages of one batch
+:mod:`worker.heartbeat`). Each sweep counts, for the fair dispatcher, the messages of one batch
 per live worker process that consumes ``infer``, and likewise for ``score``
-(:meth:`shared.backlog.Backlog.set_depth`), and:
+(:meth:`shared.queue.backlog.Backlog.set_depth`), and:
 
 1. puts back in their queue the unacknowledged messages that no live worker holds (their
    worker's main process was killed, or lost Redis and gave up on them) once they are older
@@ -24,7 +24,7 @@ ago, that is not archived yet is sent to be archived (again when an attempt sent
 ``4 * EVALQ_STALL_AFTER`` seconds ago has not sealed it); an archived run leaves the worklist.
 The retention policy (purging old runs, trimming the audit stream) is not the janitor's: it
 needs rights the ``worker`` ACL user does not have, and runs on the operator's side
-(:func:`shared.retention.retain`, by the gateway or ``evalq retention``).
+(:func:`shared.store.retention.retain`, by the gateway or ``evalq retention``).
 
 A run whose record cannot be read is logged and skipped; it never stops the sweep of the others.
 """
@@ -37,18 +37,18 @@ from dataclasses import dataclass, field
 import redis
 from celery import Celery
 
-from shared.backlog import LANES, Backlog
-from shared.broker import Broker, carried
-from shared.celery_app import SCORE_TASK, send_archive
 from shared.connection import server_time
-from shared.dispatch import enqueue
 from shared.errors import UnknownRunError, first_line
 from shared.models import RunMeta, SampleTask
-from shared.presence import HEARTBEAT_MISSES, Presence
-from shared.results import ResultStore
-from shared.retention import archive_due
-from shared.runs import RunStore
+from shared.queue.backlog import LANES, Backlog
+from shared.queue.broker import Broker, carried
+from shared.queue.celery_app import SCORE_TASK, send_archive
+from shared.queue.sizing import enqueue
 from shared.settings import Settings
+from shared.store.presence import HEARTBEAT_MISSES, Presence
+from shared.store.results import ResultStore
+from shared.store.retention import archive_due
+from shared.store.runs import RunStore
 
 __all__ = ["Janitor", "Sweep"]
 

@@ -6,7 +6,8 @@ Used when the evaluation sets ``isolated = True`` or the worker runs with
 then cannot walk the worker's stack or heap for the rows its labels were scrubbed from. The
 subprocess is started once per (evaluation, params) per worker process, replaced after it dies
 or times out (the batch is then tried again like any failed inference), and killed when its
-model is evicted or the worker stops. It runs in a sandbox (:mod:`shared.sandbox`): each start
+model is evicted or the worker stops. It runs in a sandbox (:mod:`shared.isolation.sandbox`): each
+start
 is logged with the layers the machine allowed (``sandbox=seccomp,landlock,...``), and a warning
 names each layer that is missing and why.
 """

@@ -4,7 +4,7 @@ Inference: skip samples already inferred (redeliveries), rebuild rows from each 
 remove label fields, and run each evaluation's warm model on batches of at most ``max_batch``
 rows drawn from every run in the batch that uses it; store each output once and stage its
 scoring in the run's score backlog, for the fair dispatcher to hand to the scoring workers
-(:mod:`shared.backlog`), or, on a worker that consumes the ``score`` queue too, score them in
+(:mod:`shared.queue.backlog`), or, on a worker that consumes the ``score`` queue too, score them in
 the same job (``fuse``): a small run is not sent back to wait behind the work this worker
 reserved.
 Scoring: full rows plus stored outputs through ``score()``, each score stored once; the call
@@ -34,8 +34,6 @@ from typing import Any
 
 import redis
 
-from shared.celery_app import INFER_TASK, SCORE_TASK
-from shared.dispatch import split
 from shared.errors import (
     PermanentError,
     ScriptError,
@@ -45,10 +43,12 @@ from shared.errors import (
 )
 from shared.evaluation import Evaluation, scrub
 from shared.models import ErrorRecord, RunMeta, RunStatus, SampleTask, Stage
-from shared.provenance import ProvenanceStore, of_worker
-from shared.results import ResultStore, Settled, to_json
-from shared.runs import RunStore
+from shared.queue.celery_app import INFER_TASK, SCORE_TASK
+from shared.queue.sizing import split
 from shared.scorer import ScriptCall
+from shared.store.provenance import ProvenanceStore, of_worker
+from shared.store.results import ResultStore, Settled, to_json
+from shared.store.runs import RunStore
 from worker.lru import LRU
 from worker.runtime_pool import Infer, RuntimePool
 from worker.shard_cache import ShardCache

@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import redis
 
-from shared.data import load_rows, refit_routing, shard_of_rows
+from shared.data.loading import load_rows, refit_routing, shard_of_rows
+from shared.data.routing import CENTROID_TOLERANCE, KMeans, centroid_gap
+from shared.data.spec import DatasetSpec, fetch_spec
 from shared.errors import RoutingError, SampleIdError, ShardMismatchError
 from shared.keys import shard_digests_key
-from shared.routing import CENTROID_TOLERANCE, KMeans, centroid_gap
-from shared.spec import DatasetSpec, fetch_spec
 from worker.lru import LRU
 
 if TYPE_CHECKING:

@@ -12,16 +12,16 @@ import redis
 from billiard.process import current_process
 from celery import Celery
 
-from shared.backlog import Backlog, Capturer
-from shared.celery_app import SCORE_QUEUE, send_archive
 from shared.connection import connect
-from shared.dispatch import publish
 from shared.errors import first_line
 from shared.models import RunMeta, SampleTask
-from shared.provenance import ProvenanceStore
-from shared.results import ResultStore
-from shared.runs import RunStore
+from shared.queue.backlog import Backlog, Capturer
+from shared.queue.celery_app import SCORE_QUEUE, send_archive
+from shared.queue.sizing import publish
 from shared.settings import Settings
+from shared.store.provenance import ProvenanceStore
+from shared.store.results import ResultStore
+from shared.store.runs import RunStore
 from worker.pipeline import Resources
 from worker.runtime_pool import RuntimePool
 from worker.shard_cache import ShardCache

@@ -3,7 +3,7 @@
 Both tasks are celery-batches tasks: the worker buffers incoming messages and runs them as one
 call when the buffered messages hold ``EVALQ_MAX_BATCH`` samples, or every ``EVALQ_BATCH_WAIT``
 seconds, whichever comes first, or at once when the worker holds all the messages it may reserve
-(:mod:`worker.reserve`), since none can join the batch before it runs.
+(:mod:`worker.prefetch`), since none can join the batch before it runs.
 
 What reaches a worker is either buffered or dropped, never a crash and never a requeue loop:
 every message passes :func:`worker.intake.admit` in the main process first; a malformed one is
@@ -41,27 +41,27 @@ from celery_batches import Batches, SimpleRequest, consume_queue
 from celery_batches.trace import apply_batches_task
 from kombu.transport.virtual import QoS as VirtualQoS
 
-from shared.celery_app import (
+from shared.connection import connect, server_time
+from shared.errors import PayloadError, UnknownRunError, first_line
+from shared.evaluation import registered
+from shared.models import SampleTask
+from shared.names import is_name
+from shared.queue.celery_app import (
     ARCHIVE_TASK,
     INFER_TASK,
     SCORE_TASK,
     STAGE_QUEUES,
     evaluation_queue,
 )
-from shared.connection import connect, server_time
-from shared.dispatch import publish
-from shared.errors import PayloadError, UnknownRunError, first_line
-from shared.evaluation import registered
-from shared.models import SampleTask
-from shared.names import is_name
-from shared.retention import archive_due
-from shared.runs import RunStore
+from shared.queue.sizing import publish
 from shared.settings import Settings
+from shared.store.retention import archive_due
+from shared.store.runs import RunStore
 from worker.archiver import archive_run, spill_run
 from worker.intake import admit
 from worker.lru import LRU
 from worker.pipeline import Resources, infer_batch, score_batch
-from worker.reserve import Reserve
+from worker.prefetch import Reserve
 from worker.state import WorkerState
 
 __all__ = ["Held", "SampleBatches", "parse_requests", "register_tasks"]
@@ -111,7 +111,7 @@ def _announce(request: Request) -> None:
     request.send_event("task-started")
 
 
-def _settle_message(message: Any, requeue: bool) -> bool:
+def _ack_or_requeue(message: Any, requeue: bool) -> bool:
     """Acknowledge a message, or put it back in its queue; False (logged) when Redis refuses.
 
     A refused message stays in the broker's unacknowledged hash, where the janitor finds it
@@ -168,7 +168,7 @@ class SampleBatches(Batches):  # type: ignore[misc]
                 payload = admit(message)
             except PayloadError as exc:
                 log.error("dropping an %s message: %s", self.name, exc)
-                _settle_message(message, requeue=False)
+                _ack_or_requeue(message, requeue=False)
                 return
             if payload.eval not in served:
                 self._forward(app, message, payload)
@@ -181,7 +181,7 @@ class SampleBatches(Batches):  # type: ignore[misc]
             except Exception as exc:
                 self.held.discard(message.delivery_tag)
                 log.error("dropping an %s message: %s", self.name, first_line(exc))
-                _settle_message(message, requeue=False)
+                _ack_or_requeue(message, requeue=False)
                 return
             self._buffered_samples += len(payload.sample_ids)
             if payload.solo or self._buffered_samples >= self.flush_samples:
@@ -202,7 +202,7 @@ class SampleBatches(Batches):  # type: ignore[misc]
 
     def _reserve_full(self, batch_seconds: float | None = None) -> None:
         """Set the prefetch after a batch of ``batch_seconds``, then run every buffer of the
-        consumer if it holds all it may (:mod:`worker.reserve`); an error here is logged, never
+        consumer if it holds all it may (:mod:`worker.prefetch`); an error here is logged, never
         raised into Celery's callbacks."""
         if self._reserve is None:
             return
@@ -242,13 +242,13 @@ class SampleBatches(Batches):  # type: ignore[misc]
             owner = None
         except Exception as exc:
             log.warning("cannot check a message's run (%s); it goes back", first_line(exc))
-            _settle_message(message, requeue=True)
+            _ack_or_requeue(message, requeue=True)
             return
         if owner != payload.eval:
             log.error(
                 "dropping an %s message: its run is not of evaluation %r", self.name, payload.eval
             )
-            _settle_message(message, requeue=False)
+            _ack_or_requeue(message, requeue=False)
             return
         try:
             publish(app, self.name, [payload], queue=queue)
@@ -256,9 +256,9 @@ class SampleBatches(Batches):  # type: ignore[misc]
             log.warning(
                 "cannot move a message to %s (%s); it goes back", queue.name, first_line(exc)
             )
-            _settle_message(message, requeue=True)
+            _ack_or_requeue(message, requeue=True)
             return
-        _settle_message(message, requeue=False)
+        _ack_or_requeue(message, requeue=False)
         now = time.monotonic()
         if now - self._unserved_logged.get(payload.eval, -UNSERVED_LOG_EVERY) >= UNSERVED_LOG_EVERY:
             self._unserved_logged[payload.eval] = now
@@ -291,7 +291,7 @@ class SampleBatches(Batches):  # type: ignore[misc]
             _announce(request)
 
         def finish(request: Request, requeue: bool) -> None:
-            _settle_message(request.message, requeue)
+            _ack_or_requeue(request.message, requeue)
             self.held.discard(request.message.delivery_tag)
             if requeue:
                 request.send_event("task-rejected", requeue=True)

@@ -2,8 +2,8 @@
 see it exactly, stored per split (``release:`` in a policy file) and per caller.
 
 The rules themselves (which mechanism applies, the grid, when the Ladder moves) are
-:mod:`shared.policy`'s; this store persists them and commits a run's release, the caller's new
-best and its audit entry in one script (``release.lua``).
+:mod:`shared.access.policy`'s; this store persists them and commits a run's release, the caller's
+new best and its audit entry in one script (``release.lua``).
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ from pydantic import (
     model_validator,
 )
 
-from shared.audit import record
+from shared.access.policy import Best, Decision, Mechanism, ReleaseRule
 from shared.keys import AUDIT, release_best_key, release_config_key, release_run_key
-from shared.lua import register
 from shared.models import RunMeta
 from shared.names import check_name
-from shared.policy import Best, Decision, Mechanism, ReleaseRule
+from shared.store.audit import record
+from shared.store.scripts import register
 
 __all__ = ["MIN_ETA", "Release", "ReleaseStore", "Released"]
 
@@ -44,7 +44,8 @@ class Release(BaseModel):
 
     mechanism: Mechanism
     eta: Annotated[float, Strict(), Field(ge=MIN_ETA, le=1)] | None = None
-    """Grid and Ladder step; absent = :func:`shared.policy.default_eta` of the run's samples."""
+    """Grid and Ladder step; absent = :func:`shared.access.policy.default_eta` of the run's
+    samples."""
 
     @model_validator(mode="before")
     @classmethod
@@ -97,7 +98,7 @@ class ReleaseStore:
 
     def __init__(self, client: redis.Redis) -> None:
         self._client = client
-        self._commit = register(client, "release")
+        self._commit = register(client, "shared.access", "release")
 
     def set_rule(self, dataset: str, split: str, release: Release, *, who: str) -> None:
         """Set a split's release rule (audited)."""

@@ -21,13 +21,13 @@ from collections.abc import Callable
 
 from celery import Celery
 
-from shared.backlog import Backlog
-from shared.broker import Broker
 from shared.connection import connect
 from shared.evaluation import registered, source
 from shared.guard import Guard
-from shared.presence import HEARTBEAT_MISSES, Presence, WorkerBeat, sweep_every
+from shared.queue.backlog import Backlog
+from shared.queue.broker import Broker
 from shared.settings import Settings
+from shared.store.presence import HEARTBEAT_MISSES, Presence, WorkerBeat, sweep_every
 from worker.janitor import Janitor
 
 __all__ = ["PresenceThread"]

@@ -15,15 +15,15 @@ import pyarrow as pa
 import redis
 from redis.client import NEVER_DECODE
 
-from shared.archive import RAW_COLUMNS, ArchiveReader, Chunk, inside, read_part, run_folder
 from shared.errors import ArchiveUnreadableError, UnknownRunError, first_line
 from shared.evaluation import Evaluation
 from shared.failures import Counted, FailureRule, metric_samples
 from shared.keys import RunKeys
-from shared.lua import register
 from shared.models import ErrorRecord, Progress, RunStatus, SampleResult, Stage, to_json
-from shared.runs import RunStore
 from shared.stats import Stat, describe
+from shared.store.archive import RAW_COLUMNS, ArchiveReader, Chunk, inside, read_part, run_folder
+from shared.store.runs import RunStore
+from shared.store.scripts import register
 
 log = logging.getLogger(__name__)
 
@@ -293,7 +293,7 @@ _SIZES = 4096
 
 class ResultStore:
     """Per-sample writes (through Lua) and reads for runs, live (pipelines and scans) or, once
-    a run is archived (:mod:`shared.archive`), from its Parquet folder: every read below gives
+    a run is archived (:mod:`shared.store.archive`), from its Parquet folder: every read below gives
     the same answer either way, and a read that a seal overtakes goes on from the archive where
     it stood. A going run's spilled segments (:class:`Spill`) read from their parts, and
     every write skips a spilled sample. Owns ``attempt.lua``, ``record_outputs.lua``,
@@ -301,13 +301,13 @@ class ResultStore:
 
     def __init__(self, client: redis.Redis) -> None:
         self._client = client
-        self._attempt = register(client, "attempt")
-        self._record_outputs = register(client, "record_outputs")
-        self._settle_script = register(client, "settle")
-        self._finish = register(client, "finish")
-        self._recover = register(client, "recover")
-        self._seal = register(client, "seal")
-        self._spill = register(client, "spill")
+        self._attempt = register(client, "shared.store", "attempt")
+        self._record_outputs = register(client, "shared.store", "record_outputs")
+        self._settle_script = register(client, "shared.store", "settle")
+        self._finish = register(client, "shared.store", "finish")
+        self._recover = register(client, "shared.store", "recover")
+        self._seal = register(client, "shared.store", "seal")
+        self._spill = register(client, "shared.store", "spill")
         self._sizes: dict[str, int] = {}
 
     def _size(self, run_id: str) -> int:
@@ -390,7 +390,7 @@ class ResultStore:
 
     def tables(self, run_id: str, size: int = 10_000) -> Iterator[pa.Table]:
         """Every sample's stored texts and metrics as tables of the archive's columns
-        (:meth:`shared.archive.Chunk.table`), in submission order, live or archived."""
+        (:meth:`shared.store.archive.Chunk.table`), in submission order, live or archived."""
         archive = self.archive(run_id)
         if archive is None:
             for chunk in self.chunks(run_id, size):

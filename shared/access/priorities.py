@@ -1,7 +1,7 @@
 """Default priorities, per principal and per split, set by ``evalq policy apply`` (audited).
 
 It stores and reads; which priority a run gets, and who may ask for more, is
-:func:`shared.policy.admit_priority`'s.
+:func:`shared.access.policy.admit_priority`'s.
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from dataclasses import dataclass
 
 import redis
 
-from shared.audit import record
 from shared.keys import PRIORITIES
 from shared.models import Priority
 from shared.names import check_name
+from shared.store.audit import record
 
 __all__ = ["Defaults", "PriorityStore"]
 

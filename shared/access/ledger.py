@@ -16,9 +16,9 @@ from pydantic import BaseModel, Field
 
 from shared.errors import BudgetExhaustedError, StoreError
 from shared.keys import ACTIVE, AUDIT, RUNS, RunKeys, budget_key
-from shared.lua import register
 from shared.models import RunMeta
 from shared.names import check_name
+from shared.store.scripts import register
 
 __all__ = ["Budget", "Ledger"]
 
@@ -85,9 +85,9 @@ class Ledger:
 
     def __init__(self, client: redis.Redis) -> None:
         self._client = client
-        self._reserve = register(client, "reserve")
-        self._refund = register(client, "refund")
-        self._set_budget = register(client, "set_budget")
+        self._reserve = register(client, "shared.access", "reserve")
+        self._refund = register(client, "shared.access", "refund")
+        self._set_budget = register(client, "shared.access", "set_budget")
 
     def get(self, dataset: str, split: str, caller: str | None = None) -> Budget:
         """The split's budget, or ``caller``'s on it (unlimited and unused when none is
@@ -97,7 +97,7 @@ class Ledger:
         return Budget.model_validate(fields)
 
     def reserve(self, meta: RunMeta) -> None:
-        """Open the run ``meta`` recorded (:meth:`shared.runs.RunStore.create`) and, unless it
+        """Open the run ``meta`` recorded (:meth:`shared.store.runs.RunStore.create`) and, unless it
         is not ``charged`` (an admin's), charge it in the same script: one run of ``meta.n``
         samples to its split's budget and to its principal's own on it (when one is set).
         Raise :class:`BudgetExhaustedError` (nothing written) when a budget refuses, and

@@ -53,11 +53,11 @@ from kombu.transport.redis import Transport as RedisTransport
 from kombu.utils.json import dumps
 from pydantic import BaseModel, ConfigDict
 
-from shared.celery_app import INFER_QUEUE, INFER_TASK, SCORE_QUEUE, SCORE_TASK
-from shared.dispatch import message_size, split
 from shared.keys import FAIR, FAIR_SCORE, FairKeys, RunKeys
-from shared.lua import register
 from shared.models import RunMeta, SampleTask, Stage
+from shared.queue.celery_app import INFER_QUEUE, INFER_TASK, SCORE_QUEUE, SCORE_TASK
+from shared.queue.sizing import message_size, split
+from shared.store.scripts import register
 
 __all__ = [
     "INFER_LANE",
@@ -222,9 +222,9 @@ class Backlog:
     def __init__(self, client: redis.Redis, turn_samples: int = TURN_SAMPLES) -> None:
         self._client = client
         self._turn = turn_samples
-        self._stage = register(client, "stage")
-        self._dispatch = register(client, "dispatch")
-        self._withdraw = register(client, "withdraw")
+        self._stage = register(client, "shared.queue", "stage")
+        self._dispatch = register(client, "shared.queue", "dispatch")
+        self._withdraw = register(client, "shared.queue", "withdraw")
 
     def stage(
         self,
@@ -263,7 +263,7 @@ class Backlog:
         self, app: Celery, meta: RunMeta, sample_ids: Sequence[int], lane: Lane = INFER_LANE
     ) -> int:
         """Stage ``lane``'s work (inference, or scoring for ``rescore``) on ``sample_ids`` of
-        ``meta``'s run in its backlog, in messages of :func:`shared.dispatch.message_size`
+        ``meta``'s run in its backlog, in messages of :func:`shared.queue.sizing.message_size`
         samples, and move one message to the queue's head; return the samples staged."""
         if not sample_ids:
             return 0
@@ -274,7 +274,7 @@ class Backlog:
     def stage_scoring(self, capturer: Capturer, meta: RunMeta, sample_ids: Sequence[int]) -> int:
         """Stage the scoring of ``sample_ids`` of ``meta``'s run, just inferred by an
         inference-only worker, in its score backlog (messages of up to
-        :data:`shared.dispatch.MESSAGE_SAMPLES`: one per run and batch), and refill ``score``
+        :data:`shared.queue.sizing.MESSAGE_SAMPLES`: one per run and batch), and refill ``score``
         to its depth, in one call; return the samples staged."""
         if not sample_ids:
             return 0

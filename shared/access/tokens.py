@@ -15,10 +15,10 @@ import redis
 import redis.asyncio
 from pydantic import BaseModel, ConfigDict
 
-from shared import audit
+from shared.access.policy import Caller, Role
 from shared.keys import TOKENS
 from shared.names import check_name
-from shared.policy import Caller, Role
+from shared.store import audit
 
 __all__ = ["TOKEN_PREFIX", "TokenLookup", "TokenRecord", "TokenStore"]
 

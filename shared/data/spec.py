@@ -15,9 +15,9 @@ from typing import Annotated, Literal
 import redis
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from shared.data.routing import Contiguous, KMeans, Routing
 from shared.errors import SpecError
 from shared.keys import spec_key
-from shared.routing import Contiguous, KMeans, Routing
 
 __all__ = [
     "MAX_SPEC_SHARDS",

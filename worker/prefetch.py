@@ -6,7 +6,7 @@ moment it finishes one: with batches of a few milliseconds (a small model), fetc
 message only then would leave the process idle for a round trip per batch. But every message a
 worker reserves is one that a newly dispatched run waits behind (see *Fair share* in the
 README): with batches of half a second, the second batch held doubled a small run's wait. So a
-worker holds Celery's prefetch (two batches' worth, ``shared.celery_app``) while its recent
+worker holds Celery's prefetch (two batches' worth, ``shared.queue.celery_app``) while its recent
 batches all took under :data:`LONG_BATCH` seconds, and half of it (one batch's worth) once one
 of its last :data:`RECENT` batches took longer. The target is set, not stepped, on the
 consumer's prefetch (kombu's ``QoS``, under its lock, as Celery's own prefetch updates do), so

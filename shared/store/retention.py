@@ -18,14 +18,14 @@ from dataclasses import dataclass, field
 
 import redis
 
-from shared.archive import remove_run, run_folder
-from shared.audit import record, trim_audit
 from shared.connection import server_time
 from shared.errors import InputError, UnknownRunError
 from shared.keys import ACTIVE, RUNS, RunKeys, release_run_key
 from shared.models import RunMeta, RunStatus
-from shared.runs import RunStore
 from shared.settings import Settings
+from shared.store.archive import remove_run, run_folder
+from shared.store.audit import record, trim_audit
+from shared.store.runs import RunStore
 
 __all__ = ["PURGE_PER_PASS", "Retained", "archive_due", "expired", "parse_age", "purge", "retain"]
 

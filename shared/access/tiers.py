@@ -1,6 +1,6 @@
 """The split-tier registry: tiers stored in ``evalq:tiers:{dataset}``, changes audited.
 
-It stores and reads; what a tier allows is :mod:`shared.policy`'s, and so is how a missing or
+It stores and reads; what a tier allows is :mod:`shared.access.policy`'s, and so is how a missing or
 unreadable entry reads (``no_access``).
 """
 
@@ -10,10 +10,10 @@ import time
 
 import redis
 
+from shared.access.policy import Tier, stored_tier
 from shared.keys import AUDIT, tiers_key
-from shared.lua import register
 from shared.names import check_name
-from shared.policy import Tier, stored_tier
+from shared.store.scripts import register
 
 __all__ = ["TierRegistry"]
 
@@ -23,7 +23,7 @@ class TierRegistry:
 
     def __init__(self, client: redis.Redis) -> None:
         self._client = client
-        self._set_tier = register(client, "set_tier")
+        self._set_tier = register(client, "shared.access", "set_tier")
 
     def lookup(self, dataset: str, split: str) -> Tier | None:
         """The split's listed tier, or None when it is not listed (an unreadable entry reads as

@@ -9,8 +9,8 @@ import redis
 from pydantic import BaseModel, ValidationError
 
 from shared.keys import JANITOR, WORKERS, worker_key
-from shared.lua import register
 from shared.settings import Settings
+from shared.store.scripts import register
 
 __all__ = ["HEARTBEAT_MISSES", "Lease", "Presence", "WorkerBeat", "absence", "sweep_every"]
 
@@ -30,7 +30,7 @@ class Lease:
 
     def __init__(self, client: redis.Redis, key: str) -> None:
         self._key = key
-        self._lead = register(client, "lead")
+        self._lead = register(client, "shared.store", "lead")
 
     def hold(self, holder: str, seconds: float, gone: str = "") -> bool:
         """Take the lease for ``seconds`` when it is free (or held by ``gone``), or renew it

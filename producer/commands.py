@@ -21,13 +21,13 @@ from producer.client import RunView
 from producer.export import ExportFormat
 from producer.sweep import MAX_GRID
 from shared.cli import AdminFlag, JsonFlag, err, out, print_json
+from shared.data.routing import RoutingKind
+from shared.data.spec import MAX_SPEC_SHARDS
 from shared.errors import DetachedError, EvalqError, InputError
 from shared.models import Priority, Progress, RunStatus
 from shared.names import check_run_id
-from shared.retention import parse_age
-from shared.routing import RoutingKind
 from shared.settings import get_settings
-from shared.spec import MAX_SPEC_SHARDS
+from shared.store.retention import parse_age
 
 if TYPE_CHECKING:
     from producer.submit import SubmitRequest
@@ -129,7 +129,7 @@ def submit_command(  # noqa: PLR0913, PLR0917 - a typer command: its options are
     """Submit an evaluation (or a sweep's grid of them); prints the run id(s)."""
     from producer.submit import SubmitRequest, parse_ids, parse_params
     from producer.sweep import grid, new_sweep_id, parse_sweeps, read_sweep_file
-    from shared.data import Sharding
+    from shared.data.loading import Sharding
 
     sweeps = parse_sweeps(sweep or [])
     if sweep_file is not None:
@@ -414,7 +414,7 @@ def compare(
     """Compare runs sample by sample: each against the first (same dataset, split and spec),
     beside each run's own mean and interval."""
     from producer.comparison import shown
-    from shared.runs import RunFilter
+    from shared.store.runs import RunFilter
 
     client = _client(admin)
     if (sweep is None) == (not run_ids):
@@ -478,7 +478,7 @@ def serve(
     import uvicorn
 
     from producer.gateway import create_gateway
-    from shared.privilege import undumpable
+    from shared.isolation.privilege import undumpable
 
     undumpable()  # its Redis credential is the strongest there is: not readable through /proc
     gateway = create_gateway(get_settings())
@@ -512,7 +512,7 @@ def runs(  # noqa: PLR0917 - a typer command: its options are its parameters
     as_json: JsonFlag = False,
 ) -> None:
     """List recent runs, newest first, with their params, tags and first metric."""
-    from shared.runs import RunFilter
+    from shared.store.runs import RunFilter
 
     only = RunFilter(eval=eval_name, dataset=dataset, sweep=sweep, tag=tag, status=status_is)
     views = _client().recent(limit, only=only)
@@ -659,7 +659,7 @@ def retention(as_json: JsonFlag = False) -> None:
     runs older than EVALQ_KEEP_RUNS_DAYS (operators, direct mode; `evalq serve` does it on its
     own)."""
     from shared.connection import connect
-    from shared.retention import retain
+    from shared.store.retention import retain
 
     done = retain(connect(get_settings().redis_url), get_settings())
     if as_json:

@@ -18,7 +18,7 @@ import os
 import stat
 from collections.abc import Iterable
 
-from shared.privilege import c_library, no_new_privs
+from shared.isolation.privilege import c_library, no_new_privs
 
 __all__ = [
     "FILE_RIGHTS",

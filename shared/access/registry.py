@@ -16,7 +16,8 @@ from collections.abc import Mapping
 import redis
 from pydantic import BaseModel, ConfigDict
 
-from shared.data import local_root, local_splits
+from shared.data.loading import local_root, local_splits
+from shared.data.spec import HubSource, LocalSource, Source
 from shared.errors import (
     DataError,
     EvalqError,
@@ -25,9 +26,8 @@ from shared.errors import (
     first_line,
 )
 from shared.keys import AUDIT, DATASET_FILES, DATASETS
-from shared.lua import register
 from shared.names import check_name
-from shared.spec import HubSource, LocalSource, Source
+from shared.store.scripts import register
 
 __all__ = ["DatasetRegistry", "RegisteredDataset"]
 
@@ -105,7 +105,7 @@ class DatasetRegistry:
 
     def __init__(self, client: redis.Redis) -> None:
         self._client = client
-        self._add = register(client, "add_dataset")
+        self._add = register(client, "shared.access", "add_dataset")
 
     def add(
         self,

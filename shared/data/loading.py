@@ -20,14 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 from pydantic import ConfigDict, Field
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
-from shared.errors import (
-    DataError,
-    SourceUnreachableError,
-    SpecError,
-    SplitNotFoundError,
-    first_line,
-)
-from shared.routing import (
+from shared.data.routing import (
     Contiguous,
     Featurizer,
     KMeans,
@@ -37,7 +30,21 @@ from shared.routing import (
     assign,
     fit_kmeans,
 )
-from shared.spec import MAX_SPEC_SHARDS, DatasetSpec, HubSource, LocalFile, LocalFormat, LocalSource
+from shared.data.spec import (
+    MAX_SPEC_SHARDS,
+    DatasetSpec,
+    HubSource,
+    LocalFile,
+    LocalFormat,
+    LocalSource,
+)
+from shared.errors import (
+    DataError,
+    SourceUnreachableError,
+    SpecError,
+    SplitNotFoundError,
+    first_line,
+)
 
 if TYPE_CHECKING:
     import numpy as np

@@ -1,4 +1,4 @@
--- prelude: helpers put in front of every evalq script (see shared/lua.py). Touches only the
+-- prelude: helpers put in front of every evalq script (see shared/store/scripts.py). Touches only the
 -- keys its callers pass in.
 
 -- A run's first write of a result moves it from 'queued' to 'running'.
@@ -30,7 +30,7 @@ local function touch(progress)
   redis.call('HSET', progress, 'touched', string.format('%.6f', now()))
 end
 
--- Fair share (shared/backlog.py): keys of the dispatcher, in a table built by fair_keys().
+-- Fair share (shared/queue/backlog.py): keys of the dispatcher, in a table built by fair_keys().
 -- Each broker queue it keeps has a round of its own under its prefix ('evalq:fair:' for
 -- 'infer', 'evalq:fair:score:' for 'score'). principal = whose runs' keys; prefix = the round's
 local function fair_keys(prefix, principal)

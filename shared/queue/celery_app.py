@@ -5,7 +5,7 @@ from __future__ import annotations
 from celery import Celery
 from kombu import Exchange, Queue
 
-from shared.dispatch import MIN_MESSAGE_SAMPLES
+from shared.queue.sizing import MIN_MESSAGE_SAMPLES
 from shared.settings import Settings
 
 __all__ = [

@@ -10,11 +10,11 @@ import redis
 from pydantic import BaseModel, ConfigDict
 from redis.typing import EncodableT, FieldT
 
-from shared.archive import run_folder
 from shared.errors import UnknownRunError
 from shared.keys import ACTIVE, RUNS, RunKeys
-from shared.lua import register
 from shared.models import RunMeta, RunStatus
+from shared.store.archive import run_folder
+from shared.store.scripts import register
 
 __all__ = ["RunFilter", "RunStore"]
 
@@ -24,7 +24,7 @@ STATE = ("status", "finished", "reason", "archived")
 a fact (``evalq:facts:{run}``), written only by a producer."""
 
 PENDING_SECONDS = 3600
-"""How long a run recorded but not yet opened by :meth:`shared.ledger.Ledger.reserve` lives:
+"""How long a run recorded but not yet opened by :meth:`shared.access.ledger.Ledger.reserve` lives:
 a producer killed between the two leaves nothing that outlasts this."""
 
 
@@ -82,13 +82,13 @@ class RunStore:
 
     def __init__(self, client: redis.Redis) -> None:
         self._client = client
-        self._cancel = register(client, "cancel")
-        self._claim_archive = register(client, "claim_archive")
+        self._cancel = register(client, "shared.store", "cancel")
+        self._claim_archive = register(client, "shared.store", "claim_archive")
 
     def create(self, meta: RunMeta, sample_ids: list[int], archive: str) -> None:
         """Record a new run (its facts, with ``archive`` as the location its results go under,
         and its sample ids) in one transaction, pending: nobody sees it, and it expires after
-        :data:`PENDING_SECONDS`, until :meth:`shared.ledger.Ledger.reserve` charges and opens
+        :data:`PENDING_SECONDS`, until :meth:`shared.access.ledger.Ledger.reserve` charges and opens
         it in one script (so a producer killed between the two leaves no charge without a
         run, nor a run without its charge)."""
         keys = RunKeys(meta.run_id)

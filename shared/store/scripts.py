@@ -1,0 +1,35 @@
+"""Loading evalq's Lua scripts: each store registers the scripts it owns from here.
+
+A script lives beside the code that owns it, in ``<package>/lua/<name>.lua`` (the store's in
+``shared/store/lua/``, the fair dispatcher's in ``shared/queue/lua/``, the budget's, tiers'
+and registry's in ``shared/access/lua/``), and opens with a header naming exactly the keys and
+arguments its caller passes. ``shared/store/lua/prelude.lua`` holds the helper functions more
+than one script needs; it is put in front of every script, so a rule such as "a run's first
+write moves it from queued to running" is written once.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib import resources
+
+import redis
+from redis.commands.core import Script
+
+__all__ = ["register"]
+
+
+def _read(package: str, name: str) -> str:
+    return resources.files(package).joinpath("lua", f"{name}.lua").read_text(encoding="utf-8")
+
+
+@cache
+def _source(package: str, name: str) -> str:
+    return _read("shared.store", "prelude") + "\n" + _read(package, name)
+
+
+def register(client: redis.Redis, package: str, name: str) -> Script:
+    """The script ``name`` of ``package`` (``shared.store``, ``shared.queue``, ...), with the
+    prelude, registered on ``client``; Redis runs it by its SHA and loads it again by itself
+    after a restart."""
+    return client.register_script(_source(package, name))
