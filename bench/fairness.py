@@ -53,7 +53,7 @@ from shared.models import RunMeta
 from shared.queue.backlog import Backlog
 from shared.queue.celery_app import INFER_QUEUE, create_app
 from shared.settings import Settings
-from shared.store.results import ResultStore
+from shared.store.reader import ResultReader
 from shared.store.runs import RunStore
 from worker.runtime_pool import resolve_device
 
@@ -69,7 +69,7 @@ class Bench:
     client: redis.Redis
     app: Celery
     runs: RunStore
-    results: ResultStore
+    results: ResultReader
     fifo: bool = False
 
     def submit(self, samples: int, principal: str = "bench") -> RunMeta:
@@ -107,7 +107,7 @@ def bench_stack(data: Path, workers: int) -> Iterator[Bench]:
         DatasetRegistry(client).add("bench", str(data), who="bench")
         TierRegistry(client).set("bench", "validation", Tier.VIEWABLE, who="bench")
         pool = LocalWorkers(s.url, count=workers).start(app)
-        bench = Bench(client, app, RunStore(client), ResultStore(client))
+        bench = Bench(client, app, RunStore(client), ResultReader(client))
         try:
             bench.completed(bench.submit(64 * workers * 4))  # every worker loads its model
             yield bench

@@ -53,7 +53,7 @@ from shared.evaluation import load_plugins
 from shared.models import RunMeta
 from shared.queue.celery_app import create_app
 from shared.settings import Settings
-from shared.store.results import ResultStore
+from shared.store.reader import ResultReader
 from shared.store.runs import RunStore
 
 console = Console(stderr=True)
@@ -87,7 +87,7 @@ class Bench:
 
     def progress(self, meta: RunMeta) -> tuple[int, int]:
         """(inferred, settled) samples of the run."""
-        found = ResultStore(self.client).progress(meta.run_id)
+        found = ResultReader(self.client).progress(meta.run_id)
         return found.inferred, found.done
 
     def completed(self, meta: RunMeta) -> RunMeta:

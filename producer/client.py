@@ -68,9 +68,11 @@ from shared.store.archive import PART_ROWS, table_of
 from shared.store.audit import audit_admin, recent, record
 from shared.store.presence import Presence, WorkerBeat, absence, stale_code
 from shared.store.provenance import ProvenanceStore, RunProvenance
-from shared.store.results import ResultStore, chunk_lines
+from shared.store.reader import ResultReader
 from shared.store.retention import expired, purge
 from shared.store.runs import RunFilter, RunStore
+from shared.store.wire import chunk_lines
+from shared.store.writer import ResultWriter
 
 __all__ = ["Cancellation", "Client", "Resumption", "RunView", "check_ended"]
 
@@ -219,7 +221,8 @@ class Client:
         self._redis = client or connect(self.settings.redis_url, retries=CLI_RETRIES)
         self._app = app
         self._runs = RunStore(self._redis)
-        self._results = ResultStore(self._redis)
+        self._results = ResultReader(self._redis)
+        self._writer = ResultWriter(self._redis)
         self._tiers = TierRegistry(self._redis)
         self._ledger = Ledger(self._redis)
         self._presence = Presence(self._redis)
@@ -466,7 +469,7 @@ class Client:
         return self._with_input(run_id, found) if with_input else found
 
     def result_lines(self, run_id: str) -> Iterator[str]:
-        """Per-sample results as JSON lines (:func:`shared.store.results.text_line`), straight from
+        """Per-sample results as JSON lines (:func:`shared.store.wire.text_line`), straight from
         the stored texts; refused as :meth:`results` is."""
         self._readable(run_id)
         return (
@@ -591,13 +594,13 @@ class Client:
             if finalize:
                 load_plugins(self.settings.plugins)
                 evaluation = create(meta.eval, meta.params)
-                self._results.finalize(run_id, evaluation, partial(self._clusters, meta))
+                self._writer.finalize(run_id, evaluation, partial(self._clusters, meta))
                 self._runs.retire(run_id)
             return Resumption(run_id, 0, 0, finalize)
         inferred = self._results.inferred(run_id, missing)
         to_score = [i for i in missing if i in inferred]
         to_infer = [i for i in missing if i not in inferred]
-        self._results.reset_attempts(run_id, to_infer)
+        self._writer.reset_attempts(run_id, to_infer)
         self._backlog.enqueue(self.app, meta, to_infer)
         enqueue(self.app, SCORE_TASK, meta, to_score)
         return Resumption(run_id, len(to_infer), len(to_score), False)

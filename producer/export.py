@@ -14,8 +14,8 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 from shared.errors import InputError
-from shared.models import ErrorRecord, SampleResult
-from shared.store.results import result_line, to_json
+from shared.models import ErrorRecord, SampleResult, to_json
+from shared.store.wire import result_line
 
 __all__ = ["ExportFormat", "flatten", "write_lines", "write_results"]
 
@@ -56,7 +56,7 @@ def _write_jsonl(results: Iterable[SampleResult], handle: IO[str]) -> int:
 
 
 def write_lines(lines: Iterable[str], out: Path | None) -> int:
-    """Write JSON lines (:func:`shared.store.results.text_line`) to ``out`` (stdout when None);
+    """Write JSON lines (:func:`shared.store.wire.text_line`) to ``out`` (stdout when None);
     return how many."""
     if out is None:
         return _copy_lines(lines, sys.stdout)

@@ -14,7 +14,7 @@ from itertools import islice
 
 from shared.keys import RunKeys
 from shared.models import SampleResult, SampleState
-from shared.store.results import ResultStore
+from shared.store.reader import ResultReader
 from shared.store.runs import RunStore
 
 __all__ = ["Follower"]
@@ -30,7 +30,7 @@ class Follower:
 
     def __init__(
         self,
-        results: ResultStore,
+        results: ResultReader,
         runs: RunStore,
         run_id: str,
         with_input: Callable[[SampleResult], SampleResult] | None = None,

@@ -70,8 +70,8 @@ from shared.names import RUN_ID
 from shared.queue.celery_app import create_app
 from shared.settings import Settings
 from shared.store.audit import audit_refusal
-from shared.store.results import result_line
 from shared.store.runs import RunFilter
+from shared.store.wire import result_line
 
 __all__ = ["create_gateway"]
 

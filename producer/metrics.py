@@ -35,7 +35,7 @@ from shared.access.ledger import Ledger
 from shared.errors import UnknownRunError
 from shared.queue.backlog import Backlog
 from shared.queue.broker import queue_names
-from shared.store.results import ResultStore
+from shared.store.reader import ResultReader
 from shared.store.runs import RunStore
 
 __all__ = ["EvalqCollector", "MetricsServer", "serve"]
@@ -57,7 +57,7 @@ class EvalqCollector(Collector):
         active = GaugeMetricFamily(
             "evalq_run_active", "1 while the run is queued or running.", labels=_RUN_LABELS
         )
-        store = ResultStore(self._client)
+        store = ResultReader(self._client)
         for meta in RunStore(self._client).recent(self._runs):
             labels = [meta.run_id, meta.eval, meta.dataset_id, meta.split]
             progress = store.progress(meta.run_id)
@@ -104,7 +104,7 @@ class EvalqCollector(Collector):
                     budget.add_metric([entry.dataset, entry.split, entry.caller or "", unit], left)
         yield budget
 
-    def _principals(self, store: ResultStore) -> GaugeMetricFamily:
+    def _principals(self, store: ResultReader) -> GaugeMetricFamily:
         shares = GaugeMetricFamily(
             "evalq_principal_samples",
             "Samples of a principal's going runs, queued in backlogs or running.",

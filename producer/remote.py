@@ -41,8 +41,8 @@ from shared.access.tokens import TokenRecord
 from shared.errors import GatewayUnreachableError, InputError, RemoteError, first_line
 from shared.models import Progress, RunMeta, SampleResult
 from shared.store.archive import PART_ROWS, table_of
-from shared.store.results import as_chunks
 from shared.store.runs import RunFilter
+from shared.store.wire import as_chunks
 
 __all__ = ["RemoteClient"]
 

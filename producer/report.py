@@ -28,7 +28,7 @@ from shared.errors import EvalqError, TierRefusedError
 from shared.evaluation import label_fields, scrub
 from shared.models import SampleResult, SampleState
 from shared.stats import Stat
-from shared.store.results import result_of
+from shared.store.wire import result_of
 
 if TYPE_CHECKING:
     import numpy as np

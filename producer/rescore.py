@@ -31,8 +31,9 @@ from shared.evaluation import create
 from shared.models import RunMeta, RunStatus
 from shared.names import RUN_ID
 from shared.queue.backlog import SCORE_LANE, Backlog
-from shared.store.results import ResultStore
+from shared.store.reader import ResultReader
 from shared.store.runs import RunStore
+from shared.store.writer import ResultWriter
 
 __all__ = ["COPY_CHUNK", "RescoreRequest", "rescore"]
 
@@ -68,7 +69,7 @@ def rescore(
 ) -> RunMeta:
     """Start the rescoring of ``run_id`` with ``eval_name`` (its results to be archived under
     ``archive``); return the new run's record."""
-    runs, results = RunStore(client), ResultStore(client)
+    runs, results, writer = RunStore(client), ResultReader(client), ResultWriter(client)
     source = runs.get(run_id)
     if source.status is not RunStatus.COMPLETED:
         raise InputError(f"run {run_id} is {source.status}; only a completed run is rescored")
@@ -100,10 +101,10 @@ def rescore(
 
     def enqueue() -> None:
         for outputs in results.output_chunks(run_id, COPY_CHUNK):
-            results.record_outputs(meta.run_id, outputs)
+            writer.record_outputs(meta.run_id, outputs)
         for start_at in range(0, len(unproduced), COPY_CHUNK):
             failed = results.fetch(run_id, unproduced[start_at : start_at + COPY_CHUNK])
-            results.record_errors(
+            writer.record_errors(
                 meta.run_id, {r.sample_id: r.error for r in failed if r.error is not None}
             )
         Backlog(client).enqueue(app, meta, produced, SCORE_LANE)

@@ -24,7 +24,7 @@ from starlette.types import Receive, Scope, Send
 
 from producer.follower import Follower
 from producer.limits import StreamSlots
-from shared.store.results import result_line
+from shared.store.wire import result_line
 
 __all__ = ["STREAM_THREADS", "ResultStream", "Streams"]
 

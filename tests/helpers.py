@@ -27,7 +27,7 @@ from shared.access.tiers import TierRegistry
 from shared.keys import RunKeys
 from shared.models import RunMeta, RunStatus
 from shared.stats import wilson as wilson_interval
-from shared.store.results import ResultStore
+from shared.store.reader import ResultReader
 from shared.store.runs import RunStore
 from tests.plugins import predict
 
@@ -107,7 +107,7 @@ def assert_settled_once(client: redis.Redis, run_id: str, n: int) -> None:
     """The run completed with each of its ``n`` samples settled exactly once: one score or one
     error (never both), counted once, and listed once in the settled stream (in the archive's
     timeline, once the run is archived)."""
-    runs, results = RunStore(client), ResultStore(client)
+    runs, results = RunStore(client), ResultReader(client)
     assert runs.get(run_id).status is RunStatus.COMPLETED
     found = list(results.results(run_id))
     scored = {r.sample_id for r in found if r.scores is not None}

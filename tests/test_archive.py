@@ -39,9 +39,12 @@ from shared.store.archive import (
     typed_output,
     write_part,
 )
-from shared.store.results import ResultStore
+from shared.store.reader import ResultReader
 from shared.store.retention import archive_due, parse_age, purge
 from shared.store.runs import RunStore
+from shared.store.seal import Sealer, SealOutcome
+from shared.store.spill import Spill, Spiller, SpillOutcome
+from shared.store.writer import ResultWriter
 from tests.conftest import Stack
 from tests.helpers import (
     evalq,
@@ -178,12 +181,12 @@ def test_an_archived_run_reads_exactly_as_it_did_live(fresh_stack: Stack, tmp_pa
 
     for run_id in (a, b, held):
         done = archive_run(stack.client, run_id)
-        assert (done.sealed, done.rows) == (1, 120)
+        assert (done.sealed, done.rows) == (SealOutcome.SEALED, 120)
         assert _live_keys(stack, run_id) == []
         record = stack.client.hgetall(RunKeys(run_id).meta)
         assert record["archive_url"] == done.url
         assert record["status"] == "completed"
-    assert archive_run(stack.client, a).sealed == 0  # once
+    assert archive_run(stack.client, a).sealed is SealOutcome.SEALED_ELSEWHERE  # once
 
     archived = everything()
     for name, value in live.items():
@@ -315,13 +318,13 @@ def _new_run(client: redis.Redis, ids: list[int], archive: Path) -> RunMeta:
 def _ended_run(client: redis.Redis, archive: Path, n: int = 30) -> str:
     """A completed run made through the store itself (no worker): every seventh sample failed
     at inference, the rest scored."""
-    results, meta = ResultStore(client), _new_run(client, list(range(n)), archive)
+    writer, meta = ResultWriter(client), _new_run(client, list(range(n)), archive)
     kept = [i for i in range(n) if i % 7]
-    results.record_outputs(meta.run_id, {i: json.dumps({"pred": i}) for i in kept})
-    results.record_scores(meta.run_id, {i: {"acc": float(i % 2)} for i in kept})
+    writer.record_outputs(meta.run_id, {i: json.dumps({"pred": i}) for i in kept})
+    writer.record_scores(meta.run_id, {i: {"acc": float(i % 2)} for i in kept})
     failed = ErrorRecord(stage=Stage.INFER, kind="RuntimeError", message="boom")
-    assert results.record_errors(meta.run_id, {i: failed for i in range(n) if i % 7 == 0}).finalize
-    assert results.finalize(meta.run_id, create("spy", {})) is not None
+    assert writer.record_errors(meta.run_id, {i: failed for i in range(n) if i % 7 == 0}).finalize
+    assert writer.finalize(meta.run_id, create("spy", {})) is not None
     return meta.run_id
 
 
@@ -332,12 +335,12 @@ def test_a_seal_whose_reply_was_lost_keeps_the_archive_it_sealed(
     that this very folder is sealed (2), and an attempt never removes the folder its run's
     record names (it did, and every result was gone: the attack review's finding)."""
     client = connect(redis_only.url)
-    results, run_id = ResultStore(client), _ended_run(client, tmp_path / "archive")
+    results, run_id = ResultReader(client), _ended_run(client, tmp_path / "archive")
     done = archive_run(client, run_id)
-    assert done.sealed == 1
-    counts = (30, 25, 5, 25)
-    assert results.seal(run_id, done.url, counts) == 2  # the retried call
-    assert results.seal(run_id, done.url + "x", counts) == 0  # another attempt's
+    assert done.sealed is SealOutcome.SEALED
+    counts, sealer = (30, 25, 5, 25), Sealer(client)
+    assert sealer.seal(run_id, done.url, counts) is SealOutcome.SEALED_ON_RETRY
+    assert sealer.seal(run_id, done.url + "x", counts) is SealOutcome.SEALED_ELSEWHERE
     writer = ArchiveWriter(done.url)  # the same folder, as the attempt that sealed it holds it
     _abandon(results, run_id, writer)
     assert len(list(results.results(run_id))) == 30  # the archive is still there
@@ -350,11 +353,11 @@ def test_nothing_is_written_for_a_run_once_it_is_sealed_or_purged(
     no output, no attempt, so no per-sample key comes back once the run is archived, and a
     purged run's record is not recreated by a late claim to archive it."""
     client = connect(redis_only.url)
-    results, runs = ResultStore(client), RunStore(client)
+    results, writer, runs = ResultReader(client), ResultWriter(client), RunStore(client)
     run_id = _ended_run(client, tmp_path / "archive")
-    assert archive_run(client, run_id).sealed == 1
-    assert results.record_outputs(run_id, {0: "1", 7: "2"}) == 0
-    assert results.attempt(run_id, {0: False, 7: True}) == {0: 0, 7: 0}
+    assert archive_run(client, run_id).sealed is SealOutcome.SEALED
+    assert writer.record_outputs(run_id, {0: "1", 7: "2"}) == 0
+    assert writer.attempt(run_id, {0: False, 7: True}) == {0: 0, 7: 0}
     assert _live_keys_of(client, run_id) == []
     assert results.progress(run_id).inferred == 25
     purge(client, run_id, str(tmp_path / "archive"))
@@ -407,16 +410,16 @@ def _going_run(
 ) -> str:
     """A going run made through the store: every sample inferred, every seventh failed at
     scoring, those in ``unsettled`` not settled yet."""
-    results, meta = ResultStore(client), _new_run(client, list(range(n)), archive)
-    results.record_outputs(meta.run_id, {i: json.dumps({"pred": i}) for i in range(n)})
+    writer, meta = ResultWriter(client), _new_run(client, list(range(n)), archive)
+    writer.record_outputs(meta.run_id, {i: json.dumps({"pred": i}) for i in range(n)})
     done = [i for i in range(n) if i not in unsettled]
-    results.record_scores(meta.run_id, {i: {"acc": float(i % 2)} for i in done if i % 7})
+    writer.record_scores(meta.run_id, {i: {"acc": float(i % 2)} for i in done if i % 7})
     failed = ErrorRecord(stage=Stage.SCORE, kind="ValueError", message="bad")
-    results.record_errors(meta.run_id, {i: failed for i in done if i % 7 == 0})
+    writer.record_errors(meta.run_id, {i: failed for i in done if i % 7 == 0})
     return meta.run_id
 
 
-def _store_reads(results: ResultStore, run_id: str) -> dict[str, object]:
+def _store_reads(results: ResultReader, run_id: str) -> dict[str, object]:
     ids = list(range(50))
     inferred, failed = results.produced(run_id, ids)
     return {
@@ -439,13 +442,14 @@ def test_a_going_run_spills_its_complete_segments_and_reads_the_same(
     it gave before; nothing is written for a spilled sample again (no key comes back, no
     counter moves); the run finalizes over both and archives the same rows."""
     client = connect(redis_only.url)
-    results, archive = ResultStore(client), str(tmp_path / "archive")
+    results, writer = ResultReader(client), ResultWriter(client)
+    archive = str(tmp_path / "archive")
     run_id = _going_run(client, tmp_path / "archive")
     keys = RunKeys(run_id)
     before = _store_reads(results, run_id)
     progress = results.progress(run_id)
     assert spill_run(client, run_id, 16) == 2
-    assert sorted(results.spill_map(run_id).parts) == [0, 1]
+    assert sorted(Spill.read(client, run_id).parts) == [0, 1]
     assert spill_run(client, run_id, 16) == 0  # once
     assert client.hlen(keys.out) == 18
     assert client.hlen(keys.score) + client.hlen(keys.err) == 13
@@ -453,26 +457,26 @@ def test_a_going_run_spills_its_complete_segments_and_reads_the_same(
     assert len(list(Path(archive, run_id, "spill").iterdir())) == 2
     assert _store_reads(results, run_id) == before
 
-    assert results.record_outputs(run_id, {3: '"again"', 20: '"again"'}) == 0
-    assert results.attempt(run_id, {3: True, 20: False}) == {3: 0, 20: 0}
-    assert results.record_scores(run_id, {3: {"acc": 9.0}}).written == 0
+    assert writer.record_outputs(run_id, {3: '"again"', 20: '"again"'}) == 0
+    assert writer.attempt(run_id, {3: True, 20: False}) == {3: 0, 20: 0}
+    assert writer.record_scores(run_id, {3: {"acc": 9.0}}).written == 0
     failed = ErrorRecord(stage=Stage.INFER, kind="RuntimeError", message="late")
-    assert results.record_errors(run_id, {20: failed}).written == 0
+    assert writer.record_errors(run_id, {20: failed}).written == 0
     assert results.progress(run_id) == progress
     assert client.hlen(keys.out) == 18
     assert not client.exists(keys.attempts_of(Stage.INFER))
     assert _store_reads(results, run_id) == before
 
-    done = results.record_scores(run_id, {i: {"acc": 1.0} for i in range(45, 50)})
+    done = writer.record_scores(run_id, {i: {"acc": 1.0} for i in range(45, 50)})
     assert done.finalize
-    finished = results.finalize(run_id, create("spy", {}))
+    finished = writer.finalize(run_id, create("spy", {}))
     assert finished is not None
     scored = [s["acc"] for s in before["scores"].values()] + [1.0] * 5  # type: ignore[attr-defined]
     failures = sum(before["errors"].values())  # type: ignore[attr-defined]
     assert failures == 7  # each scores 0 (a 0/1 metric's worst value), spilled ones too
     assert finished.aggregate == {"acc": sum(scored) / (len(scored) + failures)}
     ended = _store_reads(results, run_id)
-    assert archive_run(client, run_id).sealed == 1
+    assert archive_run(client, run_id).sealed is SealOutcome.SEALED
     assert _store_reads(results, run_id) == ended
     assert not Path(archive, run_id, "spill").exists()
     assert _live_keys_of(client, run_id) == []
@@ -484,16 +488,17 @@ def test_a_spill_waits_for_its_segment_and_stops_with_its_run(
     """A segment with an unsettled sample is refused, whoever asks; a run being finalized or
     ended spills nothing; a cancelled run's refund counts spilled samples as produced."""
     client = connect(redis_only.url)
-    results, runs, archive = ResultStore(client), RunStore(client), str(tmp_path / "archive")
+    results, runs, archive = ResultReader(client), RunStore(client), str(tmp_path / "archive")
     run_id = _going_run(client, tmp_path / "archive", unsettled=range(5, 6))
     chunk = results.live_chunk(run_id, list(range(16)))
     assert chunk is not None
-    assert results.spill(run_id, 0, 16, "file:///nowhere", chunk) == -2
+    refused = Spiller(client).spill(run_id, 0, 16, "file:///nowhere", chunk)
+    assert refused is SpillOutcome.NOT_THE_STORE_S
     assert spill_run(client, run_id, 16) == 3  # 16..49: the last one is short
     client.hdel(RunKeys(run_id).out, 2)  # not inferred yet
     assert runs.cancel(run_id) == (1, 1)  # its 34 spilled samples are not refunded
     assert spill_run(client, run_id, 16) == 0
-    assert sorted(results.spill_map(run_id).parts) == [1, 2, 3]
+    assert sorted(Spill.read(client, run_id).parts) == [1, 2, 3]
 
     other = _going_run(client, tmp_path / "archive", unsettled=range(0))
     client.hset(RunKeys(other).meta, "finalizing", "1")
@@ -525,8 +530,8 @@ def test_workers_spill_a_going_run_and_it_reads_the_same_throughout(
             params={"gate": str(gate), "open_until": "64"},
         )
     ).run_id  # fmt: skip
-    results, keys = ResultStore(stack.client), RunKeys(run_id)
-    wait_for(lambda: len(results.spill_map(run_id).parts) == 4, 60, "four spilled segments")
+    keys = RunKeys(run_id)
+    wait_for(lambda: len(Spill.read(stack.client, run_id).parts) == 4, 60, "four spilled segments")
     assert stack.client.hlen(keys.score) + stack.client.hlen(keys.err) == 0
     assert stack.client.bitcount(keys.spilled) == 64
     going = evalq(stack.server.url, "results", run_id).stdout.splitlines()
@@ -548,24 +553,25 @@ def test_a_spill_refuses_a_segment_whose_output_came_after_it_was_read(
     and its commit: the spill is refused (the attack review: it deleted that output, and the
     run's counts never sealed), the next one takes it, and the run archives."""
     client = connect(redis_only.url)
-    results, _archive = ResultStore(client), str(tmp_path / "archive")
+    results, writer = ResultReader(client), ResultWriter(client)
     run_id = _going_run(client, tmp_path / "archive", n=20, unsettled=range(16, 20))
     failed = ErrorRecord(stage=Stage.INFER, kind="RuntimeError", message="boom")
     client.hdel(RunKeys(run_id).out, 3)
     client.hincrby(RunKeys(run_id).progress, "inferred", -1)
     client.hdel(RunKeys(run_id).score, 3)
     client.hincrby(RunKeys(run_id).progress, "scored", -1)
-    results.record_errors(run_id, {3: failed})  # sample 3: failed, no output
+    writer.record_errors(run_id, {3: failed})  # sample 3: failed, no output
     read = results.live_chunk(run_id, list(range(16)))
     assert read is not None
-    assert results.record_outputs(run_id, {3: '"late"'}) == 1  # after the spill read
-    assert results.spill(run_id, 0, 16, "file:///stale", read) == -2
+    assert writer.record_outputs(run_id, {3: '"late"'}) == 1  # after the spill read
+    stale = Spiller(client).spill(run_id, 0, 16, "file:///stale", read)
+    assert stale is SpillOutcome.NOT_THE_STORE_S
     assert spill_run(client, run_id, 16) == 1
     (three,) = results.fetch(run_id, [3])
     assert (three.output, three.error) == ("late", failed)
-    results.record_scores(run_id, {i: {"acc": 1.0} for i in range(16, 20)})
-    assert results.finalize(run_id, create("spy", {})) is not None
-    assert archive_run(client, run_id).sealed == 1
+    writer.record_scores(run_id, {i: {"acc": 1.0} for i in range(16, 20)})
+    assert writer.finalize(run_id, create("spy", {})) is not None
+    assert archive_run(client, run_id).sealed is SealOutcome.SEALED
 
 
 def test_spilled_parts_go_under_the_run_s_own_folder_and_leave_with_it(
@@ -575,15 +581,15 @@ def test_spilled_parts_go_under_the_run_s_own_folder_and_leave_with_it(
     choice, whatever a worker's own EVALQ_ARCHIVE_URL), and an archive or a purge removes it
     with the run's folder."""
     client = connect(redis_only.url)
-    results = ResultStore(client)
+    writer = ResultWriter(client)
     for ending in ("archive", "purge"):
         run_id = _going_run(client, tmp_path / "archive", n=20, unsettled=range(16, 20))
         assert spill_run(client, run_id, 16) == 1
         (part,) = (tmp_path / "archive" / run_id / "spill").iterdir()
-        results.record_scores(run_id, {i: {"acc": 1.0} for i in range(16, 20)})
-        assert results.finalize(run_id, create("spy", {})) is not None
+        writer.record_scores(run_id, {i: {"acc": 1.0} for i in range(16, 20)})
+        assert writer.finalize(run_id, create("spy", {})) is not None
         if ending == "archive":
-            assert archive_run(client, run_id).sealed == 1
+            assert archive_run(client, run_id).sealed is SealOutcome.SEALED
         else:
             assert purge(client, run_id, str(tmp_path / "elsewhere"))
         assert not part.exists(), ending
@@ -602,11 +608,11 @@ def test_a_record_naming_files_outside_its_run_s_folder_is_neither_read_nor_dele
     run_id = _going_run(client, tmp_path / "archive", n=20, unsettled=range(16, 20))
     client.hset(RunKeys(run_id).spill, mapping={"rows": 16, "0": f"file://{victim}/p.parquet"})
     with pytest.raises(ArchiveUnreadableError, match="outside the run's own folder"):
-        ResultStore(client).scores(run_id)
+        ResultReader(client).scores(run_id)
     RunStore(client).cancel(run_id)
     client.hset(RunKeys(run_id).meta, "archive_url", f"file://{victim}/attempt")
     with pytest.raises(ArchiveUnreadableError, match="outside the run's own folder"):
-        list(ResultStore(client).results(run_id))
+        list(ResultReader(client).results(run_id))
     assert purge(client, run_id, str(tmp_path / "archive"))
     assert (victim / "attempt" / "keep.txt").read_text() == "keep"
 
@@ -618,11 +624,11 @@ def test_a_read_whose_spilled_part_goes_with_a_seal_goes_on_from_the_archive(
     of a spilled part: the read answers from the archive, the same (the attack review: it was
     an error blaming the mount)."""
     client = connect(redis_only.url)
-    results, _archive = ResultStore(client), str(tmp_path / "archive")
+    results, writer = ResultReader(client), ResultWriter(client)
     run_id = _going_run(client, tmp_path / "archive", n=20, unsettled=range(16, 20))
     assert spill_run(client, run_id, 16) == 1
-    results.record_scores(run_id, {i: {"acc": 1.0} for i in range(16, 20)})
-    assert results.finalize(run_id, create("spy", {})) is not None
+    writer.record_scores(run_id, {i: {"acc": 1.0} for i in range(16, 20)})
+    assert writer.finalize(run_id, create("spy", {})) is not None
     expected = results.scores(run_id)
     sealed: list[int] = []
 
@@ -632,7 +638,7 @@ def test_a_read_whose_spilled_part_goes_with_a_seal_goes_on_from_the_archive(
             sealed[0] = archive_run(client, run_id).sealed
         return read_part(*args, **kwargs)
 
-    monkeypatch.setattr("shared.store.results.read_part", sealing_first)
+    monkeypatch.setattr("shared.store.spill.read_part", sealing_first)
     assert results.scores(run_id) == expected
     assert sealed == [1]
 
@@ -658,26 +664,27 @@ def test_spilled_samples_far_apart_read_the_same(redis_only: RedisServer, tmp_pa
     bitmap): spilled and live ones read as before."""
     client = connect(redis_only.url)
     ids = [5_000_000, 3, 7_000_001, 12]
-    results, meta = ResultStore(client), _new_run(client, ids, tmp_path / "archive")
-    results.record_outputs(meta.run_id, {i: json.dumps(i) for i in ids})
-    results.record_scores(meta.run_id, {i: {"acc": 1.0} for i in ids[:3]})
+    results, writer = ResultReader(client), ResultWriter(client)
+    meta = _new_run(client, ids, tmp_path / "archive")
+    writer.record_outputs(meta.run_id, {i: json.dumps(i) for i in ids})
+    writer.record_scores(meta.run_id, {i: {"acc": 1.0} for i in ids[:3]})
     before = [r.model_dump() for r in results.fetch(meta.run_id, ids)]
     assert spill_run(client, meta.run_id, 2) == 1
     assert results.settled(meta.run_id, ids) == set(ids[:3])
     assert [r.model_dump() for r in results.fetch(meta.run_id, ids)] == before
-    assert results.record_outputs(meta.run_id, {5_000_000: "0"}) == 0
+    assert writer.record_outputs(meta.run_id, {5_000_000: "0"}) == 0
 
 
 def _typed_run(client: redis.Redis, archive: Path, outputs: list[object]) -> RunMeta:
     """A completed run made through the store whose sample ``i`` output ``outputs[i]`` (as a
     worker stores it) and scored ``acc`` (every third failed at inference)."""
-    results, meta = ResultStore(client), _new_run(client, list(range(len(outputs))), archive)
+    writer, meta = ResultWriter(client), _new_run(client, list(range(len(outputs))), archive)
     kept = [i for i in range(len(outputs)) if i % 3]
-    results.record_outputs(meta.run_id, {i: to_json(outputs[i]) for i in kept})
-    results.record_scores(meta.run_id, {i: {"acc": float(i % 2)} for i in kept})
+    writer.record_outputs(meta.run_id, {i: to_json(outputs[i]) for i in kept})
+    writer.record_scores(meta.run_id, {i: {"acc": float(i % 2)} for i in kept})
     failed = ErrorRecord(stage=Stage.INFER, kind="RuntimeError", message="boom")
-    results.record_errors(meta.run_id, {i: failed for i in range(len(outputs)) if i % 3 == 0})
-    assert results.finalize(meta.run_id, create("spy", {})) is not None
+    writer.record_errors(meta.run_id, {i: failed for i in range(len(outputs)) if i % 3 == 0})
+    assert writer.finalize(meta.run_id, create("spy", {})) is not None
     return meta
 
 
@@ -710,7 +717,7 @@ def test_parquet_outputs_and_scores_are_typed_columns_live_archived_and_in_the_o
     export, live and archived alike; an archive written before outputs were typed (JSON text,
     no marker) reads exactly the same."""
     client = connect(redis_only.url)
-    results = ResultStore(client)
+    results = ResultReader(client)
     meta = _typed_run(client, tmp_path / "archive", outputs)
     api = Client(
         Settings(redis_url=redis_only.url, archive_url=str(tmp_path / "archive")), admin=True
@@ -727,7 +734,7 @@ def test_parquet_outputs_and_scores_are_typed_columns_live_archived_and_in_the_o
     assert exported.column("output").to_pylist()[1] == outputs[1]
 
     done = archive_run(client, meta.run_id)
-    assert done.sealed == 1
+    assert done.sealed is SealOutcome.SEALED
     (part,) = ArchiveReader(done.url).files
     written = pq.read_table(part)
     assert written.schema.field("output").type == kind

@@ -33,11 +33,14 @@ from shared.models import ErrorRecord, RunMeta, RunStatus, SampleTask, Stage
 from shared.queue.celery_app import INFER_TASK, SCORE_TASK
 from shared.queue.sizing import split
 from shared.settings import Settings
-from shared.store.results import ResultStore
+from shared.store.reader import ResultReader
 from shared.store.runs import RunStore
+from shared.store.writer import ResultWriter
 from tests.helpers import ended_view, labelled_rows, record_run, write_rows
-from worker.pipeline import Resources, infer_batch, score_batch
+from worker.batch import Resources
+from worker.inference import infer_batch
 from worker.runtime_pool import RuntimePool
+from worker.scoring import score_batch
 from worker.shard_cache import ShardCache
 
 MAX_ATTEMPTS = 3
@@ -119,7 +122,8 @@ def bench(server: RedisServer, tmp_path: Path) -> Iterator[Bench]:
     runtimes = RuntimePool("cpu", max_models=2)
     res = Resources(
         runs=RunStore(client),
-        results=ResultStore(client),
+        reader=ResultReader(client),
+        writer=ResultWriter(client),
         shards=ShardCache(client, capacity=4),
         runtimes=runtimes,
         publish=sent,
@@ -135,15 +139,15 @@ def bench(server: RedisServer, tmp_path: Path) -> Iterator[Bench]:
 def test_outputs_are_stored_once_without_labels_and_sent_on_to_scoring(bench: Bench) -> None:
     meta = bench.run("spy", labelled_rows(20))
     infer_batch(bench.res, [task(meta, list(range(20)))])
-    outputs = bench.res.results.outputs(meta.run_id, list(range(20)))
+    outputs = bench.res.reader.outputs(meta.run_id, list(range(20)))
     assert len(outputs) == 20
     assert all(o["fields"] == ["text"] for o in outputs.values())
     assert sorted(bench.sent.ids(SCORE_TASK)) == list(range(20))
     assert bench.status(meta) is RunStatus.RUNNING
 
     infer_batch(bench.res, [task(meta, list(range(20)))])  # a redelivery
-    assert bench.res.results.progress(meta.run_id).inferred == 20
-    assert bench.res.results.attempt(meta.run_id, {0: True}) == {0: 2}  # never ran again
+    assert bench.res.reader.progress(meta.run_id).inferred == 20
+    assert bench.res.writer.attempt(meta.run_id, {0: True}) == {0: 2}  # never ran again
 
 
 def test_scoring_settles_every_sample_and_the_last_write_finalizes(bench: Bench) -> None:
@@ -155,13 +159,13 @@ def test_scoring_settles_every_sample_and_the_last_write_finalizes(bench: Bench)
     assert bench.status(meta) is RunStatus.RUNNING
     score_batch(bench.res, [task(meta, list(range(10, 20)))])
 
-    progress = bench.res.results.progress(meta.run_id)
+    progress = bench.res.reader.progress(meta.run_id)
     assert (progress.scored, progress.failed) == (19, 1)
     assert bench.status(meta) is RunStatus.COMPLETED
-    error = bench.res.results.fetch(meta.run_id, [4])[0].error
+    error = bench.res.reader.fetch(meta.run_id, [4])[0].error
     assert error is not None
     assert (error.stage, error.kind) == (Stage.SCORE, "ValueError")
-    assert bench.res.results.aggregate(meta.run_id) is not None
+    assert bench.res.reader.aggregate(meta.run_id) is not None
 
 
 def test_a_raising_batch_retries_its_rows_alone_then_ends_them(bench: Bench) -> None:
@@ -171,7 +175,7 @@ def test_a_raising_batch_retries_its_rows_alone_then_ends_them(bench: Bench) -> 
     infer_batch(bench.res, [task(meta, list(range(8)))])
 
     # the batch raised: every row ran alone, the seven clean ones were stored
-    assert bench.res.results.progress(meta.run_id).inferred == 7
+    assert bench.res.reader.progress(meta.run_id).inferred == 7
     assert bench.sent.ids(INFER_TASK, solo=True) == [3]
     for attempt in range(2, MAX_ATTEMPTS + 1):
         bench.sent.sent.clear()
@@ -179,7 +183,7 @@ def test_a_raising_batch_retries_its_rows_alone_then_ends_them(bench: Bench) -> 
         if attempt < MAX_ATTEMPTS:
             assert bench.sent.ids(INFER_TASK, solo=True) == [3]
     assert bench.sent.ids(INFER_TASK) == []
-    error = bench.res.results.fetch(meta.run_id, [3])[0].error
+    error = bench.res.reader.fetch(meta.run_id, [3])[0].error
     assert error is not None
     assert error.stage is Stage.INFER
     assert error.message == f"boom in the batch (attempt {MAX_ATTEMPTS} of {MAX_ATTEMPTS})"
@@ -188,24 +192,24 @@ def test_a_raising_batch_retries_its_rows_alone_then_ends_them(bench: Bench) -> 
 def test_a_sample_tried_before_is_not_run_with_others_but_sent_on_alone(bench: Bench) -> None:
     meta = bench.run("spy", labelled_rows(6))
     # sample 2's earlier attempt started and never finished (its worker died)
-    assert bench.res.results.attempt(meta.run_id, {2: False}) == {2: 1}
+    assert bench.res.writer.attempt(meta.run_id, {2: False}) == {2: 1}
     infer_batch(bench.res, [task(meta, list(range(6)))])
 
-    assert set(bench.res.results.outputs(meta.run_id, list(range(6)))) == {0, 1, 3, 4, 5}
+    assert set(bench.res.reader.outputs(meta.run_id, list(range(6)))) == {0, 1, 3, 4, 5}
     assert bench.sent.ids(INFER_TASK, solo=True) == [2]
     assert 2 not in bench.sent.ids(SCORE_TASK)
 
     infer_batch(bench.res, [task(meta, [2], solo=True)])  # alone, it runs
-    assert 2 in bench.res.results.outputs(meta.run_id, [2])
+    assert 2 in bench.res.reader.outputs(meta.run_id, [2])
 
 
 def test_a_sample_whose_every_attempt_died_ends_as_one_terminal_error(bench: Bench) -> None:
     meta = bench.run("spy", labelled_rows(5))
     for _ in range(MAX_ATTEMPTS):
-        bench.res.results.attempt(meta.run_id, {1: True})
+        bench.res.writer.attempt(meta.run_id, {1: True})
     infer_batch(bench.res, [task(meta, [1], solo=True)])
 
-    record = bench.res.results.fetch(meta.run_id, [1])[0]
+    record = bench.res.reader.fetch(meta.run_id, [1])[0]
     assert record.output is None
     assert record.error is not None
     assert record.error.message.startswith(f"gave up after {MAX_ATTEMPTS} attempts")
@@ -219,7 +223,7 @@ def test_a_cancelled_run_gets_no_inference_and_no_scoring(bench: Bench) -> None:
     infer_batch(bench.res, [task(meta, list(range(5, 10)))])
     score_batch(bench.res, [task(meta, list(range(5)))])
 
-    progress = bench.res.results.progress(meta.run_id)
+    progress = bench.res.reader.progress(meta.run_id)
     assert (progress.inferred, progress.scored, progress.failed) == (5, 0, 0)
     assert bench.status(meta) is RunStatus.CANCELLED
 
@@ -228,31 +232,31 @@ def test_settle_writes_nothing_once_the_run_is_cancelled(bench: Bench) -> None:
     """The Lua check, not only the Python one: a scorer that started before the cancellation
     must not write after it (the cancellation's refund counted those samples)."""
     meta = bench.run("spy", labelled_rows(5))
-    bench.res.results.record_outputs(meta.run_id, {0: "1", 1: "1"})
+    bench.res.writer.record_outputs(meta.run_id, {0: "1", 1: "1"})
     bench.res.runs.cancel(meta.run_id)
     error = ErrorRecord(stage=Stage.SCORE, kind="E", message="late")
 
-    assert bench.res.results.record_scores(meta.run_id, {0: {"m": 1.0}}).finalize is False
-    assert bench.res.results.record_errors(meta.run_id, {1: error}).finalize is False
-    assert bench.res.results.record_outputs(meta.run_id, {2: "1"}) == 0
-    progress = bench.res.results.progress(meta.run_id)
+    assert bench.res.writer.record_scores(meta.run_id, {0: {"m": 1.0}}).finalize is False
+    assert bench.res.writer.record_errors(meta.run_id, {1: error}).finalize is False
+    assert bench.res.writer.record_outputs(meta.run_id, {2: "1"}) == 0
+    progress = bench.res.reader.progress(meta.run_id)
     assert (progress.inferred, progress.scored, progress.failed) == (2, 0, 0)
-    assert bench.res.results.settled(meta.run_id, [0, 1]) == set()
+    assert bench.res.reader.settled(meta.run_id, [0, 1]) == set()
 
 
 def test_a_sample_is_settled_once_by_whichever_write_comes_first(bench: Bench) -> None:
     meta = bench.run("spy", labelled_rows(5))
     error = ErrorRecord(stage=Stage.SCORE, kind="E", message="first")
-    assert bench.res.results.record_errors(meta.run_id, {0: error}).finalize is False
+    assert bench.res.writer.record_errors(meta.run_id, {0: error}).finalize is False
     assert (
-        bench.res.results.record_scores(meta.run_id, {0: {"m": 1.0}, 1: {"m": 1.0}}).finalize
+        bench.res.writer.record_scores(meta.run_id, {0: {"m": 1.0}, 1: {"m": 1.0}}).finalize
         is False
     )
-    assert bench.res.results.record_errors(meta.run_id, {1: error}).finalize is False
-    progress = bench.res.results.progress(meta.run_id)
+    assert bench.res.writer.record_errors(meta.run_id, {1: error}).finalize is False
+    progress = bench.res.reader.progress(meta.run_id)
     assert (progress.scored, progress.failed) == (1, 1)
-    assert bench.res.results.record_scores(meta.run_id, {i: {"m": 0.0} for i in range(5)}).finalize
-    assert not bench.res.results.record_scores(
+    assert bench.res.writer.record_scores(meta.run_id, {i: {"m": 0.0} for i in range(5)}).finalize
+    assert not bench.res.writer.record_scores(
         meta.run_id, {i: {"m": 0.0} for i in range(5)}
     ).finalize
 
@@ -261,11 +265,11 @@ def test_cancel_counts_each_sample_without_a_result_once(bench: Bench) -> None:
     """Unproduced = samples with neither an output nor an error. A sample with an output and
     a scoring error was produced once, not twice."""
     meta = bench.run("spy", labelled_rows(5))
-    results = bench.res.results
-    results.record_outputs(meta.run_id, {0: "1", 1: "1"})
+    writer = bench.res.writer
+    writer.record_outputs(meta.run_id, {0: "1", 1: "1"})
     score_error = ErrorRecord(stage=Stage.SCORE, kind="E", message="m")
     data_error = ErrorRecord(stage=Stage.DATA, kind="E", message="m")
-    results.record_errors(meta.run_id, {0: score_error, 2: data_error})
+    writer.record_errors(meta.run_id, {0: score_error, 2: data_error})
     # 0: output + error, 1: output, 2: error only, 3 and 4: nothing
     assert bench.res.runs.cancel(meta.run_id) == (1, 2)
     assert bench.res.runs.cancel(meta.run_id) == (0, 2)
@@ -367,8 +371,8 @@ def test_a_forged_message_for_a_run_of_an_unknown_eval_harms_no_batch_mate(bench
     meta = bench.run("spy", labelled_rows(4))
     forged = task(ghost, [0]).model_copy(update={"eval": "spy"})
     assert infer_batch(bench.res, [forged, task(meta, [0, 1, 2, 3])]) == set()
-    assert len(bench.res.results.outputs(meta.run_id, [0, 1, 2, 3])) == 4
-    assert bench.res.results.outputs(ghost.run_id, [0]) == {}
+    assert len(bench.res.reader.outputs(meta.run_id, [0, 1, 2, 3])) == 4
+    assert bench.res.reader.outputs(ghost.run_id, [0]) == {}
 
 
 @register("turns")
@@ -422,9 +426,9 @@ def test_scoring_in_the_same_job_scores_what_a_scoring_job_would(bench: Bench) -
     infer_batch(bench.res, [task(fused, list(range(4)))])
     for meta in (separate, fused):
         assert bench.status(meta) is RunStatus.COMPLETED
-    expected = [r.scores for r in bench.res.results.results(separate.run_id)]
+    expected = [r.scores for r in bench.res.reader.results(separate.run_id)]
     assert expected == [{"turns": 1.0, "int_key": 0.0}] * 4
-    assert [r.scores for r in bench.res.results.results(fused.run_id)] == expected
+    assert [r.scores for r in bench.res.reader.results(fused.run_id)] == expected
 
 
 def test_scoring_in_the_same_job_leaves_no_count_for_a_sample_settled_meanwhile(
@@ -435,10 +439,10 @@ def test_scoring_in_the_same_job_leaves_no_count_for_a_sample_settled_meanwhile(
     bench.res = dataclasses.replace(bench.res, fuse=True)
     meta = bench.run("raced", labelled_rows(3))
     failed = ErrorRecord(stage=Stage.INFER, kind="RuntimeError", message="another gave up")
-    HOOK.append(lambda: bench.res.results.record_errors(meta.run_id, {0: failed}))
+    HOOK.append(lambda: bench.res.writer.record_errors(meta.run_id, {0: failed}))
     infer_batch(bench.res, [task(meta, [0, 1, 2])])
     assert bench.status(meta) is RunStatus.COMPLETED
-    progress = bench.res.results.progress(meta.run_id)
+    progress = bench.res.reader.progress(meta.run_id)
     assert (progress.scored, progress.failed) == (2, 1)
     keys = RunKeys(meta.run_id)
     assert bench.client.exists(keys.attempts_of(Stage.INFER), keys.attempts_of(Stage.SCORE)) == 0

@@ -20,7 +20,7 @@ from shared.settings import Settings
 from shared.stats import Z95, describe, paired
 from tests.conftest import Stack
 from tests.helpers import ended_view, evalq, list_splits, wait_completed, write_rows
-from worker.pipeline import _checked_scores
+from worker.scoring import _checked_scores
 
 
 def test_a_failed_sample_scores_each_metrics_worst_value_unless_skipped() -> None:

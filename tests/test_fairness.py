@@ -32,7 +32,7 @@ from shared.queue.broker import carried
 from shared.queue.celery_app import INFER_QUEUE, INFER_TASK, SCORE_QUEUE, create_app
 from shared.queue.sizing import publish
 from shared.settings import Settings
-from shared.store.results import ResultStore
+from shared.store.reader import ResultReader
 from tests.conftest import Stack
 from tests.helpers import (
     assert_settled_once,
@@ -44,8 +44,9 @@ from tests.helpers import (
     write_rows,
 )
 from tests.test_batch import Bench, bench, server, task  # noqa: F401 - fixtures
-from worker.pipeline import infer_batch, score_batch
+from worker.inference import infer_batch
 from worker.prefetch import LONG_BATCH, RECENT, Reserve
+from worker.scoring import score_batch
 
 QUEUE = "q"
 # A flush timer no test here waits for: a run that completes well before it ran at once (a
@@ -494,7 +495,7 @@ def _while_big_goes(
     meta = small()
     wait_completed(stack.client, meta.run_id, timeout=120)
     took = time.monotonic() - started
-    done = ResultStore(stack.client).progress(big.run_id).done
+    done = ResultReader(stack.client).progress(big.run_id).done
     print(f"\n{what}: {took:.2f} s; the big run had {done} of {big.n} samples settled")
     return took, done
 

@@ -28,7 +28,7 @@ from shared.keys import AUDIT, DATASETS, PRIORITIES, TOKENS, RunKeys, budget_key
 from shared.models import RunStatus
 from shared.queue.celery_app import create_app
 from shared.settings import Settings
-from shared.store.results import ResultStore
+from shared.store.reader import ResultReader
 from tests.helpers import (
     REPO,
     audit_entries,
@@ -478,7 +478,7 @@ def test_a_user_does_not_choose_or_see_a_non_viewable_runs_samples(door: Door) -
     for _ in range(3):
         run_id = _run_id(door.cli(door.alice, "submit", "spy", "--dataset", "ds", "--split",
                                   "hidden", "--limit", "6", "--follow", "--json"))  # fmt: skip
-        ids = [r.sample_id for r in ResultStore(door.redis("gateway")).results(run_id)]
+        ids = [r.sample_id for r in ResultReader(door.redis("gateway")).results(run_id)]
         assert len(set(ids)) == 6
         assert all(0 <= i < 20 for i in ids)
         drawn.append(ids)

@@ -26,7 +26,7 @@ from shared.isolation.child_env import child_env
 from shared.queue.celery_app import create_app
 from shared.scorer import ScriptCall
 from shared.settings import Settings
-from shared.store.results import ResultStore
+from shared.store.reader import ResultReader
 from tests.conftest import Stack
 from tests.helpers import (
     REPO,
@@ -132,7 +132,7 @@ def _leaked(stack: Stack, folder: Path, eval_name: str) -> tuple[float, list[obj
         stack.client, stack.app, request, principal="tests", archive=stack.settings.archive_url
     )
     wait_completed(stack.client, meta.run_id)
-    results = ResultStore(stack.client)
+    results = ResultReader(stack.client)
     aggregate = results.aggregate(meta.run_id)
     assert aggregate is not None
     outputs = results.outputs(meta.run_id, list(range(20)))
@@ -168,7 +168,7 @@ def test_an_isolated_model_cannot_read_its_workers_environment_or_memory(
         stack.client, stack.app, request, principal="tests", archive=stack.settings.archive_url
     )
     wait_completed(stack.client, meta.run_id)
-    seen = ResultStore(stack.client).outputs(meta.run_id, [0])[0]
+    seen = ResultReader(stack.client).outputs(meta.run_id, [0])[0]
     assert seen["ancestors_read"] == []  # the worker's /proc environ and mem: refused
     assert seen["evalq_env"] == []
     assert seen["fields"] == ["secret", "text"]  # label fields scrubbed
@@ -298,7 +298,7 @@ def walk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Walk]:
         request = SubmitRequest(eval="script_scored", dataset=name, split="validation")
         scored = submit(client, app, request, principal="tests", archive=str(root / "archive"))
         wait_completed(client, scored.run_id)
-        scores = ResultStore(client).scores(scored.run_id).values()
+        scores = ResultReader(client).scores(scored.run_id).values()
         scorer_pids = {int(score["scorer_pid"]) for score in scores}
         archived = wait_for(
             lambda: next(Path(settings.archive_url).rglob("*.parquet"), None),
@@ -318,7 +318,7 @@ def walk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Walk]:
         request = SubmitRequest(eval="walker", dataset=name, split="validation", params=params)
         walked = submit(client, app, request, principal="tests", archive=str(root / "archive"))
         wait_completed(client, walked.run_id)
-        seen = ResultStore(client).outputs(walked.run_id, [0])[0]
+        seen = ResultReader(client).outputs(walked.run_id, [0])[0]
         alive = {pid for pid in scorer_pids if _alive(pid)}
         log = (root / "worker-0.log").read_text().splitlines()
         yield Walk(

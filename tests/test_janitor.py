@@ -37,7 +37,7 @@ from tests.helpers import labelled_rows, wait_for
 from tests.test_batch import Bench, bench, server, task  # noqa: F401 - fixtures
 from worker.archiver import spill_run
 from worker.janitor import Janitor
-from worker.pipeline import score_batch
+from worker.scoring import score_batch
 
 STALL = 0.05
 
@@ -75,7 +75,7 @@ def _backlogged(on: Bench, meta: RunMeta) -> list[int]:
 
 
 def _idle(on: Bench, meta: RunMeta) -> None:
-    progress = on.res.results.progress
+    progress = on.res.reader.progress
     wait_for(lambda: time.time() - (progress(meta.run_id).touched or meta.created) > STALL)
 
 
@@ -85,9 +85,9 @@ def test_lost_samples_are_sent_again_and_waiting_ones_are_not(
 ) -> None:
     sweeper, app = janitor
     meta = bench.run("spy", labelled_rows(20))
-    results = bench.res.results
-    results.record_outputs(meta.run_id, {i: "{}" for i in range(10)})
-    results.record_scores(meta.run_id, {i: {"m": 1.0} for i in range(5)})
+    results, writer = bench.res.reader, bench.res.writer
+    writer.record_outputs(meta.run_id, {i: "{}" for i in range(10)})
+    writer.record_scores(meta.run_id, {i: {"m": 1.0} for i in range(5)})
     publish(app, INFER_TASK, split(meta, list(range(10, 15))))  # waiting in the queue
     forged = task(meta, list(range(15, 20))).model_copy(update={"eval": "nope"})
     publish(app, INFER_TASK, [forged])  # a worker drops it: it carries nothing of the run
@@ -117,7 +117,7 @@ def test_samples_whose_scoring_waits_in_a_score_backlog_are_not_sent_again(
     scoring worker's refill hands them to ``score``."""
     sweeper, app = janitor
     meta = bench.run("spy", labelled_rows(10))
-    bench.res.results.record_outputs(meta.run_id, {i: "{}" for i in range(10)})
+    bench.res.writer.record_outputs(meta.run_id, {i: "{}" for i in range(10)})
     backlog = Backlog(bench.client)
     staged = capture(app, SCORE_TASK, split(meta, list(range(10))))
     assert backlog.stage(meta, staged, SCORE_LANE) == 10  # staged, no refill: not dispatched
@@ -165,10 +165,10 @@ def test_a_run_whose_finalizer_died_is_finished(
 ) -> None:
     sweeper, _ = janitor
     meta = bench.run("spy", labelled_rows(5))
-    results = bench.res.results
-    results.record_outputs(meta.run_id, {i: '{"pred": 0}' for i in range(5)})
+    results, writer = bench.res.reader, bench.res.writer
+    writer.record_outputs(meta.run_id, {i: '{"pred": 0}' for i in range(5)})
     # the finalizer claims the run, then dies before aggregate() returns
-    assert results.record_scores(meta.run_id, {i: {"correct": 1.0} for i in range(5)}).finalize
+    assert writer.record_scores(meta.run_id, {i: {"correct": 1.0} for i in range(5)}).finalize
     score_batch(bench.res, [task(meta, [0])])  # a redelivery: the claim is young, it waits
     assert bench.status(meta) is RunStatus.RUNNING
     _idle(bench, meta)
@@ -253,12 +253,12 @@ def test_the_janitor_asks_for_the_spill_a_late_sample_made_possible(
     _, app = janitor
     settings = Settings(redis_url=server.url, stall_after=60, spill_rows=16)
     meta = bench.run("spy", labelled_rows(80))  # 70..79 are in flight throughout
-    results, late = bench.res.results, [0, 16, 32, 48]
-    results.record_outputs(meta.run_id, {i: "{}" for i in range(70)})
+    writer, late = bench.res.writer, [0, 16, 32, 48]
+    writer.record_outputs(meta.run_id, {i: "{}" for i in range(70)})
     for i in (i for i in range(70) if i not in late):
-        if results.record_scores(meta.run_id, {i: {"m": 1.0}}).filled(16):
+        if writer.record_scores(meta.run_id, {i: {"m": 1.0}}).filled(16):
             assert spill_run(bench.client, meta.run_id, 16) == 0
-    assert not results.record_scores(meta.run_id, {i: {"m": 1.0} for i in late}).filled(16)
+    assert not writer.record_scores(meta.run_id, {i: {"m": 1.0} for i in late}).filled(16)
     bench.client.delete(SCORE_QUEUE)
     with _sweeper(bench, app, settings) as sweeper:
         assert sweeper.sweep().spilling == [meta.run_id]

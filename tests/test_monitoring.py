@@ -29,7 +29,7 @@ from shared.access.ledger import Ledger
 from shared.data.loading import Sharding
 from shared.models import RunMeta
 from shared.settings import Settings
-from shared.store.results import ResultStore
+from shared.store.reader import ResultReader
 from tests.conftest import Stack
 from tests.helpers import (
     REPO,
@@ -120,7 +120,7 @@ def test_flower_sees_the_worker_and_tasks_with_ids_only(
     rows = labelled_rows(40, salt="flower-")
     _, meta = _submitted(fresh_stack, tmp_path / "data", rows, tier="non_viewable")
     wait_completed(fresh_stack.client, meta.run_id)
-    stored = ResultStore(fresh_stack.client).outputs(meta.run_id, list(range(40)))
+    stored = ResultReader(fresh_stack.client).outputs(meta.run_id, list(range(40)))
     outputs = [json.dumps(o) for o in stored.values()]
 
     workers = wait_for(

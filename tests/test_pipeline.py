@@ -12,7 +12,7 @@ from shared.models import RunMeta
 from shared.queue.backlog import Backlog
 from shared.queue.celery_app import INFER_QUEUE, INFER_TASK, SCORE_QUEUE, SCORE_TASK
 from shared.queue.sizing import MIN_MESSAGE_SAMPLES, publish, split
-from shared.store.results import ResultStore
+from shared.store.reader import ResultReader
 from tests.conftest import Stack
 from tests.helpers import (
     expected_accuracy,
@@ -46,7 +46,7 @@ def test_every_sample_scored_once_with_the_direct_aggregate(stack: Stack, tmp_pa
     rows = labelled_rows(300)
     meta = _run(stack, tmp_path, rows, "spy")
 
-    results = ResultStore(stack.client)
+    results = ResultReader(stack.client)
     progress = results.progress(meta.run_id)
     assert (progress.inferred, progress.scored, progress.failed) == (300, 300, 0)
     exported = list(results.results(meta.run_id))
@@ -59,13 +59,13 @@ def test_every_sample_scored_once_with_the_direct_aggregate(stack: Stack, tmp_pa
 
 def test_infer_never_receives_a_label_field(stack: Stack, tmp_path: Path) -> None:
     meta = _run(stack, tmp_path, labelled_rows(40), "spy")
-    outputs = ResultStore(stack.client).outputs(meta.run_id, list(range(40)))
+    outputs = ResultReader(stack.client).outputs(meta.run_id, list(range(40)))
     assert len(outputs) == 40
     for output in outputs.values():
         assert output["fields"] == ["text"]
         assert not set(output["fields"]) & set(LABELS)
     # scoring, in contrast, saw the full row (the spy's saw_label metric is 1.0 for every sample)
-    assert ResultStore(stack.client).aggregate(meta.run_id)["saw_label"] == 1.0  # type: ignore[index]
+    assert ResultReader(stack.client).aggregate(meta.run_id)["saw_label"] == 1.0  # type: ignore[index]
 
 
 def test_a_failing_sample_is_an_error_record_and_the_run_completes(
@@ -75,7 +75,7 @@ def test_a_failing_sample_is_an_error_record_and_the_run_completes(
     rows[5]["text"] = "boom goes infer"
     rows[17]["text"] = "bust goes score"
     meta = _run(stack, tmp_path, rows, "flaky")
-    results = ResultStore(stack.client)
+    results = ResultReader(stack.client)
     progress = results.progress(meta.run_id)
     assert (progress.scored, progress.failed) == (58, 2)
     by_id = {r.sample_id: r for r in results.results(meta.run_id)}
@@ -133,7 +133,7 @@ def test_redelivered_messages_change_no_count_and_no_result(
         pipe.execute()
     stack.start_workers()
     wait_completed(stack.client, meta.run_id)
-    results = ResultStore(stack.client)
+    results = ResultReader(stack.client)
     aggregate = results.aggregate(meta.run_id)
     # After completion, deliver infer and score messages for finished samples once more.
     again = list(split(meta, list(range(40))))

@@ -23,7 +23,7 @@ from shared.connection import connect
 from shared.errors import BudgetExhaustedError, PolicyRefusedError, TierRefusedError
 from shared.keys import AUDIT, FAIR, JANITOR, RUNS, RunKeys, budget_key
 from shared.settings import Settings
-from shared.store.results import ResultStore
+from shared.store.writer import ResultWriter
 from tests.conftest import Stack
 from tests.helpers import (
     REPO,
@@ -341,12 +341,12 @@ def test_cancel_refunds_exactly_the_unproduced_samples_once(
     meta = user.submit(SubmitRequest(eval="spy", dataset=name, split="validation"))
     assert Ledger(stack.client).get(name, "validation").samples_used == 20
 
-    store = ResultStore(stack.client)
-    store.record_outputs(meta.run_id, {i: '{"pred": 0}' for i in range(6)})
-    store.record_scores(meta.run_id, {0: {"correct": 1.0}})
+    writer = ResultWriter(stack.client)
+    writer.record_outputs(meta.run_id, {i: '{"pred": 0}' for i in range(6)})
+    writer.record_scores(meta.run_id, {0: {"correct": 1.0}})
     from shared.models import ErrorRecord, Stage
 
-    store.record_errors(meta.run_id, {15: ErrorRecord(stage=Stage.INFER, kind="E", message="x")})
+    writer.record_errors(meta.run_id, {15: ErrorRecord(stage=Stage.INFER, kind="E", message="x")})
 
     first = json.loads(evalq(stack.server.url, "cancel", meta.run_id, "--json").stdout)
     assert first == {"run_id": meta.run_id, "cancelled_now": True, "refunded_samples": 13}
@@ -355,7 +355,7 @@ def test_cancel_refunds_exactly_the_unproduced_samples_once(
     budget = Ledger(stack.client).get(name, "validation")
     assert (budget.samples_used, budget.runs_used) == (7, 1)
     # nothing is written after cancellation, so the refund stays exact
-    assert store.record_outputs(meta.run_id, {10: '{"pred": 1}'}) == 0
+    assert writer.record_outputs(meta.run_id, {10: '{"pred": 1}'}) == 0
     refunds = [e for e in audit_entries(stack.client) if e["action"] == "refund"]
     assert [(e["run"], e["samples"]) for e in refunds] == [(meta.run_id, "13")]
 

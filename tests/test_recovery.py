@@ -17,7 +17,7 @@ from producer.submit import SubmitRequest
 from shared.access.ledger import Ledger
 from shared.models import RunMeta, RunStatus
 from shared.settings import Settings
-from shared.store.results import ResultStore
+from shared.store.reader import ResultReader
 from tests.conftest import Stack
 from tests.helpers import (
     REPO,
@@ -89,7 +89,7 @@ def _assert_exactly_once(stack: Stack, meta: RunMeta) -> None:
     assert view.meta.status is RunStatus.COMPLETED
     assert (view.progress.scored, view.progress.failed) == (meta.n, 0)
     assert view.progress.inferred == meta.n
-    scored = set(ResultStore(stack.client).scores(meta.run_id))
+    scored = set(ResultReader(stack.client).scores(meta.run_id))
     assert scored == set(range(meta.n))
     assert view.aggregate == pytest.approx(
         {"correct": expected_accuracy(labelled_rows(meta.n)), "saw_label": 1.0}

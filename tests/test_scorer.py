@@ -13,7 +13,7 @@ from producer.submit import SubmitRequest, submit
 from shared.errors import ScriptError
 from shared.evals.arithmetic import Arithmetic, arithmetic_rows
 from shared.scorer import ScriptCall, ScriptScorer, run_cold
-from shared.store.results import ResultStore
+from shared.store.reader import ResultReader
 from tests.conftest import Stack
 from tests.helpers import list_splits, wait_completed, write_rows
 from worker.script_pool import ScriptPool
@@ -146,7 +146,7 @@ def test_a_script_scored_run_end_to_end(stack: Stack, tmp_path: Path) -> None:
         float(run_cold(PATIENT, evaluation.script_call(row, out)))
         for row, out in zip(rows, evaluation.infer(None, rows), strict=True)
     ]
-    results = ResultStore(stack.client).fetch(meta.run_id, list(range(60)))
+    results = ResultReader(stack.client).fetch(meta.run_id, list(range(60)))
     assert [r.scores for r in results] == [{"correct": e} for e in expected]
     assert 0 < sum(expected) < 60  # the toy model gets some wrong
 

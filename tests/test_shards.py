@@ -34,7 +34,7 @@ from shared.errors import InputError
 from shared.models import RunMeta, RunStatus, SampleTask
 from shared.queue.celery_app import INFER_QUEUE, INFER_TASK
 from shared.queue.sizing import publish, split
-from shared.store.results import ResultStore
+from shared.store.reader import ResultReader
 from tests.conftest import Stack
 from tests.helpers import REPO, list_splits, record_run, wait_ended
 from worker.shard_cache import ShardCache, rows_digest
@@ -312,7 +312,7 @@ def test_verification_refuses_altered_routing_and_passes_honest_specs(
             ("unverifiable", unverifiable),
         ]
     }
-    results = ResultStore(fresh_stack.client)
+    results = ResultReader(fresh_stack.client)
     n = honest.n_rows
     for name in ("honest", "unverifiable"):
         assert _ended(fresh_stack, runs[name]) is RunStatus.COMPLETED

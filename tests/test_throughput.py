@@ -18,7 +18,7 @@ from shared.queue.backlog import Backlog
 from shared.queue.celery_app import INFER_QUEUE
 from shared.queue.sizing import MESSAGE_SAMPLES, MIN_MESSAGE_SAMPLES, MIN_MESSAGES, message_size
 from shared.settings import Settings
-from shared.store.results import ResultStore
+from shared.store.reader import ResultReader
 from tests.conftest import Stack
 from tests.helpers import (
     REPO,
@@ -152,6 +152,6 @@ def test_worker_pool_processes_keep_freed_heap_memory(stack: Stack, tmp_path: Pa
         stack.client, stack.app, request, principal="tests", archive=stack.settings.archive_url
     )
     wait_completed(stack.client, meta.run_id, 60)
-    outputs = ResultStore(stack.client).outputs(meta.run_id, [0, 1, 2, 3])
+    outputs = ResultReader(stack.client).outputs(meta.run_id, [0, 1, 2, 3])
     assert len(outputs) == 4
     assert all(output["faults"] < 0.05 * PAGES for output in outputs.values())

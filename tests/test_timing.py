@@ -31,8 +31,8 @@ from shared.errors import TierRefusedError
 from shared.evaluation import create, load_plugins
 from shared.models import ErrorRecord, RunMeta, RunStatus, Stage
 from shared.settings import Settings
-from shared.store.results import ResultStore
 from shared.store.runs import RunFilter
+from shared.store.writer import ResultWriter
 from tests.helpers import labelled_rows, list_splits, record_run, wilson, write_rows
 
 RUNS = 200
@@ -64,14 +64,14 @@ def _run(client: Client, label: int, *, settle: bool = True) -> str:
     record_run(redis_client, meta, list(range(5)))
     if not settle:
         return meta.run_id
-    results = ResultStore(redis_client)
+    writer = ResultWriter(redis_client)
     failed = ErrorRecord(stage=Stage.INFER, kind="ValueError", message="not JSON")
-    results.record_outputs(meta.run_id, {4: '{"pred": 1}'})
-    results.record_errors(meta.run_id, {i: failed for i in range(4)})
+    writer.record_outputs(meta.run_id, {4: '{"pred": 1}'})
+    writer.record_errors(meta.run_id, {i: failed for i in range(4)})
     if label != 1:
         time.sleep(SLOWER)  # the operator's scorer, slower on a mismatch: the channel itself
-    if results.record_scores(meta.run_id, {4: {"correct": float(label == 1)}}).finalize:
-        results.finalize(meta.run_id, create("spy", {}))
+    if writer.record_scores(meta.run_id, {4: {"correct": float(label == 1)}}).finalize:
+        writer.finalize(meta.run_id, create("spy", {}))
     redis_client.close()
     return meta.run_id
 

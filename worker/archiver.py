@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import redis
 
+from shared.store.aggregate import error_kinds
 from shared.store.archive import (
     PART_ROWS,
     ArchiveWriter,
@@ -43,8 +44,10 @@ from shared.store.archive import (
     write_part,
 )
 from shared.store.provenance import ProvenanceStore
-from shared.store.results import ResultStore, bucketed, error_kinds
+from shared.store.reader import ResultReader
 from shared.store.runs import RunStore
+from shared.store.seal import Sealer, SealOutcome, bucketed
+from shared.store.spill import Spill, Spiller, SpillOutcome
 
 __all__ = ["Archived", "archive_run", "spill_run"]
 
@@ -53,11 +56,11 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Archived:
-    """How one attempt ended: ``sealed`` 1 now (2: now, seen on a retried call), 0 before, -1
-    the run is going or gone, -2 it lost a race with another attempt's seal; ``rows`` written
-    by this attempt."""
+    """How one attempt ended: ``sealed`` (:attr:`SealOutcome.SEALED` for a seal of this
+    attempt's, whether or not a retried call saw it; :attr:`SealOutcome.SEALED_ELSEWHERE` when
+    the run was sealed before it began); ``rows`` written by this attempt."""
 
-    sealed: int
+    sealed: SealOutcome
     rows: int
     url: str
 
@@ -65,15 +68,15 @@ class Archived:
 def archive_run(client: redis.Redis, run_id: str) -> Archived:
     """One attempt at archiving ``run_id`` under the archive location its facts name; see the
     module."""
-    runs, results = RunStore(client), ResultStore(client)
+    runs, results = RunStore(client), ResultReader(client)
     meta = runs.get(run_id)
     folder = runs.folder(run_id)
     sealed = results.archive_url(run_id)
     if sealed is not None:
         remove_others(folder, sealed.rstrip("/").rsplit("/", 1)[-1])
-        return Archived(0, 0, sealed)
+        return Archived(SealOutcome.SEALED_ELSEWHERE, 0, sealed)
     if meta.status.active:
-        return Archived(-1, 0, "")
+        return Archived(SealOutcome.NOT_ENDED, 0, "")
     attempt = uuid.uuid4().hex[:12]
     writer = ArchiveWriter(f"{folder}/{attempt}")
     try:
@@ -100,21 +103,21 @@ def archive_run(client: redis.Redis, run_id: str) -> Archived:
         }
         writer.finish(record)
         counts = (writer.rows, scored, failed, inferred)
-        outcome = results.seal(run_id, writer.url, counts, kinds)
+        outcome = Sealer(client).seal(run_id, writer.url, counts, kinds)
     except BaseException:
         _abandon(results, run_id, writer)
         raise
-    if outcome not in (1, 2):
+    if not outcome.ours:
         _abandon(results, run_id, writer)
-        if outcome == -2:
+        if outcome is SealOutcome.COUNTS_DIFFER:
             log.warning("archive of run %s lost to another attempt; it was removed", run_id)
         return Archived(outcome, writer.rows, writer.url)
     remove_others(folder, attempt)  # the spill folder among them
     log.info("archived run %s: %d samples to %s", run_id, writer.rows, writer.url)
-    return Archived(1, writer.rows, writer.url)
+    return Archived(SealOutcome.SEALED, writer.rows, writer.url)
 
 
-def _abandon(results: ResultStore, run_id: str, writer: ArchiveWriter) -> None:
+def _abandon(results: ResultReader, run_id: str, writer: ArchiveWriter) -> None:
     """Remove an attempt's folder, unless the run's record names it (the seal happened though
     its reply was lost): that folder is the run's archive now."""
     try:
@@ -135,10 +138,10 @@ def spill_run(client: redis.Redis, run_id: str, rows: int, ids: Sequence[int] | 
     """Spill each complete segment of the going run ``run_id`` not spilled yet (``rows``
     samples each, unless the run's first spill chose another size); return how many went.
     ``ids``: the run's sample ids, when the caller holds them (they never change)."""
-    runs, results = RunStore(client), ResultStore(client)
+    runs, results, spiller = RunStore(client), ResultReader(client), Spiller(client)
     ids = runs.sample_ids(run_id) if ids is None else ids
     folder = runs.folder(run_id)
-    spill = results.spill_map(run_id)
+    spill = Spill.read(client, run_id)
     rows = spill.rows or rows
     segments = [s for s in range(-(-len(ids) // rows)) if s not in spill.parts]
     probes = {s: _probes(ids[s * rows : (s + 1) * rows]) for s in segments}
@@ -151,12 +154,12 @@ def spill_run(client: redis.Redis, run_id: str, rows: int, ids: Sequence[int] | 
         if any(s is None and e is None for s, e in zip(chunk.scores, chunk.errors, strict=True)):
             continue
         url = write_part(spill_url(folder, segment), chunk)
-        outcome = results.spill(run_id, segment, rows, url, chunk)
-        if outcome in (1, 2):
+        outcome = spiller.spill(run_id, segment, rows, url, chunk)
+        if outcome.taken:
             moved += 1
             continue
         remove_part(url, run_id)
-        if outcome == -1:
+        if outcome is SpillOutcome.NOT_GOING:
             break  # the run ended, or its finalizer reads the store
     if moved:
         log.info("run %s: %d segments of %d samples spilled", run_id, moved, rows)

@@ -46,9 +46,11 @@ from shared.queue.celery_app import SCORE_TASK, send_archive
 from shared.queue.sizing import enqueue
 from shared.settings import Settings
 from shared.store.presence import HEARTBEAT_MISSES, Presence
-from shared.store.results import ResultStore
+from shared.store.reader import ResultReader
 from shared.store.retention import archive_due
 from shared.store.runs import RunStore
+from shared.store.spill import Spill
+from shared.store.writer import ResultWriter
 
 __all__ = ["Janitor", "Sweep"]
 
@@ -81,7 +83,8 @@ class Janitor:
     ) -> None:
         self._client = client
         self._runs = RunStore(client)
-        self._results = ResultStore(client)
+        self._results = ResultReader(client)
+        self._writer = ResultWriter(client)
         self._presence = Presence(client)
         self._backlog = Backlog(client)
         self._broker = broker
@@ -190,7 +193,7 @@ class Janitor:
         rows = self._settings.spill_rows
         if not rows or now - self._spill_sent.get(meta.run_id, 0.0) < self._settings.stall_after:
             return
-        if settled - self._results.spill_map(meta.run_id).samples < rows:
+        if settled - Spill.read(self._client, meta.run_id).samples < rows:
             return
         self._spill_sent[meta.run_id] = now
         send_archive(self._app, meta.run_id)
@@ -199,7 +202,7 @@ class Janitor:
     def _nudge(self, meta: RunMeta) -> None:
         first = self._runs.sample_ids(meta.run_id)[:1]
         enqueue(self._app, SCORE_TASK, meta, first)
-        self._results.recovered(meta.run_id, 0)
+        self._writer.recovered(meta.run_id, 0)
         log.warning(
             "janitor: run %s is settled but unfinished; asked a worker to finish it", meta.run_id
         )
@@ -213,5 +216,5 @@ class Janitor:
         inferred = self._results.inferred(meta.run_id, lost)
         enqueue(self._app, SCORE_TASK, meta, [i for i in lost if i in inferred])
         self._backlog.enqueue(self._app, meta, [i for i in lost if i not in inferred])
-        self._results.recovered(meta.run_id, len(lost))
+        self._writer.recovered(meta.run_id, len(lost))
         return len(lost)

@@ -20,9 +20,10 @@ from shared.queue.celery_app import SCORE_QUEUE, send_archive
 from shared.queue.sizing import publish
 from shared.settings import Settings
 from shared.store.provenance import ProvenanceStore
-from shared.store.results import ResultStore
+from shared.store.reader import ResultReader
 from shared.store.runs import RunStore
-from worker.pipeline import Resources
+from shared.store.writer import ResultWriter
+from worker.batch import Resources
 from worker.runtime_pool import RuntimePool
 from worker.shard_cache import ShardCache
 
@@ -50,7 +51,8 @@ class WorkerState:
             self._capturer = Capturer(self._app)
             self._resources = Resources(
                 runs=RunStore(client),
-                results=ResultStore(client),
+                reader=ResultReader(client),
+                writer=ResultWriter(client),
                 shards=ShardCache(
                     client,
                     capacity=self._settings.max_shards,

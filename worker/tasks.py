@@ -57,11 +57,14 @@ from shared.queue.sizing import publish
 from shared.settings import Settings
 from shared.store.retention import archive_due
 from shared.store.runs import RunStore
+from shared.store.seal import SealOutcome
 from worker.archiver import archive_run, spill_run
+from worker.batch import Resources
+from worker.inference import infer_batch
 from worker.intake import admit
 from worker.lru import LRU
-from worker.pipeline import Resources, infer_batch, score_batch
 from worker.prefetch import Reserve
+from worker.scoring import score_batch
 from worker.state import WorkerState
 
 __all__ = ["Held", "SampleBatches", "parse_requests", "register_tasks"]
@@ -405,5 +408,5 @@ def register_tasks(app: Celery, state: WorkerState, settings: Settings) -> None:
             log.warning("archive: run %s is not due to be archived; left as it is", run_id)
             return
         done = archive_run(client, run_id)
-        if done.sealed == -1:
+        if done.sealed is SealOutcome.NOT_ENDED:
             log.warning("archive: run %s is still going; not archived", run_id)

@@ -8,13 +8,14 @@ each stored text back exactly, else their JSON text (:func:`typed_output`); ``sc
 analysis), then ``manifest.json`` last (the parts, their rows, and the run record with its
 progress, aggregate, stats, provenance, timeline and error counts). A folder without a
 manifest is an attempt that died: it is never read, and the attempt that wins removes it.
-Which attempt won is decided in Redis (``ResultStore.seal``), not here: a folder is the run's
-archive once the run's record names it.
+Which attempt won is decided in Redis (:meth:`shared.store.seal.Sealer.seal`), not here: a
+folder is the run's archive once the run's record names it.
 
 While a run goes, its complete segments are spilled (``EVALQ_SPILL_ROWS``): each to one part
 of its own, ``<archive>/<run>/spill/segment-<k>-<token>.parquet`` (the same columns), which
-the run's record in Redis names (``ResultStore.spill``); the attempt that archives the run
-reads them back like the rest, and the seal's tidy-up removes the spill folder.
+the run's record in Redis names (:meth:`shared.store.spill.Spiller.spill`); the attempt that
+archives the run reads them back like the rest, and the seal's tidy-up removes the spill
+folder.
 
 This module knows Parquet and fsspec; it never touches Redis.
 """

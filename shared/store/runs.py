@@ -140,6 +140,14 @@ class RunStore:
             raise UnknownRunError(f"no run '{run_id}'")
         return run_folder(str(found), run_id)
 
+    def size(self, run_id: str) -> int:
+        """The run's sample count, from its facts (-1: no such run). The scripts that need it
+        take it as an argument: a key the caller may only read (workers never write a run's
+        facts) cannot be a script's key, since Redis's ACL asks for write access to every key
+        of ``EVALSHA``."""
+        found = self._client.hget(RunKeys(run_id).facts, "n")
+        return -1 if found is None else int(found)
+
     def sample_ids(self, run_id: str) -> list[int]:
         """The run's sample ids in submission order."""
         raw = self._client.get(RunKeys(run_id).ids)

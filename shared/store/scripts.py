@@ -10,13 +10,15 @@ write moves it from queued to running" is written once.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import cache
 from importlib import resources
+from typing import Any
 
 import redis
 from redis.commands.core import Script
 
-__all__ = ["register"]
+__all__ = ["flatten", "register"]
 
 
 def _read(package: str, name: str) -> str:
@@ -33,3 +35,8 @@ def register(client: redis.Redis, package: str, name: str) -> Script:
     prelude, registered on ``client``; Redis runs it by its SHA and loads it again by itself
     after a restart."""
     return client.register_script(_source(package, name))
+
+
+def flatten(values: Mapping[Any, str | int]) -> list[Any]:
+    """``{key: value}`` as the flat ``key1, value1, key2, value2, ...`` the scripts take."""
+    return [item for pair in values.items() for item in pair]

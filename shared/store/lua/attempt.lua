@@ -1,5 +1,7 @@
--- attempt: count inference attempts, and pick out the samples to isolate instead of running.
--- KEYS[1] = evalq:{run}:attempts  hash, sample id -> attempts started
+-- attempt: count attempts at one stage (inference or scoring), and pick out the samples to
+-- isolate instead of running.
+-- KEYS[1] = the stage's attempts hash, sample id -> attempts started: evalq:{run}:attempts
+--           (inference) or evalq:{run}:score_attempts (scoring)
 -- KEYS[2] = evalq:{run}:meta      hash, reads 'status': once the run has ended (or has no
 --                                 record) nothing is counted and every count is 0 (run none)
 -- KEYS[3] = evalq:{run}:spilled   bitmap: a spilled sample (settled, moved to a part) counts 0
@@ -8,7 +10,7 @@
 -- Returns: one number per id, in order: the new attempt count (> 0) of a sample that runs now,
 -- or minus its earlier count (< 0) of a sample that was tried before and came with others:
 -- it is not counted here; the caller sends it on alone. Counting before running means a
--- sample whose inference kills the worker process is counted too.
+-- sample whose inference (or scoring) kills the worker process is counted too.
 local counts = {}
 local status = redis.call('HGET', KEYS[2], 'status')
 if status ~= 'queued' and status ~= 'running' then

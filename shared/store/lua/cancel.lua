@@ -7,6 +7,7 @@
 -- KEYS[5] = evalq:{run}:spilled bitmap: samples settled and moved to a part (produced)
 -- KEYS[6] = evalq:facts:{run} hash: reads 'n' (the gateway's count, not the workers') and
 --           'ended' (a producer saw the run end: it is finished, whatever its state says)
+-- ARGV: none
 -- Returns: {state, unproduced}. state: 1 cancelled by this call, 0 cancelled before,
 -- -1 the run had already finished (nothing changes). unproduced: samples with neither an
 -- output nor an error; stable once the run is cancelled, since writes then stop.

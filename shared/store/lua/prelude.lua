@@ -1,5 +1,5 @@
--- prelude: helpers put in front of every evalq script (see shared/store/scripts.py). Touches only the
--- keys its callers pass in.
+-- prelude: helpers put in front of every evalq script (see shared/store/scripts.py).
+-- KEYS, ARGV: none of its own; each helper touches only the keys its caller passes it.
 
 -- A run's first write of a result moves it from 'queued' to 'running'.
 -- meta = the run's evalq:{run}:meta hash key

@@ -1,0 +1,223 @@
+"""A run's stored results while they live in Redis: read from its hashes (pipelines and scans)
+and, for its spilled segments (:mod:`shared.store.spill`), from their parts.
+
+Every read here raises :class:`Sealed` when it sees the run sealed (its keys may be gone
+under it), and lets :class:`ArchiveUnreadableError` out when a part cannot be read (the seal's
+tidy-up may have removed it); :class:`shared.store.reader.ResultReader` decides, in one place,
+whether the archive answers instead.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, cast
+
+import redis
+from redis.client import NEVER_DECODE
+
+from shared.errors import UnknownRunError
+from shared.keys import RunKeys
+from shared.store.aggregate import error_kinds
+from shared.store.archive import Chunk
+from shared.store.runs import RunStore
+from shared.store.spill import Spill
+from shared.store.wire import error_kind, scores_of
+
+__all__ = ["COLUMNS", "SCAN_COUNT", "LiveResults", "Present", "Sealed", "settled_ids"]
+
+SCAN_COUNT = 1000
+"""Samples read at a time when a whole run is read."""
+COLUMNS = ("outputs", "scores", "errors")
+"""The texts the store holds of each sample, in :class:`Chunk`'s order."""
+_BITMAP_SPAN = 65_536
+"""Bytes of the spilled bitmap read at once for ids close together; ids further apart have
+their bits read one by one."""
+_STABLE_TRIES = 5
+"""Reads of a going run's error counts before one no spill overlapped is given up on."""
+
+
+class Sealed(Exception):
+    """A live read saw its run sealed: what it read may be gone; the archive holds it now."""
+
+
+@dataclass(frozen=True)
+class Present:
+    """Samples' values in some of a run's hashes, read in one pipeline."""
+
+    values: list[list[str | None]]
+    spilled: set[int]
+    """Those of the samples moved to a spilled part (their values are there, not here)."""
+
+
+def _bits(sample_ids: list[int]) -> tuple[int, int]:
+    """The byte range of a bitmap that holds ``sample_ids``' bits."""
+    return min(sample_ids) >> 3, max(sample_ids) >> 3
+
+
+def _set(bitmap: bytes, first: int, sample_id: int) -> bool:
+    """Redis's bit order: bit 0 is the highest bit of byte 0."""
+    at = (sample_id >> 3) - first
+    return at < len(bitmap) and bool(bitmap[at] >> (7 - (sample_id & 7)) & 1)
+
+
+def _hash(keys: RunKeys, name: str) -> str:
+    """The run's hash that holds the column ``name`` (outputs, scores, errors)."""
+    return {"outputs": keys.out, "scores": keys.score, "errors": keys.err}[name]
+
+
+class LiveResults:
+    """Reads of a run's results in Redis and its spilled parts; see the module."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self._client = client
+        self._runs = RunStore(client)
+
+    def present(self, run_id: str, sample_ids: list[int], names: tuple[str, ...]) -> Present:
+        """``sample_ids``' values of the columns ``names`` (``outputs``, ``scores``,
+        ``errors``) in Redis, and which of them were spilled, read in one pipeline that ends by
+        checking the seal."""
+        if not sample_ids:
+            return Present([[] for _ in names], set())
+        keys = RunKeys(run_id)
+        first, last = _bits(sample_ids)
+        dense = last - first < _BITMAP_SPAN
+        with self._client.pipeline(transaction=False) as pipe:
+            for name in names:
+                pipe.hmget(_hash(keys, name), sample_ids)
+            raw = cast(Any, pipe)  # redis-py leaves execute_command untyped
+            # the bits after the values: a sample spilled while they were read shows as spilled
+            if dense:  # the bytes that hold their bits
+                raw.execute_command("GETRANGE", keys.spilled, first, last, **{NEVER_DECODE: True})
+            else:  # ids far apart: their bits, one by one
+                gets = [arg for i in sample_ids for arg in ("GET", "u1", i)]
+                raw.execute_command("BITFIELD_RO", keys.spilled, *gets)
+            pipe.hexists(keys.meta, "archive_url")
+            *found, bits, sealed = pipe.execute()
+        if sealed:
+            raise Sealed(run_id)
+        if not dense:
+            return Present(found, {i for i, bit in zip(sample_ids, bits, strict=True) if bit})
+        bitmap = bytes(bits or b"")
+        spilled = {i for i in sample_ids if _set(bitmap, first, i)} if any(bitmap) else set()
+        return Present(found, spilled)
+
+    def columns(
+        self, run_id: str, sample_ids: list[int], names: tuple[str, ...]
+    ) -> list[list[str | None]]:
+        """``sample_ids``' texts of the columns ``names``, spilled samples' from their parts."""
+        live = self.present(run_id, sample_ids, names)
+        if not live.spilled:
+            return live.values
+        found = Spill.read(self._client, run_id).by_id(live.spilled)
+        at = [COLUMNS.index(name) for name in names]
+        for position, sample_id in enumerate(sample_ids):
+            if sample_id in found:
+                for column, index in zip(live.values, at, strict=True):
+                    column[position] = found[sample_id][index]
+        return live.values
+
+    def chunks(self, run_id: str, size: int) -> Iterator[Chunk]:
+        """Every sample's texts, ``size`` samples at a time, in submission order; a run whose
+        ids are gone was sealed (or is no run: the archive tells)."""
+        try:
+            ids = self._runs.sample_ids(run_id)
+        except UnknownRunError:
+            raise Sealed(run_id) from None
+        spill = Spill.of(self._client, run_id)
+        for start in range(0, len(ids), size):
+            yield self._positioned(run_id, ids[start : start + size], start, spill)
+
+    def _positioned(self, run_id: str, sample_ids: list[int], start: int, spill: Spill) -> Chunk:
+        """The texts of ``sample_ids``, the run's ids from position ``start`` on: those of
+        spilled segments from their parts (``spill`` is updated by the same read)."""
+        keys = RunKeys(run_id)
+        live = [i for n, i in enumerate(sample_ids) if spill.segment(start + n) is None]
+        found: list[list[str | None]] = [[], [], []]
+        if live:
+            with self._client.pipeline(transaction=False) as pipe:
+                for key in (keys.out, keys.score, keys.err):
+                    pipe.hmget(key, live)
+                pipe.hgetall(keys.spill)  # after: what spilled while the values were read shows
+                pipe.hexists(keys.meta, "archive_url")
+                *found, spilled, sealed = pipe.execute()
+            if sealed:
+                raise Sealed(run_id)
+            spill.update(cast(Mapping[Any, Any], spilled))
+        values: dict[int, tuple[str | None, ...]] = {
+            i: tuple(texts) for i, *texts in zip(live, *found, strict=True)
+        }
+        rows = [
+            values[i] if spill.segment(start + n) is None else spill.texts(start + n)
+            for n, i in enumerate(sample_ids)
+        ]
+        return Chunk(list(sample_ids), *(list(column) for column in zip(*rows, strict=True)))
+
+    def scores(self, run_id: str) -> dict[int, dict[str, float]]:
+        """Every scored sample's metrics, by sample id."""
+        scores = {int(i): json.loads(v) for i, v in self._scan(RunKeys(run_id).score)}
+        spill = Spill.read(self._client, run_id)  # after the scan: what spilled during it is here
+        for index in spill.parts:
+            chunk = spill.column(index, "scores")
+            scores.update(scores_of(chunk.sample_ids, chunk.scores))
+        self._unsealed(run_id)
+        return scores
+
+    def failures(self, run_id: str) -> dict[int, str]:
+        """Every failed sample's ``stage/kind``, by sample id."""
+        found = {int(i): error_kind(raw) for i, raw in self._scan(RunKeys(run_id).err)}
+        spill = Spill.read(self._client, run_id)  # after the scan: what spilled during it is here
+        for index in spill.parts:
+            chunk = spill.column(index, "error")
+            found.update(
+                (i, error_kind(e))
+                for i, e in zip(chunk.sample_ids, chunk.errors, strict=True)
+                if e is not None
+            )
+        self._unsealed(run_id)
+        return found
+
+    def timeline(self, run_id: str) -> list[tuple[float, int]]:
+        """(Unix time, samples settled) of every write that settled samples, oldest first (the
+        time is the settled stream's entry id)."""
+        entries: Any = self._client.xrange(RunKeys(run_id).settled)
+        found = [
+            (int(str(entry_id).split("-")[0]) / 1000, len(settled_ids(fields)))
+            for entry_id, fields in entries or []
+        ]
+        self._unsealed(run_id)
+        return found
+
+    def errors_by_kind(self, run_id: str) -> Counter[str]:
+        """Terminal errors by kind: those in Redis and those spilled (counted into
+        ``evalq:{run}:errors``), read again if a spill moved some while they were counted."""
+        keys = RunKeys(run_id)
+        for _ in range(_STABLE_TRIES):
+            before = self._client.hlen(keys.spill)
+            live = error_kinds(raw for _, raw in self._scan(keys.err))
+            counts = Counter(live) + self.kept(run_id)
+            if self._client.hlen(keys.spill) == before:
+                break
+        self._unsealed(run_id)
+        return counts
+
+    def kept(self, run_id: str) -> Counter[str]:
+        """The error counts by kind kept in ``evalq:{run}:errors`` (those of spilled segments,
+        and once the run is sealed, all of them)."""
+        raw = self._client.hgetall(RunKeys(run_id).errors)
+        return Counter({str(k): int(v) for k, v in raw.items()})
+
+    def _unsealed(self, run_id: str) -> None:
+        """:class:`Sealed` if the run is sealed (after a read that checked nothing itself)."""
+        if self._client.hexists(RunKeys(run_id).meta, "archive_url"):
+            raise Sealed(run_id)
+
+    def _scan(self, key: str) -> Iterator[tuple[str, str]]:
+        yield from self._client.hscan_iter(key, count=SCAN_COUNT)
+
+
+def settled_ids(fields: Any) -> list[int]:
+    """The sample ids of one entry of a run's settled stream (written by ``settle.lua``)."""
+    return [int(i) for i in str(fields["ids"]).split(",")]

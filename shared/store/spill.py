@@ -1,0 +1,165 @@
+"""A going run's spilled segments: its ids cut into segments of ``rows`` (``EVALQ_SPILL_ROWS``),
+each whose every sample is settled moved to a Parquet part of its own while the run goes
+(``evalq:{run}:spill`` names the parts, ``evalq:{run}:spilled`` marks their samples).
+
+:class:`Spill` is how readers see them (and read a sample back from its part);
+:class:`Spiller` names a part a worker wrote as its segment's and frees the segment's results
+in Redis (``spill.lua``). Which segments to write, and when, is :func:`worker.archiver.spill_run`'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any
+
+import redis
+
+from shared.errors import ArchiveUnreadableError, UnknownRunError
+from shared.keys import RunKeys
+from shared.store.aggregate import error_kinds
+from shared.store.archive import Chunk, inside, read_part
+from shared.store.runs import RunStore
+from shared.store.scripts import flatten, register
+
+__all__ = ["Spill", "SpillOutcome", "Spiller"]
+
+
+class SpillOutcome(IntEnum):
+    """What ``spill.lua`` answered for a part (the numbers it returns)."""
+
+    SPILLED = 1
+    """The part is the segment's now: its samples' results were freed."""
+    SPILLED_ON_RETRY = 2
+    """The part was the segment's already: a retried call whose first reply was lost."""
+    SPILLED_ELSEWHERE = 0
+    """The segment went to another part before (the caller removes its own)."""
+    NOT_GOING = -1
+    """The run has ended, or is being finalized (its finalizer reads the store: nothing may
+    move under it)."""
+    NOT_THE_STORE_S = -2
+    """The part is not what the store holds: a sample of the segment is not settled, one the
+    part holds no output for has one now (a late attempt's), or the segment size is not the
+    run's."""
+
+    @property
+    def taken(self) -> bool:
+        """The part is the segment's (now, or on a retried call)."""
+        return self in (SpillOutcome.SPILLED, SpillOutcome.SPILLED_ON_RETRY)
+
+
+@dataclass
+class Spill:
+    """A going run's spilled segments as a reader last saw them (``evalq:{run}:spill``), and
+    the last part it read back (readers go through a run in order)."""
+
+    run_id: str
+    folder: str
+    """The only folder a part is read from (workers name the parts)."""
+    rows: int = 0
+    """Samples per segment (0: nothing spilled yet)."""
+    samples: int = 0
+    """Samples spilled."""
+    parts: dict[int, str] = field(default_factory=dict)
+    """Segment index -> its part's URL."""
+    _last: tuple[int, Chunk] | None = None
+
+    @classmethod
+    def of(cls, client: redis.Redis, run_id: str) -> Spill:
+        """An empty view of the run's spilled segments, whose parts are read only from the
+        spill folder under the archive location the run's facts name (fill it with
+        :meth:`update`)."""
+        try:
+            return cls(run_id, f"{RunStore(client).folder(run_id)}/spill")
+        except UnknownRunError:
+            return cls(run_id, "")
+
+    @classmethod
+    def read(cls, client: redis.Redis, run_id: str) -> Spill:
+        """The run's spilled segments as they are now."""
+        spill = cls.of(client, run_id)
+        spill.update(client.hgetall(RunKeys(run_id).spill))
+        return spill
+
+    def update(self, raw: Mapping[Any, Any]) -> None:
+        """Take the hash as read now (spills only add segments)."""
+        self.rows = int(raw.get("rows", 0))
+        self.samples = int(raw.get("samples", 0))
+        self.parts = {int(k): str(v) for k, v in raw.items() if str(k).isdigit()}
+
+    def segment(self, position: int) -> int | None:
+        """The spilled segment holding the sample at ``position`` of the run's ids, if any."""
+        if not self.rows:
+            return None
+        index = position // self.rows
+        return index if index in self.parts else None
+
+    def url(self, index: int) -> str:
+        """Segment ``index``'s part, where the record (which workers write) names it: only
+        inside the run's spill folder, else :class:`ArchiveUnreadableError`."""
+        url = self.parts[index]
+        if not self.folder or not inside(url, self.folder):
+            raise ArchiveUnreadableError(
+                f"run {self.run_id}: its record names a spilled part outside the run's own "
+                "folder; it is not read"
+            )
+        return url
+
+    def part(self, index: int) -> Chunk:
+        """Segment ``index``'s texts, read back from its part."""
+        if self._last is None or self._last[0] != index:
+            self._last = (index, read_part(self.url(index), self.run_id))
+        return self._last[1]
+
+    def column(self, index: int, name: str) -> Chunk:
+        """Segment ``index``'s part with only the column ``name`` (``scores``, ``error``)
+        read: the others are nulls."""
+        return read_part(self.url(index), self.run_id, (name,))
+
+    def texts(self, position: int) -> tuple[str | None, str | None, str | None]:
+        """The texts of the sample at ``position`` (in a spilled segment)."""
+        index = self.segment(position)
+        assert index is not None
+        chunk, row = self.part(index), position - index * self.rows
+        return chunk.outputs[row], chunk.scores[row], chunk.errors[row]
+
+    def by_id(self, sample_ids: Iterable[int]) -> dict[int, tuple[str | None, ...]]:
+        """The texts of spilled samples known by id only, looked for part by part."""
+        wanted, found = set(sample_ids), dict[int, tuple[str | None, ...]]()
+        for index in sorted(self.parts):
+            if len(found) == len(wanted):
+                break
+            if self._last is None or self._last[0] != index:  # its ids first: they are small
+                ids = read_part(self.url(index), self.run_id, ()).sample_ids
+                if wanted.isdisjoint(ids):
+                    continue
+            found.update(self.part(index).texts_of(wanted))
+        return found
+
+
+class Spiller:
+    """Names a written part as its segment's, once (owns ``spill.lua``)."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self._spill = register(client, "shared.store", "spill")
+
+    def spill(self, run_id: str, segment: int, rows: int, url: str, chunk: Chunk) -> SpillOutcome:
+        """Name the part at ``url`` (``chunk``, the run's ids from ``segment * rows`` on, every
+        one settled) as that segment's, free its samples' results, count its errors by kind
+        into ``evalq:{run}:errors`` and mark its samples spilled (see :class:`SpillOutcome`)."""
+        keys = RunKeys(run_id)
+        kinds = flatten(error_kinds(e for e in chunk.errors if e is not None))
+        bare = [i for i, o in zip(chunk.sample_ids, chunk.outputs, strict=True) if o is None]
+        return SpillOutcome(
+            self._spill(
+                keys=[
+                    keys.meta, keys.spill, keys.spilled, keys.out, keys.score, keys.err,
+                    keys.errors,
+                ],
+                args=[
+                    segment, rows, url, len(kinds) // 2, *kinds, len(bare), *bare,
+                    *chunk.sample_ids,
+                ],
+            )
+        )  # fmt: skip

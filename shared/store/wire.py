@@ -1,0 +1,113 @@
+"""The texts the result store holds, and what they travel as: a sample's JSON line (``evalq
+results``, the gateway's streams and export), its :class:`SampleResult`, and back.
+
+The store keeps each sample's output, scores and error as JSON text (:func:`to_json` and
+``model_dump_json`` wrote them); a line is built from those texts without parsing them, and
+gives exactly the text a result's line gives.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+
+from shared.models import ErrorRecord, SampleResult, to_json
+from shared.store.archive import Chunk
+
+__all__ = [
+    "as_chunks",
+    "chunk_lines",
+    "error_kind",
+    "result_line",
+    "result_of",
+    "results_of",
+    "scores_of",
+    "text_line",
+]
+
+
+def text_line(sample_id: int, output: str | None, scores: str | None, error: str | None) -> str:
+    """One sample's JSON line (``evalq results``) from the texts the store holds: absent values
+    (and an output of JSON ``null``) left out."""
+    line = f'{{"sample_id":{sample_id}'
+    if output is not None and output != "null":
+        line += f',"output":{output}'
+    if scores is not None:
+        line += f',"scores":{scores}'
+    if error is not None:
+        line += f',"error":{error}'
+    return line + "}\n"
+
+
+def chunk_lines(chunk: Chunk) -> Iterator[str]:
+    """The JSON lines of a chunk's samples."""
+    for values in zip(chunk.sample_ids, chunk.outputs, chunk.scores, chunk.errors, strict=True):
+        yield text_line(*values)
+
+
+def result_line(result: SampleResult) -> str:
+    """A result's JSON line, the same text :func:`text_line` gives for the texts it was read
+    from (those were written by :func:`to_json` and ``model_dump_json``); with its input, as
+    pydantic writes it."""
+    if result.input is not None:
+        return result.model_dump_json(exclude_none=True) + "\n"
+    return text_line(
+        result.sample_id,
+        None if result.output is None else to_json(result.output),
+        None if result.scores is None else to_json(result.scores),
+        None if result.error is None else result.error.model_dump_json(),
+    )
+
+
+def result_of(
+    sample_id: int, output: str | None, scores: str | None, error: str | None
+) -> SampleResult:
+    """A sample's result from the texts the store holds."""
+    return SampleResult(
+        sample_id=sample_id,
+        output=None if output is None else json.loads(output),
+        scores=None if scores is None else json.loads(scores),
+        error=None if error is None else ErrorRecord.model_validate_json(error),
+    )
+
+
+def results_of(chunk: Chunk) -> Iterator[SampleResult]:
+    """Each of a chunk's samples' result, from the texts the store holds."""
+    for values in zip(chunk.sample_ids, chunk.outputs, chunk.scores, chunk.errors, strict=True):
+        yield result_of(*values)
+
+
+def as_chunks(results: Iterable[SampleResult], size: int) -> Iterator[Chunk]:
+    """Results read back (from the gateway, say) as the store's texts (:func:`to_json`, as
+    they were written), ``size`` at a time; an output of JSON ``null`` reads as no output: a
+    result does not tell them apart."""
+    batch: list[SampleResult] = []
+    for result in results:
+        batch.append(result)
+        if len(batch) >= size:
+            yield _texts(batch)
+            batch = []
+    if batch:
+        yield _texts(batch)
+
+
+def _texts(results: list[SampleResult]) -> Chunk:
+    return Chunk(
+        [r.sample_id for r in results],
+        [None if r.output is None else to_json(r.output) for r in results],
+        [None if r.scores is None else to_json(r.scores) for r in results],
+        [None if r.error is None else r.error.model_dump_json() for r in results],
+    )
+
+
+def scores_of(sample_ids: list[int], texts: list[str | None]) -> dict[int, dict[str, float]]:
+    """The metrics of the scored ones of ``sample_ids``, from their scores' JSON ``texts``."""
+    return {
+        i: json.loads(text) for i, text in zip(sample_ids, texts, strict=True) if text is not None
+    }
+
+
+def error_kind(raw: str) -> str:
+    """An error record's (JSON) stage and exception class, e.g. ``infer/RuntimeError``."""
+    error = ErrorRecord.model_validate_json(raw)
+    return f"{error.stage.value}/{error.kind}"

@@ -1,0 +1,169 @@
+"""The writes workers make to a run's per-sample results, each one Lua script: attempts counted
+before a sample runs (``attempt.lua``), outputs stored once (``record_outputs.lua``), scores
+and errors settled once, electing the one finalizer (``settle.lua``), the run ended with its
+aggregate (``finish.lua``), and samples the janitor sent again counted (``recover.lua``).
+
+Every write skips a spilled sample and writes nothing once the run has ended, so counters move
+only with real writes and no per-sample key comes back after a seal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import redis
+
+from shared.evaluation import Evaluation
+from shared.keys import RunKeys
+from shared.models import ErrorRecord, Stage, to_json
+from shared.store.aggregate import Clusters, Finished, conclude
+from shared.store.reader import ResultReader
+from shared.store.runs import RunStore
+from shared.store.scripts import flatten, register
+
+__all__ = ["ResultWriter", "Settled"]
+
+_SIZES = 4096
+"""Runs whose sample count a :class:`ResultWriter` keeps (oldest dropped first)."""
+
+
+@dataclass(frozen=True)
+class Settled:
+    """What one settling write did."""
+
+    finalize: bool
+    """This caller must finalize the run."""
+    written: int
+    """Samples it settled."""
+    settled: int
+    """The run's samples settled so far."""
+
+    def filled(self, rows: int) -> bool:
+        """This write took the run's settled samples past a multiple of ``rows``: a segment
+        may be complete (see ``EVALQ_SPILL_ROWS``)."""
+        before = self.settled - self.written
+        return rows > 0 and self.written > 0 and before // rows < self.settled // rows
+
+
+class ResultWriter:
+    """Per-sample writes for runs; see the module."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self._client = client
+        self._runs = RunStore(client)
+        self._reader = ResultReader(client)
+        self._attempt = register(client, "shared.store", "attempt")
+        self._record_outputs = register(client, "shared.store", "record_outputs")
+        self._settle_script = register(client, "shared.store", "settle")
+        self._finish = register(client, "shared.store", "finish")
+        self._recover = register(client, "shared.store", "recover")
+        self._sizes: dict[str, int] = {}
+
+    def _size(self, run_id: str) -> int:
+        """The run's sample count (:meth:`RunStore.size`), read once per run: facts never
+        change (a run not found is asked again)."""
+        size = self._sizes.get(run_id)
+        if size is None:
+            size = self._runs.size(run_id)
+            if size < 0:
+                return size
+            self._sizes[run_id] = size
+            if len(self._sizes) > _SIZES:
+                del self._sizes[next(iter(self._sizes))]
+        return size
+
+    def attempt(
+        self, run_id: str, samples: dict[int, bool], stage: Stage = Stage.INFER
+    ) -> dict[int, int]:
+        """Count attempts at ``stage`` (infer or score) of samples (sample id -> arrived alone);
+        a negative count marks a sample tried before that arrived with others and must be sent
+        on alone."""
+        if not samples:
+            return {}
+        flat = flatten({sample_id: int(solo) for sample_id, solo in samples.items()})
+        keys = RunKeys(run_id)
+        counts = self._attempt(keys=[keys.attempts_of(stage), keys.meta, keys.spilled], args=flat)
+        return dict(zip(samples, (int(c) for c in counts), strict=True))
+
+    def reset_attempts(self, run_id: str, sample_ids: list[int]) -> None:
+        """Forget the attempt counts of samples at both stages (``evalq resume`` gives them a
+        fresh start)."""
+        if sample_ids:
+            keys = RunKeys(run_id)
+            fields = [str(i) for i in sample_ids]
+            with self._client.pipeline(transaction=False) as pipe:
+                pipe.hdel(keys.attempts_of(Stage.INFER), *fields)
+                pipe.hdel(keys.attempts_of(Stage.SCORE), *fields)
+                pipe.execute()
+
+    def record_outputs(self, run_id: str, outputs: dict[int, str]) -> int:
+        """Write each output (JSON text, see :func:`to_json`) unless one exists; return how many
+        were new."""
+        if not outputs:
+            return 0
+        keys = RunKeys(run_id)
+        return int(
+            self._record_outputs(
+                keys=[keys.out, keys.progress, keys.meta, keys.spilled], args=flatten(outputs)
+            )
+        )
+
+    def record_scores(self, run_id: str, scores: dict[int, dict[str, float]]) -> Settled:
+        """Settle samples with their scores."""
+        return self._settle(run_id, "score", {i: to_json(s) for i, s in scores.items()})
+
+    def record_errors(self, run_id: str, errors: dict[int, ErrorRecord]) -> Settled:
+        """Settle samples with terminal errors."""
+        encoded = {i: e.model_dump_json() for i, e in errors.items()}
+        return self._settle(run_id, "err", encoded)
+
+    def claim_finalize(self, run_id: str, stale_after: float) -> bool:
+        """True if every sample is settled, the run is going, and nobody holds a claim to
+        finalize it younger than ``stale_after`` seconds: the caller must finalize it."""
+        return self._settle(run_id, "score", {}, stale_after).finalize
+
+    def _settle(
+        self, run_id: str, kind: str, values: dict[int, str], stale_after: float | None = None
+    ) -> Settled:
+        if not values and stale_after is None:
+            return Settled(False, 0, 0)
+        keys = RunKeys(run_id)
+        written, finalize, settled = self._settle_script(
+            keys=[
+                keys.score,
+                keys.err,
+                keys.progress,
+                keys.meta,
+                keys.settled,
+                keys.attempts_of(Stage.INFER),
+                keys.attempts_of(Stage.SCORE),
+                keys.spilled,
+            ],
+            args=[
+                kind,
+                "" if stale_after is None else stale_after,
+                self._size(run_id),
+                *flatten(values),
+            ],
+        )
+        return Settled(bool(finalize), int(written), int(settled))
+
+    def finalize(
+        self, run_id: str, evaluation: Evaluation, clusters: Clusters | None = None
+    ) -> Finished | None:
+        """End the run as :func:`shared.store.aggregate.conclude` decides from every stored
+        score and failure (:meth:`ResultReader.counted`), with its aggregate and stats. None if
+        the run had ended already (cancelled meanwhile, or finished by another finalizer)."""
+        counted = self._reader.counted(run_id, evaluation.failure_rule())
+        finished, aggregate, stats = conclude(run_id, counted, evaluation, clusters)
+        keys = RunKeys(run_id)
+        ended = self._finish(
+            keys=[keys.meta, keys.aggregate, keys.stats],
+            args=[finished.status.value, aggregate, finished.reason or "", stats],
+        )
+        return finished if ended else None
+
+    def recovered(self, run_id: str, samples: int) -> int:
+        """Count ``samples`` sent again by the janitor and stamp the run as touched; return
+        the run's total."""
+        return int(self._recover(keys=[RunKeys(run_id).progress], args=[samples]))

@@ -1,0 +1,310 @@
+"""One batch of messages as a worker handles it (no Celery here): what a worker process hands
+its batch functions (:class:`Resources`), each run's share of the batch (:class:`RunShare`: its
+record, evaluation, samples and what became of them) and the batch of those shares
+(:class:`Batch`). Inference (:mod:`worker.inference`) and scoring (:mod:`worker.scoring`) are
+steps over a batch.
+
+Each run's share of a batch is handled on its own. A message that names another eval or spec
+than its run, or ids outside its run, is dropped without touching the run's samples. A Redis
+error while one run is read or stored takes that run out of the batch and its messages back to
+the queue (the batch functions return those run ids); the other runs go on. Both stages count
+an attempt of each sample before it starts and send a sample tried before on alone, so a sample
+that kills its process ends as one terminal error while its batch-mates finish.
+"""
+
+from __future__ import annotations
+
+import bisect
+import copy
+import json
+import logging
+import math
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from shared.errors import PermanentError, StoreError, UnknownRunError, first_line
+from shared.evaluation import Evaluation
+from shared.models import ErrorRecord, RunMeta, RunStatus, SampleTask, Stage
+from shared.queue.sizing import split
+from shared.store.provenance import ProvenanceStore, of_worker
+from shared.store.reader import ResultReader
+from shared.store.runs import RunStore
+from shared.store.writer import ResultWriter, Settled
+from worker.lru import LRU
+from worker.runtime_pool import RuntimePool
+from worker.shard_cache import ShardCache
+
+__all__ = ["STORE_ERRORS", "Batch", "Resources", "RunShare", "error_record"]
+
+log = logging.getLogger(__name__)
+
+
+Publisher = Callable[[str, list[SampleTask]], object]
+Stager = Callable[[RunMeta, list[int]], object]
+
+STORE_ERRORS = (redis.RedisError, StoreError)
+"""What a failed read or write of Redis raises: the run's messages go back to the queue."""
+
+Ranges = list[tuple[int, int]]
+"""A run's sample ids as sorted, disjoint ``[start, stop)`` ranges."""
+
+
+def _ranges(sample_ids: list[int]) -> Ranges:
+    ranges: Ranges = []
+    for sample_id in sorted(set(sample_ids)):
+        if ranges and ranges[-1][1] == sample_id:
+            ranges[-1] = (ranges[-1][0], sample_id + 1)
+        else:
+            ranges.append((sample_id, sample_id + 1))
+    return ranges
+
+
+def _member(ranges: Ranges, sample_id: int) -> bool:
+    at = bisect.bisect_right(ranges, (sample_id, math.inf)) - 1
+    return at >= 0 and ranges[at][0] <= sample_id < ranges[at][1]
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What a worker process hands its batch functions; made after fork."""
+
+    runs: RunStore
+    reader: ResultReader
+    writer: ResultWriter
+    shards: ShardCache
+    runtimes: RuntimePool
+    publish: Publisher
+    """Sends messages straight to their queue (a sample's retry, alone)."""
+    stage_scoring: Stager
+    """Stages the scoring of a run's inferred samples in its score backlog, from which the
+    fair dispatcher hands it to the scoring workers (an inference-only worker)."""
+    max_batch: int
+    max_attempts: int
+    stall_after: float = 60.0
+    """A claim to finalize a run older than this may be taken over (its finalizer died)."""
+    fuse: bool = False
+    """This worker consumes the ``score`` queue too: inference scores its outputs in the same
+    job instead of sending score messages (no wait for a second message, no second pool job)."""
+    members: LRU[str, Ranges] = field(default_factory=lambda: LRU(16))
+    """Recent runs' sample ids as ranges (a run's ids never change)."""
+    archive: Callable[[str], None] | None = None
+    """Asks a worker to archive an ended run (sends ``evalq.archive``)."""
+    spill: Callable[[str], None] | None = None
+    """Asks a worker to spill a going run's complete segments (sends ``evalq.archive``)."""
+    spill_rows: int = 0
+    """Samples per spilled segment (``EVALQ_SPILL_ROWS``)."""
+    provenance: ProvenanceStore | None = None
+    """Where this process records what it ran each run's inference with."""
+    recorded: LRU[str, bool] = field(default_factory=lambda: LRU(256))
+    """Recent runs whose provenance this process has recorded."""
+
+    def record_provenance(self, run_id: str, evaluation: Evaluation) -> None:
+        """Record, once per run in this process, what its inference ran with."""
+        if self.provenance is None or run_id in self.recorded:
+            return
+        self.provenance.record(run_id, of_worker(evaluation, self.runtimes.device))
+        self.recorded.get_or_create(run_id, lambda: True)
+
+
+def _immutable(row: dict[str, Any]) -> bool:
+    """Whether no field of ``row`` can be changed in place."""
+    return all(isinstance(v, str | int | float | bool | bytes | None) for v in row.values())
+
+
+def error_record(stage: Stage, exc: BaseException) -> ErrorRecord:
+    """A sample's terminal error record at ``stage``, from what was raised."""
+    return ErrorRecord(stage=stage, kind=type(exc).__name__, message=first_line(exc))
+
+
+class RunShare:
+    """One run's share of a batch: its record, evaluation, samples and what became of them."""
+
+    def __init__(self, res: Resources, run_id: str, tasks: list[SampleTask]) -> None:
+        self.res = res
+        self.meta: RunMeta = res.runs.get(run_id)
+        self.errors: dict[int, ErrorRecord] = {}
+        self.outputs: dict[int, str] = {}
+        self.attempts: dict[int, int] = {}
+        self.solo: set[int] = set()
+        self.retry: list[int] = []
+        self.ids: list[int] = []
+        self.known: dict[int, Any] = {}
+        """Outputs known without a read: those this worker stored just before scoring them."""
+        self._rows: dict[int, dict[str, Any]] = {}
+        if not self.meta.status.active:
+            return
+        ranges = res.members.get_or_create(run_id, lambda: _ranges(res.runs.sample_ids(run_id)))
+        for task in tasks:
+            refused = self._refusal(task, ranges)
+            if refused:
+                log.error("dropping a message of run %s: %s", run_id, refused)
+                continue
+            self.ids.extend(task.sample_ids)
+            if task.solo:
+                self.solo.update(task.sample_ids)
+        self.ids = list(dict.fromkeys(self.ids))
+        if self.ids:
+            self.evaluation: Evaluation = res.runtimes.evaluation(self.meta.eval, self.meta.params)
+
+    def _refusal(self, task: SampleTask, ranges: Ranges) -> str | None:
+        """Why a message cannot be one of this run's (None when it can)."""
+        if task.eval != self.meta.eval or task.spec != self.meta.spec:
+            return "it names another eval or spec than its run"
+        strays = [i for i in task.sample_ids if not _member(ranges, i)]
+        if strays:
+            return f"{len(strays)} of its sample ids (first {strays[0]}) are not in the run"
+        return None
+
+    @property
+    def run_id(self) -> str:
+        return self.meta.run_id
+
+    def carried(self, ids: list[int], stored: bool) -> RunShare:
+        """This run's share of the scoring that follows its inference in the same job: its
+        record, evaluation, the rows read for inference that ``infer()`` cannot have changed
+        (every field immutable: it got a shallow copy), and, when every output this worker
+        wrote was stored (``stored``: none lost to another worker's), those outputs."""
+        run = copy.copy(self)
+        run.ids, run.errors, run.outputs, run.attempts, run.retry = ids, {}, {}, {}, []
+        run.solo = set()
+        run._rows = {i: row for i, row in self._rows.items() if _immutable(row)}
+        run.known = (
+            {i: json.loads(self.outputs[i]) for i in ids if i in self.outputs} if stored else {}
+        )
+        return run
+
+    def rows(self, sample_ids: list[int], stage: Stage) -> dict[int, dict[str, Any]]:
+        """Full rows by id (each read once per job); a bad id becomes that sample's error, the
+        others still load."""
+        missing = [i for i in sample_ids if i not in self._rows]
+        if missing:
+            self._rows.update(self._read(missing, stage))
+        return {i: self._rows[i] for i in sample_ids if i in self._rows}
+
+    def _read(self, sample_ids: list[int], stage: Stage) -> dict[int, dict[str, Any]]:
+        try:
+            rows = self.res.shards.rows(self.meta.spec, sample_ids)
+            return dict(zip(sample_ids, rows, strict=True))
+        except PermanentError as exc:
+            if len(sample_ids) == 1:
+                self.errors[sample_ids[0]] = error_record(stage, exc)
+                return {}
+            found: dict[int, dict[str, Any]] = {}
+            for sample_id in sample_ids:
+                found.update(self._read([sample_id], stage))
+            return found
+
+    def clusters(self, sample_ids: list[int]) -> dict[int, str] | None:
+        """Each of ``sample_ids``' cluster, from its row (:meth:`Evaluation.clusters`)."""
+        return self.evaluation.clusters(
+            dict(zip(sample_ids, self.res.shards.rows(self.meta.spec, sample_ids), strict=True))
+        )
+
+    def counted(self, stage: Stage, todo: list[int]) -> list[int]:
+        """Count one more attempt at ``stage`` (infer or score) of each sample in ``todo``;
+        return those to run now. A sample tried before that came with others goes to
+        ``retry``, to travel alone; one whose every attempt died with its worker process ends
+        here as a terminal error."""
+        counts = self.res.writer.attempt(self.run_id, {i: i in self.solo for i in todo}, stage)
+        self.retry.extend(i for i, count in counts.items() if count < 0)
+        self.attempts = {i: count for i, count in counts.items() if count > 0}
+        limit = self.res.max_attempts
+        for sample_id, count in self.attempts.items():
+            if count > limit:
+                died = PermanentError(
+                    f"gave up after {limit} attempts: the worker process running this "
+                    f"sample's {stage.value} died or was stopped each time"
+                )
+                self.errors[sample_id] = error_record(stage, died)
+        return [i for i in self.attempts if i not in self.errors]
+
+    def send_retries(self, task_name: str) -> None:
+        if self.retry:
+            log.warning(
+                "run %s: %d samples go back to the queue alone", self.run_id, len(self.retry)
+            )
+            self.res.publish(task_name, list(split(self.meta, self.retry, solo=True)))
+
+    def settle_errors(self) -> None:
+        if self.errors:
+            self.settled(self.res.writer.record_errors(self.run_id, self.errors))
+
+    def settled(self, done: Settled) -> None:
+        """After a settling write: finalize the run if it fell to this caller, else ask for a
+        spill when the write may have completed a segment."""
+        if done.finalize:
+            self.finalize()
+        elif done.filled(self.res.spill_rows) and self.res.spill is not None:
+            self.res.spill(self.run_id)
+
+    def finalize(self) -> None:
+        finished = self.res.writer.finalize(self.run_id, self.evaluation, self.clusters)
+        if finished is not None:
+            log.info("run %s %s: %s", self.run_id, finished.status, finished.reason or "done")
+            if finished.status is RunStatus.COMPLETED and self.res.archive is not None:
+                self.res.archive(self.run_id)
+
+
+class Batch:
+    """The runs of one batch, and those whose messages must go back to the queue because
+    Redis failed while they were read or stored.
+
+    Any other error while one run is handled (a run whose evaluation cannot be created here,
+    a bug) is logged with its traceback and takes only that run out of the batch; its messages
+    are acknowledged, not requeued, so that a deterministic error cannot loop, and the janitor
+    sends its unsettled samples again after ``EVALQ_STALL_AFTER`` seconds.
+    """
+
+    def __init__(self, runs: list[RunShare]) -> None:
+        self.requeue: set[str] = set()
+        self.runs = runs
+
+    @classmethod
+    def read(cls, res: Resources, tasks: list[SampleTask], stage: Stage) -> Batch:
+        """The batch of ``tasks``' runs, each read from Redis."""
+        batch = cls([])
+        groups: dict[str, list[SampleTask]] = defaultdict(list)
+        for task in tasks:
+            groups[task.run_id].append(task)
+        for run_id, run_tasks in groups.items():
+            try:
+                run = RunShare(res, run_id, run_tasks)
+            except UnknownRunError:
+                log.error(
+                    "dropping %d %s messages of unknown run %s", len(run_tasks), stage, run_id
+                )
+                continue
+            except STORE_ERRORS as exc:
+                batch._failed(run_id, exc)
+                continue
+            except Exception:
+                log.exception("run %s: its messages in this batch are left to the janitor", run_id)
+                continue
+            if run.meta.status.active and run.ids:
+                batch.runs.append(run)
+        return batch
+
+    def _failed(self, run_id: str, exc: BaseException) -> None:
+        log.warning(
+            "run %s: Redis failed (%s); its messages go back to the queue", run_id, first_line(exc)
+        )
+        self.requeue.add(run_id)
+
+    def each(self, step: Callable[[RunShare], None]) -> None:
+        """Apply ``step`` to each run still in the batch; a run whose step fails on Redis
+        leaves the batch, and its messages go back to the queue."""
+        for run in list(self.runs):
+            try:
+                step(run)
+            except STORE_ERRORS as exc:
+                self._failed(run.run_id, exc)
+                self.runs.remove(run)
+            except Exception:
+                log.exception(
+                    "run %s: its messages in this batch are left to the janitor", run.run_id
+                )
+                self.runs.remove(run)

@@ -1,0 +1,146 @@
+"""Inference of a batch of messages, any mix of runs and evaluations.
+
+Skip samples already inferred (redeliveries), rebuild rows from each run's spec, remove label
+fields, and run each evaluation's warm model on batches of at most ``max_batch`` rows drawn
+from every run in the batch that uses it; store each output once and stage its scoring in the
+run's score backlog, for the fair dispatcher to hand to the scoring workers
+(:mod:`shared.queue.backlog`), or, on a worker that consumes the ``score`` queue too, score them
+in the same job (``fuse``): a small run is not sent back to wait behind the work this worker
+reserved. An attempt that raises is tried again later, alone, until the last attempt, which
+ends the sample with its terminal error record; the batch goes on (see :mod:`worker.batch`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from typing import Any
+
+from shared.errors import PermanentError, first_line
+from shared.evaluation import scrub
+from shared.models import SampleTask, Stage, to_json
+from shared.queue.celery_app import INFER_TASK
+from worker.batch import Batch, Resources, RunShare, error_record
+from worker.runtime_pool import Infer
+from worker.scoring import score_all
+
+__all__ = ["infer_batch"]
+
+log = logging.getLogger(__name__)
+
+
+Item = tuple[RunShare, int, dict[str, Any]]
+"""A sample waiting for inference: its run, its id and its label-free row."""
+
+
+def _checked_outputs(outputs: object, expected: int) -> list[Any]:
+    if not isinstance(outputs, list) or len(outputs) != expected:
+        got = len(outputs) if isinstance(outputs, list) else type(outputs).__name__
+        raise PermanentError(f"infer() returned {got} outputs for {expected} rows")
+    return outputs
+
+
+def _failed(run: RunShare, sample_id: int, exc: BaseException, max_attempts: int) -> None:
+    """An attempt raised: try the sample again later, or end it after the last attempt."""
+    attempt = run.attempts.get(sample_id, max_attempts)
+    if attempt < max_attempts and not isinstance(exc, PermanentError):
+        run.retry.append(sample_id)
+        return
+    record = error_record(Stage.INFER, exc)
+    note = f" (attempt {attempt} of {max_attempts})"
+    run.errors[sample_id] = record.model_copy(update={"message": record.message + note})
+
+
+def _infer(infer: Infer, items: list[Item], max_attempts: int) -> None:
+    """Give each item an output, a retry or an error; if a batch raises, rows go alone."""
+    try:
+        outputs = _checked_outputs(infer([row for *_, row in items]), len(items))
+    except Exception as exc:
+        if len(items) == 1:
+            run, sample_id, _ = items[0]
+            _failed(run, sample_id, exc, max_attempts)
+        else:
+            for item in items:
+                _infer(infer, [item], max_attempts)
+        return
+    for (run, sample_id, _), output in zip(items, outputs, strict=True):
+        try:
+            run.outputs[sample_id] = to_json(output)
+        except (TypeError, ValueError) as exc:
+            refused = PermanentError(f"output not JSON: {exc}")
+            run.errors[sample_id] = error_record(Stage.INFER, refused)
+
+
+def _pending(run: RunShare, done: set[int]) -> list[Item]:
+    """The run's samples to infer now, those not ``done`` (with an output, or settled with an
+    error): each counted as one more attempt, label-free. A
+    rescored run has no inference: a sample of it without a copied output (its producer died
+    mid-copy; a forged message) ends as a terminal error, never as another model's output."""
+    missing = [i for i in run.ids if i not in done]
+    if run.meta.rescored_from is not None:
+        refused = PermanentError(
+            f"a rescore of run {run.meta.rescored_from} runs no inference, and this sample's "
+            "output was not copied"
+        )
+        for sample_id in missing:
+            run.errors[sample_id] = error_record(Stage.INFER, refused)
+        return []
+    todo = run.counted(Stage.INFER, missing)
+    items: list[Item] = []
+    for sample_id, row in run.rows(todo, Stage.DATA).items() if todo else ():
+        try:
+            items.append((run, sample_id, scrub(row, run.evaluation.label_fields)))
+        except PermanentError as exc:
+            run.errors[sample_id] = error_record(Stage.DATA, exc)
+    return items
+
+
+def _infer_all(res: Resources, items: list[Item]) -> None:
+    """Inference for the items of one evaluation, at most ``max_batch`` rows per call; if its
+    model cannot be loaded, each item counts as a failed attempt."""
+    evaluation = items[0][0].evaluation
+    try:
+        infer = res.runtimes.model(evaluation)
+    except Exception as exc:
+        log.error("cannot load the model of %s: %s", items[0][0].meta.eval, first_line(exc))
+        for run, sample_id, _ in items:
+            _failed(run, sample_id, exc, res.max_attempts)
+        return
+    for start in range(0, len(items), res.max_batch):
+        _infer(infer, items[start : start + res.max_batch], res.max_attempts)
+
+
+def infer_batch(res: Resources, tasks: list[SampleTask]) -> set[str]:
+    """Run inference for a batch of messages, any mix of runs and evaluations; return the runs
+    whose messages must go back to the queue."""
+    batch = Batch.read(res, tasks, Stage.INFER)
+    inferred: dict[str, set[int]] = {}
+    by_evaluation: dict[int, list[Item]] = defaultdict(list)
+
+    def prepare(run: RunShare) -> None:
+        inferred[run.run_id], failed = res.reader.produced(run.run_id, run.ids)
+        pending = _pending(run, inferred[run.run_id] | failed)
+        if pending:
+            by_evaluation[id(run.evaluation)].extend(pending)
+
+    scoring: list[RunShare] = []
+
+    def store(run: RunShare) -> None:
+        stored = res.writer.record_outputs(run.run_id, run.outputs) == len(run.outputs)
+        if run.outputs:
+            res.record_provenance(run.run_id, run.evaluation)
+        run.settle_errors()
+        ready = [i for i in run.ids if i in inferred[run.run_id] or i in run.outputs]
+        if ready and not res.fuse:
+            res.stage_scoring(run.meta, ready)
+        elif ready:
+            scoring.append(run.carried(ready, stored))
+        run.send_retries(INFER_TASK)
+
+    batch.each(prepare)
+    for items in by_evaluation.values():
+        _infer_all(res, items)
+    batch.each(store)
+    # Scored here, in the same job: their messages go back if Redis fails while scoring, and
+    # come back as inferred, so to scoring.
+    return batch.requeue | (score_all(res, Batch(scoring)) if scoring else set())

@@ -1,0 +1,133 @@
+"""Scoring of a batch of messages, any mix of runs: full rows plus stored outputs through
+``score()``, each score stored once; the call that settles a run's last sample computes its
+aggregate from the store. An evaluation with a scorer script is scored on the runtime pool's
+warm script subprocesses, a batch at a time. Any failure of one sample becomes that sample's
+terminal error record; the batch goes on (see :mod:`worker.batch`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from shared.errors import PermanentError, ScriptError
+from shared.models import SampleTask, Stage
+from shared.queue.celery_app import SCORE_TASK
+from shared.scorer import ScriptCall
+from worker.batch import Batch, Resources, RunShare, error_record
+
+__all__ = ["score_all", "score_batch"]
+
+log = logging.getLogger(__name__)
+
+
+def _checked_scores(scores: object, ranges: Mapping[str, tuple[float, float]]) -> dict[str, float]:
+    """``score()``'s answer as metric -> float; :class:`PermanentError` (a failed sample) for
+    anything else, for a value that is not finite, or one outside its declared range
+    (``Evaluation.metric_ranges``: the interval is clipped to it)."""
+    if not isinstance(scores, dict) or not scores:
+        raise PermanentError(f"score() returned {type(scores).__name__}, not a dict of metrics")
+    checked: dict[str, float] = {}
+    for name, value in scores.items():
+        if (
+            not isinstance(name, str)
+            or isinstance(value, bool)
+            or not isinstance(value, int | float)
+        ):
+            raise PermanentError(f"score() metric {name!r} is not a number")
+        if not math.isfinite(value):
+            raise PermanentError(f"score() metric {name!r} is {value}")
+        low, high = ranges.get(name, (-math.inf, math.inf))
+        if not low <= value <= high:
+            raise PermanentError(
+                f"score() metric {name!r} is {value}, outside its declared range [{low}, {high}]"
+            )
+        checked[name] = float(value)
+    return checked
+
+
+def _script_answers(
+    res: Resources, run: RunShare, rows: dict[int, dict[str, Any]], outputs: dict[int, Any]
+) -> dict[int, str | ScriptError]:
+    """Each sample's answer from the evaluation's scorer script, run on the warm pool."""
+    evaluation = run.evaluation
+    assert evaluation.scorer is not None
+    calls: dict[int, ScriptCall] = {}
+    for sample_id, row in rows.items():
+        try:
+            calls[sample_id] = evaluation.script_call(row, outputs[sample_id])
+        except Exception as exc:
+            run.errors[sample_id] = error_record(Stage.SCORE, exc)
+    answers = res.runtimes.scripts(evaluation.scorer).map(list(calls.values()))
+    return dict(zip(calls, answers, strict=True))
+
+
+def _score(
+    res: Resources, run: RunShare, rows: dict[int, dict[str, Any]], outputs: dict[int, Any]
+) -> dict[int, dict[str, float]]:
+    """Scores of the samples that score cleanly; the others get their error record."""
+    evaluation = run.evaluation
+    answers = _script_answers(res, run, rows, outputs) if evaluation.scorer is not None else {}
+    scores: dict[int, dict[str, float]] = {}
+    for sample_id, row in rows.items():
+        if sample_id in run.errors:
+            continue
+        try:
+            if evaluation.scorer is None:
+                raw = evaluation.score(row, outputs[sample_id])
+            else:
+                answer = answers[sample_id]
+                if isinstance(answer, ScriptError):
+                    raise answer
+                raw = evaluation.script_score(answer)
+            scores[sample_id] = _checked_scores(raw, evaluation.metric_ranges)
+        except Exception as exc:
+            run.errors[sample_id] = error_record(Stage.SCORE, exc)
+    return scores
+
+
+def score_batch(res: Resources, tasks: list[SampleTask]) -> set[str]:
+    """Score a batch of messages, any mix of runs, and finalize the runs it finishes; return
+    the runs whose messages must go back to the queue.
+
+    A message whose samples are all settled while its run is still going is how a run whose
+    finalizer died gets finished: it takes over a claim older than ``stall_after`` (the
+    janitor sends such a message).
+    """
+    return score_all(res, Batch.read(res, tasks, Stage.SCORE))
+
+
+def score_all(res: Resources, batch: Batch) -> set[str]:
+    """Score the runs of ``batch`` (see :func:`score_batch`): the outputs each run carries from
+    its inference without reading them again, the others as stored."""
+
+    def score(run: RunShare) -> None:
+        rest = [i for i in run.ids if i not in run.known]
+        settled = res.reader.settled(run.run_id, rest) if rest else set()
+        unsettled = [i for i in rest if i not in settled]
+        outputs = run.known | (res.reader.outputs(run.run_id, unsettled) if unsettled else {})
+        todo = run.counted(Stage.SCORE, list(outputs)) if outputs else []
+        if len(outputs) < len(run.ids) - len(settled):
+            # Scoring is enqueued only after an output is stored, so this message is stray
+            # (e.g. replayed by hand); the inference path will enqueue the sample again.
+            missing = len(run.ids) - len(settled) - len(outputs)
+            log.warning("run %s: %d score messages without an output", run.run_id, missing)
+        rows = run.rows(todo, Stage.SCORE) if todo else {}
+        scores = _score(res, run, rows, outputs)
+        if scores:
+            res.record_provenance(run.run_id, run.evaluation)
+            run.settled(res.writer.record_scores(run.run_id, scores))
+        elif (
+            not run.errors
+            and not run.retry
+            and res.writer.claim_finalize(run.run_id, res.stall_after)
+        ):
+            log.warning("run %s: took over from a finalizer that died", run.run_id)
+            run.finalize()
+        run.settle_errors()
+        run.send_retries(SCORE_TASK)
+
+    batch.each(score)
+    return batch.requeue
