@@ -477,7 +477,7 @@ def serve(
     """Serve the gateway: the HTTP API for callers holding a token (until Ctrl-C)."""
     import uvicorn
 
-    from producer.gateway import create_gateway
+    from producer.gateway.app import create_gateway
     from shared.isolation.privilege import undumpable
 
     undumpable()  # its Redis credential is the strongest there is: not readable through /proc
