@@ -3,7 +3,7 @@
 :class:`Follower` reads in steps, and a step waits only when asked to: direct mode
 (:meth:`producer.client.Client.follow_results`) lets each step block on the run's settled
 stream, while the gateway takes every step without waiting, on its stream threads, and waits
-for the stream asynchronously in between (:mod:`producer.streams`), so that an open follow
+for the stream asynchronously in between (:mod:`producer.gateway.streams`), so that an open follow
 holds no thread while nothing settles.
 """
 

@@ -46,7 +46,7 @@ JANITOR = "evalq:janitor"
 
 RETENTION = "evalq:retention"
 """String with an expiry: the gateway process that applies the retention policy (its lease;
-:mod:`producer.retainer`)."""
+:mod:`producer.gateway.retainer`)."""
 
 WORKERS = "evalq:workers:"
 """Prefix of the workers' heartbeat keys."""

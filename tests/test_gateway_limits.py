@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from producer.client import Client
-from producer.limits import RateLimiter, StreamSlots
+from producer.gateway.limits import RateLimiter, StreamSlots
 from producer.redis_server import RedisServer
 from producer.remote import RemoteClient
 from producer.submit import SubmitRequest

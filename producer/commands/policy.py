@@ -12,17 +12,13 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from producer.api import Api, open_api
+from producer.api import open_api
 from shared.access.ledger import Budget
 from shared.access.policy import Role, Tier
 from shared.cli import JsonFlag, err, out, print_json
 from shared.names import NAME_RULE
 
 __all__ = ["register"]
-
-
-def _client() -> Api:
-    return open_api()
 
 
 tiers_app = typer.Typer(help="Split tiers: viewable, non_viewable (aggregates only), no_access.")
@@ -41,7 +37,7 @@ def datasets_add(
     as_json: JsonFlag = False,
 ) -> None:
     """Register a dataset under NAME, each split pinned (file sha256s, Hub commit); audited."""
-    added = _client().add_dataset(name, data, revision=revision, config=config)
+    added = open_api().add_dataset(name, data, revision=revision, config=config)
     if as_json:
         print_json(added.model_dump(mode="json"))
         return
@@ -51,7 +47,7 @@ def datasets_add(
 @datasets_app.command("list")
 def datasets_list(as_json: JsonFlag = False) -> None:
     """List registered datasets, their splits and each split's tier."""
-    client = _client()
+    client = open_api()
     found, tiers = client.datasets(), client.tiers()
     if as_json:
         print_json([d.model_dump(mode="json") for d in found])
@@ -71,7 +67,7 @@ def tokens_create(
     as_json: JsonFlag = False,
 ) -> None:
     """Create a token and print it once (only its sha256 is stored); audited."""
-    token = _client().create_token(principal, role)
+    token = open_api().create_token(principal, role)
     if as_json:
         print_json({"principal": principal, "role": role.value, "token": token})
         return
@@ -81,7 +77,7 @@ def tokens_create(
 @tokens_app.command("list")
 def tokens_list(as_json: JsonFlag = False) -> None:
     """List live tokens' principals and roles (never the tokens)."""
-    records = _client().tokens()
+    records = open_api().tokens()
     if as_json:
         print_json([r.model_dump(mode="json") for r in records])
         return
@@ -95,7 +91,7 @@ def tokens_list(as_json: JsonFlag = False) -> None:
 @tokens_app.command("revoke")
 def tokens_revoke(principal: Annotated[str, typer.Argument()], as_json: JsonFlag = False) -> None:
     """Revoke every token of PRINCIPAL; audited."""
-    revoked = _client().revoke_tokens(principal)
+    revoked = open_api().revoke_tokens(principal)
     if as_json:
         print_json({"principal": principal, "revoked": revoked})
         return
@@ -108,7 +104,7 @@ def audit(
 ) -> None:
     """Show the newest audit entries: reservations, refunds, tier, budget, dataset and token
     changes, admin bypasses and refusals."""
-    entries = _client().audit(limit)
+    entries = open_api().audit(limit)
     if as_json:
         print_json(entries)
         return
@@ -129,14 +125,14 @@ def tiers_set(
     tier: Annotated[Tier, typer.Argument(case_sensitive=False)],
 ) -> None:
     """Set a split's tier (audited)."""
-    before = _client().set_tier(dataset, split, tier)
+    before = open_api().set_tier(dataset, split, tier)
     out.print(f"{dataset}/{split}: {before or 'unlisted'} -> {tier}")
 
 
 @tiers_app.command("list")
 def tiers_list(as_json: JsonFlag = False) -> None:
     """List every listed split's tier (unlisted splits are no_access)."""
-    listed = _client().tiers()
+    listed = open_api().tiers()
     if as_json:
         print_json({d: {s: t.value for s, t in splits.items()} for d, splits in listed.items()})
         return
@@ -162,7 +158,7 @@ def budget_set(  # noqa: PLR0917 - a typer command: its options are its paramete
 ) -> None:
     """Set a split's budget totals, or one principal's own on it (unset = unlimited); what was
     used is kept (audited)."""
-    budget = _client().set_budget(
+    budget = open_api().set_budget(
         dataset,
         split,
         runs=runs_total,
@@ -195,7 +191,7 @@ def _budget_line(budget: Budget) -> str:
 @budget_app.command("show")
 def budget_show(as_json: JsonFlag = False) -> None:
     """Show every budget: totals, used and left."""
-    budgets = _client().budgets()
+    budgets = open_api().budgets()
     if as_json:
         print_json([b.summary() for b in budgets])
         return
@@ -211,7 +207,7 @@ def policy_apply(path: Annotated[Path, typer.Argument(metavar="FILE")]) -> None:
     from producer.policy_file import load_policy
 
     policy = load_policy(path)
-    for warning in _client().apply_policy(policy):
+    for warning in open_api().apply_policy(policy):
         err.print(Text.assemble(("warning:", "yellow"), " ", warning), highlight=False)
     splits = sum(len(s) for s in policy.datasets.values())
     out.print(f"applied {path}: {splits} splits")

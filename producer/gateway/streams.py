@@ -4,7 +4,7 @@ Each stream is an async generator on the event loop. Its reads of Redis run on t
 stream threads (:data:`STREAM_THREADS`, apart from the thread pool the request routes share),
 a batch of lines at a time, never one thread per stream; a followed run's stream waits for
 new results with ``XREAD BLOCK`` on :mod:`redis.asyncio`, holding no thread while nothing
-settles. Streams are counted (:class:`producer.limits.StreamSlots`) from before their first
+settles. Streams are counted (:class:`producer.gateway.limits.StreamSlots`) from before their first
 read until they end, however they end: the run ends, the caller hangs up, or its token is
 revoked.
 """
@@ -23,7 +23,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from producer.follower import Follower
-from producer.limits import StreamSlots
+from producer.gateway.limits import StreamSlots
 from shared.store.wire import result_line
 
 __all__ = ["STREAM_THREADS", "ResultStream", "Streams"]

@@ -1,0 +1,35 @@
+"""The producer's commands of ``evalq``, added to the app of :mod:`shared.cli` through the
+``evalq.commands`` entry point (:func:`register`), by group: :mod:`~producer.commands.submit`;
+:mod:`~producer.commands.runs` (status, watch, runs, results, cancel, resume);
+:mod:`~producer.commands.analysis` (compare, rescore, report);
+:mod:`~producer.commands.operations` (demo, metrics, serve, acl, purge, retention, up); and
+:mod:`~producer.commands.policy` (the admin groups: datasets, tiers, budget, policy, tokens, and
+audit). Commands that only talk to Redis import neither torch nor any model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import typer
+
+from producer.commands import policy
+from producer.commands.analysis import compare, report, rescore
+from producer.commands.operations import acl, demo, metrics, purge, retention, serve, up
+from producer.commands.runs import cancel, results, resume, runs, status, watch
+from producer.commands.submit import submit_command
+
+__all__ = ["register"]
+
+
+def register(app: typer.Typer) -> None:
+    """Add the producer's commands to the ``evalq`` app (in the order ``evalq --help`` lists
+    them)."""
+    commands: tuple[Callable[..., None], ...] = (
+        demo, status, watch, runs, results, compare, rescore, report, metrics, serve, acl,
+        cancel, resume, purge, retention, up,
+    )  # fmt: skip
+    for command in commands:
+        app.command()(command)
+    app.command("submit")(submit_command)
+    policy.register(app)

@@ -1,0 +1,168 @@
+"""The producer's operator commands: ``demo``, ``metrics``, ``serve`` (the gateway), ``acl``,
+``purge``, ``retention`` and ``up`` (a one-machine deployment)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.text import Text
+
+from producer.api import open_api
+from shared.cli import JsonFlag, err, out, print_json
+from shared.settings import get_settings
+from shared.store.retention import parse_age
+
+__all__ = ["acl", "demo", "metrics", "purge", "retention", "serve", "up"]
+
+
+def demo(
+    samples: Annotated[int, typer.Option(min=1, help="Validation samples to evaluate.")] = 1000,
+    workers: Annotated[int, typer.Option(min=1, help="Worker processes to start.")] = 1,
+    out_dir: Annotated[Path, typer.Option("--out", help="Where data and results go.")] = Path(
+        "evalq-demo"
+    ),
+    as_json: JsonFlag = False,
+) -> None:
+    """Start a private Redis and workers, evaluate MiniLM zero-shot topics, print accuracy."""
+    from producer.demo import run_demo
+
+    summary = run_demo(samples, workers, out_dir.resolve(), err if as_json else out)
+    if as_json:
+        print_json(
+            {
+                "run_id": summary.run.run_id,
+                "aggregate": summary.aggregate,
+                "scored": summary.scored,
+                "failed": summary.failed,
+                "seconds": round(summary.seconds, 3),
+                "results": str(summary.results_path),
+            }
+        )
+        return
+    accuracy = summary.aggregate.get("accuracy", float("nan"))
+    out.print(
+        Text(f"accuracy {accuracy:.4f}", style="bold green"),
+        f"over {summary.scored} samples "
+        f"({summary.failed} failed) in {summary.seconds:.1f}s "
+        f"({summary.samples_per_second:.0f} samples/s)",
+    )
+    out.print(f"per-sample results: {summary.results_path}")
+
+
+def metrics(
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port to serve on.")] = 9808,
+    address: Annotated[
+        str, typer.Option(help="Address to bind (0.0.0.0: every interface, no auth).")
+    ] = "127.0.0.1",
+    runs_shown: Annotated[
+        int, typer.Option("--runs", min=1, help="Most recent runs to export.")
+    ] = 100,
+) -> None:
+    """Serve Prometheus metrics: per-run samples, queue depths, budgets left (until Ctrl-C)."""
+    from producer.metrics import serve
+    from shared.connection import connect
+
+    server = serve(connect(get_settings().redis_url), address, port, runs_shown)
+    err.print(f"serving metrics on http://{address}:{server.port}/metrics")
+    server.wait()
+
+
+def serve(
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port to serve on.")] = 8700,
+) -> None:
+    """Serve the gateway: the HTTP API for callers holding a token (until Ctrl-C)."""
+    import uvicorn
+
+    from producer.gateway.app import create_gateway
+    from shared.isolation.privilege import undumpable
+
+    undumpable()  # its Redis credential is the strongest there is: not readable through /proc
+    gateway = create_gateway(get_settings())
+    err.print(f"evalq gateway on http://{host}:{port} (OpenAPI schema at /openapi.json)")
+    # the peer address as it is: a caller must not pick its own anonymous bucket by a header
+    uvicorn.run(
+        gateway, host=host, port=port, log_level="info", access_log=True, proxy_headers=False
+    )
+
+
+def acl(
+    out_path: Annotated[Path, typer.Option("--out", help="ACL file to write.")],
+) -> None:
+    """Write a Redis ACL file with users gateway, worker and monitor (passwords from
+    EVALQ_ACL_GATEWAY_PASSWORD, EVALQ_ACL_WORKER_PASSWORD, EVALQ_ACL_MONITOR_PASSWORD)."""
+    from producer.acl import ROLES, write_acl
+
+    write_acl(out_path)
+    out.print(f"wrote {out_path}: users {', '.join(ROLES)}", highlight=False)
+
+
+def purge(
+    run: Annotated[
+        list[str] | None,
+        typer.Option("--run", metavar="RUN", help="A run to purge (repeat for more)."),
+    ] = None,
+    older_than: Annotated[
+        str | None,
+        typer.Option(
+            "--older-than", metavar="AGE", help="Runs submitted longer ago: 30d, 12h, 45m, 90s."
+        ),
+    ] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Remove ended runs wholly: record, results and archive (admins; audited)."""
+    age = None if older_than is None else parse_age(older_than)
+    purged = open_api().purge(run or [], age)
+    if as_json:
+        print_json({"purged": purged})
+        return
+    out.print(f"purged {len(purged)} runs" + (": " + ", ".join(purged) if purged else ""))
+
+
+def retention(as_json: JsonFlag = False) -> None:
+    """Apply the retention policy once: trim audit entries older than EVALQ_AUDIT_DAYS, purge
+    runs older than EVALQ_KEEP_RUNS_DAYS (operators, direct mode; `evalq serve` does it on its
+    own)."""
+    from shared.connection import connect
+    from shared.store.retention import retain
+
+    done = retain(connect(get_settings().redis_url), get_settings())
+    if as_json:
+        print_json({"trimmed": done.trimmed, "purged": done.purged})
+        return
+    purged = ": " + ", ".join(done.purged) if done.purged else ""
+    out.print(
+        f"trimmed {done.trimmed} audit entries; purged {len(done.purged)} runs{purged}",
+        highlight=False,
+    )
+
+
+def up(  # noqa: PLR0913, PLR0917 - a typer command: its options are its parameters
+    workers: Annotated[int, typer.Option(min=1, help="Worker processes to start.")] = 1,
+    concurrency: Annotated[int, typer.Option(min=1, help="Pool processes per worker.")] = 1,
+    host: Annotated[str, typer.Option(help="Address the gateway binds.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535, help="The gateway's port.")] = 8700,
+    flower_port: Annotated[int, typer.Option(min=1, max=65535, help="Flower's port.")] = 5555,
+    metrics_port: Annotated[
+        int, typer.Option(min=1, max=65535, help="The metrics endpoint's port.")
+    ] = 9808,
+    redis_port: Annotated[
+        int, typer.Option(min=0, max=65535, help="Redis's port (0: a free one).")
+    ] = 0,
+    redis_server: Annotated[
+        str | None,
+        typer.Option(metavar="PATH", help="The redis-server (7.0 or newer) to run."),
+    ] = None,
+    state: Annotated[
+        Path, typer.Option("--dir", help="Where Redis's data, secrets, archive and logs go.")
+    ] = Path("evalq-up"),
+) -> None:
+    """Run a one-machine deployment until Ctrl-C: Redis with the ACL file, the gateway, workers,
+    Flower and metrics, each under its own Redis user; prints an admin token."""
+    from producer.stack import Stack, StackPorts
+
+    ports = StackPorts(gateway=port, flower=flower_port, metrics=metrics_port, redis=redis_port)
+    stack = Stack(state.resolve(), ports, workers=workers, concurrency=concurrency, host=host)
+    raise typer.Exit(stack.run(redis_server, out))

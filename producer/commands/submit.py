@@ -1,0 +1,159 @@
+"""``evalq submit``: an evaluation, or a sweep's grid of them (each point checked before any is
+submitted)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from producer.api import Api, open_api
+from producer.commands.outcome import follow_and_report
+from shared.cli import AdminFlag, JsonFlag, err, out, print_json
+from shared.data.routing import RoutingKind
+from shared.data.spec import MAX_SPEC_SHARDS
+from shared.errors import EvalqError, InputError
+from shared.models import Priority, Progress
+
+if TYPE_CHECKING:
+    from producer.submit import SubmitRequest
+
+__all__ = ["submit_command"]
+
+
+def submit_command(  # noqa: PLR0913, PLR0917 - a typer command: its options are its parameters
+    eval_name: Annotated[str, typer.Argument(metavar="EVAL", help="Registered evaluation.")],
+    split: Annotated[str, typer.Option(help="Split to evaluate.")],
+    dataset: Annotated[
+        str | None, typer.Option(help="Registered dataset (evalq datasets list).")
+    ] = None,
+    data: Annotated[
+        str | None,
+        typer.Option(help="Unregistered local file/folder or Hub id (operators and admins)."),
+    ] = None,
+    limit: Annotated[int | None, typer.Option(help="Evaluate the first N samples.")] = None,
+    ids: Annotated[str | None, typer.Option(help="Comma-separated sample ids.")] = None,
+    param: Annotated[
+        list[str] | None, typer.Option(help="Eval parameter k=v (repeatable).")
+    ] = None,
+    revision: Annotated[str | None, typer.Option(help="Hub revision of --data.")] = None,
+    config: Annotated[str | None, typer.Option(help="Hub configuration of --data.")] = None,
+    shards: Annotated[
+        int, typer.Option(min=1, max=MAX_SPEC_SHARDS, help="Shards to cut the split into.")
+    ] = 1,
+    routing: Annotated[
+        RoutingKind, typer.Option(help="Which shard each row goes to.")
+    ] = RoutingKind.CONTIGUOUS,
+    route_field: Annotated[str, typer.Option(help="Text field kmeans routes by.")] = "text",
+    router_sample: Annotated[
+        int, typer.Option(min=1, help="Texts the kmeans fit reads (bounds its memory).")
+    ] = 1000,
+    router_seed: Annotated[
+        int, typer.Option(min=0, help="Seed of the kmeans featurizer and initialisation.")
+    ] = 0,
+    priority: Annotated[
+        Priority | None,
+        typer.Option(help="Share of the workers against your other runs (default: the policy's)."),
+    ] = None,
+    sweep: Annotated[
+        list[str] | None,
+        typer.Option(help="Sweep a parameter: k=v1,v2 (repeatable; submits the grid)."),
+    ] = None,
+    sweep_file: Annotated[
+        Path | None, typer.Option(help="YAML mapping of parameter -> values to sweep.")
+    ] = None,
+    tag: Annotated[list[str] | None, typer.Option(help="Label the run(s) (repeatable).")] = None,
+    follow_run: Annotated[bool, typer.Option("--follow", help="Show progress until done.")] = False,
+    admin: AdminFlag = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Submit an evaluation (or a sweep's grid of them); prints the run id(s)."""
+    from producer.submit import SubmitRequest, parse_ids, parse_params
+    from producer.sweep import grid, new_sweep_id, parse_sweeps, read_sweep_file
+    from shared.data.loading import Sharding
+
+    sweeps = parse_sweeps(sweep or [])
+    if sweep_file is not None:
+        for key, values in read_sweep_file(sweep_file).items():
+            if key in sweeps:
+                raise InputError(f"--sweep {key} is also in {sweep_file}")
+            sweeps[key] = values
+    request = SubmitRequest(
+        eval=eval_name,
+        dataset=dataset,
+        data=data,
+        split=split,
+        limit=limit,
+        ids=tuple(parse_ids(ids)) if ids is not None else None,
+        params=parse_params(param or []),
+        revision=revision,
+        config=config,
+        sharding=Sharding(
+            shards=shards,
+            routing=routing,
+            route_field=route_field,
+            sample_size=router_sample,
+            seed=router_seed,
+        ),
+        priority=priority,
+        tags=tuple(tag or ()),
+    )
+    client = open_api(admin=admin)
+    if sweeps:
+        if follow_run:
+            raise InputError(
+                "--follow follows one run; watch a sweep with evalq runs --sweep ID or "
+                "evalq watch RUN"
+            )
+        _submit_sweep(client, request, grid(request.params, sweeps), new_sweep_id(), as_json)
+        return
+    meta = client.submit(request)
+    if as_json:
+        print_json({"run_id": meta.run_id})
+    else:
+        out.print(meta.run_id, highlight=False)
+    view = client.status(meta.run_id)
+    if view.stale_code:
+        err.print(f"warning: {view.stale_code}", highlight=False, soft_wrap=True)
+    waiting = client.stalled(meta, Progress())
+    if waiting:
+        err.print(f"warning: {waiting}; the run waits until one does", highlight=False)
+    if follow_run:
+        follow_and_report(client, meta.run_id, as_json)
+
+
+def _submit_sweep(
+    client: Api, request: SubmitRequest, grid: list[dict[str, str]], sweep: str, as_json: bool
+) -> None:
+    """Submit one run per point of ``grid``, sharing the sweep id. Every point is checked
+    before any is submitted; a refusal midway stops the sweep there, and the runs submitted
+    before it stand: listed on stdout (``--json``: with the error) before the error."""
+    points = [
+        type(request).model_validate({**request.model_dump(), "params": params, "sweep": sweep})
+        for params in grid
+    ]
+    client.check_params(points)
+    submitted: list[str] = []
+    try:
+        for point in points:
+            submitted.append(client.submit(point).run_id)
+    except EvalqError as exc:
+        if as_json:
+            print_json({"sweep": sweep, "run_ids": submitted, "error": str(exc)})
+        elif submitted:
+            _print_sweep(sweep, submitted, grid, f" of {len(grid)} before this refusal")
+        raise
+    if as_json:
+        print_json({"sweep": sweep, "run_ids": submitted})
+        return
+    _print_sweep(sweep, submitted, grid)
+
+
+def _print_sweep(
+    sweep: str, submitted: list[str], grid: list[dict[str, str]], note: str = ""
+) -> None:
+    out.print(f"sweep {sweep}: {len(submitted)} runs{note}", highlight=False)
+    for run_id, params in zip(submitted, grid, strict=False):
+        shown = " ".join(f"{k}={v}" for k, v in sorted(params.items()))
+        out.print(f"{run_id}  {shown}", highlight=False)

@@ -1,0 +1,51 @@
+"""The gateway's FastAPI app (:func:`create_gateway`, what ``evalq serve`` runs): its context,
+middleware (the body limit, the token before the body), error answers and routers."""
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from functools import partial
+
+import redis.asyncio
+from fastapi import FastAPI
+
+from producer.gateway import datasets, policy, results, runs, tokens
+from producer.gateway.caller import token_first
+from producer.gateway.context import Context
+from producer.gateway.errors import RESPONSES, handle_errors, too_large
+from producer.gateway.limits import BodyLimit, TokenFirst
+from producer.gateway.retainer import Retainer
+from shared.settings import Settings
+
+__all__ = ["create_gateway"]
+
+
+def create_gateway(settings: Settings) -> FastAPI:
+    """The gateway's FastAPI app, talking to Redis with ``settings.redis_url``."""
+    context = Context.open(settings)
+    api = FastAPI(
+        title="evalq gateway",
+        summary="Submit, watch and read evaluation runs within the split tiers.",
+        version="1",
+        responses=RESPONSES,
+        lifespan=partial(_serving, Retainer(context.store, settings), context.waits),
+    )
+    api.state.context = context
+    api.add_middleware(TokenFirst, check=partial(token_first, context))
+    limit = settings.gateway_max_body
+    api.add_middleware(BodyLimit, limit=limit, refusal=partial(too_large, limit))  # outer
+    handle_errors(api)
+    for router in (runs.router, results.router, datasets.router, policy.router, tokens.router):
+        api.include_router(router)
+    return api
+
+
+@asynccontextmanager
+async def _serving(
+    retainer: Retainer, waits: redis.asyncio.Redis, _: FastAPI
+) -> AsyncIterator[None]:
+    """While the gateway serves: its retention thread runs; after, its event loop's Redis
+    client is closed."""
+    retainer.start()
+    yield
+    retainer.stop()
+    await waits.aclose()

@@ -1,0 +1,72 @@
+"""What one gateway holds for all its requests: its Redis clients, its Celery app, the token
+look-up and its limits, built once by :func:`producer.gateway.app.create_gateway` and handed to
+routes and dependencies by :func:`context_of`."""
+
+from dataclasses import dataclass
+from typing import Annotated, Self, cast
+
+import redis
+import redis.asyncio
+from celery import Celery
+from fastapi import Depends, Request
+
+from producer.gateway.limits import RateLimiter, StreamSlots
+from producer.gateway.streams import Streams
+from shared.access.tokens import TokenLookup
+from shared.connection import connect, connect_async
+from shared.evaluation import load_plugins
+from shared.queue.celery_app import create_app
+from shared.settings import Settings
+
+__all__ = ["Context", "Shared", "context_of"]
+
+
+@dataclass(frozen=True)
+class Context:
+    """The gateway's shared state (its limits count in this process only:
+    :mod:`producer.gateway.limits`)."""
+
+    settings: Settings
+    store: redis.Redis
+    """The routes' Redis client (on the request threads)."""
+    waits: redis.asyncio.Redis
+    """The event loop's Redis client: token look-ups and the results streams' waits."""
+    celery: Celery
+    lookup: TokenLookup
+    limiter: RateLimiter
+    """Requests a second per principal, and per address for callers without a known token."""
+    streams: Streams
+    working: StreamSlots
+    """Requests in flight per principal."""
+
+    @classmethod
+    def open(cls, settings: Settings) -> Self:
+        """Connect to ``settings.redis_url`` and load the evaluation plugins."""
+        store = connect(settings.redis_url)
+        # a connection per open stream (its XREAD BLOCK), and some for the token look-ups
+        waits = connect_async(settings.redis_url, max_connections=settings.gateway_streams + 64)
+        load_plugins(settings.plugins)
+        slots = StreamSlots(settings.gateway_streams_per_principal, settings.gateway_streams)
+        return cls(
+            settings=settings,
+            store=store,
+            waits=waits,
+            celery=create_app(settings),
+            lookup=TokenLookup(waits),
+            limiter=RateLimiter(settings.gateway_burst),
+            streams=Streams(slots, waits),
+            working=StreamSlots(
+                settings.gateway_inflight, 2**31,
+                ("too many requests", "requests in flight", "wait for one to finish"),
+            ),
+        )  # fmt: skip
+
+
+def context_of(request: Request) -> Context:
+    """The context of the gateway serving ``request`` (``create_gateway`` puts it on the
+    app's state)."""
+    return cast(Context, request.app.state.context)
+
+
+Shared = Annotated[Context, Depends(context_of)]
+"""A route's or dependency's parameter receiving the gateway's context."""

@@ -1,0 +1,81 @@
+"""The gateway's reads of runs' per-sample results: the results stream (followed or not), the
+comparison of runs sample by sample, and a run's HTML report."""
+
+from collections.abc import Iterator
+from functools import partial
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import HTMLResponse, StreamingResponse
+
+from producer.client import Client
+from producer.comparison import Comparison
+from producer.gateway.acting import Act
+from producer.gateway.context import Shared
+from producer.gateway.params import AdminQuery, RunId, RunIdText
+from producer.gateway.streams import ResultStream
+from shared.store.wire import result_line
+
+__all__ = ["router"]
+
+router = APIRouter(tags=["runs"])
+
+
+@router.get(
+    "/v1/runs/{run_id}/results",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"application/x-ndjson": {}}}},
+)
+async def results(
+    run_id: RunId,
+    act: Act,
+    context: Shared,
+    request: Request,
+    *,
+    follow: bool = False,
+    with_input: bool = False,
+    admin: AdminQuery = False,
+) -> StreamingResponse:
+    """Per-sample results as JSON lines (viewable splits; admins see all, audited);
+    ``follow`` streams each as it is stored until the run ends; ``with_input`` adds each
+    sample's row (the gateway reads the data). A principal holds at most
+    ``EVALQ_GATEWAY_STREAMS_PER_PRINCIPAL`` of these streams open at once (429 beyond)."""
+    request.state.working()
+    streams = context.streams
+    give_back = streams.slots.take(act.who.principal)
+    try:
+        acting = await streams.run(lambda: act.owned(run_id, admin=admin))
+        if follow:
+            follower = await streams.run(lambda: acting.follower(run_id, with_input))
+            lines = streams.follow(follower, partial(context.lookup.live, request.state.token))
+        else:
+            lines = streams.lines(await streams.run(lambda: _lines(acting, run_id, with_input)))
+    except BaseException:
+        give_back()
+        raise
+    return ResultStream(lines, give_back)
+
+
+def _lines(acting: Client, run_id: str, with_input: bool) -> Iterator[str]:
+    """The run's results as JSON lines: straight from the stored texts, or with each row."""
+    if not with_input:
+        return acting.result_lines(run_id)
+    return map(result_line, acting.results(run_id, with_input=True))
+
+
+@router.get("/v1/compare", response_model=Comparison)
+def compare(
+    act: Act,
+    run: Annotated[list[RunIdText], Query(min_length=2, max_length=32)],
+    flips: Annotated[int, Query(ge=0, le=1000)] = 10,
+    admin: AdminQuery = False,
+) -> Comparison:
+    """Each run against the first, sample by sample (``run`` repeated: a user's own runs of
+    viewable splits; admins any, audited)."""
+    return act.owned(*run, admin=admin).compare(run, flips)
+
+
+@router.get("/v1/runs/{run_id}/report", response_class=HTMLResponse)
+def report(run_id: RunId, act: Act, admin: AdminQuery = False) -> HTMLResponse:
+    """A self-contained HTML report (charts as the split's tier allows)."""
+    return HTMLResponse(act.owned(run_id, admin=admin).report(run_id))
