@@ -6,8 +6,9 @@ gateway's retainer, :mod:`producer.gateway.retainer`, or once by ``evalq retenti
 here. Both need the operator's rights (the ``gateway`` ACL user): the ``worker`` user may touch
 neither the audit stream nor a run's facts. A purge removes a run's record, counters,
 aggregate, stats, provenance, release record, per-sample keys and archive folder (every
-attempt's), and its entry in the run index; a going run is never purged. What stays: the audit stream's entries about the
-run (their own rule, ``EVALQ_AUDIT_DAYS``) and the budget it was charged.
+attempt's), and its entry in the run index; a going run is never purged. What stays: the
+audit stream's entries about the run (their own rule, ``EVALQ_AUDIT_DAYS``) and the budget it
+was charged.
 """
 
 from __future__ import annotations
