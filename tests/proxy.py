@@ -97,7 +97,13 @@ class Proxy:
                 _reset(client)
                 continue
             with self._lock:
-                self._sockets.update((client, upstream))
+                refusing = self._refusing  # a cut() while this connection was being made
+                if not refusing:
+                    self._sockets.update((client, upstream))
+            if refusing:
+                _reset(client)
+                _reset(upstream)
+                continue
             for source, sink in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
 
