@@ -25,3 +25,12 @@ def test_plugins_import_evalqs_own_objects_from_evalq() -> None:
     assert evalq.register is shared.evaluation.register
     assert evalq.FailurePolicy is shared.failures.FailurePolicy
     assert set(evalq.__all__) <= set(dir(evalq))
+
+
+def test_no_product_module_is_over_500_lines() -> None:
+    sizes = {
+        str(path.relative_to(REPO)): len(path.read_text().splitlines())
+        for package in ("shared", "producer", "worker")
+        for path in (REPO / package).rglob("*.py")
+    }
+    assert {path: n for path, n in sizes.items() if n > 500} == {}
