@@ -17,9 +17,9 @@ from rich.text import Text
 
 from producer import policy_cli
 from producer.api import Api, open_api
-from producer.client import RunView
 from producer.export import ExportFormat
 from producer.sweep import MAX_GRID
+from producer.views import RunView
 from shared.cli import AdminFlag, JsonFlag, err, out, print_json
 from shared.data.routing import RoutingKind
 from shared.data.spec import MAX_SPEC_SHARDS
@@ -359,7 +359,7 @@ def report(
     if len(run_ids) == 1:
         page = client.report(run_ids[0])
     else:
-        from producer.report import render_comparison
+        from producer.page import render_comparison
 
         found = client.compare(run_ids, flips=20)
         page = render_comparison(found, [client.status(r) for r in run_ids])

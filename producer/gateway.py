@@ -1,10 +1,10 @@
 """The gateway (``evalq serve``): the HTTP door for callers who are not operators.
 
 It holds the Redis credential and reads the data; a caller holds an API token, and the token
-alone says who the caller is (:class:`shared.access.policy.Caller`). Every route hands the work to a
-:class:`producer.client.Client` acting for that principal, so the gateway applies exactly the
+alone says who the caller is (:class:`shared.access.roles.Caller`). Every route hands the work to
+a :class:`producer.client.Client` acting for that principal, so the gateway applies exactly the
 rules direct mode does (tiers, floors, budgets: :mod:`shared.access.policy`), plus the role and
-ownership rules of :mod:`shared.access.policy` that only a gateway can enforce. A refusal (a bad
+ownership rules of :mod:`shared.access.roles` that only a gateway can enforce. A refusal (a bad
 token, a missing role, a tier, a budget) answers one line and is appended to the audit stream.
 
 Errors answer ``{"error": "<one line>", "exit_code": N}`` with the exit code the CLI would have
@@ -31,7 +31,7 @@ from starlette.datastructures import Headers
 from starlette.responses import Response
 from starlette.types import Scope
 
-from producer.client import Cancellation, Client, Resumption, RunView
+from producer.client import Client
 from producer.comparison import Comparison
 from producer.limits import BodyLimit, RateLimiter, StreamSlots, TokenFirst
 from producer.policy_file import BudgetLimits, PolicyFile
@@ -40,19 +40,21 @@ from producer.retainer import Retainer
 from producer.streams import ResultStream, Streams
 from producer.submit import SubmitRequest
 from producer.sweep import MAX_GRID
-from shared.access.ledger import Budget
-from shared.access.policy import (
+from producer.views import Cancellation, Resumption, RunView
+from shared.access.budget import Budget
+from shared.access.dataset import RegisteredDataset
+from shared.access.policy import Tier
+from shared.access.roles import (
     Caller,
     Role,
-    Tier,
+    TokenRecord,
     admit_admin_flag,
     admit_owner,
     require_admin,
     sees_budget,
     sees_sources,
 )
-from shared.access.registry import RegisteredDataset
-from shared.access.tokens import TokenLookup, TokenRecord
+from shared.access.tokens import TokenLookup
 from shared.connection import connect, connect_async
 from shared.errors import (
     EvalqError,
@@ -436,7 +438,7 @@ def create_gateway(settings: Settings) -> FastAPI:  # noqa: PLR0915 - one closur
         try:
             acting = await streams.run(lambda: owned(who, run_id, admin))
             if follow:
-                follower = await streams.run(lambda: acting.follower(run_id, with_input))
+                follower = await streams.run(lambda: acting.samples.follower(run_id, with_input))
                 lines = streams.follow(follower, partial(lookup.live, request.state.token))
             else:
                 lines = streams.lines(await streams.run(lambda: _lines(acting, run_id, with_input)))

@@ -11,19 +11,19 @@ from pydantic import ValidationError
 
 from producer.policy_file import apply_policy, load_policy
 from producer.redis_server import RedisServer
-from shared.access.policy import (
-    Access,
+from shared.access.ladder import (
     Best,
     Mechanism,
-    Reader,
+    Release,
+    Released,
     ReleaseRule,
-    Tier,
     default_eta,
     on_grid,
     release,
     release_rule,
 )
-from shared.access.release import Release, Released, ReleaseStore
+from shared.access.policy import Access, Reader, Tier
+from shared.access.release import ReleaseStore
 from shared.access.tiers import TierRegistry
 from shared.connection import connect
 from shared.errors import PolicyError
