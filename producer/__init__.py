@@ -1,5 +1,6 @@
-"""evalq producer: submit, follow and export runs; the CLI; the demo."""
+"""evalq producer: submit, follow and export runs; the CLI; the demo.
 
-from producer.submit import SubmitRequest, submit
-
-__all__ = ["SubmitRequest", "submit"]
+The package imports nothing itself, so that a light module of it (the HTTP client,
+:mod:`producer.remote`) loads no Celery, Redis or pyarrow: submit with
+:func:`producer.submit.submit` and :class:`producer.submit.SubmitRequest`.
+"""

@@ -24,10 +24,10 @@ JSON file, reconciled.
 Reconciliation is :func:`shared.access.policy.budgeted_tier`'s: a budgeted split with no tier (in
 the file or already stored) becomes ``non_viewable``; a budgeted ``no_access`` split is an error; a
 budgeted ``viewable`` split is allowed with a warning. Budgets keep what was used. A ``release:``
-rule (see :class:`shared.access.release.Release`) applies to ``non_viewable`` splits; one given to a
+rule (see :class:`shared.access.ladder.Release`) applies to ``non_viewable`` splits; one given to a
 ``viewable`` split is kept but warned about (viewable runs are always released exactly).
 A ``priority:`` (per split, or per principal under ``principals:``) is the default priority of
-a run, and the most a non-admin may ask for (:func:`shared.access.policy.admit_priority`).
+a run, and the most a non-admin may ask for (:func:`shared.access.priorities.admit_priority`).
 """
 
 from __future__ import annotations
@@ -40,10 +40,11 @@ import redis
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from shared.access.ladder import Release
 from shared.access.ledger import Ledger
 from shared.access.policy import Tier, budgeted_tier
 from shared.access.priorities import PriorityStore
-from shared.access.release import Release, ReleaseStore
+from shared.access.release import ReleaseStore
 from shared.access.tiers import TierRegistry
 from shared.errors import PolicyError, first_line
 from shared.models import Priority

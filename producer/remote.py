@@ -1,9 +1,11 @@
-"""The Python client of the gateway: :class:`producer.client.Client`'s methods over HTTP.
+"""The Python client of the gateway: the client interface (:class:`producer.api.Api`) over HTTP.
 
 With ``EVALQ_API_URL`` and ``EVALQ_TOKEN`` set, the CLI uses this instead of Redis (see
 :func:`producer.api.open_api`); it never reads ``EVALQ_REDIS_URL`` and never reads a row of
 data: the gateway resolves sample ids and counts. An error the gateway answers becomes a
 :class:`shared.errors.RemoteError` with the gateway's one line and the direct-mode exit code.
+Importing it loads no Celery, kombu, Redis or pyarrow (``tests/test_api.py`` checks): the types
+it only names are imported for type checking, and pyarrow when a table is asked for.
 
 ::
 
@@ -25,24 +27,24 @@ from urllib.parse import quote
 import httpx
 from pydantic import TypeAdapter
 
+from producer.comparison import Comparison
+from producer.views import LINE_ROWS, Cancellation, Resumption, RunView, check_ended
+from shared.access.budget import Budget
+from shared.access.dataset import RegisteredDataset
+from shared.access.policy import Tier
+from shared.access.roles import TokenRecord
+from shared.errors import GatewayUnreachableError, InputError, RemoteError, first_line
+from shared.models import Progress, RunMeta, SampleResult
+
 if TYPE_CHECKING:
     import pyarrow as pa
     from datasets import Dataset
 
-from producer.client import LINE_ROWS, Cancellation, Resumption, RunView, check_ended
-from producer.comparison import Comparison
-from producer.policy_file import PolicyFile
-from producer.rescore import RescoreRequest
-from producer.submit import SubmitRequest
-from shared.access.ledger import Budget
-from shared.access.policy import Role, Tier
-from shared.access.registry import RegisteredDataset
-from shared.access.tokens import TokenRecord
-from shared.errors import GatewayUnreachableError, InputError, RemoteError, first_line
-from shared.models import Progress, RunMeta, SampleResult
-from shared.store.archive import PART_ROWS, table_of
-from shared.store.runs import RunFilter
-from shared.store.wire import as_chunks
+    from producer.policy_file import PolicyFile
+    from producer.rescore import RescoreRequest
+    from producer.submit import SubmitRequest
+    from shared.access.roles import Role
+    from shared.store.runs import RunFilter
 
 __all__ = ["RemoteClient"]
 
@@ -140,6 +142,10 @@ class RemoteClient:
         """The run's record and counters."""
         found = self._call("GET", f"/v1/runs/{_seg(run_id)}/progress")
         return RunMeta.model_validate(found["meta"]), Progress.model_validate(found["progress"])
+
+    def owner(self, run_id: str) -> str:
+        """Who submitted the run (a user learns it only of its own runs)."""
+        return self.progress(run_id)[0].principal
 
     def ended(self, run_id: str) -> RunMeta:
         """The record of a run that has ended; exit code 4 if it ended failed or cancelled."""
@@ -265,10 +271,15 @@ class RemoteClient:
         :meth:`producer.client.Client.results_dataset`), streamed from the gateway."""
         from datasets import Dataset
 
+        from shared.store.archive import PART_ROWS, table_of
+        from shared.store.wire import as_chunks
+
         return Dataset(table_of(as_chunks(self.results(run_id), PART_ROWS)))
 
     def result_tables(self, run_id: str) -> Iterator[pa.Table]:
         """Per-sample results as tables of the archive's columns, from the gateway's lines."""
+        from shared.store.wire import as_chunks
+
         return (chunk.table() for chunk in as_chunks(self.results(run_id), LINE_ROWS))
 
     def purge(self, run_ids: Sequence[str] = (), older_than: float | None = None) -> list[str]:

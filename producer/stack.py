@@ -35,7 +35,7 @@ from producer.acl import ROLES, password_variable, write_acl
 from producer.client import Client
 from producer.redis_server import RedisServer, find_acl_redis_server, refuse_taken, version
 from producer.workers import LocalWorkers
-from shared.access.policy import Role
+from shared.access.roles import Role
 from shared.errors import EvalqError
 from shared.settings import Settings
 

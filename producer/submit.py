@@ -27,14 +27,13 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from shared.access.ledger import Ledger
 from shared.access.policy import (
     Tier,
-    admit_priority,
     admit_run,
     admit_sample_choice,
     admit_source,
     admit_split,
     server_draws,
 )
-from shared.access.priorities import PriorityStore
+from shared.access.priorities import PriorityStore, admit_priority
 from shared.access.registry import DatasetRegistry
 from shared.access.tiers import TierRegistry
 from shared.connection import server_time

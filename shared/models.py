@@ -1,5 +1,6 @@
 """Pydantic models for everything that crosses a process boundary: task payloads, run records,
-error records and exported results. Payloads travel as JSON and carry ids only, never rows.
+error records, exported results and provenance. Payloads travel as JSON and carry ids only, never
+rows.
 """
 
 from __future__ import annotations
@@ -10,17 +11,21 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from shared.source import stale_note
+
 __all__ = [
     "MAX_MESSAGE_SAMPLES",
     "ErrorRecord",
     "Priority",
     "Progress",
     "RunMeta",
+    "RunProvenance",
     "RunStatus",
     "SampleResult",
     "SampleState",
     "SampleTask",
     "Stage",
+    "WorkerProvenance",
     "to_json",
 ]
 
@@ -223,3 +228,36 @@ class SampleResult(BaseModel):
         if self.scores is not None:
             return SampleState.SCORED
         return SampleState.PENDING if self.error is None else SampleState.FAILED
+
+
+class WorkerProvenance(BaseModel):
+    """What one worker ran a run's inference with."""
+
+    model_config = ConfigDict(frozen=True)
+
+    host: str
+    device: str
+    python: str
+    packages: dict[str, str]
+    """Package -> version (``not installed`` when absent)."""
+    evaluation: str
+    """The evaluation class's module and name."""
+    source_sha256: str
+    """sha256 of the evaluation's source file as the worker loaded it: the code it ran
+    (``unknown`` when it has none)."""
+    source_now: str | None = None
+    """sha256 of that file on disk when the worker recorded this, when it differs: the worker
+    ran code older than the file (it was edited after the worker started)."""
+
+    @property
+    def code(self) -> str:
+        """``code ad84e7a0c470``, and `` (stale: file now 14befa780383)`` when stale."""
+        return stale_note(self.source_sha256, self.source_now)
+
+
+class RunProvenance(BaseModel):
+    """A run's provenance, as ``status --json`` carries it."""
+
+    spec: str
+    """The dataset spec fingerprint (which rows the sample ids are)."""
+    workers: list[WorkerProvenance]

@@ -16,7 +16,7 @@ from celery import Celery
 from producer.client import Client
 from producer.redis_server import RedisServer
 from producer.workers import LocalWorkers
-from shared.access.policy import Role
+from shared.access.roles import Role
 from shared.connection import connect
 from shared.evaluation import load_plugins
 from shared.queue.celery_app import create_app

@@ -18,8 +18,9 @@ from typing import Any, TypeVar
 
 import redis
 
-from producer.client import Client, RunView
+from producer.client import Client
 from producer.redis_server import free_port
+from producer.views import RunView
 from shared.access.ledger import Ledger
 from shared.access.policy import Tier
 from shared.access.registry import DatasetRegistry

@@ -246,7 +246,8 @@ def test_an_archiver_killed_before_its_seal_is_finished_by_another_worker(
     assert manifest["progress"]["scored"] == 118
     assert manifest["progress"]["failed"] == 2
     stack.wait_logged("put back")
-    wait_for(lambda: meta.run_id not in client._runs.active(), 30, "the run to be retired")
+    runs = RunStore(stack.client)
+    wait_for(lambda: meta.run_id not in runs.active(), 30, "the run to be retired")
 
 
 @pytest.mark.integration

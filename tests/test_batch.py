@@ -21,6 +21,7 @@ import pytest
 import redis
 
 from producer.client import Client
+from producer.direct import Direct
 from producer.redis_server import RedisServer
 from shared.access.policy import Tier
 from shared.access.tiers import TierRegistry
@@ -356,7 +357,13 @@ def test_a_run_read_as_going_shows_no_aggregate_and_error_kinds_need_full_access
         completed = RunStore(bench.client).get(meta.run_id)
         assert completed.status is RunStatus.COMPLETED
         seen_going = completed.model_copy(update={"status": RunStatus.RUNNING})
-        assert reader._view(seen_going, []).aggregate is None
+        direct = Direct(
+            settings, False, principal="tests", client=bench.client, app=None, sees_sources=True
+        )
+        progress = direct.results.progress(meta.run_id)
+        now = time.time()
+        seen = direct.disclosure.status(seen_going, progress, now, stalled=None, waiting=None)
+        assert seen.aggregate is None
         assert ended_view(reader, meta.run_id).errors == {"score": 4}
         assert admin.status(meta.run_id).errors == {"score/ValueError": 4}
     finally:

@@ -12,8 +12,8 @@ from scipy import stats as scipy_stats
 
 from producer.client import Client
 from producer.submit import SubmitRequest
-from shared.access.policy import Mechanism
-from shared.access.release import Release, ReleaseStore
+from shared.access.ladder import Mechanism, Release
+from shared.access.release import ReleaseStore
 from shared.errors import PermanentError
 from shared.failures import FailurePolicy, FailureRule, metric_samples
 from shared.settings import Settings

@@ -22,7 +22,8 @@ from producer.acl import write_acl
 from producer.client import Client
 from producer.redis_server import RedisServer, free_port
 from producer.workers import LocalWorkers
-from shared.access.policy import Role, Tier
+from shared.access.policy import Tier
+from shared.access.roles import Role
 from shared.connection import connect
 from shared.keys import AUDIT, DATASETS, PRIORITIES, TOKENS, RunKeys, budget_key, tiers_key
 from shared.models import RunStatus

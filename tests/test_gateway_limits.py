@@ -27,7 +27,8 @@ from producer.gateway.limits import RateLimiter, StreamSlots
 from producer.redis_server import RedisServer
 from producer.remote import RemoteClient
 from producer.submit import SubmitRequest
-from shared.access.policy import Caller, Role, Tier, sees_budget
+from shared.access.policy import Tier
+from shared.access.roles import Caller, Role, sees_budget
 from shared.errors import ThrottledError
 from shared.settings import Settings
 from tests.helpers import REPO, labelled_rows, wait_for, write_rows

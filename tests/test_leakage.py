@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
+import redis
 
 from producer.client import Client
 from producer.policy_file import PolicyFile
@@ -21,7 +22,9 @@ from producer.redis_server import RedisServer
 from producer.remote import RemoteClient
 from producer.submit import SubmitRequest
 from producer.workers import LocalWorkers
-from shared.access.policy import Role, Tier
+from shared.access.policy import Tier
+from shared.access.roles import Role
+from shared.connection import connect
 from shared.errors import RemoteError, TierRefusedError
 from shared.models import RunStatus
 from shared.queue.celery_app import create_app
@@ -58,6 +61,7 @@ class Board:
     api: str
     tokens: dict[str, str]
     operator: Client
+    store: redis.Redis
     callers: list[RemoteClient]
 
     def caller(self, principal: str, admin: bool = False) -> RemoteClient:
@@ -92,10 +96,11 @@ def board(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Board]:
     workers.start(create_app(settings))
     try:
         with serving(server.url, root / "gateway.log") as api:
-            board = Board(api, tokens, operator, [])
+            board = Board(api, tokens, operator, connect(server.url), [])
             yield board
             for caller in board.callers:
                 caller.close()
+            board.store.close()
     finally:
         workers.stop()
         operator.close()
@@ -179,7 +184,7 @@ def test_the_flip_attack_learns_nothing_under_the_default_ladder(board: Board) -
     # the Ladder never moved: every flip read back the baseline's value
     released = [
         e
-        for e in audit_entries(board.operator._redis)
+        for e in audit_entries(board.store)
         if (e["action"], e["who"], e["split"]) == ("released", "mallory", "heldout")
     ]
     assert len(released) == N

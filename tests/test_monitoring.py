@@ -22,8 +22,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from producer.client import Client
 from producer.metrics import serve
+from producer.page import render, render_comparison
 from producer.redis_server import free_port
-from producer.report import gather, render, render_comparison
+from producer.report import Report, gather
 from producer.submit import SubmitRequest
 from shared.access.ledger import Ledger
 from shared.data.loading import Sharding
@@ -47,6 +48,11 @@ from tests.plugins import predict
 pytestmark = pytest.mark.integration
 
 FLOWER_AUTH = ("watcher", "not-a-real-secret")
+
+
+def _gathered(client: Client, run_id: str) -> Report:
+    """What the report of ``run_id`` shows to ``client``'s reader."""
+    return gather(client.status(run_id), client.samples)
 
 
 def _get(url: str, auth: tuple[str, str] | None = None) -> Any:
@@ -257,7 +263,7 @@ def test_the_report_renders_its_charts_in_headless_chromium(stack: Stack, tmp_pa
     )
     wait_completed(stack.client, meta.run_id)
 
-    report = gather(client, meta.run_id)
+    report = _gathered(client, meta.run_id)
     # one error in each shard of 30: rows 3 and 40 fail inference, row 70 fails scoring
     assert [(s.scored, s.failed, s.total) for s in report.shards] == [(29, 1, 30)] * 3
     page = tmp_path / "report.html"
@@ -320,13 +326,13 @@ def test_a_non_viewable_report_shows_aggregates_only(stack: Stack, tmp_path: Pat
     wait_completed(stack.client, meta.run_id)
     ended_view(client, meta.run_id)  # its end shows to a user from the next second on
 
-    page = render(gather(client, meta.run_id))
+    page = render(_gathered(client, meta.run_id))
     assert 'data-chart="aggregates"' in page
     assert 'data-chart="distribution"' not in page
     assert 'data-table="failures"' not in page
     assert 'data-table="worst"' not in page
     assert "per-sample results are not readable" in page
-    admin_page = render(gather(Client(client.settings, admin=True), meta.run_id))
+    admin_page = render(_gathered(Client(client.settings, admin=True), meta.run_id))
     assert 'data-chart="distribution"' in admin_page
 
 
@@ -348,7 +354,7 @@ def test_the_lowest_scoring_samples_show_their_input_and_target_where_the_tier_a
     rows = [{**row, "context": "c" * 200} for row in labelled_rows(30)]
     client, meta = _submitted(stack, tmp_path / "open", rows)
     wait_completed(stack.client, meta.run_id)
-    page = render(gather(client, meta.run_id))
+    page = render(_gathered(client, meta.run_id))
     listed = _cells(page, "worst")
     wrong = [i for i, row in enumerate(rows) if predict(str(row["text"])) != row["label"]]
     assert [int(cells[0]) for cells in listed] == wrong[:10]
@@ -364,10 +370,10 @@ def test_the_lowest_scoring_samples_show_their_input_and_target_where_the_tier_a
     user, held = _submitted(stack, tmp_path / "held", hidden, tier="non_viewable")
     wait_completed(stack.client, held.run_id)
     ended_view(user, held.run_id)
-    page = render(gather(user, held.run_id))
+    page = render(_gathered(user, held.run_id))
     assert 'data-table="worst"' not in page
     assert not any(str(row["text"]) in page for row in hidden)
-    admin = _cells(render(gather(Client(user.settings, admin=True), held.run_id)), "worst")
+    admin = _cells(render(_gathered(Client(user.settings, admin=True), held.run_id)), "worst")
     assert [len(cells) for cells in admin] == [5] * 10
     first = hidden[int(admin[0][0])]
     assert json.loads(admin[0][2]) == {"text": first["text"]}

@@ -11,22 +11,18 @@ from producer.submit import draw_ids
 from shared.access.policy import (
     MIN_AGGREGATE_SAMPLES,
     Access,
-    Caller,
-    Role,
     Tier,
-    admit_admin_flag,
-    admit_owner,
     admit_run,
     admit_sample_choice,
     admit_source,
     admit_split,
     budgeted_tier,
     read_access,
-    require_admin,
     run_tier,
     server_draws,
     stored_tier,
 )
+from shared.access.roles import Caller, Role, admit_admin_flag, admit_owner, require_admin
 from shared.connection import connect, redact
 from shared.errors import ForbiddenError, InputError, PolicyError, TierRefusedError
 from shared.names import check_name, is_name

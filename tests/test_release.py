@@ -11,19 +11,19 @@ from pydantic import ValidationError
 
 from producer.policy_file import apply_policy, load_policy
 from producer.redis_server import RedisServer
-from shared.access.policy import (
-    Access,
+from shared.access.ladder import (
     Best,
     Mechanism,
-    Reader,
+    Release,
+    Released,
     ReleaseRule,
-    Tier,
     default_eta,
     on_grid,
     release,
     release_rule,
 )
-from shared.access.release import Release, Released, ReleaseStore
+from shared.access.policy import Access, Reader, Tier
+from shared.access.release import ReleaseStore
 from shared.access.tiers import TierRegistry
 from shared.connection import connect
 from shared.errors import PolicyError
@@ -68,6 +68,22 @@ def test_a_loss_ladders_downwards() -> None:
         lower_is_better=frozenset({"loss"}),
     )  # fmt: skip
     assert decisions["loss"].released == 0.3
+
+
+def test_each_ladder_decision_records_the_margin_it_asked_for() -> None:
+    """The audit stream records, per metric, the gain the Ladder asked for: the step, whether
+    the Ladder starts, stays or moves (a margin recorded as 0 would say any gain moves it); a
+    mechanism without memory asks for none."""
+    best = {"accuracy": Best(0.5, "r1")}
+    first = release(LADDER, {"accuracy": 0.512}, 200, "r1", best={})["accuracy"]
+    stays = release(LADDER, {"accuracy": 0.55}, 200, "r2", best=best)["accuracy"]
+    moves = release(LADDER, {"accuracy": 0.7}, 200, "r3", best=best)["accuracy"]
+    assert (first.best, stays.best, moves.best) == (Best(0.5, "r1"), None, Best(0.7, "r3"))
+    assert [d.margin for d in (first, stays, moves)] == [0.1, 0.1, 0.1]  # default_eta(200)
+    fine = ReleaseRule(Mechanism.LADDER, eta=0.02)
+    assert release(fine, {"accuracy": 0.55}, 200, "r2", best=best)["accuracy"].margin == 0.02
+    for rule in (ReleaseRule(Mechanism.ROUNDED), ReleaseRule(Mechanism.EXACT)):
+        assert release(rule, {"accuracy": 0.55}, 200, "r2", best=best)["accuracy"].margin is None
 
 
 def test_rounded_and_exact_releases_keep_no_state() -> None:
@@ -177,6 +193,23 @@ def test_a_release_is_fixed_once_and_a_moved_ladder_refuses_a_stale_commit(
     assert store.commit(_meta("r2"), "ladder", stale, {}, {"accuracy": 0.3}) is None
     assert store.released("r2") is None
     assert store.best(meta) == {"accuracy": Best(0.5, "r1")}
+
+
+def test_settling_a_release_takes_one_ladder_round_at_the_first_read(
+    redis_only: RedisServer,
+) -> None:
+    """The Ladder's commit loop: a run's first read decides against the caller's best and
+    commits; every later read of it gets the same release; the next run reads the moved best."""
+    store = ReleaseStore(connect(redis_only.url))
+    first = store.settle(_meta("s1"), LADDER, {"accuracy": 0.512}, 200)
+    assert first == Released(rule="ladder, eta 0.1", aggregate={"accuracy": 0.5},
+                             why={"accuracy": "first run"})  # fmt: skip
+    assert store.settle(_meta("s1"), LADDER, {"accuracy": 0.9}, 200) == first
+    stays = store.settle(_meta("s2"), LADDER, {"accuracy": 0.58}, 200)
+    assert stays.aggregate == {"accuracy": 0.5}
+    moves = store.settle(_meta("s3"), LADDER, {"accuracy": 0.71}, 200)
+    assert moves.aggregate == {"accuracy": 0.7}
+    assert store.best(_meta("s3")) == {"accuracy": Best(0.7, "s3")}
 
 
 def test_a_policy_file_past_pythons_integer_limit_is_one_line(tmp_path: Path) -> None:

@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
+from producer.charts import aggregates_chart
 from producer.client import Client
-from producer.report import aggregates_chart
 from producer.submit import SubmitRequest
 from producer.sweep import grid, parse_sweeps, read_sweep_file
-from shared.access.policy import Mechanism, ReleaseRule, released_stats
+from shared.access.ladder import Mechanism, ReleaseRule, released_stats
 from shared.errors import InputError
 from shared.models import RunStatus
 from shared.queue.backlog import Backlog

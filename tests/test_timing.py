@@ -21,8 +21,9 @@ from pathlib import Path
 import pytest
 
 from producer.client import Client
+from producer.page import render
 from producer.redis_server import RedisServer
-from producer.report import gather, render
+from producer.report import gather
 from producer.submit import SubmitRequest
 from shared.access.policy import TIMING_GRAIN, Tier
 from shared.access.tiers import TierRegistry
@@ -81,7 +82,7 @@ def _guess(user: Client, run_id: str) -> int:
     timeline (the report's throughput chart is drawn from it) or, failing that, the run's
     duration as its status shows it."""
     try:
-        moments = [t for t, _ in user.timeline(run_id)]
+        moments = [t for t, _ in user.samples.timeline(run_id)]
         return int(max(moments) - min(moments) < SLOWER / 2)
     except TierRefusedError:
         meta = user.status(run_id).meta
@@ -114,8 +115,8 @@ def test_a_user_reads_a_held_out_run_s_times_only_as_a_whole(
     user, admin = board
     run_id = _run(user, 0)
     with pytest.raises(TierRefusedError, match="per-sample data"):
-        user.timeline(run_id)
-    assert admin.timeline(run_id)
+        user.samples.timeline(run_id)
+    assert admin.samples.timeline(run_id)
     view = user.status(run_id)
     assert (view.throughput, view.eta_seconds, view.timed) == (None, None, False)
     assert view.meta.created % TIMING_GRAIN == 0
@@ -131,10 +132,10 @@ def test_a_user_reads_a_held_out_run_s_times_only_as_a_whole(
     going = _run(user, 0, settle=False)
     seen = user.status(going)  # queued in truth: no write yet
     assert (seen.meta.status, seen.waiting, seen.provenance) == (RunStatus.RUNNING, None, None)
-    page = render(gather(user, run_id))
+    page = render(gather(user.status(run_id), user.samples))
     assert "per-sample data of this split" in page
     assert "samples/s" not in page
-    assert "samples/s" in render(gather(admin, run_id))
+    assert "samples/s" in render(gather(admin.status(run_id), admin.samples))
 
 
 def test_a_run_s_age_is_on_redis_s_clock_whatever_the_producer_s(

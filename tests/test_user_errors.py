@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from producer.client import Client
-from shared.access.policy import Role
+from shared.access.roles import Role
 from shared.keys import RUNS
 from tests.conftest import NOWHERE, Door, Stack
 from tests.helpers import (

@@ -33,7 +33,7 @@ def report(
     if len(run_ids) == 1:
         page = client.report(run_ids[0])
     else:
-        from producer.report import render_comparison
+        from producer.page import render_comparison
 
         found = client.compare(run_ids, flips=20)
         page = render_comparison(found, [client.status(r) for r in run_ids])

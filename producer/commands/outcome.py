@@ -5,7 +5,7 @@ and how it was released."""
 from __future__ import annotations
 
 from producer.api import Api
-from producer.client import RunView
+from producer.views import RunView
 from shared.cli import err, out, print_json
 from shared.errors import DetachedError
 

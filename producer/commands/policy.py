@@ -13,8 +13,9 @@ from rich.table import Table
 from rich.text import Text
 
 from producer.api import open_api
-from shared.access.ledger import Budget
-from shared.access.policy import Role, Tier
+from shared.access.budget import Budget
+from shared.access.policy import Tier
+from shared.access.roles import Role
 from shared.cli import JsonFlag, err, out, print_json
 from shared.names import NAME_RULE
 

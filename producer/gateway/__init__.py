@@ -1,10 +1,10 @@
 """The gateway (``evalq serve``): the HTTP door for callers who are not operators.
 
 It holds the Redis credential and reads the data; a caller holds an API token, and the token
-alone says who the caller is (:class:`shared.access.policy.Caller`). Every route hands the work to a
+alone says who the caller is (:class:`shared.access.roles.Caller`). Every route hands the work to a
 :class:`producer.client.Client` acting for that principal, so the gateway applies exactly the
 rules direct mode does (tiers, floors, budgets: :mod:`shared.access.policy`), plus the role and
-ownership rules of :mod:`shared.access.policy` that only a gateway can enforce. A refusal (a bad
+ownership rules of :mod:`shared.access.roles` that only a gateway can enforce. A refusal (a bad
 token, a missing role, a tier, a budget) answers one line and is appended to the audit stream.
 
 Errors answer ``{"error": "<one line>", "exit_code": N}`` with the exit code the CLI would have

@@ -9,7 +9,7 @@ from fastapi import Depends
 from producer.client import Client
 from producer.gateway.caller import Who
 from producer.gateway.context import Context, Shared
-from shared.access.policy import Caller, admit_admin_flag, admit_owner, require_admin, sees_sources
+from shared.access.roles import Caller, admit_admin_flag, admit_owner, require_admin, sees_sources
 
 __all__ = ["Act", "Acting", "acting"]
 

@@ -14,7 +14,7 @@ from starlette.types import Scope
 
 from producer.gateway.context import Context, Shared
 from producer.gateway.errors import error, throttled
-from shared.access.policy import Caller, Role, sees_sources
+from shared.access.roles import Caller, Role, sees_sources
 from shared.errors import ThrottledError, UnauthorizedError
 from shared.store.audit import audit_refusal
 

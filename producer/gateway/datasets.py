@@ -4,8 +4,8 @@ from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
 from producer.gateway.acting import Act
-from shared.access.policy import sees_sources
-from shared.access.registry import RegisteredDataset
+from shared.access.dataset import RegisteredDataset
+from shared.access.roles import sees_sources
 
 __all__ = ["router"]
 

@@ -9,8 +9,9 @@ from pydantic import BaseModel, ConfigDict
 from producer.gateway.acting import Act
 from producer.gateway.params import NameArg
 from producer.policy_file import BudgetLimits, PolicyFile
-from shared.access.ledger import Budget
-from shared.access.policy import Tier, sees_budget
+from shared.access.budget import Budget
+from shared.access.policy import Tier
+from shared.access.roles import sees_budget
 
 __all__ = ["router"]
 

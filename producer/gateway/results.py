@@ -46,7 +46,7 @@ async def results(
     try:
         acting = await streams.run(lambda: act.owned(run_id, admin=admin))
         if follow:
-            follower = await streams.run(lambda: acting.follower(run_id, with_input))
+            follower = await streams.run(lambda: acting.samples.follower(run_id, with_input))
             lines = streams.follow(follower, partial(context.lookup.live, request.state.token))
         else:
             lines = streams.lines(await streams.run(lambda: _lines(acting, run_id, with_input)))

@@ -6,13 +6,13 @@ from typing import Annotated
 from fastapi import APIRouter, Body, Query
 from pydantic import BaseModel, ConfigDict, Field
 
-from producer.client import Cancellation, Resumption, RunView
 from producer.gateway.acting import Act
 from producer.gateway.params import AdminQuery, RunId, RunIdText
 from producer.rescore import RescoreRequest
 from producer.submit import SubmitRequest
 from producer.sweep import MAX_GRID
-from shared.access.policy import Role
+from producer.views import Cancellation, Resumption, RunView
+from shared.access.roles import Role
 from shared.models import Progress, RunMeta
 from shared.store.runs import RunFilter
 

@@ -5,8 +5,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from producer.gateway.acting import Act
 from producer.gateway.params import NameArg
-from shared.access.policy import Role
-from shared.access.tokens import TokenRecord
+from shared.access.roles import Role, TokenRecord
 
 __all__ = ["router"]
 

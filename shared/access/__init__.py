@@ -1,3 +1,5 @@
-"""Who may see and spend what: the tier rules (policy), roles, the Ladder's release, the budget
-ledger, the dataset registry, tokens and priorities. Used by the producer side only; workers
-never import it."""
+"""Who may see and spend what, each rule in a module named for it: the tier rules (policy),
+roles, priorities, the release mechanisms (ladder) and the Ladder's state (release), the one
+answer to what a reader may see of a run (disclosure), budgets and their ledger, registered
+datasets and their registry, and tokens. Used by the producer side only; workers never
+import it."""

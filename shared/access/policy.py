@@ -1,56 +1,40 @@
-"""The policy: every rule about split tiers, and nothing else, lives in this module.
+"""The tier rules: every rule about split tiers, and nothing else, lives in this module.
 
-Who may evaluate a split, who may read what of a run, how a stored or missing tier reads, how
-a policy file's budgets reconcile with tiers, and which priority a caller's run may have.
-Stores (``TierRegistry``, ``Ledger``) only persist; submit, the Python client, ``status``,
-``report`` and every other path call the functions here, which fail closed: anything
-unlisted, unreadable or unknown is ``no_access``.
+Who may evaluate a split, who may read what of a run (and of its timing), how a stored or
+missing tier reads, and how a policy file's budgets reconcile with tiers. Stores
+(``TierRegistry``, ``Ledger``) only persist; submit, the clients, ``status``, ``report`` and
+every other path call the functions here, which fail closed: anything unlisted, unreadable or
+unknown is ``no_access``. The roles are :mod:`shared.access.roles`', how an aggregate is
+released is :mod:`shared.access.ladder`'s, and :mod:`shared.access.disclosure` applies them all
+to one read of a run.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-from shared.errors import ForbiddenError, PolicyError, TierRefusedError
-from shared.models import Priority, Progress, RunMeta, RunStatus
-from shared.stats import Stat
+from shared.errors import PolicyError, TierRefusedError
+from shared.models import Progress, RunMeta, RunStatus
 
 __all__ = [
     "MIN_AGGREGATE_SAMPLES",
     "TIMING_GRAIN",
     "Access",
-    "Best",
-    "Caller",
-    "Decision",
-    "Mechanism",
     "Reader",
-    "ReleaseRule",
-    "Role",
     "Tier",
-    "admit_admin_flag",
-    "admit_owner",
-    "admit_priority",
     "admit_run",
     "admit_sample_choice",
     "admit_source",
     "admit_split",
     "budgeted_tier",
     "coarse_timing",
-    "default_eta",
-    "on_grid",
     "read_access",
-    "release",
-    "release_rule",
-    "released_stats",
-    "require_admin",
     "run_tier",
-    "sees_budget",
-    "sees_sources",
     "server_draws",
     "stored_tier",
+    "suggests_datasets",
 ]
 
 MIN_AGGREGATE_SAMPLES = 5
@@ -128,28 +112,6 @@ def admit_sample_choice(where: str, tier: Tier, admin: bool, ids_given: bool) ->
             f"tier refused: {where} is non_viewable: its samples are drawn by the server "
             "(give --limit N for a random subset, or nothing for the whole split), not --ids"
         )
-
-
-def admit_priority(
-    requested: Priority | None,
-    *,
-    principal_default: Priority | None,
-    split_default: Priority | None,
-    admin: bool,
-) -> Priority:
-    """A run's priority: the one asked for, else the principal's default, else the split's,
-    else ``normal``. A non-admin may ask for less than that default but not for more: the
-    priority weights a principal's share against the others', so only the policy grants
-    ``high``."""
-    default = principal_default or split_default or Priority.NORMAL
-    if requested is None:
-        return default
-    if not admin and requested.rank > default.rank:
-        raise ForbiddenError(
-            f"forbidden: priority '{requested}' is above this caller's '{default}' (an admin "
-            "grants more with a priority in the policy file)"
-        )
-    return requested
 
 
 def admit_run(where: str, tier: Tier, admin: bool, samples: int) -> None:
@@ -267,213 +229,3 @@ def budgeted_tier(where: str, listed: Tier | None) -> tuple[Tier | None, str | N
     if listed is Tier.VIEWABLE:
         return None, f"{where}: budgeted but viewable (labels readable)"
     return None, None
-
-
-class Role(StrEnum):
-    """What a token's holder may do through the gateway."""
-
-    ADMIN = "admin"
-    """Datasets, tiers, budgets, policy, tokens, audit; ``--admin`` submits and reads; any run."""
-    USER = "user"
-    """Submit and read within the tiers; see, cancel and resume its own runs only."""
-
-
-@dataclass(frozen=True)
-class Caller:
-    """Who a gateway request acts for: the principal and role of its token."""
-
-    principal: str
-    role: Role
-
-
-def require_admin(caller: Caller, what: str) -> None:
-    """Admin operations (datasets, tiers, budgets, policy, tokens, audit) need the admin
-    role: :class:`ForbiddenError` otherwise."""
-    if caller.role is not Role.ADMIN:
-        raise ForbiddenError(
-            f"forbidden: {what} needs the admin role ({caller.principal} is a user)"
-        )
-
-
-def admit_admin_flag(caller: Caller, admin: bool) -> bool:
-    """``--admin`` (bypass tier and budget, read every tier) is for admins only."""
-    if admin:
-        require_admin(caller, "--admin")
-    return admin
-
-
-def sees_sources(caller: Caller) -> bool:
-    """Registered datasets' sources (paths, Hub ids, file digests) are an admin's to read; a
-    user sees names, splits and tiers."""
-    return caller.role is Role.ADMIN
-
-
-def sees_budget(caller: Caller, metered: str | None) -> bool:
-    """Whether ``caller`` may see a budget metering ``metered`` (None: a whole split's, which
-    every caller on the split draws from, so its ``used`` counts everyone's runs together): an
-    admin sees every budget, a user the splits' and its own; another principal's budget (its
-    name, totals and use) is not a user's to read."""
-    return caller.role is Role.ADMIN or metered is None or metered == caller.principal
-
-
-def admit_owner(caller: Caller, run_id: str, owner: str) -> None:
-    """A user sees, cancels and resumes only its own runs (each principal is metered on its
-    own, so another's aggregates are not its to read); an admin, every run."""
-    if caller.role is not Role.ADMIN and owner != caller.principal:
-        raise ForbiddenError(f"forbidden: run {run_id} belongs to another principal")
-
-
-class Mechanism(StrEnum):
-    """How a ``non_viewable`` run's aggregate is released to a caller who may not see it
-    exactly (everyone but admins)."""
-
-    EXACT = "exact"
-    """As computed (what viewable splits and admins always get)."""
-    ROUNDED = "rounded"
-    """Each metric rounded to a grid of ``eta``; no memory between runs."""
-    LADDER = "ladder"
-    """Blum & Hardt's Ladder (ICML 2015): a metric changes only when a run beats the caller's
-    best so far by more than ``eta`` (then rounded to ``eta``); else the best so far."""
-
-
-@dataclass(frozen=True)
-class ReleaseRule:
-    """A split's release mechanism; ``eta`` None = :func:`default_eta` of the run's samples."""
-
-    mechanism: Mechanism = Mechanism.LADDER
-    eta: float | None = None
-
-    def step(self, samples: int) -> float:
-        """The grid (and the Ladder's margin) for a run aggregated over ``samples``."""
-        return self.eta if self.eta is not None else default_eta(samples)
-
-    def describe(self, samples: int) -> str:
-        """How it reads in ``status`` and the audit stream."""
-        if self.mechanism is Mechanism.EXACT:
-            return "exact"
-        return f"{self.mechanism.value}, eta {self.step(samples):g}"
-
-
-DEFAULT_RELEASE = ReleaseRule()
-"""A ``non_viewable`` split with no ``release:`` of its own (or an unreadable one): the
-Ladder, with :func:`default_eta`."""
-
-
-def release_rule(reader: Reader, configured: ReleaseRule | None) -> ReleaseRule:
-    """How ``reader`` gets a run's aggregate: exactly with full access (an admin, a viewable
-    split), else the split's configured mechanism, the Ladder when it has none."""
-    if reader.access is Access.FULL:
-        return ReleaseRule(Mechanism.EXACT)
-    return configured or DEFAULT_RELEASE
-
-
-def released_stats(
-    stats: Mapping[str, Stat], rule: ReleaseRule, released: Mapping[str, float], samples: int
-) -> dict[str, Stat]:
-    """A run's error bars as ``rule`` releases them: as computed under an exact release; under
-    any other, only each released value and the run's scored count ``samples``. An exact
-    standard error would undo the rounding (with the count it pins the sum of squares, hence
-    the exact mean of a 0/1 metric), and so would a metric's own count (a metric that
-    ``score()`` gives only on rows of one label counts that label); the grid of the release is
-    itself about twice the largest standard error. Failed samples stay counted as the run
-    counted them (in ``n`` unless skipped)."""
-    if rule.mechanism is Mechanism.EXACT:
-        return dict(stats)
-    method = f"released ({rule.describe(samples)}): no exact error bar"
-    return {
-        name: Stat(
-            mean=released[name],
-            stderr=None,
-            ci95=None,
-            n=samples + _counted_failures(stat),
-            method=method,
-            failed=stat.failed,
-            on_failure=stat.on_failure,
-        )
-        for name, stat in stats.items()
-        if name in released
-    }
-
-
-def _counted_failures(stat: Stat) -> int:
-    """Failed samples counted in the stat's ``n`` besides the scored ones."""
-    return 0 if stat.on_failure is None else sum(stat.failed.values()) - stat.skipped
-
-
-def default_eta(samples: int) -> float:
-    """The default grid for an aggregate over ``samples`` values: the smallest of 1, 2 or 5
-    times a power of ten that is at least ``1/sqrt(samples)``, i.e. twice the largest standard
-    error of a mean of that many values in [0, 1]. A difference below it is noise on that many
-    samples: an honest loop loses nothing real by not seeing it (200 samples: 0.1; 1,000:
-    0.05; 10,000: 0.01)."""
-    target = 1 / math.sqrt(max(1, samples))
-    power = 10.0 ** math.floor(math.log10(target))
-    mantissa = next(m for m in (1, 2, 5, 10) if m * power >= target * (1 - 1e-12))
-    return round(mantissa * power, 12)
-
-
-def on_grid(value: float, eta: float) -> float:
-    """``value`` rounded to the nearest multiple of ``eta`` (Blum & Hardt's ``[x]_eta``)."""
-    return round(math.floor(value / eta + 0.5) * eta, 12)
-
-
-_TIE = 1e-9
-"""A gain within float error of the margin is a tie, and a tie does not move the Ladder."""
-
-
-@dataclass(frozen=True)
-class Best:
-    """A caller's best so far on one metric: the value released for it, and its run."""
-
-    value: float
-    run: str
-
-
-@dataclass(frozen=True)
-class Decision:
-    """What one metric of one run releases, and why."""
-
-    released: float
-    why: str
-    """Shown to the caller: says nothing the released values do not."""
-    best: Best | None = None
-    """The caller's new best (the Ladder moved), None when it stays."""
-    margin: float | None = None
-    """The gain the Ladder asked for (audited)."""
-
-
-def _ladder(value: float, best: Best | None, grid: float, *, higher: bool, run: str) -> Decision:
-    if best is None:
-        released = on_grid(value, grid)
-        return Decision(released, "first run", Best(released, run), grid)
-    gain = (value - best.value) if higher else (best.value - value)
-    if gain <= grid * (1 + _TIE) + _TIE:
-        return Decision(best.value, "not better than the best so far", None, grid)
-    released = on_grid(value, grid)
-    return Decision(released, "better than the best so far", Best(released, run), grid)
-
-
-def release(
-    rule: ReleaseRule,
-    aggregate: Mapping[str, float],
-    samples: int,
-    run: str,
-    *,
-    best: Mapping[str, Best],
-    lower_is_better: frozenset[str] = frozenset(),
-) -> dict[str, Decision]:
-    """Each metric of a run aggregated over ``samples`` as ``rule`` releases it, given the
-    caller's ``best`` so far."""
-    decisions: dict[str, Decision] = {}
-    for metric, value in aggregate.items():
-        if rule.mechanism is Mechanism.EXACT:
-            decisions[metric] = Decision(value, "exact")
-        elif rule.mechanism is Mechanism.ROUNDED:
-            eta = rule.step(samples)
-            decisions[metric] = Decision(on_grid(value, eta), f"rounded to {eta:g}")
-        else:
-            higher = metric not in lower_is_better
-            decisions[metric] = _ladder(
-                value, best.get(metric), rule.step(samples), higher=higher, run=run
-            )
-    return decisions

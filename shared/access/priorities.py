@@ -1,8 +1,6 @@
-"""Default priorities, per principal and per split, set by ``evalq policy apply`` (audited).
-
-It stores and reads; which priority a run gets, and who may ask for more, is
-:func:`shared.access.policy.admit_priority`'s.
-"""
+"""Priorities: the default priorities, per principal and per split, set by ``evalq policy apply``
+(audited), and the rule of which priority a run gets and who may ask for more
+(:func:`admit_priority`)."""
 
 from __future__ import annotations
 
@@ -10,12 +8,13 @@ from dataclasses import dataclass
 
 import redis
 
+from shared.errors import ForbiddenError
 from shared.keys import PRIORITIES
 from shared.models import Priority
 from shared.names import check_name
 from shared.store.audit import record
 
-__all__ = ["Defaults", "PriorityStore"]
+__all__ = ["Defaults", "PriorityStore", "admit_priority"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +23,28 @@ class Defaults:
 
     principal: Priority | None
     split: Priority | None
+
+
+def admit_priority(
+    requested: Priority | None,
+    *,
+    principal_default: Priority | None,
+    split_default: Priority | None,
+    admin: bool,
+) -> Priority:
+    """A run's priority: the one asked for, else the principal's default, else the split's,
+    else ``normal``. A non-admin may ask for less than that default but not for more: the
+    priority weights a principal's share against the others', so only the policy grants
+    ``high``."""
+    default = principal_default or split_default or Priority.NORMAL
+    if requested is None:
+        return default
+    if not admin and requested.rank > default.rank:
+        raise ForbiddenError(
+            f"forbidden: priority '{requested}' is above this caller's '{default}' (an admin "
+            "grants more with a priority in the policy file)"
+        )
+    return requested
 
 
 def _field(kind: str, name: str) -> str:

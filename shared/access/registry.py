@@ -11,61 +11,22 @@ second name can give a held-out split's rows another tier.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 
 import redis
-from pydantic import BaseModel, ConfigDict
 
+from shared.access.dataset import RegisteredDataset
 from shared.data.loading import local_root, local_splits
 from shared.data.spec import HubSource, LocalSource, Source
 from shared.errors import (
     DataError,
-    EvalqError,
     SourceUnreachableError,
-    SplitNotFoundError,
     first_line,
 )
 from shared.keys import AUDIT, DATASET_FILES, DATASETS
 from shared.names import check_name
 from shared.store.scripts import register
 
-__all__ = ["DatasetRegistry", "RegisteredDataset"]
-
-
-class RegisteredDataset(BaseModel):
-    """A registered dataset's record."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    name: str
-    """Its registered name."""
-    data: str
-    """The source as it was given (a path or a Hub id); empty in an outline."""
-    splits: Mapping[str, Source | None]
-    """Each split's pinned source (None in an outline)."""
-    who: str
-    """Who registered it."""
-    added: float
-    """Unix time of registration."""
-
-    def source(self, split: str) -> LocalSource | HubSource:
-        """The pinned source of ``split``; :class:`SplitNotFoundError` (exit 2) naming the
-        dataset's splits when it has no such split."""
-        if split not in self.splits:
-            have = ", ".join(sorted(self.splits))
-            raise SplitNotFoundError(
-                f"dataset '{self.name}' has no split '{split}' (splits: {have})"
-            )
-        source = self.splits[split]
-        if source is None:
-            raise EvalqError(f"dataset '{self.name}': this record is an outline, without sources")
-        return source
-
-    def outline(self) -> RegisteredDataset:
-        """The record without its sources (paths, Hub ids, file digests): what a caller who
-        is not an admin sees (a digest of a small labelled file can be matched offline
-        against every labelling of inputs the caller knows)."""
-        return self.model_copy(update={"data": "", "splits": dict.fromkeys(self.splits)})
+__all__ = ["DatasetRegistry"]
 
 
 def _hub_splits(repo: str, revision: str | None, config: str | None) -> dict[str, Source]:

@@ -1,9 +1,11 @@
-"""Release rules and the Ladder's state: what a run's aggregate shows to a caller who may not
-see it exactly, stored per split (``release:`` in a policy file) and per caller.
+"""The Ladder's state: each split's release rule (``release:`` in a policy file), each caller's
+best so far, and each run's release, fixed at its first read.
 
-The rules themselves (which mechanism applies, the grid, when the Ladder moves) are
-:mod:`shared.access.policy`'s; this store persists them and commits a run's release, the caller's
-new best and its audit entry in one script (``release.lua``).
+The arithmetic (which mechanism applies, the grid, when the Ladder moves) is
+:mod:`shared.access.ladder`'s; this store persists its inputs and outputs, and :meth:`settle`
+runs a release's round: read the caller's best, decide, and commit the run's release, the
+caller's new best and its audit entry in one script (``release.lua``), again while other reads
+of the same caller's runs move the Ladder in between.
 """
 
 from __future__ import annotations
@@ -11,73 +13,25 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping
-from typing import Annotated, Any
+from typing import Any
 
 import redis
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    Strict,
-    ValidationError,
-    model_validator,
-)
+from pydantic import ValidationError
 
-from shared.access.policy import Best, Decision, Mechanism, ReleaseRule
+from shared.access.ladder import Best, Decision, Release, Released, ReleaseRule, release
+from shared.errors import EvalqError
+from shared.evaluation import lower_is_better
 from shared.keys import AUDIT, release_best_key, release_config_key, release_run_key
 from shared.models import RunMeta
 from shared.names import check_name
 from shared.store.audit import record
 from shared.store.scripts import register
 
-__all__ = ["MIN_ETA", "Release", "ReleaseStore", "Released"]
+__all__ = ["RELEASE_RETRIES", "ReleaseStore"]
 
-MIN_ETA = 1e-6
-"""The finest grid a policy may set (finer is no protection, and far finer overflows)."""
-
-
-class Release(BaseModel):
-    """``release:`` of a split in a policy file: ``exact``, ``rounded``, ``ladder`` or a
-    mapping ``{mechanism: ladder, eta: 0.02}``."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    mechanism: Mechanism
-    eta: Annotated[float, Strict(), Field(ge=MIN_ETA, le=1)] | None = None
-    """Grid and Ladder step; absent = :func:`shared.access.policy.default_eta` of the run's
-    samples."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _shorthand(cls, value: object) -> object:
-        if isinstance(value, dict) and "paired" in value:
-            raise ValueError(
-                "the paired Ladder was removed: it has no leakage bound, and a caller that keeps "
-                "its best run's answers and adds one sample forced its margin to zero (200 of "
-                "200 labels in 201 runs); use the ladder (with eta, if needed)"
-            )
-        return {"mechanism": value} if isinstance(value, str) else value
-
-    @model_validator(mode="after")
-    def _consistent(self) -> Release:
-        if self.mechanism is Mechanism.EXACT and self.eta is not None:
-            raise ValueError("exact release has no eta")
-        return self
-
-    def rule(self) -> ReleaseRule:
-        """The policy's view of it."""
-        return ReleaseRule(self.mechanism, self.eta)
-
-
-class Released(BaseModel):
-    """What one run's aggregate released, fixed at its first read."""
-
-    rule: str
-    """The mechanism and its parameters, as :meth:`ReleaseRule.describe` says them."""
-    aggregate: dict[str, float]
-    """The released values."""
-    why: dict[str, str]
-    """Why each metric shows what it shows (``first run``, ``not better than the best ...``)."""
+RELEASE_RETRIES = 20
+"""Tries at committing a run's release while other reads of the same caller's runs move its
+Ladder (each read retries only when another one committed)."""
 
 
 def _best(raw: object) -> Best | None:
@@ -173,6 +127,25 @@ class ReleaseStore:
             ],
         )
         return None if result is None else Released.model_validate_json(str(result))
+
+    def settle(
+        self, meta: RunMeta, rule: ReleaseRule, aggregate: Mapping[str, float], samples: int
+    ) -> Released:
+        """The run's aggregate (over ``samples`` scored samples) as ``rule`` releases it to its
+        caller: fixed at the first read (a Ladder round), the same at every read after."""
+        for _ in range(RELEASE_RETRIES):
+            done = self.released(meta.run_id)
+            if done is not None:
+                return done
+            best = self.best(meta)
+            decisions = release(
+                rule, aggregate, samples, meta.run_id, best=best,
+                lower_is_better=lower_is_better(meta.eval),
+            )  # fmt: skip
+            committed = self.commit(meta, rule.describe(samples), decisions, best, aggregate)
+            if committed is not None:
+                return committed
+        raise EvalqError(f"run {meta.run_id}: its release kept racing other reads; try again")
 
     @staticmethod
     def _best_key(meta: RunMeta) -> str:

@@ -13,33 +13,15 @@ import time
 
 import redis
 import redis.asyncio
-from pydantic import BaseModel, ConfigDict
 
-from shared.access.policy import Caller, Role
+from shared.access.roles import Caller, Role, TokenRecord
 from shared.keys import TOKENS
 from shared.names import check_name
 from shared.store import audit
 
-__all__ = ["TOKEN_PREFIX", "TokenLookup", "TokenRecord", "TokenStore"]
+__all__ = ["TOKEN_PREFIX", "TokenLookup", "TokenStore"]
 
 TOKEN_PREFIX = "evalq_"
-
-
-class TokenRecord(BaseModel):
-    """What a token stands for (the token itself is never stored)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    principal: str
-    role: Role
-    created: float
-    """Unix time of creation."""
-    who: str
-    """Who created it."""
-
-    @property
-    def caller(self) -> Caller:
-        return Caller(self.principal, self.role)
 
 
 def _digest(token: str) -> str:

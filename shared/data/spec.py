@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
-import redis
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from shared.data.routing import Contiguous, KMeans, Routing
 from shared.errors import SpecError
 from shared.keys import spec_key
+
+if TYPE_CHECKING:
+    import redis
 
 __all__ = [
     "MAX_SPEC_SHARDS",

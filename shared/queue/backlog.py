@@ -51,12 +51,12 @@ from kombu import Connection
 from kombu.transport.redis import Channel as RedisChannel
 from kombu.transport.redis import Transport as RedisTransport
 from kombu.utils.json import dumps
-from pydantic import BaseModel, ConfigDict
 
 from shared.keys import FAIR, FAIR_SCORE, FairKeys, RunKeys
 from shared.models import RunMeta, SampleTask, Stage
 from shared.queue.celery_app import INFER_QUEUE, INFER_TASK, SCORE_QUEUE, SCORE_TASK
 from shared.queue.sizing import message_size, split
+from shared.queue.standing import Standing
 from shared.store.scripts import register
 
 __all__ = [
@@ -69,7 +69,6 @@ __all__ = [
     "Capturer",
     "Lane",
     "Staged",
-    "Standing",
     "capture",
 ]
 
@@ -182,37 +181,6 @@ def capture(app: Celery, task_name: str, tasks: Iterable[SampleTask]) -> list[St
         return capturer(task_name, tasks)
     finally:
         capturer.close()
-
-
-class Standing(BaseModel):
-    """Where a backlogged run stands in the dispatcher (``status`` shows it)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    waiting: int
-    """Samples in the run's backlog, not handed to the workers yet."""
-    share: float
-    """Fraction of the dispatched samples the run gets while the backlogged runs stay as they
-    are: its principal's share of the principals' weight, times its share of its principal's."""
-    principals: int
-    """Principals with a backlogged run (its own included)."""
-    runs: int
-    """Backlogged runs of the run's principal (itself included)."""
-    ahead: int
-    """Principals served before this run's principal at the next refill."""
-
-    @property
-    def why(self) -> str:
-        """Why the run's samples wait, in words."""
-        shared = []
-        if self.principals > 1:
-            shared.append(f"{self.principals - 1} other principal(s)")
-        if self.runs > 1:
-            shared.append(f"{self.runs - 1} other run(s) of its principal")
-        if not shared:
-            return "only run waiting: dispatched as fast as the workers take it"
-        turn = "next in turn" if self.ahead == 0 else f"{self.ahead} principal(s) ahead"
-        return f"shares the workers with {' and '.join(shared)}; {turn}"
 
 
 class Backlog:

@@ -19,48 +19,14 @@ from functools import cache
 from importlib import metadata
 
 import redis
-from pydantic import BaseModel, ConfigDict
 
 from shared.evaluation import Evaluation, source
 from shared.keys import RunKeys
-from shared.source import stale_note
+from shared.models import RunProvenance, WorkerProvenance
 
-__all__ = ["PACKAGES", "ProvenanceStore", "RunProvenance", "WorkerProvenance", "of_worker"]
+__all__ = ["PACKAGES", "ProvenanceStore", "of_worker"]
 
 PACKAGES = ("evalq", "torch", "transformers", "datasets")
-
-
-class WorkerProvenance(BaseModel):
-    """What one worker ran a run's inference with."""
-
-    model_config = ConfigDict(frozen=True)
-
-    host: str
-    device: str
-    python: str
-    packages: dict[str, str]
-    """Package -> version (``not installed`` when absent)."""
-    evaluation: str
-    """The evaluation class's module and name."""
-    source_sha256: str
-    """sha256 of the evaluation's source file as the worker loaded it: the code it ran
-    (``unknown`` when it has none)."""
-    source_now: str | None = None
-    """sha256 of that file on disk when the worker recorded this, when it differs: the worker
-    ran code older than the file (it was edited after the worker started)."""
-
-    @property
-    def code(self) -> str:
-        """``code ad84e7a0c470``, and `` (stale: file now 14befa780383)`` when stale."""
-        return stale_note(self.source_sha256, self.source_now)
-
-
-class RunProvenance(BaseModel):
-    """A run's provenance, as ``status --json`` carries it."""
-
-    spec: str
-    """The dataset spec fingerprint (which rows the sample ids are)."""
-    workers: list[WorkerProvenance]
 
 
 def _version(package: str) -> str:

@@ -1,0 +1,108 @@
+"""Direct access: one principal's handle on the stores, shared by the parts of the direct client.
+
+An operator holding the Redis URL, or the gateway acting for a token's principal, reads and
+writes the stores through one :class:`Direct`: the settings, the Redis connection, each store
+once, the Celery app (made on first use) and the :class:`shared.access.disclosure.Disclosure`
+that answers what this reader may see. :class:`producer.client.Client` and its parts
+(:mod:`producer.viewer`, :mod:`producer.samples`, :mod:`producer.resume`) hold one each.
+"""
+
+from __future__ import annotations
+
+import redis
+from celery import Celery
+
+from shared.access.disclosure import Disclosure
+from shared.access.ledger import Ledger
+from shared.access.policy import Reader
+from shared.access.registry import DatasetRegistry
+from shared.access.release import ReleaseStore
+from shared.access.tiers import TierRegistry
+from shared.access.tokens import TokenStore
+from shared.connection import connect
+from shared.data.spec import DatasetSpec, fetch_spec
+from shared.models import RunMeta
+from shared.queue.backlog import Backlog
+from shared.queue.celery_app import create_app
+from shared.settings import Settings
+from shared.store.audit import audit_admin
+from shared.store.presence import Presence
+from shared.store.provenance import ProvenanceStore
+from shared.store.reader import ResultReader
+from shared.store.runs import RunStore
+from shared.store.writer import ResultWriter
+
+__all__ = ["CLI_RETRIES", "Direct"]
+
+CLI_RETRIES = 3
+"""Connection retries of a client (about 0.35 s of back-off): a person waiting on a command
+learns quickly that Redis is down; workers ride out longer drops."""
+
+
+class Direct:
+    """The stores one principal, admin or not, acts through."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        admin: bool,
+        *,
+        principal: str,
+        client: redis.Redis | None,
+        app: Celery | None,
+        sees_sources: bool,
+    ) -> None:
+        """``client`` and ``app``: the gateway's shared ones (None: connect to
+        ``settings.redis_url``, make the app on first use)."""
+        self.settings = settings
+        self.admin = admin
+        self.principal = principal
+        self.sees_sources = sees_sources
+        self.redis = client or connect(settings.redis_url, retries=CLI_RETRIES)
+        self._app = app
+        self.runs = RunStore(self.redis)
+        self.results = ResultReader(self.redis)
+        self.writer = ResultWriter(self.redis)
+        self.tiers = TierRegistry(self.redis)
+        self.ledger = Ledger(self.redis)
+        self.presence = Presence(self.redis)
+        self.registry = DatasetRegistry(self.redis)
+        self.tokens = TokenStore(self.redis)
+        self.releases = ReleaseStore(self.redis)
+        self.backlog = Backlog(self.redis)
+        self.provenance = ProvenanceStore(self.redis)
+        self.disclosure = Disclosure(
+            tiers=self.tiers, releases=self.releases, results=self.results,
+            provenance=self.provenance, admin=admin, sees_sources=sees_sources,
+        )  # fmt: skip
+
+    @property
+    def app(self) -> Celery:
+        """The Celery app used to publish (made on first use)."""
+        if self._app is None:
+            self._app = create_app(self.settings)
+        return self._app
+
+    def outward(self, meta: RunMeta) -> RunMeta:
+        """``meta`` as this reader may see it (:meth:`Disclosure.outward`)."""
+        return self.disclosure.outward(meta)
+
+    def reader(self, meta: RunMeta) -> Reader:
+        """What this reader may see of the run (:meth:`Disclosure.reader`)."""
+        return self.disclosure.reader(meta)
+
+    def spec(self, run_id: str) -> DatasetSpec:
+        """The published dataset spec of a run (a source and routing, no rows)."""
+        return fetch_spec(self.redis, self.runs.get(run_id).spec)
+
+    def readable(self, run_id: str) -> None:
+        """Refuse, before any result is streamed, a reader without per-sample access and a
+        run whose record names an archive outside its folder; an admin's read of a split that
+        is not viewable is audited."""
+        meta = self.runs.get(run_id)
+        self.runs.saw_end(meta)
+        reader = self.reader(meta)
+        reader.require_samples()
+        self.results.archive_url(run_id)
+        if reader.bypasses:
+            audit_admin(self.redis, "admin_read", self.principal, meta, {"tier": reader.tier})

@@ -1,0 +1,136 @@
+"""A run's per-sample reads, beside the stores: results (as models, JSON lines, tables or a
+``datasets.Dataset``), samples' rows, states and settling times, and a follower of new results.
+
+Each asks the policy first (:meth:`producer.direct.Direct.readable`: per-sample access, or
+per-sample timing for :meth:`Samples.timeline`). :class:`producer.client.Client` answers the
+client interface's result reads from here; the rest (rows, states, the timeline, the spec and a
+follower whose steps never wait) serve code that runs where the stores are: the report
+(:mod:`producer.report`) and the gateway's streams. Over HTTP, a client has only the former.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from producer.direct import Direct
+from producer.follower import Follower
+from producer.views import LINE_ROWS
+from shared.data.spec import DatasetSpec
+from shared.errors import TierRefusedError
+from shared.models import SampleResult, SampleState
+from shared.store.archive import PART_ROWS, table_of
+from shared.store.wire import chunk_lines
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from datasets import Dataset
+
+__all__ = ["FOLLOW_BLOCK_MS", "Samples"]
+
+FOLLOW_BLOCK_MS = 500
+"""How long each step of ``follow_results`` waits for a new result before it looks again
+whether the run ended."""
+
+
+class Samples:
+    """One reader's per-sample reads of runs."""
+
+    def __init__(self, direct: Direct) -> None:
+        self._direct = direct
+
+    def results(self, run_id: str, with_input: bool = False) -> Iterator[SampleResult]:
+        """Per-sample results (each with its row when ``with_input``: the run's data must be
+        readable here); refused unless the policy gives this reader full access."""
+        self._direct.readable(run_id)
+        found = self._direct.results.results(run_id)
+        return map(self._input_adder(run_id), found) if with_input else found
+
+    def result_lines(self, run_id: str) -> Iterator[str]:
+        """Per-sample results as JSON lines (:func:`shared.store.wire.text_line`), straight
+        from the stored texts; refused as :meth:`results` is."""
+        self._direct.readable(run_id)
+        chunks = self._direct.results.chunks(run_id, LINE_ROWS)
+        return (line for chunk in chunks for line in chunk_lines(chunk))
+
+    def result_tables(self, run_id: str) -> Iterator[pa.Table]:
+        """Per-sample results as tables of the archive's columns; refused as :meth:`results`
+        is."""
+        self._direct.readable(run_id)
+        return self._direct.results.tables(run_id)
+
+    def results_dataset(self, run_id: str) -> Dataset:
+        """The run's per-sample results as a Hugging Face ``datasets.Dataset``, live or
+        archived alike: ``sample_id``, ``output``, ``scores`` and ``error`` (JSON text, as
+        stored) and ``score.<metric>`` (float64); refused as :meth:`results` is."""
+        from datasets import Dataset
+
+        self._direct.readable(run_id)
+        archive = self._direct.results.archive(run_id)
+        if archive is not None:
+            return Dataset(archive.table())
+        return Dataset(table_of(self._direct.results.chunks(run_id, PART_ROWS)))
+
+    def follow(self, run_id: str, with_input: bool = False) -> Iterator[SampleResult]:
+        """Each sample's result as soon as it is settled, once each, until the run ends (each
+        step waits up to :data:`FOLLOW_BLOCK_MS`)."""
+        return self.follower(run_id, with_input).waiting(FOLLOW_BLOCK_MS)
+
+    def follower(self, run_id: str, with_input: bool = False) -> Follower:
+        """A :class:`producer.follower.Follower` of the run's results, whose steps never wait
+        unless asked to (the gateway waits between them asynchronously); the policy is asked
+        here, before anything is read (or a file opened for it)."""
+        self._direct.readable(run_id)
+        adder = self._input_adder(run_id) if with_input else None
+        return Follower(self._direct.results, self._direct.runs, run_id, adder)
+
+    def rows(self, run_id: str, sample_ids: Iterable[int]) -> dict[int, dict[str, Any]]:
+        """Those samples' rows, labels included, read from the run's data where this runs (the
+        results hold no input, and no label: labels are scrubbed before inference); refused
+        as :meth:`results` is."""
+        self._direct.readable(run_id)
+        row_of = self._row_reader(run_id)
+        return {i: row_of(i) for i in sample_ids}
+
+    def states(self, run_id: str) -> Iterator[tuple[int, SampleState]]:
+        """Each sample's state (pending, scored, failed) without its values: every reader."""
+        for result in self._direct.results.results(run_id):
+            yield result.sample_id, result.state
+
+    def timeline(self, run_id: str) -> list[tuple[float, int]]:
+        """(Unix time, samples settled) of every settling write, oldest first: per-sample
+        timing, so only for a reader who sees it (:class:`TierRefusedError` otherwise)."""
+        meta = self._direct.runs.get(run_id)
+        if not self._direct.reader(meta).sees_timing:
+            raise TierRefusedError(
+                f"tier refused: {meta.dataset_id}/{meta.split} is not viewable; when its "
+                "samples settled is per-sample data (the run's status shows it as a whole)"
+            )
+        return self._direct.results.timeline(run_id)
+
+    def spec(self, run_id: str) -> DatasetSpec:
+        """The published dataset spec of a run (a source and routing, no rows)."""
+        return self._direct.spec(run_id)
+
+    def _row_reader(self, run_id: str) -> Callable[[int], dict[str, Any]]:
+        """What reads one sample's row of the run's split, labels included, as JSON values:
+        the split re-materialised from the run's spec (the data is opened here, so that a
+        source this machine cannot read fails before any result is written)."""
+        from shared.data.loading import load_rows
+
+        rows = load_rows(self.spec(run_id))
+
+        def row_of(sample_id: int) -> dict[str, Any]:
+            return dict(json.loads(json.dumps(rows[sample_id], default=str)))
+
+        return row_of
+
+    def _input_adder(self, run_id: str) -> Callable[[SampleResult], SampleResult]:
+        """What adds its row to one of the run's results (the data is opened here)."""
+        row_of = self._row_reader(run_id)
+
+        def added(result: SampleResult) -> SampleResult:
+            return result.model_copy(update={"input": row_of(result.sample_id)})
+
+        return added

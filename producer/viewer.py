@@ -1,0 +1,127 @@
+"""Runs as a reader sees them: ``status``, ``runs`` and the counters ``follow`` polls.
+
+What the reader may see of a run (its tier, its timing, its released aggregate) is answered in
+one call, :meth:`shared.access.disclosure.Disclosure.status`; this module adds what the
+operation of the queue says of the run: whether anything moves it, where it waits in the fair
+dispatcher, and whether the workers serving it run its evaluation's file as it is now.
+"""
+
+from __future__ import annotations
+
+from producer.direct import Direct
+from producer.views import RunView, check_ended
+from shared.connection import server_time
+from shared.evaluation import source
+from shared.models import Progress, RunMeta
+from shared.queue.celery_app import INFER_QUEUE, SCORE_QUEUE
+from shared.queue.standing import Standing
+from shared.store.presence import WorkerBeat, absence, stale_code
+from shared.store.runs import RunFilter
+
+__all__ = ["Viewer"]
+
+
+class Viewer:
+    """One reader's views of runs."""
+
+    def __init__(self, direct: Direct) -> None:
+        self._direct = direct
+
+    def status(self, run_id: str) -> RunView:
+        """The run's record and counters, and its aggregate where the policy allows it."""
+        return self._view(self._direct.runs.get(run_id), self._direct.presence.live())
+
+    def recent(
+        self, limit: int = 20, owner: str | None = None, only: RunFilter | None = None
+    ) -> list[RunView]:
+        """The newest runs first (only ``owner``'s, and those ``only`` matches, when given),
+        as :meth:`status` shows them; viewed oldest first, so that runs first read here take
+        their Ladder rounds in the order they were submitted."""
+        direct = self._direct
+        workers = direct.presence.live()
+        now = server_time(direct.redis)
+        metas = direct.runs.recent(limit, owner, only, lambda m: direct.disclosure.listed(m, now))
+        return [self._view(meta, workers) for meta in reversed(metas)][::-1]
+
+    def progress(self, run_id: str) -> tuple[RunMeta, Progress]:
+        """The run's record and counters (counts only; coarse, as
+        :func:`shared.access.policy.coarse_timing` makes them, for a reader who does not see
+        the run's timing)."""
+        direct = self._direct
+        meta = direct.runs.get(run_id)
+        progress, now = direct.results.progress(run_id), server_time(direct.redis)
+        direct.runs.saw_end(meta)
+        meta, progress, _ = direct.disclosure.as_read(meta, progress, now)
+        return direct.outward(meta), progress
+
+    def ended(self, run_id: str) -> RunMeta:
+        """The record of a run that has ended; :class:`RunNotCompletedError` (exit code 4)
+        if it ended ``failed`` or ``cancelled``."""
+        return self._direct.outward(check_ended(self._direct.runs.get(run_id)))
+
+    def stalled(self, meta: RunMeta, progress: Progress) -> str | None:
+        """Why nothing moves a going run: no live worker serves its evaluation (or consumes
+        the queue its samples wait in), or it made no progress for ``stall_after`` seconds;
+        None when it is moving or has ended."""
+        waiting = self._direct.backlog.standing(meta.run_id) if meta.status.active else None
+        return self._stalled(meta, progress, self._direct.presence.live(), waiting)
+
+    def _stalled(
+        self,
+        meta: RunMeta,
+        progress: Progress,
+        workers: list[WorkerBeat],
+        waiting: Standing | None,
+    ) -> str | None:
+        if not meta.status.active:
+            return None
+        queues = []
+        if progress.inferred + progress.failed < meta.n:
+            queues.append(INFER_QUEUE)
+        if progress.inferred > progress.scored:
+            queues.append(SCORE_QUEUE)
+        missing = absence(workers, meta.eval, queues)
+        if missing:
+            return missing
+        if waiting is not None:
+            return None  # waiting its turn in the dispatcher, which says why: not stalled
+        idle = server_time(self._direct.redis) - (progress.touched or meta.created)
+        if idle >= self._direct.settings.stall_after:
+            return f"no progress for {idle:.0f}s"
+        return None
+
+    def _view(self, meta: RunMeta, workers: list[WorkerBeat]) -> RunView:
+        direct = self._direct
+        progress = direct.results.progress(meta.run_id)
+        now = server_time(direct.redis)
+        waiting = direct.backlog.standing(meta.run_id) if meta.status.active else None
+        stalled = self._stalled(meta, progress, workers, waiting)
+        direct.runs.saw_end(meta)
+        seen = direct.disclosure.status(meta, progress, now, stalled=stalled, waiting=waiting)
+        return RunView(
+            meta=seen.meta,
+            progress=seen.progress,
+            tier=seen.reader.tier,
+            aggregate=seen.aggregate,
+            withheld=seen.withheld,
+            release=seen.release,
+            stats=seen.stats,
+            provenance=seen.provenance,
+            errors=seen.errors,
+            stalled=seen.stalled,
+            waiting=seen.waiting,
+            stale_code=_stale_code(seen.meta, workers),
+            timed=seen.reader.sees_timing,
+            now=now,
+        )
+
+
+def _stale_code(meta: RunMeta, workers: list[WorkerBeat]) -> str | None:
+    """While the run is going, whether live workers serving its evaluation run other code than
+    its file holds now, as this process reads the file (the gateway's, or the CLI's after a
+    submit loaded the plugins; this process's own staleness is logged once per change)."""
+    found = source(meta.eval) if meta.status.active else None
+    if found is None:
+        return None
+    found.stale()
+    return stale_code(workers, meta.eval, found.now())

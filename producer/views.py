@@ -1,0 +1,119 @@
+"""What the client interface (:class:`producer.api.Api`) answers besides the stores' own models:
+a run as a reader may see it (:class:`RunView`, ``status --json``), and what ``cancel`` and
+``resume`` did. Light on purpose: the HTTP client (:mod:`producer.remote`) reads these without
+loading Redis, Celery or pyarrow.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from pydantic import BaseModel, Field, computed_field
+
+from shared.access.ladder import Released
+from shared.access.policy import Tier
+from shared.errors import RunNotCompletedError
+from shared.models import Progress, RunMeta, RunProvenance, RunStatus
+from shared.queue.standing import Standing
+from shared.stats import Stat
+
+__all__ = ["LINE_ROWS", "Cancellation", "Resumption", "RunView", "check_ended"]
+
+LINE_ROWS = 10_000
+"""Samples read at a time for ``result_lines`` and ``result_tables``."""
+
+
+class RunView(BaseModel):
+    """A run as a reader may see it."""
+
+    meta: RunMeta
+    """The run's record."""
+    progress: Progress
+    """Its counters."""
+    tier: Tier
+    """Its split's tier."""
+    aggregate: dict[str, float] | None
+    """The aggregate, when the run has one and the reader may see it: exact, or as the split's
+    release rule releases it (see ``release``)."""
+    withheld: str | None
+    """Why the aggregate is not shown, when it is not."""
+    release: Released | None = None
+    """How the aggregate was released when not exactly (a non_viewable split, not an admin)."""
+    stats: dict[str, Stat] | None = None
+    """Each metric's mean, standard error, 95% interval and count, with the aggregate (as the
+    release releases them: no exact error bar under a rounded release)."""
+    provenance: RunProvenance | None = None
+    """The dataset spec fingerprint and what each worker that stored outputs ran with."""
+    errors: dict[str, int]
+    """Terminal errors by ``stage/kind`` (by ``stage`` only for a reader without per-sample
+    access: an exception's class name is whatever the code that raised it chose)."""
+    stalled: str | None = None
+    """Why nothing moves the run, while it is going and nothing does (no live worker serves
+    it, or no progress for ``EVALQ_STALL_AFTER`` seconds); None otherwise."""
+    waiting: Standing | None = None
+    """Where the run stands in the fair dispatcher while samples of it wait in its backlog."""
+    stale_code: str | None = None
+    """While the run is going: why it would not run its evaluation's file as it is now (a live
+    worker serving it loaded the file before it was edited); None otherwise."""
+    timed: bool = True
+    """The reader sees the run's timing (:attr:`shared.access.policy.Reader.sees_timing`): else
+    ``meta`` and ``progress`` are coarse and there is no throughput nor ETA."""
+    now: float = Field(default_factory=time.time, exclude=True)
+    """When it was read (Redis's clock)."""
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def throughput(self) -> float | None:
+        """Samples settled per second since submission (until it finished); None for a
+        reader who does not see the run's timing."""
+        if not self.timed:
+            return None
+        elapsed = (self.meta.finished or self.now) - self.meta.created
+        return round(self.progress.done / elapsed, 3) if elapsed > 0 else 0.0
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def eta_seconds(self) -> float | None:
+        """Seconds left at the current throughput, while the run is going."""
+        if not self.meta.status.active or not self.throughput or self.stalled:
+            return None
+        return round(max(0, self.meta.n - self.progress.done) / self.throughput, 1)
+
+    def as_dict(self) -> dict[str, object]:
+        """The run's record fields with the view's beside them (``status --json``)."""
+        return {
+            **self.meta.model_dump(mode="json"),
+            **self.model_dump(mode="json", exclude={"meta"}),
+        }
+
+
+@dataclass(frozen=True)
+class Resumption:
+    """What ``resume`` re-enqueued."""
+
+    run_id: str
+    inference: int
+    """Samples sent back to inference (no output stored)."""
+    scoring: int
+    """Samples sent back to scoring (output stored, no score or error)."""
+    finalized: bool
+    """Every sample was settled and the aggregate was (re)computed."""
+
+
+@dataclass(frozen=True)
+class Cancellation:
+    """What ``cancel`` did."""
+
+    run_id: str
+    cancelled_now: bool
+    refunded_samples: int
+
+
+def check_ended(meta: RunMeta) -> RunMeta:
+    """``meta`` if its run did not end ``failed`` or ``cancelled``; :class:`RunNotCompletedError`
+    (exit code 4) if it did."""
+    if meta.status in (RunStatus.FAILED, RunStatus.CANCELLED):
+        why = f": {meta.reason}" if meta.reason else ""
+        raise RunNotCompletedError(f"run {meta.run_id} ended {meta.status}{why}")
+    return meta
