@@ -33,6 +33,7 @@ from shared.queue.celery_app import INFER_QUEUE, INFER_TASK, SCORE_QUEUE, create
 from shared.queue.sizing import publish
 from shared.settings import Settings
 from shared.store.results import ResultStore
+from shared.store.runs import RunStore
 from tests.conftest import Stack
 from tests.helpers import (
     assert_settled_once,
@@ -48,10 +49,10 @@ from worker.pipeline import infer_batch, score_batch
 from worker.prefetch import LONG_BATCH, RECENT, Reserve
 
 QUEUE = "q"
-# A flush timer no test here waits for: a run that completes well before it ran at once (a
-# busy machine makes the run slower, never ten minutes slower).
-FLUSH_TIMER = 600
-BEFORE_TIMER = FLUSH_TIMER / 4
+# The workers' flush timer where a test checks that a buffer ran without it: a batch that
+# waited for it ends a minute late, one that ran at once within seconds (a busy machine makes
+# a run slower, not by half a minute).
+FLUSH_TIMER = 60
 
 
 def _meta(run_id: str, principal: str, priority: Priority = Priority.NORMAL) -> RunMeta:
@@ -315,6 +316,16 @@ def test_a_small_run_submitted_after_a_big_one_finishes_before_it(
     sweep.cancel(big.run_id)
 
 
+def _ended_after(stack: Stack, run_id: str, since: float) -> float:
+    """Seconds from ``since`` (Unix time) to the end of ``run_id``, which completes: waited for
+    past the flush timer, so that a run whose batch waited for the timer ends too and is
+    measured."""
+    wait_completed(stack.client, run_id, timeout=FLUSH_TIMER + 60)
+    finished = RunStore(stack.client).get(run_id).finished
+    assert finished is not None
+    return finished - since
+
+
 class _Consumer:
     """What :class:`Reserve` uses of Celery's worker consumer: its prefetch (kombu's QoS)."""
 
@@ -406,8 +417,10 @@ def test_a_worker_holding_all_it_may_runs_a_small_batch_at_once(
     stack.start_workers(EVALQ_MAX_BATCH="64", EVALQ_BATCH_WAIT=str(FLUSH_TIMER))
     dataset = _dataset(stack, tmp_path, 128)
     client = _client(stack, "a")
-    wait_completed(stack.client, _submit(client, dataset, 128).run_id, timeout=BEFORE_TIMER)
-    wait_completed(stack.client, _submit(client, dataset, 20).run_id, timeout=BEFORE_TIMER)
+    wait_completed(stack.client, _submit(client, dataset, 128).run_id)
+    small = _submit(client, dataset, 20)
+    took = _ended_after(stack, small.run_id, small.created)
+    assert took < FLUSH_TIMER / 2, f"its batch ran {took:.1f} s after it was submitted"
 
 
 @pytest.mark.integration
@@ -427,9 +440,11 @@ def test_a_lowered_prefetch_runs_what_is_buffered(fresh_stack: Stack, tmp_path: 
     wait_for(lambda: stack.client.hlen("unacked") == 1, 60, "the solo batch running")
     small = [_submit(client, dataset, 20) for _ in range(2)]
     wait_for(lambda: stack.client.hlen("unacked") == 3, 60, "two small runs buffered")
+    opened = time.time()
     gate.touch()
     for meta in small:
-        wait_completed(stack.client, meta.run_id, timeout=BEFORE_TIMER)
+        took = _ended_after(stack, meta.run_id, opened)
+        assert took < FLUSH_TIMER / 2, f"the buffer ran {took:.1f} s after the solo batch"
     client.cancel(held.run_id)
 
 
