@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -24,6 +24,7 @@ from shared.connection import connect
 from shared.errors import BudgetExhaustedError, PolicyRefusedError, TierRefusedError
 from shared.keys import AUDIT, FAIR, JANITOR, RUNS, RunKeys, budget_key
 from shared.models import ErrorRecord, Stage
+from shared.queue.celery_app import create_app
 from shared.settings import Settings
 from shared.store.results import ResultStore
 from tests.conftest import Stack
@@ -115,9 +116,11 @@ def _race(url: str, samples: int) -> int:
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[RedisServer]:
-    with RedisServer(tmp_path / "redis", appendonly=True) as running:
-        yield running
+def server(tmp_path: Path, stop_later: Callable[[RedisServer], None]) -> Iterator[RedisServer]:
+    """A redis-server that keeps an append-only file (a restart loses nothing)."""
+    running = RedisServer(tmp_path / "redis", appendonly=True).start()
+    yield running
+    stop_later(running)
 
 
 def test_racing_producers_never_oversubscribe_runs(server: RedisServer) -> None:
@@ -442,13 +445,15 @@ def test_a_failed_enqueue_rolls_the_reservation_back_once(
     name = list_splits(store, data, "validation")
     Ledger(store).set(name, "validation", runs=2, samples=None, max_samples_per_run=None, who="a")
     broken = Settings(redis_url=redis_only.url, broker_url="redis://127.0.0.1:1/0")
+    app = create_app(broken)
+    app.conf.broker_transport_options["max_retries"] = 0  # refused at once, not after 5 s
     with pytest.raises(Exception, match=r"(?i)connect|refused") as failed:
-        Client(broken).submit(SubmitRequest(eval="spy", dataset=name, split="validation"))
+        Client(broken, app=app).submit(SubmitRequest(eval="spy", dataset=name, split="validation"))
     assert not isinstance(failed.value, PolicyRefusedError)
     budget = Ledger(store).get(name, "validation")
     assert (budget.runs_used, budget.samples_used) == (0, 0)
     (run_id,) = [str(r) for r in store.zrange(RUNS, 0, -1)]
-    assert store.hget(f"evalq:{{{run_id}}}:meta", "status") == "cancelled"
+    assert store.hget(RunKeys(run_id).meta, "status") == "cancelled"
     actions = [e["action"] for e in audit_entries(store, run_id)]
     assert actions == ["reserve", "refund"]
 

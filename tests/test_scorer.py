@@ -26,7 +26,7 @@ PATIENT = replace(Arithmetic.scorer, timeout=300)
 PROBE = ScriptScorer(
     path=str(Path(__file__).with_name("scripts") / "probe.py"),
     timeout=3.0,
-    cpu_seconds=2,
+    cpu_seconds=1,
     memory_mb=512,
 )
 
@@ -54,9 +54,9 @@ def test_the_callers_env_is_seen_and_does_not_leak_into_the_next_call(pool: Scri
         (("sleep", "30"), "timed out after 1s and was killed", 1.0),
         (("crash",), "died (SIGSEGV)", 3.0),
         (("exit",), "called sys.exit(3)", 3.0),
-        # RLIMIT_CPU counts whole seconds, so a 2 s budget may run up to 3 CPU seconds: the
+        # RLIMIT_CPU counts whole seconds, so a 1 s budget may run up to 2 CPU seconds: the
         # wall-clock timeout must not win that race on a busy machine
-        (("spin",), "went over its CPU limit (2s)", 20.0),
+        (("spin",), "went over its CPU limit (1s)", 20.0),
     ],
     ids=["timeout", "crash", "sys.exit", "cpu"],
 )
@@ -79,8 +79,8 @@ def test_a_failure_is_one_clear_error_and_the_next_call_gets_a_fresh_subprocess(
 
 def test_the_cpu_limit_is_per_call_not_per_subprocess(pool: ScriptPool) -> None:
     first = pool.call(_call("pid"))
-    for _ in range(4):  # 4 x 0.8 CPU seconds in one subprocess; each call is under its 2 s
-        assert pool.call(_call("burn", "0.8")) == "burnt"
+    for _ in range(4):  # 4 x 0.6 CPU seconds in one subprocess (a 1 s budget runs at most 2);
+        assert pool.call(_call("burn", "0.6")) == "burnt"  # each call is under its 1 s
     assert pool.call(_call("pid")) == first
 
 

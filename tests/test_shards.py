@@ -146,22 +146,26 @@ def _peak(work: Callable[[], object]) -> int:
 
 
 def test_the_kmeans_fit_streams_only_its_sample(tmp_path: Path) -> None:
-    """Peak Python memory of a fit stays put when the split grows fourfold (14 -> 56 MB), while
-    reading a split whole takes more than its size (the smaller one: the measure sees a
-    whole read)."""
+    """Peak Python memory of a fit stays put when the split grows fourfold (14 -> 56 MB), below
+    the big split's size, while holding a split's texts whole takes more than its size (shown
+    on a 3 MB split): the fit never holds the split."""
     small = _big_split(tmp_path / "small.jsonl", 25_000)
     big = _big_split(tmp_path / "big.jsonl", 100_000)
+    whole = _big_split(tmp_path / "whole.jsonl", 5_000)
     fit = KMeansFit(sample_size=500, seed=0, iterations=10)
 
     def fitted(source: LocalSource) -> Callable[[], object]:
         return lambda: fit_kmeans(stream_texts(source, "x", "text"), 4, Featurizer(seed=0), fit)
 
-    fitted(small)()  # first use imports the streaming readers; measure after
+    def size(source: LocalSource) -> int:
+        return Path(source.files[0].path).stat().st_size
+
+    fitted(whole)()  # first use imports the streaming readers; measure after
     small_peak, big_peak = _peak(fitted(small)), _peak(fitted(big))
-    whole_peak = _peak(lambda: list(stream_texts(small, "x", "text")))
-    size = Path(small.files[0].path).stat().st_size
+    whole_peak = _peak(lambda: list(stream_texts(whole, "x", "text")))
     assert big_peak < small_peak * 1.1, (small_peak, big_peak)
-    assert whole_peak > size, (whole_peak, size)
+    assert big_peak < size(big), (big_peak, size(big))
+    assert whole_peak > size(whole), (whole_peak, size(whole))
 
 
 _MATERIALIZE = """
