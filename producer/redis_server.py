@@ -17,6 +17,8 @@ from pathlib import Path
 from types import TracebackType
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from shared.errors import EvalqError, PortInUseError
 
@@ -141,7 +143,11 @@ class RedisServer:
             command, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL, start_new_session=True
         )
         deadline = time.monotonic() + timeout
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
+        # one try per probe: redis-py's own retries would back off for seconds on a port
+        # that is not listening yet, where this loop probes again in 20 ms
+        client = redis.Redis(
+            port=self.port, socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0)
+        )
         try:
             while process.poll() is None and time.monotonic() < deadline:
                 if self._answers(client, process.pid):

@@ -61,8 +61,8 @@ def worker_key(hostname: str) -> str:
 class FairKeys:
     """The fair dispatcher's keys for one broker queue (:mod:`shared.queue.backlog`): which runs
     have a backlog for it, whose they are, their weights, and where each stands in its
-    weighted round. The Lua scripts build the same names from ``prefix`` (``fair_keys`` in
-    ``prelude.lua``)."""
+    weighted round. The Lua scripts get these names from their callers, those of a principal's
+    keys as the prefix and suffix around the principal (``fair_round`` in ``prelude.lua``)."""
 
     prefix: str = "evalq:fair:"
 

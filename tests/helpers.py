@@ -11,12 +11,13 @@ import tempfile
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
 import redis
+from click.testing import CliRunner
 
 from producer.client import Client
 from producer.redis_server import free_port
@@ -25,8 +26,10 @@ from shared.access.ledger import Ledger
 from shared.access.policy import Tier
 from shared.access.registry import DatasetRegistry
 from shared.access.tiers import TierRegistry
+from shared.cli import main
 from shared.keys import RunKeys
 from shared.models import RunMeta, RunStatus
+from shared.settings import get_settings
 from shared.stats import wilson as wilson_interval
 from shared.store.reader import ResultReader
 from shared.store.runs import RunStore
@@ -209,6 +212,31 @@ def evalq(redis_url: str, *args: str, **env: str) -> subprocess.CompletedProcess
         timeout=120,
         check=False,
     )
+
+
+def evalq_in_process(redis_url: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """:func:`evalq` run in this process: the same entry point, environment, exit status and
+    output, without an interpreter's start-up (most of a second a call). For what a command
+    answers; a test of what a process imports, or of a process killed, uses :func:`evalq`."""
+    return cli_in_process(cli_env(redis_url, **env), *args)
+
+
+def cli_in_process(env: Mapping[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """The ``evalq`` console entry point run in this process with ``env`` as its whole
+    environment (restored after), its settings read afresh; its exit status and output."""
+    changes: dict[str, str | None] = {k: v for k, v in env.items() if os.environ.get(k) != v}
+    changes.update({k: None for k in os.environ if k not in env})
+    with CliRunner().isolation(env=changes) as (stdout, stderr, _):
+        get_settings.cache_clear()
+        try:
+            main(list(args))
+            code = 0
+        except SystemExit as exit_:
+            code = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
+        finally:
+            get_settings.cache_clear()
+        out, err = stdout.getvalue().decode(), stderr.getvalue().decode()
+    return subprocess.CompletedProcess(["evalq", *args], code, out, err)
 
 
 def answers(url: str) -> bool:

@@ -48,6 +48,7 @@ from shared.store.writer import ResultWriter
 from tests.conftest import Stack
 from tests.helpers import (
     evalq,
+    evalq_in_process,
     labelled_rows,
     list_splits,
     record_run,
@@ -377,15 +378,15 @@ def test_an_archive_that_cannot_be_read_is_a_one_line_error(
     run_id = _ended_run(client, tmp_path / "archive")
     done = archive_run(client, run_id)
     shutil.rmtree(tmp_path / "archive")  # the store not mounted on this machine
-    shown = evalq(redis_only.url, "results", run_id, "--admin")
+    shown = evalq_in_process(redis_only.url, "results", run_id, "--admin")
     assert shown.returncode == 1
     (line,) = shown.stderr.strip().splitlines()
     assert "cannot be read here" in line
     assert done.url in line
     for args in (("status", run_id, "--json"), ("runs", "--json")):  # from Redis alone
-        shown = evalq(redis_only.url, *args)
+        shown = evalq_in_process(redis_only.url, *args)
         assert shown.returncode == 0, shown.stderr
-    shown = evalq(redis_only.url, "status", run_id, "--json", "--admin")
+    shown = evalq_in_process(redis_only.url, "status", run_id, "--json", "--admin")
     assert json.loads(shown.stdout)["errors"] == {"infer/RuntimeError": 5}
 
 

@@ -2,8 +2,9 @@
 story through it (a token, a dataset, submits followed, a comparison, a report, Flower's
 inspection, a metrics scrape), retention under it, no ``NOPERM`` in any process's log, and a
 Ctrl-C that leaves no process behind. Before it, in process: each ACL user can do its own job
-(the janitor's sweep as ``worker``, Flower's inspection as ``monitor``), and a refused step
-names its user and keys, every time."""
+(the janitor's sweep as ``worker``, Flower's inspection as ``monitor``), a refused step
+names its user and keys, every time, and ``evalq up`` refuses a taken port before it starts
+anything."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ from shared.queue.broker import Broker
 from shared.queue.celery_app import create_app
 from shared.settings import Settings
 from shared.store.retention import retain
-from tests.helpers import REPO, labelled_rows, wait_for, write_rows
+from tests.helpers import REPO, cli_in_process, labelled_rows, wait_for, write_rows
 from worker.janitor import Janitor
 
 PASSWORDS = {password_variable(role): f"{role}-password-0123" for role in ("gateway", "worker",
@@ -163,11 +164,9 @@ def test_evalq_up_refuses_a_taken_port_before_it_starts_anything(
     env = {k: v for k, v in os.environ.items() if not k.startswith("EVALQ_")}
     others = {name: free_port() for name in ("port", "flower-port", "metrics-port")}
     ports = {**others, flag: taken}
-    done = subprocess.run(
-        [sys.executable, "-c", "from shared.cli import main; main()", "up",
-         "--dir", str(tmp_path / "stack"), *(f"--{name}={port}" for name, port in ports.items())],
-        env={**env, "PYTHONPATH": str(REPO)}, cwd=REPO, capture_output=True, text=True,
-        timeout=60, check=False,
+    done = cli_in_process(
+        env, "up", "--dir", str(tmp_path / "stack"),
+        *(f"--{name}={port}" for name, port in ports.items()),
     )  # fmt: skip
     assert done.returncode == 2, done.stderr
     assert f"port {taken} (" in done.stderr

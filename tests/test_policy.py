@@ -1,4 +1,5 @@
-"""Tiers and the budget ledger against a real redis-server (invariants 1-3)."""
+"""Tiers and the budget ledger (invariants 1-3): the ledger, budgets and policy files against a
+real redis-server, in the unit layer; tiers seen through a worker's runs (integration)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import json
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -22,6 +23,8 @@ from shared.access.tiers import TierRegistry
 from shared.connection import connect
 from shared.errors import BudgetExhaustedError, PolicyRefusedError, TierRefusedError
 from shared.keys import AUDIT, FAIR, JANITOR, RUNS, RunKeys, budget_key
+from shared.models import ErrorRecord, Stage
+from shared.queue.celery_app import create_app
 from shared.settings import Settings
 from shared.store.writer import ResultWriter
 from tests.conftest import Stack
@@ -32,6 +35,7 @@ from tests.helpers import (
     cli_env,
     ended_view,
     evalq,
+    evalq_in_process,
     labelled_rows,
     list_splits,
     wait_completed,
@@ -39,25 +43,35 @@ from tests.helpers import (
     write_rows,
 )
 
-pytestmark = pytest.mark.integration
+RACERS = 48
+"""Producers racing for one budget: half of them threads of this process, half threads of
+:data:`RACER_PROCESSES` other processes (a lock held in one process would not hold there)."""
+RACER_PROCESSES = 2
 
-RACERS = 50
-
-
-_RACER = """
-import sys
+_RACERS = """
+import sys, threading
 from shared.connection import connect
 from shared.errors import BudgetExhaustedError
 from tests.helpers import charge_run
-url, samples, index = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-client = connect(url)
-client.incr("test:ready")
-client.blpop(["test:go"], timeout=30)
-try:
-    charge_run(client, "race", "validation", "run" + index, samples, "p" + index)
-    print("won")
-except BudgetExhaustedError:
-    print("refused")
+url, samples, first, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+won = []
+
+def race(index):
+    client = connect(url)
+    client.incr("test:ready")
+    client.blpop(["test:go"], timeout=30)
+    try:
+        charge_run(client, "race", "validation", f"run{index}", samples, f"p{index}")
+        won.append(index)
+    except BudgetExhaustedError:
+        pass
+
+threads = [threading.Thread(target=race, args=(i,)) for i in range(first, first + count)]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+print(len(won))
 """
 
 
@@ -74,20 +88,21 @@ def _reserve(url: str, samples: int, index: int, start: threading.Event) -> bool
 
 
 def _race(url: str, samples: int) -> int:
-    """Half the producers are threads, half separate processes, all released at once."""
+    """:data:`RACERS` producers charging ``samples`` each, all released at once; how many
+    won."""
     half = RACERS // 2
+    each = half // RACER_PROCESSES
     client = connect(url)
     client.delete("test:ready", "test:go")
-    env = cli_env(url)
     processes = [
         subprocess.Popen(
-            [sys.executable, "-c", _RACER, url, str(samples), str(i)],
-            env=env,
+            [sys.executable, "-c", _RACERS, url, str(samples), str(i * each), str(each)],
+            env=cli_env(url),
             cwd=REPO,
             stdout=subprocess.PIPE,
             text=True,
         )
-        for i in range(half)
+        for i in range(RACER_PROCESSES)
     ]
     start = threading.Event()
     with ThreadPoolExecutor(half) as threads:
@@ -96,14 +111,16 @@ def _race(url: str, samples: int) -> int:
         client.rpush("test:go", *["go"] * half)
         start.set()
         thread_wins = sum(f.result(60) for f in in_threads)
-    process_wins = sum(p.communicate(timeout=60)[0].strip() == "won" for p in processes)
+    process_wins = sum(int(p.communicate(timeout=60)[0]) for p in processes)
     return thread_wins + process_wins
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[RedisServer]:
-    with RedisServer(tmp_path / "redis", appendonly=True) as running:
-        yield running
+def server(tmp_path: Path, stop_later: Callable[[RedisServer], None]) -> Iterator[RedisServer]:
+    """A redis-server that keeps an append-only file (a restart loses nothing)."""
+    running = RedisServer(tmp_path / "redis", appendonly=True).start()
+    yield running
+    stop_later(running)
 
 
 def test_racing_producers_never_oversubscribe_runs(server: RedisServer) -> None:
@@ -143,6 +160,27 @@ def test_a_refused_reservation_changes_nothing_and_names_its_limit(server: Redis
     assert (after["runs_used"], after["samples_used"]) == (before[0]["runs_used"], "20")
 
 
+def test_the_per_run_cap_admits_exactly_its_samples_and_refuses_one_more(
+    redis_only: RedisServer,
+) -> None:
+    """The split's cap, then a caller's own cap on the split: a run of exactly the cap's
+    samples is charged, a run of one sample more is refused by the cap it is over."""
+    client = connect(redis_only.url)
+    ledger = Ledger(client)
+    ledger.set("d", "s", runs=None, samples=None, max_samples_per_run=20, who="admin")
+    charge_run(client, "d", "s", "at-split-cap", 20, "me")
+    with pytest.raises(BudgetExhaustedError, match="d/s allows at most 20 samples") as split:
+        charge_run(client, "d", "s", "over-split-cap", 21, "me")
+    assert split.value.limit == "max_samples_per_run"
+    ledger.set("d", "s", runs=None, samples=None, max_samples_per_run=10, who="a", caller="me")
+    charge_run(client, "d", "s", "at-own-cap", 10, "me")
+    with pytest.raises(BudgetExhaustedError, match="for me allows at most 10 samples") as own:
+        charge_run(client, "d", "s", "over-own-cap", 11, "me")
+    assert own.value.limit == "max_samples_per_run"
+    charge_run(client, "d", "s", "not-capped-by-mine", 20, "you")
+    assert (ledger.get("d", "s").runs_used, ledger.get("d", "s", "me").runs_used) == (3, 1)
+
+
 class _Monitor:
     """Every command the server receives while the block runs (Redis MONITOR)."""
 
@@ -173,6 +211,7 @@ class _Monitor:
         self._client.close()
 
 
+@pytest.mark.integration
 def test_no_access_and_unlisted_are_refused_before_the_ledger(stack: Stack, tmp_path: Path) -> None:
     write_rows(tmp_path, "test", labelled_rows(10))
     write_rows(tmp_path, "train", labelled_rows(10))
@@ -213,6 +252,7 @@ def test_no_access_and_unlisted_are_refused_before_the_ledger(stack: Stack, tmp_
     wait_completed(stack.client, meta.run_id, 60)
 
 
+@pytest.mark.integration
 def test_non_viewable_runs_are_aggregate_only(stack: Stack, tmp_path: Path) -> None:
     write_rows(tmp_path, "validation", labelled_rows(30))
     data = str(tmp_path)
@@ -270,7 +310,7 @@ def test_budget_survives_a_redis_restart_and_reapplying_policy_never_refunds(
         "      tier: non_viewable\n"
         "      budget: {runs: 5, samples: 100, max_samples_per_run: 40}\n"
     )
-    applied = evalq(server.url, "policy", "apply", str(policy))
+    applied = evalq_in_process(server.url, "policy", "apply", str(policy))
     assert applied.returncode == 0, applied.stderr
     client = connect(server.url)
     charge_run(client, "demo", "validation", "r1", 30, "me")
@@ -282,13 +322,13 @@ def test_budget_survives_a_redis_restart_and_reapplying_policy_never_refunds(
     assert (budget.runs_used, budget.samples_used) == (2, 55)
     assert TierRegistry(connect(server.url)).resolve("demo", "validation") is Tier.NON_VIEWABLE
 
-    assert evalq(server.url, "policy", "apply", str(policy)).returncode == 0
+    assert evalq_in_process(server.url, "policy", "apply", str(policy)).returncode == 0
     budget = ledger.get("demo", "validation")
     assert (budget.runs_left, budget.samples_left) == (3, 45)
-    shown = json.loads(evalq(server.url, "budget", "show", "--json").stdout)
+    shown = json.loads(evalq_in_process(server.url, "budget", "show", "--json").stdout)
     assert shown[0]["samples_left"] == 45
 
-    smaller = evalq(server.url, "budget", "set", "demo", "validation", "--runs", "1",
+    smaller = evalq_in_process(server.url, "budget", "set", "demo", "validation", "--runs", "1",
                     "--samples", "50")  # fmt: skip
     assert smaller.returncode == 0
     budget = ledger.get("demo", "validation")
@@ -301,7 +341,7 @@ def test_policy_reconciliation(server: RedisServer, tmp_path: Path) -> None:
         "a": {"tier": "viewable"},
         "b": {"tier": "no_access", "budget": {"runs": 3}},
     }}}))  # fmt: skip
-    refused = evalq(server.url, "policy", "apply", str(bad))
+    refused = evalq_in_process(server.url, "policy", "apply", str(bad))
     assert refused.returncode == 2
     assert "d.b" not in refused.stderr
     assert "d/b: a no_access split cannot have a budget" in refused.stderr
@@ -312,7 +352,7 @@ def test_policy_reconciliation(server: RedisServer, tmp_path: Path) -> None:
         "datasets:\n  d:\n    unlisted: {budget: {samples: 10}}\n"
         "    open: {tier: viewable, budget: {runs: 2}}\n"
     )
-    applied = evalq(server.url, "policy", "apply", str(good))
+    applied = evalq_in_process(server.url, "policy", "apply", str(good))
     assert applied.returncode == 0, applied.stderr
     assert "d/unlisted: budgeted but unlisted, made non_viewable" in applied.stderr
     assert "d/open: budgeted but viewable" in applied.stderr
@@ -321,42 +361,38 @@ def test_policy_reconciliation(server: RedisServer, tmp_path: Path) -> None:
     assert tiers.resolve("d", "open") is Tier.VIEWABLE
     malformed = tmp_path / "malformed.yaml"
     malformed.write_text("datasets: {d: {s: {tier: secret}}}\n")
-    assert evalq(server.url, "policy", "apply", str(malformed)).returncode == 2
+    assert evalq_in_process(server.url, "policy", "apply", str(malformed)).returncode == 2
 
 
 def test_cancel_refunds_exactly_the_unproduced_samples_once(
-    fresh_stack: Stack, tmp_path: Path
+    redis_only: RedisServer, tmp_path: Path
 ) -> None:
-    stack = fresh_stack  # no worker: the test decides which samples produced a result
+    client = connect(redis_only.url)  # no worker: the test decides which samples produced
     write_rows(tmp_path, "validation", labelled_rows(20))
     data = str(tmp_path)
-    name = list_splits(stack.client, data, "validation")
-    Ledger(stack.client).set(name, "validation", runs=5, samples=100, max_samples_per_run=None,
-                             who="admin")  # fmt: skip
+    name = list_splits(client, data, "validation")
+    Ledger(client).set(name, "validation", runs=5, samples=100, max_samples_per_run=None,
+                       who="admin")  # fmt: skip
     user = Client(
-        Settings(
-            redis_url=stack.server.url, archive_url=stack.settings.archive_url, principal="agent"
-        )
+        Settings(redis_url=redis_only.url, archive_url=str(tmp_path / "archive"), principal="agent")
     )
     meta = user.submit(SubmitRequest(eval="spy", dataset=name, split="validation"))
-    assert Ledger(stack.client).get(name, "validation").samples_used == 20
+    assert Ledger(client).get(name, "validation").samples_used == 20
 
-    writer = ResultWriter(stack.client)
+    writer = ResultWriter(client)
     writer.record_outputs(meta.run_id, {i: '{"pred": 0}' for i in range(6)})
     writer.record_scores(meta.run_id, {0: {"correct": 1.0}})
-    from shared.models import ErrorRecord, Stage
-
     writer.record_errors(meta.run_id, {15: ErrorRecord(stage=Stage.INFER, kind="E", message="x")})
 
-    first = json.loads(evalq(stack.server.url, "cancel", meta.run_id, "--json").stdout)
+    first = json.loads(evalq_in_process(redis_only.url, "cancel", meta.run_id, "--json").stdout)
     assert first == {"run_id": meta.run_id, "cancelled_now": True, "refunded_samples": 13}
-    second = json.loads(evalq(stack.server.url, "cancel", meta.run_id, "--json").stdout)
+    second = json.loads(evalq_in_process(redis_only.url, "cancel", meta.run_id, "--json").stdout)
     assert second == {"run_id": meta.run_id, "cancelled_now": False, "refunded_samples": 0}
-    budget = Ledger(stack.client).get(name, "validation")
+    budget = Ledger(client).get(name, "validation")
     assert (budget.samples_used, budget.runs_used) == (7, 1)
     # nothing is written after cancellation, so the refund stays exact
     assert writer.record_outputs(meta.run_id, {10: '{"pred": 1}'}) == 0
-    refunds = [e for e in audit_entries(stack.client) if e["action"] == "refund"]
+    refunds = [e for e in audit_entries(client) if e["action"] == "refund"]
     assert [(e["run"], e["samples"]) for e in refunds] == [(meta.run_id, "13")]
 
 
@@ -409,13 +445,15 @@ def test_a_failed_enqueue_rolls_the_reservation_back_once(
     name = list_splits(store, data, "validation")
     Ledger(store).set(name, "validation", runs=2, samples=None, max_samples_per_run=None, who="a")
     broken = Settings(redis_url=redis_only.url, broker_url="redis://127.0.0.1:1/0")
+    app = create_app(broken)
+    app.conf.broker_transport_options["max_retries"] = 0  # refused at once, not after 5 s
     with pytest.raises(Exception, match=r"(?i)connect|refused") as failed:
-        Client(broken).submit(SubmitRequest(eval="spy", dataset=name, split="validation"))
+        Client(broken, app=app).submit(SubmitRequest(eval="spy", dataset=name, split="validation"))
     assert not isinstance(failed.value, PolicyRefusedError)
     budget = Ledger(store).get(name, "validation")
     assert (budget.runs_used, budget.samples_used) == (0, 0)
     (run_id,) = [str(r) for r in store.zrange(RUNS, 0, -1)]
-    assert store.hget(f"evalq:{{{run_id}}}:meta", "status") == "cancelled"
+    assert store.hget(RunKeys(run_id).meta, "status") == "cancelled"
     actions = [e["action"] for e in audit_entries(store, run_id)]
     assert actions == ["reserve", "refund"]
 

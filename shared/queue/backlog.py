@@ -41,7 +41,7 @@ messages move only as deep as the queue should be: one to the head per batch wou
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -114,11 +114,26 @@ class Lane:
         """``run_id``'s backlog of this lane's messages."""
         return RunKeys(run_id).backlog_of(self.stage)
 
-    def script_args(self) -> tuple[str, str, str]:
-        """The round's prefix and the backlog key's prefix and suffix around a run id, as
-        the Lua scripts take them."""
-        prefix, suffix = self.backlog("\0").split("\0")
-        return self.fair.prefix, prefix, suffix
+    def round_keys(self) -> list[str]:
+        """The keys of the lane's round, as the Lua scripts take them (``fair_round`` in
+        ``prelude.lua``)."""
+        fair = self.fair
+        return [
+            fair.principals, fair.clock, fair.finish, fair.owner, fair.weight, fair.waiting,
+            fair.turn,
+        ]  # fmt: skip
+
+    def round_args(self) -> list[str]:
+        """The keys a script of the lane's round names as it goes, as templates: the prefix
+        and suffix around a principal of its runs and weights keys, and around a run id of its
+        backlog (``fair_round`` in ``prelude.lua``)."""
+        return [*_around(self.fair.runs), *_around(self.fair.weights), *_around(self.backlog)]
+
+
+def _around(name: Callable[[str], str]) -> tuple[str, str]:
+    """The prefix and suffix that ``name`` puts around its argument."""
+    prefix, suffix = name("\0").split("\0")
+    return prefix, suffix
 
 
 INFER_LANE = Lane(INFER_QUEUE, INFER_TASK, FAIR, Stage.INFER)
@@ -207,24 +222,21 @@ class Backlog:
         :data:`STAGE_CHUNK`) and enter the run in the lane's round; with ``refill``, then
         refill the lane's queue as :meth:`dispatch` does, in the same call as the last chunk.
         Return the samples staged (0 if the run has ended)."""
-        keys = RunKeys(meta.run_id)
-        prefix, backlog_prefix, backlog_suffix = lane.script_args()
+        keys = [
+            RunKeys(meta.run_id).meta, lane.backlog(meta.run_id), lane.queue, lane.fair.depth,
+            *lane.round_keys(),
+        ]  # fmt: skip
         staged = 0
         for start in range(0, len(messages), STAGE_CHUNK):
             last = start + STAGE_CHUNK >= len(messages)
             fields: list[str | int] = [
-                prefix, meta.run_id, meta.principal, meta.priority.weight,
+                meta.run_id, meta.principal, meta.priority.weight,
                 "" if refill is None or not last else max(0, refill), at_least, self._turn,
-                backlog_prefix, backlog_suffix,
+                *lane.round_args(),
             ]  # fmt: skip
             for entry in messages[start : start + STAGE_CHUNK]:
                 fields += [entry.samples, entry.queue, entry.message]
-            staged += int(
-                self._stage(
-                    keys=[keys.meta, lane.backlog(meta.run_id), lane.queue, lane.fair.depth],
-                    args=fields,
-                )
-            )
+            staged += int(self._stage(keys=keys, args=fields))
         return staged
 
     def enqueue(
@@ -270,16 +282,19 @@ class Backlog:
         keys: list[str] = []
         args: list[str | int] = [self._turn]
         for queue, lane, depth, at_least in queues:
-            keys += [queue, lane.fair.depth]
-            args += [depth, at_least, *lane.script_args()]
+            keys += [queue, lane.fair.depth, *lane.round_keys()]
+            args += [depth, at_least, *lane.round_args()]
         return int(self._dispatch(keys=keys, args=args))
 
     def withdraw(self, run_id: str) -> bool:
         """Take a cancelled run out of every lane's round and delete its backlogs; False if it
         was in no round."""
-        keys = [lane.backlog(run_id) for lane in LANES]
-        prefixes = [lane.fair.prefix for lane in LANES]
-        return bool(self._withdraw(keys=keys, args=[run_id, *prefixes]))
+        keys: list[str] = []
+        args: list[str] = [run_id]
+        for lane in LANES:
+            keys += [lane.backlog(run_id), *lane.round_keys()]
+            args += lane.round_args()
+        return bool(self._withdraw(keys=keys, args=args))
 
     def set_depth(self, messages: int, ttl: float, lane: Lane = INFER_LANE) -> None:
         """Keep ``lane``'s queue ``messages`` deep: a batch's worth per live worker process

@@ -3,9 +3,11 @@
 A script lives beside the code that owns it, in ``<package>/lua/<name>.lua`` (the store's in
 ``shared/store/lua/``, the fair dispatcher's in ``shared/queue/lua/``, the budget's, tiers'
 and registry's in ``shared/access/lua/``), and opens with a header naming exactly the keys and
-arguments its caller passes. ``shared/store/lua/prelude.lua`` holds the helper functions more
-than one script needs; it is put in front of every script, so a rule such as "a run's first
-write moves it from queued to running" is written once.
+arguments its caller passes. Key names are spelled in :mod:`shared.keys` only: a script gets
+its keys from its caller, and one that names keys as it goes (the fair dispatcher, for each
+principal and run it serves) gets their templates. ``shared/store/lua/prelude.lua`` holds the
+helper functions more than one script needs; it is put in front of every script, so a rule
+such as "a run's first write moves it from queued to running" is written once.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 -- add_dataset: register (or re-pin) a dataset and audit it, atomically; a file's content has
 -- one owner split for good, so a copy or link of one split's file cannot be registered as
 -- another split, of another dataset or of this one (re-pinning cannot move content across).
--- KEYS[1] = evalq:datasets         hash, name -> record JSON
--- KEYS[2] = evalq:datasets:files   hash, sha256 -> 'name/split'
--- KEYS[3] = evalq:audit            stream
+-- KEYS[1] = DATASETS        hash, name -> record JSON
+-- KEYS[2] = DATASET_FILES   hash, sha256 -> 'name/split'
+-- KEYS[3] = AUDIT           stream
 -- ARGV[1] = name   ARGV[2] = record JSON   ARGV[3] = principal   ARGV[4] = unix time
 -- ARGV[5], ARGV[6], ... = pairs of file sha256 and the 'name/split' that holds it
 -- Returns: {'ok', previous record or ''} or {'taken', sha256, its owner 'name/split'}.

@@ -1,11 +1,11 @@
 -- refund: give back part of a run's charge, at most once per run, never below zero used; the
 -- submitter's own budget on the split, when one is set, gets the same back.
--- KEYS[1] = evalq:budget:{dataset}:{split}              hash: runs_used, samples_used
--- KEYS[2] = evalq:budget:{dataset}:{split}:{submitter}  the same, for one caller (if it exists)
--- KEYS[3] = evalq:audit                                 stream
--- KEYS[4] = evalq:facts:{run}   hash: 'refunded' set once (HSETNX): idempotency, where no
---           worker can write (nothing is given back for a run without facts)
--- ARGV[1] = runs to give back   ARGV[2] = samples to give back   ARGV[3] = principal
+-- KEYS[1] = budget_key(dataset, split)              hash: runs_used, samples_used
+-- KEYS[2] = budget_key(dataset, split, submitter)   the same, for one caller (if it exists)
+-- KEYS[3] = AUDIT                                   stream
+-- KEYS[4] = RunKeys.facts   hash: 'refunded' set once (HSETNX): idempotency, where no worker
+--           can write (nothing is given back for a run without facts)
+-- ARGV[1] = runs to give back   ARGV[2] = samples to give back   ARGV[3] = who gives it back
 -- ARGV[4] = dataset   ARGV[5] = split   ARGV[6] = run id   ARGV[7] = unix time   ARGV[8] = reason
 -- Returns: the number of samples given back to the split (0 when this run was refunded before).
 if redis.call('EXISTS', KEYS[4]) == 0 then return 0 end

@@ -1,10 +1,11 @@
 -- release: fix what one run's aggregate releases to its caller, move the caller's Ladder, and
 -- audit it, atomically; refuses when the Ladder moved since it was read.
--- KEYS[1] = evalq:release:best:{principal}:{dataset}:{split}:{eval}   hash, metric -> JSON best
--- KEYS[2] = evalq:release:run:{run}                                  string, released JSON
--- KEYS[3] = evalq:audit                                              stream
+-- KEYS[1] = release_best_key(principal, dataset, split, eval)   hash, metric -> JSON best
+-- KEYS[2] = release_run_key(run)                                 string, released JSON
+-- KEYS[3] = AUDIT                                                stream
 -- ARGV[1] = released JSON   ARGV[2] = audit JSON (why, per metric)   ARGV[3] = principal
--- ARGV[4] = dataset   ARGV[5] = split   ARGV[6] = run   ARGV[7] = unix time   ARGV[8] = mechanism
+-- ARGV[4] = dataset   ARGV[5] = split   ARGV[6] = run   ARGV[7] = unix time
+-- ARGV[8] = the release rule (audited as its mechanism)
 -- ARGV[9..] = (metric, best as read or '', new best or '') triples
 -- Returns: the run's released JSON (this call's, or an earlier call's), or false when a best
 -- changed since it was read (read again and retry).

@@ -3,12 +3,12 @@
 -- all or nothing, audit it, and make the run's record permanent and listed. A producer killed
 -- before this leaves a pending record that expires and no charge; after it, a run and its
 -- charge (the janitor sends the work of a run that never got its messages).
--- KEYS[1] = evalq:budget:{dataset}:{split}              hash: runs_total, samples_total,
+-- KEYS[1] = budget_key(dataset, split)              hash: runs_total, samples_total,
 --           max_samples_per_run (absent = unlimited), runs_used, samples_used
--- KEYS[2] = evalq:budget:{dataset}:{split}:{principal}  the same, for one caller (if it exists)
--- KEYS[3] = evalq:audit                                 stream
--- KEYS[4] = evalq:facts:{run}   hash: 'charged' set here      KEYS[5] = evalq:{run}:meta
--- KEYS[6] = evalq:{run}:ids     KEYS[7] = evalq:runs (zset)   KEYS[8] = evalq:active (set)
+-- KEYS[2] = budget_key(dataset, split, principal)   the same, for one caller (if it exists)
+-- KEYS[3] = AUDIT                                   stream
+-- KEYS[4] = RunKeys.facts   hash: 'charged' set here      KEYS[5] = RunKeys.meta
+-- KEYS[6] = RunKeys.ids     KEYS[7] = RUNS (zset)         KEYS[8] = ACTIVE (set)
 -- ARGV[1] = samples asked for   ARGV[2] = run id   ARGV[3] = principal
 -- ARGV[4] = dataset             ARGV[5] = split    ARGV[6] = the run's creation (Redis's clock)
 -- ARGV[7] = '1': charge the budget; '0': an admin's run, opened without touching any budget

@@ -1,9 +1,9 @@
 -- set_budget: replace a split's budget totals (or one caller's on the split), keep what was
 -- used, audit it, atomically.
--- KEYS[1] = evalq:budget:{dataset}:{split}[:{caller}]  hash: dataset, split, caller (if any),
+-- KEYS[1] = budget_key(dataset, split, caller)   hash: dataset, split, caller (if any),
 --           runs_total, samples_total, max_samples_per_run (absent = unlimited), runs_used,
 --           samples_used (never touched)
--- KEYS[2] = evalq:audit                     stream
+-- KEYS[2] = AUDIT                                 stream
 -- ARGV[1] = dataset   ARGV[2] = split   ARGV[3] = runs_total   ARGV[4] = samples_total
 -- ARGV[5] = max_samples_per_run ('' = unlimited for each)   ARGV[6] = principal   ARGV[7] = time
 -- ARGV[8] = the caller the budget is for ('' = the whole split)

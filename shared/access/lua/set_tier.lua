@@ -1,6 +1,6 @@
 -- set_tier: set a split's tier and audit the change, atomically.
--- KEYS[1] = evalq:tiers:{dataset}   hash, split -> tier
--- KEYS[2] = evalq:audit             stream
+-- KEYS[1] = tiers_key(dataset)   hash, split -> tier
+-- KEYS[2] = AUDIT                stream
 -- ARGV[1] = split   ARGV[2] = tier   ARGV[3] = principal   ARGV[4] = dataset   ARGV[5] = unix time
 -- Returns: the previous tier, or false when the split was unlisted.
 local before = redis.call('HGET', KEYS[1], ARGV[1])

@@ -1,19 +1,17 @@
 -- stage: put a run's messages for one broker queue (inference: 'infer'; scoring: 'score') in
 -- its backlog for that queue and enter the run in that queue's round of the fair dispatcher;
 -- then, if asked, refill the queue (fair_dispatch in prelude.lua) in the same call.
--- KEYS[1] = evalq:{run}:meta      hash, reads 'status': an ended run takes nothing
--- KEYS[2] = evalq:{run}:backlog or evalq:{run}:score_backlog   list of
---           'samples|queue|message', oldest at the right
+-- KEYS[1] = RunKeys.meta        hash, reads 'status': an ended run takes nothing
+-- KEYS[2] = RunKeys.backlog_of(stage)   list of 'samples|queue|message', oldest at the right
 -- KEYS[3] = the broker queue whose depth a refill keeps ('infer', 'score')
--- KEYS[4] = its depth key (evalq:fair:depth, evalq:fair:score:depth)
--- (the other keys are the dispatcher's, as fair_keys() names them, and, for a refill, the
--- backlogs of the runs it serves)
--- ARGV[1] = the round's prefix ('evalq:fair:', 'evalq:fair:score:'), ARGV[2] = run id,
--- ARGV[3] = principal, ARGV[4] = weight (1, 2, 4)
--- ARGV[5] = refill the queue to this depth after staging ('' = no refill), ARGV[6] = messages
---           to move whatever the depth (to the queue's head), ARGV[7] = samples in a turn,
--- ARGV[8], ARGV[9] = the backlog key prefix and suffix ('evalq:{', '}:backlog')
--- ARGV[10..] = samples1, queue1, message1, samples2, ...
+-- KEYS[4] = its FairKeys.depth
+-- KEYS[5..11] = the round's keys (fair_round in prelude.lua)
+-- ARGV[1] = run id   ARGV[2] = principal   ARGV[3] = weight (1, 2, 4)
+-- ARGV[4] = refill the queue to this depth after staging ('' = no refill)
+-- ARGV[5] = messages to move whatever the depth (to the queue's head)
+-- ARGV[6] = samples in a turn
+-- ARGV[7..12] = the round's key templates (fair_round in prelude.lua)
+-- ARGV[13..] = samples1, queue1, message1, samples2, ...
 -- A run new to the round joins its principal's runs at the principal's clock; a principal new
 -- to it (or back) joins at the later of the global clock and its own time when it left: no
 -- credit for having been away, and no way to shed the time it was served by leaving and
@@ -21,10 +19,11 @@
 -- Returns: samples staged (0 when the run has ended: nothing staged, nothing refilled).
 local status = redis.call('HGET', KEYS[1], 'status')
 if status ~= 'queued' and status ~= 'running' then return 0 end
-local run, principal, weight = ARGV[2], ARGV[3], ARGV[4]
-local f = fair_keys(ARGV[1], principal)
+local run, principal, weight = ARGV[1], ARGV[2], ARGV[3]
+local round = fair_round(5, 7)
+local f = fair_keys(round, principal)
 local staged = 0
-for i = 10, #ARGV, 3 do
+for i = 13, #ARGV, 3 do
   redis.call('LPUSH', KEYS[2], ARGV[i] .. '|' .. ARGV[i + 1] .. '|' .. ARGV[i + 2])
   staged = staged + tonumber(ARGV[i])
 end
@@ -41,8 +40,7 @@ if not redis.call('ZSCORE', f.principals, principal) then
   local left = tonumber(redis.call('HGET', f.finish, principal) or '0')
   redis.call('ZADD', f.principals, math.max(clock, left), principal)
 end
-if ARGV[5] ~= '' then
-  fair_dispatch(KEYS[3], KEYS[4], tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[1],
-    tonumber(ARGV[7]), ARGV[8], ARGV[9])
+if ARGV[4] ~= '' then
+  fair_dispatch(round, KEYS[3], KEYS[4], tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]))
 end
 return staged

@@ -1,8 +1,9 @@
 -- prelude: helpers put in front of every evalq script (see shared/store/scripts.py).
--- KEYS, ARGV: none of its own; each helper touches only the keys its caller passes it.
+-- KEYS, ARGV: none of its own; it touches only the keys its callers pass in, or name by the
+-- key templates they pass (fair_round).
 
 -- A run's first write of a result moves it from 'queued' to 'running'.
--- meta = the run's evalq:{run}:meta hash key
+-- meta = the run's RunKeys.meta hash
 local function mark_running(meta)
   if redis.call('HGET', meta, 'status') == 'queued' then
     redis.call('HSET', meta, 'status', 'running')
@@ -25,21 +26,33 @@ local function hdel_all(hashes, fields)
 end
 
 -- A run made progress: stamp its progress hash (``status`` and the janitor read it).
--- progress = the run's evalq:{run}:progress hash key
+-- progress = the run's RunKeys.progress hash
 local function touch(progress)
   redis.call('HSET', progress, 'touched', string.format('%.6f', now()))
 end
 
--- Fair share (shared/queue/backlog.py): keys of the dispatcher, in a table built by fair_keys().
--- Each broker queue it keeps has a round of its own under its prefix ('evalq:fair:' for
--- 'infer', 'evalq:fair:score:' for 'score'). principal = whose runs' keys; prefix = the round's
-local function fair_keys(prefix, principal)
+-- Fair share (shared/queue/backlog.py): the keys of one round of the dispatcher, as its caller
+-- passes them (Lane.round_keys, Lane.round_args; the names are shared/keys.py's FairKeys and
+-- RunKeys). Each broker queue it keeps has a round of its own.
+-- k: KEYS[k .. k+6] = the round's principals, clock, finish, owner, weight, waiting and turn
+-- a: ARGV[a .. a+5] = the prefix and suffix around a principal's name of its runs key and of
+--    its weights key, and around a run's id of its backlog key
+local function fair_round(k, a)
   return {
-    principals = prefix .. 'principals', clock = prefix .. 'clock',
-    finish = prefix .. 'finish', owner = prefix .. 'owner', weight = prefix .. 'weight',
-    waiting = prefix .. 'waiting', turn = prefix .. 'turn',
-    runs = prefix .. 'runs:' .. principal, weights = prefix .. 'weights:' .. principal,
+    principals = KEYS[k], clock = KEYS[k + 1], finish = KEYS[k + 2], owner = KEYS[k + 3],
+    weight = KEYS[k + 4], waiting = KEYS[k + 5], turn = KEYS[k + 6],
+    runs = {ARGV[a], ARGV[a + 1]}, weights = {ARGV[a + 2], ARGV[a + 3]},
+    backlog = {ARGV[a + 4], ARGV[a + 5]},
   }
+end
+
+-- The round's keys in a table for one principal: its runs and weights keys named in full.
+local function fair_keys(round, principal)
+  local f = {}
+  for name, key in pairs(round) do f[name] = key end
+  f.runs = round.runs[1] .. principal .. round.runs[2]
+  f.weights = round.weights[1] .. principal .. round.weights[2]
+  return f
 end
 
 -- The weight a principal has in the round: that of its highest-priority backlogged run.
@@ -90,23 +103,20 @@ end
 -- make workers swap models at every batch. Each message goes to the queue its entry names,
 -- unchanged; a run whose backlog is empty (drained, or deleted by a cancel) leaves the round,
 -- and a principal with no run left leaves.
--- queue = the broker queue whose depth is kept (kombu's list); depth_key = its
--- evalq:fair:...depth string; prefix = the round's; a run's backlog is the key
--- backlog_prefix .. run .. backlog_suffix ('evalq:{', '}:backlog' or '}:score_backlog').
+-- round = the round's keys (fair_round); queue = the broker queue whose depth is kept
+-- (kombu's list); depth_key = its FairKeys.depth string.
 -- Returns: messages moved.
-local function fair_dispatch(queue, depth_key, depth, at_least, prefix, quantum,
-                             backlog_prefix, backlog_suffix)
+local function fair_dispatch(round, queue, depth_key, depth, at_least, quantum)
   depth = math.max(depth, tonumber(redis.call('GET', depth_key) or '0'))
   local refill = depth - redis.call('LLEN', queue)
   local want = math.max(refill, at_least)
-  local g = fair_keys(prefix, '')
   local moved, visits = 0, 0
   while moved < want and visits < 4 * want + 64 do
     visits = visits + 1
-    local top = redis.call('ZRANGE', g.principals, 0, 0, 'WITHSCORES')
+    local top = redis.call('ZRANGE', round.principals, 0, 0, 'WITHSCORES')
     if #top == 0 then break end
     local principal, ptime = top[1], tonumber(top[2])
-    local f = fair_keys(prefix, principal)
+    local f = fair_keys(round, principal)
     local run, rtime, left = nil, nil, quantum
     local turn = redis.call('HGET', f.turn, principal)
     if turn then
@@ -123,7 +133,7 @@ local function fair_dispatch(queue, depth_key, depth, at_least, prefix, quantum,
     if run == nil then
       fair_leave(f, principal, '')
     else
-      local backlog = backlog_prefix .. run .. backlog_suffix
+      local backlog = round.backlog[1] .. run .. round.backlog[2]
       local entry = redis.call('RPOP', backlog)
       if not entry then
         fair_leave(f, principal, run)
