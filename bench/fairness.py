@@ -8,7 +8,10 @@ fresh Redis with the workers warm:
   (b) alone: one run of ``--big`` samples, nothing else, and the rate it settles samples from
       5% to 90% of it;
   (c) shared: the same big run, and once 5% of it is settled the small runs again, one after
-      another, while it goes; and the rate samples settled (both runs) over that overlap;
+      another, while it goes (another caller's); and the rate samples settled (both runs) over
+      that overlap;
+  (c') same caller: (c) with the small runs by the big run's own caller, on the same model
+      (they interleave with it within its turn);
   (d) FIFO: the same, with every message of every run handed to the broker at submit (what
       evalq did before the dispatcher), for ``--fifo-smalls`` small runs;
   (e) principals: principal ``a`` submits two runs of ``--share-big`` samples and ``b`` one;
@@ -90,10 +93,10 @@ class Bench:
     def completed(self, meta: RunMeta) -> RunMeta:
         return completed(self.runs, meta)
 
-    def small_latency(self, samples: int) -> float:
+    def small_latency(self, samples: int, principal: str = "loop") -> float:
         """Seconds from just before submit to the small run's completion stamp."""
         started = time.time()
-        final = self.completed(self.submit(samples, principal="loop"))
+        final = self.completed(self.submit(samples, principal=principal))
         assert final.finished is not None
         return final.finished - started
 
@@ -138,12 +141,13 @@ class Shared:
     """Samples of the big run not settled when the last small run completed."""
 
 
-def shared(bench: Bench, big: int, small: int, smalls: int) -> Shared:
-    """The big run, and ``smalls`` small runs one after another once it is under way."""
+def shared(bench: Bench, big: int, small: int, smalls: int, principal: str = "loop") -> Shared:
+    """The big run (by ``bench``), and ``smalls`` small runs by ``principal`` one after another
+    once it is under way."""
     meta = bench.submit(big)
     wait(lambda: bench.done(meta.run_id) >= big // 20)
     start, before = time.time(), bench.done(meta.run_id)
-    latencies = [bench.small_latency(small) for _ in range(smalls)]
+    latencies = [bench.small_latency(small, principal) for _ in range(smalls)]
     end, after = time.time(), bench.done(meta.run_id)
     bench.completed(meta)
     return Shared(latencies, (after - before + small * smalls) / (end - start), big - after)
@@ -189,6 +193,7 @@ class Measured:
     idle: list[float]
     alone_rate: float
     fair: Shared
+    same: Shared
     fifo: Shared
     principals: dict[str, float]
 
@@ -198,6 +203,7 @@ class Measured:
             ("small run on idle workers, p50 / p95 s", _spread(self.idle), ""),
             ("small run during the big run, p50 / p95 s", _spread(fair.latencies),
              _spread(fifo.latencies)),
+            ("same caller's small run during it, p50 / p95 s", _spread(self.same.latencies), ""),
             ("big run alone, samples/s", f"{alone:.0f}", ""),
             ("big + small shared, samples/s (ratio to alone)",
              f"{fair.rate:.0f} ({fair.rate / alone:.2f})",
@@ -213,10 +219,11 @@ def measure(data: Path, workers: int, args: argparse.Namespace) -> Measured:
         idle = [bench.small_latency(args.small) for _ in range(args.smalls)]
         alone = rate_alone(bench, args.big)
         fair = shared(bench, args.big, args.small, args.smalls)
+        same = shared(bench, args.big, args.small, args.smalls, principal="bench")
         split = principals(bench, args.share_big)
         bench.fifo = True
         fifo = shared(bench, args.big, args.small, args.fifo_smalls)
-    return Measured(workers, idle, alone, fair, fifo, split)
+    return Measured(workers, idle, alone, fair, same, fifo, split)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -39,10 +39,24 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from shared.errors import InputError
+from shared.keys import (
+    ACTIVE,
+    ANY,
+    FAIR,
+    JANITOR,
+    RUN_KEYS,
+    RUNS,
+    RunKeys,
+    budget_key,
+    shard_digests_key,
+    spec_key,
+    worker_key,
+)  # fmt: skip
+from shared.queue.celery_app import INFER_QUEUE, SCORE_QUEUE
 
 __all__ = ["ROLES", "acl_text", "password_variable", "write_acl"]
 
-_QUEUES = ("infer*", "score*", "unacked*")
+_QUEUES = (f"{INFER_QUEUE}*", f"{SCORE_QUEUE}*", "unacked*")
 """kombu's Redis transport: a list per queue, evaluation queue and priority step (infer,
 infer.topic, infer\x06\x163, ...), the unacked index and its mutex."""
 
@@ -57,34 +71,37 @@ _BROKER = (
     *(f"~{q}" for q in _QUEUES), *_CONTROL,
 )  # fmt: skip
 
+_ANY_RUN = RunKeys(ANY)
+"""Every run's keys, as glob patterns (the key names come from :mod:`shared.keys`)."""
+
+
+def _read(*patterns: str) -> tuple[str, ...]:
+    return tuple(f"%R~{pattern}" for pattern in patterns)
+
+
+def _write(*patterns: str) -> tuple[str, ...]:
+    return tuple(f"~{pattern}" for pattern in patterns)
+
+
 ROLES: dict[str, tuple[str, ...]] = {
     "gateway": ("~*", "&*", "+@all", "-@dangerous"),
     "worker": (
         *_BROKER,
-        "~evalq:{*",
-        "%R~evalq:facts:*",
-        "~evalq:workers:*",
-        "~evalq:janitor",
-        "~evalq:active",
-        "~evalq:fair:*",
-        "%R~evalq:spec:*",
-        "~evalq:spec:*:shards",
+        *_write(RUN_KEYS),
+        *_read(_ANY_RUN.facts),
+        *_write(worker_key(ANY), JANITOR, ACTIVE, f"{FAIR.prefix}{ANY}"),
+        *_read(spec_key(ANY)),
+        *_write(shard_digests_key(ANY)),
         "&*",
         "+@all",
         *_LOCKED,
     ),
     "monitor": (
-        *(f"%R~{q}" for q in _QUEUES),
+        *_read(*_QUEUES),
         "~unacked_mutex",
         *_CONTROL,
-        "%R~evalq:runs",
-        "%R~evalq:facts:*",
-        "%R~evalq:{*}:meta",
-        "%R~evalq:{*}:progress",
-        "%R~evalq:budget:*",
-        "%R~evalq:workers:*",
-        "%R~evalq:active",
-        "%R~evalq:fair:*",
+        *_read(RUNS, _ANY_RUN.facts, _ANY_RUN.meta, _ANY_RUN.progress),
+        *_read(budget_key(ANY, ANY), worker_key(ANY), ACTIVE, f"{FAIR.prefix}{ANY}"),
         "&*",
         "+@all",
         *_LOCKED,

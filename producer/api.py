@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from shared.access.dataset import RegisteredDataset
     from shared.access.policy import Tier
     from shared.access.roles import Role, TokenRecord
+    from shared.access.task import RegisteredTask
     from shared.models import Progress, RunMeta, SampleResult
     from shared.store.runs import RunFilter
 
@@ -125,6 +126,14 @@ class Api(Protocol):
 
     def datasets(self) -> list[RegisteredDataset]:
         """Every registered dataset."""
+        ...
+
+    def add_task(self, name: str, text: str) -> RegisteredTask:
+        """Register the language task file ``text`` (YAML) as ``name`` (admin; audited)."""
+        ...
+
+    def tasks(self) -> list[RegisteredTask]:
+        """Every registered language task."""
         ...
 
     def set_tier(self, dataset: str, split: str, tier: Tier) -> Tier | None:

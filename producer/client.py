@@ -28,6 +28,7 @@ from celery import Celery
 
 from producer.comparison import Comparison, check_pairable, compare
 from producer.direct import Direct
+from producer.language import resolve
 from producer.policy_file import PolicyFile, apply_policy
 from producer.rescore import RescoreRequest, rescore
 from producer.resume import resume
@@ -39,9 +40,11 @@ from shared.access.budget import Budget
 from shared.access.dataset import RegisteredDataset
 from shared.access.policy import Tier, suggests_datasets
 from shared.access.roles import Role, TokenRecord
+from shared.access.task import RegisteredTask
+from shared.access.tasks import TaskRegistry
 from shared.connection import server_time
 from shared.errors import EvalqError, InputError
-from shared.evaluation import create, failure_rule, load_plugins
+from shared.evaluation import failure_rule, load_plugins
 from shared.models import Progress, RunMeta, SampleResult
 from shared.settings import Settings, get_settings
 from shared.store.audit import recent, record
@@ -104,7 +107,7 @@ class Client:
         direct = self._direct
         meta = submit(
             direct.redis, direct.app, request, principal=self.principal, admin=self.admin,
-            archive=self.settings.archive_url,
+            archive=self.settings.archive_url, model_roots=self.settings.allowed_model_roots,
             suggest=suggests_datasets(self.admin, direct.sees_sources),
         )  # fmt: skip
         return direct.outward(meta)
@@ -115,7 +118,10 @@ class Client:
         it submits one."""
         load_plugins(self.settings.plugins)
         for point in points:
-            create(point.eval, point.params)
+            resolve(
+                self._direct.redis, point.eval, point.params, point.model, point.model_args,
+                admin=self.admin, model_roots=self.settings.allowed_model_roots,
+            )  # fmt: skip
 
     def rescore(self, request: RescoreRequest) -> RunMeta:
         """A new run scoring ``request.run``'s stored outputs with another evaluation; see
@@ -193,7 +199,8 @@ class Client:
             direct.results.counted(meta.run_id, failure_rule(meta.eval)).scores for meta in metas
         ]
         stats = [self.status(meta.run_id).stats for meta in metas]
-        return compare([m.run_id for m in metas], scores, flips, stats)
+        found = compare([m.run_id for m in metas], scores, flips, stats)
+        return found.model_copy(update={"runs": {m.run_id: m.settings_shown for m in metas}})
 
     def report(self, run_id: str) -> str:
         """The run's self-contained HTML report (charts as its split's tier allows)."""
@@ -233,6 +240,15 @@ class Client:
     def datasets(self) -> list[RegisteredDataset]:
         """Every registered dataset."""
         return self._direct.registry.all()
+
+    def add_task(self, name: str, text: str) -> RegisteredTask:
+        """Register the language task file ``text`` (YAML) as ``name`` (audited)."""
+        load_plugins(self.settings.plugins)  # a task may not take a Python evaluation's name
+        return TaskRegistry(self._direct.redis).add(name, text, who=self.principal)[0]
+
+    def tasks(self) -> list[RegisteredTask]:
+        """Every registered language task."""
+        return TaskRegistry(self._direct.redis).all()
 
     def set_tier(self, dataset: str, split: str, tier: Tier) -> Tier | None:
         """Set a split's tier (audited); return the one before (None if unlisted)."""

@@ -42,6 +42,8 @@ class Comparison(BaseModel):
     stats: dict[str, dict[str, Stat]] = {}
     """Metric -> run -> the run's own value of it (mean, standard error, 95% interval, count,
     over all its samples, as ``status`` gives them), the baseline's first."""
+    runs: dict[str, str] = {}
+    """Run -> what it ran with: its model (a language task's) and parameters, ``k=v`` each."""
 
 
 def shown(stat: Stat | None) -> tuple[str, str]:

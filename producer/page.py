@@ -39,10 +39,10 @@ def _provenance(view: RunView) -> str:
         return ""
     rows = [
         [w.host, w.device, w.python, ", ".join(f"{k} {v}" for k, v in w.packages.items()),
-         w.evaluation, w.source_sha256[:12]]
+         w.evaluation, w.source_sha256[:12], w.weights or ""]
         for w in found.workers
     ]  # fmt: skip
-    headers = ["host", "device", "python", "packages", "evaluation", "source sha256"]
+    headers = ["host", "device", "python", "packages", "evaluation", "source sha256", "weights"]
     spec = f"<p>dataset spec <code>{html.escape(found.spec)}</code></p>" if found.spec else ""
     return spec + (_table("provenance", headers, rows) if rows else "")
 
@@ -110,7 +110,7 @@ def render_comparison(found: Comparison, views: list[RunView]) -> str:
     difference's numbers beside the run's own value, and its flipped samples."""
     names = list(found.metrics)
     runs = [
-        [v.meta.run_id, v.meta.eval, " ".join(f"{k}={x}" for k, x in sorted(v.meta.params.items())),
+        [v.meta.run_id, v.meta.eval, v.meta.settings_shown,
          v.meta.status.value,
          *(" ".join(shown(found.stats.get(n, {}).get(v.meta.run_id))) for n in names)]
         for v in views
@@ -193,6 +193,7 @@ def render(report: Report) -> str:
     facts = {
         "run": meta.run_id,
         "evaluation": meta.eval,
+        **({"model": meta.model} if meta.model is not None else {}),
         "data": f"{meta.dataset_id} / {meta.split} ({view.tier.value})",
         "status": meta.status.value,
         "samples": f"{meta.n:,}",

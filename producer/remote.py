@@ -18,6 +18,7 @@ it only names are imported for type checking, and pyarrow when a table is asked 
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Iterator, Sequence
@@ -33,6 +34,7 @@ from shared.access.budget import Budget
 from shared.access.dataset import RegisteredDataset
 from shared.access.policy import Tier
 from shared.access.roles import TokenRecord
+from shared.access.task import RegisteredTask
 from shared.errors import GatewayUnreachableError, InputError, RemoteError, first_line
 from shared.models import Progress, RunMeta, SampleResult
 
@@ -69,6 +71,13 @@ class RemoteClient:
             self._http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=TIMEOUT)
         except (httpx.InvalidURL, ValueError) as exc:
             raise InputError(f"EVALQ_API_URL is not a valid URL: {first_line(exc)}") from None
+        if self._http.base_url.userinfo:
+            self._http.close()
+            raise InputError(
+                "EVALQ_API_URL holds a user or password: the gateway authenticates by "
+                "EVALQ_TOKEN alone (a URL's password would replace the token, and show in "
+                "messages); remove them"
+            )
         self.url = str(self._http.base_url).rstrip("/")
 
     def _send(self, request: httpx.Request, stream: bool = False) -> httpx.Response:
@@ -217,6 +226,15 @@ class RemoteClient:
         """Every registered dataset."""
         return _DATASETS.validate_python(self._call("GET", "/v1/datasets"))
 
+    def add_task(self, name: str, text: str) -> RegisteredTask:
+        """Register a language task file (admin)."""
+        body = {"name": name, "text": text}
+        return RegisteredTask.model_validate(self._call("POST", "/v1/tasks", body))
+
+    def tasks(self) -> list[RegisteredTask]:
+        """Every registered language task."""
+        return _TASKS.validate_python(self._call("GET", "/v1/tasks"))
+
     def set_tier(self, dataset: str, split: str, tier: Tier) -> Tier | None:
         """Set a split's tier (admin); return the one before."""
         found = self._call("PUT", f"/v1/tiers/{_seg(dataset)}/{_seg(split)}", {"tier": tier.value})
@@ -293,6 +311,7 @@ class RemoteClient:
 
 
 _DATASETS = TypeAdapter(list[RegisteredDataset])
+_TASKS = TypeAdapter(list[RegisteredTask])
 _TIERS = TypeAdapter(dict[str, dict[str, Tier]])
 _BUDGETS = TypeAdapter(list[Budget])
 _TOKENS = TypeAdapter(list[TokenRecord])
@@ -316,8 +335,12 @@ def _retry_after(response: httpx.Response, body: Any) -> float | None:
 
 
 def _passed(response: httpx.Response) -> Iterator[str]:
+    """A results stream's lines; an error line (the stream's token was revoked) is raised."""
     try:
         for line in response.iter_lines():
+            if line.startswith('{"error":'):
+                body = json.loads(line)
+                raise RemoteError(str(body["error"]), int(body["exit_code"]))
             if line:
                 yield line + "\n"
     finally:
@@ -325,9 +348,5 @@ def _passed(response: httpx.Response) -> Iterator[str]:
 
 
 def _parsed(response: httpx.Response) -> Iterator[SampleResult]:
-    try:
-        for line in response.iter_lines():
-            if line:
-                yield SampleResult.model_validate_json(line)
-    finally:
-        response.close()
+    for line in _passed(response):
+        yield SampleResult.model_validate_json(line)

@@ -10,6 +10,10 @@ dispatcher hands it to the scoring workers (:mod:`shared.queue.backlog`): a smal
 no one's big one. A sample without an output (its ``infer()`` failed) is in the new run too,
 failed with the source's error: it counts as a failure there as it did in the source, so a
 rescore never drops the samples a candidate crashed on.
+
+A language run is rescored by another registered task (``--eval TASK``): the new run keeps the
+source's model and few-shot examples, which made the outputs, and takes the task's target and
+scorer (:func:`producer.language.rescorer`).
 """
 
 from __future__ import annotations
@@ -22,12 +26,13 @@ import redis
 from celery import Celery
 from pydantic import BaseModel, ConfigDict, Field
 
+from producer.language import rescorer
 from producer.submit import start
 from shared.access.policy import admit_run, admit_split, run_tier
 from shared.access.tiers import TierRegistry
 from shared.connection import server_time
 from shared.errors import InputError
-from shared.evaluation import create
+from shared.evals.language import evaluation_of
 from shared.models import RunMeta, RunStatus
 from shared.names import RUN_ID
 from shared.queue.backlog import SCORE_LANE, Backlog
@@ -73,7 +78,8 @@ def rescore(
     source = runs.get(run_id)
     if source.status is not RunStatus.COMPLETED:
         raise InputError(f"run {run_id} is {source.status}; only a completed run is rescored")
-    before, after = create(source.eval, source.params), create(eval_name, params)
+    before = evaluation_of(source)
+    after, language = rescorer(client, source, eval_name, params)
     if before.output_kind is None or before.output_kind != after.output_kind:
         raise InputError(
             f"'{eval_name}' cannot score the outputs of '{source.eval}': their output kinds "
@@ -96,7 +102,8 @@ def rescore(
         dataset_id=source.dataset_id, registered=source.registered, split=source.split,
         n=len(ids), status=RunStatus.QUEUED, created=server_time(client), principal=principal,
         admin=admin, charged=not admin, priority=source.priority, sweep=None, tags=source.tags,
-        rescored_from=run_id,
+        rescored_from=run_id, model=source.model,
+        task=None if language is None else language.model_dump_json(),
     )  # fmt: skip
 
     def enqueue() -> None:

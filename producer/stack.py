@@ -20,7 +20,6 @@ import os
 import secrets
 import signal
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -36,6 +35,7 @@ from producer.client import Client
 from producer.redis_server import RedisServer, find_acl_redis_server, refuse_taken, version
 from producer.workers import LocalWorkers
 from shared.access.roles import Role
+from shared.cli import python
 from shared.errors import EvalqError
 from shared.settings import Settings
 
@@ -44,7 +44,7 @@ __all__ = ["ADMIN", "FLOWER_USER", "Stack", "StackPorts"]
 ADMIN = "admin"
 """The principal of the admin token ``evalq up`` creates."""
 
-_EVALQ = (sys.executable, "-c", "from shared.cli import main; main()")
+_EVALQ = tuple(python("-c", "from shared.cli import main; main()"))
 _STOP_WAIT = 30.0
 _READY_WAIT = 90.0
 _CREDENTIALS = (
@@ -208,7 +208,7 @@ class Stack:
         self._pool.start(client.app, timeout=_READY_WAIT)
         # after the workers: its first inspection finds them
         flower = [
-            sys.executable, "-m", "celery", "-A", "worker.celery", "flower",
+            *python("-m", "celery", "-A", "worker.celery", "flower"),
             f"--port={self.ports.flower}", "--address=127.0.0.1", "--persistent=False",
         ]  # fmt: skip
         flower_env = {**as_user["monitor"], "FLOWER_BASIC_AUTH": flower_auth}

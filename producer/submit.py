@@ -18,12 +18,14 @@ import difflib
 import secrets
 import uuid
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Annotated
 
 import redis
 from celery import Celery
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from producer.language import check_rows, resolve, with_examples
 from shared.access.ledger import Ledger
 from shared.access.policy import (
     Tier,
@@ -41,7 +43,6 @@ from shared.data.loading import Sharding, resolve_source, shard_order, spec_of
 from shared.data.routing import RoutingKind
 from shared.data.spec import HubSource, LocalSource, publish_spec
 from shared.errors import InputError, SampleIdError, UnknownDatasetError
-from shared.evaluation import create
 from shared.models import Priority, RunMeta, RunStatus
 from shared.names import is_name
 from shared.queue.backlog import Backlog
@@ -81,6 +82,13 @@ class SubmitRequest(BaseModel):
     ] = Field(default_factory=dict, max_length=64)
     """``--param k=v``: at most 64, of :data:`PARAMS_CHARS` characters in all (they are kept
     in the run's record for as long as the run)."""
+    model: str | None = Field(default=None, min_length=1, max_length=1024)
+    """``--model hf/<folder or Hub id>[@revision]``: the model a registered task runs on."""
+    model_args: dict[
+        Annotated[str, Field(min_length=1, max_length=100)],
+        Annotated[str, Field(max_length=200)],
+    ] = Field(default_factory=dict, max_length=16)
+    """``--model-arg k=v`` (:class:`shared.lm.spec.ModelArgs` declares them)."""
     revision: str | None = Field(default=None, max_length=200)
     """Hub revision of an unregistered source."""
     config: str | None = Field(default=None, max_length=200)
@@ -133,13 +141,13 @@ def parse_ids(text: str) -> list[int]:
     return ids
 
 
-def parse_params(pairs: Sequence[str]) -> dict[str, str]:
+def parse_params(pairs: Sequence[str], option: str = "--param") -> dict[str, str]:
     """``["k=v", ...]`` -> ``{"k": "v"}``."""
     params: dict[str, str] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
-            raise InputError(f"--param takes key=value, got {pair!r}")
+            raise InputError(f"{option} takes key=value, got {pair!r}")
         params[key.strip()] = value
     return params
 
@@ -215,11 +223,15 @@ def submit(
     admin: bool = False,
     archive: str,
     suggest: bool = False,
+    model_roots: Sequence[Path] = (),
 ) -> RunMeta:
     """Gate, publish and enqueue ``request`` (its results to be archived under ``archive``);
     return the new run's record. ``suggest``: an unknown dataset name's error may name the
     closest registered one."""
-    evaluation = create(request.eval, request.params)
+    evaluation, language = resolve(
+        client, request.eval, request.params, request.model, request.model_args, admin=admin,
+        model_roots=model_roots,
+    )  # fmt: skip
     sharding = request.sharding
     if sharding.routing is RoutingKind.KMEANS and sharding.route_field in evaluation.label_fields:
         raise InputError(
@@ -244,10 +256,18 @@ def submit(
         sample_ids = resolve_ids(spec.n_rows, request.limit, request.ids)
     admit_run(where, tier, admin, len(sample_ids))
     dataset = request.dataset or str(request.data)
+    if language is not None:
+        check_rows(language, rows[0])
+        language = with_examples(
+            client, language, dataset=dataset, split=request.split,
+            registered=request.dataset is not None,
+        )  # fmt: skip
     meta = RunMeta(
         run_id=uuid.uuid4().hex[:16],
         eval=request.eval,
         params=dict(request.params),
+        model=None if language is None else str(language.model),
+        task=None if language is None else language.model_dump_json(),
         spec=spec.fingerprint,
         dataset_id=dataset,
         registered=request.dataset is not None,

@@ -80,7 +80,8 @@ class Viewer:
             queues.append(INFER_QUEUE)
         if progress.inferred > progress.scored:
             queues.append(SCORE_QUEUE)
-        missing = absence(workers, meta.eval, queues)
+        provider = None if meta.model is None else meta.model.split("/", 1)[0]
+        missing = absence(workers, meta.eval, queues, provider)
         if missing:
             return missing
         if waiting is not None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -15,6 +14,7 @@ from celery import Celery
 from kombu.exceptions import OperationalError
 from redis import RedisError
 
+from shared.cli import python
 from shared.errors import EvalqError
 from shared.settings import Settings
 
@@ -62,7 +62,7 @@ class LocalWorkers:
         for index in range(self.count):
             command = [
                 *self.launcher,
-                sys.executable, "-m", "worker",
+                *python("-m", "worker"),
                 "--queues", self.queues,
                 "--concurrency", str(self.concurrency),
             ]  # fmt: skip

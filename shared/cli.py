@@ -16,6 +16,8 @@ import json
 import sys
 from collections.abc import Sequence
 from importlib.metadata import entry_points
+from importlib.util import find_spec
+from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import redis
@@ -28,7 +30,9 @@ from shared.connection import redact
 from shared.errors import DetachedError, EvalqError
 from shared.settings import get_settings
 
-__all__ = ["COMMANDS_GROUP", "AdminFlag", "JsonFlag", "create_cli", "err", "main", "out", "run"]
+__all__ = [
+    "COMMANDS_GROUP", "AdminFlag", "JsonFlag", "create_cli", "err", "main", "out", "python", "run",
+]  # fmt: skip
 
 COMMANDS_GROUP = "evalq.commands"
 """Entry-point group of ``register(app: typer.Typer) -> None`` functions."""
@@ -49,8 +53,35 @@ def print_json(value: Any) -> None:
     typer.echo(json.dumps(value, sort_keys=True, default=str))
 
 
+INTERNAL_PACKAGES = ("shared", "producer", "worker")
+"""evalq's own top-level packages, installed beside the public ``evalq`` (see pyproject.toml)."""
+
+
+def python(*args: str) -> list[str]:
+    """This interpreter with ``args``, the way evalq starts its own processes: ``-P`` keeps the
+    working directory off ``sys.path`` (``-m`` and ``-c`` would put it first), so a user's own
+    ``worker.py`` or ``shared.py`` where they run evalq never stands in for evalq's packages."""
+    return [sys.executable, "-P", *args]
+
+
+def check_own_packages() -> None:
+    """Refuse to start when one of evalq's internal packages resolves to another file (a user's
+    ``worker.py`` earlier on ``sys.path``, another distribution's ``shared``): one line naming
+    it, before anything half-starts on the wrong code."""
+    own = Path(__file__).resolve().parent.parent
+    for name in INTERNAL_PACKAGES:
+        spec = find_spec(name)
+        origin = spec.origin if spec is not None else None
+        if origin is not None and Path(origin).resolve().parent.parent != own:
+            raise EvalqError(
+                f"the module {name!r} at {origin} is not evalq's own (evalq's is under {own}): "
+                "rename yours or run evalq from another directory"
+            )
+
+
 def create_cli() -> typer.Typer:
     """The ``evalq`` app with every installed side's commands."""
+    check_own_packages()
     app = typer.Typer(
         no_args_is_help=True,
         add_completion=False,

@@ -7,7 +7,7 @@ message names an evaluation only by its registered name.
 from __future__ import annotations
 
 import importlib
-import re
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping
 from statistics import fmean
@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from shared.errors import ParamError, PayloadError, PluginError, UnknownEvalError
 from shared.failures import FailurePolicy, FailureRule
+from shared.names import PLUGIN_NAME
 from shared.scorer import ScriptCall, ScriptScorer, run_cold
 from shared.source import SourceFile, snapshot
 
@@ -28,6 +29,7 @@ __all__ = [
     "label_fields",
     "load_plugins",
     "lower_is_better",
+    "model_key",
     "register",
     "registered",
     "scrub",
@@ -35,7 +37,6 @@ __all__ = [
 ]
 
 BUILTIN_PLUGINS = ("shared.evals",)
-_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,127}$")
 _registry: dict[str, type[Evaluation]] = {}
 _sources: dict[str, SourceFile | None] = {}
 
@@ -80,6 +81,10 @@ class Evaluation(ABC):
     """Run ``infer()`` in a warm subprocess of its own that only ever receives label-free rows
     (for models that run code the caller controls); ``EVALQ_ISOLATE_INFERENCE`` does it for
     every evaluation. Rows and outputs then cross a pipe as JSON."""
+    isolatable: ClassVar[bool] = True
+    """Whether the subprocess can rebuild this evaluation by its name (a plugin's class); a
+    registered language task cannot, and runs no code a caller chose (its model is loaded
+    without remote code), so it runs in the worker process even under ``isolate``."""
     model_files: ClassVar[tuple[str, ...]] = ()
     """Absolute paths (files or folders) an isolated model's sandbox may read besides the
     Python installation and the plugins: the model's weights when they live elsewhere (a
@@ -132,6 +137,30 @@ class Evaluation(ABC):
     def infer(self, model: Any, rows: list[dict[str, Any]]) -> list[Any]:
         """Run the model on a batch of label-free rows; one JSON-able output per row."""
 
+    def infer_samples(
+        self, model: Any, rows: list[dict[str, Any]], samples: list[tuple[str, int]]
+    ) -> list[Any]:
+        """:meth:`infer` told each row's run id and sample id (what the worker calls): an
+        evaluation that derives something per sample (a sampling seed, so a redelivered
+        sample generates the same text) overrides this; by default, :meth:`infer`."""
+        return self.infer(model, rows)
+
+    def weights(self) -> str | None:
+        """What identifies the weights this evaluation's model runs (provenance): None for a
+        Python evaluation, whose model is its code's business."""
+        return None
+
+    def definition(self) -> str | None:
+        """sha256 of what defines this evaluation when it is not a source file (a registered
+        task's spec); None: its class's source file is (:func:`source`)."""
+        return None
+
+    def model_key(self) -> str:
+        """What identifies this evaluation's loaded model in a worker's pool of warm models:
+        by default its name and parameters (:func:`model_key`); evaluations that run one
+        model for many tasks (:mod:`shared.evals.language`) share it by the model alone."""
+        return model_key(self.name, self.params)
+
     def score(self, row: dict[str, Any], output: Any) -> dict[str, float]:
         """Score one output against its full row (for a script scorer: one cold run of it)."""
         if self.scorer is None:
@@ -171,6 +200,11 @@ class Evaluation(ABC):
         return {n: fmean(s[n] for s in scores if n in s) for n in names}
 
 
+def model_key(name: str, params: Mapping[str, str]) -> str:
+    """The warm model of a Python evaluation's run: its name and parameters."""
+    return f"{name}:{json.dumps(dict(params), sort_keys=True)}"
+
+
 def _param_problem(cls: type[Evaluation], exc: ValidationError) -> str:
     first = exc.errors()[0]
     key = str(first["loc"][0]) if first["loc"] else ""
@@ -189,7 +223,7 @@ def _param_problem(cls: type[Evaluation], exc: ValidationError) -> str:
 
 def register(name: str) -> Callable[[E], E]:
     """Class decorator: make an :class:`Evaluation` subclass available under ``name``."""
-    if not _NAME.match(name):
+    if not PLUGIN_NAME.match(name):
         raise PluginError(f"invalid evaluation name {name!r}")
 
     def decorate(cls: E) -> E:

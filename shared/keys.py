@@ -12,6 +12,7 @@ from shared.models import Stage
 
 __all__ = [
     "ACTIVE",
+    "ANY",
     "AUDIT",
     "DATASETS",
     "DATASET_FILES",
@@ -21,6 +22,8 @@ __all__ = [
     "PRIORITIES",
     "RETENTION",
     "RUNS",
+    "RUN_KEYS",
+    "TASKS",
     "TOKENS",
     "WORKERS",
     "FairKeys",
@@ -107,14 +110,19 @@ class FairKeys:
 
     @property
     def turn(self) -> str:
-        """Hash: principal -> ``run|samples``: the run being served in its turn and the
-        samples left in that turn."""
+        """Hash: principal -> ``model|deadline``: the model its turn serves, until that time
+        of Redis's clock."""
         return f"{self.prefix}turn"
 
     @property
     def waiting(self) -> str:
         """Hash: backlogged run -> samples in its backlog."""
         return f"{self.prefix}waiting"
+
+    @property
+    def model(self) -> str:
+        """Hash: backlogged run -> the model it runs (a principal's turn serves one model)."""
+        return f"{self.prefix}model"
 
     @property
     def depth(self) -> str:
@@ -143,6 +151,9 @@ DATASETS = "evalq:datasets"
 
 DATASET_FILES = "evalq:datasets:files"
 """Hash: sha256 of a registered file -> ``name/split`` that holds it (one owner per content)."""
+
+TASKS = "evalq:tasks"
+"""Hash: registered language-model task name -> JSON record (its YAML's spec, digest, who)."""
 
 TOKENS = "evalq:tokens"
 """Hash: sha256 of an API token -> JSON (principal, role, created); tokens are never stored."""
@@ -194,6 +205,9 @@ class RunKeys:
 
     run_id: str
 
+    def _key(self, name: str) -> str:
+        return f"evalq:{{{self.run_id}}}:{name}"
+
     @property
     def facts(self) -> str:
         """Hash: what the gateway decides by, written only by a producer (the ``worker`` ACL
@@ -208,47 +222,47 @@ class RunKeys:
         """Hash: the run's state, which workers write: status, finished, reason, archive
         claims and seal (``archive_url``, ``archived``), ``finalizing``. Its other fields are
         ignored: the run's facts are in :attr:`facts`."""
-        return f"evalq:{{{self.run_id}}}:meta"
+        return self._key("meta")
 
     @property
     def ids(self) -> str:
         """String: JSON list of the run's sample ids, in submission order."""
-        return f"evalq:{{{self.run_id}}}:ids"
+        return self._key("ids")
 
     @property
     def out(self) -> str:
         """Hash: sample id -> JSON output of ``infer()``, written once."""
-        return f"evalq:{{{self.run_id}}}:out"
+        return self._key("out")
 
     @property
     def score(self) -> str:
         """Hash: sample id -> JSON metrics of ``score()``, written once."""
-        return f"evalq:{{{self.run_id}}}:score"
+        return self._key("score")
 
     @property
     def err(self) -> str:
         """Hash: sample id -> JSON terminal error record, written once."""
-        return f"evalq:{{{self.run_id}}}:err"
+        return self._key("err")
 
     def attempts_of(self, stage: Stage) -> str:
         """Hash: sample id -> times its inference (``attempts``) or scoring
         (``score_attempts``) was started."""
         if stage is Stage.SCORE:
-            return f"evalq:{{{self.run_id}}}:score_attempts"
-        return f"evalq:{{{self.run_id}}}:attempts"
+            return self._key("score_attempts")
+        return self._key("attempts")
 
     @property
     def spill(self) -> str:
         """Hash: ``rows`` -> samples per segment (positions ``k*rows`` up to ``(k+1)*rows`` of
         the run's ids); segment index ``k`` -> URL of the Parquet part its settled samples were
         moved to while the run went on (``spill.lua``)."""
-        return f"evalq:{{{self.run_id}}}:spill"
+        return self._key("spill")
 
     @property
     def spilled(self) -> str:
         """String used as a bitmap: bit ``i`` is set once sample ``i``'s results moved to a
         spilled part; nothing is written for such a sample again."""
-        return f"evalq:{{{self.run_id}}}:spilled"
+        return self._key("spilled")
 
     @property
     def per_sample(self) -> list[str]:
@@ -263,47 +277,56 @@ class RunKeys:
     @property
     def settled(self) -> str:
         """Stream: ids of samples as they get their terminal result, for followers."""
-        return f"evalq:{{{self.run_id}}}:settled"
+        return self._key("settled")
 
     @property
     def progress(self) -> str:
         """Hash: inferred, scored, failed (bumped only when a write happened), recovered (sent
         again by the janitor), touched (Redis time of the last such write)."""
-        return f"evalq:{{{self.run_id}}}:progress"
+        return self._key("progress")
 
     @property
     def backlog(self) -> str:
         """List: the run's inference messages not handed to the broker yet, each
         ``samples|queue|message`` (the message exactly as kombu would push it), oldest at the
         right."""
-        return f"evalq:{{{self.run_id}}}:backlog"
+        return self._key("backlog")
 
     def backlog_of(self, stage: Stage) -> str:
         """List: the run's inference (``backlog``) or scoring (``score_backlog``) messages not
         handed to the broker yet, as :attr:`backlog` holds them."""
         if stage is Stage.SCORE:
-            return f"evalq:{{{self.run_id}}}:score_backlog"
+            return self._key("score_backlog")
         return self.backlog
 
     @property
     def aggregate(self) -> str:
         """String: JSON aggregate metrics, computed once from the store."""
-        return f"evalq:{{{self.run_id}}}:aggregate"
+        return self._key("aggregate")
 
     @property
     def provenance(self) -> str:
         """Hash: one JSON record per distinct worker (host, device, code) that stored outputs
         (:mod:`shared.store.provenance`)."""
-        return f"evalq:{{{self.run_id}}}:provenance"
+        return self._key("provenance")
 
     @property
     def errors(self) -> str:
         """Hash: ``stage/kind`` -> terminal errors of that kind, written when the run is
         archived (its per-sample errors then live in the archive)."""
-        return f"evalq:{{{self.run_id}}}:errors"
+        return self._key("errors")
 
     @property
     def stats(self) -> str:
         """String: JSON, each metric's mean, standard error and 95% interval
         (:class:`shared.stats.Stat`), computed with the aggregate."""
-        return f"evalq:{{{self.run_id}}}:stats"
+        return self._key("stats")
+
+
+ANY = "*"
+"""Stands for any run, dataset, split, caller or worker in a key: ``RunKeys(ANY).meta`` is the
+glob pattern of every run's meta (the ACL file's key patterns are made this way)."""
+
+RUN_KEYS = RunKeys(ANY)._key(ANY)
+"""The glob pattern of every key of every run that workers write (:class:`RunKeys`'s own, not
+its facts)."""

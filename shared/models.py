@@ -127,6 +127,13 @@ class RunMeta(BaseModel):
     """Registered name of the evaluation."""
     params: dict[str, str] = Field(default_factory=dict)
     """Evaluation parameters given with ``--param k=v``."""
+    model: str | None = None
+    """The language model a registered task runs on (``--model``: ``hf/<path or id>[@rev]``,
+    canonical), None for a Python evaluation, which owns its model."""
+    task: str | None = None
+    """A language task's run as JSON (:class:`shared.lm.run.LanguageRun`: the task as
+    registered at submission, the model spec and the few-shot examples); None for a Python
+    evaluation."""
     spec: str
     """Fingerprint of the dataset spec."""
     dataset_id: str
@@ -163,6 +170,14 @@ class RunMeta(BaseModel):
     """Why the run as a whole failed (e.g. its ``aggregate()`` raised), when it did."""
     archived: float | None = None
     """Unix time its per-sample results moved to the archive (:mod:`shared.store.archive`)."""
+
+    @property
+    def settings_shown(self) -> str:
+        """What the run ran with, as listings show it: its model first (a language task's),
+        then its parameters, ``k=v`` each."""
+        shown = [f"model={self.model}"] if self.model is not None else []
+        return " ".join([*shown, *(f"{k}={v}" for k, v in sorted(self.params.items()))])
+
     ended_seen: bool = Field(default=False, exclude=True)
     """A producer read the run ended and wrote so in its facts, where no worker can undo it:
     nothing is refunded after that, whatever its state (which workers write) says later."""
@@ -179,6 +194,10 @@ class Progress(BaseModel):
     """Samples with a terminal error."""
     recovered: int = 0
     """Samples the janitor sent again because their messages were lost."""
+    prompt_tokens: int = 0
+    """A language model's tokens read, over the outputs stored (each counted once)."""
+    completion_tokens: int = 0
+    """A language model's tokens generated, over the outputs stored."""
     touched: float | None = Field(default=None, exclude=True)
     """Unix time (Redis clock) of the run's last stored output or settled sample."""
 
@@ -207,13 +226,43 @@ class SampleState(StrEnum):
     FAILED = "failed"
 
 
+class Usage(BaseModel):
+    """The tokens a language model read and wrote for one sample."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    prompt_tokens: int = Field(ge=0)
+    completion_tokens: int = Field(ge=0)
+
+
+USAGE_PREFIX = '{"usage":{"prompt_tokens":'
+"""How a stored output that carries its usage begins: ``{"usage": {...}, "output": ...}``, as
+:func:`with_usage` writes it (a result's line takes both members as they are, unparsed)."""
+
+
+def with_usage(output: Any, usage: Usage) -> dict[str, Any]:
+    """An output with the tokens it took, stored as one value: a result then reads
+    ``output`` and ``usage`` apart (:func:`split_usage`)."""
+    return {"usage": usage.model_dump(), "output": output}
+
+
+def split_usage(value: Any, text: str) -> tuple[Any, Usage | None]:
+    """A stored output (``value``, parsed from ``text``) and the usage stored with it."""
+    if text.startswith(USAGE_PREFIX) and isinstance(value, dict) and len(value) == 2:
+        return value.get("output"), Usage.model_validate(value["usage"])
+    return value, None
+
+
 class SampleResult(BaseModel):
     """One sample's row in an export."""
 
     sample_id: int
     """Row index in the split."""
     output: JSONValue = None
-    """What ``infer()`` returned, if it ran."""
+    """What ``infer()`` returned, if it ran (a language model's generated text, cut at its
+    first stop sequence)."""
+    usage: Usage | None = None
+    """A language model's tokens for this sample."""
     scores: dict[str, float] | None = None
     """What ``score()`` returned, if it ran."""
     error: ErrorRecord | None = None
@@ -244,10 +293,13 @@ class WorkerProvenance(BaseModel):
     """The evaluation class's module and name."""
     source_sha256: str
     """sha256 of the evaluation's source file as the worker loaded it: the code it ran
-    (``unknown`` when it has none)."""
+    (``unknown`` when it has none); for a registered language task, its spec's digest."""
     source_now: str | None = None
     """sha256 of that file on disk when the worker recorded this, when it differs: the worker
     ran code older than the file (it was edited after the worker started)."""
+    weights: str | None = None
+    """A language model's weights as this worker loaded them: ``sha256:<hex>`` of a local
+    folder's weight, config and tokenizer files, or ``git:<commit>`` of a Hub model."""
 
     @property
     def code(self) -> str:

@@ -13,11 +13,14 @@ import re
 
 from shared.errors import InputError, UnknownRunError
 
-__all__ = ["NAME_RULE", "RUN_ID", "check_name", "check_run_id", "is_name"]
+__all__ = ["NAME_RULE", "PLUGIN_NAME", "RUN_ID", "check_name", "check_run_id", "is_name"]
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 
 NAME_RULE = "1-64 letters, digits, '_' or '-', starting with a letter or digit"
+
+PLUGIN_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,127}$")
+"""What an evaluation's or a scorer's registered name may be (lower case; ``.`` allowed)."""
 
 RUN_ID = r"^[0-9a-f]{1,64}$"
 """What a run id is (submit makes 16 hex digits)."""

@@ -51,6 +51,11 @@ class Settings(BaseSettings):
     plugins: Annotated[tuple[str, ...], NoDecode] = ()
     """Comma-separated modules imported at start-up to register evaluations."""
 
+    model_roots: Annotated[tuple[Path, ...], NoDecode] = ()
+    """Comma-separated folders a caller who is not an admin may name models in
+    (``--model hf/<folder>``); Hub ids are always allowed. Unset: the model cache
+    (:attr:`models`)."""
+
     archive_url: str = Field(
         default_factory=lambda: str(Path.home() / ".local" / "share" / "evalq" / "archive"),
         min_length=1,
@@ -98,6 +103,10 @@ class Settings(BaseSettings):
     fingerprint and refuse its samples if the centroids differ."""
     max_models: int = Field(default=2, ge=1)
     """Worker-local: loaded models kept per worker process (LRU)."""
+
+    model_cache: Path | None = None
+    """Worker-local: where models converted once for evalq are kept (a folder per source file,
+    named by its digest); unset: ``~/.cache/evalq/models``."""
 
     isolate_inference: bool = False
     """Worker-local: run every evaluation's ``infer()`` in a warm subprocess of its own that
@@ -182,12 +191,22 @@ class Settings(BaseSettings):
             raise InputError(f"EVALQ_REDIS_URL_FILE {path} is empty")
         return {**data, "redis_url": url}
 
-    @field_validator("plugins", mode="before")
+    @field_validator("plugins", "model_roots", mode="before")
     @classmethod
     def _split_plugins(cls, value: object) -> object:
         if isinstance(value, str):
             return tuple(part.strip() for part in value.split(",") if part.strip())
         return value
+
+    @property
+    def models(self) -> Path:
+        """Where models converted once for evalq are kept (``model_cache``, or the default)."""
+        return self.model_cache or Path.home() / ".cache" / "evalq" / "models"
+
+    @property
+    def allowed_model_roots(self) -> tuple[Path, ...]:
+        """The folders a non-admin may name models in: ``model_roots``, or the model cache."""
+        return self.model_roots or (self.models,)
 
     @property
     def broker(self) -> str:

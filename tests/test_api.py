@@ -14,6 +14,7 @@ import pytest
 from producer.api import Api
 from producer.client import Client
 from producer.remote import RemoteClient
+from shared.errors import InputError
 from tests.helpers import REPO
 
 HEAVY = ("celery", "kombu", "redis", "pyarrow")
@@ -59,3 +60,12 @@ def test_the_http_client_loads_no_broker_store_or_arrow_library() -> None:
         [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True
     )
     assert done.stdout.strip() == "", f"importing producer.remote loaded {done.stdout.strip()}"
+
+
+def test_a_gateway_url_with_a_password_is_refused_without_showing_it() -> None:
+    """``EVALQ_API_URL=http://u:SECRETPW@host`` was echoed whole in the unreachable-gateway
+    error, and its user and password (sent as basic auth) replaced the token's header."""
+    with pytest.raises(InputError) as refused:
+        RemoteClient("http://u:SECRETPW@127.0.0.1:1", "evalq_x")
+    assert "SECRETPW" not in str(refused.value)
+    assert "EVALQ_API_URL holds a user or password" in str(refused.value)

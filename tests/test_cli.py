@@ -104,7 +104,10 @@ def test_submit_follow_status_runs_results(stack: Stack, tmp_path: Path) -> None
     assert set(last["aggregate"]) == {"correct", "saw_label"}
 
     status = json.loads(evalq(url, "status", run_id, "--json").stdout)
-    assert status["progress"] == {"inferred": 30, "scored": 30, "failed": 0, "recovered": 0}
+    assert status["progress"] == {
+        "inferred": 30, "scored": 30, "failed": 0, "recovered": 0,
+        "prompt_tokens": 0, "completion_tokens": 0,  # a language model's, counted as stored
+    }  # fmt: skip
     assert status["stalled"] is None
     assert status["n"] == 30
     assert status["status"] == "completed"

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from shared.cli import INTERNAL_PACKAGES, python
 from tests.helpers import REPO, wait_for
 
 pytestmark = pytest.mark.integration
@@ -62,13 +63,24 @@ def _demo_env(mark: str) -> dict[str, str]:
     return {**env, MARK: mark}
 
 
+def _decoys(folder: Path) -> Path:
+    """A user's project folder holding modules named like evalq's own packages: evalq run from
+    there must still import its own (each decoy fails loudly if imported)."""
+    folder.mkdir()
+    for name in INTERNAL_PACKAGES:
+        decoy = f"raise SystemExit('the decoy {name}.py was imported')\n"
+        (folder / f"{name}.py").write_text(decoy)
+    return folder
+
+
 def test_demo_prints_accuracy_over_a_thousand_samples(tmp_path: Path) -> None:
     mark = uuid.uuid4().hex
     env = _demo_env(mark)
     result = subprocess.run(
-        [sys.executable, "-c", "from shared.cli import main; main()",
+        [*python("-c", "from shared.cli import main; main()"),
          "demo", "--samples", "1000", "--out", str(tmp_path), "--json"],
-        env=env, cwd=REPO, capture_output=True, text=True, timeout=600, check=False,
+        env=env, cwd=_decoys(tmp_path / "project"), capture_output=True, text=True, timeout=600,
+        check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     summary = json.loads(result.stdout)

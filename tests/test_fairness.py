@@ -56,20 +56,23 @@ QUEUE = "q"
 FLUSH_TIMER = 90
 
 
-def _meta(run_id: str, principal: str, priority: Priority = Priority.NORMAL) -> RunMeta:
+def _meta(
+    run_id: str, principal: str, priority: Priority = Priority.NORMAL, model: str = "m"
+) -> RunMeta:
+    """A run of ``principal`` on ``model`` (the evaluation's parameter: what a worker loads)."""
     return RunMeta(
-        run_id=run_id, eval="spy", spec="s", dataset_id="d", split="v", n=640,
-        status=RunStatus.QUEUED, created=0.0, principal=principal, priority=priority,
+        run_id=run_id, eval="spy", params={"model": model}, spec="s", dataset_id="d", split="v",
+        n=640, status=RunStatus.QUEUED, created=0.0, principal=principal, priority=priority,
     )  # fmt: skip
 
 
 class Round:
-    """A lane's backlogs on a real Redis with turns of two messages, staged and drained by hand
-    as workers would drain its queue."""
+    """A lane's backlogs on a real Redis with turns of ``turn`` seconds, staged and drained by
+    hand as workers would drain its queue."""
 
-    def __init__(self, on: RedisServer, lane: Lane = INFER_LANE) -> None:
+    def __init__(self, on: RedisServer, lane: Lane = INFER_LANE, turn: float = 3600) -> None:
         self.client = connect(on.url)
-        self.backlog = Backlog(self.client, turn_samples=128)
+        self.backlog = Backlog(self.client, turn_seconds=turn)
         self.lane = lane
         self.queue = f"{QUEUE}-{lane.queue}"
 
@@ -95,9 +98,9 @@ def test_principals_share_evenly_and_runs_by_priority_in_turns(redis_only: Redis
     fair.stage(_meta("a2", "a"))
     fair.stage(_meta("b1", "b"))
     first = fair.take(12)
-    # a and b alternate whatever number of runs each has; a's runs take turns of two messages
+    # a and b alternate whatever number of runs each has; a's runs, on one model, interleave
     assert [r[0] for r in first] == ["a", "b"] * 6
-    assert [r for r in first if r[0] == "a"] == ["a1", "a1", "a2", "a2", "a1", "a1"]
+    assert [r for r in first if r[0] == "a"] == ["a1", "a2"] * 3
     fair.stage(_meta("c-high", "c", Priority.HIGH), 40)
     fair.stage(_meta("c-low", "c", Priority.LOW), 40)
     assert fair.take(1) == ["c-high"]  # a newcomer joins at the clock: served next
@@ -108,6 +111,25 @@ def test_principals_share_evenly_and_runs_by_priority_in_turns(redis_only: Redis
     # c-high 4 to c-low's 1, and c-low still moves
     assert later["c-high"] + later["c-low"] == 20
     assert 14 <= later["c-high"] <= 18
+
+
+def test_a_turn_serves_one_model_for_its_time_then_the_next(redis_only: RedisServer) -> None:
+    """A principal's runs on two models: the turn's model is served while the turn lasts (no
+    model swap at every batch), its runs interleaving by time; once the turn's time is up the
+    lowest-time run's model gets the next turn. A small run on the model being served is
+    served at once (the 8,000-sample run no longer keeps it waiting 4,096 samples)."""
+    held = Round(redis_only)
+    held.stage(_meta("big", "a", model="m1"), 20)
+    held.stage(_meta("other", "a", model="m2"), 5)
+    assert held.take(3) == ["big"] * 3
+    held.stage(_meta("small", "a", model="m1"), 2)  # same model: joins at the clock
+    assert held.take(4) == ["small", "big", "small", "big"]
+    assert "other" not in held.take(6)  # m2 waits for the turn's end
+    held.client.flushall()
+    brief = Round(redis_only, turn=0)  # every turn over at once: the lowest time each time
+    brief.stage(_meta("big", "a", model="m1"), 20)
+    brief.stage(_meta("other", "a", model="m2"), 5)
+    assert brief.take(6) == ["big", "other"] * 3
 
 
 def test_leaving_and_coming_back_gains_a_principal_nothing(redis_only: RedisServer) -> None:
@@ -152,7 +174,7 @@ def test_scoring_has_a_round_of_its_own_where_principals_alternate(
     score = Round(redis_only, SCORE_LANE)
     infer = Round(redis_only)
     score.stage(_meta("a1", "a"))
-    score.stage(_meta("a2", "a"))
+    score.stage(_meta("a2", "a", model="m2"))
     score.stage(_meta("b1", "b"))
     infer.stage(_meta("a1", "a"))
     infer.stage(_meta("b1", "b"))
@@ -161,7 +183,7 @@ def test_scoring_has_a_round_of_its_own_where_principals_alternate(
     assert infer.take(3) == ["a1", "b1", "c1"]  # a's scoring left its inference time alone
     first = score.take(8)
     assert [r[0] for r in first] == ["a", "b"] * 4
-    assert [r for r in first if r[0] == "a"] == ["a2", "a2", "a1", "a1"]
+    assert [r for r in first if r[0] == "a"] == ["a1"] * 4  # a2's model waits for its turn
     score.stage(_meta("d1", "d"), 2)
     assert score.take(1) == ["d1"]  # joins at the clock: next
     assert Counter(infer.take(6)) == {"a1": 2, "b1": 2, "c1": 2}  # nor a's and b's scoring

@@ -7,6 +7,7 @@ runs: a submitted run stays queued, a run that never ends during a test."""
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import os
 import subprocess
@@ -376,15 +377,19 @@ def test_an_open_stream_ends_when_its_token_is_revoked(place: Place, tmp_path: P
         ) as stream:
             assert stream.status_code == 200
 
+            lines: list[str] = []
+
             def read() -> None:
-                for _ in stream.iter_raw():
-                    pass
+                lines.extend(stream.iter_lines())
                 ended.set()
 
             reader = threading.Thread(target=read, daemon=True)
             reader.start()
             assert place.operator.revoke_tokens("carol") == 1
             wait_for(ended.is_set, 30, "carol's stream to end")
+            # it says why it ended: a stream that just stopped reads as the run's end
+            last = json.loads(lines[-1])
+            assert last == {"error": "unauthorized: unknown or revoked token", "exit_code": 3}
 
 
 @integration
@@ -401,6 +406,13 @@ def test_a_body_is_not_read_before_its_token_is_known(place: Place, tmp_path: Pa
             assert _one_line_refusal(answer, 401, 3).startswith("unauthorized: ")
         known = httpx.post(url, content=garbage, headers=_auth(place.tokens["alice"]), timeout=30)
         assert known.status_code == 422
+        # a body Starlette cannot parse (compressed) is refused in the same one-line shape
+        zipped = {
+            **_auth(place.tokens["alice"]), "Content-Encoding": "gzip",
+            "Content-Type": "application/json",
+        }  # fmt: skip
+        packed = httpx.post(url, content=gzip.compress(b'{"eval": "spy"}'), headers=zipped)
+        assert _one_line_refusal(packed, 400, 2) == "There was an error parsing the body"
 
 
 @integration

@@ -115,8 +115,8 @@ def test_a_model_that_cannot_load_says_why() -> None:
 @pytest.mark.usefixtures("host_env")
 def test_the_runtime_pool_isolates_on_request_and_stops_evicted_hosts() -> None:
     pool = RuntimePool("cpu", max_models=1, isolate=True, plugins=["tests.plugins"])
-    first = pool.model(create("probe"))(ROWS)[0]["pid"]
-    assert pool.model(create("probe"))(ROWS)[0]["pid"] == first  # warm
+    first = pool.model(create("probe"))(ROWS, [])[0]["pid"]
+    assert pool.model(create("probe"))(ROWS, [])[0]["pid"] == first  # warm
     pool.model(create("probe", {"fail": "none"}))  # another spec: evicts the first host
     with pytest.raises(ProcessLookupError):
         os.kill(first, 0)

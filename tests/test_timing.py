@@ -25,12 +25,12 @@ from producer.page import render
 from producer.redis_server import RedisServer
 from producer.report import gather
 from producer.submit import SubmitRequest
-from shared.access.policy import TIMING_GRAIN, Tier
+from shared.access.policy import TIMING_GRAIN, Tier, coarse_timing
 from shared.access.tiers import TierRegistry
 from shared.connection import connect, server_time
 from shared.errors import TierRefusedError
 from shared.evaluation import create, load_plugins
-from shared.models import ErrorRecord, RunMeta, RunStatus, Stage
+from shared.models import ErrorRecord, Progress, RunMeta, RunStatus, Stage
 from shared.settings import Settings
 from shared.store.runs import RunFilter
 from shared.store.writer import ResultWriter
@@ -182,3 +182,20 @@ def test_listing_runs_by_status_tells_a_user_no_more_than_their_status(
             assert run_id not in listed
             return
     pytest.fail("no run was read within the second after its end")
+
+
+def test_a_held_out_run_s_archiving_time_tells_no_more_than_its_end() -> None:
+    """The attack review read ``archived`` (set 5-70 ms after a run's end, to the microsecond)
+    while the run still read as running, and to the microsecond after: its end, to the
+    sample. A reader without the timing sees it on the grain, once the grain has passed, and
+    why the run failed without the exception's words."""
+    meta = RunMeta(
+        run_id="r", eval="e", spec="0" * 64, dataset_id="d", split="s", n=5,
+        status=RunStatus.FAILED, created=100.2, finished=107.3, archived=107.35,
+        reason="aggregate() failed: ValueError: label 3 seen twice",
+    )  # fmt: skip
+    going, _ = coarse_timing(meta, Progress(scored=5), now=107.4)
+    assert (going.status, going.finished, going.archived) == (RunStatus.RUNNING, None, None)
+    ended, _ = coarse_timing(meta, Progress(scored=5), now=108.5)
+    assert (ended.finished, ended.archived) == (108.0, 108.0)
+    assert ended.reason == "aggregate() failed"  # an aggregate's error may name a label

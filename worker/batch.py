@@ -148,7 +148,7 @@ class RunShare:
                 self.solo.update(task.sample_ids)
         self.ids = list(dict.fromkeys(self.ids))
         if self.ids:
-            self.evaluation: Evaluation = res.runtimes.evaluation(self.meta.eval, self.meta.params)
+            self.evaluation: Evaluation = res.runtimes.evaluation(self.meta)
 
     def _refusal(self, task: SampleTask, ranges: Ranges) -> str | None:
         """Why a message cannot be one of this run's (None when it can)."""

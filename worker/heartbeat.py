@@ -24,6 +24,7 @@ from celery import Celery
 from shared.connection import connect
 from shared.evaluation import registered, source
 from shared.guard import Guard
+from shared.lm.spec import PROVIDERS
 from shared.queue.backlog import Backlog
 from shared.queue.broker import Broker
 from shared.settings import Settings
@@ -104,6 +105,7 @@ class PresenceThread(threading.Thread):
             hostname=self._hostname,
             pid=os.getpid(),
             evaluations=registered(),
+            providers=list(PROVIDERS),
             code=code,
             queues=self._queues,
             held=self._held(),

@@ -54,7 +54,9 @@ def _failed(run: RunShare, sample_id: int, exc: BaseException, max_attempts: int
 def _infer(infer: Infer, items: list[Item], max_attempts: int) -> None:
     """Give each item an output, a retry or an error; if a batch raises, rows go alone."""
     try:
-        outputs = _checked_outputs(infer([row for *_, row in items]), len(items))
+        rows = [row for *_, row in items]
+        samples = [(run.run_id, sample_id) for run, sample_id, _ in items]
+        outputs = _checked_outputs(infer(rows, samples), len(items))
     except Exception as exc:
         if len(items) == 1:
             run, sample_id, _ = items[0]

@@ -17,11 +17,13 @@ import gc
 import json
 import logging
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
-from shared.evaluation import Evaluation, create
+from shared.evals.language import evaluation_of
+from shared.evaluation import Evaluation
+from shared.models import RunMeta
 from shared.scorer import ScriptScorer
 from worker.lru import LRU
 from worker.model_proxy import ModelProxy
@@ -31,10 +33,9 @@ __all__ = ["Infer", "RuntimePool", "resolve_device"]
 
 log = logging.getLogger(__name__)
 
-RuntimeKey = tuple[str, str]
-
-Infer = Callable[[list[dict[str, Any]]], list[Any]]
-"""An evaluation's ``infer()`` bound to its loaded model: label-free rows in, outputs out."""
+Infer = Callable[[list[dict[str, Any]], list[tuple[str, int]]], list[Any]]
+"""An evaluation's ``infer_samples()`` bound to its loaded model: label-free rows and each
+row's run id and sample id in, outputs out."""
 
 
 def _limit_cpu_threads(threads: int | None) -> None:
@@ -61,6 +62,10 @@ def _free_memory() -> None:
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+def _proxied(proxy: ModelProxy, rows: list[dict[str, Any]], _samples: object) -> list[Any]:
+    return proxy.infer(rows)
 
 
 def _stop(_scorer: ScriptScorer, pool: ScriptPool) -> None:
@@ -91,8 +96,8 @@ class RuntimePool:
         self._cpu_threads = cpu_threads
         self._process_index = process_index
         self._scorer_procs = scorer_procs
-        self._evaluations: dict[RuntimeKey, Evaluation] = {}
-        self._models: LRU[RuntimeKey, Any] = LRU(max_models, on_evict=self._evicted)
+        self._evaluations: dict[str, Evaluation] = {}
+        self._models: LRU[str, Any] = LRU(max_models, on_evict=self._evicted)
         self._scripts: LRU[ScriptScorer, ScriptPool] = LRU(max_models, on_evict=_stop)
         self._dropped = False
 
@@ -101,27 +106,27 @@ class RuntimePool:
         """The device this process's models run on."""
         return resolve_device(self._device, self._process_index)
 
-    def evaluation(self, name: str, params: Mapping[str, str]) -> Evaluation:
-        """The evaluation instance for ``name`` with ``params``."""
-        key = (name, json.dumps(dict(params), sort_keys=True))
+    def evaluation(self, meta: RunMeta) -> Evaluation:
+        """The evaluation instance run ``meta`` names (with its parameters, and for a
+        language task its task and model)."""
+        key = "\0".join((meta.eval, json.dumps(meta.params, sort_keys=True), meta.task or ""))
         if key not in self._evaluations:
-            self._evaluations[key] = create(name, params)
+            self._evaluations[key] = evaluation_of(meta)
         return self._evaluations[key]
 
     def model(self, evaluation: Evaluation) -> Infer:
         """``evaluation``'s ``infer()`` bound to its model, loading the model on first use in
         this process (in a subprocess of its own when the evaluation is isolated)."""
-        key = (evaluation.name, json.dumps(evaluation.params, sort_keys=True))
-        model = self._models.get_or_create(key, lambda: self._load(evaluation))
+        model = self._models.get_or_create(evaluation.model_key(), lambda: self._load(evaluation))
         if isinstance(model, ModelProxy):
-            return model.infer
-        return partial(evaluation.infer, model)
+            return partial(_proxied, model)
+        return partial(evaluation.infer_samples, model)
 
     def scripts(self, scorer: ScriptScorer) -> ScriptPool:
         """The warm subprocess pool of a scorer script, started on first use."""
         return self._scripts.get_or_create(scorer, lambda: ScriptPool(scorer, self._scorer_procs))
 
-    def _evicted(self, _key: RuntimeKey, model: Any) -> None:
+    def _evicted(self, _key: str, model: Any) -> None:
         if isinstance(model, ModelProxy):
             model.close()
         self._dropped = True
@@ -134,7 +139,7 @@ class RuntimePool:
             )
             _free_memory()
         device = self.device
-        if evaluation.isolated or self._isolate:
+        if evaluation.isolatable and (evaluation.isolated or self._isolate):
             return ModelProxy(
                 evaluation,
                 device=device,

@@ -158,6 +158,9 @@ class SampleBatches(Batches):  # type: ignore[misc]
         self._reserve: Reserve | None = None
         self.held = Held()
         self._unserved_logged: dict[str, float] = {}
+        self._languages: set[str] = set()
+        """Names of registered language tasks this worker has seen runs of: it serves them
+        all (a run's record carries its task and model)."""
 
     def Strategy(self, task: Batches, app: Celery, consumer: Any) -> Callable[..., None]:
         buffer_message = super().Strategy(task, app, consumer)
@@ -173,8 +176,8 @@ class SampleBatches(Batches):  # type: ignore[misc]
                 log.error("dropping an %s message: %s", self.name, exc)
                 _ack_or_requeue(message, requeue=False)
                 return
-            if payload.eval not in served:
-                self._forward(app, message, payload)
+            unserved = payload.eval not in served and payload.eval not in self._languages
+            if unserved and not self._forward(app, message, payload):
                 return
             self.held.add(message.delivery_tag)
             try:
@@ -232,27 +235,34 @@ class SampleBatches(Batches):  # type: ignore[misc]
         self._buffered_samples = 0
         return len(stale)
 
-    def _forward(self, app: Celery, message: Any, payload: SampleTask) -> None:
+    def _forward(self, app: Celery, message: Any, payload: SampleTask) -> bool:
         """Move a message of an evaluation this worker does not serve to the queue of that
         evaluation, which only workers serving it consume, if its run is of that evaluation
-        (else it is forged or stale: dropped). If Redis refuses, the message goes back."""
+        (else it is forged or stale: dropped). If Redis refuses, the message goes back.
+        Return True when the message is this worker's after all: its run is a registered
+        language task's, which every worker serves."""
         queue = evaluation_queue(STAGE_QUEUES[self.name], payload.eval)
         try:
             if self.runs is None:
                 self.runs = RunStore(connect(self.redis_url))
-            owner = self.runs.get(payload.run_id).eval
+            meta = self.runs.get(payload.run_id)
+            owner, language = meta.eval, meta.task is not None
         except UnknownRunError:
-            owner = None
+            owner, language = None, False
         except Exception as exc:
             log.warning("cannot check a message's run (%s); it goes back", first_line(exc))
             _ack_or_requeue(message, requeue=True)
-            return
+            return False
+        if owner == payload.eval and language:
+            self._languages.add(payload.eval)  # a registered task's: any worker runs it
+            log.info("serving language task %r (its runs carry the task)", payload.eval)
+            return True
         if owner != payload.eval:
             log.error(
                 "dropping an %s message: its run is not of evaluation %r", self.name, payload.eval
             )
             _ack_or_requeue(message, requeue=False)
-            return
+            return False
         try:
             publish(app, self.name, [payload], queue=queue)
         except Exception as exc:
@@ -260,7 +270,7 @@ class SampleBatches(Batches):  # type: ignore[misc]
                 "cannot move a message to %s (%s); it goes back", queue.name, first_line(exc)
             )
             _ack_or_requeue(message, requeue=True)
-            return
+            return False
         _ack_or_requeue(message, requeue=False)
         now = time.monotonic()
         if now - self._unserved_logged.get(payload.eval, -UNSERVED_LOG_EVERY) >= UNSERVED_LOG_EVERY:
@@ -271,6 +281,7 @@ class SampleBatches(Batches):  # type: ignore[misc]
                 payload.eval,
                 queue.name,
             )
+        return False
 
     def flush(self, requests: Collection[Request]) -> Any:
         """Run the buffered requests as one pool job; when it returns, acknowledge the messages

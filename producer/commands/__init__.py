@@ -1,7 +1,8 @@
 """The producer's commands of ``evalq``, added to the app of :mod:`shared.cli` through the
 ``evalq.commands`` entry point (:func:`register`), by group: :mod:`~producer.commands.submit`;
 :mod:`~producer.commands.runs` (status, watch, runs, results, cancel, resume);
-:mod:`~producer.commands.analysis` (compare, rescore, report);
+:mod:`~producer.commands.analysis` (compare, rescore, report); :mod:`~producer.commands.tasks`
+(language tasks);
 :mod:`~producer.commands.operations` (demo, metrics, serve, acl, purge, retention, up); and
 :mod:`~producer.commands.policy` (the admin groups: datasets, tiers, budget, policy, tokens, and
 audit). Commands that only talk to Redis import neither torch nor any model.
@@ -18,6 +19,7 @@ from producer.commands.analysis import compare, report, rescore
 from producer.commands.operations import acl, demo, metrics, purge, retention, serve, up
 from producer.commands.runs import cancel, results, resume, runs, status, watch
 from producer.commands.submit import submit_command
+from producer.commands.tasks import tasks_app
 
 __all__ = ["register"]
 
@@ -32,4 +34,5 @@ def register(app: typer.Typer) -> None:
     for command in commands:
         app.command()(command)
     app.command("submit")(submit_command)
+    app.add_typer(tasks_app, name="tasks")
     policy.register(app)

@@ -119,6 +119,9 @@ def compare(
                 str(delta.n_paired), moved,
             )  # fmt: skip
     out.print(table)
+    for run_id, settings in found.runs.items():
+        if settings:
+            out.print(f"{run_id}: {settings}", highlight=False)
     for name, runs in found.flips.items():
         for run_id, flipped in runs.items():
             if flipped.fixed or flipped.broken:

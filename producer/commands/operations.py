@@ -11,21 +11,36 @@ from rich.text import Text
 
 from producer.api import open_api
 from shared.cli import JsonFlag, err, out, print_json
+from shared.errors import InputError
 from shared.settings import get_settings
 from shared.store.retention import parse_age
 
 __all__ = ["acl", "demo", "metrics", "purge", "retention", "serve", "up"]
 
 
-def demo(
+def demo(  # noqa: PLR0917 - a typer command: its options are its parameters
     samples: Annotated[int, typer.Option(min=1, help="Validation samples to evaluate.")] = 1000,
     workers: Annotated[int, typer.Option(min=1, help="Worker processes to start.")] = 1,
     out_dir: Annotated[Path, typer.Option("--out", help="Where data and results go.")] = Path(
         "evalq-demo"
     ),
+    language: Annotated[
+        bool,
+        typer.Option(
+            "--lm", help="SmolLM2 on two built-in language tasks instead (needs: make lm)."
+        ),
+    ] = False,
+    model: Annotated[
+        str | None, typer.Option(help="With --lm: another model (hf/<folder or Hub id>).")
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Start a private Redis and workers, evaluate MiniLM zero-shot topics, print accuracy."""
+    if language:
+        _language_demo(workers, out_dir.resolve(), as_json, model)
+        return
+    if model is not None:
+        raise InputError("--model goes with --lm (the MiniLM demo's model is its evaluation's)")
     from producer.demo import run_demo
 
     summary = run_demo(samples, workers, out_dir.resolve(), err if as_json else out)
@@ -49,6 +64,31 @@ def demo(
         f"({summary.samples_per_second:.0f} samples/s)",
     )
     out.print(f"per-sample results: {summary.results_path}")
+
+
+def _language_demo(workers: int, out_dir: Path, as_json: bool, model: str | None) -> None:
+    from producer.demo_lm import run_language_demo
+
+    summaries = run_language_demo(workers, out_dir, err if as_json else out, model)
+    if as_json:
+        print_json([
+            {"task": s.task, "run_id": s.run_id, "samples": s.samples, "failed": s.failed,
+             "stats": {k: v.model_dump(mode="json") for k, v in s.stats.items()},
+             "completion_tokens": s.completion_tokens, "seconds": round(s.seconds, 3),
+             "results": str(s.results_path)}
+            for s in summaries
+        ])  # fmt: skip
+        return
+    for summary in summaries:
+        for metric, stat in sorted(summary.stats.items()):
+            low, high = stat.ci95 or (float("nan"), float("nan"))
+            out.print(
+                Text(f"{summary.task} {metric} {stat.mean:.3f}", style="bold green"),
+                f"(95% CI {low:.3f}-{high:.3f}) over {summary.samples} samples "
+                f"({summary.failed} failed)",
+            )
+        rate = f", {summary.tokens_per_second:.0f} tokens/s" if summary.completion_tokens else ""
+        out.print(f"  {summary.seconds:.1f}s{rate}; per-sample results: {summary.results_path}")
 
 
 def metrics(

@@ -36,6 +36,7 @@ def status(
     for key, value in (
         ("run", meta.run_id),
         ("eval", meta.eval),
+        *((("model", meta.model),) if meta.model is not None else ()),
         ("data", f"{meta.dataset_id} / {meta.split} ({view.tier})"),
         ("status", f"{meta.status}, stalled: {view.stalled}" if view.stalled else meta.status),
         ("samples", meta.n),
@@ -111,7 +112,7 @@ def runs(  # noqa: PLR0917 - a typer command: its options are its parameters
             (
                 m.run_id, m.eval, f"{m.dataset_id}/{m.split}", str(m.status),
                 f"{v.progress.done}/{m.n}", metric,
-                " ".join(f"{k}={val}" for k, val in sorted(m.params.items())), " ".join(m.tags),
+                m.settings_shown, " ".join(m.tags),
             )
         )  # fmt: skip
     widths = _fit(rows, out.width)

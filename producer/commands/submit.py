@@ -37,6 +37,13 @@ def submit_command(  # noqa: PLR0913, PLR0917 - a typer command: its options are
     param: Annotated[
         list[str] | None, typer.Option(help="Eval parameter k=v (repeatable).")
     ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(help="The model a registered task runs on: hf/<folder or Hub id>[@rev]."),
+    ] = None,
+    model_arg: Annotated[
+        list[str] | None, typer.Option(help="Model argument k=v (repeatable): dtype, batch_size.")
+    ] = None,
     revision: Annotated[str | None, typer.Option(help="Hub revision of --data.")] = None,
     config: Annotated[str | None, typer.Option(help="Hub configuration of --data.")] = None,
     shards: Annotated[
@@ -87,6 +94,8 @@ def submit_command(  # noqa: PLR0913, PLR0917 - a typer command: its options are
         limit=limit,
         ids=tuple(parse_ids(ids)) if ids is not None else None,
         params=parse_params(param or []),
+        model=model,
+        model_args=parse_params(model_arg or [], "--model-arg"),
         revision=revision,
         config=config,
         sharding=Sharding(
@@ -106,7 +115,12 @@ def submit_command(  # noqa: PLR0913, PLR0917 - a typer command: its options are
                 "--follow follows one run; watch a sweep with evalq runs --sweep ID or "
                 "evalq watch RUN"
             )
-        _submit_sweep(client, request, grid(request.params, sweeps), new_sweep_id(), as_json)
+        sweep_id = new_sweep_id()
+        points = [
+            point(request, params, sweep_id, models="model" in sweeps)
+            for params in grid(request.params, sweeps)
+        ]
+        _submit_sweep(client, points, as_json)
         return
     meta = client.submit(request)
     if as_json:
@@ -123,37 +137,45 @@ def submit_command(  # noqa: PLR0913, PLR0917 - a typer command: its options are
         follow_and_report(client, meta.run_id, as_json)
 
 
-def _submit_sweep(
-    client: Api, request: SubmitRequest, grid: list[dict[str, str]], sweep: str, as_json: bool
-) -> None:
-    """Submit one run per point of ``grid``, sharing the sweep id. Every point is checked
-    before any is submitted; a refusal midway stops the sweep there, and the runs submitted
-    before it stand: listed on stdout (``--json``: with the error) before the error."""
-    points = [
-        type(request).model_validate({**request.model_dump(), "params": params, "sweep": sweep})
-        for params in grid
-    ]
+def point(
+    request: SubmitRequest, params: dict[str, str], sweep: str, *, models: bool
+) -> SubmitRequest:
+    """One point of a sweep: ``params``; with ``models`` (``--sweep model=…``: a sweep over
+    checkpoints) their ``model`` is the point's ``--model``, not a parameter."""
+    fields = {**request.model_dump(), "params": dict(params), "sweep": sweep}
+    if models:
+        fields["model"] = fields["params"].pop("model")
+    return type(request).model_validate(fields)
+
+
+def _submit_sweep(client: Api, points: list[SubmitRequest], as_json: bool) -> None:
+    """Submit one run per point of a sweep's grid (they share the sweep id). Every point is
+    checked before any is submitted; a refusal midway stops the sweep there, and the runs
+    submitted before it stand: listed on stdout (``--json``: with the error) before the
+    error."""
     client.check_params(points)
+    sweep = str(points[0].sweep)
     submitted: list[str] = []
     try:
-        for point in points:
-            submitted.append(client.submit(point).run_id)
+        for each in points:
+            submitted.append(client.submit(each).run_id)
     except EvalqError as exc:
         if as_json:
             print_json({"sweep": sweep, "run_ids": submitted, "error": str(exc)})
         elif submitted:
-            _print_sweep(sweep, submitted, grid, f" of {len(grid)} before this refusal")
+            _print_sweep(sweep, submitted, points, f" of {len(points)} before this refusal")
         raise
     if as_json:
         print_json({"sweep": sweep, "run_ids": submitted})
         return
-    _print_sweep(sweep, submitted, grid)
+    _print_sweep(sweep, submitted, points)
 
 
 def _print_sweep(
-    sweep: str, submitted: list[str], grid: list[dict[str, str]], note: str = ""
+    sweep: str, submitted: list[str], points: list[SubmitRequest], note: str = ""
 ) -> None:
     out.print(f"sweep {sweep}: {len(submitted)} runs{note}", highlight=False)
-    for run_id, params in zip(submitted, grid, strict=False):
-        shown = " ".join(f"{k}={v}" for k, v in sorted(params.items()))
-        out.print(f"{run_id}  {shown}", highlight=False)
+    for run_id, each in zip(submitted, points, strict=False):
+        shown = {**each.params, **({"model": each.model} if each.model is not None else {})}
+        text = " ".join(f"{k}={v}" for k, v in sorted(shown.items()))
+        out.print(f"{run_id}  {text}", highlight=False)

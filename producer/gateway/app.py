@@ -8,7 +8,7 @@ from functools import partial
 import redis.asyncio
 from fastapi import FastAPI
 
-from producer.gateway import datasets, policy, results, runs, tokens
+from producer.gateway import datasets, policy, results, runs, tasks, tokens
 from producer.gateway.caller import token_first
 from producer.gateway.context import Context
 from producer.gateway.errors import RESPONSES, handle_errors, too_large
@@ -34,7 +34,8 @@ def create_gateway(settings: Settings) -> FastAPI:
     limit = settings.gateway_max_body
     api.add_middleware(BodyLimit, limit=limit, refusal=partial(too_large, limit))  # outer
     handle_errors(api)
-    for router in (runs.router, results.router, datasets.router, policy.router, tokens.router):
+    routers = (runs, results, datasets, tasks, policy, tokens)
+    for router in (module.router for module in routers):
         api.include_router(router)
     return api
 

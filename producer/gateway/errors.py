@@ -11,6 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
+from starlette.exceptions import HTTPException
 
 from producer.gateway.context import context_of
 from shared.errors import (
@@ -83,6 +84,7 @@ def handle_errors(api: FastAPI) -> None:
     api.add_exception_handler(ThrottledError, _too_many)
     api.add_exception_handler(RequestValidationError, _invalid)
     api.add_exception_handler(redis.RedisError, _redis_down)
+    api.add_exception_handler(HTTPException, _http)
 
 
 def _status_of(exc: EvalqError) -> int:
@@ -126,6 +128,16 @@ def _invalid(request: Request, exc: Exception) -> JSONResponse:
     if unknown is not None:
         return error(unknown, UnknownRunError.exit_code, 404)
     return error(_validation_message(exc), InputError.exit_code, 422)
+
+
+def _http(request: Request, exc: Exception) -> JSONResponse:
+    """Starlette's own refusals (an unknown route, a wrong method, a body it cannot parse,
+    such as a compressed one) in the same shape as every other error."""
+    assert isinstance(exc, HTTPException)
+    code = InputError.exit_code if exc.status_code < 500 else 1
+    answer = error(str(exc.detail), code, exc.status_code)
+    answer.headers.update(exc.headers or {})
+    return answer
 
 
 def _redis_down(request: Request, exc: Exception) -> JSONResponse:

@@ -6,7 +6,8 @@ a batch of lines at a time, never one thread per stream; a followed run's stream
 new results with ``XREAD BLOCK`` on :mod:`redis.asyncio`, holding no thread while nothing
 settles. Streams are counted (:class:`producer.gateway.limits.StreamSlots`) from before their first
 read until they end, however they end: the run ends, the caller hangs up, or its token is
-revoked.
+revoked (its last line is then :data:`REVOKED`, an error in the shape of every other: a
+stream that simply stopped would read as the run's end).
 """
 
 from __future__ import annotations
@@ -24,11 +25,24 @@ from starlette.types import Receive, Scope, Send
 
 from producer.follower import Follower
 from producer.gateway.limits import StreamSlots
+from shared.errors import UnauthorizedError
+from shared.models import to_json
 from shared.store.wire import result_line
 
-__all__ = ["STREAM_THREADS", "ResultStream", "Streams"]
+__all__ = ["REVOKED", "STREAM_THREADS", "ResultStream", "Streams"]
 
 T = TypeVar("T")
+
+REVOKED = (
+    to_json(
+        {
+            "error": "unauthorized: unknown or revoked token",
+            "exit_code": UnauthorizedError.exit_code,
+        }
+    )
+    + "\n"
+)
+"""The last line of a followed stream whose token was revoked while it was open."""
 
 STREAM_THREADS = 8
 """Threads the streams' reads share (the request routes keep Starlette's own 40)."""
@@ -97,6 +111,7 @@ class Streams:
                 wait = WAIT_MS
             if not chunk or time.monotonic() - asked >= WAIT_MS / 1000:
                 if not await live():
+                    yield REVOKED
                     return
                 asked = time.monotonic()
             if not chunk:

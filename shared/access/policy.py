@@ -1,4 +1,5 @@
-"""The tier rules: every rule about split tiers, and nothing else, lives in this module.
+"""The tier rules: every rule about split tiers, and nothing else, lives in this module (and
+which models and few-shot splits a caller may name, the same kind of gate).
 
 Who may evaluate a split, who may read what of a run (and of its timing), how a stored or
 missing tier reads, and how a policy file's budgets reconcile with tiers. Stores
@@ -12,8 +13,11 @@ to one read of a run.
 from __future__ import annotations
 
 import math
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from pathlib import Path
 
 from shared.errors import PolicyError, TierRefusedError
 from shared.models import Progress, RunMeta, RunStatus
@@ -24,6 +28,8 @@ __all__ = [
     "Access",
     "Reader",
     "Tier",
+    "admit_fewshot",
+    "admit_model",
     "admit_run",
     "admit_sample_choice",
     "admit_source",
@@ -95,6 +101,41 @@ def admit_split(where: str, tier: Tier, admin: bool) -> None:
     """Before anything is read or charged: refuse a ``no_access`` split to a non-admin."""
     if not admin and tier is Tier.NO_ACCESS:
         raise TierRefusedError(f"tier refused: {where} is no_access")
+
+
+def admit_fewshot(where: str, tier: Tier) -> None:
+    """Few-shot examples are rows shown with their answers, so they come only from a
+    ``viewable`` split, for every caller, admins included: a held-out split's labels never
+    reach a prompt (nor an output that might echo them)."""
+    if tier is not Tier.VIEWABLE:
+        raise TierRefusedError(
+            f"tier refused: few-shot examples come only from a viewable split, and {where} "
+            f"is {tier.value}"
+        )
+
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def admit_model(name: str, admin: bool, roots: Sequence[Path]) -> None:
+    """A model a caller names is a Hub id (``org/name``) or a folder inside one of the
+    operator's model roots (``EVALQ_MODEL_ROOTS``); only an admin may name any folder: a
+    caller cannot make the workers read a folder of its choosing. ``name`` is canonical
+    (:func:`shared.lm.spec.canonical`: a folder by its resolved path, links followed)."""
+    if admin:
+        return
+    path = Path(name)
+    if path.is_absolute():
+        if any(path.is_relative_to(root.resolve()) for root in roots):
+            return
+        listed = ", ".join(str(root) for root in roots) or "none set"
+        raise TierRefusedError(
+            f"model refused: {name} is not inside a model root (EVALQ_MODEL_ROOTS: {listed})"
+        )
+    if not _HUB_ID.match(name) or ".." in name.split("/"):
+        raise TierRefusedError(
+            f"model refused: {name!r} is neither a Hub id (org/name) nor an absolute folder"
+        )
 
 
 def server_draws(tier: Tier, admin: bool) -> bool:
@@ -201,18 +242,29 @@ def coarse_timing(meta: RunMeta, progress: Progress, now: float) -> tuple[RunMet
     down to :data:`TIMING_GRAIN`; its end shown only from the next multiple of the grain after
     it (until then the run reads as running, so polling ``status`` learns its end to the
     grain, not to the sample); no counts while it goes (each settling write would show), and
-    ``running`` from submission on (the moment of its first write would show too)."""
+    ``running`` from submission on (the moment of its first write would show too). Its
+    archiving time, which follows its end by milliseconds, is on the grain too; why it failed,
+    without the exception's kind and message (``aggregate() failed``: an aggregate over
+    labels may say a label in its error; its kind is an admin's to read)."""
     created = math.floor(meta.created / TIMING_GRAIN) * TIMING_GRAIN
+    # its archiving follows its end by milliseconds: shown on the grain too, and not before
+    archived = None if meta.archived is None else _grain_after(meta.archived)
+    seen = {"created": created, "archived": archived if archived and now >= archived else None}
     if meta.finished is None:
         if meta.status.active:
-            going = {"created": created, "status": RunStatus.RUNNING}
+            going = {**seen, "archived": None, "status": RunStatus.RUNNING}
             return meta.model_copy(update=going), Progress()
-        return meta.model_copy(update={"created": created}), progress
-    end = math.ceil(meta.finished / TIMING_GRAIN) * TIMING_GRAIN
+        return meta.model_copy(update=seen), progress
+    end = _grain_after(meta.finished)
     if now < end:
-        going = {"created": created, "finished": None, "reason": None, "status": RunStatus.RUNNING}
-        return meta.model_copy(update=going), Progress()
-    return meta.model_copy(update={"created": created, "finished": end}), progress
+        going = {**seen, "archived": None, "finished": None, "reason": None}
+        return meta.model_copy(update={**going, "status": RunStatus.RUNNING}), Progress()
+    reason = None if meta.reason is None else meta.reason.split(":", 1)[0]
+    return meta.model_copy(update={**seen, "finished": end, "reason": reason}), progress
+
+
+def _grain_after(moment: float) -> float:
+    return math.ceil(moment / TIMING_GRAIN) * TIMING_GRAIN
 
 
 def budgeted_tier(where: str, listed: Tier | None) -> tuple[Tier | None, str | None]:

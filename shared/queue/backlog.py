@@ -16,9 +16,10 @@ part by their priority (``high`` 4, ``normal`` 2, ``low`` 1; a principal weighs 
 highest-priority backlogged run). A principal that arrives joins at the clock, the time of the
 last one served (or at its own time when it left, if later: leaving and coming back sheds
 nothing), so it is served next: a small run waits for one refill, not for the big runs'
-backlogs. Within a principal, the run chosen keeps its turn for :data:`TURN_SAMPLES` samples,
-so a sweep's runs (a model each) do not make workers swap models at every batch. A cancelled
-run is withdrawn from every round at once.
+backlogs. Within a principal, a turn serves one model for :data:`TURN_SECONDS`: its runs on
+that model interleave by virtual time (a small run beside a big one on the same model is
+served at once), and a sweep's runs (a model each) do not make workers swap models at every
+batch. A cancelled run is withdrawn from every round at once.
 
 The two queues keep separate virtual times because they are separate resources, often served
 by separate workers (the compose topology: GPU workers infer, CPU workers score): a principal
@@ -43,6 +44,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, cast
 
 import redis
@@ -52,7 +54,9 @@ from kombu.transport.redis import Channel as RedisChannel
 from kombu.transport.redis import Transport as RedisTransport
 from kombu.utils.json import dumps
 
+from shared.evaluation import model_key
 from shared.keys import FAIR, FAIR_SCORE, FairKeys, RunKeys
+from shared.lm.run import LanguageRun
 from shared.models import RunMeta, SampleTask, Stage
 from shared.queue.celery_app import INFER_QUEUE, INFER_TASK, SCORE_QUEUE, SCORE_TASK
 from shared.queue.sizing import message_size, split
@@ -64,20 +68,35 @@ __all__ = [
     "LANES",
     "SCORE_LANE",
     "STAGE_CHUNK",
-    "TURN_SAMPLES",
+    "TURN_SECONDS",
     "Backlog",
     "Capturer",
     "Lane",
     "Staged",
     "capture",
+    "run_model",
 ]
 
 STAGE_CHUNK = 500
 """Messages staged per script call: a million-sample run does not block Redis in one call."""
-TURN_SAMPLES = 4096
-"""Samples one run of a principal is served before the principal's next run by virtual time
-gets its turn: long enough that a worker does not swap models between a sweep's checkpoints at
-every batch, short enough that every run of the principal moves."""
+TURN_SECONDS = 30.0
+"""How long one turn of a principal serves one model before the principal's lowest-time run
+(maybe of another model) gets its turn: long enough that a worker does not swap models between
+a sweep's checkpoints at every batch, short enough that every run of the principal moves soon
+however slow its samples (a turn of 4,096 samples of a generative model was many minutes).
+Runs on the model being served interleave by virtual time within the turn."""
+
+
+@lru_cache(maxsize=256)
+def _language_model(task: str) -> str:
+    return LanguageRun.model_validate_json(task).model_key()
+
+
+def run_model(meta: RunMeta) -> str:
+    """The warm model ``meta``'s run needs (what a principal's turn serves)."""
+    if meta.task is not None:
+        return _language_model(meta.task)
+    return model_key(meta.eval, meta.params)
 
 
 class _CapturingChannel(RedisChannel):
@@ -120,7 +139,7 @@ class Lane:
         fair = self.fair
         return [
             fair.principals, fair.clock, fair.finish, fair.owner, fair.weight, fair.waiting,
-            fair.turn,
+            fair.turn, fair.model,
         ]  # fmt: skip
 
     def round_args(self) -> list[str]:
@@ -202,9 +221,9 @@ class Backlog:
     """The runs' backlogs and the fair dispatcher's state, for every :class:`Lane`; owns
     ``stage.lua``, ``dispatch.lua`` and ``withdraw.lua``."""
 
-    def __init__(self, client: redis.Redis, turn_samples: int = TURN_SAMPLES) -> None:
+    def __init__(self, client: redis.Redis, turn_seconds: float = TURN_SECONDS) -> None:
         self._client = client
-        self._turn = turn_samples
+        self._turn = turn_seconds
         self._stage = register(client, "shared.queue", "stage")
         self._dispatch = register(client, "shared.queue", "dispatch")
         self._withdraw = register(client, "shared.queue", "withdraw")
@@ -229,10 +248,10 @@ class Backlog:
         staged = 0
         for start in range(0, len(messages), STAGE_CHUNK):
             last = start + STAGE_CHUNK >= len(messages)
-            fields: list[str | int] = [
+            fields: list[str | int | float] = [
                 meta.run_id, meta.principal, meta.priority.weight,
                 "" if refill is None or not last else max(0, refill), at_least, self._turn,
-                *lane.round_args(),
+                run_model(meta), *lane.round_args(),
             ]  # fmt: skip
             for entry in messages[start : start + STAGE_CHUNK]:
                 fields += [entry.samples, entry.queue, entry.message]
@@ -280,7 +299,7 @@ class Backlog:
         if not queues:
             return 0
         keys: list[str] = []
-        args: list[str | int] = [self._turn]
+        args: list[str | float] = [self._turn]
         for queue, lane, depth, at_least in queues:
             keys += [queue, lane.fair.depth, *lane.round_keys()]
             args += [depth, at_least, *lane.round_args()]

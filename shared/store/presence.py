@@ -56,15 +56,29 @@ class WorkerBeat(BaseModel):
     """Messages it reserves at most (Celery's prefetch multiplier times its processes)."""
     code: dict[str, str] = {}
     """Evaluation -> sha256 of its source file as this worker loaded it (the code it runs)."""
+    providers: list[str] = []
+    """Model providers it runs registered language tasks on (``hf``): every task is served
+    by every worker of its model's provider."""
 
 
-def absence(workers: Iterable[WorkerBeat], evaluation: str, queues: Iterable[str]) -> str | None:
-    """Why no live worker can move a run of ``evaluation`` whose samples wait in ``queues``;
-    None when some worker serves the evaluation on each of those queues."""
+def absence(
+    workers: Iterable[WorkerBeat],
+    evaluation: str,
+    queues: Iterable[str],
+    provider: str | None = None,
+) -> str | None:
+    """Why no live worker can move a run of ``evaluation`` (a language task on a model of
+    ``provider``, when given) whose samples wait in ``queues``; None when some worker serves
+    it on each of those queues."""
     live = list(workers)
     if not live:
         return "no live worker (start one: evalq worker)"
-    serving = [w for w in live if evaluation in w.evaluations]
+    if provider is not None:
+        serving = [w for w in live if provider in w.providers]
+        if not serving:
+            return f"no live worker runs {provider!r} models"
+    else:
+        serving = [w for w in live if evaluation in w.evaluations]
     if not serving:
         return f"no live worker serves evaluation {evaluation!r} (check its EVALQ_PLUGINS)"
     for queue in queues:

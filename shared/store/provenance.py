@@ -45,14 +45,16 @@ def of_worker(evaluation: Evaluation, device: str) -> WorkerProvenance:
     """This process's provenance for ``evaluation`` on ``device``."""
     cls = type(evaluation)
     found = source(cls.name)
+    defined = evaluation.definition()
     return WorkerProvenance(
         host=socket.gethostname(),
         device=device,
         python=platform.python_version(),
         packages=dict(_packages()),
         evaluation=f"{cls.__module__}.{cls.__qualname__}",
-        source_sha256="unknown" if found is None else found.loaded,
-        source_now=None if found is None else found.changed(),
+        source_sha256=defined or ("unknown" if found is None else found.loaded),
+        source_now=None if found is None or defined else found.changed(),
+        weights=evaluation.weights(),
     )
 
 

@@ -11,7 +11,14 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator
 
-from shared.models import ErrorRecord, SampleResult, to_json
+from shared.models import (
+    USAGE_PREFIX,
+    ErrorRecord,
+    SampleResult,
+    split_usage,
+    to_json,
+    with_usage,
+)  # fmt: skip
 from shared.store.archive import Chunk
 
 __all__ = [
@@ -30,7 +37,9 @@ def text_line(sample_id: int, output: str | None, scores: str | None, error: str
     """One sample's JSON line (``evalq results``) from the texts the store holds: absent values
     (and an output of JSON ``null``) left out."""
     line = f'{{"sample_id":{sample_id}'
-    if output is not None and output != "null":
+    if output is not None and output.startswith(USAGE_PREFIX):
+        line += f",{output[1:-1]}"
+    elif output is not None and output != "null":
         line += f',"output":{output}'
     if scores is not None:
         line += f',"scores":{scores}'
@@ -53,7 +62,7 @@ def result_line(result: SampleResult) -> str:
         return result.model_dump_json(exclude_none=True) + "\n"
     return text_line(
         result.sample_id,
-        None if result.output is None else to_json(result.output),
+        _stored(result),
         None if result.scores is None else to_json(result.scores),
         None if result.error is None else result.error.model_dump_json(),
     )
@@ -63,9 +72,11 @@ def result_of(
     sample_id: int, output: str | None, scores: str | None, error: str | None
 ) -> SampleResult:
     """A sample's result from the texts the store holds."""
+    value, usage = (None, None) if output is None else split_usage(json.loads(output), output)
     return SampleResult(
         sample_id=sample_id,
-        output=None if output is None else json.loads(output),
+        output=value,
+        usage=usage,
         scores=None if scores is None else json.loads(scores),
         error=None if error is None else ErrorRecord.model_validate_json(error),
     )
@@ -91,10 +102,17 @@ def as_chunks(results: Iterable[SampleResult], size: int) -> Iterator[Chunk]:
         yield _texts(batch)
 
 
+def _stored(result: SampleResult) -> str | None:
+    """A result's output as the store holds it (with its usage, when it has one)."""
+    if result.usage is not None:
+        return to_json(with_usage(result.output, result.usage))
+    return None if result.output is None else to_json(result.output)
+
+
 def _texts(results: list[SampleResult]) -> Chunk:
     return Chunk(
         [r.sample_id for r in results],
-        [None if r.output is None else to_json(r.output) for r in results],
+        [_stored(r) for r in results],
         [None if r.scores is None else to_json(r.scores) for r in results],
         [None if r.error is None else r.error.model_dump_json() for r in results],
     )

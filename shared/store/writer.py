@@ -15,7 +15,7 @@ import redis
 
 from shared.evaluation import Evaluation
 from shared.keys import RunKeys
-from shared.models import ErrorRecord, Stage, to_json
+from shared.models import USAGE_PREFIX, ErrorRecord, Stage, to_json
 from shared.store.aggregate import Clusters, Finished, conclude
 from shared.store.reader import ResultReader
 from shared.store.runs import RunStore
@@ -97,14 +97,15 @@ class ResultWriter:
                 pipe.execute()
 
     def record_outputs(self, run_id: str, outputs: dict[int, str]) -> int:
-        """Write each output (JSON text, see :func:`to_json`) unless one exists; return how many
-        were new."""
+        """Write each output (JSON text, see :func:`to_json`) unless one exists, counting the
+        tokens of those stored with their usage; return how many were new."""
         if not outputs:
             return 0
         keys = RunKeys(run_id)
         return int(
             self._record_outputs(
-                keys=[keys.out, keys.progress, keys.meta, keys.spilled], args=flatten(outputs)
+                keys=[keys.out, keys.progress, keys.meta, keys.spilled],
+                args=[USAGE_PREFIX, *flatten(outputs)],
             )
         )
 

@@ -5,13 +5,14 @@
 -- KEYS[2] = RunKeys.backlog_of(stage)   list of 'samples|queue|message', oldest at the right
 -- KEYS[3] = the broker queue whose depth a refill keeps ('infer', 'score')
 -- KEYS[4] = its FairKeys.depth
--- KEYS[5..11] = the round's keys (fair_round in prelude.lua)
+-- KEYS[5..12] = the round's keys (fair_round in prelude.lua)
 -- ARGV[1] = run id   ARGV[2] = principal   ARGV[3] = weight (1, 2, 4)
 -- ARGV[4] = refill the queue to this depth after staging ('' = no refill)
 -- ARGV[5] = messages to move whatever the depth (to the queue's head)
--- ARGV[6] = samples in a turn
--- ARGV[7..12] = the round's key templates (fair_round in prelude.lua)
--- ARGV[13..] = samples1, queue1, message1, samples2, ...
+-- ARGV[6] = seconds a turn serves one model
+-- ARGV[7] = the run's model (runs of one model interleave within a turn)
+-- ARGV[8..13] = the round's key templates (fair_round in prelude.lua)
+-- ARGV[14..] = samples1, queue1, message1, samples2, ...
 -- A run new to the round joins its principal's runs at the principal's clock; a principal new
 -- to it (or back) joins at the later of the global clock and its own time when it left: no
 -- credit for having been away, and no way to shed the time it was served by leaving and
@@ -20,10 +21,10 @@
 local status = redis.call('HGET', KEYS[1], 'status')
 if status ~= 'queued' and status ~= 'running' then return 0 end
 local run, principal, weight = ARGV[1], ARGV[2], ARGV[3]
-local round = fair_round(5, 7)
+local round = fair_round(5, 8)
 local f = fair_keys(round, principal)
 local staged = 0
-for i = 13, #ARGV, 3 do
+for i = 14, #ARGV, 3 do
   redis.call('LPUSH', KEYS[2], ARGV[i] .. '|' .. ARGV[i + 1] .. '|' .. ARGV[i + 2])
   staged = staged + tonumber(ARGV[i])
 end
@@ -31,6 +32,7 @@ if staged == 0 then return 0 end
 redis.call('HINCRBY', f.waiting, run, staged)
 redis.call('HSET', f.owner, run, principal)
 redis.call('HSET', f.weight, run, weight)
+redis.call('HSET', f.model, run, ARGV[7])
 if not redis.call('ZSCORE', f.runs, run) then
   redis.call('ZADD', f.runs, redis.call('HGET', f.clock, principal) or '0', run)
   redis.call('HINCRBY', f.weights, weight, 1)

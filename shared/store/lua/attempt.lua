@@ -1,10 +1,10 @@
 -- attempt: count attempts at one stage (inference or scoring), and pick out the samples to
 -- isolate instead of running.
--- KEYS[1] = the stage's attempts hash, sample id -> attempts started: evalq:{run}:attempts
---           (inference) or evalq:{run}:score_attempts (scoring)
--- KEYS[2] = evalq:{run}:meta      hash, reads 'status': once the run has ended (or has no
+-- KEYS[1] = the stage's attempts hash, sample id -> attempts started: RunKeys.attempts_of(INFER)
+--           (inference) or RunKeys.attempts_of(SCORE) (scoring)
+-- KEYS[2] = RunKeys.meta      hash, reads 'status': once the run has ended (or has no
 --                                 record) nothing is counted and every count is 0 (run none)
--- KEYS[3] = evalq:{run}:spilled   bitmap: a spilled sample (settled, moved to a part) counts 0
+-- KEYS[3] = RunKeys.spilled   bitmap: a spilled sample (settled, moved to a part) counts 0
 -- ARGV    = id1, solo1, id2, solo2, ...   solo is 1 when the sample arrived in a message of its
 --           own, 0 when it arrived with others
 -- Returns: one number per id, in order: the new attempt count (> 0) of a sample that runs now,

@@ -1,11 +1,11 @@
 -- cancel: stop a run (no result is written after this) and count the samples without result.
--- KEYS[1] = evalq:{run}:meta   hash: status, finished (Redis's clock)
--- KEYS[2] = evalq:{run}:out    hash, sample id -> output
--- KEYS[3] = evalq:{run}:err    hash, sample id -> terminal error
--- KEYS[4] = evalq:{run}:backlog list, messages not handed to the broker yet: deleted (the
+-- KEYS[1] = RunKeys.meta   hash: status, finished (Redis's clock)
+-- KEYS[2] = RunKeys.out    hash, sample id -> output
+-- KEYS[3] = RunKeys.err    hash, sample id -> terminal error
+-- KEYS[4] = RunKeys.backlog list, messages not handed to the broker yet: deleted (the
 --           dispatcher drops the run from its round when it next meets the empty backlog)
--- KEYS[5] = evalq:{run}:spilled bitmap: samples settled and moved to a part (produced)
--- KEYS[6] = evalq:facts:{run} hash: reads 'n' (the gateway's count, not the workers') and
+-- KEYS[5] = RunKeys.spilled bitmap: samples settled and moved to a part (produced)
+-- KEYS[6] = RunKeys.facts hash: reads 'n' (the gateway's count, not the workers') and
 --           'ended' (a producer saw the run end: it is finished, whatever its state says)
 -- ARGV: none
 -- Returns: {state, unproduced}. state: 1 cancelled by this call, 0 cancelled before,

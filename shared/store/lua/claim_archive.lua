@@ -1,6 +1,6 @@
 -- claim_archive: decide who sends an ended run to be archived, so that one attempt at a time
 -- is sent.
--- KEYS[1] = evalq:{run}:meta   hash: reads 'status'; 'archiving' = when an attempt was sent
+-- KEYS[1] = RunKeys.meta   hash: reads 'status'; 'archiving' = when an attempt was sent
 -- ARGV[1] = seconds after which an attempt sent and not sealed may be sent again ('' = never:
 --           only the first caller sends); times are Redis's clock
 -- Returns: 1 the caller must send it (now stamped), 0 not (sent lately, or no such run: a

@@ -1,7 +1,7 @@
 -- finish: store a run's aggregate and end it, unless it has ended already.
--- KEYS[1] = evalq:{run}:meta       hash: status, finished, reason
--- KEYS[2] = evalq:{run}:aggregate  string, the aggregate metrics JSON
--- KEYS[3] = evalq:{run}:stats      string, each metric's mean, stderr and 95% interval (JSON)
+-- KEYS[1] = RunKeys.meta       hash: status, finished, reason
+-- KEYS[2] = RunKeys.aggregate  string, the aggregate metrics JSON
+-- KEYS[3] = RunKeys.stats      string, each metric's mean, stderr and 95% interval (JSON)
 -- ARGV[1] = 'completed' or 'failed'   ARGV[2] = aggregate JSON   ARGV[3] = reason ('' = none)
 -- ARGV[4] = stats JSON ('' = none)
 -- Returns: 1 if this call ended the run, 0 if it had ended (completed, failed or cancelled).

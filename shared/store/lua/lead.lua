@@ -1,5 +1,5 @@
 -- lead: take a lease when it is free or its holder is gone, or keep it when the caller holds it.
--- KEYS[1] = the lease: evalq:janitor (a worker's hostname) or evalq:retention (a gateway
+-- KEYS[1] = the lease: JANITOR (a worker's hostname) or RETENTION (a gateway
 --           process's name)   string: the holder, expiring with the lease
 -- ARGV[1] = the caller's name   ARGV[2] = lease length in milliseconds
 -- ARGV[3] = the holder the caller saw without a live heartbeat ('' = none): taken over only if

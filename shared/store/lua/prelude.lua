@@ -34,13 +34,14 @@ end
 -- Fair share (shared/queue/backlog.py): the keys of one round of the dispatcher, as its caller
 -- passes them (Lane.round_keys, Lane.round_args; the names are shared/keys.py's FairKeys and
 -- RunKeys). Each broker queue it keeps has a round of its own.
--- k: KEYS[k .. k+6] = the round's principals, clock, finish, owner, weight, waiting and turn
+-- k: KEYS[k .. k+7] = the round's principals, clock, finish, owner, weight, waiting, turn and
+--    model
 -- a: ARGV[a .. a+5] = the prefix and suffix around a principal's name of its runs key and of
 --    its weights key, and around a run's id of its backlog key
 local function fair_round(k, a)
   return {
     principals = KEYS[k], clock = KEYS[k + 1], finish = KEYS[k + 2], owner = KEYS[k + 3],
-    weight = KEYS[k + 4], waiting = KEYS[k + 5], turn = KEYS[k + 6],
+    weight = KEYS[k + 4], waiting = KEYS[k + 5], turn = KEYS[k + 6], model = KEYS[k + 7],
     runs = {ARGV[a], ARGV[a + 1]}, weights = {ARGV[a + 2], ARGV[a + 3]},
     backlog = {ARGV[a + 4], ARGV[a + 5]},
   }
@@ -78,17 +79,46 @@ local function fair_leave(f, principal, run)
   redis.call('HDEL', f.owner, run)
   redis.call('HDEL', f.weight, run)
   redis.call('HDEL', f.waiting, run)
-  local turn = redis.call('HGET', f.turn, principal)
-  if turn and string.sub(turn, 1, #run + 1) == run .. '|' then
-    redis.call('HDEL', f.turn, principal)
-  end
+  redis.call('HDEL', f.model, run)
   if redis.call('ZCARD', f.runs) == 0 then
     local at = redis.call('ZSCORE', f.principals, principal)
     if at then redis.call('HSET', f.finish, principal, at) end
     redis.call('ZREM', f.principals, principal)
     redis.call('HDEL', f.clock, principal)
+    redis.call('HDEL', f.turn, principal)
     redis.call('DEL', f.weights)
   end
+end
+
+-- The principal's backlogged run of ``model`` with the lowest virtual time, among its 64
+-- lowest (nil, nil when none of them runs that model).
+local function fair_first_of(f, model)
+  local runs = redis.call('ZRANGE', f.runs, 0, 63, 'WITHSCORES')
+  for i = 1, #runs, 2 do
+    if (redis.call('HGET', f.model, runs[i]) or runs[i]) == model then
+      return runs[i], tonumber(runs[i + 1])
+    end
+  end
+  return nil, nil
+end
+
+-- The run a principal's turn serves now: while the turn lasts (``seconds`` of Redis's clock
+-- from its start), the lowest-time run of the turn's model (runs on one warm model
+-- interleave freely); else the lowest-time run, whose model starts a new turn.
+local function fair_turn(f, principal, seconds)
+  local turn = redis.call('HGET', f.turn, principal)
+  if turn then
+    local model, deadline = string.match(turn, '^(.*)|([^|]*)$')
+    if model and now() < tonumber(deadline) then
+      local run, rtime = fair_first_of(f, model)
+      if run then return run, rtime end
+    end
+  end
+  local first = redis.call('ZRANGE', f.runs, 0, 0, 'WITHSCORES')
+  if #first == 0 then return nil, nil end
+  local model = redis.call('HGET', f.model, first[1]) or first[1]
+  redis.call('HSET', f.turn, principal, model .. '|' .. string.format('%.6f', now() + seconds))
+  return first[1], tonumber(first[2])
 end
 
 -- Refill one broker queue from its round's backlogs (dispatch.lua, stage.lua): keep it at
@@ -97,16 +127,17 @@ end
 -- choice of this moment goes before what was chosen earlier). Weighted fair queueing
 -- (start-time fair queueing: serve the lowest virtual time; a message of s samples advances
 -- its run's time by s / run weight and its principal's by s / principal weight), first between
--- principals, then between one principal's runs; within a principal, the run chosen keeps its
--- turn for ``quantum`` samples before the lowest time is chosen again, so a principal's runs
--- (a sweep of checkpoints: one model each) are not cut into alternating messages that would
--- make workers swap models at every batch. Each message goes to the queue its entry names,
+-- principals, then between one principal's runs; within a principal, a turn serves one model
+-- for ``seconds`` (fair_turn) before the lowest time is chosen again, so a principal's runs on
+-- different models (a sweep of checkpoints) are not cut into alternating messages that would
+-- make workers swap models at every batch, while its runs on one model (a small run beside a
+-- big one) interleave by time at once. Each message goes to the queue its entry names,
 -- unchanged; a run whose backlog is empty (drained, or deleted by a cancel) leaves the round,
 -- and a principal with no run left leaves.
 -- round = the round's keys (fair_round); queue = the broker queue whose depth is kept
 -- (kombu's list); depth_key = its FairKeys.depth string.
 -- Returns: messages moved.
-local function fair_dispatch(round, queue, depth_key, depth, at_least, quantum)
+local function fair_dispatch(round, queue, depth_key, depth, at_least, seconds)
   depth = math.max(depth, tonumber(redis.call('GET', depth_key) or '0'))
   local refill = depth - redis.call('LLEN', queue)
   local want = math.max(refill, at_least)
@@ -117,19 +148,7 @@ local function fair_dispatch(round, queue, depth_key, depth, at_least, quantum)
     if #top == 0 then break end
     local principal, ptime = top[1], tonumber(top[2])
     local f = fair_keys(round, principal)
-    local run, rtime, left = nil, nil, quantum
-    local turn = redis.call('HGET', f.turn, principal)
-    if turn then
-      local bar = string.find(turn, '|', 1, true)
-      run, left = string.sub(turn, 1, bar - 1), tonumber(string.sub(turn, bar + 1))
-      local at = redis.call('ZSCORE', f.runs, run)
-      if at then rtime = tonumber(at) end
-      if rtime == nil or left <= 0 then run, left = nil, quantum end
-    end
-    if run == nil then
-      local first = redis.call('ZRANGE', f.runs, 0, 0, 'WITHSCORES')
-      if #first > 0 then run, rtime = first[1], tonumber(first[2]) end
-    end
+    local run, rtime = fair_turn(f, principal, seconds)
     if run == nil then
       fair_leave(f, principal, '')
     else
@@ -149,7 +168,6 @@ local function fair_dispatch(round, queue, depth_key, depth, at_least, quantum)
         redis.call('HSET', f.clock, principal, rtime, '', ptime)
         redis.call('ZADD', f.runs, rtime + samples / rweight, run)
         redis.call('ZADD', f.principals, ptime + samples / fair_principal_weight(f), principal)
-        redis.call('HSET', f.turn, principal, run .. '|' .. (left - samples))
         moved = moved + 1
         if redis.call('LLEN', backlog) == 0 then fair_leave(f, principal, run) end
       end

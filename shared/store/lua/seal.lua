@@ -1,11 +1,9 @@
 -- seal: make one archive attempt's folder the run's archive and free the run's per-sample
 -- state, once.
--- KEYS[1] = evalq:{run}:meta   hash: reads 'status'; sets 'archive_url' and 'archived'
--- KEYS[2] = evalq:{run}:progress  hash: reads 'scored', 'failed', 'inferred'
--- KEYS[3] = evalq:{run}:errors    hash: stage/kind -> count, written here (status reads it)
--- KEYS[4..] = the run's per-sample keys (evalq:{run}:out, :score, :err, :attempts,
---             :score_attempts, :settled, :ids, :backlog, :score_backlog, :spill, :spilled):
---             unlinked
+-- KEYS[1] = RunKeys.meta   hash: reads 'status'; sets 'archive_url' and 'archived'
+-- KEYS[2] = RunKeys.progress  hash: reads 'scored', 'failed', 'inferred'
+-- KEYS[3] = RunKeys.errors    hash: stage/kind -> count, written here (status reads it)
+-- KEYS[4..] = the run's per-sample keys (RunKeys.per_sample): unlinked
 -- ARGV[1] = the attempt folder's URL (its manifest is written)
 -- ARGV[2] = the run's sample count, from its facts (read only for workers: not a key here)
 -- ARGV[3] = the rows that attempt wrote; ARGV[4] = the scores, ARGV[5] = the errors, ARGV[6] =

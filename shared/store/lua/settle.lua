@@ -1,18 +1,18 @@
 -- settle: give samples their terminal state (a score or an error) exactly once, and elect the
 -- one caller that finalizes the run.
--- KEYS[1] = evalq:{run}:score     hash, sample id -> metrics JSON
--- KEYS[2] = evalq:{run}:err       hash, sample id -> error record JSON
--- KEYS[3] = evalq:{run}:progress  hash, fields 'scored' / 'failed' bumped per write, 'touched'
--- KEYS[4] = evalq:{run}:meta      hash, reads 'status', 'finalizing' = claim time
--- KEYS[5] = evalq:{run}:settled   stream, one entry listing the ids settled by this call
--- KEYS[6] = evalq:{run}:attempts, KEYS[7] = evalq:{run}:score_attempts   hashes, sample id ->
---           attempts: the counts of every sample given are deleted, written now or settled
---           before (a late attempt's count served no purpose either)
--- KEYS[8] = evalq:{run}:spilled   bitmap: a spilled sample (settled, moved to a part) is skipped
+-- KEYS[1] = RunKeys.score     hash, sample id -> metrics JSON
+-- KEYS[2] = RunKeys.err       hash, sample id -> error record JSON
+-- KEYS[3] = RunKeys.progress  hash, fields 'scored' / 'failed' bumped per write, 'touched'
+-- KEYS[4] = RunKeys.meta      hash, reads 'status', 'finalizing' = claim time
+-- KEYS[5] = RunKeys.settled   stream, one entry listing the ids settled by this call
+-- KEYS[6] = RunKeys.attempts_of(INFER), KEYS[7] = RunKeys.attempts_of(SCORE)   hashes,
+--           sample id -> attempts: the counts of every sample given are deleted, written now
+--           or settled before (a late attempt's count served no purpose either)
+-- KEYS[8] = RunKeys.spilled   bitmap: a spilled sample (settled, moved to a part) is skipped
 -- ARGV[1] = 'score' or 'err'      which hash the values go to
 -- ARGV[2] = seconds after which a claim to finalize counts as dead (its finalizer was killed)
 --           and may be taken over; '' = never
--- ARGV[3] = the run's sample count, from its facts (evalq:facts:{run}, which workers may only
+-- ARGV[3] = the run's sample count, from its facts (RunKeys.facts, which workers may only
 --           read, so it cannot be a key of this script); -1: no such run
 -- ARGV[4..] = id1, json1, id2, json2, ...   (none: only ask whether to finalize)
 -- A value is written only when the sample has neither a score nor an error yet, and nothing

@@ -1,11 +1,11 @@
 -- spill: a going run's segment of settled samples moved to a Parquet part: free its per-sample
 -- results and mark its samples spilled, once.
--- KEYS[1] = evalq:{run}:meta     hash: reads 'status' and 'finalizing'
--- KEYS[2] = evalq:{run}:spill    hash: 'rows' -> samples per segment, 'samples' -> samples
+-- KEYS[1] = RunKeys.meta     hash: reads 'status' and 'finalizing'
+-- KEYS[2] = RunKeys.spill    hash: 'rows' -> samples per segment, 'samples' -> samples
 --                                spilled; segment -> part URL
--- KEYS[3] = evalq:{run}:spilled  bitmap: bit i set for each spilled sample i
--- KEYS[4] = evalq:{run}:out, KEYS[5] = evalq:{run}:score, KEYS[6] = evalq:{run}:err   hashes
--- KEYS[7] = evalq:{run}:errors   hash: stage/kind -> terminal errors moved to parts
+-- KEYS[3] = RunKeys.spilled  bitmap: bit i set for each spilled sample i
+-- KEYS[4] = RunKeys.out, KEYS[5] = RunKeys.score, KEYS[6] = RunKeys.err   hashes
+-- KEYS[7] = RunKeys.errors   hash: stage/kind -> terminal errors moved to parts
 -- ARGV[1] = segment index, ARGV[2] = samples per segment, ARGV[3] = the part's URL,
 -- ARGV[4] = how many kind/count pairs follow, then kind1, count1, ...; then how many ids
 -- follow that the part holds no output for, then those ids; then the segment's ids

@@ -1,0 +1,54 @@
+"""``evalq tasks``: language tasks written as YAML, registered under a name (``add``, admin;
+audited) and listed (``list``), as datasets are: a caller names a task, never sends one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from producer.api import open_api
+from shared.cli import JsonFlag, out, print_json
+from shared.errors import InputError
+
+__all__ = ["tasks_app"]
+
+tasks_app = typer.Typer(help="Language tasks (YAML): a prompt template, a target and a scorer.")
+
+
+@tasks_app.command("add")
+def tasks_add(
+    name: Annotated[str, typer.Argument(help="Task name (what evalq submit NAME names).")],
+    file: Annotated[Path, typer.Option("--file", help="The task's YAML file.")],
+    as_json: JsonFlag = False,
+) -> None:
+    """Register the task in FILE under NAME (or replace it; runs keep the task they began
+    with); audited."""
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read task file {file}: {exc}") from None
+    added = open_api().add_task(name, text)
+    if as_json:
+        print_json(added.model_dump(mode="json"))
+        return
+    kind = "multiple choice" if added.spec.choices is not None else "generation"
+    out.print(f"registered task {added.name}: {kind}, scorer {added.spec.scorer}", highlight=False)
+
+
+@tasks_app.command("list")
+def tasks_list(as_json: JsonFlag = False) -> None:
+    """List registered tasks."""
+    found = open_api().tasks()
+    if as_json:
+        print_json([task.model_dump(mode="json") for task in found])
+        return
+    table = Table("task", "kind", "scorer", "target", "few-shot", "digest")
+    for task in found:
+        spec = task.spec
+        kind = "choices" if spec.choices is not None else "generate"
+        shots = f"{spec.fewshot.n} from {spec.fewshot.split}" if spec.fewshot else "-"
+        table.add_row(task.name, kind, spec.scorer, spec.target, shots, task.digest[:12])
+    out.print(table)

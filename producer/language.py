@@ -1,0 +1,137 @@
+"""What submitting a registered language task adds to a run: the task as registered now, the
+model the caller named (checked against the policy), and the few-shot examples drawn once.
+
+A Python evaluation owns its model and is created by name; a name that is no Python
+evaluation is looked up among the registered tasks (``evalq tasks add``), and the caller must
+name the model it runs on (``--model``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from shared.access.policy import admit_fewshot, admit_model
+from shared.access.registry import DatasetRegistry
+from shared.access.task import RegisteredTask
+from shared.access.tasks import TaskRegistry
+from shared.access.tiers import TierRegistry
+from shared.data.loading import spec_of
+from shared.errors import InputError, UnknownEvalError
+from shared.evals.language import LanguageEvaluation, language_run
+from shared.evaluation import Evaluation, create, registered
+from shared.lm.run import Example, LanguageRun
+from shared.lm.spec import ModelSpec, canonical, present
+from shared.lm.task import fewshot_indices
+from shared.models import RunMeta
+from shared.names import PLUGIN_NAME
+
+__all__ = ["Resolved", "check_rows", "rescorer", "resolve", "with_examples"]
+
+Resolved = tuple[Evaluation, LanguageRun | None]
+"""The evaluation a request names, and its language run when it is a registered task."""
+
+
+def _task(client: redis.Redis, name: str) -> RegisteredTask:
+    tasks = TaskRegistry(client)
+    found = tasks.get(name) if PLUGIN_NAME.match(name) else None
+    if found is None:
+        raise UnknownEvalError(name, [*registered(), *(t.name for t in tasks.all())])
+    return found
+
+
+def resolve(
+    client: redis.Redis,
+    name: str,
+    params: Mapping[str, str],
+    model: str | None,
+    model_args: Mapping[str, str],
+    *,
+    admin: bool,
+    model_roots: Sequence[Path],
+) -> Resolved:
+    """The evaluation ``name`` means, with the task's run when it is a registered task (its
+    examples not drawn yet: :func:`with_examples`). :class:`InputError` (one line) for a
+    ``--model`` given to a Python evaluation or missing for a task; the policy's refusal for
+    a model the caller may not name."""
+    if name in registered():
+        if model is not None:
+            raise InputError(
+                f"'{name}' is a Python evaluation: it loads its own model (--model is for "
+                "registered tasks: evalq tasks list)"
+            )
+        return create(name, params), None
+    task = _task(client, name)
+    if model is None:
+        raise InputError(f"task '{name}' runs on a model: add --model hf/<folder or Hub id>")
+    spec = canonical(ModelSpec.parse(model, model_args))
+    admit_model(spec.name, admin, model_roots)
+    spec = present(spec)
+    run = LanguageRun(task=task.spec, model=spec)
+    return LanguageEvaluation.of(name, run)(**params), run
+
+
+def rescorer(
+    client: redis.Redis, source: RunMeta, name: str, params: Mapping[str, str]
+) -> Resolved:
+    """The evaluation that scores ``source``'s stored outputs again under the name ``name``:
+    a Python evaluation by name, or a registered task on the source's model and few-shot
+    examples (the outputs were made with them; only the scorer and the target are the new
+    task's). Whether it can read those outputs is the output kinds' question."""
+    if name in registered():
+        return create(name, params), None
+    task = _task(client, name)
+    made = language_run(source)
+    if made is None:
+        raise InputError(
+            f"task '{name}' scores language runs' outputs; run {source.run_id} is the Python "
+            f"evaluation '{source.eval}'s"
+        )
+    run = made.model_copy(update={"task": task.spec})
+    return LanguageEvaluation.of(name, run)(**params), run
+
+
+def with_examples(
+    client: redis.Redis,
+    run: LanguageRun,
+    *,
+    dataset: str,
+    registered: bool,
+    split: str,
+) -> LanguageRun:
+    """``run`` with its few-shot examples drawn from the task's few-shot split of the same
+    dataset, a registered one (``registered``), checked viewable: ``n`` rows, one more when
+    it is the evaluated split (a sample never sees its own row)."""
+    fewshot = run.task.fewshot
+    if fewshot is None or fewshot.n == 0:
+        return run
+    if not registered:  # an unregistered source has no tiers: nothing says a split is viewable
+        raise InputError(
+            "few-shot examples come from a registered dataset's viewable split: register the "
+            "source (evalq datasets add) and submit with --dataset"
+        )
+    record = DatasetRegistry(client).get(dataset)
+    if record is None:
+        raise InputError(f"unknown dataset '{dataset}'")
+    source = record.source(fewshot.split)  # a split it lacks: one line naming its splits
+    tier = TierRegistry(client).resolve(dataset, fewshot.split)
+    admit_fewshot(f"{dataset}/{fewshot.split}", tier)
+    same = fewshot.split == split
+    _, rows = spec_of(source, fewshot.split)
+    chosen = fewshot_indices(len(rows), fewshot.n + (1 if same else 0), fewshot.seed)
+    examples = tuple(Example(row_id=i, row=dict(rows[i])) for i in chosen)
+    return run.model_copy(update={"examples": examples, "same_split": same})
+
+
+def check_rows(run: LanguageRun, first: Mapping[str, Any]) -> None:
+    """Refuse, before anything is charged, a task whose prompt or choices need a field the
+    evaluated split's rows lack (one line naming it), checked on its first row."""
+    task = run.task
+    label_free = {k: v for k, v in first.items() if k not in task.label_fields}
+    task.fill(label_free, "the split's rows")
+    if task.choices is not None:
+        task.choice_texts(first)
+    task.label(first)

@@ -1,0 +1,145 @@
+"""Registered language tasks on a language model: the evaluation a run of ``evalq submit TASK
+--model hf/...`` gets.
+
+The run's record carries everything (:class:`shared.lm.run.LanguageRun`: the task as it was
+registered, the model spec, the few-shot examples), so a worker builds the evaluation from the
+record alone; a Python evaluation's run is built by name, as before (:func:`evaluation_of`).
+Runs of different tasks on one model share the worker's warm copy of it (:meth:`model_key`).
+
+A generated output is stored with its token usage (:func:`shared.models.with_usage`); a
+multiple-choice output is each choice's summed log-likelihood, in the choices' order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from shared.evaluation import Evaluation, create
+from shared.lm.run import LanguageRun
+from shared.lm.spec import identity
+from shared.models import RunMeta, Usage, with_usage
+
+if TYPE_CHECKING:
+    from shared.lm.hf import HFModel
+
+__all__ = ["LanguageEvaluation", "evaluation_of", "language_run", "sample_seed"]
+
+
+def sample_seed(run_id: str, sample_id: int) -> int:
+    """A sample's sampling seed, from its run and its id alone: a redelivered or resumed
+    sample draws the same tokens, whichever batch and worker it lands in."""
+    digest = hashlib.sha256(f"{run_id}/{sample_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+class LanguageEvaluation(Evaluation):
+    """A registered task (:class:`shared.lm.task.TaskSpec`) on a model
+    (:class:`shared.lm.spec.ModelSpec`); one subclass per run record (:meth:`of`)."""
+
+    run: ClassVar[LanguageRun]
+    isolatable: ClassVar[bool] = False
+
+    @classmethod
+    def of(cls, name: str, run: LanguageRun) -> type[LanguageEvaluation]:
+        """The evaluation of task ``name`` as ``run`` records it."""
+        scorer = run.task.scorer_spec
+        kind = "choices" if run.task.choices is not None else "text"
+        attributes = {
+            "name": name,
+            "run": run,
+            "label_fields": run.task.label_fields,
+            "metric_ranges": dict(scorer.metrics),
+            "output_kind": f"language-{kind}",
+        }
+        return type(f"LanguageEvaluation[{name}]", (cls,), attributes)
+
+    def model_key(self) -> str:
+        return self.run.model_key()
+
+    def weights(self) -> str:
+        return identity(self.run.model)
+
+    def definition(self) -> str:
+        return self.run.task.digest
+
+    def load(self, device: str) -> HFModel:
+        from shared.lm.hf import HFModel  # torch: only where a model runs
+
+        return HFModel.load(self.run.model, device)
+
+    def infer(self, model: Any, rows: list[dict[str, Any]]) -> list[Any]:
+        return self.infer_samples(model, rows, [("", -1)] * len(rows))
+
+    def infer_samples(
+        self, model: Any, rows: list[dict[str, Any]], samples: list[tuple[str, int]]
+    ) -> list[Any]:
+        from shared.lm.hf import GenerationRequest
+
+        prompts = [
+            self.prompt(model, row, sample_id)
+            for row, (_, sample_id) in zip(rows, samples, strict=True)
+        ]
+        if self.run.task.generate is None:
+            return self._choose(model, rows, prompts)
+        config = self.run.task.generate
+        requests = [
+            GenerationRequest(
+                prompt, config.max_new_tokens, tuple(config.stop), config.temperature,
+                config.top_p, seed=sample_seed(run_id, sample_id),
+            )
+            for prompt, (run_id, sample_id) in zip(prompts, samples, strict=True)
+        ]  # fmt: skip
+        return [
+            with_usage(
+                g.text, Usage(prompt_tokens=g.prompt_tokens, completion_tokens=g.completion_tokens)
+            )
+            for g in model.generate(requests)
+        ]
+
+    def prompt(self, model: HFModel, row: dict[str, Any], sample_id: int) -> str:
+        """The text the model reads for ``row`` (label-free) and its few-shot examples."""
+        task = self.run.task
+        examples = self.run.examples_for(sample_id)
+        if task.chat:
+            return model.render(task.render(row, examples), chat=True, system=task.system)
+        return task.text(row, examples)
+
+    def _choose(self, model: HFModel, rows: list[dict[str, Any]], prompts: list[str]) -> list[Any]:
+        """Each row's choices' log-likelihoods after its prompt, all rows' in one call."""
+        from shared.lm.hf import ChoiceRequest
+
+        per_row = [self.run.task.continuations(row) for row in rows]
+        requests = [
+            ChoiceRequest(prompt, continuation)
+            for prompt, continuations in zip(prompts, per_row, strict=True)
+            for continuation in continuations
+        ]
+        scores = iter(model.loglikelihood(requests))
+        outputs: list[Any] = []
+        for prompt, continuations in zip(prompts, per_row, strict=True):
+            mine = [next(scores) for _ in continuations]
+            read = len(continuations) * len(model.encode(prompt)) + sum(s.tokens for s in mine)
+            usage = Usage(prompt_tokens=read, completion_tokens=0)
+            outputs.append(with_usage([s.logprob for s in mine], usage))
+        return outputs
+
+    def score(self, row: dict[str, Any], output: Any) -> dict[str, float]:
+        """The task's scorer on the output without its usage (every output of this
+        evaluation is stored with it)."""
+        return self.run.task.score(output["output"], row)
+
+
+def evaluation_of(meta: RunMeta) -> Evaluation:
+    """The evaluation run ``meta`` names: its language task on its model, or the Python
+    evaluation registered under its name, with its parameters."""
+    run = language_run(meta)
+    if run is None:
+        return create(meta.eval, meta.params)
+    return LanguageEvaluation.of(meta.eval, run)(**meta.params)
+
+
+def language_run(meta: RunMeta) -> LanguageRun | None:
+    """The task, model and few-shot examples run ``meta`` records; None for a Python
+    evaluation's run."""
+    return None if meta.task is None else LanguageRun.model_validate_json(meta.task)

@@ -1,0 +1,53 @@
+"""What a language-model run carries in its record: the task as registered when it was
+submitted, the model spec, and the few-shot examples drawn for it.
+
+The producer fixes all three at submission (:func:`shared.evals.language.prepare`), so a worker
+needs nothing but the run's record, a task replaced later changes no running run, and the
+examples (rows of a split the caller may view, labels included: they are shown with their
+answers) are the same for every sample wherever it runs.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from shared.lm.spec import ModelSpec
+from shared.lm.task import TaskSpec
+
+__all__ = ["Example", "LanguageRun"]
+
+
+class Example(BaseModel):
+    """One few-shot example: its row index in its split and the full row."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    row_id: int
+    row: dict[str, Any]
+
+
+class LanguageRun(BaseModel):
+    """A registered task run on a model, as the run's record keeps it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    task: TaskSpec
+    model: ModelSpec
+    examples: tuple[Example, ...] = ()
+    """``fewshot.n`` examples, one more when they come from the evaluated split itself (a
+    sample never sees its own row as an example)."""
+    same_split: bool = False
+    """The examples come from the evaluated split (a viewable one)."""
+
+    def model_key(self) -> str:
+        """The warm model this run needs: its spec and arguments (runs of any task share it)."""
+        return f"model:{self.model}:{json.dumps(self.model.arg_items(), sort_keys=True)}"
+
+    def examples_for(self, sample_id: int) -> list[dict[str, Any]]:
+        """The few-shot rows shown before sample ``sample_id``'s prompt."""
+        n = self.task.fewshot.n if self.task.fewshot is not None else 0
+        rows = [e.row for e in self.examples if not (self.same_split and e.row_id == sample_id)]
+        return rows[:n]

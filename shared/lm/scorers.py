@@ -1,0 +1,210 @@
+"""Scorers of language-model tasks: the built-ins, and the registry of Python ones.
+
+A task file names its scorer and never carries code: the name is looked up here, and a name
+nobody registered is refused (:func:`scorer`). A scorer is called as ``fn(output, row, task)``
+with the model's output (generated text, or for a ``choices`` task one log-likelihood per
+choice), the full row (labels included) and the :class:`~shared.lm.task.TaskSpec`; it returns
+``{metric: value}``. Options (``pattern``, ``tolerance``) are the task's own keys, validated
+when the task is loaded; nothing from the task is evaluated as code.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from shared.errors import InputError, PermanentError, PluginError
+from shared.names import PLUGIN_NAME
+
+if TYPE_CHECKING:
+    from shared.lm.task import TaskSpec
+
+__all__ = [
+    "OPTIONS",
+    "ScoreFn",
+    "Scorer",
+    "last_number",
+    "register_scorer",
+    "registered_scorers",
+    "scorer",
+]
+
+ScoreFn = Callable[[Any, Mapping[str, Any], "TaskSpec"], dict[str, float]]
+F = TypeVar("F", bound=ScoreFn)
+
+OPTIONS = frozenset({"pattern", "tolerance"})
+"""The task keys a scorer may read besides the row: ``pattern`` (regex), ``tolerance``."""
+
+_UNIT = (0.0, 1.0)
+
+
+@dataclass(frozen=True)
+class Scorer:
+    """A registered scorer and what a task using it must look like."""
+
+    name: str
+    fn: ScoreFn
+    choices: bool = False
+    """Scores per-choice log-likelihoods (a ``choices`` task), not generated text."""
+    metrics: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    """The metrics' ``(low, high)`` ranges (an Evaluation's ``metric_ranges``)."""
+    options: frozenset[str] = frozenset()
+    """The options (of :data:`OPTIONS`) a task may set for it."""
+    needs: frozenset[str] = frozenset()
+    """The options a task must set for it."""
+
+
+_registry: dict[str, Scorer] = {}
+
+
+def register_scorer(
+    name: str,
+    *,
+    choices: bool = False,
+    metrics: Mapping[str, tuple[float, float]] | None = None,
+    options: Iterable[str] = (),
+    needs: Iterable[str] = (),
+) -> Callable[[F], F]:
+    """Decorator: make ``fn(output, row, task) -> dict[str, float]`` the scorer ``name``
+    (named like an evaluation). ``choices`` marks a scorer of multiple-choice log-likelihoods;
+    ``options``/``needs`` are the task keys it may/must set."""
+    if not PLUGIN_NAME.match(name):
+        raise PluginError(f"invalid scorer name {name!r}")
+    allowed, required = frozenset(options), frozenset(needs)
+    if not allowed | required <= OPTIONS:
+        unknown = ", ".join(sorted((allowed | required) - OPTIONS))
+        raise PluginError(f"scorer {name!r} declares unknown options: {unknown}")
+
+    def decorate(fn: F) -> F:
+        current = _registry.get(name)
+        if current is not None and current.fn.__qualname__ != fn.__qualname__:
+            raise PluginError(f"scorer {name!r} is registered twice")
+        _registry[name] = Scorer(
+            name, fn, choices, dict(metrics or {}), allowed | required, required
+        )
+        return fn
+
+    return decorate
+
+
+def registered_scorers() -> list[str]:
+    """Names of the registered scorers."""
+    return sorted(_registry)
+
+
+def scorer(name: str) -> Scorer:
+    """The scorer registered as ``name``; :class:`InputError` listing the registered ones
+    otherwise (a task can only name code someone registered)."""
+    found = _registry.get(name)
+    if found is None:
+        listed = ", ".join(registered_scorers()) or "none"
+        raise InputError(f"unknown scorer '{name}' (registered: {listed})")
+    return found
+
+
+def _text(output: Any, name: str) -> str:
+    if not isinstance(output, str):
+        raise PermanentError(f"scorer '{name}' scores text, got {type(output).__name__}")
+    return output
+
+
+def _golds(row: Mapping[str, Any], task: TaskSpec) -> list[str]:
+    """The target's text, stripped; a list target (several right answers, as lm-eval's
+    multiple targets) gives each."""
+    value = task.label(row)
+    values = value if isinstance(value, list | tuple) else [value]
+    return [str(v).strip() for v in values]
+
+
+@register_scorer("exact_match", metrics={"exact_match": _UNIT})
+def exact_match(output: Any, row: Mapping[str, Any], task: TaskSpec) -> dict[str, float]:
+    """1 when the stripped output equals the stripped target text."""
+    text = _text(output, "exact_match").strip()
+    return {"exact_match": float(text in _golds(row, task))}
+
+
+@register_scorer("includes", metrics={"includes": _UNIT})
+def includes(output: Any, row: Mapping[str, Any], task: TaskSpec) -> dict[str, float]:
+    """1 when the target text appears in the output; an empty target is refused (it would
+    be in every output)."""
+    text = _text(output, "includes")
+    golds = _golds(row, task)
+    if "" in golds:
+        raise InputError(f"label field '{task.target}' is empty: it is in every output")
+    return {"includes": float(any(gold in text for gold in golds))}
+
+
+@register_scorer("regex", metrics={"regex": _UNIT}, needs={"pattern"})
+def regex(output: Any, row: Mapping[str, Any], task: TaskSpec) -> dict[str, float]:
+    """1 when the first capture group of the task's ``pattern`` at its first match in the
+    output, stripped, equals the target text; no match (or an unmatched group) scores 0."""
+    text = _text(output, "regex")
+    found = task.compiled_pattern().search(text)
+    answer = found.group(1) if found is not None else None
+    return {"regex": float(answer is not None and answer.strip() in _golds(row, task))}
+
+
+_NUMBER = re.compile(
+    r"(?:(?<![\w.])[-+])?"  # a sign, unless it joins two numbers ("10-12")
+    r"(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?"  # 1,234.5  42  1e3
+    r"|(?:(?<![\w.])[-+])?\.\d+(?:[eE][-+]?\d+)?"  # .5
+)
+
+
+def last_number(text: str) -> float | None:
+    """The last number written in ``text`` (thousands commas, a sign, decimals, an exponent),
+    or None: how ``numeric`` reads an answer (``"The answer is 1,234."`` is 1234.0)."""
+    found = _NUMBER.findall(text)
+    if not found:
+        return None
+    value = float(found[-1].replace(",", ""))
+    return value if math.isfinite(value) else None
+
+
+@register_scorer("numeric", metrics={"numeric": _UNIT}, options={"tolerance"})
+def numeric(output: Any, row: Mapping[str, Any], task: TaskSpec) -> dict[str, float]:
+    """1 when the last number in the output is within the task's ``tolerance`` (absolute,
+    default 1e-6) of the target; an output without a number scores 0."""
+    answer = last_number(_text(output, "numeric"))
+    tolerance = 1e-6 if task.tolerance is None else task.tolerance
+    targets = []
+    for gold in _golds(row, task):
+        target = last_number(gold)
+        if target is None or _NUMBER.fullmatch(gold) is None:
+            raise InputError(f"label field '{task.target}' is not a number: {gold!r}")
+        targets.append(target)
+    hit = answer is not None and any(abs(answer - t) <= tolerance for t in targets)
+    return {"numeric": float(hit)}
+
+
+def _loglikelihoods(output: Any, n: int) -> list[float]:
+    if not isinstance(output, list | tuple) or len(output) != n:
+        got = len(output) if isinstance(output, list | tuple) else type(output).__name__
+        raise PermanentError(f"scorer 'accuracy' needs {n} log-likelihoods, got {got}")
+    values = []
+    for value in output:
+        if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+            raise PermanentError(f"scorer 'accuracy' got a log-likelihood {value!r}")
+        values.append(float(value))
+    return values
+
+
+def _argmax(values: Sequence[float]) -> int:
+    """The first index of the largest value (numpy's argmax, which lm-eval uses)."""
+    return max(range(len(values)), key=values.__getitem__)
+
+
+@register_scorer("accuracy", choices=True, metrics={"accuracy": _UNIT, "accuracy_norm": _UNIT})
+def accuracy(output: Any, row: Mapping[str, Any], task: TaskSpec) -> dict[str, float]:
+    """lm-eval's ``acc`` and ``acc_norm``: whether the choice of highest log-likelihood is
+    the target, and the same with each log-likelihood divided by its choice's length in
+    characters (the choice text, without the delimiter before it)."""
+    choices = task.choice_texts(row)
+    lls = _loglikelihoods(output, len(choices))
+    gold = task.gold_index(row)
+    pred = _argmax(lls)
+    pred_norm = _argmax([ll / len(c) for ll, c in zip(lls, choices, strict=True)])
+    return {"accuracy": float(pred == gold), "accuracy_norm": float(pred_norm == gold)}

@@ -1,0 +1,216 @@
+"""Which language model a run uses: ``hf/<local path or Hub id>[@revision]`` plus declared
+``--model-arg k=v`` pairs, and the identity of its weights for the run's provenance.
+
+Only declared arguments exist: a model spec is copied into every message and record, so an
+argument that slipped through unchecked (``trust_remote_code`` above all: it would run code
+from the model's repository on a worker) must be refused before anything is enqueued.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from shared.errors import InputError, first_line
+
+__all__ = ["ModelArgs", "ModelSpec", "canonical", "folder", "identity", "is_local", "present"]
+
+PROVIDERS = ("hf",)
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+_BAD_NAME = re.compile(r"[\s\x00-\x1f]")
+_IDENTITY_SUFFIXES = (
+    ".safetensors",
+    ".bin",
+    ".pt",
+    ".pth",
+    ".json",
+    ".txt",
+    ".model",
+    ".jinja",
+    ".tiktoken",
+)
+"""Files whose bytes decide what a local model computes: weights, configs, tokenizer files and
+chat templates. READMEs and the like do not, so editing them keeps the identity."""
+_identity_cache: dict[tuple[str, tuple[tuple[str, int, int], ...]], str] = {}
+
+
+class ModelArgs(BaseModel):
+    """The model arguments a person may set (``--model-arg k=v``); text values are converted."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
+    """Weights' dtype; ``auto`` is the checkpoint's own on an accelerator, float32 on CPU."""
+    batch_size: int = Field(default=16, ge=1)
+    """Requests per forward pass (generation batches are bucketed by prompt length)."""
+    max_length: int | None = Field(default=None, ge=1)
+    """Context window in tokens; default: the model config's (``n_positions``, …)."""
+
+
+_DECLARED = ", ".join(ModelArgs.model_fields)
+
+
+class ModelSpec(BaseModel):
+    """A language model as a run names it; ``str()`` is the canonical ``hf/name[@revision]``
+    (:meth:`arg_items` the non-default arguments), and both round-trip through :meth:`parse`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    provider: Literal["hf"]
+    name: str = Field(min_length=1)
+    """A local folder (on the worker) or a Hugging Face Hub id."""
+    revision: str | None = None
+    """A Hub branch, tag or commit; None: the default branch."""
+    args: ModelArgs = ModelArgs()
+
+    @classmethod
+    def parse(cls, text: str, args: Mapping[str, str] | None = None) -> ModelSpec:
+        """``hf/<path-or-id>[@revision]`` and ``--model-arg`` pairs; :class:`InputError` (one
+        line naming the problem) for anything else."""
+        provider, sep, rest = text.strip().partition("/")
+        if not sep or provider not in PROVIDERS:
+            known = ", ".join(f"{p}/" for p in PROVIDERS)
+            raise InputError(
+                f"model {text!r}: unknown provider {provider!r} (expected {known}<path or id>)"
+            )
+        name, at, revision = rest.rpartition("@") if "@" in rest else (rest, "", "")
+        name = name.rstrip("/") or name
+        if not name:
+            raise InputError(f"model {text!r}: empty model name after '{provider}/'")
+        if _BAD_NAME.search(name):
+            raise InputError(f"model {text!r}: the name holds whitespace or control characters")
+        if at and not revision.strip():
+            raise InputError(f"model {text!r}: empty revision after '@'")
+        if at and _BAD_NAME.search(revision):
+            raise InputError(f"model {text!r}: the revision holds whitespace")
+        return cls(provider="hf", name=name, revision=revision or None, args=_args(args or {}))
+
+    def arg_items(self) -> dict[str, str]:
+        """The arguments that differ from their defaults, as ``--model-arg`` text."""
+        return {k: str(v) for k, v in self.args.model_dump(exclude_defaults=True).items()}
+
+    def __str__(self) -> str:
+        at = f"@{self.revision}" if self.revision else ""
+        return f"{self.provider}/{self.name}{at}"
+
+
+def _args(given: Mapping[str, str]) -> ModelArgs:
+    if "trust_remote_code" in given:
+        raise InputError(
+            "model arg 'trust_remote_code' is never accepted: evalq runs no code from a "
+            "model's repository"
+        )
+    unknown = sorted(set(given) - set(ModelArgs.model_fields))
+    if unknown:
+        raise InputError(f"unknown model arg '{unknown[0]}' (declared: {_DECLARED})")
+    try:
+        return ModelArgs.model_validate(dict(given))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        key = str(first["loc"][0]) if first["loc"] else "?"
+        msg = str(first["msg"]).splitlines()[0]
+        raise InputError(f"model arg {key}={given.get(key)!r}: {msg}") from None
+
+
+def is_local(spec: ModelSpec) -> bool:
+    """Whether the name is a folder: written as a path (``/``, ``.`` or ``~`` first). Any other
+    name is a Hub id, even where a folder of that name exists (transformers would prefer the
+    folder, relative to whichever directory the worker runs in)."""
+    return spec.name.startswith(("/", ".", "~"))
+
+
+def canonical(spec: ModelSpec) -> ModelSpec:
+    """``spec`` with a folder named by its absolute, resolved path (``~`` expanded, links
+    followed); :class:`InputError` (one line) for a revision given to a folder. A Hub id is
+    returned as it is. Whether the folder exists is :func:`present`'s question, asked after
+    the policy admitted the path (a refusal never says what exists outside the roots)."""
+    if not is_local(spec):
+        return spec
+    if spec.revision is not None:
+        raise InputError(f"model {spec}: a revision applies to Hub ids, not local folders")
+    try:
+        path = Path(spec.name).expanduser().resolve()
+    except (RuntimeError, OSError) as exc:
+        raise InputError(f"model {spec}: {first_line(exc)}") from None
+    return spec.model_copy(update={"name": str(path)})
+
+
+def present(spec: ModelSpec) -> ModelSpec:
+    """:func:`canonical`'s ``spec``, checked to be a folder here when it names one
+    (:class:`InputError`, one line, otherwise)."""
+    found = canonical(spec)
+    if is_local(found) and not Path(found.name).is_dir():
+        raise InputError(f"model {spec}: no such model folder on this machine")
+    return found
+
+
+def folder(spec: ModelSpec) -> Path:
+    """Where the model's files are on this machine: its folder, or a Hub model's snapshot in
+    the Hugging Face cache (fetched when the Hub can be reached); :class:`InputError` when
+    there is none."""
+    if is_local(spec):
+        return Path(present(spec).name)
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(str(snapshot_download(spec.name, revision=spec.revision)))
+    except Exception as exc:
+        raise InputError(
+            f"model {spec}: not found on the Hub nor in its cache: {first_line(exc)}"
+        ) from None
+
+
+def identity(spec: ModelSpec) -> str:
+    """What the run's provenance records of the weights: ``sha256:<hex>`` over a local
+    folder's weight, config and tokenizer files, or ``git:<commit>`` for a Hub model (the
+    pinned commit, or the one the local Hugging Face cache resolves the revision to)."""
+    if is_local(spec):
+        return _folder_digest(Path(present(spec).name))
+    if spec.revision is not None and _COMMIT.match(spec.revision):
+        return f"git:{spec.revision}"
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        folder = snapshot_download(
+            spec.name, revision=spec.revision, local_files_only=True, allow_patterns=[]
+        )
+    except (LocalEntryNotFoundError, ValueError, OSError) as exc:
+        raise InputError(
+            f"model {spec}: not a local folder, and not in the local Hugging Face cache "
+            f"({type(exc).__name__}); pin a commit with @<sha> or download it first"
+        ) from None
+    return f"git:{Path(str(folder)).name}"
+
+
+def _folder_digest(folder: Path) -> str:
+    files = sorted(
+        p
+        for p in folder.rglob("*")
+        if p.is_file()
+        and p.suffix in _IDENTITY_SUFFIXES
+        and not any(part.startswith(".") for part in p.relative_to(folder).parts)
+    )
+    if not files:
+        raise InputError(f"model folder {folder} holds no weight or config files")
+    stats = tuple(
+        (p.relative_to(folder).as_posix(), p.stat().st_mtime_ns, p.stat().st_size) for p in files
+    )
+    key = (str(folder), stats)
+    cached = _identity_cache.get(key)
+    if cached is not None:
+        return cached
+    digest = hashlib.sha256()
+    for path, (rel, _, size) in zip(files, stats, strict=True):
+        digest.update(f"{rel}\0{size}\0".encode())
+        with path.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    result = f"sha256:{digest.hexdigest()}"
+    _identity_cache[key] = result
+    return result
