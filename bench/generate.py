@@ -90,7 +90,8 @@ class Timed:
 
 def loop(model_dir: Path, batch_size: int, device: str) -> Timed:
     """The runtime evalq's workers run, called once in this process on every prompt."""
-    from shared.lm.hf import GenerationRequest, HFModel
+    from shared.lm.hf import HFModel
+    from shared.lm.request import GenerationRequest
     from shared.lm.spec import ModelSpec
 
     model = HFModel.load(

@@ -14,7 +14,7 @@ from typing import Any
 
 import redis
 
-from shared.access.policy import admit_fewshot, admit_model
+from shared.access.policy import admit_endpoint, admit_fewshot, admit_model
 from shared.access.registry import DatasetRegistry
 from shared.access.task import RegisteredTask
 from shared.access.tasks import TaskRegistry
@@ -28,6 +28,7 @@ from shared.lm.spec import ModelSpec, canonical, present
 from shared.lm.task import fewshot_indices
 from shared.models import RunMeta
 from shared.names import PLUGIN_NAME
+from shared.store.endpoints import EndpointRegistry
 
 __all__ = ["Resolved", "check_rows", "rescorer", "resolve", "with_examples"]
 
@@ -66,10 +67,23 @@ def resolve(
         return create(name, params), None
     task = _task(client, name)
     if model is None:
-        raise InputError(f"task '{name}' runs on a model: add --model hf/<folder or Hub id>")
+        raise InputError(
+            f"task '{name}' runs on a model: add --model hf/<folder or Hub id> or "
+            "--model openai/<name> --model-arg base_url=…"
+        )
     spec = canonical(ModelSpec.parse(model, model_args))
-    admit_model(spec.name, admin, model_roots)
-    spec = present(spec)
+    if spec.endpoint is not None:
+        admit_endpoint(
+            spec.endpoint, spec.args.api_key_env, EndpointRegistry(client).get(spec.endpoint)
+        )
+        if task.spec.choices is not None:
+            raise InputError(
+                f"task '{name}' is multiple choice: it needs log-likelihoods, which evalq "
+                "reads from hf/ models only (endpoint models generate)"
+            )
+    else:
+        admit_model(spec.name, admin, model_roots)
+        spec = present(spec)
     run = LanguageRun(task=task.spec, model=spec)
     return LanguageEvaluation.of(name, run)(**params), run
 

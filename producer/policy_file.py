@@ -20,14 +20,20 @@ JSON file, reconciled.
           priority: high                   # runs on this split: high unless asked lower
     principals:
       ci-sweeps: {priority: low}           # this principal's default (before the split's)
+    endpoints:                             # the only servers endpoint models may call
+      http://vllm.internal:8000/v1: {requests_per_minute: 600, tokens_per_minute: 200000}
+      https://api.openai.com/v1: {requests_per_minute: 60, api_key_env: OPENAI_API_KEY}
 
 Reconciliation is :func:`shared.access.policy.budgeted_tier`'s: a budgeted split with no tier (in
 the file or already stored) becomes ``non_viewable``; a budgeted ``no_access`` split is an error; a
 budgeted ``viewable`` split is allowed with a warning. Budgets keep what was used. A ``release:``
 rule (see :class:`shared.access.ladder.Release`) applies to ``non_viewable`` splits; one given to a
 ``viewable`` split is kept but warned about (viewable runs are always released exactly).
-A ``priority:`` (per split, or per principal under ``principals:``) is the default priority of
-a run, and the most a non-admin may ask for (:func:`shared.access.priorities.admit_priority`).
+An ``endpoints:`` entry lists a server endpoint models may call, its limits across the whole
+fleet (absent: unlimited) and the worker variable its API key is read from (default
+``OPENAI_API_KEY``). A ``priority:`` (per split, or per principal under ``principals:``) is
+the default priority of a run, and the most a non-admin may ask for
+(:func:`shared.access.priorities.admit_priority`).
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 import redis
 import yaml
@@ -47,8 +54,10 @@ from shared.access.priorities import PriorityStore
 from shared.access.release import ReleaseStore
 from shared.access.tiers import TierRegistry
 from shared.errors import PolicyError, first_line
+from shared.lm.spec import URL_PATTERN
 from shared.models import Priority
 from shared.names import check_name
+from shared.store.endpoints import EndpointLimits, EndpointRegistry
 
 __all__ = ["PolicyFile", "apply_policy", "load_policy"]
 
@@ -95,6 +104,9 @@ class PolicyFile(BaseModel):
 
     datasets: dict[str, dict[str, SplitPolicy]] = Field(default_factory=dict)
     principals: dict[str, PrincipalPolicy] = Field(default_factory=dict)
+    endpoints: dict[Annotated[str, Field(pattern=URL_PATTERN)], EndpointLimits] = Field(
+        default_factory=dict
+    )
 
 
 def load_policy(path: Path) -> PolicyFile:
@@ -188,6 +200,9 @@ def apply_policy(
     tiers, ledger = TierRegistry(client), Ledger(client)
     releases, priorities = ReleaseStore(client), PriorityStore(client)
     changes, warnings = _reconcile(policy, tiers, registered)
+    endpoints = EndpointRegistry(client)
+    for url, listed in policy.endpoints.items():
+        endpoints.set(url, listed, who=who)
     for principal, entry in policy.principals.items():
         if entry.priority is not None:
             priorities.set_principal(principal, entry.priority, who=who)

@@ -6,6 +6,7 @@ keys on a Redis Cluster too.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 from shared.models import Stage
@@ -16,10 +17,12 @@ __all__ = [
     "AUDIT",
     "DATASETS",
     "DATASET_FILES",
+    "ENDPOINTS",
     "FAIR",
     "FAIR_SCORE",
     "JANITOR",
     "PRIORITIES",
+    "RATE",
     "RETENTION",
     "RUNS",
     "RUN_KEYS",
@@ -29,6 +32,8 @@ __all__ = [
     "FairKeys",
     "RunKeys",
     "budget_key",
+    "rate_key",
+    "rate_minute_key",
     "release_best_key",
     "release_config_key",
     "release_run_key",
@@ -151,6 +156,30 @@ DATASETS = "evalq:datasets"
 
 DATASET_FILES = "evalq:datasets:files"
 """Hash: sha256 of a registered file -> ``name/split`` that holds it (one owner per content)."""
+
+ENDPOINTS = "evalq:endpoints"
+"""Hash: an endpoint's base URL -> its limits (JSON), set by ``evalq policy apply``. An
+endpoint model may only call a listed URL."""
+
+RATE = "evalq:rate:"
+"""Prefix of the fleet-wide rate limiter's keys, one per endpoint (:func:`rate_key`)."""
+
+
+def _endpoint_tag(endpoint: str) -> str:
+    """An endpoint's base URL as a key part: a digest (a URL may hold any character)."""
+    return hashlib.sha256(endpoint.encode()).hexdigest()[:16]
+
+
+def rate_key(endpoint: str) -> str:
+    """Hash: one endpoint's rate-limiter state (GCRA arrival times of requests and tokens)."""
+    return f"{RATE}{{{_endpoint_tag(endpoint)}}}"
+
+
+def rate_minute_key(endpoint: str, minute: int) -> str:
+    """Hash with an expiry: one endpoint's counts in one minute (requests, 429s, retries,
+    tokens, failures): what status and metrics show."""
+    return f"{RATE}{{{_endpoint_tag(endpoint)}}}:m:{minute}"
+
 
 TASKS = "evalq:tasks"
 """Hash: registered language-model task name -> JSON record (its YAML's spec, digest, who)."""

@@ -78,6 +78,8 @@ class Stage(StrEnum):
     PAYLOAD = "payload"
     DATA = "data"
     INFER = "infer"
+    ENDPOINT = "endpoint"
+    """An endpoint model's server (:mod:`shared.lm.endpoint`), after its retries."""
     SCORE = "score"
 
 

@@ -6,7 +6,7 @@ import gc
 import re
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,6 +88,26 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if WORKER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failed test with worker processes shows the end of their log beside its traceback:
+    CI keeps nothing else of a run that timed out waiting on them."""
+    report: pytest.TestReport = yield
+    arguments = getattr(item, "funcargs", {})
+    stack = arguments.get("fresh_stack") or arguments.get("stack")
+    if report.failed and isinstance(stack, Stack):
+        banner = re.compile(r"^\s*(\.>|-|\*)")  # Celery's start-up banner: its queues
+        kept = [line for line in stack.worker_log().splitlines() if not banner.match(line)]
+        lines = kept[-WORKER_LOG_TAIL:]
+        report.sections.append(("worker log (last lines)", "\n".join(lines)))
+    return report
+
+
+WORKER_LOG_TAIL = 120
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -107,12 +107,14 @@ def wait_ended(client: redis.Redis, run_id: str, timeout: float = 120.0) -> RunS
     return status
 
 
-def assert_settled_once(client: redis.Redis, run_id: str, n: int) -> None:
-    """The run completed with each of its ``n`` samples settled exactly once: one score or one
-    error (never both), counted once, and listed once in the settled stream (in the archive's
-    timeline, once the run is archived)."""
+def assert_settled_once(
+    client: redis.Redis, run_id: str, n: int, ended: RunStatus = RunStatus.COMPLETED
+) -> None:
+    """The run ``ended`` (completed) with each of its ``n`` samples settled exactly once: one
+    score or one error (never both), counted once, and listed once in the settled stream (in
+    the archive's timeline, once the run is archived)."""
     runs, results = RunStore(client), ResultReader(client)
-    assert runs.get(run_id).status is RunStatus.COMPLETED
+    assert runs.get(run_id).status is ended
     found = list(results.results(run_id))
     scored = {r.sample_id for r in found if r.scores is not None}
     failed = {r.sample_id for r in found if r.error is not None}

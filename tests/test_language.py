@@ -26,7 +26,8 @@ from shared.access.tiers import TierRegistry
 from shared.cli import python
 from shared.errors import InputError, TierRefusedError, UnknownEvalError
 from shared.evals.language import LanguageEvaluation, evaluation_of
-from shared.lm.hf import ChoiceRequest, ChoiceScore, HFModel
+from shared.lm.hf import HFModel
+from shared.lm.request import ChoiceRequest, ChoiceScore
 from shared.lm.run import LanguageRun
 from shared.lm.spec import ModelSpec, canonical, folder, identity, is_local
 from shared.lm.task import TaskSpec
@@ -102,6 +103,7 @@ def test_a_task_generates_what_the_model_generates_with_its_tokens(
     evaluation = evaluation_of(user.status(meta.run_id).meta)
     assert isinstance(evaluation, LanguageEvaluation)
     model = evaluation.load("cpu")
+    assert isinstance(model, HFModel)
     rows = [{k: v for k, v in r.items() if k != "answer"} for r in _rows(8, 0)]
     expected = evaluation.infer_samples(model, rows, [(meta.run_id, i) for i in range(8)])
     assert [r.output for r in results] == [e["output"] for e in expected]
@@ -109,6 +111,7 @@ def test_a_task_generates_what_the_model_generates_with_its_tokens(
     for result, row in zip(results, rows, strict=True):
         assert result.usage is not None
         prompt = evaluation.prompt(model, row, result.sample_id)
+        assert isinstance(prompt, str)
         assert result.usage.prompt_tokens == len(model.encode(prompt))
         assert 1 <= result.usage.completion_tokens <= 6
         assert prompt.count("Add ") == 3  # two few-shot examples, from train, then the row

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from shared.errors import InputError
-from shared.lm.hf import ChoiceRequest, GenerationRequest, HFModel
+from shared.lm.hf import HFModel
+from shared.lm.request import ChoiceRequest, GenerationRequest
 from shared.lm.spec import ModelSpec, identity
 from tests.lm_fixtures import BOS, tiny_model
 

@@ -116,8 +116,11 @@ def _immutable(row: dict[str, Any]) -> bool:
 
 
 def error_record(stage: Stage, exc: BaseException) -> ErrorRecord:
-    """A sample's terminal error record at ``stage``, from what was raised."""
-    return ErrorRecord(stage=stage, kind=type(exc).__name__, message=first_line(exc))
+    """A sample's terminal error record at ``stage`` (or the stage the error names: an
+    endpoint's), from what was raised."""
+    named = getattr(exc, "stage", None)
+    where = Stage(named) if named in set(Stage) else stage
+    return ErrorRecord(stage=where, kind=type(exc).__name__, message=first_line(exc))
 
 
 class RunShare:

@@ -66,6 +66,9 @@ def _infer(infer: Infer, items: list[Item], max_attempts: int) -> None:
                 _infer(infer, [item], max_attempts)
         return
     for (run, sample_id, _), output in zip(items, outputs, strict=True):
+        if isinstance(output, Exception):  # this sample's own failure (an endpoint's)
+            _failed(run, sample_id, output, max_attempts)
+            continue
         try:
             run.outputs[sample_id] = to_json(output)
         except (TypeError, ValueError) as exc:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from shared.errors import PolicyError, TierRefusedError
 from shared.models import Progress, RunMeta, RunStatus
+from shared.store.endpoints import EndpointLimits
 
 __all__ = [
     "MIN_AGGREGATE_SAMPLES",
@@ -135,6 +136,22 @@ def admit_model(name: str, admin: bool, roots: Sequence[Path]) -> None:
     if not _HUB_ID.match(name) or ".." in name.split("/"):
         raise TierRefusedError(
             f"model refused: {name!r} is neither a Hub id (org/name) nor an absolute folder"
+        )
+
+
+def admit_endpoint(url: str, api_key_env: str, listed: EndpointLimits | None) -> None:
+    """An endpoint model calls only a server the operator listed in the policy's
+    ``endpoints:``, with the key variable its entry names, whoever asks (admins too: the
+    workers would send that server their API key)."""
+    if listed is None:
+        raise TierRefusedError(
+            f"model refused: endpoint {url} is not listed in the policy's endpoints: "
+            "(an operator lists it with evalq policy apply)"
+        )
+    if api_key_env != listed.api_key_env:
+        raise TierRefusedError(
+            f"model refused: endpoint {url} takes its key from {listed.api_key_env}, "
+            f"not {api_key_env}"
         )
 
 

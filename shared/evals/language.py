@@ -13,17 +13,31 @@ multiple-choice output is each choice's summed log-likelihood, in the choices' o
 from __future__ import annotations
 
 import hashlib
+import os
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from shared.connection import connect
+from shared.errors import PermanentError
 from shared.evaluation import Evaluation, create
+from shared.lm.endpoint import EndpointModel
+from shared.lm.request import Prompt
 from shared.lm.run import LanguageRun
-from shared.lm.spec import identity
+from shared.lm.spec import ModelSpec, identity
 from shared.models import RunMeta, Usage, with_usage
+from shared.settings import get_settings
+from shared.store.endpoints import EndpointRegistry
+from shared.store.rate import RateLimit
 
 if TYPE_CHECKING:
     from shared.lm.hf import HFModel
 
-__all__ = ["LanguageEvaluation", "evaluation_of", "language_run", "sample_seed"]
+__all__ = [
+    "LanguageEvaluation",
+    "endpoint_model",
+    "evaluation_of",
+    "language_run",
+    "sample_seed",
+]
 
 
 def sample_seed(run_id: str, sample_id: int) -> int:
@@ -63,7 +77,9 @@ class LanguageEvaluation(Evaluation):
     def definition(self) -> str:
         return self.run.task.digest
 
-    def load(self, device: str) -> HFModel:
+    def load(self, device: str) -> HFModel | EndpointModel:
+        if self.run.model.endpoint is not None:
+            return endpoint_model(self.run.model)
         from shared.lm.hf import HFModel  # torch: only where a model runs
 
         return HFModel.load(self.run.model, device)
@@ -74,14 +90,17 @@ class LanguageEvaluation(Evaluation):
     def infer_samples(
         self, model: Any, rows: list[dict[str, Any]], samples: list[tuple[str, int]]
     ) -> list[Any]:
-        from shared.lm.hf import GenerationRequest
+        from shared.lm.request import GenerationRequest
 
         prompts = [
             self.prompt(model, row, sample_id)
             for row, (_, sample_id) in zip(rows, samples, strict=True)
         ]
         if self.run.task.generate is None:
-            return self._choose(model, rows, prompts)
+            texts = [p for p in prompts if isinstance(p, str)]
+            if len(texts) != len(prompts):
+                raise PermanentError("multiple-choice tasks run on hf/ models only")
+            return self._choose(model, rows, texts)
         config = self.run.task.generate
         requests = [
             GenerationRequest(
@@ -91,13 +110,15 @@ class LanguageEvaluation(Evaluation):
             for prompt, (run_id, sample_id) in zip(prompts, samples, strict=True)
         ]  # fmt: skip
         return [
-            with_usage(
+            g
+            if isinstance(g, Exception)
+            else with_usage(
                 g.text, Usage(prompt_tokens=g.prompt_tokens, completion_tokens=g.completion_tokens)
             )
             for g in model.generate(requests)
         ]
 
-    def prompt(self, model: HFModel, row: dict[str, Any], sample_id: int) -> str:
+    def prompt(self, model: HFModel | EndpointModel, row: dict[str, Any], sample_id: int) -> Prompt:
         """The text the model reads for ``row`` (label-free) and its few-shot examples."""
         task = self.run.task
         examples = self.run.examples_for(sample_id)
@@ -107,7 +128,7 @@ class LanguageEvaluation(Evaluation):
 
     def _choose(self, model: HFModel, rows: list[dict[str, Any]], prompts: list[str]) -> list[Any]:
         """Each row's choices' log-likelihoods after its prompt, all rows' in one call."""
-        from shared.lm.hf import ChoiceRequest
+        from shared.lm.request import ChoiceRequest
 
         per_row = [self.run.task.continuations(row) for row in rows]
         requests = [
@@ -128,6 +149,24 @@ class LanguageEvaluation(Evaluation):
         """The task's scorer on the output without its usage (every output of this
         evaluation is stored with it)."""
         return self.run.task.score(output["output"], row)
+
+
+def endpoint_model(spec: ModelSpec) -> EndpointModel:
+    """The endpoint model ``spec`` names, on this worker: its server must be listed in the
+    policy with the key variable the spec names (checked again here: the listing may have
+    changed since the run was submitted); the key is this process's variable (unset: no
+    ``Authorization`` header), and the rate limit the fleet's, in Redis."""
+    url = spec.endpoint
+    if url is None:
+        raise PermanentError(f"model {spec}: not an endpoint model")
+    client = connect(get_settings().redis_url)
+    listed = EndpointRegistry(client).get(url)
+    if listed is None:
+        raise PermanentError(f"endpoint {url} is not listed in the policy's endpoints:")
+    if listed.api_key_env != spec.args.api_key_env:
+        raise PermanentError(f"endpoint {url} takes its key from {listed.api_key_env}")
+    key = os.environ.get(listed.api_key_env) or None
+    return EndpointModel(spec, RateLimit(client, url, listed), key)
 
 
 def evaluation_of(meta: RunMeta) -> Evaluation:

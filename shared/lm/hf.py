@@ -40,7 +40,6 @@ has); the cut text is the same either way.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -56,72 +55,20 @@ from transformers import (
 )
 
 from shared.errors import InputError, first_line
+from shared.lm.request import (
+    ChoiceRequest,
+    ChoiceScore,
+    Generation,
+    GenerationRequest,
+    cut_at_stop,
+)
 from shared.lm.spec import ModelSpec, folder
 
-__all__ = [
-    "ChoiceRequest",
-    "ChoiceScore",
-    "Generation",
-    "GenerationRequest",
-    "HFModel",
-]
+__all__ = ["HFModel"]
 
 DEFAULT_MAX_LENGTH = 2048
 _TOKENIZER_INFINITY = 1000000000000000019884624838656
 _SEQLEN_ATTRS = ("n_positions", "max_position_embeddings", "n_ctx")
-
-
-@dataclass(frozen=True)
-class GenerationRequest:
-    """One prompt (already rendered) to continue."""
-
-    prompt: str
-    max_new_tokens: int
-    stop: tuple[str, ...] = ()
-    temperature: float = 0.0
-    """0: greedy; above: sampled from ``softmax(logits / temperature)``."""
-    top_p: float = 1.0
-    seed: int = 0
-    """Seeds this request's own sampler: the same request gives the same text in any batch."""
-
-    def __post_init__(self) -> None:
-        if self.max_new_tokens < 1:
-            raise InputError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
-        if not self.temperature >= 0:
-            raise InputError(f"temperature must be 0 or more, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise InputError(f"top_p must be in (0, 1], got {self.top_p}")
-
-
-@dataclass(frozen=True)
-class Generation:
-    """What the model wrote: the text cut at the first stop string, and token counts."""
-
-    text: str
-    prompt_tokens: int
-    """Tokens of the prompt fed to the model (after left truncation, if any)."""
-    completion_tokens: int
-    """Tokens the model generated, up to and including the one that ended it (EOS or the one
-    completing a stop string)."""
-
-
-@dataclass(frozen=True)
-class ChoiceRequest:
-    """A continuation to score after a context (one choice of a multiple-choice question)."""
-
-    context: str
-    continuation: str
-
-
-@dataclass(frozen=True)
-class ChoiceScore:
-    """The continuation's summed token log-probability given the context."""
-
-    logprob: float
-    is_greedy: bool
-    """Whether every continuation token is the model's argmax at its position."""
-    tokens: int
-    """How many continuation tokens were scored."""
 
 
 class HFModel:
@@ -252,6 +199,8 @@ class HFModel:
                 f"max_new_tokens {request.max_new_tokens} leaves no room for a prompt in the "
                 f"model's max_length {self.max_length}"
             )
+        if not isinstance(request.prompt, str):
+            raise InputError(f"model {self.spec}: a local model reads text, not chat messages")
         bos = self.tokenizer.bos_token
         kwargs = {"add_special_tokens": False} if bos and request.prompt.startswith(bos) else {}
         ids = list(self.tokenizer(request.prompt, **kwargs)["input_ids"])
@@ -432,11 +381,3 @@ class _RowStops(StoppingCriteria):
                     self.made[row] = made
         done = [m is not None for m in self.made]
         return torch.tensor(done, dtype=torch.bool, device=input_ids.device)  # type: ignore[return-value]
-
-
-def cut_at_stop(text: str, stops: Sequence[str]) -> str:
-    """``text`` before the earliest stop string (lm-eval's ``s.split(term)[0]`` per term)."""
-    for term in stops:
-        if term:
-            text = text.split(term, maxsplit=1)[0]
-    return text

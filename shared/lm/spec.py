@@ -1,5 +1,7 @@
-"""Which language model a run uses: ``hf/<local path or Hub id>[@revision]`` plus declared
-``--model-arg k=v`` pairs, and the identity of its weights for the run's provenance.
+"""Which language model a run uses: ``hf/<local path or Hub id>[@revision]`` or
+``openai/<served model name>`` (an OpenAI-compatible endpoint: ``--model-arg base_url=...``),
+plus declared ``--model-arg k=v`` pairs, and the identity of what answers for the run's
+provenance.
 
 Only declared arguments exist: a model spec is copied into every message and record, so an
 argument that slipped through unchecked (``trust_remote_code`` above all: it would run code
@@ -14,13 +16,26 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from shared.errors import InputError, first_line
 
-__all__ = ["ModelArgs", "ModelSpec", "canonical", "folder", "identity", "is_local", "present"]
+__all__ = [
+    "ENDPOINT_ARGS",
+    "LOCAL_ARGS",
+    "ModelArgs",
+    "ModelSpec",
+    "canonical",
+    "folder",
+    "identity",
+    "is_local",
+    "present",
+]
 
-PROVIDERS = ("hf",)
+PROVIDERS = ("hf", "openai")
+DEFAULT_API_KEY_ENV = "OPENAI_API_KEY"
+URL_PATTERN = r"^https?://[^\s/?#@]+(/[^\s?#]*)?$"
+"""An endpoint's base URL: http(s), a host, a path; no query, fragment or credentials."""
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _BAD_NAME = re.compile(r"[\s\x00-\x1f]")
 _IDENTITY_SUFFIXES = (
@@ -50,9 +65,33 @@ class ModelArgs(BaseModel):
     """Requests per forward pass (generation batches are bucketed by prompt length)."""
     max_length: int | None = Field(default=None, ge=1)
     """Context window in tokens; default: the model config's (``n_positions``, …)."""
+    base_url: str | None = Field(default=None, pattern=URL_PATTERN)
+    """An endpoint model's server, up to ``/v1`` (``http(s)://host[:port]/v1``); it must be
+    listed in the policy's ``endpoints:``."""
+    api_key_env: str = Field(default=DEFAULT_API_KEY_ENV, pattern=r"^[A-Z][A-Z0-9_]{0,63}$")
+    """The worker's environment variable holding the endpoint's API key (the key itself is
+    never in a spec, a message, a record or a log)."""
+    concurrency: int = Field(default=8, ge=1, le=256)
+    """An endpoint model's most requests in flight per worker process (lowered on 429s)."""
+    timeout: float = Field(default=60.0, gt=0, le=3600)
+    """Seconds an endpoint request may take before it counts as a timeout."""
+    max_retries: int = Field(default=5, ge=0, le=20)
+    """Retries of a request answered 429 or 5xx, or timed out, before the sample fails."""
+
+    @field_validator("base_url")
+    @classmethod
+    def _no_trailing_slash(cls, value: str | None) -> str | None:
+        return None if value is None else value.rstrip("/")
 
 
-_DECLARED = ", ".join(ModelArgs.model_fields)
+LOCAL_ARGS = frozenset({"dtype", "batch_size", "max_length"})
+"""Arguments of ``hf`` models only."""
+ENDPOINT_ARGS = frozenset({"base_url", "api_key_env", "concurrency", "timeout", "max_retries"})
+"""Arguments of ``openai`` models only."""
+_DECLARED = {
+    "hf": ", ".join(sorted(LOCAL_ARGS)),
+    "openai": ", ".join(sorted(ENDPOINT_ARGS)),
+}
 
 
 class ModelSpec(BaseModel):
@@ -61,9 +100,9 @@ class ModelSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    provider: Literal["hf"]
+    provider: Literal["hf", "openai"]
     name: str = Field(min_length=1)
-    """A local folder (on the worker) or a Hugging Face Hub id."""
+    """A local folder (on the worker) or a Hugging Face Hub id; an endpoint's model name."""
     revision: str | None = None
     """A Hub branch, tag or commit; None: the default branch."""
     args: ModelArgs = ModelArgs()
@@ -88,7 +127,23 @@ class ModelSpec(BaseModel):
             raise InputError(f"model {text!r}: empty revision after '@'")
         if at and _BAD_NAME.search(revision):
             raise InputError(f"model {text!r}: the revision holds whitespace")
-        return cls(provider="hf", name=name, revision=revision or None, args=_args(args or {}))
+        if provider == "openai":
+            if at:
+                raise InputError(f"model {text!r}: an endpoint model takes no @revision")
+            made = cls(provider="openai", name=rest.strip(), args=_args(provider, args or {}))
+            if made.args.base_url is None:
+                raise InputError(
+                    f"model {text!r}: an endpoint model needs --model-arg base_url=http(s)://…/v1"
+                )
+            return made
+        return cls(
+            provider="hf", name=name, revision=revision or None, args=_args(provider, args or {})
+        )
+
+    @property
+    def endpoint(self) -> str | None:
+        """The server an ``openai`` model is called at (None for a local model)."""
+        return self.args.base_url if self.provider == "openai" else None
 
     def arg_items(self) -> dict[str, str]:
         """The arguments that differ from their defaults, as ``--model-arg`` text."""
@@ -99,15 +154,24 @@ class ModelSpec(BaseModel):
         return f"{self.provider}/{self.name}{at}"
 
 
-def _args(given: Mapping[str, str]) -> ModelArgs:
+def _args(provider: str, given: Mapping[str, str]) -> ModelArgs:
     if "trust_remote_code" in given:
         raise InputError(
             "model arg 'trust_remote_code' is never accepted: evalq runs no code from a "
             "model's repository"
         )
-    unknown = sorted(set(given) - set(ModelArgs.model_fields))
+    if "api_key" in given:
+        raise InputError(
+            "model arg 'api_key' is never accepted: name the worker's environment variable "
+            "that holds it with api_key_env=NAME (a key in a spec would reach Redis and logs)"
+        )
+    allowed = ENDPOINT_ARGS if provider == "openai" else LOCAL_ARGS
+    unknown = sorted(set(given) - allowed)
     if unknown:
-        raise InputError(f"unknown model arg '{unknown[0]}' (declared: {_DECLARED})")
+        raise InputError(
+            f"unknown model arg '{unknown[0]}' for {provider}/ models "
+            f"(declared: {_DECLARED[provider]})"
+        )
     try:
         return ModelArgs.model_validate(dict(given))
     except ValidationError as exc:
@@ -118,10 +182,11 @@ def _args(given: Mapping[str, str]) -> ModelArgs:
 
 
 def is_local(spec: ModelSpec) -> bool:
-    """Whether the name is a folder: written as a path (``/``, ``.`` or ``~`` first). Any other
-    name is a Hub id, even where a folder of that name exists (transformers would prefer the
-    folder, relative to whichever directory the worker runs in)."""
-    return spec.name.startswith(("/", ".", "~"))
+    """Whether the name is a folder: an ``hf`` model written as a path (``/``, ``.`` or ``~``
+    first). Any other ``hf`` name is a Hub id, even where a folder of that name exists
+    (transformers would prefer the folder, relative to whichever directory the worker runs
+    in)."""
+    return spec.provider == "hf" and spec.name.startswith(("/", ".", "~"))
 
 
 def canonical(spec: ModelSpec) -> ModelSpec:
@@ -167,8 +232,11 @@ def folder(spec: ModelSpec) -> Path:
 
 def identity(spec: ModelSpec) -> str:
     """What the run's provenance records of the weights: ``sha256:<hex>`` over a local
-    folder's weight, config and tokenizer files, or ``git:<commit>`` for a Hub model (the
-    pinned commit, or the one the local Hugging Face cache resolves the revision to)."""
+    folder's weight, config and tokenizer files, ``git:<commit>`` for a Hub model (the
+    pinned commit, or the one the local Hugging Face cache resolves the revision to), or
+    ``endpoint:<base_url>#<name>`` for an endpoint model (its server owns the weights)."""
+    if spec.provider == "openai":
+        return f"endpoint:{spec.args.base_url}#{spec.name}"
     if is_local(spec):
         return _folder_digest(Path(present(spec).name))
     if spec.revision is not None and _COMMIT.match(spec.revision):

@@ -1,0 +1,312 @@
+"""Endpoint models: an OpenAI-compatible server (vLLM, TGI, a provider's API) answering
+``/v1/completions`` or ``/v1/chat/completions``, called by every worker under one rate limit.
+
+A batch's requests go out concurrently (httpx's async client) with a timeout each. Before each
+request the fleet-wide limiter (:class:`shared.store.rate.RateLimit`) admits it or says how long
+to wait; within a worker process the number in flight adapts to the server (additive increase,
+multiplicative decrease on each 429: :class:`Gate`). A 429, a 5xx, a timeout, a lost connection
+or an unreadable answer is retried after an exponential backoff with full jitter, or after the
+server's ``Retry-After``; a request whose retries run out ends its sample with an
+:class:`EndpointError` of its kind (``endpoint/RateLimited``, ``endpoint/Timeout``, …), and the
+batch goes on. Another 4xx is not retried (the request itself is wrong).
+
+The API key is read from the worker's environment variable the endpoint's policy entry names
+(:class:`shared.store.endpoints.EndpointLimits`), sent in the ``Authorization`` header and
+nowhere else: error lines carry status codes and the server's words with the key cut out.
+The limiter and the key come from the caller (:func:`shared.evals.language.endpoint_model`), so
+this module needs no store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import math
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
+
+import httpx
+
+from shared.errors import PermanentError, first_line
+from shared.lm.request import Generation, GenerationRequest, Prompt, cut_at_stop
+from shared.lm.spec import ModelSpec
+
+__all__ = [
+    "BadResponse",
+    "EndpointError",
+    "EndpointModel",
+    "Gate",
+    "Limiter",
+    "RateLimited",
+    "Refused",
+    "ServerError",
+    "Timeout",
+    "Unreachable",
+]
+
+BACKOFF_BASE = 0.5
+"""Seconds before the first retry (doubled each time, then drawn uniformly below that)."""
+BACKOFF_CAP = 30.0
+"""The longest wait between two tries, ``Retry-After`` included."""
+_SNIPPET = 160
+
+
+class EndpointError(PermanentError):
+    """A request that could not be answered after its retries: its sample's terminal error,
+    recorded at the ``endpoint`` stage with the class's name as its kind."""
+
+    stage: ClassVar[str] = "endpoint"
+    retryable: ClassVar[bool] = True
+
+
+class RateLimited(EndpointError):
+    """429 Too Many Requests, every try."""
+
+
+class Timeout(EndpointError):
+    """No answer within the timeout, every try."""
+
+
+class ServerError(EndpointError):
+    """5xx, every try."""
+
+
+class Unreachable(EndpointError):
+    """The server could not be reached (refused, reset, DNS), every try."""
+
+
+class BadResponse(EndpointError):
+    """An answer that is not the API's JSON (no text, no usage of the right shape)."""
+
+
+class Refused(EndpointError):
+    """A 4xx other than 429: the request or the key is wrong; not retried."""
+
+    retryable = False
+
+
+class Limiter(Protocol):
+    """The fleet-wide rate limit of an endpoint (:class:`shared.store.rate.RateLimit`)."""
+
+    def take(self, tokens: int) -> float: ...
+    def adjust(self, tokens: int) -> None: ...
+    def count(self, **counts: int) -> None: ...
+
+
+class Gate:
+    """How many requests one worker process has in flight to an endpoint: at most ``limit``,
+    which grows by ``1 / limit`` with each success (one more per round of successes) and halves
+    with each 429 (additive increase, multiplicative decrease), between 1 and ``ceiling``. The
+    limit outlives a batch; the waiting is per batch (:meth:`opened`, in its event loop)."""
+
+    def __init__(self, ceiling: int) -> None:
+        self.ceiling = ceiling
+        self.limit = float(ceiling)
+        self._busy = 0
+        self._changed: asyncio.Condition | None = None
+
+    def opened(self) -> Gate:
+        """Ready for a new batch's event loop (nothing in flight)."""
+        self._busy = 0
+        self._changed = asyncio.Condition()
+        return self
+
+    @property
+    def _condition(self) -> asyncio.Condition:
+        if self._changed is None:
+            self._changed = asyncio.Condition()
+        return self._changed
+
+    async def __aenter__(self) -> Gate:
+        async with self._condition:
+            await self._condition.wait_for(lambda: self._busy < max(1, math.floor(self.limit)))
+            self._busy += 1
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        async with self._condition:
+            self._busy -= 1
+            self._condition.notify_all()
+
+    def succeeded(self) -> None:
+        self.limit = min(float(self.ceiling), self.limit + 1.0 / self.limit)
+
+    def throttled(self) -> None:
+        self.limit = max(1.0, self.limit / 2.0)
+
+
+@dataclass
+class _Try:
+    """What one try came to: a generation, or an error and how long the server asked to wait."""
+
+    generation: Generation | None = None
+    error: EndpointError | None = None
+    retry_after: float | None = None
+
+
+def retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Seconds a ``Retry-After`` header asks for (delta-seconds or an HTTP date), capped at
+    :data:`BACKOFF_CAP`; None when absent or unreadable."""
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value).timestamp()
+        except (TypeError, ValueError):
+            return None
+        seconds = when - (time.time() if now is None else now)
+    if not math.isfinite(seconds):
+        return None
+    return min(max(seconds, 0.0), BACKOFF_CAP)
+
+
+def backoff(attempt: int, rng: random.Random) -> float:
+    """Full jitter: uniform in ``[0, min(cap, base * 2**attempt)]``."""
+    return rng.uniform(0.0, min(BACKOFF_CAP, BACKOFF_BASE * 2.0**attempt))
+
+
+class EndpointModel:
+    """One endpoint model of one worker process; build with :meth:`load`."""
+
+    def __init__(self, spec: ModelSpec, rate: Limiter, key: str | None) -> None:
+        if spec.endpoint is None:
+            raise PermanentError(f"model {spec}: not an endpoint model")
+        self.spec = spec
+        self.url = spec.endpoint
+        self.rate = rate
+        self.gate = Gate(spec.args.concurrency)
+        self._key = key
+        self._rng = random.Random()
+
+    def render(self, prompt: str, *, chat: bool, system: str | None = None) -> Prompt:
+        """What is sent: ``prompt`` as text (after ``system`` and a blank line) for
+        ``/completions``, or as chat messages for ``/chat/completions`` (the server applies
+        its model's template)."""
+        if not chat:
+            return prompt if system is None else f"{system}\n\n{prompt}"
+        messages = (("user", prompt),)
+        return (("system", system), *messages) if system is not None else messages
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation | EndpointError]:
+        """Each request's generation, or the error its retries ended with, in order."""
+        return asyncio.run(self._generate_all(requests))
+
+    async def _generate_all(
+        self, requests: Sequence[GenerationRequest]
+    ) -> list[Generation | EndpointError]:
+        self.gate.opened()
+        limits = httpx.Limits(max_connections=self.spec.args.concurrency)
+        timeout = httpx.Timeout(self.spec.args.timeout)
+        async with httpx.AsyncClient(limits=limits, timeout=timeout) as http:
+            return list(await asyncio.gather(*(self._one(http, r) for r in requests)))
+
+    async def _one(
+        self, http: httpx.AsyncClient, request: GenerationRequest
+    ) -> Generation | EndpointError:
+        attempt = 0
+        while True:
+            async with self.gate:
+                estimate = _estimate(request)
+                await self._admitted(estimate)
+                tried = await self._try(http, request)
+            if tried.generation is not None:
+                self.gate.succeeded()
+                used = tried.generation.prompt_tokens + tried.generation.completion_tokens
+                self.rate.adjust(used - estimate)
+                self.rate.count(requests=1, tokens=used)
+                return tried.generation
+            error = tried.error or BadResponse("no answer")
+            throttled = isinstance(error, RateLimited)
+            if throttled:
+                self.gate.throttled()
+            if not error.retryable or attempt >= self.spec.args.max_retries:
+                self.rate.count(requests=1, rate_limited=int(throttled), failed=1)
+                note = f" (after {attempt + 1} tries)" if error.retryable else ""
+                return type(error)(f"{first_line(error)}{note}")
+            self.rate.count(requests=1, rate_limited=int(throttled), retries=1)
+            wait = tried.retry_after
+            await asyncio.sleep(wait if wait is not None else backoff(attempt, self._rng))
+            attempt += 1
+
+    async def _admitted(self, tokens: int) -> None:
+        """Wait until the fleet's limiter admits a request of ``tokens`` tokens."""
+        while (wait := self.rate.take(tokens)) > 0:
+            await asyncio.sleep(wait + self._rng.uniform(0.0, min(wait, 0.05)))
+
+    async def _try(self, http: httpx.AsyncClient, request: GenerationRequest) -> _Try:
+        chat = not isinstance(request.prompt, str)
+        path = "/chat/completions" if chat else "/completions"
+        headers = {"Authorization": f"Bearer {self._key}"} if self._key else {}
+        try:
+            response = await http.post(self.url + path, json=self._body(request), headers=headers)
+        except httpx.TimeoutException:
+            return _Try(
+                error=Timeout(f"no answer from {self.url} within {self.spec.args.timeout}s")
+            )
+        except httpx.HTTPError as exc:
+            return _Try(error=Unreachable(f"{self.url}: {self._clean(first_line(exc))}"))
+        status = response.status_code
+        if status == 429:
+            wait = retry_after(response.headers.get("retry-after"))
+            return _Try(error=RateLimited(f"{self.url} answered 429"), retry_after=wait)
+        if status >= 500:
+            wait = retry_after(response.headers.get("retry-after"))
+            return _Try(error=ServerError(f"{self.url} answered {status}"), retry_after=wait)
+        if status >= 400:
+            said = self._clean(response.text[:_SNIPPET].replace("\n", " "))
+            return _Try(error=Refused(f"{self.url} answered {status}: {said}"))
+        return self._read(response, request, chat)
+
+    def _body(self, request: GenerationRequest) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": self.spec.name,
+            "max_tokens": request.max_new_tokens,
+            "temperature": request.temperature,
+            "seed": request.seed,
+        }
+        if request.top_p < 1.0:
+            body["top_p"] = request.top_p
+        if request.stop:
+            body["stop"] = list(request.stop)
+        if isinstance(request.prompt, str):
+            body["prompt"] = request.prompt
+        else:
+            body["messages"] = [{"role": r, "content": c} for r, c in request.prompt]
+        return body
+
+    def _read(self, response: httpx.Response, request: GenerationRequest, chat: bool) -> _Try:
+        try:
+            data = response.json()
+            choice = data["choices"][0]
+            text = choice["message"]["content"] if chat else choice["text"]
+            usage = data["usage"]
+            prompt_tokens, completion_tokens = usage["prompt_tokens"], usage["completion_tokens"]
+            if not isinstance(text, str):
+                raise TypeError("the text is not a string")
+            if not all(isinstance(n, int) and n >= 0 for n in (prompt_tokens, completion_tokens)):
+                raise TypeError("token counts are not counts")
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            problem = self._clean(first_line(exc))
+            return _Try(error=BadResponse(f"{self.url}: an unreadable answer ({problem})"))
+        text = cut_at_stop(text, request.stop)
+        return _Try(generation=Generation(text, prompt_tokens, completion_tokens))
+
+    def _clean(self, text: str) -> str:
+        """``text`` with the API key cut out (a server may echo it back)."""
+        return text.replace(self._key, "[key]") if self._key else text
+
+
+def _estimate(request: GenerationRequest) -> int:
+    """A request's tokens before it is sent, for the limiter: its text's bytes over three (a
+    token is about four bytes of English) plus all it may generate; corrected on return."""
+    text = (
+        request.prompt
+        if isinstance(request.prompt, str)
+        else "".join(content for _, content in request.prompt)
+    )
+    return len(text.encode()) // 3 + 1 + request.max_new_tokens

@@ -1,0 +1,86 @@
+"""What a language model is asked and what it answers, whichever provider runs it: torch-free,
+so the endpoint client and the producer never import a model library."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from shared.errors import InputError
+
+__all__ = [
+    "ChoiceRequest",
+    "ChoiceScore",
+    "Generation",
+    "GenerationRequest",
+    "Message",
+    "Prompt",
+    "cut_at_stop",
+]
+
+Message = tuple[str, str]
+"""A chat message: ``(role, content)``."""
+Prompt = str | tuple[Message, ...]
+"""A rendered prompt: text a local model reads, or the chat messages an endpoint applies its own
+template to."""
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One prompt (already rendered) to continue."""
+
+    prompt: Prompt
+    max_new_tokens: int
+    stop: tuple[str, ...] = ()
+    temperature: float = 0.0
+    """0: greedy; above: sampled from ``softmax(logits / temperature)``."""
+    top_p: float = 1.0
+    seed: int = 0
+    """Seeds this request's own sampler: the same request gives the same text in any batch."""
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise InputError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
+        if not self.temperature >= 0:
+            raise InputError(f"temperature must be 0 or more, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise InputError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+@dataclass(frozen=True)
+class Generation:
+    """What the model wrote: the text cut at the first stop string, and token counts."""
+
+    text: str
+    prompt_tokens: int
+    """Tokens of the prompt fed to the model (after left truncation, if any)."""
+    completion_tokens: int
+    """Tokens the model generated, up to and including the one that ended it (EOS or the one
+    completing a stop string)."""
+
+
+@dataclass(frozen=True)
+class ChoiceRequest:
+    """A continuation to score after a context (one choice of a multiple-choice question)."""
+
+    context: str
+    continuation: str
+
+
+@dataclass(frozen=True)
+class ChoiceScore:
+    """The continuation's summed token log-probability given the context."""
+
+    logprob: float
+    is_greedy: bool
+    """Whether every continuation token is the model's argmax at its position."""
+    tokens: int
+    """How many continuation tokens were scored."""
+
+
+def cut_at_stop(text: str, stops: Sequence[str]) -> str:
+    """``text`` before the earliest stop string (lm-eval's ``s.split(term)[0]`` per term)."""
+    for term in stops:
+        if term:
+            text = text.split(term, maxsplit=1)[0]
+    return text

@@ -1,0 +1,29 @@
+-- rate: admit one request to an endpoint under its fleet-wide limits, or say how long to wait
+-- (GCRA, one "theoretical arrival time" per limit; a request is admitted once every limit's
+-- time has come, and moves each forward by its cost: 1 request, its tokens).
+-- KEYS[1] = rate_key(endpoint)   hash: 'req', 'tok' = theoretical arrival times (ms)
+-- ARGV[1] = requests per minute ('' = unlimited)   ARGV[2] = tokens per minute ('' = unlimited)
+-- ARGV[3] = the request's tokens (estimated before it is sent; :func:`adjust` corrects it)
+-- ARGV[4] = 'adjust' to only move the token time by ARGV[3] (may be negative), else 'take'
+-- Returns: 0 when admitted (or adjusted), else milliseconds to wait (nothing written).
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local rpm, tpm, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local tok = tonumber(redis.call('HGET', KEYS[1], 'tok') or '0')
+if ARGV[4] == 'adjust' then
+  if tpm then
+    redis.call('HSET', KEYS[1], 'tok', math.max(tok, now) + cost * 60000 / tpm)
+    redis.call('PEXPIRE', KEYS[1], 180000)
+  end
+  return 0
+end
+local req = tonumber(redis.call('HGET', KEYS[1], 'req') or '0')
+local wait = 0
+if rpm and req > now then wait = math.max(wait, req - now) end
+if tpm and tok > now then wait = math.max(wait, tok - now) end
+if wait > 0 then return math.ceil(wait) end
+if rpm then redis.call('HSET', KEYS[1], 'req', now + 60000 / rpm) end
+if tpm then redis.call('HSET', KEYS[1], 'tok', now + cost * 60000 / tpm) end
+redis.call('PEXPIRE', KEYS[1], 120000 + math.ceil(cost * 60000 / (tpm or 1e9)))
+-- (an idle endpoint's state expires: its times have all passed by then)
+return 0

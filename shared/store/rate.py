@@ -1,0 +1,92 @@
+"""The fleet-wide rate limit of one endpoint, and its per-minute counts.
+
+Every worker process calling an endpoint asks :meth:`RateLimit.take` before each request: one
+Lua script (``rate.lua``, GCRA) admits it under the operator's requests-per-minute and
+tokens-per-minute (:class:`shared.access.endpoints.EndpointLimits`) or says how long to wait,
+so the limit holds across any number of workers. A request's tokens are not known until it
+returns: it is admitted on an estimate and the estimate corrected (:meth:`RateLimit.adjust`).
+
+The counts (requests, 429s, retries, tokens, failures per minute) are what ``status`` and
+``evalq metrics`` show for an endpoint; they are a minute's hash each, kept an hour.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+
+import redis
+
+from shared.keys import rate_key, rate_minute_key
+from shared.store.endpoints import EndpointLimits
+from shared.store.scripts import register
+
+__all__ = ["COUNTS", "RateLimit", "minute_counts"]
+
+COUNTS = ("requests", "rate_limited", "retries", "tokens", "failed", "cached")
+"""What is counted per endpoint and minute."""
+_KEEP_MINUTES = 60
+
+
+def _minute(at: float | None = None) -> int:
+    return int((time.time() if at is None else at) // 60)
+
+
+class RateLimit:
+    """One endpoint's limiter; owns ``rate.lua``."""
+
+    def __init__(self, client: redis.Redis, endpoint: str, limits: EndpointLimits) -> None:
+        self._client = client
+        self.endpoint = endpoint
+        self.limits = limits
+        self._key = rate_key(endpoint)
+        self._script = register(client, "shared.store", "rate")
+
+    def _args(self) -> list[str]:
+        rpm, tpm = self.limits.requests_per_minute, self.limits.tokens_per_minute
+        return ["" if rpm is None else str(rpm), "" if tpm is None else str(tpm)]
+
+    def take(self, tokens: int) -> float:
+        """Admit one request of about ``tokens`` tokens now (0.0), or the seconds to wait
+        before asking again (nothing taken)."""
+        if self.limits.requests_per_minute is None and self.limits.tokens_per_minute is None:
+            return 0.0
+        waited = int(self._script(keys=[self._key], args=[*self._args(), tokens, "take"]))
+        return waited / 1000.0
+
+    def adjust(self, tokens: int) -> None:
+        """Correct an admitted request's token estimate by ``tokens`` (negative: it used
+        fewer)."""
+        if self.limits.tokens_per_minute is not None and tokens:
+            self._script(keys=[self._key], args=[*self._args(), tokens, "adjust"])
+
+    def count(self, **counts: int) -> None:
+        """Add ``counts`` (names from :data:`COUNTS`) to this minute's."""
+        key = rate_minute_key(self.endpoint, _minute())
+        with self._client.pipeline(transaction=False) as pipe:
+            for name, value in counts.items():
+                if value:
+                    pipe.hincrby(key, name, value)
+            pipe.expire(key, _KEEP_MINUTES * 60)
+            pipe.execute()
+
+
+def minute_counts(
+    client: redis.Redis, endpoints: Mapping[str, object], minutes: int = 1
+) -> dict[str, dict[str, int]]:
+    """Each endpoint's counts over the last ``minutes`` whole minutes and the current one."""
+    now = _minute()
+    found: dict[str, dict[str, int]] = {}
+    for endpoint in endpoints:
+        keys = [rate_minute_key(endpoint, m) for m in range(now - minutes, now + 1)]
+        with client.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.hgetall(key)
+            rows = pipe.execute()
+        totals = dict.fromkeys(COUNTS, 0)
+        for row in rows:
+            for name, value in row.items():
+                if name in totals:
+                    totals[name] += int(value)
+        found[endpoint] = totals
+    return found

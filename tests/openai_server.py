@@ -1,0 +1,189 @@
+"""A small OpenAI-compatible server for tests and benchmarks: ``/v1/completions`` and
+``/v1/chat/completions`` on uvicorn, answering with real ``usage``, and told by ``POST
+/control`` to answer a share of requests with 429 + ``Retry-After``, with a 5xx or with
+malformed JSON, or to stall. ``GET /stats`` says what it received (arrival times, models,
+whether a key came, how many answers of each kind).
+
+The model is a fake at the outer edge: it answers "What is A plus B?" with the sum (wrong on
+purpose for the models named ``wrong-*``), anything else with "ok"; tokens are words. With
+``--model-dir`` it serves a real model instead (:class:`shared.lm.hf.HFModel`, one request at
+a time), which is what ``bench/endpoint.py`` measures.
+
+Run: ``python -m tests.openai_server --port P [--model-dir DIR] [--key KEY]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import re
+import threading
+import time
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+
+__all__ = ["make_app"]
+
+_SUM = re.compile(r"What is (-?\d+) plus (-?\d+)")
+
+
+class _State:
+    def __init__(self) -> None:
+        self.control: dict[str, Any] = {
+            "rate_limit_share": 0.0,
+            "retry_after": 1,
+            "error_share": 0.0,
+            "malformed_share": 0.0,
+            "stall": False,
+            "delay": 0.0,
+        }
+        self.arrivals: list[float] = []
+        self.models: list[str] = []
+        self.answers: dict[str, int] = {}
+        self.keys: set[str] = set()
+        self.rng = random.Random(0)
+        self.lock = threading.Lock()
+
+
+def _words(text: str) -> int:
+    return max(1, len(text.split()))
+
+
+def _fake_answer(model: str, text: str) -> str:
+    found = _SUM.search(text)
+    if found is None:
+        return "ok"
+    total = int(found.group(1)) + int(found.group(2))
+    return str(total + 1 if model.startswith("wrong") else total)
+
+
+def make_app(key: str | None = None, generate: Any = None) -> FastAPI:
+    """The server; ``generate(prompt_text, max_tokens) -> (text, prompt_tokens,
+    completion_tokens)`` replaces the fake model."""
+    app = FastAPI()
+    state = _State()
+    serial = threading.Lock()
+
+    @app.post("/control")
+    async def control(request: Request) -> dict[str, Any]:
+        state.control.update(await request.json())
+        return state.control
+
+    @app.get("/stats")
+    async def stats() -> dict[str, Any]:
+        with state.lock:
+            return {
+                "arrivals": list(state.arrivals),
+                "models": list(state.models),
+                "answers": dict(state.answers),
+                "keys": sorted(state.keys),
+            }
+
+    @app.post("/reset")
+    async def reset() -> dict[str, str]:
+        with state.lock:
+            state.arrivals.clear()
+            state.models.clear()
+            state.answers.clear()
+            state.keys.clear()
+        return {"ok": "reset"}
+
+    async def answer(request: Request, chat: bool) -> Response:
+        body = await request.json()
+        control = state.control
+        with state.lock:
+            state.arrivals.append(time.time())
+            state.models.append(str(body.get("model")))
+            given = request.headers.get("authorization", "")
+            state.keys.add(given.removeprefix("Bearer "))
+            draw = state.rng.random()
+        if key is not None and request.headers.get("authorization") != f"Bearer {key}":
+            return _count(state, "unauthorized", JSONResponse({"error": "bad key"}, 401))
+        while state.control["stall"]:  # until told otherwise (or the server stops)
+            await asyncio.sleep(0.05)
+        if draw < control["rate_limit_share"]:
+            headers = {"Retry-After": str(control["retry_after"])}
+            return _count(state, "429", JSONResponse({"error": "slow down"}, 429, headers))
+        draw -= control["rate_limit_share"]
+        if draw < control["error_share"]:
+            return _count(state, "500", JSONResponse({"error": "boom"}, 500))
+        draw -= control["error_share"]
+        if draw < control["malformed_share"]:
+            return _count(state, "malformed", PlainTextResponse("{not json", 200))
+        if control["delay"]:
+            await asyncio.sleep(float(control["delay"]))
+        model = str(body.get("model"))
+        if chat:
+            text = "\n".join(str(m.get("content", "")) for m in body.get("messages", []))
+        else:
+            text = str(body.get("prompt", ""))
+        max_tokens = int(body.get("max_tokens") or 16)
+        if generate is not None:
+            with serial:
+                made, prompt_tokens, completion_tokens = await asyncio.to_thread(
+                    generate, text, max_tokens
+                )
+        else:
+            made = _fake_answer(model, text)
+            prompt_tokens, completion_tokens = _words(text), _words(made)
+        choice: dict[str, Any] = {"index": 0, "finish_reason": "stop"}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": made}
+        else:
+            choice["text"] = made
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        }
+        reply = {"id": "x", "object": "text_completion", "model": model, "choices": [choice]}
+        return _count(state, "ok", JSONResponse({**reply, "usage": usage}))
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await answer(request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await answer(request, chat=True)
+
+    return app
+
+
+def _count(state: _State, kind: str, response: Response) -> Response:
+    with state.lock:
+        state.answers[kind] = state.answers.get(kind, 0) + 1
+    return response
+
+
+def _hf_generate(model_dir: str) -> Any:
+    from shared.lm.hf import HFModel
+    from shared.lm.request import GenerationRequest
+    from shared.lm.spec import ModelSpec
+
+    model = HFModel.load(ModelSpec.parse(f"hf/{model_dir}"), "cpu")
+
+    def generate(text: str, max_tokens: int) -> tuple[str, int, int]:
+        (made,) = model.generate([GenerationRequest(text, max_tokens)])
+        return made.text, made.prompt_tokens, made.completion_tokens
+
+    return generate
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--key", default=None)
+    parser.add_argument("--model-dir", default=None)
+    args = parser.parse_args()
+    generate = _hf_generate(args.model_dir) if args.model_dir else None
+    app = make_app(args.key, generate)
+    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()

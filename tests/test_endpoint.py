@@ -1,0 +1,237 @@
+"""Endpoint models end to end: a registered task run with ``--model openai/NAME`` against a real
+OpenAI-compatible server (``tests/openai_server.py`` on uvicorn, in its own process), through
+real workers and Redis: outputs and the API's usage recorded, the key sent and kept out of
+Redis and logs, the fleet's rate limit held across two workers while the server answers 429s,
+and each failure path (stall, 5xx, malformed answers, a server that is gone) ending every sample
+once with its reason."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from producer.client import Client
+from producer.policy_file import PolicyFile
+from producer.redis_server import free_port
+from producer.submit import SubmitRequest
+from shared.errors import InputError, TierRefusedError
+from shared.models import RunMeta, RunStatus
+from tests.conftest import Stack
+from tests.helpers import REPO, assert_settled_once, list_splits, wait_ended, wait_for, write_rows
+
+pytestmark = pytest.mark.integration
+
+KEY = "sk-evalq-test-4f1d2c9a8b7e"
+SUM = """
+prompt: "What is {a} plus {b}? Answer with only the number."
+chat: CHAT
+target: answer
+generate: {max_new_tokens: 8, stop: ["\\n"]}
+scorer: exact_match
+"""
+
+
+class Server:
+    """The test server in its own process; ``control`` and ``stats`` talk to it."""
+
+    def __init__(self, log: Path, key: str | None = KEY) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        command = [sys.executable, "-m", "tests.openai_server", "--port", str(self.port)]
+        if key is not None:
+            command += ["--key", key]
+        self._log = log.open("w")
+        self.process = subprocess.Popen(command, cwd=REPO, stdout=self._log, stderr=self._log)
+        wait_for(self._up, 60, "the endpoint server")
+
+    @property
+    def base(self) -> str:
+        return f"{self.url}/v1"
+
+    def _up(self) -> bool:
+        if self.process.poll() is not None:
+            raise AssertionError(f"the endpoint server exited with {self.process.returncode}")
+        try:
+            return httpx.get(f"{self.url}/stats", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def control(self, **settings: Any) -> None:
+        httpx.post(f"{self.url}/control", json=settings, timeout=10).raise_for_status()
+
+    def stats(self) -> dict[str, Any]:
+        reply = httpx.get(f"{self.url}/stats", timeout=10)
+        reply.raise_for_status()
+        return dict(reply.json())
+
+    def stop(self) -> None:
+        self.process.kill()
+        self.process.wait(30)
+        self._log.close()
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Server]:
+    running = Server(tmp_path / "server.log")
+    yield running
+    running.stop()
+
+
+def _place(stack: Stack, folder: Path, n: int, endpoints: dict[str, Any]) -> tuple[Client, str]:
+    """An admin who registered the tasks and applied ``endpoints``; a user; a dataset of ``n``
+    sums (viewable)."""
+    rows = [{"a": i, "b": 2 * i, "answer": str(3 * i)} for i in range(n)]
+    write_rows(folder, "validation", rows)
+    name = list_splits(stack.client, folder, "validation")
+    admin = Client(stack.settings.model_copy(update={"principal": "ops"}), admin=True)
+    admin.add_task("sum-chat", SUM.replace("CHAT", "true"))
+    admin.add_task("sum-text", SUM.replace("CHAT", "false"))
+    admin.apply_policy(PolicyFile.model_validate({"endpoints": endpoints}))
+    admin.close()
+    return Client(stack.settings.model_copy(update={"principal": "agent"})), name
+
+
+def _submit(
+    user: Client, dataset: str, url: str, task: str = "sum-chat", model: str = "served", **args: str
+) -> RunMeta:
+    request = SubmitRequest.model_validate(
+        {
+            "eval": task, "dataset": dataset, "split": "validation",
+            "model": f"openai/{model}", "model_args": {"base_url": url, **args},
+        }
+    )  # fmt: skip
+    return user.submit(request)
+
+
+def _ended(stack: Stack, meta: RunMeta, timeout: float = 120) -> RunStatus:
+    """How the run ended, once each of its samples settled exactly once."""
+    status = wait_ended(stack.client, meta.run_id, timeout)
+    assert_settled_once(stack.client, meta.run_id, meta.n, status)
+    return status
+
+
+def _secret_nowhere(stack: Stack) -> None:
+    """The key is in no Redis value (every write is in the append-only file) and no log."""
+    stack.client.bgrewriteaof()
+    files = [p for p in stack.log_dir.rglob("*") if p.is_file()]
+    assert files
+    for path in files:
+        assert KEY.encode() not in path.read_bytes(), path
+
+
+def test_an_endpoint_model_answers_with_its_usage_and_the_key_stays_secret(
+    fresh_stack: Stack, server: Server, tmp_path: Path
+) -> None:
+    stack = fresh_stack
+    stack.start_workers(OPENAI_API_KEY=KEY)
+    user, dataset = _place(stack, tmp_path / "data", 24, {server.base: {}})
+    chat = _submit(user, dataset, server.base)
+    text = _submit(user, dataset, server.base, task="sum-text", model="wrong-model")
+    assert _ended(stack, chat) is RunStatus.COMPLETED
+    assert _ended(stack, text) is RunStatus.COMPLETED
+    results = sorted(user.results(chat.run_id), key=lambda r: r.sample_id)
+    assert [r.output for r in results] == [str(3 * i) for i in range(24)]
+    assert all(r.scores == {"exact_match": 1.0} for r in results)
+    # the server's usage: words of the chat message, one word answered
+    assert [r.usage.completion_tokens for r in results if r.usage] == [1] * 24
+    assert results[0].usage is not None
+    assert results[0].usage.prompt_tokens == 10
+    wrong = user.status(text.run_id).stats
+    assert wrong is not None
+    assert wrong["exact_match"].mean == 0.0  # another model, another answer
+    assert user.status(chat.run_id).meta.model == "openai/served"
+    seen = server.stats()
+    assert seen["keys"] == [KEY]
+    assert sorted(set(seen["models"])) == ["served", "wrong-model"]
+    assert seen["answers"] == {"ok": 48}
+    _secret_nowhere(stack)
+    user.close()
+
+
+def test_what_a_caller_may_not_name_is_refused_in_one_line(
+    fresh_stack: Stack, server: Server, tmp_path: Path
+) -> None:
+    stack = fresh_stack
+    user, dataset = _place(stack, tmp_path / "data", 4, {server.base: {}})
+    with pytest.raises(TierRefusedError, match="not listed in the policy's endpoints"):
+        _submit(user, dataset, "http://169.254.169.254/v1")
+    with pytest.raises(TierRefusedError, match="takes its key from OPENAI_API_KEY"):
+        _submit(user, dataset, server.base, api_key_env="EVALQ_ACL_WORKER_PASSWORD")
+    with pytest.raises(InputError, match="'api_key' is never accepted"):
+        _submit(user, dataset, server.base, api_key=KEY)
+    with pytest.raises(InputError, match="needs --model-arg base_url"):
+        user.submit(
+            SubmitRequest(eval="sum-chat", dataset=dataset, split="validation", model="openai/x")
+        )
+    assert server.stats()["arrivals"] == []
+    user.close()
+
+
+def test_two_workers_keep_the_fleet_rate_limit_while_the_server_answers_429(
+    fresh_stack: Stack, server: Server, tmp_path: Path
+) -> None:
+    stack = fresh_stack
+    rpm = 600  # one request every 100 ms, for the whole fleet
+    for _ in range(2):
+        stack.start_workers(OPENAI_API_KEY=KEY, EVALQ_MAX_BATCH="16")
+    user, dataset = _place(
+        stack, tmp_path / "data", 150, {server.base: {"requests_per_minute": rpm}}
+    )
+    server.control(rate_limit_share=0.2, retry_after=1)
+    meta = _submit(user, dataset, server.base, max_retries="10")
+    assert _ended(stack, meta, timeout=180) is RunStatus.COMPLETED
+    view = user.status(meta.run_id)
+    assert (view.progress.scored, view.progress.failed) == (150, 0)
+    seen = server.stats()
+    assert seen["answers"]["429"] > 0
+    arrivals = sorted(seen["arrivals"])
+    assert len(arrivals) == seen["answers"]["429"] + 150
+    # in any 5 s, no more than the limit allows (+1 for the window's edge, +1 for the
+    # difference between Redis's clock, which admits, and the server's, which counts)
+    window, allowed = 5.0, rpm / 60 * 5.0 + 2
+    busiest = max(
+        sum(1 for t in arrivals[i:] if t < start + window) for i, start in enumerate(arrivals)
+    )
+    assert busiest <= allowed, f"{busiest} requests in {window}s (limit {allowed})"
+    user.close()
+
+
+@pytest.mark.parametrize(
+    ("fault", "kind"),
+    [
+        ({"stall": True}, "endpoint/Timeout"),
+        ({"error_share": 1.0}, "endpoint/ServerError"),
+        ({"malformed_share": 1.0}, "endpoint/BadResponse"),
+        ("gone", "endpoint/Unreachable"),
+    ],
+)
+def test_an_endpoint_that_fails_ends_each_sample_once_with_its_reason(
+    fresh_stack: Stack, server: Server, tmp_path: Path, fault: Any, kind: str
+) -> None:
+    stack = fresh_stack
+    stack.start_workers(OPENAI_API_KEY=KEY)
+    user, dataset = _place(stack, tmp_path / "data", 12, {server.base: {}})
+    if fault == "gone":
+        server.stop()
+    else:
+        server.control(**fault, retry_after=0)
+    started = time.monotonic()
+    meta = _submit(user, dataset, server.base, timeout="1", max_retries="1")
+    assert _ended(stack, meta) is RunStatus.FAILED
+    view = user.status(meta.run_id)
+    assert view.errors == {kind: 12}
+    assert time.monotonic() - started < 120
+    (first, *_) = [r for r in user.results(meta.run_id) if r.error is not None]
+    assert first.error is not None
+    assert "after 2 tries" in first.error.message
+    assert KEY not in first.error.message
+    if fault != "gone":
+        server.control(stall=False)
+    user.close()
