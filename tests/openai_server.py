@@ -66,7 +66,7 @@ def make_app(key: str | None = None, generate: Any = None) -> FastAPI:
     completion_tokens)`` replaces the fake model."""
     app = FastAPI()
     state = _State()
-    serial = threading.Lock()
+    serial = asyncio.Lock()  # the real model answers one request at a time
 
     @app.post("/control")
     async def control(request: Request) -> dict[str, Any]:
@@ -94,7 +94,6 @@ def make_app(key: str | None = None, generate: Any = None) -> FastAPI:
 
     async def answer(request: Request, chat: bool) -> Response:
         body = await request.json()
-        control = state.control
         with state.lock:
             state.arrivals.append(time.time())
             state.models.append(str(body.get("model")))
@@ -105,17 +104,11 @@ def make_app(key: str | None = None, generate: Any = None) -> FastAPI:
             return _count(state, "unauthorized", JSONResponse({"error": "bad key"}, 401))
         while state.control["stall"]:  # until told otherwise (or the server stops)
             await asyncio.sleep(0.05)
-        if draw < control["rate_limit_share"]:
-            headers = {"Retry-After": str(control["retry_after"])}
-            return _count(state, "429", JSONResponse({"error": "slow down"}, 429, headers))
-        draw -= control["rate_limit_share"]
-        if draw < control["error_share"]:
-            return _count(state, "500", JSONResponse({"error": "boom"}, 500))
-        draw -= control["error_share"]
-        if draw < control["malformed_share"]:
-            return _count(state, "malformed", PlainTextResponse("{not json", 200))
-        if control["delay"]:
-            await asyncio.sleep(float(control["delay"]))
+        fault = _fault(state, draw)
+        if fault is not None:
+            return fault
+        if state.control["delay"]:
+            await asyncio.sleep(float(state.control["delay"]))
         model = str(body.get("model"))
         if chat:
             text = "\n".join(str(m.get("content", "")) for m in body.get("messages", []))
@@ -123,25 +116,15 @@ def make_app(key: str | None = None, generate: Any = None) -> FastAPI:
             text = str(body.get("prompt", ""))
         max_tokens = int(body.get("max_tokens") or 16)
         if generate is not None:
-            with serial:
+            async with serial:
                 made, prompt_tokens, completion_tokens = await asyncio.to_thread(
                     generate, text, max_tokens
                 )
         else:
             made = _fake_answer(model, text)
             prompt_tokens, completion_tokens = _words(text), _words(made)
-        choice: dict[str, Any] = {"index": 0, "finish_reason": "stop"}
-        if chat:
-            choice["message"] = {"role": "assistant", "content": made}
-        else:
-            choice["text"] = made
-        usage = {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-        }
-        reply = {"id": "x", "object": "text_completion", "model": model, "choices": [choice]}
-        return _count(state, "ok", JSONResponse({**reply, "usage": usage}))
+        reply = _reply(model, made, chat, prompt_tokens, completion_tokens)
+        return _count(state, "ok", JSONResponse(reply))
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -152,6 +135,38 @@ def make_app(key: str | None = None, generate: Any = None) -> FastAPI:
         return await answer(request, chat=True)
 
     return app
+
+
+def _fault(state: _State, draw: float) -> Response | None:
+    """The fault ``draw`` (uniform in [0, 1)) falls on, as the control's shares say."""
+    control = state.control
+    if draw < control["rate_limit_share"]:
+        headers = {"Retry-After": str(control["retry_after"])}
+        return _count(state, "429", JSONResponse({"error": "slow down"}, 429, headers))
+    draw -= control["rate_limit_share"]
+    if draw < control["error_share"]:
+        return _count(state, "500", JSONResponse({"error": "boom"}, 500))
+    draw -= control["error_share"]
+    if draw < control["malformed_share"]:
+        return _count(state, "malformed", PlainTextResponse("{not json", 200))
+    return None
+
+
+def _reply(
+    model: str, made: str, chat: bool, prompt_tokens: int, completion_tokens: int
+) -> dict[str, Any]:
+    choice: dict[str, Any] = {"index": 0, "finish_reason": "stop"}
+    if chat:
+        choice["message"] = {"role": "assistant", "content": made}
+    else:
+        choice["text"] = made
+    usage = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+    reply = {"id": "x", "object": "text_completion", "model": model, "choices": [choice]}
+    return {**reply, "usage": usage}
 
 
 def _count(state: _State, kind: str, response: Response) -> Response:
