@@ -5,10 +5,12 @@ gateway's can change what the policy rests on.
   commands such as ``evalq tokens create`` bootstrap with it).
 - ``worker``: the broker's queues, run state, results and backlogs, the fair dispatcher's
   state, heartbeats and the janitor's lease, spec reads (and the shard digests it records),
-  runs' facts read only (``evalq:facts:{run}``: what the gateway decides by); no tier,
-  budget, token, registry, priority or audit key.
+  runs' facts read only (``evalq:facts:{run}``: what the gateway decides by), the listed
+  endpoints read only and their rate limiters (``evalq:rate:*``); no tier, budget, token,
+  registry, priority or audit key.
 - ``monitor``: what Flower and ``evalq metrics`` read (queues, run records and counters,
-  budgets, heartbeats, the dispatcher's state), the broker's control replies, and kombu's
+  budgets, heartbeats, the dispatcher's state, the endpoints' counts), the broker's control
+  replies, and kombu's
   ``unacked_mutex`` (a lock that every kombu consumer, Flower's inspection replies included,
   takes before it looks for messages to put back: without it each ``celery inspect`` is
   refused); never a per-sample result hash, and no queue it could write to.
@@ -42,8 +44,10 @@ from shared.errors import InputError
 from shared.keys import (
     ACTIVE,
     ANY,
+    ENDPOINTS,
     FAIR,
     JANITOR,
+    RATE,
     RUN_KEYS,
     RUNS,
     RunKeys,
@@ -90,8 +94,8 @@ ROLES: dict[str, tuple[str, ...]] = {
         *_write(RUN_KEYS),
         *_read(_ANY_RUN.facts),
         *_write(worker_key(ANY), JANITOR, ACTIVE, f"{FAIR.prefix}{ANY}"),
-        *_read(spec_key(ANY)),
-        *_write(shard_digests_key(ANY)),
+        *_read(spec_key(ANY), ENDPOINTS),
+        *_write(shard_digests_key(ANY), f"{RATE}{ANY}"),
         "&*",
         "+@all",
         *_LOCKED,
@@ -102,6 +106,7 @@ ROLES: dict[str, tuple[str, ...]] = {
         *_CONTROL,
         *_read(RUNS, _ANY_RUN.facts, _ANY_RUN.meta, _ANY_RUN.progress),
         *_read(budget_key(ANY, ANY), worker_key(ANY), ACTIVE, f"{FAIR.prefix}{ANY}"),
+        *_read(ENDPOINTS, f"{RATE}{ANY}"),
         "&*",
         "+@all",
         *_LOCKED,

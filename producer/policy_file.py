@@ -54,10 +54,11 @@ from shared.access.priorities import PriorityStore
 from shared.access.release import ReleaseStore
 from shared.access.tiers import TierRegistry
 from shared.errors import PolicyError, first_line
+from shared.lm.limits import EndpointLimits
 from shared.lm.spec import URL_PATTERN
 from shared.models import Priority
 from shared.names import check_name
-from shared.store.endpoints import EndpointLimits, EndpointRegistry
+from shared.store.endpoints import EndpointRegistry
 
 __all__ = ["PolicyFile", "apply_policy", "load_policy"]
 

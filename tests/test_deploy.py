@@ -32,9 +32,12 @@ from shared.connection import connect
 from shared.errors import PortInUseError
 from shared.guard import Guard
 from shared.keys import AUDIT, RUNS, RunKeys
+from shared.lm.limits import EndpointLimits
 from shared.queue.broker import Broker
 from shared.queue.celery_app import create_app
 from shared.settings import Settings
+from shared.store.endpoints import EndpointRegistry
+from shared.store.rate import RateLimit, minute_counts
 from shared.store.retention import retain
 from tests.helpers import REPO, cli_in_process, labelled_rows, wait_for, write_rows
 from worker.janitor import Janitor
@@ -73,6 +76,26 @@ def test_the_janitor_sweeps_and_flower_inspects_under_their_own_users(
     assert monitor.control.inspect(timeout=0.2).stats() is None  # no worker; was: NOPERM
     with pytest.raises(redis.exceptions.NoPermissionError):  # the monitor writes no queue
         connect(_url(acl_server, "monitor"), retries=0).lpush("infer", "forged")
+
+
+def test_a_worker_limits_endpoint_calls_but_cannot_list_an_endpoint(
+    acl_server: RedisServer,
+) -> None:
+    operator = connect(_url(acl_server, "gateway"), retries=0)
+    url = "http://127.0.0.1:9/v1"
+    EndpointRegistry(operator).set(url, EndpointLimits(requests_per_minute=60), who="ops")
+    worker = connect(_url(acl_server, "worker"), retries=0)
+    listed = EndpointRegistry(worker).get(url)
+    assert listed == EndpointLimits(requests_per_minute=60)
+    rate = RateLimit(worker, url, listed)
+    assert rate.take(10) == 0.0
+    assert rate.take(10) > 0.0  # one a second: the next waits
+    rate.adjust(-5)
+    rate.count(requests=1, tokens=10)
+    monitor = connect(_url(acl_server, "monitor"), retries=0)
+    assert minute_counts(monitor, {url: listed})[url]["requests"] >= 1
+    with pytest.raises(redis.exceptions.NoPermissionError):  # was a way to any server
+        EndpointRegistry(worker).set(url, EndpointLimits(), who="worker")
 
 
 def test_a_refused_step_names_its_user_and_keys_every_time(

@@ -355,13 +355,32 @@ def test_spec_fields() -> None:
 @pytest.mark.parametrize(
     ("text", "args", "problem"),
     [
-        ("openai/gpt-4", {}, "unknown provider 'openai'"),
+        ("vllm/gpt-4", {}, "unknown provider 'vllm'"),
+        ("openai/gpt-4", {}, "needs --model-arg base_url"),
+        ("openai/gpt-4@v2", {"base_url": "http://h/v1"}, "takes no @revision"),
+        (
+            "openai/gpt-4",
+            {"base_url": "http://h/v1", "dtype": "float16"},
+            "unknown model arg 'dtype' for openai/",
+        ),
+        ("openai/gpt-4", {"base_url": "ftp://h/v1"}, "base_url"),
+        ("openai/gpt-4", {"base_url": "http://user:pw@h/v1"}, "base_url"),
+        (
+            "openai/gpt-4",
+            {"base_url": "http://h/v1", "api_key": "sk-1"},
+            "'api_key' is never accepted",
+        ),
+        ("openai/gpt-4", {"base_url": "http://h/v1", "api_key_env": "lower"}, "api_key_env"),
         ("gpt2", {}, "unknown provider"),
         ("hf/", {}, "empty model name"),
         ("hf/@main", {}, "empty model name"),
         ("hf/gpt2@", {}, "empty revision"),
         ("hf/my model", {}, "whitespace"),
-        ("hf/gpt2", {"device": "cuda"}, "unknown model arg 'device' (declared: dtype, batch_size"),
+        (
+            "hf/gpt2",
+            {"device": "cuda"},
+            "unknown model arg 'device' for hf/ models (declared: batch_size, dtype, max_length)",
+        ),
         ("hf/gpt2", {"trust_remote_code": "true"}, "never accepted"),
         ("hf/gpt2", {"trust_remote_code": "false"}, "never accepted"),
         ("hf/gpt2", {"batch_size": "0"}, "batch_size='0'"),
@@ -376,6 +395,8 @@ def test_bad_specs_are_refused_in_one_line(text: str, args: dict[str, str], prob
     message = str(caught.value)
     assert problem in message
     assert "\n" not in message
+    assert "pw@" not in message
+    assert "sk-1" not in message
 
 
 def test_identity_of_a_local_folder_follows_its_weights(model_dir: Path, tmp_path: Path) -> None:

@@ -20,8 +20,8 @@ from enum import StrEnum
 from pathlib import Path
 
 from shared.errors import PolicyError, TierRefusedError
+from shared.lm.limits import EndpointLimits
 from shared.models import Progress, RunMeta, RunStatus
-from shared.store.endpoints import EndpointLimits
 
 __all__ = [
     "MIN_AGGREGATE_SAMPLES",

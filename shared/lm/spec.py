@@ -178,6 +178,11 @@ def _args(provider: str, given: Mapping[str, str]) -> ModelArgs:
         first = exc.errors()[0]
         key = str(first["loc"][0]) if first["loc"] else "?"
         msg = str(first["msg"]).splitlines()[0]
+        if key == "base_url":  # not echoed: a URL may carry credentials
+            raise InputError(
+                "model arg base_url: expected http(s)://host[:port]/path, without credentials, "
+                "query or fragment"
+            ) from None
         raise InputError(f"model arg {key}={given.get(key)!r}: {msg}") from None
 
 

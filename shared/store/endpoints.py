@@ -12,24 +12,13 @@ from __future__ import annotations
 import json
 
 import redis
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from shared.keys import ENDPOINTS
-from shared.lm.spec import DEFAULT_API_KEY_ENV
+from shared.lm.limits import EndpointLimits
 from shared.store.audit import record
 
-__all__ = ["EndpointLimits", "EndpointRegistry", "normal_url"]
-
-
-class EndpointLimits(BaseModel):
-    """One endpoint's entry: its rate limits across the whole fleet (None: unlimited) and the
-    environment variable its key is read from."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    requests_per_minute: int | None = Field(default=None, ge=1)
-    tokens_per_minute: int | None = Field(default=None, ge=1)
-    api_key_env: str = Field(default=DEFAULT_API_KEY_ENV, pattern=r"^[A-Z][A-Z0-9_]{0,63}$")
+__all__ = ["EndpointRegistry", "normal_url"]
 
 
 def normal_url(url: str) -> str:

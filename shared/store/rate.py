@@ -18,7 +18,7 @@ from collections.abc import Mapping
 import redis
 
 from shared.keys import rate_key, rate_minute_key
-from shared.store.endpoints import EndpointLimits
+from shared.lm.limits import EndpointLimits
 from shared.store.scripts import register
 
 __all__ = ["COUNTS", "RateLimit", "minute_counts"]
