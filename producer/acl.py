@@ -6,8 +6,8 @@ gateway's can change what the policy rests on.
 - ``worker``: the broker's queues, run state, results and backlogs, the fair dispatcher's
   state, heartbeats and the janitor's lease, spec reads (and the shard digests it records),
   runs' facts read only (``evalq:facts:{run}``: what the gateway decides by), the listed
-  endpoints read only and their rate limiters (``evalq:rate:*``); no tier, budget, token,
-  registry, priority or audit key.
+  endpoints read only, their rate limiters (``evalq:rate:*``) and the response cache; no
+  tier, budget, token, registry, priority or audit key.
 - ``monitor``: what Flower and ``evalq metrics`` read (queues, run records and counters,
   budgets, heartbeats, the dispatcher's state, the endpoints' counts), the broker's control
   replies, and kombu's
@@ -44,6 +44,7 @@ from shared.errors import InputError
 from shared.keys import (
     ACTIVE,
     ANY,
+    CACHE,
     ENDPOINTS,
     FAIR,
     JANITOR,
@@ -95,7 +96,7 @@ ROLES: dict[str, tuple[str, ...]] = {
         *_read(_ANY_RUN.facts),
         *_write(worker_key(ANY), JANITOR, ACTIVE, f"{FAIR.prefix}{ANY}"),
         *_read(spec_key(ANY), ENDPOINTS),
-        *_write(shard_digests_key(ANY), f"{RATE}{ANY}"),
+        *_write(shard_digests_key(ANY), f"{RATE}{ANY}", f"{CACHE}{ANY}"),
         "&*",
         "+@all",
         *_LOCKED,

@@ -89,6 +89,9 @@ class SubmitRequest(BaseModel):
         Annotated[str, Field(max_length=200)],
     ] = Field(default_factory=dict, max_length=16)
     """``--model-arg k=v`` (:class:`shared.lm.spec.ModelArgs` declares them)."""
+    cache: bool = False
+    """``--cache``: an endpoint model's answers come from the fleet's response cache when it
+    holds them (no request, no tokens), and go to it."""
     revision: str | None = Field(default=None, max_length=200)
     """Hub revision of an unregistered source."""
     config: str | None = Field(default=None, max_length=200)
@@ -232,6 +235,12 @@ def submit(
         client, request.eval, request.params, request.model, request.model_args, admin=admin,
         model_roots=model_roots,
     )  # fmt: skip
+    if request.cache:
+        if language is None or language.model.endpoint is None:
+            raise InputError(
+                "--cache is for endpoint models (--model openai/…): local models are not cached"
+            )
+        language = language.model_copy(update={"cache": True})
     sharding = request.sharding
     if sharding.routing is RoutingKind.KMEANS and sharding.route_field in evaluation.label_fields:
         raise InputError(

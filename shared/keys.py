@@ -15,6 +15,7 @@ __all__ = [
     "ACTIVE",
     "ANY",
     "AUDIT",
+    "CACHE",
     "DATASETS",
     "DATASET_FILES",
     "ENDPOINTS",
@@ -32,6 +33,7 @@ __all__ = [
     "FairKeys",
     "RunKeys",
     "budget_key",
+    "cache_key",
     "rate_key",
     "rate_minute_key",
     "release_best_key",
@@ -179,6 +181,16 @@ def rate_minute_key(endpoint: str, minute: int) -> str:
     """Hash with an expiry: one endpoint's counts in one minute (requests, 429s, retries,
     tokens, failures): what status and metrics show."""
     return f"{RATE}{{{_endpoint_tag(endpoint)}}}:m:{minute}"
+
+
+CACHE = "evalq:cache:"
+"""Prefix of the response cache's keys (:func:`cache_key`)."""
+
+
+def cache_key(digest: str) -> str:
+    """String with an expiry: one cached endpoint response (JSON), by its request's digest;
+    ``<key>:lock`` (with an expiry) while one worker's request for it is in flight."""
+    return f"{CACHE}{digest}"
 
 
 TASKS = "evalq:tasks"

@@ -200,6 +200,9 @@ class Progress(BaseModel):
     """A language model's tokens read, over the outputs stored (each counted once)."""
     completion_tokens: int = 0
     """A language model's tokens generated, over the outputs stored."""
+    cached: int = 0
+    """Outputs an endpoint's response cache answered (their tokens are not counted above:
+    nothing was requested)."""
     touched: float | None = Field(default=None, exclude=True)
     """Unix time (Redis clock) of the run's last stored output or settled sample."""
 
@@ -235,6 +238,9 @@ class Usage(BaseModel):
 
     prompt_tokens: int = Field(ge=0)
     completion_tokens: int = Field(ge=0)
+    cached: bool = False
+    """Answered from the response cache (``submit --cache``): no request made, nothing
+    charged; the counts are those of the request that was."""
 
 
 USAGE_PREFIX = '{"usage":{"prompt_tokens":'
@@ -245,7 +251,7 @@ USAGE_PREFIX = '{"usage":{"prompt_tokens":'
 def with_usage(output: Any, usage: Usage) -> dict[str, Any]:
     """An output with the tokens it took, stored as one value: a result then reads
     ``output`` and ``usage`` apart (:func:`split_usage`)."""
-    return {"usage": usage.model_dump(), "output": output}
+    return {"usage": usage.model_dump(exclude_defaults=True), "output": output}
 
 
 def split_usage(value: Any, text: str) -> tuple[Any, Usage | None]:

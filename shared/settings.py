@@ -124,6 +124,11 @@ class Settings(BaseSettings):
     """Worker-local: tries per sample (counted when it starts, so a sample that kills its
     worker counts too) before it ends as a terminal error."""
 
+    cache_ttl: int = Field(default=7 * 24 * 3600, ge=1)
+    """Worker-local: seconds an endpoint's cached response is kept (``submit --cache``)."""
+    cache_max_bytes: int = Field(default=65_536, ge=256)
+    """Worker-local: the largest response kept in the cache (a longer one is not cached)."""
+
     visibility_timeout: int = Field(default=3600, ge=1)
     """Seconds a delivered, unacknowledged message stays invisible before Redis hands it to
     another worker; must exceed the longest batch (shorter = duplicate work, never lost work)."""

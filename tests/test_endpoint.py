@@ -99,11 +99,18 @@ def _place(stack: Stack, folder: Path, n: int, endpoints: dict[str, Any]) -> tup
 
 
 def _submit(
-    user: Client, dataset: str, url: str, task: str = "sum-chat", model: str = "served", **args: str
+    user: Client,
+    dataset: str,
+    url: str,
+    *,
+    task: str = "sum-chat",
+    model: str = "served",
+    cache: bool = False,
+    **args: str,
 ) -> RunMeta:
     request = SubmitRequest.model_validate(
         {
-            "eval": task, "dataset": dataset, "split": "validation",
+            "eval": task, "dataset": dataset, "split": "validation", "cache": cache,
             "model": f"openai/{model}", "model_args": {"base_url": url, **args},
         }
     )  # fmt: skip
@@ -166,11 +173,70 @@ def test_what_a_caller_may_not_name_is_refused_in_one_line(
         _submit(user, dataset, server.base, api_key_env="EVALQ_ACL_WORKER_PASSWORD")
     with pytest.raises(InputError, match="'api_key' is never accepted"):
         _submit(user, dataset, server.base, api_key=KEY)
+    with pytest.raises(InputError, match="--cache is for endpoint models"):
+        user.submit(
+            SubmitRequest(
+                eval="sum-chat", dataset=dataset, split="validation", model="hf/org/model",
+                cache=True,
+            )
+        )  # fmt: skip
     with pytest.raises(InputError, match="needs --model-arg base_url"):
         user.submit(
             SubmitRequest(eval="sum-chat", dataset=dataset, split="validation", model="openai/x")
         )
     assert server.stats()["arrivals"] == []
+    user.close()
+
+
+def test_the_response_cache_answers_a_rerun_and_never_another_model(
+    fresh_stack: Stack, server: Server, tmp_path: Path
+) -> None:
+    stack = fresh_stack
+    stack.start_workers(OPENAI_API_KEY=KEY)
+    user, dataset = _place(stack, tmp_path / "data", 24, {server.base: {}})
+
+    def requests() -> int:
+        return len(server.stats()["arrivals"])
+
+    first = _submit(user, dataset, server.base, cache=True)
+    assert _ended(stack, first) is RunStatus.COMPLETED
+    assert requests() == 24
+    again = _submit(user, dataset, server.base, cache=True)
+    assert _ended(stack, again) is RunStatus.COMPLETED
+    assert requests() == 24  # every answer from the cache
+    before = sorted(user.results(first.run_id), key=lambda r: r.sample_id)
+    after = sorted(user.results(again.run_id), key=lambda r: r.sample_id)
+    assert [r.output for r in after] == [r.output for r in before]
+    assert all(r.usage is not None and r.usage.cached for r in after)
+    assert not any(r.usage is not None and r.usage.cached for r in before)
+    progress = user.status(again.run_id).progress
+    assert (progress.cached, progress.prompt_tokens, progress.completion_tokens) == (24, 0, 0)
+    other = _submit(user, dataset, server.base, model="wrong-model", cache=True)
+    assert _ended(stack, other) is RunStatus.COMPLETED
+    assert requests() == 48  # another model: no hit
+    uncached = _submit(user, dataset, server.base)
+    assert _ended(stack, uncached) is RunStatus.COMPLETED
+    assert requests() == 72  # not asked for: every request made
+    user.close()
+
+
+def test_identical_requests_in_flight_share_one_call(
+    fresh_stack: Stack, server: Server, tmp_path: Path
+) -> None:
+    stack = fresh_stack
+    stack.start_workers(OPENAI_API_KEY=KEY)
+    user, dataset = _place(stack, tmp_path / "data", 1, {server.base: {}})
+    rows = [{"a": 4, "b": 5, "answer": "9"}] * 16  # one prompt, sixteen times
+    write_rows(tmp_path / "same", "validation", rows)
+    same = list_splits(stack.client, tmp_path / "same", "validation")
+    server.control(delay=0.5)  # all sixteen are asked while the first is answered
+    meta = _submit(user, same, server.base, cache=True)
+    assert _ended(stack, meta) is RunStatus.COMPLETED
+    assert len(server.stats()["arrivals"]) == 1
+    results = list(user.results(meta.run_id))
+    assert [r.output for r in results] == ["9"] * 16
+    assert sum(1 for r in results if r.usage is not None and r.usage.cached) == 15
+    assert dataset
     user.close()
 
 

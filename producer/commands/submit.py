@@ -39,11 +39,24 @@ def submit_command(  # noqa: PLR0913, PLR0917 - a typer command: its options are
     ] = None,
     model: Annotated[
         str | None,
-        typer.Option(help="The model a registered task runs on: hf/<folder or Hub id>[@rev]."),
+        typer.Option(
+            help="The model a registered task runs on: hf/<folder or Hub id>[@rev] or "
+            "openai/<name> (with --model-arg base_url=…)."
+        ),
     ] = None,
     model_arg: Annotated[
-        list[str] | None, typer.Option(help="Model argument k=v (repeatable): dtype, batch_size.")
+        list[str] | None,
+        typer.Option(
+            help="Model argument k=v (repeatable): dtype, batch_size (hf/); base_url, "
+            "api_key_env, concurrency, timeout, max_retries (openai/)."
+        ),
     ] = None,
+    cache: Annotated[
+        bool,
+        typer.Option(
+            "--cache", help="Answer from the fleet's response cache where it can (openai/ models)."
+        ),
+    ] = False,
     revision: Annotated[str | None, typer.Option(help="Hub revision of --data.")] = None,
     config: Annotated[str | None, typer.Option(help="Hub configuration of --data.")] = None,
     shards: Annotated[
@@ -96,6 +109,7 @@ def submit_command(  # noqa: PLR0913, PLR0917 - a typer command: its options are
         params=parse_params(param or []),
         model=model,
         model_args=parse_params(model_arg or [], "--model-arg"),
+        cache=cache,
         revision=revision,
         config=config,
         sharding=Sharding(

@@ -27,6 +27,7 @@ from shared.models import RunMeta, Usage, with_usage
 from shared.settings import get_settings
 from shared.store.endpoints import EndpointRegistry
 from shared.store.rate import RateLimit
+from shared.store.responses import ResponseCache
 
 if TYPE_CHECKING:
     from shared.lm.hf import HFModel
@@ -79,7 +80,7 @@ class LanguageEvaluation(Evaluation):
 
     def load(self, device: str) -> HFModel | EndpointModel:
         if self.run.model.endpoint is not None:
-            return endpoint_model(self.run.model)
+            return endpoint_model(self.run.model, self.run.cache)
         from shared.lm.hf import HFModel  # torch: only where a model runs
 
         return HFModel.load(self.run.model, device)
@@ -113,7 +114,12 @@ class LanguageEvaluation(Evaluation):
             g
             if isinstance(g, Exception)
             else with_usage(
-                g.text, Usage(prompt_tokens=g.prompt_tokens, completion_tokens=g.completion_tokens)
+                g.text,
+                Usage(
+                    prompt_tokens=g.prompt_tokens,
+                    completion_tokens=g.completion_tokens,
+                    cached=g.cached,
+                ),
             )
             for g in model.generate(requests)
         ]
@@ -151,11 +157,12 @@ class LanguageEvaluation(Evaluation):
         return self.run.task.score(output["output"], row)
 
 
-def endpoint_model(spec: ModelSpec) -> EndpointModel:
+def endpoint_model(spec: ModelSpec, cache: bool = False) -> EndpointModel:
     """The endpoint model ``spec`` names, on this worker: its server must be listed in the
     policy with the key variable the spec names (checked again here: the listing may have
     changed since the run was submitted); the key is this process's variable (unset: no
-    ``Authorization`` header), and the rate limit the fleet's, in Redis."""
+    ``Authorization`` header), the rate limit the fleet's, in Redis, and so is the response
+    cache when the run asked for it (``cache``)."""
     url = spec.endpoint
     if url is None:
         raise PermanentError(f"model {spec}: not an endpoint model")
@@ -166,7 +173,9 @@ def endpoint_model(spec: ModelSpec) -> EndpointModel:
     if listed.api_key_env != spec.args.api_key_env:
         raise PermanentError(f"endpoint {url} takes its key from {listed.api_key_env}")
     key = os.environ.get(listed.api_key_env) or None
-    return EndpointModel(spec, RateLimit(client, url, listed), key)
+    settings = get_settings()
+    responses = ResponseCache(client, settings.cache_ttl, settings.cache_max_bytes)
+    return EndpointModel(spec, RateLimit(client, url, listed), key, responses if cache else None)
 
 
 def evaluation_of(meta: RunMeta) -> Evaluation:

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import hashlib
+import json
 import math
 import random
 import time
@@ -42,9 +44,11 @@ __all__ = [
     "Limiter",
     "RateLimited",
     "Refused",
+    "Responses",
     "ServerError",
     "Timeout",
     "Unreachable",
+    "request_digest",
 ]
 
 BACKOFF_BASE = 0.5
@@ -52,6 +56,8 @@ BACKOFF_BASE = 0.5
 BACKOFF_CAP = 30.0
 """The longest wait between two tries, ``Retry-After`` included."""
 _SNIPPET = 160
+_WAIT_FOR_ANSWER = 0.05
+"""Seconds between two looks for an answer another request for the same prompt is getting."""
 
 
 class EndpointError(PermanentError):
@@ -94,6 +100,22 @@ class Limiter(Protocol):
     def take(self, tokens: int) -> float: ...
     def adjust(self, tokens: int) -> None: ...
     def count(self, **counts: int) -> None: ...
+
+
+class Responses(Protocol):
+    """The fleet's response cache (:class:`shared.store.responses.ResponseCache`)."""
+
+    def get(self, digest: str) -> dict[str, Any] | None: ...
+    def claim(self, digest: str, seconds: float) -> bool: ...
+    def put(self, digest: str, answer: dict[str, Any]) -> None: ...
+    def release(self, digest: str) -> None: ...
+
+
+def request_digest(endpoint: str, body: dict[str, Any]) -> str:
+    """The response cache's key for a request ``body`` (which names its model) to ``endpoint``:
+    whatever decides the answer, nothing else."""
+    text = json.dumps({"endpoint": endpoint, "body": body}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 class Gate:
@@ -173,7 +195,9 @@ def backoff(attempt: int, rng: random.Random) -> float:
 class EndpointModel:
     """One endpoint model of one worker process; build with :meth:`load`."""
 
-    def __init__(self, spec: ModelSpec, rate: Limiter, key: str | None) -> None:
+    def __init__(
+        self, spec: ModelSpec, rate: Limiter, key: str | None, cache: Responses | None = None
+    ) -> None:
         if spec.endpoint is None:
             raise PermanentError(f"model {spec}: not an endpoint model")
         self.spec = spec
@@ -182,6 +206,8 @@ class EndpointModel:
         self.gate = Gate(spec.args.concurrency)
         self._key = key
         self._rng = random.Random()
+        self.cache = cache
+        """Where answers are shared (``submit --cache``); None: every request is made."""
 
     def render(self, prompt: str, *, chat: bool, system: str | None = None) -> Prompt:
         """What is sent: ``prompt`` as text (after ``system`` and a blank line) for
@@ -208,6 +234,39 @@ class EndpointModel:
     async def _one(
         self, http: httpx.AsyncClient, request: GenerationRequest
     ) -> Generation | EndpointError:
+        """The request's answer: from the cache when it holds it, else asked (once for all the
+        identical requests in flight) and kept."""
+        if self.cache is None:
+            return await self._asked(http, request)
+        digest = request_digest(self.url, self._body(request))
+        patience = self.spec.args.timeout * (self.spec.args.max_retries + 1) + BACKOFF_CAP
+        deadline = time.monotonic() + patience
+        while True:
+            hit = self.cache.get(digest)
+            if hit is not None:
+                self.rate.count(cached=1)
+                return Generation(
+                    str(hit["text"]), int(hit["prompt_tokens"]), int(hit["completion_tokens"]),
+                    cached=True,
+                )  # fmt: skip
+            if self.cache.claim(digest, patience) or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(_WAIT_FOR_ANSWER)
+        made = await self._asked(http, request)
+        if isinstance(made, Generation):
+            answer = {
+                "text": made.text, "prompt_tokens": made.prompt_tokens,
+                "completion_tokens": made.completion_tokens,
+            }  # fmt: skip
+            self.cache.put(digest, answer)
+        else:
+            self.cache.release(digest)
+        return made
+
+    async def _asked(
+        self, http: httpx.AsyncClient, request: GenerationRequest
+    ) -> Generation | EndpointError:
+        """The request made, with retries, under the fleet's limit and this worker's gate."""
         attempt = 0
         while True:
             async with self.gate:
@@ -267,8 +326,9 @@ class EndpointModel:
             "model": self.spec.name,
             "max_tokens": request.max_new_tokens,
             "temperature": request.temperature,
-            "seed": request.seed,
         }
+        if request.temperature > 0:  # greedy answers do not depend on it (nor their cache key)
+            body["seed"] = request.seed
         if request.top_p < 1.0:
             body["top_p"] = request.top_p
         if request.stop:

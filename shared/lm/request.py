@@ -57,6 +57,9 @@ class Generation:
     completion_tokens: int
     """Tokens the model generated, up to and including the one that ended it (EOS or the one
     completing a stop string)."""
+    cached: bool = False
+    """Answered from the response cache: no request was made (the counts are the original
+    request's)."""
 
 
 @dataclass(frozen=True)

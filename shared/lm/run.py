@@ -41,10 +41,15 @@ class LanguageRun(BaseModel):
     sample never sees its own row as an example)."""
     same_split: bool = False
     """The examples come from the evaluated split (a viewable one)."""
+    cache: bool = False
+    """``submit --cache``: an endpoint model's answers come from, and go to, the fleet's
+    response cache."""
 
     def model_key(self) -> str:
-        """The warm model this run needs: its spec and arguments (runs of any task share it)."""
-        return f"model:{self.model}:{json.dumps(self.model.arg_items(), sort_keys=True)}"
+        """The warm model this run needs: its spec and arguments (runs of any task share it),
+        and whether it answers from the cache."""
+        cached = ":cached" if self.cache else ""
+        return f"model:{self.model}:{json.dumps(self.model.arg_items(), sort_keys=True)}{cached}"
 
     def examples_for(self, sample_id: int) -> list[dict[str, Any]]:
         """The few-shot rows shown before sample ``sample_id``'s prompt."""
