@@ -12,7 +12,10 @@ A prometheus-client collector reads Redis at each scrape (nothing is cached betw
   are ``queued`` (in their backlogs, not dispatched yet) and ``running`` (dispatched, not
   settled yet): how the fair dispatcher shares the workers;
 - ``evalq_budget_remaining{dataset, split, principal, unit}``: runs and samples left of each
-  budget (``principal`` empty for a whole split's; an unlimited total has no series).
+  budget (``principal`` empty for a whole split's; an unlimited total has no series);
+- ``evalq_endpoint_last_minute{endpoint, count}``: each listed endpoint's ``requests``,
+  ``rate_limited`` (429s), ``retries``, ``tokens``, ``failed`` and ``cached`` over the last
+  minute, from every worker.
 
 Counts only: no row, output, score or aggregate is exported, whatever the split's tier.
 """
@@ -35,6 +38,8 @@ from shared.access.ledger import Ledger
 from shared.errors import UnknownRunError
 from shared.queue.backlog import Backlog
 from shared.queue.broker import queue_names
+from shared.store.endpoints import EndpointRegistry
+from shared.store.rate import minute_counts
 from shared.store.reader import ResultReader
 from shared.store.runs import RunStore
 
@@ -103,6 +108,20 @@ class EvalqCollector(Collector):
                 if left is not None:
                     budget.add_metric([entry.dataset, entry.split, entry.caller or "", unit], left)
         yield budget
+        yield self._endpoints()
+
+    def _endpoints(self) -> GaugeMetricFamily:
+        traffic = GaugeMetricFamily(
+            "evalq_endpoint_last_minute",
+            "An endpoint's requests, 429s, retries, tokens, failed samples and cache answers "
+            "over the last minute, from every worker.",
+            labels=["endpoint", "count"],
+        )
+        listed = EndpointRegistry(self._client).all()
+        for url, counts in minute_counts(self._client, listed).items():
+            for name, value in counts.items():
+                traffic.add_metric([url, name], value)
+        return traffic
 
     def _principals(self, store: ResultReader) -> GaugeMetricFamily:
         shares = GaugeMetricFamily(

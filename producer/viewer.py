@@ -9,13 +9,15 @@ dispatcher, and whether the workers serving it run its evaluation's file as it i
 from __future__ import annotations
 
 from producer.direct import Direct
-from producer.views import RunView, check_ended
+from producer.views import EndpointCounts, RunView, check_ended
 from shared.connection import server_time
+from shared.evals.language import language_run
 from shared.evaluation import source
 from shared.models import Progress, RunMeta
 from shared.queue.celery_app import INFER_QUEUE, SCORE_QUEUE
 from shared.queue.standing import Standing
 from shared.store.presence import WorkerBeat, absence, stale_code
+from shared.store.rate import minute_counts
 from shared.store.runs import RunFilter
 
 __all__ = ["Viewer"]
@@ -112,9 +114,18 @@ class Viewer:
             stalled=seen.stalled,
             waiting=seen.waiting,
             stale_code=_stale_code(seen.meta, workers),
+            endpoint=self._endpoint(meta) if seen.reader.sees_timing else None,
             timed=seen.reader.sees_timing,
             now=now,
         )
+
+    def _endpoint(self, meta: RunMeta) -> EndpointCounts | None:
+        run = language_run(meta)
+        url = None if run is None else run.model.endpoint
+        if url is None:
+            return None
+        counts = minute_counts(self._direct.redis, [url])[url]
+        return EndpointCounts(url=url, **counts)
 
 
 def _stale_code(meta: RunMeta, workers: list[WorkerBeat]) -> str | None:

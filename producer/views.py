@@ -24,6 +24,24 @@ LINE_ROWS = 10_000
 """Samples read at a time for ``result_lines`` and ``result_tables``."""
 
 
+class EndpointCounts(BaseModel):
+    """An endpoint's traffic from the whole fleet over the last minute (every run on it)."""
+
+    url: str
+    requests: int = 0
+    """Requests sent (each try counts)."""
+    rate_limited: int = 0
+    """Of them, answered 429."""
+    retries: int = 0
+    """Tries made again after a 429, a 5xx, a timeout or a lost connection."""
+    tokens: int = 0
+    """Prompt and completion tokens the answers reported."""
+    failed: int = 0
+    """Samples whose tries ran out."""
+    cached: int = 0
+    """Answers the response cache gave instead."""
+
+
 class RunView(BaseModel):
     """A run as a reader may see it."""
 
@@ -56,6 +74,9 @@ class RunView(BaseModel):
     stale_code: str | None = None
     """While the run is going: why it would not run its evaluation's file as it is now (a live
     worker serving it loaded the file before it was edited); None otherwise."""
+    endpoint: EndpointCounts | None = None
+    """An endpoint model's server and its traffic over the last minute (readers who see the
+    run's timing)."""
     timed: bool = True
     """The reader sees the run's timing (:attr:`shared.access.policy.Reader.sees_timing`): else
     ``meta`` and ``progress`` are coarse and there is no throughput nor ETA."""

@@ -177,10 +177,10 @@ def rate_key(endpoint: str) -> str:
     return f"{RATE}{{{_endpoint_tag(endpoint)}}}"
 
 
-def rate_minute_key(endpoint: str, minute: int) -> str:
-    """Hash with an expiry: one endpoint's counts in one minute (requests, 429s, retries,
-    tokens, failures): what status and metrics show."""
-    return f"{RATE}{{{_endpoint_tag(endpoint)}}}:m:{minute}"
+def rate_minute_key(endpoint: str, bucket: int) -> str:
+    """Hash with an expiry: one endpoint's counts in one ten-second bucket (requests, 429s,
+    retries, tokens, failures): what status and metrics show."""
+    return f"{RATE}{{{_endpoint_tag(endpoint)}}}:m:{bucket}"
 
 
 CACHE = "evalq:cache:"

@@ -257,6 +257,13 @@ def test_two_workers_keep_the_fleet_rate_limit_while_the_server_answers_429(
     assert (view.progress.scored, view.progress.failed) == (150, 0)
     seen = server.stats()
     assert seen["answers"]["429"] > 0
+    counted = view.endpoint
+    assert counted is not None
+    assert counted.url == server.base
+    # what status shows of the last minute (the run may have begun earlier: at most all)
+    assert 0 < counted.requests <= len(seen["arrivals"])
+    assert 0 < counted.rate_limited <= seen["answers"]["429"]
+    assert counted.tokens > 0
     arrivals = sorted(seen["arrivals"])
     assert len(arrivals) == seen["answers"]["429"] + 150
     # in any 5 s, no more than the limit allows (+1 for the window's edge, +1 for the

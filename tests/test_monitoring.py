@@ -28,8 +28,11 @@ from producer.report import Report, gather
 from producer.submit import SubmitRequest
 from shared.access.ledger import Ledger
 from shared.data.loading import Sharding
+from shared.lm.limits import EndpointLimits
 from shared.models import RunMeta
 from shared.settings import Settings
+from shared.store.endpoints import EndpointRegistry
+from shared.store.rate import RateLimit
 from shared.store.reader import ResultReader
 from tests.conftest import Stack
 from tests.helpers import (
@@ -173,6 +176,9 @@ def test_the_metrics_endpoint_serves_runs_queues_and_budgets(
         data, "validation", runs=5, samples=100, max_samples_per_run=None, who="tests"
     )
     _, meta = _submitted(fresh_stack, tmp_path / "data", labelled_rows(30), limit=20)
+    endpoint = "http://127.0.0.1:9/v1"
+    EndpointRegistry(fresh_stack.client).set(endpoint, EndpointLimits(), who="tests")
+    RateLimit(fresh_stack.client, endpoint, EndpointLimits()).count(requests=3, rate_limited=1)
     server = serve(fresh_stack.client, "127.0.0.1", 0)
     url = f"http://127.0.0.1:{server.port}/metrics"
     labels = (("dataset", data), ("eval", "spy"), ("run", meta.run_id), ("split", "validation"))
@@ -185,6 +191,10 @@ def test_the_metrics_endpoint_serves_runs_queues_and_budgets(
         budget = (("dataset", data), ("principal", ""), ("split", "validation"))
         assert before["evalq_budget_remaining", (*budget, ("unit", "samples"))] == 80
         assert before["evalq_budget_remaining", (*budget, ("unit", "runs"))] == 4
+        traffic = "evalq_endpoint_last_minute"
+        assert before[traffic, (("count", "requests"), ("endpoint", endpoint))] == 3
+        assert before[traffic, (("count", "rate_limited"), ("endpoint", endpoint))] == 1
+        assert before[traffic, (("count", "tokens"), ("endpoint", endpoint))] == 0
 
         fresh_stack.start_workers()
         wait_completed(fresh_stack.client, meta.run_id)

@@ -64,6 +64,14 @@ def status(
     if view.eta_seconds is not None:
         pace += f", about {view.eta_seconds:.0f}s left"
     table.add_row("throughput", pace)
+    if view.endpoint is not None:
+        seen = view.endpoint
+        table.add_row(
+            "endpoint",
+            f"{seen.url}, last minute (every run): {seen.requests} requests, "
+            f"{seen.rate_limited} answered 429, {seen.retries} retries, {seen.tokens} tokens, "
+            f"{seen.cached} from the cache",
+        )
     for kind, count in view.errors.items():
         table.add_row("errors", f"{count} {kind}")
     for name, metric in sorted((view.aggregate or {}).items()):

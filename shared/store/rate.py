@@ -6,14 +6,15 @@ tokens-per-minute (:class:`shared.access.endpoints.EndpointLimits`) or says how 
 so the limit holds across any number of workers. A request's tokens are not known until it
 returns: it is admitted on an estimate and the estimate corrected (:meth:`RateLimit.adjust`).
 
-The counts (requests, 429s, retries, tokens, failures per minute) are what ``status`` and
-``evalq metrics`` show for an endpoint; they are a minute's hash each, kept an hour.
+The counts (requests, 429s, retries, tokens, failures, cache answers) are what ``status`` and
+``evalq metrics`` show for an endpoint over the last minute; they are kept in a hash per ten
+seconds, for an hour.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable
 
 import redis
 
@@ -25,11 +26,13 @@ __all__ = ["COUNTS", "RateLimit", "minute_counts"]
 
 COUNTS = ("requests", "rate_limited", "retries", "tokens", "failed", "cached")
 """What is counted per endpoint and minute."""
-_KEEP_MINUTES = 60
+_BUCKET = 10
+"""Seconds counted in one hash."""
+_KEEP = 3600
 
 
-def _minute(at: float | None = None) -> int:
-    return int((time.time() if at is None else at) // 60)
+def _bucket(at: float | None = None) -> int:
+    return int((time.time() if at is None else at) // _BUCKET)
 
 
 class RateLimit:
@@ -61,24 +64,22 @@ class RateLimit:
             self._script(keys=[self._key], args=[*self._args(), tokens, "adjust"])
 
     def count(self, **counts: int) -> None:
-        """Add ``counts`` (names from :data:`COUNTS`) to this minute's."""
-        key = rate_minute_key(self.endpoint, _minute())
+        """Add ``counts`` (names from :data:`COUNTS`) to the current ten seconds'."""
+        key = rate_minute_key(self.endpoint, _bucket())
         with self._client.pipeline(transaction=False) as pipe:
             for name, value in counts.items():
                 if value:
                     pipe.hincrby(key, name, value)
-            pipe.expire(key, _KEEP_MINUTES * 60)
+            pipe.expire(key, _KEEP)
             pipe.execute()
 
 
-def minute_counts(
-    client: redis.Redis, endpoints: Mapping[str, object], minutes: int = 1
-) -> dict[str, dict[str, int]]:
-    """Each endpoint's counts over the last ``minutes`` whole minutes and the current one."""
-    now = _minute()
+def minute_counts(client: redis.Redis, endpoints: Iterable[str]) -> dict[str, dict[str, int]]:
+    """Each endpoint's counts over the last minute (to ten seconds)."""
+    now = _bucket()
     found: dict[str, dict[str, int]] = {}
     for endpoint in endpoints:
-        keys = [rate_minute_key(endpoint, m) for m in range(now - minutes, now + 1)]
+        keys = [rate_minute_key(endpoint, b) for b in range(now - 60 // _BUCKET + 1, now + 1)]
         with client.pipeline(transaction=False) as pipe:
             for key in keys:
                 pipe.hgetall(key)
