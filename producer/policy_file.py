@@ -31,7 +31,9 @@ rule (see :class:`shared.access.ladder.Release`) applies to ``non_viewable`` spl
 ``viewable`` split is kept but warned about (viewable runs are always released exactly).
 An ``endpoints:`` entry lists a server endpoint models may call, its limits across the whole
 fleet (absent: unlimited) and the worker variable its API key is read from (default
-``OPENAI_API_KEY``). A ``priority:`` (per split, or per principal under ``principals:``) is
+``OPENAI_API_KEY``); a file with an ``endpoints:`` section lists them all (a server it leaves
+out is delisted, with a warning), a file without one leaves the list as it is.
+A ``priority:`` (per split, or per principal under ``principals:``) is
 the default priority of a run, and the most a non-admin may ask for
 (:func:`shared.access.priorities.admit_priority`).
 """
@@ -58,7 +60,7 @@ from shared.lm.limits import EndpointLimits
 from shared.lm.spec import URL_PATTERN
 from shared.models import Priority
 from shared.names import check_name
-from shared.store.endpoints import EndpointRegistry
+from shared.store.endpoints import EndpointRegistry, normal_url
 
 __all__ = ["PolicyFile", "apply_policy", "load_policy"]
 
@@ -204,6 +206,11 @@ def apply_policy(
     endpoints = EndpointRegistry(client)
     for url, listed in policy.endpoints.items():
         endpoints.set(url, listed, who=who)
+    if "endpoints" in policy.model_fields_set:  # the file's list is the whole list
+        kept = {normal_url(url) for url in policy.endpoints}
+        for url in set(endpoints.all()) - kept:
+            endpoints.remove(url, who=who)
+            warnings.append(f"endpoint {url} delisted: it is not in the file's endpoints:")
     for principal, entry in policy.principals.items():
         if entry.priority is not None:
             priorities.set_principal(principal, entry.priority, who=who)

@@ -20,12 +20,12 @@ from shared.connection import connect
 from shared.errors import PermanentError
 from shared.evaluation import Evaluation, create
 from shared.lm.endpoint import EndpointModel
+from shared.lm.limits import EndpointLimits
 from shared.lm.request import Prompt
 from shared.lm.run import LanguageRun
 from shared.lm.spec import ModelSpec, identity
 from shared.models import RunMeta, Usage, with_usage
 from shared.settings import get_settings
-from shared.store.endpoints import EndpointRegistry
 from shared.store.rate import RateLimit
 from shared.store.responses import ResponseCache
 
@@ -166,16 +166,15 @@ def endpoint_model(spec: ModelSpec, cache: bool = False) -> EndpointModel:
     url = spec.endpoint
     if url is None:
         raise PermanentError(f"model {spec}: not an endpoint model")
-    client = connect(get_settings().redis_url)
-    listed = EndpointRegistry(client).get(url)
-    if listed is None:
-        raise PermanentError(f"endpoint {url} is not listed in the policy's endpoints:")
-    if listed.api_key_env != spec.args.api_key_env:
-        raise PermanentError(f"endpoint {url} takes its key from {listed.api_key_env}")
-    key = os.environ.get(listed.api_key_env) or None
     settings = get_settings()
+    client = connect(settings.redis_url)
+    rate = RateLimit(client, url, EndpointLimits())
+    refused = rate.refresh(spec.args.api_key_env)
+    if refused is not None:
+        raise PermanentError(refused)
+    key = os.environ.get(rate.limits.api_key_env) or None
     responses = ResponseCache(client, settings.cache_ttl, settings.cache_max_bytes)
-    return EndpointModel(spec, RateLimit(client, url, listed), key, responses if cache else None)
+    return EndpointModel(spec, rate, key, responses if cache else None)
 
 
 def evaluation_of(meta: RunMeta) -> Evaluation:

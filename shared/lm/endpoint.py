@@ -25,6 +25,7 @@ import hashlib
 import json
 import math
 import random
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -56,6 +57,16 @@ BACKOFF_BASE = 0.5
 BACKOFF_CAP = 30.0
 """The longest wait between two tries, ``Retry-After`` included."""
 _SNIPPET = 160
+MAX_BODY = 4 << 20
+"""The largest answer read (bytes): a longer one is a bad response, never held whole."""
+TEMPLATE_TOKENS = 4096
+"""Tokens a server may add to a prompt (its chat template, a system prompt): an answer that
+reports more prompt tokens than the prompt's bytes plus these, or more completion tokens than
+were asked for, is a bad response (its count would move the fleet's token limit by days, or
+overflow the counters)."""
+_SHORTEST_SECRET = 4
+"""Keys shorter than this (``EMPTY``-like placeholders aside) are not looked for in text."""
+_HEADER_SAFE = re.compile(r"^[\x21-\x7e]+$")
 _WAIT_FOR_ANSWER = 0.05
 """Seconds between two looks for an answer another request for the same prompt is getting."""
 
@@ -97,8 +108,10 @@ class Refused(EndpointError):
 class Limiter(Protocol):
     """The fleet-wide rate limit of an endpoint (:class:`shared.store.rate.RateLimit`)."""
 
+    def refresh(self, api_key_env: str) -> str | None: ...
     def take(self, tokens: int) -> float: ...
     def adjust(self, tokens: int) -> None: ...
+    def pause(self, seconds: float) -> None: ...
     def count(self, **counts: int) -> None: ...
 
 
@@ -200,11 +213,17 @@ class EndpointModel:
     ) -> None:
         if spec.endpoint is None:
             raise PermanentError(f"model {spec}: not an endpoint model")
+        key = key.strip() if key else None
+        if key and not _HEADER_SAFE.match(key):
+            raise PermanentError(
+                f"the key in {spec.args.api_key_env} holds characters an HTTP header cannot "
+                "carry (spaces, control characters or non-ASCII)"
+            )
         self.spec = spec
         self.url = spec.endpoint
         self.rate = rate
         self.gate = Gate(spec.args.concurrency)
-        self._key = key
+        self._key = key or None
         self._rng = random.Random()
         self.cache = cache
         """Where answers are shared (``submit --cache``); None: every request is made."""
@@ -219,7 +238,12 @@ class EndpointModel:
         return (("system", system), *messages) if system is not None else messages
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation | EndpointError]:
-        """Each request's generation, or the error its retries ended with, in order."""
+        """Each request's generation, or the error its retries ended with, in order; every
+        request refused when the endpoint is no longer listed as the run named it (the
+        policy's limits are read again for each batch)."""
+        refused = self.rate.refresh(self.spec.args.api_key_env)
+        if refused is not None:
+            return [Refused(refused) for _ in requests]
         return asyncio.run(self._generate_all(requests))
 
     async def _generate_all(
@@ -241,6 +265,7 @@ class EndpointModel:
         digest = request_digest(self.url, self._body(request))
         patience = self.spec.args.timeout * (self.spec.args.max_retries + 1) + BACKOFF_CAP
         deadline = time.monotonic() + patience
+        claimed = False
         while True:
             hit = self.cache.get(digest)
             if hit is not None:
@@ -249,17 +274,23 @@ class EndpointModel:
                     str(hit["text"]), int(hit["prompt_tokens"]), int(hit["completion_tokens"]),
                     cached=True,
                 )  # fmt: skip
-            if self.cache.claim(digest, patience) or time.monotonic() > deadline:
+            claimed = self.cache.claim(digest, patience)
+            if claimed or time.monotonic() > deadline:
                 break
             await asyncio.sleep(_WAIT_FOR_ANSWER)
-        made = await self._asked(http, request)
+        try:
+            made = await self._asked(http, request)
+        except BaseException:
+            if claimed:  # a waiter asks for itself rather than wait for the lock to lapse
+                self.cache.release(digest)
+            raise
         if isinstance(made, Generation):
             answer = {
                 "text": made.text, "prompt_tokens": made.prompt_tokens,
                 "completion_tokens": made.completion_tokens,
             }  # fmt: skip
             self.cache.put(digest, answer)
-        else:
+        elif claimed:
             self.cache.release(digest)
         return made
 
@@ -283,6 +314,8 @@ class EndpointModel:
             throttled = isinstance(error, RateLimited)
             if throttled:
                 self.gate.throttled()
+            if tried.retry_after:  # the server's word holds for the whole fleet
+                self.rate.pause(tried.retry_after)
             if not error.retryable or attempt >= self.spec.args.max_retries:
                 self.rate.count(requests=1, rate_limited=int(throttled), failed=1)
                 note = f" (after {attempt + 1} tries)" if error.retryable else ""
@@ -298,28 +331,40 @@ class EndpointModel:
             await asyncio.sleep(wait + self._rng.uniform(0.0, min(wait, 0.05)))
 
     async def _try(self, http: httpx.AsyncClient, request: GenerationRequest) -> _Try:
+        """One try: the request sent and its answer read (at most :data:`MAX_BODY` bytes),
+        all within the timeout."""
         chat = not isinstance(request.prompt, str)
         path = "/chat/completions" if chat else "/completions"
         headers = {"Authorization": f"Bearer {self._key}"} if self._key else {}
+        body = self._body(request)
         try:
-            response = await http.post(self.url + path, json=self._body(request), headers=headers)
-        except httpx.TimeoutException:
-            return _Try(
-                error=Timeout(f"no answer from {self.url} within {self.spec.args.timeout}s")
-            )
+            async with asyncio.timeout(self.spec.args.timeout):
+                async with http.stream("POST", self.url + path, json=body, headers=headers) as got:
+                    status, retry, raw = got.status_code, got.headers.get("retry-after"), b""
+                    async for chunk in got.aiter_bytes():
+                        raw += chunk
+                        if len(raw) > MAX_BODY:
+                            break
+        except (TimeoutError, httpx.TimeoutException):
+            waited = self.spec.args.timeout
+            return _Try(error=Timeout(f"no answer from {self.url} within {waited}s"))
         except httpx.HTTPError as exc:
             return _Try(error=Unreachable(f"{self.url}: {self._clean(first_line(exc))}"))
-        status = response.status_code
         if status == 429:
-            wait = retry_after(response.headers.get("retry-after"))
-            return _Try(error=RateLimited(f"{self.url} answered 429"), retry_after=wait)
+            return _Try(
+                error=RateLimited(f"{self.url} answered 429"), retry_after=retry_after(retry)
+            )
         if status >= 500:
-            wait = retry_after(response.headers.get("retry-after"))
+            wait = retry_after(retry)
             return _Try(error=ServerError(f"{self.url} answered {status}"), retry_after=wait)
+        if 300 <= status < 400:
+            return _Try(error=Refused(f"{self.url} answered {status}: redirects are not followed"))
         if status >= 400:
-            said = self._clean(response.text[:_SNIPPET].replace("\n", " "))
+            said = self._clean(raw.decode("utf-8", "replace"), _SNIPPET).replace("\n", " ")
             return _Try(error=Refused(f"{self.url} answered {status}: {said}"))
-        return self._read(response, request, chat)
+        if len(raw) > MAX_BODY:
+            return _Try(error=BadResponse(f"{self.url}: an answer over {MAX_BODY} bytes"))
+        return self._read(raw, request, chat)
 
     def _body(self, request: GenerationRequest) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -339,34 +384,51 @@ class EndpointModel:
             body["messages"] = [{"role": r, "content": c} for r, c in request.prompt]
         return body
 
-    def _read(self, response: httpx.Response, request: GenerationRequest, chat: bool) -> _Try:
+    def _read(self, raw: bytes, request: GenerationRequest, chat: bool) -> _Try:
+        """The generation an answer holds, or why it is a bad one (any shape, any depth)."""
         try:
-            data = response.json()
+            data = json.loads(raw)
             choice = data["choices"][0]
             text = choice["message"]["content"] if chat else choice["text"]
             usage = data["usage"]
             prompt_tokens, completion_tokens = usage["prompt_tokens"], usage["completion_tokens"]
             if not isinstance(text, str):
                 raise TypeError("the text is not a string")
-            if not all(isinstance(n, int) and n >= 0 for n in (prompt_tokens, completion_tokens)):
-                raise TypeError("token counts are not counts")
-        except (ValueError, KeyError, IndexError, TypeError) as exc:
-            problem = self._clean(first_line(exc))
+            text.encode("utf-8")  # a lone surrogate could not be stored
+            most = (_bytes(request) + TEMPLATE_TOKENS, request.max_new_tokens)
+            for count, bound in zip((prompt_tokens, completion_tokens), most, strict=True):
+                if type(count) is not int or not 0 <= count <= bound:
+                    raise TypeError(f"a token count of {count!r}, not one of 0 to {bound}")
+        except Exception as exc:  # RecursionError, UnicodeError, …: whatever the answer holds
+            problem = self._clean(first_line(exc), _SNIPPET)
             return _Try(error=BadResponse(f"{self.url}: an unreadable answer ({problem})"))
         text = cut_at_stop(text, request.stop)
         return _Try(generation=Generation(text, prompt_tokens, completion_tokens))
 
-    def _clean(self, text: str) -> str:
-        """``text`` with the API key cut out (a server may echo it back)."""
-        return text.replace(self._key, "[key]") if self._key else text
+    def _clean(self, text: str, limit: int | None = None) -> str:
+        """``text`` with the API key cut out (a server may echo it back), then cut to
+        ``limit`` characters, never ending in the key's first characters."""
+        key = self._key if self._key and len(self._key) >= _SHORTEST_SECRET else None
+        if key is not None:
+            text = text.replace(key, "[key]")
+        if limit is None or len(text) <= limit:
+            return text
+        text = text[:limit]
+        if key is not None:
+            for size in range(min(len(key), len(text)), _SHORTEST_SECRET - 1, -1):
+                if text.endswith(key[:size]):
+                    return text[:-size] + "[key]"
+        return text
+
+
+def _bytes(request: GenerationRequest) -> int:
+    """The UTF-8 size of a request's prompt (every message's content)."""
+    if isinstance(request.prompt, str):
+        return len(request.prompt.encode())
+    return sum(len(content.encode()) for _, content in request.prompt)
 
 
 def _estimate(request: GenerationRequest) -> int:
-    """A request's tokens before it is sent, for the limiter: its text's bytes over three (a
+    """A request's tokens before it is sent, for the limiter: its prompt's bytes over three (a
     token is about four bytes of English) plus all it may generate; corrected on return."""
-    text = (
-        request.prompt
-        if isinstance(request.prompt, str)
-        else "".join(content for _, content in request.prompt)
-    )
-    return len(text.encode()) // 3 + 1 + request.max_new_tokens
+    return _bytes(request) // 3 + 1 + request.max_new_tokens

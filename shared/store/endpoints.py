@@ -52,6 +52,15 @@ class EndpointRegistry:
             record(pipe, "endpoint_set", who, before=before, after=limits.model_dump(), url=key)
             pipe.execute()
 
+    def remove(self, url: str, *, who: str) -> None:
+        """Delist ``url`` (audited): no endpoint model calls it from its next batch on."""
+        key = normal_url(url)
+        before = self._client.hget(ENDPOINTS, key)
+        with self._client.pipeline(transaction=True) as pipe:
+            pipe.hdel(ENDPOINTS, key)
+            record(pipe, "endpoint_removed", who, before=before, url=key)
+            pipe.execute()
+
 
 def _read(raw: object) -> EndpointLimits | None:
     try:

@@ -2,9 +2,11 @@
 
 Every worker process calling an endpoint asks :meth:`RateLimit.take` before each request: one
 Lua script (``rate.lua``, GCRA) admits it under the operator's requests-per-minute and
-tokens-per-minute (:class:`shared.access.endpoints.EndpointLimits`) or says how long to wait,
-so the limit holds across any number of workers. A request's tokens are not known until it
-returns: it is admitted on an estimate and the estimate corrected (:meth:`RateLimit.adjust`).
+tokens-per-minute (:class:`shared.lm.limits.EndpointLimits`, read again for each batch:
+:meth:`RateLimit.refresh`) and after the server's last ``Retry-After`` (:meth:`RateLimit.pause`),
+or says how long to wait, so the limit holds across any number of workers. A request's tokens
+are not known until it returns: it is admitted on an estimate and the estimate corrected
+(:meth:`RateLimit.adjust`).
 
 The counts (requests, 429s, retries, tokens, failures, cache answers) are what ``status`` and
 ``evalq metrics`` show for an endpoint over the last minute; they are kept in a hash per ten
@@ -20,6 +22,7 @@ import redis
 
 from shared.keys import rate_key, rate_minute_key
 from shared.lm.limits import EndpointLimits
+from shared.store.endpoints import EndpointRegistry
 from shared.store.scripts import register
 
 __all__ = ["COUNTS", "RateLimit", "minute_counts"]
@@ -49,13 +52,28 @@ class RateLimit:
         rpm, tpm = self.limits.requests_per_minute, self.limits.tokens_per_minute
         return ["" if rpm is None else str(rpm), "" if tpm is None else str(tpm)]
 
+    def refresh(self, api_key_env: str) -> str | None:
+        """Read the endpoint's listing again (a policy may have changed its limits, or
+        delisted it): None when it is still listed with the key variable ``api_key_env``,
+        else why no request may go to it."""
+        listed = EndpointRegistry(self._client).get(self.endpoint)
+        if listed is None:
+            return f"endpoint {self.endpoint} is not listed in the policy's endpoints: any more"
+        if listed.api_key_env != api_key_env:
+            return f"endpoint {self.endpoint} takes its key from {listed.api_key_env} now"
+        self.limits = listed
+        return None
+
     def take(self, tokens: int) -> float:
         """Admit one request of about ``tokens`` tokens now (0.0), or the seconds to wait
         before asking again (nothing taken)."""
-        if self.limits.requests_per_minute is None and self.limits.tokens_per_minute is None:
-            return 0.0
         waited = int(self._script(keys=[self._key], args=[*self._args(), tokens, "take"]))
         return waited / 1000.0
+
+    def pause(self, seconds: float) -> None:
+        """Admit no request for ``seconds`` from now, from any worker (a ``Retry-After``)."""
+        millis = max(1, int(seconds * 1000))
+        self._script(keys=[self._key], args=[*self._args(), millis, "pause"])
 
     def adjust(self, tokens: int) -> None:
         """Correct an admitted request's token estimate by ``tokens`` (negative: it used

@@ -1,0 +1,217 @@
+"""The endpoint client against crafted HTTP servers (no worker): what a misbehaving server can
+do to a sample, and never to the key, the worker or the fleet's limiter. Each case was found by
+attacking the first version; the fleet's limiter is the real one, in a real Redis."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from producer.policy_file import PolicyFile, apply_policy
+from producer.redis_server import RedisServer
+from shared.connection import connect
+from shared.errors import PermanentError
+from shared.lm.endpoint import MAX_BODY, EndpointError, EndpointModel
+from shared.lm.limits import EndpointLimits
+from shared.lm.request import Generation, GenerationRequest
+from shared.lm.spec import ModelSpec
+from shared.store.endpoints import EndpointRegistry
+from shared.store.rate import RateLimit
+
+LONG_KEY = "sk-proj-" + "A1b2C3d4E5" * 16  # 168 characters, as a provider's project key
+REQUEST = GenerationRequest("What is 1 plus 2?", 8)
+ANSWER = {"choices": [{"text": "3"}], "usage": {"prompt_tokens": 1, "completion_tokens": 1}}
+Handler = Callable[[BaseHTTPRequestHandler], None]
+USAGE = ANSWER["usage"]
+SURROGATE = (
+    b'{"choices": [{"text": "\\ud800"}], "usage": {"prompt_tokens": 1, "completion_tokens": 1}}'
+)
+
+
+def _with(**fields: object) -> bytes:
+    return json.dumps({**ANSWER, **fields}).encode()
+
+
+MALFORMED = {
+    "deep": b"[" * 200_000,  # was: RecursionError out of generate, the batch retried row by row
+    "huge-count": _with(usage={"prompt_tokens": 10**30, "completion_tokens": 1}),
+    "bool-count": _with(usage={"prompt_tokens": 1, "completion_tokens": True}),
+    "negative": _with(usage={"prompt_tokens": -1, "completion_tokens": 1}),
+    "over-max-tokens": _with(usage={"prompt_tokens": 1, "completion_tokens": 9}),
+    "surrogate": SURROGATE,  # was: the store's script failed, the archive crashed
+    "no-choice": _with(choices=[]),
+    "20MB": _with(choices=[{"text": "x" * (MAX_BODY + 1)}]),  # was: read and kept whole
+    "text": b"{not json",
+}
+
+
+def _reply(handler: BaseHTTPRequestHandler, status: int, body: bytes, **headers: str) -> None:
+    handler.send_response(status)
+    handler.send_header("content-type", "application/json")
+    handler.send_header("content-length", str(len(body)))
+    for name, value in headers.items():
+        handler.send_header(name.replace("_", "-"), value)
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
+@pytest.fixture
+def serve() -> Iterator[Callable[[Handler], str]]:
+    """Starts a server whose every POST ``handle`` answers; yields its base URL's maker."""
+    servers: list[ThreadingHTTPServer] = []
+
+    def start(handle: Handler) -> str:
+        class Crafted(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("content-length", 0)))
+                handle(self)
+
+            def log_message(self, *_: Any) -> None:
+                pass
+
+        server = ThreadingHTTPServer(("127.0.0.1", 0), Crafted)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}/v1"
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def fleet(redis_only: RedisServer) -> Callable[[str, EndpointLimits], RateLimit]:
+    """The fleet's real limiter for ``url``, listed with ``limits``."""
+    client = connect(redis_only.url)
+
+    def listed(url: str, limits: EndpointLimits) -> RateLimit:
+        EndpointRegistry(client).set(url, limits, who="tests")
+        return RateLimit(client, url, limits)
+
+    return listed
+
+
+def _model(rate: RateLimit, url: str, key: str | None, **args: str) -> EndpointModel:
+    given = {"base_url": url, "max_retries": "0", "timeout": "2", **args}
+    return EndpointModel(ModelSpec.parse("openai/m", given), rate, key)
+
+
+def test_an_echoed_key_is_cut_out_of_the_error_line_wherever_the_snippet_ends(
+    serve: Callable[[Handler], str], fleet: Callable[[str, EndpointLimits], RateLimit]
+) -> None:
+    def echo(handler: BaseHTTPRequestHandler) -> None:
+        given = handler.headers["authorization"].removeprefix("Bearer ")
+        said = json.dumps({"error": {"message": f"Incorrect API key provided: {given}"}})
+        _reply(handler, 401, said.encode())
+
+    url = serve(echo)
+    (out,) = _model(fleet(url, EndpointLimits()), url, LONG_KEY).generate([REQUEST])
+    assert isinstance(out, EndpointError)
+    assert type(out).__name__ == "Refused"
+    assert "401" in str(out)
+    assert LONG_KEY[:12] not in str(out)  # was: 110 of its characters, cut at the snippet's end
+
+
+def test_a_key_no_header_can_carry_is_refused_at_load_without_saying_it(
+    serve: Callable[[Handler], str], fleet: Callable[[str, EndpointLimits], RateLimit]
+) -> None:
+    url = serve(lambda h: _reply(h, 200, json.dumps(ANSWER).encode()))
+    rate = fleet(url, EndpointLimits())
+    assert isinstance(_model(rate, url, "sk-abc123\n").generate([REQUEST])[0], Generation)
+    with pytest.raises(PermanentError) as refused:  # was: the key in every error line
+        _model(rate, url, "sk-abc 123")
+    assert "abc" not in str(refused.value)
+
+
+@pytest.mark.parametrize("body", MALFORMED.values(), ids=MALFORMED.keys())
+def test_a_malformed_answer_is_a_bad_response_of_its_sample(
+    serve: Callable[[Handler], str],
+    fleet: Callable[[str, EndpointLimits], RateLimit],
+    body: bytes,
+) -> None:
+    url = serve(lambda h: _reply(h, 200, body))
+    (out,) = _model(fleet(url, EndpointLimits()), url, "sk-abcdef").generate([REQUEST])
+    assert type(out).__name__ == "BadResponse", out
+    assert len(str(out)) < 400
+
+
+def test_the_timeout_bounds_the_whole_request_not_each_read(
+    serve: Callable[[Handler], str], fleet: Callable[[str, EndpointLimits], RateLimit]
+) -> None:
+    payload = b" " * 16 + json.dumps(ANSWER).encode()
+
+    def trickle(handler: BaseHTTPRequestHandler) -> None:
+        handler.send_response(200)
+        handler.send_header("content-length", str(len(payload)))
+        handler.end_headers()
+        for byte in payload[:16]:  # a byte every half second: each read is quick
+            handler.wfile.write(bytes([byte]))
+            handler.wfile.flush()
+            time.sleep(0.5)
+        handler.wfile.write(payload[16:])
+
+    url = serve(trickle)
+    model = _model(fleet(url, EndpointLimits()), url, None, timeout="1")
+    started = time.monotonic()
+    (out,) = model.generate([REQUEST])
+    assert type(out).__name__ == "Timeout"
+    assert time.monotonic() - started < 4  # was: 8 s, and an answer
+
+
+def test_a_retry_after_holds_back_every_request_to_the_endpoint(
+    serve: Callable[[Handler], str], fleet: Callable[[str, EndpointLimits], RateLimit]
+) -> None:
+    arrivals: list[float] = []
+    lock = threading.Lock()
+
+    def first_refused(handler: BaseHTTPRequestHandler) -> None:
+        with lock:
+            arrivals.append(time.monotonic())
+            first = len(arrivals) == 1
+        if first:
+            _reply(handler, 429, b"{}", retry_after="2")
+        else:
+            _reply(handler, 200, json.dumps(ANSWER).encode())
+
+    url = serve(first_refused)
+    model = _model(fleet(url, EndpointLimits()), url, None, concurrency="1", max_retries="2")
+    made = model.generate([GenerationRequest(f"What is {i} plus 2?", 8) for i in range(6)])
+    assert all(isinstance(m, Generation) for m in made)
+    refused_at, *later = arrivals
+    assert min(later) - refused_at >= 1.9  # was: 9 requests within 0.4 s
+
+
+def test_a_delisted_endpoint_gets_no_more_requests(
+    serve: Callable[[Handler], str], redis_only: RedisServer
+) -> None:
+    hits: list[int] = []
+
+    def count(handler: BaseHTTPRequestHandler) -> None:
+        hits.append(1)
+        _reply(handler, 200, json.dumps(ANSWER).encode())
+
+    url = serve(count)
+    client = connect(redis_only.url)
+    listing: dict[str, Any] = {"endpoints": {url: {}, "http://other:8000/v1": {}}}
+    apply_policy(PolicyFile.model_validate(listing), client, registered={}, who="ops")
+    model = _model(RateLimit(client, url, EndpointLimits()), url, None)
+    assert isinstance(model.generate([REQUEST])[0], Generation)
+    apply_policy(PolicyFile.model_validate({}), client, registered={}, who="ops")  # no section
+    assert set(EndpointRegistry(client).all()) == {url, "http://other:8000/v1"}
+    warnings = apply_policy(
+        PolicyFile.model_validate({"endpoints": {"http://other:8000/v1": {}}}),
+        client, registered={}, who="ops",
+    )  # fmt: skip
+    assert warnings == [f"endpoint {url} delisted: it is not in the file's endpoints:"]
+    (out,) = model.generate([REQUEST])  # a warm model reads the listing for each batch
+    assert type(out).__name__ == "Refused"
+    assert hits == [1]
