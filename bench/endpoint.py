@@ -41,7 +41,6 @@ from rich.table import Table
 
 from bench.generate import DATA, Evalq, rows
 from bench.result import save
-from bench.waiting import completed
 from producer.client import Client
 from producer.policy_file import PolicyFile
 from producer.redis_server import RedisServer, free_port
@@ -120,12 +119,7 @@ def evalq_run(
         eval="ep-arith", dataset="ep-arith", split="test", limit=limit, model=f"openai/{model}",
         model_args={"base_url": url, "concurrency": str(concurrency), **args},
     )  # fmt: skip
-    started = time.time()
-    meta = here.client.submit(request)
-    final = completed(here.runs, meta)
-    assert final.finished is not None
-    results = sorted(here.client.results(meta.run_id), key=lambda r: r.sample_id)
-    return results, final.finished - started
+    return here.timed(request)
 
 
 def lmeval(

@@ -117,6 +117,16 @@ class Evalq:
     client: Client
     runs: RunStore
 
+    def timed(self, request: SubmitRequest) -> tuple[list[SampleResult], float]:
+        """Submit ``request`` and wait for its end: its results in row order and the seconds
+        from submit to its completion stamp."""
+        started = time.time()
+        meta = self.client.submit(request)
+        final = completed(self.runs, meta)
+        assert final.finished is not None
+        results = sorted(self.client.results(meta.run_id), key=lambda r: r.sample_id)
+        return results, final.finished - started
+
 
 @contextmanager
 def stack(workers: int, model_dir: Path, batch_size: int) -> Iterator[Evalq]:
@@ -150,12 +160,7 @@ def run(
         eval=f"gen-{name}", dataset=f"gen-{name}", split="test", limit=limit,
         model=f"hf/{model_dir}", model_args={"batch_size": str(batch_size)},
     )  # fmt: skip
-    started = time.time()
-    meta = here.client.submit(request)
-    final = completed(here.runs, meta)
-    assert final.finished is not None
-    results = sorted(here.client.results(meta.run_id), key=lambda r: r.sample_id)
-    return results, final.finished - started
+    return here.timed(request)
 
 
 def evalq(here: Evalq, model_dir: Path, batch_size: int) -> tuple[Timed, list[list[float]]]:
