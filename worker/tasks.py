@@ -161,6 +161,9 @@ class SampleBatches(Batches):  # type: ignore[misc]
         self._languages: set[str] = set()
         """Names of registered language tasks this worker has seen runs of: it serves them
         all (a run's record carries its task and model)."""
+        self._flushes = 0
+        self._unstarted: dict[int, Collection[Request]] = {}
+        """Batches handed to the pool that no pool process has started yet, by flush."""
 
     def Strategy(self, task: Batches, app: Celery, consumer: Any) -> Callable[..., None]:
         buffer_message = super().Strategy(task, app, consumer)
@@ -224,8 +227,17 @@ class SampleBatches(Batches):  # type: ignore[misc]
         same with its own queues): their delivery tags belonged to that connection's channel,
         which gave them back to the queue as it closed, or left them to the janitor. Return
         how many. The flush timer went with the consumer's old hub; the next message starts a
-        new one."""
+        new one.
+
+        So are the messages of the batches that no pool process had started: as the connection
+        closes, Celery's consumer has the pool drop every job not yet accepted
+        (``AsynPool.flush``), and such a job's callbacks never run, so nothing else would take
+        their tags out of :attr:`held`; the heartbeat would name them held for ever, and the
+        janitor would never put back the messages that Redis still holds unacknowledged."""
         stale = [*consume_queue(self._buffer), *consume_queue(self._pending)]
+        for requests in self._unstarted.values():
+            stale.extend(requests)
+        self._unstarted.clear()
         for request in stale:
             self.held.discard(request.message.delivery_tag)
         timer: Any = getattr(self, "_tref", None)
@@ -300,6 +312,9 @@ class SampleBatches(Batches):  # type: ignore[misc]
         """
         self._buffered_samples = 0  # every buffered request is flushed here, by size or timer
         batch = ([SimpleRequest.from_request(r) for r in requests],)
+        self._flushes += 1
+        job = self._flushes
+        self._unstarted[job] = requests
         started = time.monotonic()
         for request in requests:
             _announce(request)
@@ -316,6 +331,7 @@ class SampleBatches(Batches):  # type: ignore[misc]
         accepted: list[float] = []
 
         def on_accepted(_pid: int, time_accepted: float) -> None:
+            self._unstarted.pop(job, None)
             accepted.append(time_accepted)
 
         def on_return(requeue: object) -> None:
@@ -323,6 +339,7 @@ class SampleBatches(Batches):  # type: ignore[misc]
             # means it raised (celery-batches logged it): requeue them all, the per-sample
             # attempt counters bound the retries.
             again = set(requeue) if isinstance(requeue, list) else None
+            self._unstarted.pop(job, None)
             for request in requests:
                 finish(request, again is None or request.id in again)
             self._reserve_full(time.monotonic() - accepted[0] if accepted else None)
@@ -330,6 +347,7 @@ class SampleBatches(Batches):  # type: ignore[misc]
         def on_error(_failure: Any) -> None:
             # apply_batches_task catches what the task raises, so an error here means the job
             # itself was lost: requeue.
+            self._unstarted.pop(job, None)
             for request in requests:
                 finish(request, requeue=True)
 

@@ -29,6 +29,9 @@ INFER_QUEUE = "infer"
 SCORE_QUEUE = "score"
 STAGE_QUEUES = {INFER_TASK: INFER_QUEUE, SCORE_TASK: SCORE_QUEUE}
 """The shared queue of each task: every worker of that stage consumes it."""
+BROKER_SOCKET_TIMEOUT = 30.0
+"""Seconds a broker command waits for Redis's reply (or a connection to open) before it
+fails and the connection is made again."""
 
 
 def _queue(name: str) -> Queue:
@@ -77,6 +80,13 @@ def create_app(settings: Settings) -> Celery:
             "visibility_timeout": settings.visibility_timeout,
             "unacked_restore_interval": max(1, min(10, settings.visibility_timeout // 5)),
             "unacked_restore_throttle": 1,
+            # A connection that dies without a reset reaching the worker (a partition that
+            # drops packets, a NAT or firewall that forgets it) would leave a synchronous
+            # command (an event's PUBLISH, an ack) waiting for its reply for ever, and the
+            # worker's event loop with it; kombu's default is no timeout. Time out instead:
+            # Celery then reconnects.
+            "socket_timeout": BROKER_SOCKET_TIMEOUT,
+            "socket_connect_timeout": BROKER_SOCKET_TIMEOUT,
         },
         # If the broker connection drops, work in flight cannot be acked any more and will be
         # redelivered: cancel it rather than finish it twice.
