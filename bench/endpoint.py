@@ -101,7 +101,7 @@ def stack(workers: int, url: str, limits: dict[str, Any]) -> Iterator[Evalq]:
         client.set_tier("ep-arith", "test", Tier.VIEWABLE)
         client.add_task("ep-arith", PLAIN)
         client.apply_policy(PolicyFile.model_validate({"endpoints": {url: limits}}))
-        env = {"EVALQ_MAX_BATCH": "256", "OPENAI_API_KEY": "bench"}
+        env = {"OPENAI_API_KEY": "bench"}
         pool = LocalWorkers(s.url, count=workers, env=env).start(client.app)
         try:
             yield here

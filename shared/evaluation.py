@@ -108,6 +108,10 @@ class Evaluation(ABC):
     cluster_field: ClassVar[str | None] = None
     """A row field grouping samples that are not independent (questions about one passage):
     error bars are then cluster-robust (:mod:`shared.stats`)."""
+    rows_per_call: ClassVar[int | None] = None
+    """Most rows one ``infer()`` call takes; None: the worker's ``EVALQ_MAX_BATCH``. A model
+    that holds nothing per row (an endpoint's requests, bounded by its own concurrency) takes
+    a whole message at once, so no batch's last wave leaves requests idle."""
 
     Params: ClassVar[type[Parameters]] = Parameters
     """The declared parameters (a :class:`Parameters` subclass); the base declares none."""

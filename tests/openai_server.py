@@ -2,7 +2,8 @@
 ``/v1/chat/completions`` on uvicorn, answering with real ``usage``, and told by ``POST
 /control`` to answer a share of requests with 429 + ``Retry-After``, with a 5xx or with
 malformed JSON, or to stall. ``GET /stats`` says what it received (arrival times, models,
-whether a key came, how many answers of each kind).
+whether a key came, how many answers of each kind, and with a ``delay`` the most requests
+it held at once).
 
 The model is a fake at the outer edge: it answers "What is A plus B?" with the sum (wrong on
 purpose for the models named ``wrong-*``), anything else with "ok"; tokens are words. With
@@ -45,6 +46,8 @@ class _State:
         self.models: list[str] = []
         self.answers: dict[str, int] = {}
         self.keys: set[str] = set()
+        self.inflight = 0
+        self.most_inflight = 0
         self.rng = random.Random(0)
         self.lock = threading.Lock()
 
@@ -81,6 +84,7 @@ def make_app(key: str | None = None, generate: Any = None) -> FastAPI:
                 "models": list(state.models),
                 "answers": dict(state.answers),
                 "keys": sorted(state.keys),
+                "most_inflight": state.most_inflight,
             }
 
     @app.post("/reset")
@@ -108,7 +112,12 @@ def make_app(key: str | None = None, generate: Any = None) -> FastAPI:
         if fault is not None:
             return fault
         if state.control["delay"]:
+            with state.lock:
+                state.inflight += 1
+                state.most_inflight = max(state.most_inflight, state.inflight)
             await asyncio.sleep(float(state.control["delay"]))
+            with state.lock:
+                state.inflight -= 1
         model = str(body.get("model"))
         if chat:
             text = "\n".join(str(m.get("content", "")) for m in body.get("messages", []))

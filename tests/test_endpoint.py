@@ -240,6 +240,20 @@ def test_identical_requests_in_flight_share_one_call(
     user.close()
 
 
+def test_a_batch_s_requests_go_out_together_beyond_the_workers_batch_size(
+    fresh_stack: Stack, server: Server, tmp_path: Path
+) -> None:
+    stack = fresh_stack
+    stack.start_workers(OPENAI_API_KEY=KEY, EVALQ_MAX_BATCH="4")
+    user, dataset = _place(stack, tmp_path / "data", 16, {server.base: {}})
+    server.control(delay=0.5)
+    meta = _submit(user, dataset, server.base, concurrency="8")
+    assert _ended(stack, meta) is RunStatus.COMPLETED
+    # one call for the message's 16 rows, 8 in flight (was: calls of 4 rows, 4 in flight)
+    assert server.stats()["most_inflight"] == 8
+    user.close()
+
+
 def test_two_workers_keep_the_fleet_rate_limit_while_the_server_answers_429(
     fresh_stack: Stack, server: Server, tmp_path: Path
 ) -> None:

@@ -101,8 +101,9 @@ def _pending(run: RunShare, done: set[int]) -> list[Item]:
 
 
 def _infer_all(res: Resources, items: list[Item]) -> None:
-    """Inference for the items of one evaluation, at most ``max_batch`` rows per call; if its
-    model cannot be loaded, each item counts as a failed attempt."""
+    """Inference for the items of one evaluation, at most ``max_batch`` rows per call (or the
+    evaluation's own ``rows_per_call``); if its model cannot be loaded, each item counts as a
+    failed attempt."""
     evaluation = items[0][0].evaluation
     try:
         infer = res.runtimes.model(evaluation)
@@ -111,8 +112,9 @@ def _infer_all(res: Resources, items: list[Item]) -> None:
         for run, sample_id, _ in items:
             _failed(run, sample_id, exc, res.max_attempts)
         return
-    for start in range(0, len(items), res.max_batch):
-        _infer(infer, items[start : start + res.max_batch], res.max_attempts)
+    size = evaluation.rows_per_call or res.max_batch
+    for start in range(0, len(items), size):
+        _infer(infer, items[start : start + size], res.max_attempts)
 
 
 def infer_batch(res: Resources, tasks: list[SampleTask]) -> set[str]:
