@@ -107,6 +107,7 @@ def test_submit_follow_status_runs_results(stack: Stack, tmp_path: Path) -> None
     assert status["progress"] == {
         "inferred": 30, "scored": 30, "failed": 0, "recovered": 0,
         "prompt_tokens": 0, "completion_tokens": 0,  # a language model's, counted as stored
+        "cached": 0,  # an endpoint model's answers from the response cache
     }  # fmt: skip
     assert status["stalled"] is None
     assert status["n"] == 30
