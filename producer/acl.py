@@ -6,10 +6,13 @@ gateway's can change what the policy rests on.
 - ``worker``: the broker's queues, run state, results and backlogs, the fair dispatcher's
   state, heartbeats and the janitor's lease, spec reads (and the shard digests it records),
   runs' facts read only (``evalq:facts:{run}``: what the gateway decides by), the listed
-  endpoints read only, their rate limiters (``evalq:rate:*``) and the response cache; no
-  tier, budget, token, registry, priority or audit key.
+  endpoints read only, their rate limiters (``evalq:rate:*``) and the response cache, the
+  budgets read only (a token budget's total) and the token ledger beside them
+  (``evalq:spend:*``, the holds, the runs whose unsent samples are owed back: only workers see
+  an endpoint's usage); no tier, token, registry, priority or audit key, and no budget write.
 - ``monitor``: what Flower and ``evalq metrics`` read (queues, run records and counters,
-  budgets, heartbeats, the dispatcher's state, the endpoints' counts), the broker's control
+  budgets and tokens spent, heartbeats, the dispatcher's state, the endpoints' counts), the
+  broker's control
   replies, and kombu's
   ``unacked_mutex`` (a lock that every kombu consumer, Flower's inspection replies included,
   takes before it looks for messages to put back: without it each ``celery inspect`` is
@@ -47,10 +50,14 @@ from shared.keys import (
     CACHE,
     ENDPOINTS,
     FAIR,
+    HOLD_DEADLINES,
+    HOLDS,
     JANITOR,
     RATE,
     RUN_KEYS,
     RUNS,
+    SPEND,
+    UNSENT,
     RunKeys,
     budget_key,
     shard_digests_key,
@@ -95,8 +102,9 @@ ROLES: dict[str, tuple[str, ...]] = {
         *_write(RUN_KEYS),
         *_read(_ANY_RUN.facts),
         *_write(worker_key(ANY), JANITOR, ACTIVE, f"{FAIR.prefix}{ANY}"),
-        *_read(spec_key(ANY), ENDPOINTS),
+        *_read(spec_key(ANY), ENDPOINTS, budget_key(ANY, ANY)),
         *_write(shard_digests_key(ANY), f"{RATE}{ANY}", f"{CACHE}{ANY}"),
+        *_write(f"{SPEND}{ANY}", HOLDS, HOLD_DEADLINES, UNSENT),
         "&*",
         "+@all",
         *_LOCKED,
@@ -107,7 +115,7 @@ ROLES: dict[str, tuple[str, ...]] = {
         *_CONTROL,
         *_read(RUNS, _ANY_RUN.facts, _ANY_RUN.meta, _ANY_RUN.progress),
         *_read(budget_key(ANY, ANY), worker_key(ANY), ACTIVE, f"{FAIR.prefix}{ANY}"),
-        *_read(ENDPOINTS, f"{RATE}{ANY}"),
+        *_read(ENDPOINTS, f"{RATE}{ANY}", f"{SPEND}{ANY}"),
         "&*",
         "+@all",
         *_LOCKED,

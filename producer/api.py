@@ -153,6 +153,7 @@ class Api(Protocol):
         samples: int | None,
         max_samples_per_run: int | None,
         caller: str | None = None,
+        tokens: int | None = None,
     ) -> Budget:
         """Replace a split's budget totals, or ``caller``'s own on it (admin; audited)."""
         ...

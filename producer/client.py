@@ -105,6 +105,7 @@ class Client:
         """Gate on tier and budget, then enqueue; see :func:`producer.submit.submit`."""
         load_plugins(self.settings.plugins)
         direct = self._direct
+        direct.refund_unsent()
         meta = submit(
             direct.redis, direct.app, request, principal=self.principal, admin=self.admin,
             archive=self.settings.archive_url, model_roots=self.settings.allowed_model_roots,
@@ -136,6 +137,7 @@ class Client:
 
     def status(self, run_id: str) -> RunView:
         """The run's record and counters, and its aggregate where the policy allows it."""
+        self._direct.refund_unsent()
         return self._viewer.status(run_id)
 
     def stalled(self, meta: RunMeta, progress: Progress) -> str | None:
@@ -267,16 +269,19 @@ class Client:
         samples: int | None,
         max_samples_per_run: int | None,
         caller: str | None = None,
+        tokens: int | None = None,
     ) -> Budget:
         """Replace a split's budget totals, or ``caller``'s own on it (None = unlimited), keep
         what was used (audited)."""
         return self._direct.ledger.set(
             dataset, split, runs=runs, samples=samples, max_samples_per_run=max_samples_per_run,
-            who=self.principal, caller=caller,
+            who=self.principal, caller=caller, tokens=tokens,
         )  # fmt: skip
 
     def budgets(self) -> list[Budget]:
-        """Every stored budget."""
+        """Every stored budget (the samples of runs a token budget kept from being sent
+        given back first)."""
+        self._direct.refund_unsent()
         return self._direct.ledger.all()
 
     def apply_policy(self, policy: PolicyFile) -> list[str]:

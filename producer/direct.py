@@ -21,6 +21,8 @@ from shared.access.tiers import TierRegistry
 from shared.access.tokens import TokenStore
 from shared.connection import connect
 from shared.data.spec import DatasetSpec, fetch_spec
+from shared.errors import UnknownRunError
+from shared.failures import UNSENT_STAGE
 from shared.models import RunMeta
 from shared.queue.backlog import Backlog
 from shared.queue.celery_app import create_app
@@ -106,3 +108,20 @@ class Direct:
         self.results.archive_url(run_id)
         if reader.bypasses:
             audit_admin(self.redis, "admin_read", self.principal, meta, {"tier": reader.tier})
+
+    def refund_unsent(self) -> int:
+        """Give back (once per run) the samples token budgets kept from being sent in runs
+        that have ended (:meth:`Ledger.refund_unsent`); return how many."""
+
+        def unsent(run_id: str) -> tuple[RunMeta, int] | None:
+            try:
+                meta = self.runs.get(run_id)
+            except UnknownRunError:
+                return None
+            if not meta.charged:
+                return None
+            kinds = self.results.errors_by_kind(run_id)
+            count = sum(n for kind, n in kinds.items() if kind.startswith(f"{UNSENT_STAGE}/"))
+            return meta, min(count, meta.n)
+
+        return self.ledger.refund_unsent(unsent)

@@ -15,7 +15,7 @@ JSON file, reconciled.
           release: {mechanism: ladder, eta: 0.02}   # or ladder / rounded / exact
       agents:
         validation:
-          budget: {samples: 10000}
+          budget: {samples: 10000, tokens: 2000000}   # tokens: endpoint models' usage
           principals: {agent-a: {runs: 5}, agent-b: {runs: 5}}   # metered apart
           priority: high                   # runs on this split: high unless asked lower
     principals:
@@ -73,6 +73,8 @@ class BudgetLimits(BaseModel):
     runs: int | None = Field(default=None, ge=0)
     samples: int | None = Field(default=None, ge=0)
     max_samples_per_run: int | None = Field(default=None, ge=1)
+    tokens: int | None = Field(default=None, ge=0)
+    """Tokens (prompt and completion) of endpoint models' requests in all."""
 
 
 class SplitPolicy(BaseModel):
@@ -231,5 +233,6 @@ def apply_policy(
                 max_samples_per_run=budget.max_samples_per_run,
                 who=who,
                 caller=caller,
+                tokens=budget.tokens,
             )
     return warnings

@@ -253,9 +253,13 @@ class RemoteClient:
         samples: int | None,
         max_samples_per_run: int | None,
         caller: str | None = None,
+        tokens: int | None = None,
     ) -> Budget:
         """Set a split's budget totals, or ``caller``'s own on it (admin)."""
-        body = {"runs": runs, "samples": samples, "max_samples_per_run": max_samples_per_run}
+        body = {
+            "runs": runs, "samples": samples, "max_samples_per_run": max_samples_per_run,
+            "tokens": tokens,
+        }  # fmt: skip
         path = f"/v1/budgets/{_seg(dataset)}/{_seg(split)}"
         return Budget.model_validate(self._call("PUT", path, body, caller=caller))
 

@@ -9,6 +9,8 @@ the person stopped following a run (Ctrl-C).
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 __all__ = [
     "BudgetExhaustedError",
     "ComparisonError",
@@ -38,6 +40,7 @@ __all__ = [
     "StoreError",
     "ThrottledError",
     "TierRefusedError",
+    "TokensExhausted",
     "UnauthorizedError",
     "UnknownDatasetError",
     "UnknownEvalError",
@@ -236,3 +239,12 @@ class ThrottledError(EvalqError):
         super().__init__(message)
         self.retry_after = retry_after
         """Seconds after which the same request would be admitted (None: unknown)."""
+
+
+class TokensExhausted(PermanentError):
+    """A token budget (``budget set --tokens``) has too few tokens left for a request, with
+    none held by requests in flight that could give some back: the request is not sent, and
+    its sample ends unsent (recorded at the ``budget`` stage, left out of the run's numbers,
+    its charge given back)."""
+
+    stage: ClassVar[str] = "budget"

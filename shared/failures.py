@@ -11,6 +11,9 @@ side (``lower_is_better``); for an undeclared 0/1 metric, 0 (1 for a lower-is-be
 any other undeclared metric, the worst value the run scored. An evaluation may instead declare
 :attr:`FailurePolicy.SKIP`: failed samples are then left out, and the count is shown beside
 each metric.
+
+A sample a token budget kept from being sent (``budget/TokensExhausted``) is neither: it was
+never asked, so it is left out of the numbers under either policy and counted as unsent.
 """
 
 from __future__ import annotations
@@ -22,9 +25,11 @@ from enum import StrEnum
 
 from shared.stats import Stat
 
-__all__ = ["Counted", "FailurePolicy", "FailureRule", "metric_samples"]
+__all__ = ["UNSENT_STAGE", "Counted", "FailurePolicy", "FailureRule", "metric_samples"]
 
 Range = tuple[float, float]
+UNSENT_STAGE = "budget"
+"""The stage of a failure that means "never sent" (:attr:`shared.models.Stage.BUDGET`)."""
 
 
 class FailurePolicy(StrEnum):
@@ -79,6 +84,8 @@ class Counted:
     """The value a failed sample scored, per metric (empty under ``skip``)."""
     ranges: dict[str, Range]
     """Each metric's range where one is known (declared, or 0/1): intervals stay inside it."""
+    unsent: int = 0
+    """Samples a token budget kept from being sent: in no metric."""
 
     def noted(self, stats: Mapping[str, Stat]) -> dict[str, Stat]:
         """``stats`` (computed from :attr:`scores`) each with the failures and the policy."""
@@ -93,6 +100,8 @@ def metric_samples(
     and whose failed ones are ``failures`` (sample id -> ``stage/kind``), under ``rule``; a
     failed sample that was also scored counts as scored."""
     counted = {i: {name: float(v) for name, v in s.items()} for i, s in scores.items()}
+    unsent = [i for i in failures if i not in counted and _unsent(failures[i])]
+    failures = {i: kind for i, kind in failures.items() if not _unsent(kind)}
     failed_ids = [i for i in sorted(failures) if i not in counted]
     kinds = Counter(failures[i] for i in failed_ids)
     names = sorted({name for s in counted.values() for name in s})
@@ -110,4 +119,9 @@ def metric_samples(
         policy=rule.policy,
         worst=worst,
         ranges=ranges,
+        unsent=len(unsent),
     )
+
+
+def _unsent(kind: str) -> bool:
+    return kind.partition("/")[0] == UNSENT_STAGE

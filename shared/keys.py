@@ -213,6 +213,30 @@ def budget_key(dataset: str, split: str, caller: str | None = None) -> str:
     return base if caller is None else f"{base}:{caller}"
 
 
+SPEND = "evalq:spend:"
+"""Prefix of the token ledger the workers keep beside the budgets (:func:`spend_key`)."""
+
+
+def spend_key(dataset: str, split: str, caller: str | None = None) -> str:
+    """Hash: ``used`` (tokens charged to recorded usage) and ``reserved`` (held by requests
+    in flight) of the split's token budget, or of one ``caller``'s on it. Workers write it;
+    the budget's ``tokens_total`` stays in :func:`budget_key`, which they only read."""
+    base = f"{SPEND}{dataset}:{split}"
+    return base if caller is None else f"{base}:{caller}"
+
+
+HOLDS = "evalq:holds"
+"""Hash: ticket -> JSON of one request's token hold (tokens, worker, since); see
+:mod:`shared.store.spend`."""
+
+HOLD_DEADLINES = "evalq:holds:deadlines"
+"""Zset: ticket -> the time (ms, Redis's clock) after which the janitor releases its hold."""
+
+UNSENT = "evalq:unsent"
+"""Set: runs that ended with samples a token budget kept from being sent; the gateway gives
+their samples back (:meth:`shared.access.ledger.Ledger.refund_unsent`) and removes them."""
+
+
 def release_config_key(dataset: str) -> str:
     """Hash: split -> JSON release rule (``evalq policy apply``); absent = the default."""
     return f"evalq:release:config:{dataset}"

@@ -80,6 +80,9 @@ class Stage(StrEnum):
     INFER = "infer"
     ENDPOINT = "endpoint"
     """An endpoint model's server (:mod:`shared.lm.endpoint`), after its retries."""
+    BUDGET = "budget"
+    """A token budget kept the sample's request from being sent
+    (:class:`shared.errors.TokensExhausted`): unsent, not failed."""
     SCORE = "score"
 
 

@@ -2,11 +2,15 @@
 OpenAI-compatible server (``tests/openai_server.py`` on uvicorn, in its own process), through
 real workers and Redis: outputs and the API's usage recorded, the key sent and kept out of
 Redis and logs, the fleet's rate limit held across two workers while the server answers 429s,
-and each failure path (stall, 5xx, malformed answers, a server that is gone) ending every sample
+a token budget never overshot by two workers and no token held for ever by a killed one, and
+each failure path (stall, 5xx, malformed answers, a server that is gone) ending every sample
 once with its reason."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -21,7 +25,9 @@ from producer.client import Client
 from producer.policy_file import PolicyFile
 from producer.redis_server import free_port
 from producer.submit import SubmitRequest
+from shared.access.budget import Budget
 from shared.errors import InputError, TierRefusedError
+from shared.keys import HOLDS
 from shared.models import RunMeta, RunStatus
 from tests.conftest import Stack
 from tests.helpers import REPO, assert_settled_once, list_splits, wait_ended, wait_for, write_rows
@@ -323,4 +329,118 @@ def test_an_endpoint_that_fails_ends_each_sample_once_with_its_reason(
     assert KEY not in first.error.message
     if fault != "gone":
         server.control(stall=False)
+    user.close()
+
+
+def _budget(stack: Stack, dataset: str) -> Budget:
+    operator = Client(stack.settings)
+    found = [b for b in operator.budgets() if b.dataset == dataset and b.caller is None]
+    operator.close()
+    (budget,) = found
+    return budget
+
+
+def _set_tokens(stack: Stack, dataset: str, tokens: int, samples: int | None = None) -> None:
+    operator = Client(stack.settings)
+    operator.set_budget(
+        dataset, "validation", runs=None, samples=samples, max_samples_per_run=None,
+        tokens=tokens,
+    )  # fmt: skip
+    operator.close()
+
+
+def _group(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
+
+
+def _recorded(user: Client, meta: RunMeta) -> int:
+    """The tokens of every usage the run recorded."""
+    usages = [r.usage for r in user.results(meta.run_id) if r.usage is not None]
+    return sum(u.prompt_tokens + u.completion_tokens for u in usages)
+
+
+def test_a_token_budget_that_runs_out_midway_is_never_overshot_by_two_workers(
+    fresh_stack: Stack, server: Server, tmp_path: Path
+) -> None:
+    stack = fresh_stack
+    for _ in range(2):
+        stack.start_workers(OPENAI_API_KEY=KEY)
+    user, dataset = _place(stack, tmp_path / "data", 1000, {server.base: {}})
+    total = 5000  # each sample uses 11 tokens (10 words asked, 1 answered): about 450 fit
+    _set_tokens(stack, dataset, total, samples=3000)
+    meta = _submit(user, dataset, server.base)
+    assert _ended(stack, meta, timeout=240) is RunStatus.COMPLETED
+    view = user.status(meta.run_id)
+    unsent = view.errors.get("budget/TokensExhausted", 0)
+    assert view.errors == {"budget/TokensExhausted": unsent}
+    assert 300 < unsent < 700, unsent
+    sent = 1000 - unsent
+    assert view.meta.reason is not None
+    assert "token budget ran out" in view.meta.reason
+    assert view.stats is not None
+    assert view.stats["exact_match"].n == sent  # the numbers count what was sent
+    assert view.stats["exact_match"].mean == 1.0
+    # the server saw no request for an unsent sample
+    assert len(server.stats()["arrivals"]) == sent
+    budget = _budget(stack, dataset)
+    assert budget.tokens_used == _recorded(user, meta) == 11 * sent
+    assert budget.tokens_used <= total
+    assert budget.tokens_reserved == 0
+    assert budget.samples_used == sent  # the unsent given back, once
+    assert _budget(stack, dataset).samples_used == sent
+    user.close()
+
+
+def test_a_worker_killed_mid_request_leaves_no_token_held_and_the_cache_recomputes_little(
+    fresh_stack: Stack, server: Server, tmp_path: Path
+) -> None:
+    stack = fresh_stack
+    stack.crashes_expected = True
+    fast = {"OPENAI_API_KEY": KEY, "EVALQ_STALL_AFTER": "8"}
+    victim = stack.start_workers(**fast)
+    user, dataset = _place(stack, tmp_path / "data", 96, {server.base: {}})
+    _set_tokens(stack, dataset, 100_000)
+    server.control(delay=1.0)
+    concurrency = 4
+    meta = _submit(
+        user, dataset, server.base, cache=True, timeout="3", max_retries="0",
+        concurrency=str(concurrency),
+    )  # fmt: skip
+
+    (group,) = [process.pid for process in victim.processes]
+
+    def holders() -> list[int]:
+        """The processes of the victim holding tokens (pool processes share its group)."""
+        pids = [int(json.loads(raw)["worker"].split("@")[0]) for raw in stack.client.hvals(HOLDS)]
+        return [pid for pid in pids if _group(pid) == group]
+
+    wait_for(holders, 60, "the victim mid-request")
+    stack.start_workers(**fast)  # to take over
+    wait_for(
+        lambda: user.status(meta.run_id).progress.done >= 24 and holders(), 60,
+        "the victim mid-request a quarter into the run",
+    )  # fmt: skip
+    dying = set(holders())
+    os.killpg(group, signal.SIGKILL)  # main process and pool child, mid-request
+    victim.processes[0].wait(60)
+    in_flight = sum(
+        1
+        for raw in stack.client.hvals(HOLDS)
+        if int(json.loads(raw)["worker"].split("@")[0]) in dying
+    )
+    assert 1 <= in_flight <= concurrency
+    assert _ended(stack, meta, timeout=240) is RunStatus.COMPLETED
+    wait_for(lambda: _budget(stack, dataset).tokens_reserved == 0, 60, "the held tokens freed")
+    assert stack.client.hlen(HOLDS) == 0
+    budget = _budget(stack, dataset)
+    recorded = _recorded(user, meta)
+    # what the victim was answered but never recorded was charged: at most what it had in
+    # flight (a request charged and not yet cached when the kill came is one of those)
+    assert recorded <= budget.tokens_used <= recorded + 11 * concurrency
+    # the cache answered what the victim had asked before it died: only what it had in flight
+    # was asked again
+    assert len(server.stats()["arrivals"]) <= 96 + concurrency
     user.close()

@@ -363,6 +363,12 @@ def test_a_user_sees_no_other_principals_budget(place: Place, tmp_path: Path) ->
         assert {b["caller"] for b in json.loads(shown.stdout)} == {None, "alice"}
         every = _cli(place, served.api, place.tokens["root"], "budget", "show", "--json")
         assert {b["caller"] for b in json.loads(every.stdout)} == {None, "alice", "bob"}
+        tokens = ("budget", "set", "ds", "validation", "--tokens", "900", "--principal", "bob")
+        assert _cli(place, served.api, place.tokens["alice"], *tokens).returncode == 3
+        assert _cli(place, served.api, place.tokens["root"], *tokens).returncode == 0
+        every = _cli(place, served.api, place.tokens["root"], "budget", "show", "--json")
+        (bob,) = [b for b in json.loads(every.stdout) if b["caller"] == "bob"]
+        assert (bob["tokens_total"], bob["tokens_used"], bob["tokens_left"]) == (900, 0, 900)
 
 
 @integration

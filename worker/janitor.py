@@ -18,6 +18,9 @@ per live worker process that consumes ``infer``, and likewise for ``score``
    names the run's own evaluation and spec (a worker would drop any other). Nothing is charged;
    every write stays once-only, so a duplicate is harmless.
 
+It lets go of the token holds (:mod:`shared.store.spend`) that outlived their try: their worker
+died, or lost Redis, mid-request, and the tokens they held are free again.
+
 It also looks after what has ended (:mod:`worker.archiver`): a run that completed or was
 cancelled ``EVALQ_ARCHIVE_AFTER`` seconds ago, or failed ``EVALQ_ARCHIVE_FAILED_AFTER`` seconds
 ago, that is not archived yet is sent to be archived (again when an attempt sent
@@ -49,6 +52,7 @@ from shared.store.presence import HEARTBEAT_MISSES, Presence
 from shared.store.reader import ResultReader
 from shared.store.retention import archive_due
 from shared.store.runs import RunStore
+from shared.store.spend import TokenSpend
 from shared.store.spill import Spill
 from shared.store.writer import ResultWriter
 
@@ -63,6 +67,8 @@ class Sweep:
 
     restored: int = 0
     """Unacknowledged messages of gone workers put back in their queue."""
+    tokens_freed: int = 0
+    """Tokens let go from holds that outlived their try."""
     resent: dict[str, int] = field(default_factory=dict)
     """Run id -> samples sent again because no message carried them."""
     nudged: list[str] = field(default_factory=list)
@@ -87,6 +93,7 @@ class Janitor:
         self._writer = ResultWriter(client)
         self._presence = Presence(client)
         self._backlog = Backlog(client)
+        self._spend = TokenSpend(client)
         self._broker = broker
         self._app = app
         self._settings = settings
@@ -109,6 +116,9 @@ class Janitor:
             if tag not in held:
                 self._broker.restore(tag)
                 done.restored += 1
+        done.tokens_freed = self._spend.expire()
+        if done.tokens_freed:
+            log.warning("janitor: let go of %d tokens held by requests gone", done.tokens_freed)
         self._waiting = None
         self._backlogged = {}
         for run_id in self._runs.active():

@@ -23,7 +23,7 @@ __all__ = ["register"]
 
 
 tiers_app = typer.Typer(help="Split tiers: viewable, non_viewable (aggregates only), no_access.")
-budget_app = typer.Typer(help="Per-split budgets of runs and samples.")
+budget_app = typer.Typer(help="Per-split budgets of runs, samples and tokens.")
 policy_app = typer.Typer(help="Tiers and budgets from a file.")
 datasets_app = typer.Typer(help="Registered datasets: tiers and budgets attach to their names.")
 tokens_app = typer.Typer(help="API tokens of the gateway (evalq serve).")
@@ -153,6 +153,10 @@ def budget_set(  # noqa: PLR0917 - a typer command: its options are its paramete
     max_samples_per_run: Annotated[
         int | None, typer.Option(min=1, help="Most samples in one run.")
     ] = None,
+    tokens: Annotated[
+        int | None,
+        typer.Option(min=0, help="Tokens of endpoint models' requests in all (prompt + output)."),
+    ] = None,
     principal: Annotated[
         str | None, typer.Option(help="Meter this caller on the split, apart from the others.")
     ] = None,
@@ -166,6 +170,7 @@ def budget_set(  # noqa: PLR0917 - a typer command: its options are its paramete
         samples=samples,
         max_samples_per_run=max_samples_per_run,
         caller=principal,
+        tokens=tokens,
     )
     out.print(f"{_where(budget)}: " + _budget_line(budget))
 
@@ -184,6 +189,8 @@ def _budget_line(budget: Budget) -> str:
         [
             part("runs", budget.runs_left, budget.runs_total),
             part("samples", budget.samples_left, budget.samples_total),
+            part("tokens", budget.tokens_left, budget.tokens_total)
+            + (f" ({budget.tokens_used} used)" if budget.tokens_used else ""),
             f"max per run {cap if cap is not None else 'unlimited'}",
         ]
     )

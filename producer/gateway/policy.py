@@ -67,6 +67,7 @@ def set_budget(
         samples=body.samples,
         max_samples_per_run=body.max_samples_per_run,
         caller=caller,
+        tokens=body.tokens,
     )
 
 

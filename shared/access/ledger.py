@@ -1,21 +1,27 @@
-"""The budget ledger: per (dataset, split) limits on runs and samples, and optionally per
+"""The budget ledger: per (dataset, split) limits on runs, samples and tokens, and optionally per
 caller on a split (so two agents on one split are metered apart), charged atomically.
 
 A budget stores totals (absent = unlimited) and what has been used; what is left is derived.
 Reserving is one Lua script that checks runs, then samples, then the per-run cap, and charges
 and audits all at once or writes nothing. Setting new totals never touches what was used, so
 re-applying a policy never refunds spend: what is left is ``max(0, total - used)``.
+
+Tokens are charged by the workers, request by request, in their own keys beside the budget
+(:mod:`shared.store.spend`); the ledger reads them into each budget, and gives back the samples
+of runs a token budget kept from being sent (:meth:`Ledger.refund_unsent`).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import redis
 
 from shared.access.budget import Budget
 from shared.errors import BudgetExhaustedError, StoreError
-from shared.keys import ACTIVE, AUDIT, RUNS, RunKeys, budget_key
+from shared.keys import ACTIVE, AUDIT, RUNS, UNSENT, RunKeys, budget_key, spend_key
 from shared.models import RunMeta
 from shared.names import check_name
 from shared.store.scripts import register
@@ -55,7 +61,14 @@ class Ledger:
         stored)."""
         raw = self._client.hgetall(budget_key(dataset, split, caller))
         fields = {**raw, "dataset": dataset, "split": split, "caller": caller}
-        return Budget.model_validate(fields)
+        return self._with_tokens(fields)
+
+    def _with_tokens(self, fields: Mapping[Any, Any]) -> Budget:
+        """A budget from its stored ``fields``, with the tokens the workers charged."""
+        key = spend_key(fields["dataset"], fields["split"], fields.get("caller") or None)
+        spent = self._client.hgetall(key)
+        used, reserved = int(spent.get("used", 0)), int(spent.get("reserved", 0))
+        return Budget.model_validate({**fields, "tokens_used": used, "tokens_reserved": reserved})
 
     def reserve(self, meta: RunMeta) -> None:
         """Open the run ``meta`` recorded (:meth:`shared.store.runs.RunStore.create`) and, unless it
@@ -114,6 +127,7 @@ class Ledger:
         max_samples_per_run: int | None,
         who: str,
         caller: str | None = None,
+        tokens: int | None = None,
     ) -> Budget:
         """Replace the split's totals, or ``caller``'s own on the split (None = unlimited),
         keep what was used, audit it."""
@@ -127,8 +141,10 @@ class Ledger:
             runs_total=runs,
             samples_total=samples,
             max_samples_per_run=max_samples_per_run,
+            tokens_total=tokens,
         )
-        totals = ["" if v is None else v for v in (runs, samples, max_samples_per_run)]
+        limits = (runs, samples, max_samples_per_run, tokens)
+        totals = ["" if v is None else v for v in limits]
         self._set_budget(
             keys=[budget_key(dataset, split, caller), AUDIT],
             args=[dataset, split, *totals, who, time.time(), caller or ""],
@@ -141,5 +157,21 @@ class Ledger:
         for key in self._client.scan_iter(match=budget_key("*", "*"), count=500):
             raw = self._client.hgetall(key)
             if "dataset" in raw and "split" in raw:
-                budgets.append(Budget.model_validate(raw))
+                budgets.append(self._with_tokens(raw))
         return sorted(budgets, key=lambda b: (b.dataset, b.split, b.caller or ""))
+
+    def refund_unsent(self, unsent: Callable[[str], tuple[RunMeta, int] | None]) -> int:
+        """Give back the samples of each run a token budget kept from being sent (the runs
+        workers listed in :data:`shared.keys.UNSENT` as they ended; ``unsent`` reads a run's
+        record and count, None when it is gone), once per run; return the samples given back."""
+        given = 0
+        for run_id in map(str, self._client.smembers(UNSENT)):
+            found = unsent(run_id)
+            if found is not None:
+                meta, samples = found
+                given += self.refund(
+                    meta.dataset_id, meta.split, run_id, runs=0, samples=samples, who="evalq",
+                    submitter=meta.principal, reason="tokens exhausted",
+                )  # fmt: skip
+            self._client.srem(UNSENT, run_id)
+        return given

@@ -28,9 +28,12 @@ from shared.models import RunMeta, Usage, with_usage
 from shared.settings import get_settings
 from shared.store.rate import RateLimit
 from shared.store.responses import ResponseCache
+from shared.store.runs import RunStore
+from shared.store.spend import RunMeter, TokenSpend
 
 if TYPE_CHECKING:
     from shared.lm.hf import HFModel
+    from shared.lm.request import Generation, GenerationRequest
 
 __all__ = [
     "ENDPOINT_ROWS_PER_CALL",
@@ -46,6 +49,10 @@ ENDPOINT_ROWS_PER_CALL = 256
 """Rows an endpoint model's ``infer()`` takes at once (a message's most): its requests go out
 ``concurrency`` at a time whatever the batch, and each call's last wave leaves slots idle
 (``bench/endpoint.py``: 0.79 of lm-eval's rate in calls of 64 rows, 0.93-0.96 in one call)."""
+
+
+_METERS = 1024
+"""Runs whose token meter an endpoint model keeps (oldest dropped first)."""
 
 
 def sample_seed(run_id: str, sample_id: int) -> int:
@@ -129,8 +136,17 @@ class LanguageEvaluation(Evaluation):
                     cached=g.cached,
                 ),
             )
-            for g in model.generate(requests)
+            for g in self._generated(model, requests, [run_id for run_id, _ in samples])
         ]
+
+    @staticmethod
+    def _generated(
+        model: HFModel | EndpointModel, requests: list[GenerationRequest], runs: list[str]
+    ) -> list[Generation | Exception]:
+        """The model's generations; an endpoint's each metered by its run's token budget."""
+        if isinstance(model, EndpointModel):
+            return list(model.generate(requests, [model.meter(run_id) for run_id in runs]))
+        return list(model.generate(requests))
 
     def prompt(self, model: HFModel | EndpointModel, row: dict[str, Any], sample_id: int) -> Prompt:
         """The text the model reads for ``row`` (label-free) and its few-shot examples."""
@@ -182,7 +198,17 @@ def endpoint_model(spec: ModelSpec, cache: bool = False) -> EndpointModel:
         raise PermanentError(refused)
     key = os.environ.get(rate.limits.api_key_env) or None
     responses = ResponseCache(client, settings.cache_ttl, settings.cache_max_bytes)
-    return EndpointModel(spec, rate, key, responses if cache else None)
+    spend, runs = TokenSpend(client), RunStore(client)
+    meters: dict[str, RunMeter | None] = {}
+
+    def meter(run_id: str) -> RunMeter | None:
+        if run_id not in meters:  # what a run is charged to never changes
+            if len(meters) >= _METERS:
+                del meters[next(iter(meters))]
+            meters[run_id] = spend.meter(runs.get(run_id))
+        return meters[run_id]
+
+    return EndpointModel(spec, rate, key, responses if cache else None, meter)
 
 
 def evaluation_of(meta: RunMeta) -> Evaluation:

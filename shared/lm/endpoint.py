@@ -8,7 +8,10 @@ multiplicative decrease on each 429: :class:`Gate`). A 429, a 5xx, a timeout, a 
 or an unreadable answer is retried after an exponential backoff with full jitter, or after the
 server's ``Retry-After``; a request whose retries run out ends its sample with an
 :class:`EndpointError` of its kind (``endpoint/RateLimited``, ``endpoint/Timeout``, …), and the
-batch goes on. Another 4xx is not retried (the request itself is wrong).
+batch goes on. Another 4xx is not retried (the request itself is wrong). A run with a token
+budget holds each try's worst case before it is sent and is charged its usage when it returns
+(:class:`Meter`); a request the budget cannot take ends its sample
+:class:`shared.errors.TokensExhausted`, unsent.
 
 The API key is read from the worker's environment variable the endpoint's policy entry names
 (:class:`shared.store.endpoints.EndpointLimits`), sent in the ``Authorization`` header and
@@ -20,20 +23,19 @@ this module needs no store.
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import hashlib
 import json
-import math
 import random
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 import httpx
 
-from shared.errors import PermanentError, first_line
+from shared.errors import PermanentError, TokensExhausted, first_line
+from shared.lm.backoff import BACKOFF_CAP, Gate, backoff, retry_after
 from shared.lm.request import Generation, GenerationRequest, Prompt, cut_at_stop
 from shared.lm.spec import ModelSpec
 
@@ -41,8 +43,8 @@ __all__ = [
     "BadResponse",
     "EndpointError",
     "EndpointModel",
-    "Gate",
     "Limiter",
+    "Meter",
     "RateLimited",
     "Refused",
     "Responses",
@@ -52,10 +54,6 @@ __all__ = [
     "request_digest",
 ]
 
-BACKOFF_BASE = 0.5
-"""Seconds before the first retry (doubled each time, then drawn uniformly below that)."""
-BACKOFF_CAP = 30.0
-"""The longest wait between two tries, ``Retry-After`` included."""
 _SNIPPET = 160
 MAX_BODY = 4 << 20
 """The largest answer read (bytes): a longer one is a bad response, never held whole."""
@@ -69,6 +67,12 @@ _SHORTEST_SECRET = 4
 _HEADER_SAFE = re.compile(r"^[\x21-\x7e]+$")
 _WAIT_FOR_ANSWER = 0.05
 """Seconds between two looks for an answer another request for the same prompt is getting."""
+_WAIT_FOR_TOKENS = 0.2
+"""Seconds between two asks for tokens that requests in flight hold."""
+PROMPT_OVERHEAD = 32
+"""Tokens a token budget holds for each prompt (and each chat message) beyond its bytes: the
+special tokens and chat template a server adds. A byte-level tokenizer never makes more tokens
+than bytes, so a prompt's bytes plus these is its worst case."""
 
 
 class EndpointError(PermanentError):
@@ -115,6 +119,13 @@ class Limiter(Protocol):
     def count(self, **counts: int) -> None: ...
 
 
+class Meter(Protocol):
+    """A run's token budget (:class:`shared.store.spend.RunMeter`)."""
+
+    def hold(self, tokens: int, seconds: float) -> str | None: ...
+    def charge(self, ticket: str, used: int) -> None: ...
+
+
 class Responses(Protocol):
     """The fleet's response cache (:class:`shared.store.responses.ResponseCache`)."""
 
@@ -131,46 +142,8 @@ def request_digest(endpoint: str, body: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-class Gate:
-    """How many requests one worker process has in flight to an endpoint: at most ``limit``,
-    which grows by ``1 / limit`` with each success (one more per round of successes) and halves
-    with each 429 (additive increase, multiplicative decrease), between 1 and ``ceiling``. The
-    limit outlives a batch; the waiting is per batch (:meth:`opened`, in its event loop)."""
-
-    def __init__(self, ceiling: int) -> None:
-        self.ceiling = ceiling
-        self.limit = float(ceiling)
-        self._busy = 0
-        self._changed: asyncio.Condition | None = None
-
-    def opened(self) -> Gate:
-        """Ready for a new batch's event loop (nothing in flight)."""
-        self._busy = 0
-        self._changed = asyncio.Condition()
-        return self
-
-    @property
-    def _condition(self) -> asyncio.Condition:
-        if self._changed is None:
-            self._changed = asyncio.Condition()
-        return self._changed
-
-    async def __aenter__(self) -> Gate:
-        async with self._condition:
-            await self._condition.wait_for(lambda: self._busy < max(1, math.floor(self.limit)))
-            self._busy += 1
-        return self
-
-    async def __aexit__(self, *_: object) -> None:
-        async with self._condition:
-            self._busy -= 1
-            self._condition.notify_all()
-
-    def succeeded(self) -> None:
-        self.limit = min(float(self.ceiling), self.limit + 1.0 / self.limit)
-
-    def throttled(self) -> None:
-        self.limit = max(1.0, self.limit / 2.0)
+Failure = EndpointError | TokensExhausted
+"""Why a request has no generation: its retries ran out, or its run's token budget did."""
 
 
 @dataclass
@@ -182,34 +155,16 @@ class _Try:
     retry_after: float | None = None
 
 
-def retry_after(value: str | None, now: float | None = None) -> float | None:
-    """Seconds a ``Retry-After`` header asks for (delta-seconds or an HTTP date), capped at
-    :data:`BACKOFF_CAP`; None when absent or unreadable."""
-    if not value:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(value).timestamp()
-        except (TypeError, ValueError):
-            return None
-        seconds = when - (time.time() if now is None else now)
-    if not math.isfinite(seconds):
-        return None
-    return min(max(seconds, 0.0), BACKOFF_CAP)
-
-
-def backoff(attempt: int, rng: random.Random) -> float:
-    """Full jitter: uniform in ``[0, min(cap, base * 2**attempt)]``."""
-    return rng.uniform(0.0, min(BACKOFF_CAP, BACKOFF_BASE * 2.0**attempt))
-
-
 class EndpointModel:
     """One endpoint model of one worker process; build with :meth:`load`."""
 
     def __init__(
-        self, spec: ModelSpec, rate: Limiter, key: str | None, cache: Responses | None = None
+        self,
+        spec: ModelSpec,
+        rate: Limiter,
+        key: str | None,
+        cache: Responses | None = None,
+        meters: Callable[[str], Meter | None] | None = None,
     ) -> None:
         if spec.endpoint is None:
             raise PermanentError(f"model {spec}: not an endpoint model")
@@ -227,6 +182,11 @@ class EndpointModel:
         self._rng = random.Random()
         self.cache = cache
         """Where answers are shared (``submit --cache``); None: every request is made."""
+        self._meters = meters
+
+    def meter(self, run_id: str) -> Meter | None:
+        """The token budget run ``run_id``'s requests are charged to (None: not metered)."""
+        return self._meters(run_id) if self._meters is not None and run_id else None
 
     def render(self, prompt: str, *, chat: bool, system: str | None = None) -> Prompt:
         """What is sent: ``prompt`` as text (after ``system`` and a blank line) for
@@ -237,33 +197,38 @@ class EndpointModel:
         messages = (("user", prompt),)
         return (("system", system), *messages) if system is not None else messages
 
-    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation | EndpointError]:
-        """Each request's generation, or the error its retries ended with, in order; every
-        request refused when the endpoint is no longer listed as the run named it (the
-        policy's limits are read again for each batch)."""
+    def generate(
+        self, requests: Sequence[GenerationRequest], meters: Sequence[Meter | None] | None = None
+    ) -> list[Generation | Failure]:
+        """Each request's generation, or the error its retries ended with, in order, each
+        metered by its run's token budget (``meters``: None, none); every request refused
+        when the endpoint is no longer listed as the run named it (the policy's limits are
+        read again for each batch)."""
         refused = self.rate.refresh(self.spec.args.api_key_env)
         if refused is not None:
             return [Refused(refused) for _ in requests]
-        return asyncio.run(self._generate_all(requests))
+        return asyncio.run(self._generate_all(requests, meters or [None] * len(requests)))
 
     async def _generate_all(
-        self, requests: Sequence[GenerationRequest]
-    ) -> list[Generation | EndpointError]:
+        self, requests: Sequence[GenerationRequest], meters: Sequence[Meter | None]
+    ) -> list[Generation | Failure]:
         self.gate.opened()
         limits = httpx.Limits(max_connections=self.spec.args.concurrency)
         timeout = httpx.Timeout(self.spec.args.timeout)
         async with httpx.AsyncClient(limits=limits, timeout=timeout) as http:
-            return list(await asyncio.gather(*(self._one(http, r) for r in requests)))
+            asked = (self._one(http, r, m) for r, m in zip(requests, meters, strict=True))
+            return list(await asyncio.gather(*asked))
 
     async def _one(
-        self, http: httpx.AsyncClient, request: GenerationRequest
-    ) -> Generation | EndpointError:
-        """The request's answer: from the cache when it holds it, else asked (once for all the
-        identical requests in flight) and kept."""
+        self, http: httpx.AsyncClient, request: GenerationRequest, meter: Meter | None
+    ) -> Generation | Failure:
+        """The request's answer: from the cache when it holds it (charged nothing), else asked
+        (once for all the identical requests in flight) and kept."""
         if self.cache is None:
-            return await self._asked(http, request)
+            return await self._asked(http, request, meter)
         digest = request_digest(self.url, self._body(request))
-        patience = self.spec.args.timeout * (self.spec.args.max_retries + 1) + BACKOFF_CAP
+        retries = self.spec.args.max_retries
+        patience = self.spec.args.timeout * (retries + 1) + BACKOFF_CAP * retries
         deadline = time.monotonic() + patience
         claimed = False
         while True:
@@ -279,7 +244,7 @@ class EndpointModel:
                 break
             await asyncio.sleep(_WAIT_FOR_ANSWER)
         try:
-            made = await self._asked(http, request)
+            made = await self._asked(http, request, meter)
         except BaseException:
             if claimed:  # a waiter asks for itself rather than wait for the lock to lapse
                 self.cache.release(digest)
@@ -295,15 +260,19 @@ class EndpointModel:
         return made
 
     async def _asked(
-        self, http: httpx.AsyncClient, request: GenerationRequest
-    ) -> Generation | EndpointError:
-        """The request made, with retries, under the fleet's limit and this worker's gate."""
+        self, http: httpx.AsyncClient, request: GenerationRequest, meter: Meter | None
+    ) -> Generation | Failure:
+        """The request made, with retries, under the fleet's limit, this worker's gate and its
+        run's token budget."""
         attempt = 0
         while True:
             async with self.gate:
                 estimate = _estimate(request)
                 await self._admitted(estimate)
-                tried = await self._try(http, request)
+                try:
+                    tried = await self._metered(http, request, meter)
+                except TokensExhausted as exc:
+                    return exc
             if tried.generation is not None:
                 self.gate.succeeded()
                 used = tried.generation.prompt_tokens + tried.generation.completion_tokens
@@ -324,6 +293,39 @@ class EndpointModel:
             wait = tried.retry_after
             await asyncio.sleep(wait if wait is not None else backoff(attempt, self._rng))
             attempt += 1
+
+    async def _metered(
+        self, http: httpx.AsyncClient, request: GenerationRequest, meter: Meter | None
+    ) -> _Try:
+        """One try, its worst case held on the run's token budget before it is sent and its
+        usage charged when it returns (raises :class:`TokensExhausted`, nothing sent, when
+        the budget cannot take it)."""
+        if meter is None:
+            return await self._try(http, request)
+        ticket = await self._held(meter, _worst(request))
+        used = 0
+        try:
+            tried = await self._try(http, request)
+            if tried.generation is not None:
+                used = tried.generation.prompt_tokens + tried.generation.completion_tokens
+            return tried
+        finally:
+            meter.charge(ticket, used)
+
+    async def _held(self, meter: Meter, tokens: int) -> str:
+        """A hold of ``tokens`` on the run's budget, waiting while requests in flight hold
+        what could make room (for as long as their holds may live, twice over)."""
+        timeout = self.spec.args.timeout
+        patience = 2 * (timeout + BACKOFF_CAP)
+        deadline = time.monotonic() + patience
+        while (ticket := meter.hold(tokens, timeout)) is None:
+            if time.monotonic() > deadline:
+                raise TokensExhausted(
+                    f"the token budget's last tokens were held by requests in flight for over "
+                    f"{patience:.0f}s; not sent"
+                )
+            await asyncio.sleep(_WAIT_FOR_TOKENS + self._rng.uniform(0.0, _WAIT_FOR_TOKENS))
+        return ticket
 
     async def _admitted(self, tokens: int) -> None:
         """Wait until the fleet's limiter admits a request of ``tokens`` tokens."""
@@ -426,6 +428,13 @@ def _bytes(request: GenerationRequest) -> int:
     if isinstance(request.prompt, str):
         return len(request.prompt.encode())
     return sum(len(content.encode()) for _, content in request.prompt)
+
+
+def _worst(request: GenerationRequest) -> int:
+    """The most tokens a request can use: its prompt's bytes, :data:`PROMPT_OVERHEAD` for the
+    prompt and each message, and all it may generate."""
+    messages = 0 if isinstance(request.prompt, str) else len(request.prompt)
+    return _bytes(request) + PROMPT_OVERHEAD * (messages + 1) + request.max_new_tokens
 
 
 def _estimate(request: GenerationRequest) -> int:

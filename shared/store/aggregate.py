@@ -51,20 +51,30 @@ def conclude(
     sample could be scored or ``aggregate()`` raised; with the aggregate's JSON and the stats'
     (:func:`shared.stats.describe`, clustered by what ``clusters`` gives for the counted ids
     when the evaluation declares a cluster field; '' when there are none)."""
-    finished = Finished(RunStatus.FAILED, {}, "no sample could be scored")
+    finished = Finished(RunStatus.FAILED, {}, _unsent(counted) or "no sample could be scored")
     encoded, stats = to_json(finished.aggregate), ""
     if counted.scored:
         try:
             values = list(counted.scores.values())
             aggregate = {str(k): float(v) for k, v in evaluation.aggregate(values).items()}
             encoded = to_json(aggregate)  # refuses NaN: a failed aggregate like any other
-            finished = Finished(RunStatus.COMPLETED, aggregate, None)
+            finished = Finished(RunStatus.COMPLETED, aggregate, _unsent(counted))
         except Exception as exc:
             reason = f"aggregate() failed: {type(exc).__name__}: {first_line(exc)}"
             finished = Finished(RunStatus.FAILED, {}, reason)
         else:
             stats = _stats(run_id, counted, evaluation, clusters)
     return finished, encoded, stats
+
+
+def _unsent(counted: Counted) -> str | None:
+    """Why a run ends with fewer samples than it asked for: a token budget ran out."""
+    if not counted.unsent:
+        return None
+    return (
+        f"a token budget ran out: {counted.unsent} samples were not sent (their charge is "
+        "given back); the numbers count the others"
+    )
 
 
 def _stats(run_id: str, counted: Counted, evaluation: Evaluation, clusters: Clusters | None) -> str:

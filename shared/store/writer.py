@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import redis
 
 from shared.evaluation import Evaluation
-from shared.keys import RunKeys
+from shared.keys import UNSENT, RunKeys
 from shared.models import USAGE_PREFIX, ErrorRecord, Stage, to_json
 from shared.store.aggregate import Clusters, Finished, conclude
 from shared.store.reader import ResultReader
@@ -158,9 +158,10 @@ class ResultWriter:
         counted = self._reader.counted(run_id, evaluation.failure_rule())
         finished, aggregate, stats = conclude(run_id, counted, evaluation, clusters)
         keys = RunKeys(run_id)
+        unsent = run_id if counted.unsent else ""
         ended = self._finish(
-            keys=[keys.meta, keys.aggregate, keys.stats],
-            args=[finished.status.value, aggregate, finished.reason or "", stats],
+            keys=[keys.meta, keys.aggregate, keys.stats, UNSENT],
+            args=[finished.status.value, aggregate, finished.reason or "", stats, unsent],
         )
         return finished if ended else None
 
