@@ -212,14 +212,15 @@ class Client:
         return render(gather(self.status(run_id), self._samples))
 
     def cancel(self, run_id: str) -> Cancellation:
-        """Stop a run, keep what finished, refund (once) the samples that produced nothing."""
+        """Stop a run, keep what finished, refund (once) the samples that produced nothing
+        (those a token budget kept from being sent included)."""
         direct = self._direct
         meta = direct.runs.get(run_id)
         state, unproduced = direct.runs.cancel(run_id)
         direct.backlog.withdraw(run_id)
         if state < 0:
             raise EvalqError(f"run {run_id} has already finished; nothing to cancel")
-        refunded = 0
+        refunded, unproduced = 0, min(meta.n, unproduced + direct.unsent(run_id))
         if meta.charged and unproduced > 0:
             refunded = direct.ledger.refund(
                 meta.dataset_id, meta.split, run_id, runs=0, samples=unproduced,

@@ -22,7 +22,7 @@ from shared.access.tokens import TokenStore
 from shared.connection import connect
 from shared.data.spec import DatasetSpec, fetch_spec
 from shared.errors import UnknownRunError
-from shared.failures import UNSENT_STAGE
+from shared.failures import UNSENT
 from shared.models import RunMeta
 from shared.queue.backlog import Backlog
 from shared.queue.celery_app import create_app
@@ -118,10 +118,10 @@ class Direct:
                 meta = self.runs.get(run_id)
             except UnknownRunError:
                 return None
-            if not meta.charged:
-                return None
-            kinds = self.results.errors_by_kind(run_id)
-            count = sum(n for kind, n in kinds.items() if kind.startswith(f"{UNSENT_STAGE}/"))
-            return meta, min(count, meta.n)
+            return (meta, self.unsent(run_id)) if meta.charged else None
 
         return self.ledger.refund_unsent(unsent)
+
+    def unsent(self, run_id: str) -> int:
+        """The run's samples a token budget kept from being sent."""
+        return self.results.errors_by_kind(run_id).get(UNSENT, 0)

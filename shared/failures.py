@@ -25,11 +25,12 @@ from enum import StrEnum
 
 from shared.stats import Stat
 
-__all__ = ["UNSENT_STAGE", "Counted", "FailurePolicy", "FailureRule", "metric_samples"]
+__all__ = ["UNSENT", "Counted", "FailurePolicy", "FailureRule", "metric_samples"]
 
 Range = tuple[float, float]
-UNSENT_STAGE = "budget"
-"""The stage of a failure that means "never sent" (:attr:`shared.models.Stage.BUDGET`)."""
+UNSENT = "budget/TokensExhausted"
+"""The ``stage/kind`` of a failure that means "never sent" (:attr:`shared.models.Stage.BUDGET`,
+:class:`shared.errors.TokensExhausted`)."""
 
 
 class FailurePolicy(StrEnum):
@@ -124,4 +125,4 @@ def metric_samples(
 
 
 def _unsent(kind: str) -> bool:
-    return kind.partition("/")[0] == UNSENT_STAGE
+    return kind == UNSENT

@@ -15,14 +15,16 @@ import pytest
 
 from producer.policy_file import PolicyFile, apply_policy
 from producer.redis_server import RedisServer
+from shared.access.ledger import Ledger
 from shared.connection import connect
 from shared.errors import PermanentError
-from shared.lm.endpoint import MAX_BODY, EndpointError, EndpointModel
+from shared.lm.endpoint import MAX_BODY, EndpointError, EndpointModel, _worst
 from shared.lm.limits import EndpointLimits
 from shared.lm.request import Generation, GenerationRequest
 from shared.lm.spec import ModelSpec
 from shared.store.endpoints import EndpointRegistry
 from shared.store.rate import RateLimit
+from shared.store.spend import RunMeter, Scope, TokenSpend
 
 LONG_KEY = "sk-proj-" + "A1b2C3d4E5" * 16  # 168 characters, as a provider's project key
 REQUEST = GenerationRequest("What is 1 plus 2?", 8)
@@ -215,3 +217,44 @@ def test_a_delisted_endpoint_gets_no_more_requests(
     (out,) = model.generate([REQUEST])  # a warm model reads the listing for each batch
     assert type(out).__name__ == "Refused"
     assert hits == [1]
+
+
+@pytest.mark.parametrize(
+    ("answer", "charged"),
+    [
+        ("over-reported", "worst"),  # was: 4008 charged against a hold of 57, the total passed
+        ("slow", "worst"),  # was: 0, however many times it was sent and served
+        ("429", 0),
+        ("ok", 2),
+    ],
+)
+def test_a_token_budget_is_charged_what_a_try_may_have_cost_never_past_its_hold(
+    serve: Callable[[Handler], str],
+    fleet: Callable[[str, EndpointLimits], RateLimit],
+    redis_only: RedisServer,
+    answer: str,
+    charged: int | str,
+) -> None:
+    def handle(handler: BaseHTTPRequestHandler) -> None:
+        if answer == "slow":
+            time.sleep(1.5)
+        if answer == "429":
+            _reply(handler, 429, b"{}")
+            return
+        usage = (
+            {"prompt_tokens": 4000, "completion_tokens": 8} if answer == "over-reported" else USAGE
+        )
+        _reply(handler, 200, _with(usage=usage))
+
+    url = serve(handle)
+    client = connect(redis_only.url)
+    ledger = Ledger(client)
+    ledger.set("d", "s", runs=None, samples=None, max_samples_per_run=None, who="t", tokens=100)
+    meter = RunMeter(TokenSpend(client), Scope("d", "s", None))
+    model = _model(fleet(url, EndpointLimits()), url, None, timeout="0.5")
+    (out,) = model.generate([REQUEST], [meter])
+    assert isinstance(out, Generation) == (answer in ("ok", "over-reported"))
+    budget = ledger.get("d", "s")
+    expected = _worst(REQUEST) if charged == "worst" else charged
+    assert (budget.tokens_used, budget.tokens_reserved) == (expected, 0)
+    assert budget.tokens_used <= 100

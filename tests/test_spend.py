@@ -15,7 +15,7 @@ from producer.redis_server import RedisServer
 from shared.access.ledger import Ledger
 from shared.connection import connect
 from shared.errors import TokensExhausted
-from shared.keys import HOLD_DEADLINES, HOLDS, UNSENT
+from shared.keys import HOLDS, UNSENT
 from shared.models import RunMeta
 from shared.store.spend import RunMeter, Scope, TokenSpend
 from tests.helpers import evalq_in_process, wait_for
@@ -42,6 +42,7 @@ def _ledger(server: RedisServer, tokens: int | None, caller: str | None = None) 
 
 def test_racing_holds_never_take_a_budget_past_its_total(redis_only: RedisServer) -> None:
     ledger = _ledger(redis_only, tokens=1000)
+    _ledger(redis_only, tokens=10_000, caller="agent")
     spend = TokenSpend(connect(redis_only.url))
     scope = Scope("d", "s", "agent")
     start = threading.Barrier(8)
@@ -61,7 +62,7 @@ def test_racing_holds_never_take_a_budget_past_its_total(redis_only: RedisServer
     budget = ledger.get("d", "s")
     assert (budget.tokens_reserved, budget.tokens_used) == (0, 33 * 7)
     assert ledger.get("d", "s", "agent").tokens_used == 33 * 7  # the principal's too
-    assert connect(redis_only.url).hlen(HOLDS) == 0
+    assert set(connect(redis_only.url).hvals(HOLDS)) == {"charged"}  # kept for retries
 
 
 def test_a_meter_waits_while_holds_could_make_room_and_refuses_when_none_could(
@@ -71,9 +72,9 @@ def test_a_meter_waits_while_holds_could_make_room_and_refuses_when_none_could(
     spend = TokenSpend(connect(redis_only.url))
     meter = spend.meter(_meta())
     assert isinstance(meter, RunMeter)
-    first = meter.hold(60, 1)
+    first = meter.hold(85, 1)
     assert first is not None
-    assert meter.hold(50, 1) is None  # 60 held: wait, its return may leave room
+    assert meter.hold(50, 1) is None  # 85 held: wait, its return may leave room
     meter.charge(first, 80)
     with pytest.raises(TokensExhausted, match=r"d/s exhausted: 80 of 100 used.*need 30"):
         meter.hold(30, 1)  # nothing held: nothing could make room
@@ -104,14 +105,42 @@ def test_the_janitor_lets_go_of_holds_past_their_deadline(redis_only: RedisServe
     live = spend.hold(scope, 50, 600)
     assert isinstance(gone, str)
     assert isinstance(live, str)
+    # its request may have been served: charged whole, never given back to be spent again
     wait_for(lambda: spend.expire() == 40, 10, "the dead hold to expire")
-    assert ledger.get("d", "s").tokens_reserved == 50
-    assert client.zcard(HOLD_DEADLINES) == 1
-    spend.charge(scope, gone, 12)  # a late return is charged all the same, once
-    spend.charge(scope, live, 20)
     budget = ledger.get("d", "s")
-    assert (budget.tokens_reserved, budget.tokens_used) == (0, 32)
+    assert (budget.tokens_reserved, budget.tokens_used) == (50, 40)
+    assert spend.charge(scope, gone, 12) == 0  # a late return: charged already
+    assert spend.charge(scope, live, 20) == 20
+    assert spend.charge(scope, live, 20) == 0  # sent again (its reply lost): once
+    budget = ledger.get("d", "s")
+    assert (budget.tokens_reserved, budget.tokens_used) == (0, 60)
     assert spend.expire() == 0
+    client.hdel(HOLDS, gone, live)  # forgotten, as a minute after their charge
+    assert spend.charge(scope, live, 90) == 40  # later still: never past the total
+    assert ledger.get("d", "s").tokens_used == 100
+
+
+def test_a_hold_sent_again_holds_once(redis_only: RedisServer) -> None:
+    ledger = _ledger(redis_only, tokens=100)
+    spend = TokenSpend(connect(redis_only.url))
+    scope = Scope("d", "s", None)
+    assert spend.hold(scope, 60, 60, ticket="t1") == "t1"
+    assert spend.hold(scope, 60, 60, ticket="t1") == "t1"  # its reply was lost: sent again
+    assert ledger.get("d", "s").tokens_reserved == 60
+    assert spend.charge(scope, "t1", 500) == 60  # at most what it held
+
+
+def test_a_principal_s_token_budget_counts_from_when_it_is_set(redis_only: RedisServer) -> None:
+    ledger = _ledger(redis_only, tokens=None)
+    spend = TokenSpend(connect(redis_only.url))
+    meter = spend.meter(_meta("agent"))
+    assert meter is not None
+    ticket = meter.hold(500, 1)
+    assert ticket is not None
+    meter.charge(ticket, 500)
+    _ledger(redis_only, tokens=300, caller="agent")
+    assert ledger.get("d", "s", "agent").tokens_left == 300
+    assert ledger.get("d", "s").tokens_used == 500
 
 
 def test_unsent_samples_are_given_back_once(redis_only: RedisServer) -> None:

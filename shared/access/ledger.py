@@ -163,15 +163,17 @@ class Ledger:
     def refund_unsent(self, unsent: Callable[[str], tuple[RunMeta, int] | None]) -> int:
         """Give back the samples of each run a token budget kept from being sent (the runs
         workers listed in :data:`shared.keys.UNSENT` as they ended; ``unsent`` reads a run's
-        record and count, None when it is gone), once per run; return the samples given back."""
+        record and count, None when it is gone), and the run itself when none of its samples
+        was sent, once per run; return the samples given back."""
         given = 0
         for run_id in map(str, self._client.smembers(UNSENT)):
             found = unsent(run_id)
             if found is not None:
                 meta, samples = found
                 given += self.refund(
-                    meta.dataset_id, meta.split, run_id, runs=0, samples=samples, who="evalq",
-                    submitter=meta.principal, reason="tokens exhausted",
+                    meta.dataset_id, meta.split, run_id, runs=int(samples >= meta.n),
+                    samples=samples, who="evalq", submitter=meta.principal,
+                    reason="tokens exhausted",
                 )  # fmt: skip
             self._client.srem(UNSENT, run_id)
         return given

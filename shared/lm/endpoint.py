@@ -153,6 +153,9 @@ class _Try:
     generation: Generation | None = None
     error: EndpointError | None = None
     retry_after: float | None = None
+    unanswered: bool = False
+    """The request may have been served though no usage came back (a timeout, a connection
+    lost after it was sent, an unreadable answer): a token budget charges its worst case."""
 
 
 class EndpointModel:
@@ -302,12 +305,15 @@ class EndpointModel:
         the budget cannot take it)."""
         if meter is None:
             return await self._try(http, request)
-        ticket = await self._held(meter, _worst(request))
-        used = 0
+        worst = _worst(request)
+        ticket = await self._held(meter, worst)
+        used = worst  # unless the try says otherwise: it may have been served (or cancelled)
         try:
             tried = await self._try(http, request)
             if tried.generation is not None:
                 used = tried.generation.prompt_tokens + tried.generation.completion_tokens
+            elif not tried.unanswered:
+                used = 0  # refused with a status: nothing was generated
             return tried
         finally:
             meter.charge(ticket, used)
@@ -347,11 +353,16 @@ class EndpointModel:
                         raw += chunk
                         if len(raw) > MAX_BODY:
                             break
-        except (TimeoutError, httpx.TimeoutException):
-            waited = self.spec.args.timeout
-            return _Try(error=Timeout(f"no answer from {self.url} within {waited}s"))
-        except httpx.HTTPError as exc:
+        except httpx.ConnectError as exc:  # never sent
             return _Try(error=Unreachable(f"{self.url}: {self._clean(first_line(exc))}"))
+        except (TimeoutError, httpx.TimeoutException) as exc:
+            waited = self.spec.args.timeout
+            sent = not isinstance(exc, httpx.ConnectTimeout)
+            late = Timeout(f"no answer from {self.url} within {waited}s")
+            return _Try(error=late, unanswered=sent)
+        except httpx.HTTPError as exc:
+            lost = Unreachable(f"{self.url}: {self._clean(first_line(exc))}")
+            return _Try(error=lost, unanswered=True)
         if status == 429:
             return _Try(
                 error=RateLimited(f"{self.url} answered 429"), retry_after=retry_after(retry)
@@ -365,7 +376,8 @@ class EndpointModel:
             said = self._clean(raw.decode("utf-8", "replace"), _SNIPPET).replace("\n", " ")
             return _Try(error=Refused(f"{self.url} answered {status}: {said}"))
         if len(raw) > MAX_BODY:
-            return _Try(error=BadResponse(f"{self.url}: an answer over {MAX_BODY} bytes"))
+            big = BadResponse(f"{self.url}: an answer over {MAX_BODY} bytes")
+            return _Try(error=big, unanswered=True)
         return self._read(raw, request, chat)
 
     def _body(self, request: GenerationRequest) -> dict[str, Any]:
@@ -403,7 +415,8 @@ class EndpointModel:
                     raise TypeError(f"a token count of {count!r}, not one of 0 to {bound}")
         except Exception as exc:  # RecursionError, UnicodeError, …: whatever the answer holds
             problem = self._clean(first_line(exc), _SNIPPET)
-            return _Try(error=BadResponse(f"{self.url}: an unreadable answer ({problem})"))
+            error = BadResponse(f"{self.url}: an unreadable answer ({problem})")
+            return _Try(error=error, unanswered=True)
         text = cut_at_stop(text, request.stop)
         return _Try(generation=Generation(text, prompt_tokens, completion_tokens))
 

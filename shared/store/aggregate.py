@@ -71,6 +71,11 @@ def _unsent(counted: Counted) -> str | None:
     """Why a run ends with fewer samples than it asked for: a token budget ran out."""
     if not counted.unsent:
         return None
+    if not counted.scores:
+        return (
+            f"a token budget ran out: none of its {counted.unsent} samples was sent (the run "
+            "and its samples are given back)"
+        )
     return (
         f"a token budget ran out: {counted.unsent} samples were not sent (their charge is "
         "given back); the numbers count the others"

@@ -4,10 +4,13 @@ so that what is charged never exceeds a budget, with any number of workers.
 Before each try of an endpoint request its worker holds the request's worst case (the prompt's
 bytes plus a chat template's share, plus every token it may generate) on its run's split and on
 its principal's own budget there (``spend.lua``, one atomic step that refuses when ``used +
-reserved + worst`` would pass a total); when the try returns the hold is let go and the usage the
-endpoint reported charged, in one step. A hold lives at most a try's timeout plus
-:data:`HOLD_MARGIN`: a try cannot outlive its timeout, so a hold past its deadline belongs to a
-worker that died (or lost Redis) mid-try, and the janitor lets it go (:meth:`TokenSpend.expire`).
+reserved + worst`` would pass a total); when the try returns the hold is let go and charged in
+one step: the usage the endpoint reported (at most the hold), nothing when the server refused it
+(a status without usage), the whole hold when it may have been served without an answer (a
+timeout, a lost connection). A hold lives at most a try's timeout plus :data:`HOLD_MARGIN`: a
+hold past its deadline belongs to a worker that died (or lost Redis) mid-try, and the janitor
+charges it whole (:meth:`TokenSpend.expire`). Each step is safe to send again (redis-py retries
+a command whose reply a dropped connection lost).
 
 A refused hold waits while other requests hold enough that their return could make room, and
 ends its sample :class:`shared.errors.TokensExhausted` otherwise (``used + worst > total``:
@@ -16,7 +19,7 @@ nothing in flight can change that): unsent, never charged.
 The totals are the gateway's (``tokens_total`` in each :func:`shared.keys.budget_key`, which the
 ``worker`` ACL user only reads); ``used`` and ``reserved`` are the workers'
 (:func:`shared.keys.spend_key`), since only they see the usage an endpoint reports. An admin's
-run (not charged) is not metered.
+run (not charged) is not metered; a principal's own token budget counts from when it is set.
 """
 
 from __future__ import annotations
@@ -38,7 +41,11 @@ from shared.store.scripts import register
 __all__ = ["HOLD_MARGIN", "RunMeter", "Scope", "TokenSpend"]
 
 HOLD_MARGIN = 15.0
-"""Seconds a hold outlives its try's timeout before the janitor may let it go."""
+"""Seconds a hold outlives its try's timeout before the janitor charges it."""
+_SWEEP = 10_000
+"""Holds the janitor looks at in one sweep, at most."""
+_CHARGED = "charged"
+"""A hold's record once it was charged (``spend.lua``)."""
 
 
 @dataclass(frozen=True)
@@ -79,10 +86,13 @@ class TokenSpend:
             return None
         return RunMeter(self, Scope(meta.dataset_id, meta.split, meta.principal or None))
 
-    def hold(self, scope: Scope, tokens: int, seconds: float) -> str | tuple[str, int, int, int]:
-        """Hold ``tokens`` for ``seconds`` at most: the hold's ticket, or the refusal
-        (``'split'`` or ``'principal'``, its total, used, reserved), nothing held."""
-        ticket = uuid.uuid4().hex
+    def hold(
+        self, scope: Scope, tokens: int, seconds: float, ticket: str | None = None
+    ) -> str | tuple[str, int, int, int]:
+        """Hold ``tokens`` for ``seconds`` at most: the hold's ticket (``ticket``, or a new
+        one), or the refusal (``'split'`` or ``'principal'``, its total, used, reserved),
+        nothing held."""
+        ticket = ticket or uuid.uuid4().hex
         record = {
             "tokens": tokens, "worker": self._worker, "dataset": scope.dataset,
             "split": scope.split, "principal": scope.principal or "",
@@ -95,26 +105,27 @@ class TokenSpend:
             return ticket
         return str(reply[1]), int(reply[2]), int(reply[3]), int(reply[4])
 
-    def charge(self, scope: Scope, ticket: str, used: int) -> None:
-        """Let go of a hold and charge ``used`` tokens (charged even when the janitor let the
-        hold go first: usage is what the endpoint reported)."""
-        self._script(keys=scope.keys, args=["charge", ticket, max(0, used)])
+    def charge(self, scope: Scope, ticket: str, used: int) -> int:
+        """Let go of a hold and charge ``used`` tokens (at most the hold; nothing more when it
+        was charged already); return what was charged."""
+        return int(self._script(keys=scope.keys, args=["charge", ticket, max(0, used)]))
 
     def expire(self) -> int:
-        """Let go of every hold past its deadline (its worker died mid-try); return the
-        tokens given back."""
+        """Charge whole every hold past its deadline (its worker died mid-try: the request
+        may have been served) and forget charged ones kept for retries; return the tokens
+        charged."""
         now_ms = server_time(self._client) * 1000
-        tickets = self._client.zrangebyscore(HOLD_DEADLINES, "-inf", now_ms)
-        freed = 0
+        tickets = self._client.zrangebyscore(HOLD_DEADLINES, "-inf", now_ms, 0, _SWEEP)
+        charged = 0
         for ticket in map(str, tickets):
             raw = self._client.hget(HOLDS, ticket)
-            if raw is None:
-                self._client.zrem(HOLD_DEADLINES, ticket)
-                continue
-            record = json.loads(raw)
-            scope = Scope(record["dataset"], record["split"], record["principal"] or None)
-            freed += int(self._script(keys=scope.keys, args=["release", ticket]))
-        return freed
+            if raw is None or raw == _CHARGED:
+                scope = Scope("", "", None)
+            else:
+                record = json.loads(raw)
+                scope = Scope(record["dataset"], record["split"], record["principal"] or None)
+            charged += int(self._script(keys=scope.keys, args=["expire", ticket]))
+        return charged
 
 
 class RunMeter:
@@ -140,5 +151,6 @@ class RunMeter:
         )
 
     def charge(self, ticket: str, used: int) -> None:
-        """The request of ``ticket`` returned having used ``used`` tokens (0: it failed)."""
+        """The request of ``ticket`` returned having used ``used`` tokens (0: refused; its
+        hold: it may have been served unanswered)."""
         self._spend.charge(self.scope, ticket, used)
