@@ -31,8 +31,9 @@ class ExportFormat(StrEnum):
 def flatten(result: SampleResult) -> dict[str, Any]:
     """One flat record: ``sample_id``, ``output`` (JSON text, as stored; Parquet types it,
     :func:`shared.store.archive.typed_table`), ``error``
-    (``kind: message``), ``score.<metric>``, and ``input.<field>`` with ``--with-input`` (JSON
-    text when not a scalar)."""
+    (``kind: message``), ``score.<metric>``, ``grade.verdict`` and ``grade.prompt`` for a
+    graded sample, and ``input.<field>`` with ``--with-input`` (JSON text when not a
+    scalar)."""
     record: dict[str, Any] = {
         "sample_id": result.sample_id,
         "output": None if result.output is None else to_json(result.output),
@@ -40,6 +41,9 @@ def flatten(result: SampleResult) -> dict[str, Any]:
     }
     for name, value in sorted((result.scores or {}).items()):
         record[f"score.{name}"] = value
+    if result.grade is not None:
+        record["grade.verdict"] = result.grade.verdict
+        record["grade.prompt"] = result.grade.prompt
     for name, field in (result.input or {}).items():
         scalar = field is None or isinstance(field, str | int | float | bool)
         record[f"input.{name}"] = field if scalar else json.dumps(field, sort_keys=True)

@@ -25,7 +25,7 @@ from shared.evals.language import LanguageEvaluation, language_run
 from shared.evaluation import Evaluation, create, registered
 from shared.lm.run import Example, LanguageRun
 from shared.lm.spec import ModelSpec, canonical, present
-from shared.lm.task import fewshot_indices
+from shared.lm.task import TaskSpec, fewshot_indices
 from shared.models import RunMeta
 from shared.names import PLUGIN_NAME
 from shared.store.endpoints import EndpointRegistry
@@ -72,10 +72,9 @@ def resolve(
             "--model openai/<name> --model-arg base_url=…"
         )
     spec = canonical(ModelSpec.parse(model, model_args))
+    _admit_grader(client, task.spec)
     if spec.endpoint is not None:
-        admit_endpoint(
-            spec.endpoint, spec.args.api_key_env, EndpointRegistry(client).get(spec.endpoint)
-        )
+        _admit(client, spec)
         if task.spec.choices is not None:
             raise InputError(
                 f"task '{name}' is multiple choice: it needs log-likelihoods, which evalq "
@@ -104,8 +103,22 @@ def rescorer(
             f"task '{name}' scores language runs' outputs; run {source.run_id} is the Python "
             f"evaluation '{source.eval}'s"
         )
+    _admit_grader(client, task.spec)
     run = made.model_copy(update={"task": task.spec})
     return LanguageEvaluation.of(name, run)(**params), run
+
+
+def _admit(client: redis.Redis, spec: ModelSpec) -> None:
+    """Refuse an endpoint model whose server the policy does not list (with its key)."""
+    if spec.endpoint is not None:
+        listed = EndpointRegistry(client).get(spec.endpoint)
+        admit_endpoint(spec.endpoint, spec.args.api_key_env, listed)
+
+
+def _admit_grader(client: redis.Redis, task: TaskSpec) -> None:
+    """Refuse a ``model_graded`` task whose grader's server the policy does not list."""
+    if task.grader is not None:
+        _admit(client, canonical(ModelSpec.parse(task.grader.model, task.grader.model_args)))
 
 
 def with_examples(

@@ -19,6 +19,7 @@ __all__ = [
     "EvalqError",
     "ForbiddenError",
     "GatewayUnreachableError",
+    "GraderError",
     "InputError",
     "ModelHostError",
     "ParamError",
@@ -152,6 +153,11 @@ class ScriptError(PermanentError):
 class ModelHostError(EvalqError):
     """Isolated inference failed: ``infer()`` raised in its subprocess, or the subprocess could
     not load the model, died or timed out (tried again like any failed inference)."""
+
+
+class GraderError(PermanentError):
+    """A grader model gave no verdict on a sample (its request failed, or its run's token
+    budget could not take it): the sample fails at the ``score`` stage."""
 
 
 class PayloadError(PermanentError):

@@ -17,12 +17,17 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from shared.errors import ParamError, PayloadError, PluginError, UnknownEvalError
 from shared.failures import FailurePolicy, FailureRule
+from shared.models import Grade
 from shared.names import PLUGIN_NAME
 from shared.scorer import ScriptCall, ScriptScorer, run_cold
 from shared.source import SourceFile, snapshot
 
+Graded = tuple[dict[str, float], Grade]
+"""A sample's metrics and the grade they came from (:meth:`Evaluation.grade`)."""
+
 __all__ = [
     "Evaluation",
+    "Graded",
     "Parameters",
     "create",
     "failure_rule",
@@ -170,6 +175,14 @@ class Evaluation(ABC):
         if self.scorer is None:
             raise NotImplementedError(f"{type(self).__name__} defines neither score() nor scorer")
         return self.script_score(run_cold(self.scorer, self.script_call(row, output)))
+
+    def grade(
+        self, run_id: str, rows: Mapping[int, dict[str, Any]], outputs: Mapping[int, Any]
+    ) -> dict[int, Graded | Exception]:
+        """For an evaluation a grader model scores (a ``model_graded`` task): each sample's
+        metrics and the grade they came from, or why it has none, all samples of a batch at
+        once. Any other evaluation is scored by :meth:`score`: nothing here."""
+        return {}
 
     def script_call(self, row: dict[str, Any], output: Any) -> ScriptCall:
         """The scorer script's arguments (and extra environment) for one full row and output."""

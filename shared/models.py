@@ -206,6 +206,10 @@ class Progress(BaseModel):
     cached: int = 0
     """Outputs an endpoint's response cache answered (their tokens are not counted above:
     nothing was requested)."""
+    grader_prompt_tokens: int = 0
+    """A grader model's tokens read, over the scores stored (a ``model_graded`` task)."""
+    grader_completion_tokens: int = 0
+    """A grader model's tokens generated, over the scores stored."""
     touched: float | None = Field(default=None, exclude=True)
     """Unix time (Redis clock) of the run's last stored output or settled sample."""
 
@@ -264,6 +268,43 @@ def split_usage(value: Any, text: str) -> tuple[Any, Usage | None]:
     return value, None
 
 
+class Grade(BaseModel):
+    """What a grader model said of one sample's output (a ``model_graded`` task), stored with
+    its scores: the grader, what it read (the row's prompt, the output and the target), its
+    answer, and its tokens (apart from the model under test's)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    grader: str
+    """The grader's model spec, e.g. ``openai/judge``."""
+    prompt: str
+    verdict: str
+    """The grader's answer, whose last ``GRADE: C`` or ``GRADE: I`` is the verdict."""
+    usage: Usage
+
+
+GRADE_PREFIX = '{"grade":{'
+"""How stored scores that carry their grade begin: ``{"grade": {...}, "scores": {...}}``, as
+:func:`with_grade` writes them (no metric's value is an object, so plain scores never do)."""
+
+
+def with_grade(scores: dict[str, float], grade: Grade) -> dict[str, Any]:
+    """Scores with the grade they came from, stored as one value (:func:`split_grade`)."""
+    return {"grade": grade.model_dump(), "scores": scores}
+
+
+def split_grade(value: Any, text: str) -> tuple[dict[str, float], Grade | None]:
+    """Stored scores (``value``, parsed from ``text``) and the grade stored with them."""
+    if text.startswith(GRADE_PREFIX):
+        return dict(value["scores"]), Grade.model_validate(value["grade"])
+    return dict(value), None
+
+
+def scores_value(text: str) -> dict[str, float]:
+    """The metrics of stored scores' JSON ``text``, without their grade."""
+    return split_grade(json.loads(text), text)[0]
+
+
 class SampleResult(BaseModel):
     """One sample's row in an export."""
 
@@ -276,6 +317,8 @@ class SampleResult(BaseModel):
     """A language model's tokens for this sample."""
     scores: dict[str, float] | None = None
     """What ``score()`` returned, if it ran."""
+    grade: Grade | None = None
+    """What the grader model said (a ``model_graded`` task)."""
     error: ErrorRecord | None = None
     """The terminal error, if the sample failed."""
     input: dict[str, JSONValue] | None = None

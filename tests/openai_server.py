@@ -6,7 +6,9 @@ whether a key came, how many answers of each kind, and with a ``delay`` the most
 it held at once).
 
 The model is a fake at the outer edge: it answers "What is A plus B?" with the sum (wrong on
-purpose for the models named ``wrong-*``), anything else with "ok"; tokens are words. With
+purpose for the models named ``wrong-*``), a grader's prompt (evalq's default, with its expert
+answer and submission) with ``GRADE: C`` when the two agree and ``GRADE: I`` otherwise,
+anything else with "ok"; tokens are words. With
 ``--model-dir`` it serves a real model instead (:class:`shared.lm.hf.HFModel`, one request at
 a time), which is what ``bench/endpoint.py`` measures.
 
@@ -30,6 +32,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 __all__ = ["make_app"]
 
 _SUM = re.compile(r"What is (-?\d+) plus (-?\d+)")
+_GRADED = re.compile(r"\[Expert answer\]: (.*)\n\[Submission\]: (.*)")
 
 
 class _State:
@@ -57,6 +60,9 @@ def _words(text: str) -> int:
 
 
 def _fake_answer(model: str, text: str) -> str:
+    graded = _GRADED.search(text)
+    if graded is not None:  # a grader's prompt: right when the two answers agree
+        return "GRADE: C" if graded.group(1) == graded.group(2) else "GRADE: I"
     found = _SUM.search(text)
     if found is None:
         return "ok"

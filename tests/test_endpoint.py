@@ -30,7 +30,15 @@ from shared.errors import InputError, TierRefusedError
 from shared.keys import HOLDS
 from shared.models import RunMeta, RunStatus
 from tests.conftest import Stack
-from tests.helpers import REPO, assert_settled_once, list_splits, wait_ended, wait_for, write_rows
+from tests.helpers import (
+    REPO,
+    assert_settled_once,
+    cli_env,
+    list_splits,
+    wait_ended,
+    wait_for,
+    write_rows,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -473,3 +481,67 @@ def test_a_run_that_can_send_nothing_is_given_back_cancelled_or_ended(
     assert (budget.samples_used, budget.runs_used, budget.tokens_used) == (0, 1, 0)
     assert server.stats()["arrivals"] == []
     user.close()
+
+
+GRADED = """
+prompt: "What is {a} plus {b}? Answer with only the number."
+chat: true
+target: answer
+generate: {max_new_tokens: 8, stop: ["\\n"]}
+scorer: model_graded
+grader: {model: openai/judge, model_args: {base_url: "URL"}}
+"""
+
+
+def test_a_grader_model_grades_each_output_and_its_tokens_count_apart(
+    fresh_stack: Stack, server: Server, tmp_path: Path
+) -> None:
+    stack = fresh_stack
+    stack.start_workers(OPENAI_API_KEY=KEY)
+    user, dataset = _place(stack, tmp_path / "data", 12, {server.base: {}})
+    admin = Client(stack.settings.model_copy(update={"principal": "ops"}), admin=True)
+    admin.add_task("sum-graded", GRADED.replace("URL", server.base))
+    admin.add_task("sum-graded-elsewhere", GRADED.replace("URL", "http://10.0.0.1:9/v1"))
+    admin.close()
+    _set_tokens(stack, dataset, 100_000)
+    with pytest.raises(TierRefusedError, match="not listed in the policy's endpoints"):
+        _submit(user, dataset, server.base, task="sum-graded-elsewhere")
+    right = _submit(user, dataset, server.base, task="sum-graded")
+    wrong = _submit(user, dataset, server.base, task="sum-graded", model="wrong-model")
+    assert _ended(stack, right) is RunStatus.COMPLETED
+    assert _ended(stack, wrong) is RunStatus.COMPLETED
+    means = [user.status(m.run_id).stats for m in (right, wrong)]
+    assert [s["model_graded"].mean for s in means if s is not None] == [1.0, 0.0]
+    (first, *_) = sorted(user.results(right.run_id), key=lambda r: r.sample_id)
+    assert first.grade is not None
+    assert (first.grade.grader, first.grade.verdict) == ("openai/judge", "GRADE: C")
+    assert "[Expert answer]: 0\n[Submission]: 0" in first.grade.prompt
+    assert first.grade.usage.completion_tokens == 2  # "GRADE: C": two words
+    progress = user.status(right.run_id).progress
+    graded = sum(r.grade.usage.prompt_tokens for r in user.results(right.run_id) if r.grade)
+    assert progress.grader_prompt_tokens == graded > progress.prompt_tokens == 12 * 10
+    assert progress.grader_completion_tokens == 24
+    models = [m for m in server.stats()["models"]]
+    assert models.count("judge") == 24  # one grading request per sample of both runs
+    # the grader's tokens are charged to the same budget as the model's
+    recorded = sum(
+        _recorded(user, m) + user.status(m.run_id).progress.grader_prompt_tokens
+        + user.status(m.run_id).progress.grader_completion_tokens
+        for m in (right, wrong)
+    )  # fmt: skip
+    assert _budget(stack, dataset).tokens_used == recorded
+    line = json.loads(
+        next(line for line in _result_lines(stack, right.run_id) if '"sample_id":0' in line)
+    )
+    assert line["grade"]["verdict"] == "GRADE: C"
+    assert line["scores"] == {"model_graded": 1.0}
+    user.close()
+
+
+def _result_lines(stack: Stack, run_id: str) -> list[str]:
+    shown = subprocess.run(
+        [sys.executable, "-c", "from shared.cli import main; main()", "results", run_id],
+        env=cli_env(stack.server.url), cwd=REPO, capture_output=True, text=True, timeout=120,
+        check=True,
+    )  # fmt: skip
+    return shown.stdout.splitlines()

@@ -93,7 +93,7 @@ def test_a_task_is_frozen_and_its_digest_ignores_layout_and_comments() -> None:
         (
             {"prompt": "x", "target": "y", "scorer": "exact_match", "generate": {}, "promt": 1},
             "unknown key 'promt' (allowed: prompt, chat, system, target, labels, generate, "
-            "choices, scorer, pattern, tolerance, fewshot)",
+            "choices, scorer, pattern, tolerance, fewshot, grader)",
         ),
         (
             {"prompt": "x", "target": "y", "scorer": "exact_match", "generate": {"topk": 5}},
@@ -131,7 +131,8 @@ def test_a_task_is_frozen_and_its_digest_ignores_layout_and_comments() -> None:
         ),
         (
             {"prompt": "x", "target": "y", "scorer": "bleu", "generate": {}},
-            "unknown scorer 'bleu' (registered: accuracy, exact_match, includes, numeric, regex)",
+            "unknown scorer 'bleu' (registered: accuracy, exact_match, includes, model_graded, "
+            "numeric, regex)",
         ),
         (
             {"prompt": "x", "target": "y", "scorer": "regex", "generate": {}},
@@ -423,6 +424,54 @@ def test_only_registered_scorers_can_be_named(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_every_builtin_metric_is_zero_or_one_in_a_unit_range() -> None:
-    assert registered_scorers() == ["accuracy", "exact_match", "includes", "numeric", "regex"]
+    assert registered_scorers() == [
+        "accuracy", "exact_match", "includes", "model_graded", "numeric", "regex",
+    ]  # fmt: skip
     for name in registered_scorers():
         assert set(scorer(name).metrics.values()) == {(0.0, 1.0)}
+
+
+JUDGE: dict[str, object] = {
+    "model": "openai/judge", "model_args": {"base_url": "http://judge:8000/v1"},
+}  # fmt: skip
+GRADED: dict[str, object] = {
+    "prompt": "What is {a} plus {b}?", "target": "answer", "generate": {},
+    "scorer": "model_graded", "grader": JUDGE,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"grader": None}, "'grader' goes with scorer 'model_graded', and only with it"),
+        ({"scorer": "exact_match"}, "'grader' goes with scorer 'model_graded', and only with it"),
+        (
+            {"grader": {"model": "hf/org/judge"}},
+            "a grader is an endpoint model: openai/<name> with base_url",
+        ),
+        (
+            {"grader": {**JUDGE, "prompt": "{output} vs {answer}"}},
+            "the grader's prompt uses 'answer': it may use input, output, target",
+        ),
+        (
+            {"grader": {**JUDGE, "prompt": "{output.__class__}"}},
+            "prompt field {output.__class__} is refused",
+        ),
+    ],
+)
+def test_a_graded_task_is_refused_in_one_line(change: dict[str, object], expected: str) -> None:
+    with pytest.raises(InputError) as refused:
+        TaskSpec.load({k: v for k, v in {**GRADED, **change}.items() if v is not None})
+    assert str(refused.value).startswith(expected)
+
+
+def test_the_grader_reads_the_prompt_output_and_target_and_its_last_verdict_counts() -> None:
+    task = TaskSpec.load(GRADED)
+    text = task.grader_text({"a": 1, "b": 2, "answer": "3"}, "three")
+    assert "[Question]: What is 1 plus 2?" in text
+    assert "[Expert answer]: 3" in text
+    assert "[Submission]: three" in text
+    row = {"answer": "3"}
+    assert task.score("GRADE: I ... on reflection GRADE: C", row) == {"model_graded": 1.0}
+    assert task.score("GRADE: C, no: GRADE: I", row) == {"model_graded": 0.0}
+    assert task.score("it is right", row) == {"model_graded": 0.0}  # no verdict

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from shared.errors import PermanentError, ScriptError
-from shared.models import SampleTask, Stage
+from shared.models import Grade, SampleTask, Stage
 from shared.queue.celery_app import SCORE_TASK
 from shared.scorer import ScriptCall
 from worker.batch import Batch, Resources, RunShare, error_record
@@ -66,16 +66,24 @@ def _script_answers(
 
 def _score(
     res: Resources, run: RunShare, rows: dict[int, dict[str, Any]], outputs: dict[int, Any]
-) -> dict[int, dict[str, float]]:
-    """Scores of the samples that score cleanly; the others get their error record."""
+) -> tuple[dict[int, dict[str, float]], dict[int, Grade]]:
+    """Scores (and the grades they came from, for a graded evaluation) of the samples that
+    score cleanly; the others get their error record."""
     evaluation = run.evaluation
     answers = _script_answers(res, run, rows, outputs) if evaluation.scorer is not None else {}
+    graded = evaluation.grade(run.run_id, rows, outputs) if rows else {}
     scores: dict[int, dict[str, float]] = {}
+    grades: dict[int, Grade] = {}
     for sample_id, row in rows.items():
         if sample_id in run.errors:
             continue
         try:
-            if evaluation.scorer is None:
+            if sample_id in graded:
+                got = graded[sample_id]
+                if isinstance(got, Exception):
+                    raise got
+                raw, grades[sample_id] = got
+            elif evaluation.scorer is None:
                 raw = evaluation.score(row, outputs[sample_id])
             else:
                 answer = answers[sample_id]
@@ -84,8 +92,9 @@ def _score(
                 raw = evaluation.script_score(answer)
             scores[sample_id] = _checked_scores(raw, evaluation.metric_ranges)
         except Exception as exc:
+            grades.pop(sample_id, None)
             run.errors[sample_id] = error_record(Stage.SCORE, exc)
-    return scores
+    return scores, grades
 
 
 def score_batch(res: Resources, tasks: list[SampleTask]) -> set[str]:
@@ -115,10 +124,10 @@ def score_all(res: Resources, batch: Batch) -> set[str]:
             missing = len(run.ids) - len(settled) - len(outputs)
             log.warning("run %s: %d score messages without an output", run.run_id, missing)
         rows = run.rows(todo, Stage.SCORE) if todo else {}
-        scores = _score(res, run, rows, outputs)
+        scores, grades = _score(res, run, rows, outputs)
         if scores:
             res.record_provenance(run.run_id, run.evaluation)
-            run.settled(res.writer.record_scores(run.run_id, scores))
+            run.settled(res.writer.record_scores(run.run_id, scores, grades))
         elif (
             not run.errors
             and not run.retry

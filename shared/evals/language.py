@@ -14,17 +14,18 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from shared.connection import connect
-from shared.errors import PermanentError
-from shared.evaluation import Evaluation, create
+from shared.errors import GraderError, PermanentError, first_line
+from shared.evaluation import Evaluation, Graded, create
 from shared.lm.endpoint import EndpointModel
 from shared.lm.limits import EndpointLimits
-from shared.lm.request import Prompt
+from shared.lm.request import GenerationRequest, Prompt
 from shared.lm.run import LanguageRun
-from shared.lm.spec import ModelSpec, identity
-from shared.models import RunMeta, Usage, with_usage
+from shared.lm.spec import ModelSpec, canonical, identity
+from shared.models import Grade, RunMeta, Usage, with_usage
 from shared.settings import get_settings
 from shared.store.rate import RateLimit
 from shared.store.responses import ResponseCache
@@ -33,7 +34,7 @@ from shared.store.spend import RunMeter, TokenSpend
 
 if TYPE_CHECKING:
     from shared.lm.hf import HFModel
-    from shared.lm.request import Generation, GenerationRequest
+    from shared.lm.request import Generation
 
 __all__ = [
     "ENDPOINT_ROWS_PER_CALL",
@@ -68,6 +69,7 @@ class LanguageEvaluation(Evaluation):
 
     run: ClassVar[LanguageRun]
     isolatable: ClassVar[bool] = False
+    _graders: EndpointModel | None = None
 
     @classmethod
     def of(cls, name: str, run: LanguageRun) -> type[LanguageEvaluation]:
@@ -106,8 +108,6 @@ class LanguageEvaluation(Evaluation):
     def infer_samples(
         self, model: Any, rows: list[dict[str, Any]], samples: list[tuple[str, int]]
     ) -> list[Any]:
-        from shared.lm.request import GenerationRequest
-
         prompts = [
             self.prompt(model, row, sample_id)
             for row, (_, sample_id) in zip(rows, samples, strict=True)
@@ -174,6 +174,53 @@ class LanguageEvaluation(Evaluation):
             usage = Usage(prompt_tokens=read, completion_tokens=0)
             outputs.append(with_usage([s.logprob for s in mine], usage))
         return outputs
+
+    def grade(
+        self, run_id: str, rows: Mapping[int, dict[str, Any]], outputs: Mapping[int, Any]
+    ) -> dict[int, Graded | Exception]:
+        """A ``model_graded`` task's samples graded by its grader, all at once, through the
+        fleet's client: its rate limit, the run's response cache when asked for, and the run's
+        token budget (the grader's tokens are counted apart from the model under test's)."""
+        task, grader = self.run.task, self.run.task.grader
+        if grader is None:
+            return {}
+        graded: dict[int, Graded | Exception] = {}
+        prompts: dict[int, str] = {}
+        for sample_id, row in rows.items():
+            try:
+                prompts[sample_id] = task.grader_text(row, outputs[sample_id]["output"])
+            except Exception as exc:
+                graded[sample_id] = exc
+        if not prompts:
+            return graded
+        model = self._grader()
+        requests = [
+            GenerationRequest((("user", text),), grader.max_new_tokens, (), seed=0)
+            for text in prompts.values()
+        ]
+        meters = [model.meter(run_id)] * len(requests)
+        for (sample_id, text), got in zip(
+            prompts.items(), model.generate(requests, meters), strict=True
+        ):
+            if isinstance(got, Exception):
+                graded[sample_id] = GraderError(f"grader {grader.model}: {first_line(got)}")
+                continue
+            usage = Usage(
+                prompt_tokens=got.prompt_tokens, completion_tokens=got.completion_tokens,
+                cached=got.cached,
+            )  # fmt: skip
+            verdict = Grade(grader=grader.model, prompt=text, verdict=got.text, usage=usage)
+            graded[sample_id] = (task.score(got.text, rows[sample_id]), verdict)
+        return graded
+
+    def _grader(self) -> EndpointModel:
+        """The grader's endpoint model in this process, made on first use."""
+        grader = self.run.task.grader
+        assert grader is not None
+        if self._graders is None:
+            spec = canonical(ModelSpec.parse(grader.model, grader.model_args))
+            self._graders = endpoint_model(spec, self.run.cache)
+        return self._graders
 
     def score(self, row: dict[str, Any], output: Any) -> dict[str, float]:
         """The task's scorer on the output without its usage (every output of this

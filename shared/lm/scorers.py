@@ -27,6 +27,7 @@ __all__ = [
     "ScoreFn",
     "Scorer",
     "last_number",
+    "model_graded",
     "register_scorer",
     "registered_scorers",
     "scorer",
@@ -208,3 +209,14 @@ def accuracy(output: Any, row: Mapping[str, Any], task: TaskSpec) -> dict[str, f
     pred = _argmax(lls)
     pred_norm = _argmax([ll / len(c) for ll, c in zip(lls, choices, strict=True)])
     return {"accuracy": float(pred == gold), "accuracy_norm": float(pred_norm == gold)}
+
+
+_VERDICT = re.compile(r"GRADE\s*:\s*([CI])\b")
+
+
+@register_scorer("model_graded", metrics={"model_graded": _UNIT})
+def model_graded(output: Any, row: Mapping[str, Any], task: TaskSpec) -> dict[str, float]:
+    """1 when the grader's answer (the task's ``grader`` read the output and the target)
+    ends its verdict ``GRADE: C``; ``GRADE: I``, or no verdict, scores 0."""
+    found = _VERDICT.findall(_text(output, "model_graded"))
+    return {"model_graded": float(bool(found) and found[-1] == "C")}

@@ -43,10 +43,13 @@ from shared.lm.scorers import OPTIONS, Scorer, scorer
 from shared.names import NAME_RULE, is_name
 
 __all__ = [
+    "DEFAULT_GRADER_PROMPT",
     "FEWSHOT_DELIMITER",
+    "GRADER_FIELDS",
     "TARGET_DELIMITER",
     "Fewshot",
     "Generate",
+    "Grader",
     "TaskSpec",
     "fewshot_indices",
 ]
@@ -85,6 +88,55 @@ class Fewshot(_Spec):
     """lm-eval's default few-shot seed."""
 
 
+GRADER_FIELDS = ("input", "output", "target")
+"""What a grader's prompt may show: the row's prompt (no few-shot examples), the model's output
+and the target's text."""
+
+DEFAULT_GRADER_PROMPT = """You are comparing a submitted answer to an expert answer on a given \
+question.
+
+[Question]: {input}
+[Expert answer]: {target}
+[Submission]: {output}
+
+Does the submission give the expert answer? Reply with GRADE: C if it does (correct) or \
+GRADE: I if it does not (incorrect), and nothing else."""
+"""After Inspect AI's ``model_graded_qa``: the verdict is the last ``GRADE: C`` or ``GRADE: I``
+of the grader's answer (:func:`shared.lm.scorers.model_graded`)."""
+
+
+class Grader(_Spec):
+    """The model that grades a ``model_graded`` task's outputs against their targets."""
+
+    model: StrictStr
+    """A ``--model``-style spec of an endpoint model (``openai/<name>``)."""
+    model_args: dict[StrictStr, StrictStr] = {}
+    """Its ``--model-arg`` pairs (``base_url``, ``api_key_env``, ``timeout``, ...)."""
+    prompt: StrictStr = DEFAULT_GRADER_PROMPT
+    """A template over :data:`GRADER_FIELDS`, plain ``{field}`` names only."""
+    max_new_tokens: StrictInt = Field(64, ge=1, le=4096)
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        from shared.lm.spec import ModelSpec
+
+        unknown = [f for f in _template(self.prompt)[1] if f not in GRADER_FIELDS]
+        if unknown:
+            raise InputError(
+                f"the grader's prompt uses '{unknown[0]}': it may use {', '.join(GRADER_FIELDS)}"
+            )
+        if ModelSpec.parse(self.model, self.model_args).endpoint is None:
+            raise InputError("a grader is an endpoint model: openai/<name> with base_url")
+        return self
+
+    def text(self, values: Mapping[str, str]) -> str:
+        """The grader's prompt filled with ``values`` (:data:`GRADER_FIELDS`)."""
+        return "".join(
+            literal + ("" if name is None else values[name])
+            for literal, name in _template(self.prompt)[0]
+        )
+
+
 class TaskSpec(_Spec):
     """One task file, validated: a bad one is refused in one line naming the problem
     (:meth:`load`, :meth:`from_yaml`)."""
@@ -108,10 +160,14 @@ class TaskSpec(_Spec):
     tolerance: StrictFloat | None = Field(None, ge=0)
     """``numeric``: the largest absolute difference that still scores 1 (default 1e-6)."""
     fewshot: Fewshot | None = None
+    grader: Grader | None = None
+    """``model_graded``: the model that grades each output against its target."""
 
     @model_validator(mode="after")
     def _check(self) -> Self:
         fields = _template(self.prompt)[1]
+        if (self.grader is not None) != (self.scorer == "model_graded"):
+            raise InputError("'grader' goes with scorer 'model_graded', and only with it")
         if (self.generate is None) == (self.choices is None):
             raise InputError("a task has either 'generate' or 'choices' (not both, not neither)")
         found = scorer(self.scorer)
@@ -282,8 +338,16 @@ class TaskSpec(_Spec):
         )
 
     def score(self, output: Any, row: Mapping[str, Any]) -> dict[str, float]:
-        """The scorer's metrics for one output and its full row."""
+        """The scorer's metrics for one output and its full row (for ``model_graded``, the
+        output is the grader's answer)."""
         return self.scorer_spec.fn(output, row, self)
+
+    def grader_text(self, row: Mapping[str, Any], output: Any) -> str:
+        """What the grader reads for a full row and the model's output."""
+        if self.grader is None:
+            raise InputError(f"scorer '{self.scorer}' has no grader")
+        values = {"input": self.fill(row), "output": str(output), "target": self.answer(row)}
+        return self.grader.text(values)
 
 
 def fewshot_indices(n_rows: int, n: int, seed: int, *, exclude: int | None = None) -> list[int]:

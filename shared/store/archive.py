@@ -35,7 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shared.errors import ArchiveUnreadableError, first_line
-from shared.models import to_json
+from shared.models import scores_value, to_json
 
 __all__ = [
     "MANIFEST",
@@ -191,7 +191,7 @@ class Chunk:
         """The chunk as a table of the store's columns (texts) and one float64 column per
         metric found in this chunk: what a part holds, once its outputs are typed
         (:func:`typed_table`, when it is written)."""
-        parsed = [None if s is None else json.loads(s) for s in self.scores]
+        parsed = [None if s is None else scores_value(s) for s in self.scores]
         metrics = sorted({m for s in parsed if s for m in s})
         columns: dict[str, Any] = {
             "sample_id": pa.array(self.sample_ids, pa.int64()),

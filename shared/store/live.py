@@ -9,7 +9,6 @@ whether the archive answers instead.
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from redis.client import NEVER_DECODE
 
 from shared.errors import UnknownRunError
 from shared.keys import RunKeys
+from shared.models import scores_value
 from shared.store.aggregate import error_kinds
 from shared.store.archive import Chunk
 from shared.store.runs import RunStore
@@ -157,7 +157,7 @@ class LiveResults:
 
     def scores(self, run_id: str) -> dict[int, dict[str, float]]:
         """Every scored sample's metrics, by sample id."""
-        scores = {int(i): json.loads(v) for i, v in self._scan(RunKeys(run_id).score)}
+        scores = {int(i): scores_value(v) for i, v in self._scan(RunKeys(run_id).score)}
         spill = Spill.read(self._client, run_id)  # after the scan: what spilled during it is here
         for index in spill.parts:
             chunk = spill.column(index, "scores")

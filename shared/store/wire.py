@@ -12,11 +12,15 @@ import json
 from collections.abc import Iterable, Iterator
 
 from shared.models import (
+    GRADE_PREFIX,
     USAGE_PREFIX,
     ErrorRecord,
     SampleResult,
+    scores_value,
+    split_grade,
     split_usage,
     to_json,
+    with_grade,
     with_usage,
 )  # fmt: skip
 from shared.store.archive import Chunk
@@ -41,7 +45,9 @@ def text_line(sample_id: int, output: str | None, scores: str | None, error: str
         line += f",{output[1:-1]}"
     elif output is not None and output != "null":
         line += f',"output":{output}'
-    if scores is not None:
+    if scores is not None and scores.startswith(GRADE_PREFIX):
+        line += f",{scores[1:-1]}"
+    elif scores is not None:
         line += f',"scores":{scores}'
     if error is not None:
         line += f',"error":{error}'
@@ -63,7 +69,7 @@ def result_line(result: SampleResult) -> str:
     return text_line(
         result.sample_id,
         _stored(result),
-        None if result.scores is None else to_json(result.scores),
+        _scored(result),
         None if result.error is None else result.error.model_dump_json(),
     )
 
@@ -73,11 +79,13 @@ def result_of(
 ) -> SampleResult:
     """A sample's result from the texts the store holds."""
     value, usage = (None, None) if output is None else split_usage(json.loads(output), output)
+    metrics, grade = (None, None) if scores is None else split_grade(json.loads(scores), scores)
     return SampleResult(
         sample_id=sample_id,
         output=value,
         usage=usage,
-        scores=None if scores is None else json.loads(scores),
+        scores=metrics,
+        grade=grade,
         error=None if error is None else ErrorRecord.model_validate_json(error),
     )
 
@@ -109,11 +117,18 @@ def _stored(result: SampleResult) -> str | None:
     return None if result.output is None else to_json(result.output)
 
 
+def _scored(result: SampleResult) -> str | None:
+    """A result's scores as the store holds them (with their grade, when they have one)."""
+    if result.scores is not None and result.grade is not None:
+        return to_json(with_grade(result.scores, result.grade))
+    return None if result.scores is None else to_json(result.scores)
+
+
 def _texts(results: list[SampleResult]) -> Chunk:
     return Chunk(
         [r.sample_id for r in results],
         [_stored(r) for r in results],
-        [None if r.scores is None else to_json(r.scores) for r in results],
+        [_scored(r) for r in results],
         [None if r.error is None else r.error.model_dump_json() for r in results],
     )
 
@@ -121,7 +136,7 @@ def _texts(results: list[SampleResult]) -> Chunk:
 def scores_of(sample_ids: list[int], texts: list[str | None]) -> dict[int, dict[str, float]]:
     """The metrics of the scored ones of ``sample_ids``, from their scores' JSON ``texts``."""
     return {
-        i: json.loads(text) for i, text in zip(sample_ids, texts, strict=True) if text is not None
+        i: scores_value(text) for i, text in zip(sample_ids, texts, strict=True) if text is not None
     }
 
 

@@ -9,13 +9,14 @@ only with real writes and no per-sample key comes back after a seal.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import redis
 
 from shared.evaluation import Evaluation
 from shared.keys import UNSENT, RunKeys
-from shared.models import USAGE_PREFIX, ErrorRecord, Stage, to_json
+from shared.models import GRADE_PREFIX, USAGE_PREFIX, ErrorRecord, Grade, Stage, to_json, with_grade
 from shared.store.aggregate import Clusters, Finished, conclude
 from shared.store.reader import ResultReader
 from shared.store.runs import RunStore
@@ -109,9 +110,19 @@ class ResultWriter:
             )
         )
 
-    def record_scores(self, run_id: str, scores: dict[int, dict[str, float]]) -> Settled:
-        """Settle samples with their scores."""
-        return self._settle(run_id, "score", {i: to_json(s) for i, s in scores.items()})
+    def record_scores(
+        self,
+        run_id: str,
+        scores: dict[int, dict[str, float]],
+        grades: Mapping[int, Grade] | None = None,
+    ) -> Settled:
+        """Settle samples with their scores, each with the grade it came from when it has one
+        (a ``model_graded`` task's)."""
+        given = grades or {}
+        encoded = {
+            i: to_json(with_grade(s, given[i]) if i in given else s) for i, s in scores.items()
+        }
+        return self._settle(run_id, "score", encoded)
 
     def record_errors(self, run_id: str, errors: dict[int, ErrorRecord]) -> Settled:
         """Settle samples with terminal errors."""
@@ -144,6 +155,7 @@ class ResultWriter:
                 kind,
                 "" if stale_after is None else stale_after,
                 self._size(run_id),
+                GRADE_PREFIX,
                 *flatten(values),
             ],
         )

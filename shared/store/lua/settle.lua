@@ -14,7 +14,10 @@
 --           and may be taken over; '' = never
 -- ARGV[3] = the run's sample count, from its facts (RunKeys.facts, which workers may only
 --           read, so it cannot be a key of this script); -1: no such run
--- ARGV[4..] = id1, json1, id2, json2, ...   (none: only ask whether to finalize)
+-- ARGV[4] = how scores that carry a grader's verdict begin (shared.models.GRADE_PREFIX): its
+--           tokens are counted in the progress's 'grader_prompt_tokens' and
+--           'grader_completion_tokens', apart from the model under test's
+-- ARGV[5..] = id1, json1, id2, json2, ...   (none: only ask whether to finalize)
 -- A value is written only when the sample has neither a score nor an error yet, and nothing
 -- is written once the run is cancelled.
 -- Returns: {written, finalize, settled}; finalize is 1 for the one caller that saw every sample
@@ -27,15 +30,22 @@ if ARGV[1] == 'err' then
   target, other, counter = KEYS[2], KEYS[1], 'failed'
 end
 local written, ids, given = 0, {}, {}
-for i = 4, #ARGV, 2 do
+local graded, read, wrote = ARGV[4], 0, 0
+for i = 5, #ARGV, 2 do
   given[#given + 1] = ARGV[i]
   if redis.call('GETBIT', KEYS[8], tonumber(ARGV[i])) == 0
     and redis.call('HEXISTS', other, ARGV[i]) == 0
     and redis.call('HSETNX', target, ARGV[i], ARGV[i + 1]) == 1 then
     written = written + 1
     ids[#ids + 1] = ARGV[i]
+    if string.sub(ARGV[i + 1], 1, #graded) == graded then
+      local usage = cjson.decode(ARGV[i + 1]).grade.usage
+      read, wrote = read + usage.prompt_tokens, wrote + usage.completion_tokens
+    end
   end
 end
+if read > 0 then redis.call('HINCRBY', KEYS[3], 'grader_prompt_tokens', read) end
+if wrote > 0 then redis.call('HINCRBY', KEYS[3], 'grader_completion_tokens', wrote) end
 hdel_all({KEYS[6], KEYS[7]}, given)
 if written > 0 then
   redis.call('XADD', KEYS[5], '*', 'ids', table.concat(ids, ','))
