@@ -44,6 +44,7 @@ class _State:
             "malformed_share": 0.0,
             "stall": False,
             "delay": 0.0,
+            "version": "1",
         }
         self.arrivals: list[float] = []
         self.models: list[str] = []
@@ -70,17 +71,20 @@ def _fake_answer(model: str, text: str) -> str:
     return str(total + 1 if model.startswith("wrong") else total)
 
 
-def make_app(key: str | None = None, generate: Any = None) -> FastAPI:
-    """The server; ``generate(prompt_text, max_tokens) -> (text, prompt_tokens,
-    completion_tokens)`` replaces the fake model."""
-    app = FastAPI()
-    state = _State()
-    serial = asyncio.Lock()  # the real model answers one request at a time
+def _add_control(app: FastAPI, state: _State) -> None:
+    """The routes that tell the server how to behave and say what it saw."""
 
     @app.post("/control")
     async def control(request: Request) -> dict[str, Any]:
         state.control.update(await request.json())
         return state.control
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        """The served model, as vLLM names it: ``root`` is where its weights came from (here
+        ``/models/<version>``, changed through ``/control``)."""
+        root = f"/models/{state.control['version']}"
+        return {"data": [{"id": "served", "object": "model", "root": root}]}
 
     @app.get("/stats")
     async def stats() -> dict[str, Any]:
@@ -101,6 +105,16 @@ def make_app(key: str | None = None, generate: Any = None) -> FastAPI:
             state.answers.clear()
             state.keys.clear()
         return {"ok": "reset"}
+
+
+def make_app(key: str | None = None, generate: Any = None) -> FastAPI:
+    """The server; ``generate(prompt_text, max_tokens) -> (text, prompt_tokens,
+    completion_tokens)`` replaces the fake model."""
+    app = FastAPI()
+    state = _State()
+    serial = asyncio.Lock()  # the real model answers one request at a time
+
+    _add_control(app, state)
 
     async def answer(request: Request, chat: bool) -> Response:
         body = await request.json()

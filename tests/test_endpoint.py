@@ -231,6 +231,10 @@ def test_the_response_cache_answers_a_rerun_and_never_another_model(
     uncached = _submit(user, dataset, server.base)
     assert _ended(stack, uncached) is RunStatus.COMPLETED
     assert requests() == 72  # not asked for: every request made
+    server.control(version="2")  # other weights served under the same name
+    reloaded = _submit(user, dataset, server.base, cache=True)
+    assert _ended(stack, reloaded) is RunStatus.COMPLETED
+    assert requests() == 96  # no answer of the old weights
     user.close()
 
 

@@ -135,10 +135,12 @@ class Responses(Protocol):
     def release(self, digest: str) -> None: ...
 
 
-def request_digest(endpoint: str, body: dict[str, Any]) -> str:
-    """The response cache's key for a request ``body`` (which names its model) to ``endpoint``:
+def request_digest(endpoint: str, body: dict[str, Any], served: str | None = None) -> str:
+    """The response cache's key for a request ``body`` (which names its model) to ``endpoint``,
+    whose ``/models`` said the model is ``served`` (its weights' ``root``, when it says):
     whatever decides the answer, nothing else."""
-    text = json.dumps({"endpoint": endpoint, "body": body}, sort_keys=True, separators=(",", ":"))
+    key = {"endpoint": endpoint, "body": body, "served": served}
+    text = json.dumps(key, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -219,17 +221,40 @@ class EndpointModel:
         limits = httpx.Limits(max_connections=self.spec.args.concurrency)
         timeout = httpx.Timeout(self.spec.args.timeout)
         async with httpx.AsyncClient(limits=limits, timeout=timeout) as http:
-            asked = (self._one(http, r, m) for r, m in zip(requests, meters, strict=True))
+            served = await self._served(http) if self.cache is not None else None
+            asked = (self._one(http, r, m, served) for r, m in zip(requests, meters, strict=True))
             return list(await asyncio.gather(*asked))
 
+    async def _served(self, http: httpx.AsyncClient) -> str | None:
+        """What the server's ``/models`` says the model is (vLLM: the ``root`` its weights were
+        loaded from), asked once per batch, for the cache's key: another model served under the
+        same name gets no hit. None when it says nothing (or cannot be asked)."""
+        headers = {"Authorization": f"Bearer {self._key}"} if self._key else {}
+        try:
+            async with asyncio.timeout(self.spec.args.timeout):
+                got = await http.get(self.url + "/models", headers=headers)
+            if got.status_code != 200 or len(got.content) > MAX_BODY:
+                return None
+            for entry in got.json().get("data", []):
+                if entry.get("id") == self.spec.name:
+                    root = entry.get("root")
+                    return root if isinstance(root, str) else None
+        except Exception:  # whatever the answer holds: no version
+            return None
+        return None
+
     async def _one(
-        self, http: httpx.AsyncClient, request: GenerationRequest, meter: Meter | None
+        self,
+        http: httpx.AsyncClient,
+        request: GenerationRequest,
+        meter: Meter | None,
+        served: str | None = None,
     ) -> Generation | Failure:
         """The request's answer: from the cache when it holds it (charged nothing), else asked
         (once for all the identical requests in flight) and kept."""
         if self.cache is None:
             return await self._asked(http, request, meter)
-        digest = request_digest(self.url, self._body(request))
+        digest = request_digest(self.url, self._body(request), served)
         retries = self.spec.args.max_retries
         patience = self.spec.args.timeout * (retries + 1) + BACKOFF_CAP * retries
         deadline = time.monotonic() + patience
