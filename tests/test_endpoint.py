@@ -487,14 +487,10 @@ def test_a_run_that_can_send_nothing_is_given_back_cancelled_or_ended(
     user.close()
 
 
-GRADED = """
-prompt: "What is {a} plus {b}? Answer with only the number."
-chat: true
-target: answer
-generate: {max_new_tokens: 8, stop: ["\\n"]}
-scorer: model_graded
-grader: {model: openai/judge, model_args: {base_url: "URL"}}
-"""
+GRADED = SUM.replace("CHAT", "true").replace(
+    "scorer: exact_match",
+    'scorer: model_graded\ngrader: {model: openai/judge, model_args: {base_url: "URL"}}',
+)
 
 
 def test_a_grader_model_grades_each_output_and_its_tokens_count_apart(
