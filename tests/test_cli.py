@@ -108,6 +108,7 @@ def test_submit_follow_status_runs_results(stack: Stack, tmp_path: Path) -> None
         "inferred": 30, "scored": 30, "failed": 0, "recovered": 0,
         "prompt_tokens": 0, "completion_tokens": 0,  # a language model's, counted as stored
         "cached": 0,  # an endpoint model's answers from the response cache
+        "grader_prompt_tokens": 0, "grader_completion_tokens": 0,  # a model_graded task's
     }  # fmt: skip
     assert status["stalled"] is None
     assert status["n"] == 30

@@ -185,15 +185,14 @@ def _budget_line(budget: Budget) -> str:
         return f"{name} unlimited" if total is None else f"{name} {left}/{total} left"
 
     cap = budget.max_samples_per_run
-    return ", ".join(
-        [
-            part("runs", budget.runs_left, budget.runs_total),
-            part("samples", budget.samples_left, budget.samples_total),
-            part("tokens", budget.tokens_left, budget.tokens_total)
-            + (f" ({budget.tokens_used} used)" if budget.tokens_used else ""),
-            f"max per run {cap if cap is not None else 'unlimited'}",
-        ]
-    )
+    parts = [
+        part("runs", budget.runs_left, budget.runs_total),
+        part("samples", budget.samples_left, budget.samples_total),
+    ]
+    if budget.tokens_total is not None or budget.tokens_used:  # a budget that meters tokens
+        used = f" ({budget.tokens_used} used)" if budget.tokens_used else ""
+        parts.append(part("tokens", budget.tokens_left, budget.tokens_total) + used)
+    return ", ".join([*parts, f"max per run {cap if cap is not None else 'unlimited'}"])
 
 
 @budget_app.command("show")
