@@ -47,6 +47,9 @@ def _failed(run: RunShare, sample_id: int, exc: BaseException, max_attempts: int
         run.retry.append(sample_id)
         return
     record = error_record(Stage.INFER, exc)
+    if getattr(exc, "stage", None) is not None:  # an endpoint's: it counted its own tries
+        run.errors[sample_id] = record
+        return
     note = f" (attempt {attempt} of {max_attempts})"
     run.errors[sample_id] = record.model_copy(update={"message": record.message + note})
 
