@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 from shared.errors import InputError
-from shared.models import ErrorRecord, SampleResult, to_json
+from shared.models import ErrorRecord, SampleResult, split_grade, to_json
 from shared.store.wire import result_line
 
 __all__ = ["ExportFormat", "flatten", "write_lines", "write_results"]
@@ -125,6 +125,12 @@ def flat_table(table: pa.Table) -> pa.Table:
         "error": pa.array(errors, pa.string()),
     }
     columns.update({m: table.column(m) for m in metrics})
+    texts = table.column("scores").to_pylist()
+    grades = [None if t is None else split_grade(json.loads(t), t)[1] for t in texts]
+    if any(grades):
+        for name in ("verdict", "prompt"):
+            values = [None if g is None else getattr(g, name) for g in grades]
+            columns[f"grade.{name}"] = pa.array(values, pa.string())
     return pa.table(columns)
 
 

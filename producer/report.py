@@ -13,7 +13,6 @@ split they are withheld and only aggregates appear.
 from __future__ import annotations
 
 import itertools
-import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -25,7 +24,7 @@ from shared.data.loading import load_rows, shard_of_rows
 from shared.data.routing import KMeans
 from shared.errors import EvalqError, TierRefusedError
 from shared.evaluation import label_fields
-from shared.models import SampleResult, SampleState
+from shared.models import SampleResult, SampleState, scores_value
 from shared.store.wire import result_of
 
 if TYPE_CHECKING:
@@ -196,7 +195,7 @@ class _Lowest:
             first = table.column("scores").drop_null()
             if len(first) == 0:
                 return
-            self.metric = sorted(json.loads(first[0].as_py()))[0]
+            self.metric = sorted(scores_value(first[0].as_py()))[0]
         column = f"score.{self.metric}"
         if column not in table.column_names:
             return

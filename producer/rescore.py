@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from producer.language import rescorer
 from producer.submit import start
-from shared.access.policy import admit_run, admit_split, run_tier
+from shared.access.policy import admit_grader, admit_run, admit_split, run_tier
 from shared.access.tiers import TierRegistry
 from shared.connection import server_time
 from shared.errors import InputError
@@ -91,6 +91,7 @@ def rescore(
         TierRegistry(client).resolve(source.dataset_id, source.split), source.registered
     )
     admit_split(where, tier, admin)
+    admit_grader(where, tier, admin, language is not None and language.task.grader is not None)
     produced = [i for chunk in results.output_chunks(run_id, COPY_CHUNK) for i in chunk]
     if not produced:
         raise InputError(f"run {run_id} has no stored output to rescore")

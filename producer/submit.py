@@ -29,6 +29,7 @@ from producer.language import check_rows, resolve, with_examples
 from shared.access.ledger import Ledger
 from shared.access.policy import (
     Tier,
+    admit_grader,
     admit_run,
     admit_sample_choice,
     admit_source,
@@ -251,6 +252,7 @@ def submit(
     source, tier = _locate(client, request, admin, suggest)
     admit_split(where, tier, admin)
     admit_sample_choice(where, tier, admin, request.ids is not None)
+    admit_grader(where, tier, admin, language is not None and language.task.grader is not None)
     defaults = PriorityStore(client).defaults(principal, request.dataset or "", request.split)
     priority = admit_priority(
         request.priority,

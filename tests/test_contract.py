@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 from celery_batches import SimpleRequest
 from pydantic import ValidationError
 
-from producer.export import flatten
+from producer.export import flat_table, flatten
 from producer.submit import SubmitRequest, parse_ids, parse_params, resolve_ids
 from shared.data.loading import build_spec
 from shared.errors import (
@@ -22,10 +23,11 @@ from shared.errors import (
 )
 from shared.evaluation import Evaluation, create, load_plugins, register, scrub
 from shared.keys import RunKeys
-from shared.models import ErrorRecord, RunMeta, RunStatus, SampleResult, Stage
+from shared.models import ErrorRecord, Grade, RunMeta, RunStatus, SampleResult, Stage, Usage
 from shared.queue.celery_app import create_app
 from shared.queue.sizing import split
 from shared.settings import Settings
+from shared.store.wire import as_chunks, result_line, results_of, scores_of
 from tests.helpers import labelled_rows, write_rows
 from worker.lru import LRU
 from worker.tasks import parse_requests
@@ -236,3 +238,31 @@ def test_flatten_for_csv_and_parquet() -> None:
     }
     failed = SampleResult(sample_id=5, error=ErrorRecord(stage=Stage.INFER, kind="E", message="m"))
     assert flatten(failed)["error"] == "E: m"
+
+
+def test_a_graded_result_reads_the_same_from_its_texts_and_its_table() -> None:
+    """A ``model_graded`` sample's grade is stored with its scores; every reader takes the
+    metrics apart from it (the attack review found the archive's export without its
+    columns, and the report taking ``grade`` for a metric)."""
+    usage = Usage(prompt_tokens=40, completion_tokens=2)
+    grade = Grade(
+        grader="openai/judge", prompt="[Expert answer]: 3", verdict="GRADE: C", usage=usage
+    )
+    graded = SampleResult(sample_id=1, output="3", scores={"model_graded": 1.0}, grade=grade)
+    (chunk,) = as_chunks([graded, SampleResult(sample_id=2, scores={"model_graded": 0.0})], 10)
+    assert list(results_of(chunk)) == [
+        graded,
+        SampleResult(sample_id=2, scores={"model_graded": 0.0}),
+    ]
+    assert scores_of(chunk.sample_ids, chunk.scores) == {
+        1: {"model_graded": 1.0},
+        2: {"model_graded": 0.0},
+    }
+    line = json.loads(result_line(graded))
+    assert (line["scores"], line["grade"]["verdict"]) == ({"model_graded": 1.0}, "GRADE: C")
+    table = flat_table(chunk.table())
+    assert table.column_names == [
+        "sample_id", "output", "error", "score.model_graded", "grade.verdict", "grade.prompt",
+    ]  # fmt: skip
+    assert table.column("grade.verdict").to_pylist() == ["GRADE: C", None]
+    assert flatten(graded)["grade.verdict"] == "GRADE: C"

@@ -26,6 +26,7 @@ from producer.policy_file import PolicyFile
 from producer.redis_server import free_port
 from producer.submit import SubmitRequest
 from shared.access.budget import Budget
+from shared.access.policy import Tier
 from shared.errors import InputError, TierRefusedError
 from shared.keys import HOLDS
 from shared.models import RunMeta, RunStatus
@@ -535,6 +536,19 @@ def test_a_grader_model_grades_each_output_and_its_tokens_count_apart(
     )
     assert line["grade"]["verdict"] == "GRADE: C"
     assert line["scores"] == {"model_graded": 1.0}
+    # a cached verdict asked nothing: no grader tokens (was: counted as if asked)
+    first_cached = _submit(user, dataset, server.base, task="sum-graded", cache=True)
+    again = _submit(user, dataset, server.base, task="sum-graded", cache=True)
+    for meta in (first_cached, again):
+        assert _ended(stack, meta) is RunStatus.COMPLETED
+    assert user.status(first_cached.run_id).progress.grader_prompt_tokens > 0
+    assert user.status(again.run_id).progress.grader_prompt_tokens == 0
+    # a grader reads each target: on a split that is not viewable only an admin runs one
+    operator = Client(stack.settings)
+    operator.set_tier(dataset, "validation", Tier.NON_VIEWABLE)
+    operator.close()
+    with pytest.raises(TierRefusedError, match="model_graded task's grader tokens follow"):
+        _submit(user, dataset, server.base, task="sum-graded")
     user.close()
 
 

@@ -17,13 +17,18 @@ from producer.policy_file import PolicyFile, apply_policy
 from producer.redis_server import RedisServer
 from shared.access.ledger import Ledger
 from shared.connection import connect
-from shared.errors import PermanentError
+from shared.errors import GraderError, PermanentError
+from shared.evals.language import LanguageEvaluation
 from shared.lm.endpoint import MAX_BODY, EndpointError, EndpointModel, _worst
 from shared.lm.limits import EndpointLimits
 from shared.lm.request import Generation, GenerationRequest
+from shared.lm.run import LanguageRun
 from shared.lm.spec import ModelSpec
+from shared.lm.task import TaskSpec
+from shared.settings import get_settings
 from shared.store.endpoints import EndpointRegistry
 from shared.store.rate import RateLimit
+from shared.store.responses import ResponseCache
 from shared.store.spend import RunMeter, Scope, TokenSpend
 
 LONG_KEY = "sk-proj-" + "A1b2C3d4E5" * 16  # 168 characters, as a provider's project key
@@ -258,3 +263,65 @@ def test_a_token_budget_is_charged_what_a_try_may_have_cost_never_past_its_hold(
     expected = _worst(REQUEST) if charged == "worst" else charged
     assert (budget.tokens_used, budget.tokens_reserved) == (expected, 0)
     assert budget.tokens_used <= 100
+
+
+def test_a_grader_no_longer_listed_fails_each_sample_of_its_batch_with_its_reason(
+    redis_only: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The attack review delisted a grader after its run was submitted: ``grade()`` raised out
+    of the batch, whose messages were left to the janitor, and the run stalled."""
+    monkeypatch.setenv("EVALQ_REDIS_URL", redis_only.url)
+    get_settings.cache_clear()
+    task = TaskSpec.load(
+        {
+            "prompt": "What is {a} plus {b}?", "target": "answer", "generate": {},
+            "scorer": "model_graded",
+            "grader": {"model": "openai/judge", "model_args": {"base_url": "http://gone:9/v1"}},
+        }
+    )  # fmt: skip
+    run = LanguageRun(task=task, model=ModelSpec.parse("hf/org/model"))
+    evaluation = LanguageEvaluation.of("graded", run)()
+    rows = {i: {"a": i, "b": i, "answer": str(2 * i)} for i in range(3)}
+    graded = evaluation.grade("r", rows, {i: {"output": str(2 * i)} for i in rows})
+    get_settings.cache_clear()
+    assert sorted(graded) == [0, 1, 2]
+    for got in graded.values():
+        assert isinstance(got, GraderError)
+        assert "grader openai/judge: endpoint http://gone:9/v1 is not listed" in str(got)
+
+
+def test_a_models_route_that_says_nothing_is_not_asked_again_for_a_while(
+    serve: Callable[[Handler], str],
+    fleet: Callable[[str, EndpointLimits], RateLimit],
+    redis_only: RedisServer,
+) -> None:
+    """The attack review's server hung on ``/v1/models``: each batch waited its whole
+    timeout before its first request."""
+    asked: list[str] = []
+
+    class Answering(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:
+            asked.append(self.path)
+            _reply(self, 404, b"{}")
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("content-length", 0)))
+            _reply(self, 200, json.dumps(ANSWER).encode())
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Answering)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    cache = ResponseCache(connect(redis_only.url), 3600, 65536)
+    spec = ModelSpec.parse("openai/m", {"base_url": url, "max_retries": "0", "timeout": "2"})
+    model = EndpointModel(spec, fleet(url, EndpointLimits()), None, cache)
+    for prompt in ("What is 1 plus 2?", "What is 2 plus 2?"):
+        (out,) = model.generate([GenerationRequest(prompt, 8)])
+        assert isinstance(out, Generation)
+    server.shutdown()
+    server.server_close()
+    assert asked == ["/v1/models"]  # the second batch did not ask again

@@ -199,3 +199,15 @@ def test_a_held_out_run_s_archiving_time_tells_no_more_than_its_end() -> None:
     ended, _ = coarse_timing(meta, Progress(scored=5), now=108.5)
     assert (ended.finished, ended.archived) == (108.0, 108.0)
     assert ended.reason == "aggregate() failed"  # an aggregate's error may name a label
+
+
+def test_a_grader_s_tokens_are_not_shown_to_a_reader_without_per_sample_access() -> None:
+    """The attack review read 5 right of 12 off ``grader_completion_tokens`` (a grader's
+    "GRADE: I" came with an explanation, its "GRADE: C" without): they follow the targets."""
+    meta = RunMeta(
+        run_id="r", eval="e", spec="0" * 64, dataset_id="d", split="s", n=12,
+        status=RunStatus.COMPLETED, created=100.2, finished=107.3,
+    )  # fmt: skip
+    counted = Progress(scored=12, grader_prompt_tokens=900, grader_completion_tokens=101)
+    _, seen = coarse_timing(meta, counted, now=200.0)
+    assert (seen.scored, seen.grader_prompt_tokens, seen.grader_completion_tokens) == (12, 0, 0)

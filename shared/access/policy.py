@@ -104,6 +104,18 @@ def admit_split(where: str, tier: Tier, admin: bool) -> None:
         raise TierRefusedError(f"tier refused: {where} is no_access")
 
 
+def admit_grader(where: str, tier: Tier, admin: bool, graded: bool) -> None:
+    """A grader model reads each sample's target, and what it spends (its tokens, which the
+    run's progress and the split's token budget count) follows what it read and said: on a
+    split that is not ``viewable`` a ``model_graded`` task would tell a caller more of its
+    labels than the release rule releases. Only an admin runs one there."""
+    if graded and not admin and tier is not Tier.VIEWABLE:
+        raise TierRefusedError(
+            f"tier refused: {where} is {tier.value}, and a model_graded task's grader tokens "
+            "follow each target; only an admin runs one there"
+        )
+
+
 def admit_fewshot(where: str, tier: Tier) -> None:
     """Few-shot examples are rows shown with their answers, so they come only from a
     ``viewable`` split, for every caller, admins included: a held-out split's labels never
@@ -259,7 +271,8 @@ def coarse_timing(meta: RunMeta, progress: Progress, now: float) -> tuple[RunMet
     down to :data:`TIMING_GRAIN`; its end shown only from the next multiple of the grain after
     it (until then the run reads as running, so polling ``status`` learns its end to the
     grain, not to the sample); no counts while it goes (each settling write would show), and
-    ``running`` from submission on (the moment of its first write would show too). Its
+    ``running`` from submission on (the moment of its first write would show too), and no
+    grader's tokens (they follow the targets it read). Its
     archiving time, which follows its end by milliseconds, is on the grain too; why it failed,
     without the exception's kind and message (``aggregate() failed``: an aggregate over
     labels may say a label in its error; its kind is an admin's to read)."""
@@ -277,7 +290,9 @@ def coarse_timing(meta: RunMeta, progress: Progress, now: float) -> tuple[RunMet
         going = {**seen, "archived": None, "finished": None, "reason": None}
         return meta.model_copy(update={**going, "status": RunStatus.RUNNING}), Progress()
     reason = None if meta.reason is None else meta.reason.split(":", 1)[0]
-    return meta.model_copy(update={**seen, "finished": end, "reason": reason}), progress
+    # a grader's tokens follow the targets it read (:func:`admit_grader`)
+    counts = progress.model_copy(update={"grader_prompt_tokens": 0, "grader_completion_tokens": 0})
+    return meta.model_copy(update={**seen, "finished": end, "reason": reason}), counts
 
 
 def _grain_after(moment: float) -> float:

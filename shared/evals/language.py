@@ -193,15 +193,17 @@ class LanguageEvaluation(Evaluation):
                 graded[sample_id] = exc
         if not prompts:
             return graded
-        model = self._grader()
         requests = [
             GenerationRequest((("user", text),), grader.max_new_tokens, (), seed=0)
             for text in prompts.values()
         ]
-        meters = [model.meter(run_id)] * len(requests)
-        for (sample_id, text), got in zip(
-            prompts.items(), model.generate(requests, meters), strict=True
-        ):
+        try:  # the grader delisted, Redis gone, ...: every sample of the batch says why
+            model = self._grader()
+            answers = model.generate(requests, [model.meter(run_id)] * len(requests))
+        except Exception as exc:
+            failed = GraderError(f"grader {grader.model}: {first_line(exc)}")
+            return graded | dict.fromkeys(prompts, failed)
+        for (sample_id, text), got in zip(prompts.items(), answers, strict=True):
             if isinstance(got, Exception):
                 graded[sample_id] = GraderError(f"grader {grader.model}: {first_line(got)}")
                 continue

@@ -67,6 +67,10 @@ _SHORTEST_SECRET = 4
 _HEADER_SAFE = re.compile(r"^[\x21-\x7e]+$")
 _WAIT_FOR_ANSWER = 0.05
 """Seconds between two looks for an answer another request for the same prompt is getting."""
+_ASK_MODELS = 5.0
+"""Seconds a server's ``/models`` may take to answer (the cache's key waits for it)."""
+_SILENT_FOR = 60.0
+"""Seconds a server whose ``/models`` said nothing is not asked again (per process)."""
 _WAIT_FOR_TOKENS = 0.2
 """Seconds between two asks for tokens that requests in flight hold."""
 PROMPT_OVERHEAD = 32
@@ -188,6 +192,8 @@ class EndpointModel:
         self.cache = cache
         """Where answers are shared (``submit --cache``); None: every request is made."""
         self._meters = meters
+        self._silent: float | None = None
+        """When :meth:`_served` last heard no version (None: it heard one)."""
 
     def meter(self, run_id: str) -> Meter | None:
         """The token budget run ``run_id``'s requests are charged to (None: not metered)."""
@@ -227,21 +233,31 @@ class EndpointModel:
 
     async def _served(self, http: httpx.AsyncClient) -> str | None:
         """What the server's ``/models`` says the model is (vLLM: the ``root`` its weights were
-        loaded from), asked once per batch, for the cache's key: another model served under the
-        same name gets no hit. None when it says nothing (or cannot be asked)."""
-        headers = {"Authorization": f"Bearer {self._key}"} if self._key else {}
-        try:
-            async with asyncio.timeout(self.spec.args.timeout):
-                got = await http.get(self.url + "/models", headers=headers)
-            if got.status_code != 200 or len(got.content) > MAX_BODY:
-                return None
-            for entry in got.json().get("data", []):
-                if entry.get("id") == self.spec.name:
-                    root = entry.get("root")
-                    return root if isinstance(root, str) else None
-        except Exception:  # whatever the answer holds: no version
+        loaded from), for the cache's key: another model served under the same name gets no
+        hit. Asked once per batch, within :data:`_ASK_MODELS` seconds and :data:`MAX_BODY`
+        bytes; None when it says nothing (or cannot be asked), and then not asked again for
+        :data:`_SILENT_FOR` seconds (a server that hangs there delays no more batches)."""
+        now = time.monotonic()
+        if self._silent is not None and now - self._silent < _SILENT_FOR:
             return None
-        return None
+        headers = {"Authorization": f"Bearer {self._key}"} if self._key else {}
+        root: str | None = None
+        try:
+            async with asyncio.timeout(min(_ASK_MODELS, self.spec.args.timeout)):
+                async with http.stream("GET", self.url + "/models", headers=headers) as got:
+                    raw = b""
+                    async for chunk in got.aiter_bytes():
+                        raw += chunk
+                        if len(raw) > MAX_BODY:
+                            raise ValueError("an answer too long")
+            entries = json.loads(raw).get("data", []) if got.status_code == 200 else []
+            for entry in entries:
+                if entry.get("id") == self.spec.name and isinstance(entry.get("root"), str):
+                    root = entry["root"]
+        except Exception:  # whatever the answer holds, or none: no version
+            root = None
+        self._silent = now if root is None else None
+        return root
 
     async def _one(
         self,

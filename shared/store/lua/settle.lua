@@ -16,7 +16,7 @@
 --           read, so it cannot be a key of this script); -1: no such run
 -- ARGV[4] = how scores that carry a grader's verdict begin (shared.models.GRADE_PREFIX): its
 --           tokens are counted in the progress's 'grader_prompt_tokens' and
---           'grader_completion_tokens', apart from the model under test's
+--           'grader_completion_tokens', apart from the model under test's (not a cached one's)
 -- ARGV[5..] = id1, json1, id2, json2, ...   (none: only ask whether to finalize)
 -- A value is written only when the sample has neither a score nor an error yet, and nothing
 -- is written once the run is cancelled.
@@ -40,7 +40,9 @@ for i = 5, #ARGV, 2 do
     ids[#ids + 1] = ARGV[i]
     if string.sub(ARGV[i + 1], 1, #graded) == graded then
       local usage = cjson.decode(ARGV[i + 1]).grade.usage
-      read, wrote = read + usage.prompt_tokens, wrote + usage.completion_tokens
+      if not usage.cached then -- a cached verdict asked nothing
+        read, wrote = read + usage.prompt_tokens, wrote + usage.completion_tokens
+      end
     end
   end
 end
