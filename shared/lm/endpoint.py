@@ -195,6 +195,11 @@ class EndpointModel:
         self._silent: float | None = None
         """When :meth:`_served` last heard no version (None: it heard one)."""
 
+    @property
+    def _headers(self) -> dict[str, str]:
+        """The key, as every request to the server carries it (none when unset)."""
+        return {"Authorization": f"Bearer {self._key}"} if self._key else {}
+
     def meter(self, run_id: str) -> Meter | None:
         """The token budget run ``run_id``'s requests are charged to (None: not metered)."""
         return self._meters(run_id) if self._meters is not None and run_id else None
@@ -240,16 +245,13 @@ class EndpointModel:
         now = time.monotonic()
         if self._silent is not None and now - self._silent < _SILENT_FOR:
             return None
-        headers = {"Authorization": f"Bearer {self._key}"} if self._key else {}
         root: str | None = None
         try:
             async with asyncio.timeout(min(_ASK_MODELS, self.spec.args.timeout)):
-                async with http.stream("GET", self.url + "/models", headers=headers) as got:
-                    raw = b""
-                    async for chunk in got.aiter_bytes():
-                        raw += chunk
-                        if len(raw) > MAX_BODY:
-                            raise ValueError("an answer too long")
+                async with http.stream("GET", self.url + "/models", headers=self._headers) as got:
+                    raw = await _read(got)
+            if len(raw) > MAX_BODY:
+                raise ValueError("an answer too long")
             entries = json.loads(raw).get("data", []) if got.status_code == 200 else []
             for entry in entries:
                 if entry.get("id") == self.spec.name and isinstance(entry.get("root"), str):
@@ -384,16 +386,13 @@ class EndpointModel:
         all within the timeout."""
         chat = not isinstance(request.prompt, str)
         path = "/chat/completions" if chat else "/completions"
-        headers = {"Authorization": f"Bearer {self._key}"} if self._key else {}
         body = self._body(request)
         try:
             async with asyncio.timeout(self.spec.args.timeout):
-                async with http.stream("POST", self.url + path, json=body, headers=headers) as got:
-                    status, retry, raw = got.status_code, got.headers.get("retry-after"), b""
-                    async for chunk in got.aiter_bytes():
-                        raw += chunk
-                        if len(raw) > MAX_BODY:
-                            break
+                posted = http.stream("POST", self.url + path, json=body, headers=self._headers)
+                async with posted as got:
+                    status, retry = got.status_code, got.headers.get("retry-after")
+                    raw = await _read(got)
         except httpx.ConnectError as exc:  # never sent
             return _Try(error=Unreachable(f"{self.url}: {self._clean(first_line(exc))}"))
         except (TimeoutError, httpx.TimeoutException) as exc:
@@ -475,6 +474,17 @@ class EndpointModel:
                 if text.endswith(key[:size]):
                     return text[:-size] + "[key]"
         return text
+
+
+async def _read(answer: httpx.Response) -> bytes:
+    """An answer's body, read no further than :data:`MAX_BODY` bytes and one chunk (a longer
+    one is never held whole: its caller sees it is over the bound)."""
+    raw = b""
+    async for chunk in answer.aiter_bytes():
+        raw += chunk
+        if len(raw) > MAX_BODY:
+            break
+    return raw
 
 
 def _bytes(request: GenerationRequest) -> int:

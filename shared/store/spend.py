@@ -119,12 +119,11 @@ class TokenSpend:
         charged = 0
         for ticket in map(str, tickets):
             raw = self._client.hget(HOLDS, ticket)
-            if raw is None or raw == _CHARGED:
-                scope = Scope("", "", None)
-            else:
+            keys = [HOLDS, HOLD_DEADLINES]  # a charged (or gone) hold touches no budget
+            if raw is not None and raw != _CHARGED:
                 record = json.loads(raw)
-                scope = Scope(record["dataset"], record["split"], record["principal"] or None)
-            charged += int(self._script(keys=scope.keys, args=["expire", ticket]))
+                keys = Scope(record["dataset"], record["split"], record["principal"] or None).keys
+            charged += int(self._script(keys=keys, args=["expire", ticket]))
         return charged
 
 
