@@ -19,7 +19,7 @@ from shared.access.ledger import Ledger
 from shared.connection import connect
 from shared.errors import GraderError, PermanentError
 from shared.evals.language import LanguageEvaluation
-from shared.lm.endpoint import MAX_BODY, EndpointError, EndpointModel, _worst
+from shared.lm.endpoint import MAX_BODY, EndpointError, EndpointModel
 from shared.lm.limits import EndpointLimits
 from shared.lm.request import Generation, GenerationRequest
 from shared.lm.run import LanguageRun
@@ -260,7 +260,7 @@ def test_a_token_budget_is_charged_what_a_try_may_have_cost_never_past_its_hold(
     (out,) = model.generate([REQUEST], [meter])
     assert isinstance(out, Generation) == (answer in ("ok", "over-reported"))
     budget = ledger.get("d", "s")
-    expected = _worst(REQUEST) if charged == "worst" else charged
+    expected = REQUEST.worst_tokens() if charged == "worst" else charged
     assert (budget.tokens_used, budget.tokens_reserved) == (expected, 0)
     assert budget.tokens_used <= 100
 

@@ -73,10 +73,6 @@ _SILENT_FOR = 60.0
 """Seconds a server whose ``/models`` said nothing is not asked again (per process)."""
 _WAIT_FOR_TOKENS = 0.2
 """Seconds between two asks for tokens that requests in flight hold."""
-PROMPT_OVERHEAD = 32
-"""Tokens a token budget holds for each prompt (and each chat message) beyond its bytes: the
-special tokens and chat template a server adds. A byte-level tokenizer never makes more tokens
-than bytes, so a prompt's bytes plus these is its worst case."""
 
 
 class EndpointError(PermanentError):
@@ -313,7 +309,7 @@ class EndpointModel:
         attempt = 0
         while True:
             async with self.gate:
-                estimate = _estimate(request)
+                estimate = request.estimated_tokens()
                 await self._admitted(estimate)
                 try:
                     tried = await self._metered(http, request, meter)
@@ -348,7 +344,7 @@ class EndpointModel:
         the budget cannot take it)."""
         if meter is None:
             return await self._try(http, request)
-        worst = _worst(request)
+        worst = request.worst_tokens()
         ticket = await self._held(meter, worst)
         used = worst  # unless the try says otherwise: it may have been served (or cancelled)
         try:
@@ -449,7 +445,7 @@ class EndpointModel:
             if not isinstance(text, str):
                 raise TypeError("the text is not a string")
             text.encode("utf-8")  # a lone surrogate could not be stored
-            most = (_bytes(request) + TEMPLATE_TOKENS, request.max_new_tokens)
+            most = (request.prompt_bytes + TEMPLATE_TOKENS, request.max_new_tokens)
             for count, bound in zip((prompt_tokens, completion_tokens), most, strict=True):
                 if type(count) is not int or not 0 <= count <= bound:
                     raise TypeError(f"a token count of {count!r}, not one of 0 to {bound}")
@@ -485,23 +481,3 @@ async def _read(answer: httpx.Response) -> bytes:
         if len(raw) > MAX_BODY:
             break
     return raw
-
-
-def _bytes(request: GenerationRequest) -> int:
-    """The UTF-8 size of a request's prompt (every message's content)."""
-    if isinstance(request.prompt, str):
-        return len(request.prompt.encode())
-    return sum(len(content.encode()) for _, content in request.prompt)
-
-
-def _worst(request: GenerationRequest) -> int:
-    """The most tokens a request can use: its prompt's bytes, :data:`PROMPT_OVERHEAD` for the
-    prompt and each message, and all it may generate."""
-    messages = 0 if isinstance(request.prompt, str) else len(request.prompt)
-    return _bytes(request) + PROMPT_OVERHEAD * (messages + 1) + request.max_new_tokens
-
-
-def _estimate(request: GenerationRequest) -> int:
-    """A request's tokens before it is sent, for the limiter: its prompt's bytes over three (a
-    token is about four bytes of English) plus all it may generate; corrected on return."""
-    return _bytes(request) // 3 + 1 + request.max_new_tokens

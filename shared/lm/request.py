@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from shared.errors import InputError
 
 __all__ = [
+    "PROMPT_OVERHEAD",
     "ChoiceRequest",
     "ChoiceScore",
     "Generation",
@@ -17,6 +18,11 @@ __all__ = [
     "Prompt",
     "cut_at_stop",
 ]
+
+PROMPT_OVERHEAD = 32
+"""Tokens a token budget holds for each prompt (and each chat message) beyond its bytes: the
+special tokens and chat template a server adds. A byte-level tokenizer never makes more tokens
+than bytes, so a prompt's bytes plus these is its worst case."""
 
 Message = tuple[str, str]
 """A chat message: ``(role, content)``."""
@@ -45,6 +51,26 @@ class GenerationRequest:
             raise InputError(f"temperature must be 0 or more, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise InputError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def prompt_bytes(self) -> int:
+        """The UTF-8 size of the prompt (every message's content)."""
+        if isinstance(self.prompt, str):
+            return len(self.prompt.encode())
+        return sum(len(content.encode()) for _, content in self.prompt)
+
+    def worst_tokens(self) -> int:
+        """The most tokens the request can use, as a token budget holds it: its prompt's
+        bytes, :data:`PROMPT_OVERHEAD` for the prompt and each message, and all it may
+        generate."""
+        messages = 0 if isinstance(self.prompt, str) else len(self.prompt)
+        return self.prompt_bytes + PROMPT_OVERHEAD * (messages + 1) + self.max_new_tokens
+
+    def estimated_tokens(self) -> int:
+        """The request's tokens before it is sent, for a rate limit: its prompt's bytes over
+        three (a token is about four bytes of English) plus all it may generate; corrected
+        when it returns."""
+        return self.prompt_bytes // 3 + 1 + self.max_new_tokens
 
 
 @dataclass(frozen=True)
