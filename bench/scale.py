@@ -5,6 +5,9 @@ evalq runs it), with a one-field dataset of ``--samples`` rows:
 
   * ``evalq submit`` through the CLI: seconds and peak RSS;
   * end to end: submit to completed, samples/s (and from the end of submit);
+  * CPU per sample from submit to completed: Redis's (``INFO cpu``, user + system, main
+    process) and the workers' (every process of each worker's tree, from ``/proc`` through
+    psutil), in µs, and Redis's busiest commands (``INFO commandstats``, with ``--commands``);
   * Redis ``used_memory``: before the run, its peak while the run goes (sampled every 0.1 s),
     and once the run is archived (the run's own share = that minus before);
   * the AOF's size on disk once archived, and after a rewrite (``BGREWRITEAOF``, which Redis
@@ -12,7 +15,7 @@ evalq runs it), with a one-field dataset of ``--samples`` rows:
   * ``evalq results`` (jsonl to /dev/null, parquet to a file) and ``evalq report``: seconds
     and peak RSS, each a process of its own, reading the archived run.
 
-    python -m bench.scale [--samples N] [--workers 1,2] [--out PATH]
+    python -m bench.scale [--samples N] [--workers 1,2] [--commands] [--out PATH]
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import psutil
 import redis
 from rich.console import Console
 from rich.table import Table
@@ -72,6 +76,12 @@ class Measured:
     results_parquet_rss_mb: float
     report_s: float
     report_rss_mb: float
+    redis_cpu_us: float
+    """Redis's CPU (user + system) per sample from submit to completed."""
+    worker_cpu_us: float
+    """The workers' CPU (every process of their trees) per sample, same span."""
+    commands: dict[str, float]
+    """Redis's µs per sample by command (``INFO commandstats``), the busiest first."""
 
     @property
     def rate(self) -> float:
@@ -142,6 +152,59 @@ def _wait(probe: Callable[[], object], timeout: float, what: str) -> None:
         time.sleep(0.05)
 
 
+def _redis_cpu(client: redis.Redis) -> float:
+    info = client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+def _tree_cpu(pids: list[int]) -> float:
+    """CPU seconds (user + system) of the processes ``pids`` and their live descendants."""
+    total = 0.0
+    for pid in pids:
+        try:
+            root = psutil.Process(pid)
+            for process in [root, *root.children(recursive=True)]:
+                times = process.cpu_times()
+                total += times.user + times.system
+        except psutil.NoSuchProcess:
+            continue
+    return total
+
+
+def _command_us(client: redis.Redis) -> dict[str, float]:
+    """Redis's µs spent per command so far (``INFO commandstats``)."""
+    stats = client.info("commandstats")
+    return {name.removeprefix("cmdstat_"): float(v["usec"]) for name, v in stats.items()}
+
+
+class Costs:
+    """CPU per sample of Redis and of the workers over a ``with`` block, and Redis's µs per
+    sample by command (those over 0.05 µs, the busiest first)."""
+
+    def __init__(self, client: redis.Redis, workers: LocalWorkers, samples: int) -> None:
+        self._client = client
+        self._pids = [p.pid for p in workers.processes]
+        self._samples = samples
+        self.redis_us = self.workers_us = 0.0
+        self.commands: dict[str, float] = {}
+
+    def __enter__(self) -> Costs:
+        self._start = (_redis_cpu(self._client), _tree_cpu(self._pids), _command_us(self._client))
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        redis_cpu, workers_cpu, before = self._start
+        per = 1e6 / self._samples
+        self.redis_us = (_redis_cpu(self._client) - redis_cpu) * per
+        self.workers_us = (_tree_cpu(self._pids) - workers_cpu) * per
+        spent = {
+            name: (us - before.get(name, 0.0)) / self._samples
+            for name, us in _command_us(self._client).items()
+        }
+        busiest = sorted(spent.items(), key=lambda kv: -kv[1])
+        self.commands = {name: us for name, us in busiest if us > 0.05}
+
+
 def _aof_bytes(server: RedisServer) -> int:
     return sum(p.stat().st_size for p in server.data_dir.rglob("*.aof*") if p.is_file())
 
@@ -202,9 +265,11 @@ def measure(data: Path, samples: int, workers: int, root: Path, batch: int) -> M
             _wait(lambda: client.hget(RunKeys(small_id).meta, "archived"), 120, "small archive")
             _wait(lambda: _freed(client), 120, "Redis to free the small run's keys")
             before = int(client.info("memory")["used_memory"])
-            with Sampler(server.url) as sampler:
+            with Sampler(server.url) as sampler, Costs(client, pool, samples) as costs:
                 submit_s, submit_rss, run_id, end_to_end = run(samples)
+            with Sampler(server.url) as archiving:
                 _wait(lambda: client.hget(RunKeys(run_id).meta, "archived"), 600, "archive")
+            sampler.peak = max(sampler.peak, archiving.peak)
             _wait(lambda: _freed(client), 120, "Redis to free the unlinked keys")
             final = int(client.info("memory")["used_memory"])
             aof = _aof_bytes(server)
@@ -226,6 +291,7 @@ def measure(data: Path, samples: int, workers: int, root: Path, batch: int) -> M
             end_to_end - submit_s,
             _mb(before), _mb(sampler.peak), _mb(final), _mb(aof), _mb(aof_rewritten),
             jsonl_s, jsonl_rss, parquet_s, parquet_rss, report_s, report_rss,
+            costs.redis_us, costs.workers_us, costs.commands,
         )  # fmt: skip
     finally:
         server.stop()
@@ -245,6 +311,8 @@ def table(rows: list[Measured]) -> Table:
         ("end to end: s (samples/s)", lambda m: f"{m.end_to_end_s:.1f} ({m.rate:,.0f})"),
         (f"a {SMALL:,}-sample run: samples/s", lambda m: f"{m.small_rate:,.0f}"),
         ("after submit: s", lambda m: f"{m.after_submit_s:.1f}"),
+        ("Redis CPU per sample: µs", lambda m: f"{m.redis_cpu_us:.1f}"),
+        ("workers' CPU per sample: µs", lambda m: f"{m.worker_cpu_us:.1f}"),
         ("Redis used_memory before: MB", lambda m: f"{m.redis_before_mb:.1f}"),
         ("Redis used_memory peak: MB", lambda m: f"{m.redis_peak_mb:.1f}"),
         ("Redis used_memory archived: MB", lambda m: f"{m.redis_final_mb:.1f}"),
@@ -271,6 +339,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--samples", type=int, default=1_000_000)
     parser.add_argument("--workers", default="1,2")
     parser.add_argument("--batch", type=int, default=64, help="EVALQ_MAX_BATCH of the workers")
+    parser.add_argument(
+        "--commands", action="store_true", help="also print Redis's µs per sample by command"
+    )
     parser.add_argument("--out", type=Path, default=Path("bench/scale.json"))
     args = parser.parse_args(argv)
     rows: list[Measured] = []
@@ -282,6 +353,10 @@ def main(argv: list[str] | None = None) -> None:
             rows.append(measure(data, args.samples, count, root, args.batch))
             console.print(table(rows))
     Console().print(table(rows))
+    if args.commands:
+        for row in rows:
+            busiest = ", ".join(f"{k} {v:.1f}" for k, v in list(row.commands.items())[:12])
+            Console().print(f"{row.workers} worker(s), Redis µs per sample by command: {busiest}")
     save(args.out, [asdict(r) | {"samples_per_s": r.rate} for r in rows], console)
 
 

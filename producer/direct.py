@@ -60,7 +60,7 @@ class Direct:
         self.admin = admin
         self.principal = principal
         self.sees_sources = sees_sources
-        self.redis = client or connect(settings.redis_url, retries=CLI_RETRIES)
+        self.redis = client or connect(settings.redis, retries=CLI_RETRIES)
         self._app = app
         self.runs = RunStore(self.redis)
         self.results = ResultReader(self.redis)

@@ -12,6 +12,7 @@ import re
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
 from types import TracebackType
@@ -105,8 +106,12 @@ class RedisServer:
         appendonly: bool = False,
         aclfile: Path | None = None,
         binary: str | None = None,
+        *,
+        options: Sequence[str] = (),
     ) -> None:
         self.data_dir = data_dir
+        self.options = list(options)
+        """More ``--name value`` arguments (``--replicaof``, ``--min-replicas-to-write``, ...)."""
         self.aclfile = aclfile
         self.binary = binary
         self.port = port or free_port()
@@ -136,6 +141,7 @@ class RedisServer:
             "--maxmemory-policy", "noeviction",
             "--logfile", str(self.data_dir / "redis.log"),
             *(["--aclfile", str(self.aclfile)] if self.aclfile else []),
+            *self.options,
         ]  # fmt: skip
         # its own session: a Ctrl-C at the terminal reaches the process that started it, which
         # stops it last, not the server first under its clients
@@ -194,6 +200,13 @@ class RedisServer:
                 self._process.kill()
                 self._process.wait()
         self._process = None
+
+    def kill(self) -> None:
+        """SIGKILL the server, as a host that dies would stop it (nothing flushed)."""
+        if self._process is not None:
+            self._process.kill()
+            self._process.wait()
+            self._process = None
 
     def restart(self) -> None:
         """Stop and start again on the same port and data folder."""

@@ -1,5 +1,21 @@
 """Redis clients: made here, from a URL, and handed to whoever needs one.
 
+The URL names one Redis (``redis://``, ``rediss://``, ``unix://``) or a Sentinel group
+(``sentinel://h1:26379;sentinel://h2:26379;sentinel://h3:26379``, kombu's form, with the master's
+name from ``EVALQ_REDIS_SENTINEL_MASTER``; user, password and database go in the first part,
+``sentinel://user:password@h1:26379/0``, and are the master's). A Sentinel client asks the
+sentinels for the master at each new connection (redis-py's ``redis.sentinel``), so after a
+failover it reconnects to the new master by itself: the old master's connections fail, and
+the client's retries (``retries`` tries, backing off from 50 ms to 2 s) open new ones; a
+command refused because the master has no replica to write to (``NOREPLICAS``, see
+``min-replicas-to-write``) or is still loading is retried the same way.
+
+Replication is asynchronous: a write the master acknowledged can be lost if it dies before a
+replica has it. :func:`confirm` waits (``WAIT``) until ``replicas`` replicas hold everything
+this process wrote so far; writes that must survive a failover (reservations, refunds,
+settles, finalization, registry, tier and token changes) call it before they are reported
+done.
+
 A command Redis refuses for the client's ACL user raises redis-py's ``NoPermissionError`` as
 usual, with a message that says which user was refused which command on which keys
 (:func:`refusal`): Redis's own answer names neither.
@@ -7,19 +23,94 @@ usual, with a message that says which user was refused which command on which ke
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
-from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from dataclasses import dataclass
+from typing import Any, cast
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 import redis
 import redis.asyncio
+import redis.asyncio.sentinel
+import redis.sentinel
+from redis._parsers.base import BaseParser
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from shared.errors import InputError, first_line
+from shared.target import Target, is_sentinel
 
-__all__ = ["connect", "connect_async", "redact", "refusal", "server_time"]
+__all__ = [
+    "Target",
+    "confirm",
+    "connect",
+    "connect_async",
+    "is_sentinel",
+    "redact",
+    "refusal",
+    "server_time",
+]
+
+log = logging.getLogger(__name__)
+
+
+class NoReplicasError(redis.ResponseError):
+    """``NOREPLICAS``: the master has fewer good replicas than ``min-replicas-to-write`` (one
+    is being promoted or resynchronized); the write did nothing and may be tried again."""
+
+
+BaseParser.EXCEPTION_CLASSES.setdefault("NOREPLICAS", NoReplicasError)
+_TRANSIENT: list[type[Exception]] = [
+    redis.ConnectionError,
+    redis.TimeoutError,
+    redis.exceptions.BusyLoadingError,
+    NoReplicasError,
+]
+"""Errors after which the command is sent again (a new connection for the first two)."""
+
+
+@dataclass(frozen=True)
+class _Group:
+    sentinels: list[tuple[str, int]]
+    master: dict[str, Any]
+    """The master's connection arguments: username, password, db."""
+
+
+def _group(url: str) -> _Group:
+    sentinels: list[tuple[str, int]] = []
+    master: dict[str, Any] = {}
+    for part in (p.strip() for p in url.split(";")):
+        if not part:
+            continue
+        parsed = urlsplit(part)
+        if parsed.scheme.lower() != "sentinel" or not parsed.hostname:
+            raise ValueError("each part must be sentinel://[user:password@]host:port[/db]")
+        sentinels.append((parsed.hostname, parsed.port or 26379))
+        if parsed.username and "username" not in master:
+            master["username"] = unquote(parsed.username)
+        if parsed.password and "password" not in master:
+            master["password"] = unquote(parsed.password)
+        db = parsed.path.strip("/")
+        if db and "db" not in master:
+            master["db"] = int(db)
+    if not sentinels:
+        raise ValueError("no sentinel named")
+    return _Group(sentinels, master)
+
+
+def _target(target: str | Target) -> Target:
+    return target if isinstance(target, Target) else Target(target)
+
+
+def _master_name(target: Target) -> str:
+    if not target.master:
+        raise InputError(
+            "the Redis URL names sentinels: set EVALQ_REDIS_SENTINEL_MASTER to the name of "
+            "the master they watch"
+        )
+    return target.master
+
 
 _SCRIPTS = frozenset({"EVAL", "EVALSHA", "EVAL_RO", "EVALSHA_RO", "FCALL", "FCALL_RO"})
 _ALL_KEYS = frozenset({"DEL", "UNLINK", "EXISTS", "MGET", "TOUCH", "WATCH"})
@@ -53,6 +144,9 @@ class _Pipeline(redis.client.Pipeline):
 class _Client(redis.Redis):
     """``redis.Redis`` whose refused commands name their keys and user (see :func:`refusal`)."""
 
+    confirming: tuple[int, int] = (0, 0)
+    """(replicas, milliseconds): what :func:`confirm` waits for."""
+
     def execute_command(self, *args: Any, **options: Any) -> Any:
         try:
             return super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
@@ -70,40 +164,65 @@ def _user(pool: redis.ConnectionPool) -> str:
     return str(pool.connection_kwargs.get("username") or "default")
 
 
-def connect(url: str, *, retries: int = 8) -> redis.Redis:
-    """A client that decodes replies to ``str`` and rides out short connection drops
-    (``retries`` tries with exponential back-off from 50 ms, capped at 2 s). A malformed URL
-    is an :class:`InputError` (its message never holds the URL, which may hold a password)."""
+def connect(target: str | Target, *, retries: int = 8) -> redis.Redis:
+    """A client that decodes replies to ``str`` and rides out short connection drops and
+    failovers (``retries`` tries with exponential back-off from 50 ms, capped at 2 s). A
+    malformed URL is an :class:`InputError` (its message never holds the URL, which may hold a
+    password)."""
+    where = _target(target)
+    options: dict[str, Any] = {
+        "decode_responses": True,
+        "health_check_interval": 30,
+        "retry": Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=retries),
+        "retry_on_error": _TRANSIENT,
+    }
     try:
-        return _from_url(url, retries)
+        if is_sentinel(where.url):
+            group = _group(where.url)
+            sentinel = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+                group.sentinels,
+                sentinel_kwargs={"socket_timeout": 2.0, "socket_connect_timeout": 2.0},
+            )
+            client: _Client = sentinel.master_for(  # type: ignore[no-untyped-call]
+                _master_name(where), redis_class=_Client, **group.master, **options
+            )
+        else:
+            client = cast(_Client, _Client.from_url(where.url, **options))
     except ValueError as exc:
         raise InputError(
             f"the Redis URL (EVALQ_REDIS_URL) is malformed: {first_line(exc)}"
         ) from None
+    client.confirming = (where.replicas, where.wait_ms)
+    return client
 
 
-def _from_url(url: str, retries: int) -> redis.Redis:
-    return _Client.from_url(
-        url,
-        decode_responses=True,
-        health_check_interval=30,
-        retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=retries),
-        retry_on_error=[redis.ConnectionError, redis.TimeoutError],
-    )
-
-
-def connect_async(url: str, *, max_connections: int, retries: int = 8) -> redis.asyncio.Redis:
+def connect_async(
+    target: str | Target, *, max_connections: int, retries: int = 8
+) -> redis.asyncio.Redis:
     """:func:`connect`'s asyncio twin (``redis.asyncio``), for code on an event loop: the
     gateway's token look-ups and its results streams' waits. It holds at most
-    ``max_connections`` connections; a command that finds them all taken waits for one."""
+    ``max_connections`` connections; a command that finds them all taken waits for one (with
+    Sentinel: fails, as redis-py's Sentinel pool does not wait)."""
+    where = _target(target)
+    options: dict[str, Any] = {
+        "decode_responses": True,
+        "health_check_interval": 30,
+        "retry": AsyncRetry(ExponentialBackoff(cap=2.0, base=0.05), retries=retries),
+        "retry_on_error": _TRANSIENT,
+    }
     try:
+        if is_sentinel(where.url):
+            group = _group(where.url)
+            watch = redis.asyncio.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+                group.sentinels,
+                sentinel_kwargs={"socket_timeout": 2.0, "socket_connect_timeout": 2.0},
+            )
+            master: redis.asyncio.Redis = watch.master_for(
+                _master_name(where), max_connections=max_connections, **group.master, **options
+            )
+            return master
         pool = redis.asyncio.BlockingConnectionPool.from_url(
-            url,
-            max_connections=max_connections,
-            decode_responses=True,
-            health_check_interval=30,
-            retry=AsyncRetry(ExponentialBackoff(cap=2.0, base=0.05), retries=retries),
-            retry_on_error=[redis.ConnectionError, redis.TimeoutError],
+            where.url, max_connections=max_connections, **options
         )
     except ValueError as exc:
         raise InputError(
@@ -112,9 +231,36 @@ def connect_async(url: str, *, max_connections: int, retries: int = 8) -> redis.
     return redis.asyncio.Redis.from_pool(pool)
 
 
+_CONFIRM_CHANNEL = "evalq:confirm"
+
+
+def confirm(client: redis.Redis) -> int:
+    """Wait until the client's replicas (:attr:`Target.replicas`) hold everything this process
+    has written so far, at most :attr:`Target.wait_ms`; return how many did (0 at once when it
+    waits for none). One connection publishes a message nobody reads, which replicates after
+    every earlier write, and waits for its replication (``WAIT``). A replica that did not
+    answer in time is logged, not raised: the write stands on the master, and
+    ``min-replicas-to-write`` keeps a master without replicas from taking more."""
+    replicas, wait_ms = getattr(client, "confirming", (0, 0))
+    if replicas <= 0:
+        return 0
+    with client.client() as one:  # type: ignore[no-untyped-call]
+        one.publish(_CONFIRM_CHANNEL, "")
+        acked = int(one.wait(replicas, wait_ms))
+    if acked < replicas:
+        log.warning(
+            "Redis confirmed the last writes on %d of %d replicas within %d ms: they are "
+            "lost if the master fails before a replica has them",
+            acked, replicas, wait_ms,
+        )  # fmt: skip
+    return acked
+
+
 def redact(url: str) -> str:
     """``url`` with its password (``user:password@`` or ``?password=``) replaced by ``***``, for
-    messages and logs."""
+    messages and logs (each part of a Sentinel group's)."""
+    if ";" in url:
+        return ";".join(redact(part) for part in url.split(";"))
     parts = urlsplit(url)
     netloc = parts.netloc
     if "@" in netloc:

@@ -316,6 +316,14 @@ class RunKeys:
             return self._key("score_attempts")
         return self._key("attempts")
 
+    def deliveries_of(self, stage: Stage) -> str:
+        """Hash: message key -> times a message of several of the run's samples was delivered
+        for inference (``deliveries``) or scoring (``score_deliveries``): its samples' attempts
+        while none is counted alone."""
+        if stage is Stage.SCORE:
+            return self._key("score_deliveries")
+        return self._key("deliveries")
+
     @property
     def spill(self) -> str:
         """Hash: ``rows`` -> samples per segment (positions ``k*rows`` up to ``(k+1)*rows`` of
@@ -335,7 +343,8 @@ class RunKeys:
         (``seal.lua``) or purged."""
         return [
             self.out, self.score, self.err, self.attempts_of(Stage.INFER),
-            self.attempts_of(Stage.SCORE), self.settled, self.ids, self.backlog,
+            self.attempts_of(Stage.SCORE), self.deliveries_of(Stage.INFER),
+            self.deliveries_of(Stage.SCORE), self.settled, self.ids, self.backlog,
             self.backlog_of(Stage.SCORE), self.spill, self.spilled,
         ]  # fmt: skip
 

@@ -5,11 +5,12 @@ rows.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from shared.source import stale_note
 
@@ -113,6 +114,21 @@ class SampleTask(BaseModel):
     solo: bool = False
     """The sample travels alone, to be run in a batch of its own: it was tried before and
     may be one that kills its worker process."""
+    _delivery: str | None = PrivateAttr(default=None)
+
+    def delivered_as(self, key: str) -> SampleTask:
+        """This payload, named by ``key`` (its message's task id: the same on each delivery of
+        the message, never part of its body); returns itself."""
+        self._delivery = key
+        return self
+
+    @property
+    def delivery(self) -> str:
+        """What names this message across its deliveries: its task id, or (a payload not read
+        from a message) a digest of its ids."""
+        if self._delivery is not None:
+            return self._delivery
+        return hashlib.blake2b(repr(self.sample_ids).encode(), digest_size=8).hexdigest()
 
     @classmethod
     def parse(cls, kwargs: object) -> SampleTask:

@@ -16,6 +16,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from shared.errors import InputError
+from shared.target import Target, is_sentinel
 
 __all__ = ["Settings", "get_settings"]
 
@@ -33,6 +34,20 @@ class Settings(BaseSettings):
     ``EVALQ_REDIS_URL``, which may not be set as well: a worker's credential in a file only its
     user can read keeps the password out of its environment, and so out of reach of every
     program started with it."""
+
+    redis_sentinel_master: str | None = None
+    """With a Sentinel group in ``redis_url`` / ``broker_url``
+    (``sentinel://h1:26379;sentinel://h2:26379;sentinel://h3:26379``): the name of the master the
+    sentinels watch."""
+
+    redis_wait_replicas: int | None = Field(default=None, ge=0)
+    """Replicas that must hold a write that may not be lost (a reservation, a refund, a settle,
+    a registry change) before it is reported done (``WAIT``). Unset: 1 with a Sentinel group,
+    else 0 (none waited for)."""
+
+    redis_wait_ms: int = Field(default=2000, ge=1)
+    """How long such a write waits for its replicas; after that it stands on the master alone,
+    with a warning in the log."""
 
     broker_url: str | None = None
     """Celery broker; defaults to ``redis_url``."""
@@ -217,6 +232,22 @@ class Settings(BaseSettings):
     def broker(self) -> str:
         """The broker URL in effect."""
         return self.broker_url or self.redis_url
+
+    @property
+    def redis(self) -> Target:
+        """Where the store is: :attr:`redis_url` with its Sentinel master and replica waits."""
+        return self._target(self.redis_url)
+
+    @property
+    def broker_target(self) -> Target:
+        """Where the broker is, as :attr:`redis`."""
+        return self._target(self.broker)
+
+    def _target(self, url: str) -> Target:
+        replicas = self.redis_wait_replicas
+        if replicas is None:
+            replicas = 1 if is_sentinel(url) else 0
+        return Target(url, self.redis_sentinel_master, replicas, self.redis_wait_ms)
 
     def for_processes(self, processes: int) -> Settings:
         """These settings for one of ``processes`` worker processes sharing this machine: with

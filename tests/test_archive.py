@@ -44,7 +44,7 @@ from shared.store.retention import archive_due, parse_age, purge
 from shared.store.runs import RunStore
 from shared.store.seal import Sealer, SealOutcome
 from shared.store.spill import Spill, Spiller, SpillOutcome
-from shared.store.writer import ResultWriter
+from shared.store.writer import Delivery, ResultWriter
 from tests.conftest import Stack
 from tests.helpers import (
     evalq,
@@ -359,7 +359,8 @@ def test_nothing_is_written_for_a_run_once_it_is_sealed_or_purged(
     run_id = _ended_run(client, tmp_path / "archive")
     assert archive_run(client, run_id).sealed is SealOutcome.SEALED
     assert writer.record_outputs(run_id, {0: "1", 7: "2"}) == 0
-    assert writer.attempt(run_id, {0: False, 7: True}) == {0: 0, 7: 0}
+    tried = [Delivery("m", False, [0]), Delivery("s", True, [7])]
+    assert writer.attempt(run_id, tried) == {0: 0, 7: 0}
     assert _live_keys_of(client, run_id) == []
     assert results.progress(run_id).inferred == 25
     purge(client, run_id, str(tmp_path / "archive"))
@@ -460,7 +461,8 @@ def test_a_going_run_spills_its_complete_segments_and_reads_the_same(
     assert _store_reads(results, run_id) == before
 
     assert writer.record_outputs(run_id, {3: '"again"', 20: '"again"'}) == 0
-    assert writer.attempt(run_id, {3: True, 20: False}) == {3: 0, 20: 0}
+    tried = [Delivery("s", True, [3]), Delivery("m", False, [20])]
+    assert writer.attempt(run_id, tried) == {3: 0, 20: 0}
     assert writer.record_scores(run_id, {3: {"acc": 9.0}}).written == 0
     failed = ErrorRecord(stage=Stage.INFER, kind="RuntimeError", message="late")
     assert writer.record_errors(run_id, {20: failed}).written == 0

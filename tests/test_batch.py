@@ -36,7 +36,7 @@ from shared.queue.sizing import split
 from shared.settings import Settings
 from shared.store.reader import ResultReader
 from shared.store.runs import RunStore
-from shared.store.writer import ResultWriter
+from shared.store.writer import Delivery, ResultWriter
 from tests.helpers import ended_view, labelled_rows, record_run, write_rows
 from worker.batch import Resources
 from worker.inference import infer_batch
@@ -148,7 +148,9 @@ def test_outputs_are_stored_once_without_labels_and_sent_on_to_scoring(bench: Be
 
     infer_batch(bench.res, [task(meta, list(range(20)))])  # a redelivery
     assert bench.res.reader.progress(meta.run_id).inferred == 20
-    assert bench.res.writer.attempt(meta.run_id, {0: True}) == {0: 2}  # never ran again
+    # the message was counted once: a third delivery finds it delivered once before
+    again = Delivery(task(meta, list(range(20))).delivery, False, [0])
+    assert bench.res.writer.attempt(meta.run_id, [again]) == {0: -1}
 
 
 def test_scoring_settles_every_sample_and_the_last_write_finalizes(bench: Bench) -> None:
@@ -192,8 +194,8 @@ def test_a_raising_batch_retries_its_rows_alone_then_ends_them(bench: Bench) -> 
 
 def test_a_sample_tried_before_is_not_run_with_others_but_sent_on_alone(bench: Bench) -> None:
     meta = bench.run("spy", labelled_rows(6))
-    # sample 2's earlier attempt started and never finished (its worker died)
-    assert bench.res.writer.attempt(meta.run_id, {2: False}) == {2: 1}
+    # sample 2's earlier attempt, alone, started and never finished (its worker died)
+    assert bench.res.writer.attempt(meta.run_id, [Delivery("earlier", True, [2])]) == {2: 1}
     infer_batch(bench.res, [task(meta, list(range(6)))])
 
     assert set(bench.res.reader.outputs(meta.run_id, list(range(6)))) == {0, 1, 3, 4, 5}
@@ -204,10 +206,33 @@ def test_a_sample_tried_before_is_not_run_with_others_but_sent_on_alone(bench: B
     assert 2 in bench.res.reader.outputs(meta.run_id, [2])
 
 
+def test_a_message_is_counted_once_and_its_redelivery_sends_each_sample_alone(
+    bench: Bench,
+) -> None:
+    """A first delivery writes one count for the whole message, none per sample; delivered
+    again (its worker died mid-batch), every sample goes alone, counted from the message's
+    deliveries, and alone goes on counting from there up to the limit."""
+    meta = bench.run("spy", labelled_rows(6))
+    keys = RunKeys(meta.run_id)
+    attempts = keys.attempts_of(Stage.INFER)
+    message = Delivery("task-1", False, list(range(6)))
+    assert bench.res.writer.attempt(meta.run_id, [message]) == dict.fromkeys(range(6), 1)
+    assert bench.client.hgetall(keys.deliveries_of(Stage.INFER)) == {"task-1": "1"}
+    assert not bench.client.exists(attempts)
+
+    assert bench.res.writer.attempt(meta.run_id, [message]) == dict.fromkeys(range(6), -1)
+    assert bench.client.hmget(attempts, [str(i) for i in range(6)]) == ["1"] * 6
+    alone = Delivery("task-2", True, [4])
+    assert bench.res.writer.attempt(meta.run_id, [alone]) == {4: 2}
+    assert bench.res.writer.attempt(meta.run_id, [alone]) == {4: 3}
+    third = bench.res.writer.attempt(meta.run_id, [message])
+    assert third == dict.fromkeys(range(6), -2) | {4: -3}
+
+
 def test_a_sample_whose_every_attempt_died_ends_as_one_terminal_error(bench: Bench) -> None:
     meta = bench.run("spy", labelled_rows(5))
     for _ in range(MAX_ATTEMPTS):
-        bench.res.writer.attempt(meta.run_id, {1: True})
+        bench.res.writer.attempt(meta.run_id, [Delivery("alone", True, [1])])
     infer_batch(bench.res, [task(meta, [1], solo=True)])
 
     record = bench.res.reader.fetch(meta.run_id, [1])[0]
@@ -453,3 +478,4 @@ def test_scoring_in_the_same_job_leaves_no_count_for_a_sample_settled_meanwhile(
     assert (progress.scored, progress.failed) == (2, 1)
     keys = RunKeys(meta.run_id)
     assert bench.client.exists(keys.attempts_of(Stage.INFER), keys.attempts_of(Stage.SCORE)) == 0
+    assert bench.client.exists(keys.deliveries_of(Stage.INFER)) == 0

@@ -33,7 +33,7 @@ from shared.queue.sizing import split
 from shared.store.provenance import ProvenanceStore, of_worker
 from shared.store.reader import ResultReader
 from shared.store.runs import RunStore
-from shared.store.writer import ResultWriter, Settled
+from shared.store.writer import Delivery, ResultWriter, Settled
 from worker.lru import LRU
 from worker.runtime_pool import RuntimePool
 from worker.shard_cache import ShardCache
@@ -132,7 +132,12 @@ class RunShare:
         self.errors: dict[int, ErrorRecord] = {}
         self.outputs: dict[int, str] = {}
         self.attempts: dict[int, int] = {}
-        self.solo: set[int] = set()
+        self.deliveries: list[Delivery] = []
+        """The messages that brought the samples, as they came (an id once, in the first)."""
+        self.alone: set[int] = set()
+        """Samples with an attempt count of their own (see ``ResultWriter.attempt``)."""
+        self.stage = Stage.INFER
+        """The stage whose attempts were counted last."""
         self.retry: list[int] = []
         self.ids: list[int] = []
         self.known: dict[int, Any] = {}
@@ -141,15 +146,16 @@ class RunShare:
         if not self.meta.status.active:
             return
         ranges = res.members.get_or_create(run_id, lambda: _ranges(res.runs.sample_ids(run_id)))
+        seen: set[int] = set()
         for task in tasks:
             refused = self._refusal(task, ranges)
             if refused:
                 log.error("dropping a message of run %s: %s", run_id, refused)
                 continue
-            self.ids.extend(task.sample_ids)
-            if task.solo:
-                self.solo.update(task.sample_ids)
-        self.ids = list(dict.fromkeys(self.ids))
+            fresh = [i for i in dict.fromkeys(task.sample_ids) if i not in seen]
+            seen.update(fresh)
+            self.ids.extend(fresh)
+            self.deliveries.append(Delivery(task.delivery, task.solo, fresh))
         if self.ids:
             self.evaluation: Evaluation = res.runtimes.evaluation(self.meta)
 
@@ -173,7 +179,7 @@ class RunShare:
         wrote was stored (``stored``: none lost to another worker's), those outputs."""
         run = copy.copy(self)
         run.ids, run.errors, run.outputs, run.attempts, run.retry = ids, {}, {}, {}, []
-        run.solo = set()
+        run.alone = set(self.alone)
         run._rows = {i: row for i, row in self._rows.items() if _immutable(row)}
         run.known = (
             {i: json.loads(self.outputs[i]) for i in ids if i in self.outputs} if stored else {}
@@ -212,7 +218,15 @@ class RunShare:
         return those to run now. A sample tried before that came with others goes to
         ``retry``, to travel alone; one whose every attempt died with its worker process ends
         here as a terminal error."""
-        counts = self.res.writer.attempt(self.run_id, {i: i in self.solo for i in todo}, stage)
+        self.stage = stage
+        wanted = set(todo)
+        deliveries = [
+            Delivery(d.key, d.solo, [i for i in d.sample_ids if i in wanted])
+            for d in self.deliveries
+        ]
+        counts = self.res.writer.attempt(self.run_id, deliveries, stage)
+        solo = {i for d in deliveries if d.solo for i in d.sample_ids}
+        self.alone.update(i for i, count in counts.items() if count != 1 or i in solo)
         self.retry.extend(i for i, count in counts.items() if count < 0)
         self.attempts = {i: count for i, count in counts.items() if count > 0}
         limit = self.res.max_attempts
@@ -226,6 +240,11 @@ class RunShare:
         return [i for i in self.attempts if i not in self.errors]
 
     def send_retries(self, task_name: str) -> None:
+        """Send the samples to retry on alone, each with the count of its attempts so far."""
+        carried = {i: self.attempts[i] for i in self.retry if i not in self.alone}
+        if carried:
+            self.res.writer.carry_attempts(self.run_id, carried, self.stage)
+            self.alone.update(carried)
         if self.retry:
             log.warning(
                 "run %s: %d samples go back to the queue alone", self.run_id, len(self.retry)
@@ -234,7 +253,8 @@ class RunShare:
 
     def settle_errors(self) -> None:
         if self.errors:
-            self.settled(self.res.writer.record_errors(self.run_id, self.errors))
+            alone = not self.alone.isdisjoint(self.errors)
+            self.settled(self.res.writer.record_errors(self.run_id, self.errors, alone))
 
     def settled(self, done: Settled) -> None:
         """After a settling write: finalize the run if it fell to this caller, else ask for a

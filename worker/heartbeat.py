@@ -66,10 +66,10 @@ class PresenceThread(threading.Thread):
 
     def run(self) -> None:
         settings = self._settings
-        client = connect(settings.redis_url)
+        client = connect(settings.redis)
         presence = Presence(client)
         backlog = Backlog(client)
-        broker = Broker(self._app, connect(settings.broker))
+        broker = Broker(self._app, connect(settings.broker_target))
         janitor = Janitor(client, broker, self._app, settings)
         every = sweep_every(settings)
         lease = max(3 * every, settings.heartbeat_interval * HEARTBEAT_MISSES)

@@ -127,7 +127,8 @@ def score_all(res: Resources, batch: Batch) -> set[str]:
         scores, grades = _score(res, run, rows, outputs)
         if scores:
             res.record_provenance(run.run_id, run.evaluation)
-            run.settled(res.writer.record_scores(run.run_id, scores, grades))
+            alone = not run.alone.isdisjoint(scores)
+            run.settled(res.writer.record_scores(run.run_id, scores, grades, alone))
         elif (
             not run.errors
             and not run.retry

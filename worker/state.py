@@ -85,7 +85,7 @@ class WorkerState:
     def client(self) -> redis.Redis:
         """This process's Redis client, opened on first use."""
         if self._client is None:
-            self._client = connect(self._settings.redis_url)
+            self._client = connect(self._settings.redis)
         return self._client
 
     def _archive(self, run_id: str) -> None:

@@ -41,7 +41,7 @@ from celery_batches import Batches, SimpleRequest, consume_queue
 from celery_batches.trace import apply_batches_task
 from kombu.transport.virtual import QoS as VirtualQoS
 
-from shared.connection import connect, server_time
+from shared.connection import Target, connect, server_time
 from shared.errors import PayloadError, UnknownRunError, first_line
 from shared.evaluation import registered
 from shared.models import SampleTask
@@ -148,7 +148,7 @@ class SampleBatches(Batches):  # type: ignore[misc]
     abstract = True
     flush_samples = 64
     flush_every = 1 << 30  # the base class's message count never triggers; samples do
-    redis_url = ""  # set by register_tasks: where to look a forwarded message's run up
+    redis = Target("")  # set by register_tasks: where to look a forwarded message's run up
     runs: RunStore | None = None
 
     def __init__(self) -> None:
@@ -256,7 +256,7 @@ class SampleBatches(Batches):  # type: ignore[misc]
         queue = evaluation_queue(STAGE_QUEUES[self.name], payload.eval)
         try:
             if self.runs is None:
-                self.runs = RunStore(connect(self.redis_url))
+                self.runs = RunStore(connect(self.redis))
             meta = self.runs.get(payload.run_id)
             owner, language = meta.eval, meta.task is not None
         except UnknownRunError:
@@ -369,7 +369,7 @@ def parse_requests(requests: Sequence[SimpleRequest]) -> list[tuple[str, SampleT
         try:
             if request.args:
                 raise PayloadError("positional arguments are not accepted")
-            tasks.append((request.id, SampleTask.parse(request.kwargs)))
+            tasks.append((request.id, SampleTask.parse(request.kwargs).delivered_as(request.id)))
         except (PayloadError, ValueError, TypeError) as exc:
             log.error(
                 "dropping malformed %s message %s: %s", request.name, request.id, first_line(exc)
@@ -396,7 +396,7 @@ def register_tasks(app: Celery, state: WorkerState, settings: Settings) -> None:
             flush_interval=settings.batch_wait,
             time_limit=settings.task_time_limit,
             acks_late=True,
-            redis_url=settings.redis_url,
+            redis=settings.redis,
         )(handle)
 
     batch_task(INFER_TASK, infer_batch)

@@ -104,7 +104,7 @@ def metrics(
     from producer.metrics import serve
     from shared.connection import connect
 
-    server = serve(connect(get_settings().redis_url), address, port, runs_shown)
+    server = serve(connect(get_settings().redis), address, port, runs_shown)
     err.print(f"serving metrics on http://{address}:{server.port}/metrics")
     server.wait()
 
@@ -168,7 +168,7 @@ def retention(as_json: JsonFlag = False) -> None:
     from shared.connection import connect
     from shared.store.retention import retain
 
-    done = retain(connect(get_settings().redis_url), get_settings())
+    done = retain(connect(get_settings().redis), get_settings())
     if as_json:
         print_json({"trimmed": done.trimmed, "purged": done.purged})
         return

@@ -42,9 +42,9 @@ class Context:
     @classmethod
     def open(cls, settings: Settings) -> Self:
         """Connect to ``settings.redis_url`` and load the evaluation plugins."""
-        store = connect(settings.redis_url)
+        store = connect(settings.redis)
         # a connection per open stream (its XREAD BLOCK), and some for the token look-ups
-        waits = connect_async(settings.redis_url, max_connections=settings.gateway_streams + 64)
+        waits = connect_async(settings.redis, max_connections=settings.gateway_streams + 64)
         load_plugins(settings.plugins)
         slots = StreamSlots(settings.gateway_streams_per_principal, settings.gateway_streams)
         return cls(

@@ -52,9 +52,9 @@ class Ledger:
 
     def __init__(self, client: redis.Redis) -> None:
         self._client = client
-        self._reserve = register(client, "shared.access", "reserve")
-        self._refund = register(client, "shared.access", "refund")
-        self._set_budget = register(client, "shared.access", "set_budget")
+        self._reserve = register(client, "shared.access", "reserve", confirmed=True)
+        self._refund = register(client, "shared.access", "refund", confirmed=True)
+        self._set_budget = register(client, "shared.access", "set_budget", confirmed=True)
 
     def get(self, dataset: str, split: str, caller: str | None = None) -> Budget:
         """The split's budget, or ``caller``'s on it (unlimited and unused when none is

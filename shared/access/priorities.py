@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import redis
 
+from shared.connection import confirm
 from shared.errors import ForbiddenError
 from shared.keys import PRIORITIES
 from shared.models import Priority
@@ -89,6 +90,7 @@ class PriorityStore:
             pipe.hset(PRIORITIES, field, priority.value)
             record(pipe, "priority_set", who, after=priority.value, **where)
             pipe.execute()
+        confirm(self._client)
 
     def listed(self) -> dict[str, Priority]:
         """Every default: ``principal:<name>`` / ``split:<dataset>/<split>`` -> priority."""

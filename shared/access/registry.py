@@ -66,7 +66,7 @@ class DatasetRegistry:
 
     def __init__(self, client: redis.Redis) -> None:
         self._client = client
-        self._add = register(client, "shared.access", "add_dataset")
+        self._add = register(client, "shared.access", "add_dataset", confirmed=True)
 
     def add(
         self,

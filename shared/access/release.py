@@ -19,6 +19,7 @@ import redis
 from pydantic import ValidationError
 
 from shared.access.ladder import Best, Decision, Release, Released, ReleaseRule, release
+from shared.connection import confirm
 from shared.errors import EvalqError
 from shared.evaluation import lower_is_better
 from shared.keys import AUDIT, release_best_key, release_config_key, release_run_key
@@ -52,7 +53,7 @@ class ReleaseStore:
 
     def __init__(self, client: redis.Redis) -> None:
         self._client = client
-        self._commit = register(client, "shared.access", "release")
+        self._commit = register(client, "shared.access", "release", confirmed=True)
 
     def set_rule(self, dataset: str, split: str, release: Release, *, who: str) -> None:
         """Set a split's release rule (audited)."""
@@ -64,6 +65,7 @@ class ReleaseStore:
             after = release.model_dump(mode="json")
             record(pipe, "release_rule", who, dataset=dataset, split=split, after=after)
             pipe.execute()
+        confirm(self._client)
 
     def rule(self, dataset: str, split: str) -> ReleaseRule | None:
         """The split's configured rule; None when it has none or it cannot be read (the policy

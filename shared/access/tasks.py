@@ -29,7 +29,7 @@ class TaskRegistry:
 
     def __init__(self, client: redis.Redis) -> None:
         self._client = client
-        self._add = register(client, "shared.access", "add_task")
+        self._add = register(client, "shared.access", "add_task", confirmed=True)
 
     def add(
         self, name: str, text: str, *, who: str

@@ -23,7 +23,7 @@ class TierRegistry:
 
     def __init__(self, client: redis.Redis) -> None:
         self._client = client
-        self._set_tier = register(client, "shared.access", "set_tier")
+        self._set_tier = register(client, "shared.access", "set_tier", confirmed=True)
 
     def lookup(self, dataset: str, split: str) -> Tier | None:
         """The split's listed tier, or None when it is not listed (an unreadable entry reads as

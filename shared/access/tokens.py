@@ -15,6 +15,7 @@ import redis
 import redis.asyncio
 
 from shared.access.roles import Caller, Role, TokenRecord
+from shared.connection import confirm
 from shared.keys import TOKENS
 from shared.names import check_name
 from shared.store import audit
@@ -51,6 +52,7 @@ class TokenStore:
             pipe.hset(TOKENS, _digest(token), record.model_dump_json())
             audit.record(pipe, "token_create", who, principal=principal, after=record.role.value)
             pipe.execute()
+        confirm(self._client)
         return token
 
     def caller(self, token: str) -> Caller | None:
@@ -77,6 +79,7 @@ class TokenStore:
             pipe.hdel(TOKENS, *owned)
             audit.record(pipe, "token_revoke", who, principal=principal, after=len(owned))
             pipe.execute()
+        confirm(self._client)
         return len(owned)
 
 

@@ -240,7 +240,7 @@ def endpoint_model(spec: ModelSpec, cache: bool = False) -> EndpointModel:
     if url is None:
         raise PermanentError(f"model {spec}: not an endpoint model")
     settings = get_settings()
-    client = connect(settings.redis_url)
+    client = connect(settings.redis)
     rate = RateLimit(client, url, EndpointLimits())
     refused = rate.refresh(spec.args.api_key_env)
     if refused is not None:

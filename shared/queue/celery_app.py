@@ -5,6 +5,8 @@ from __future__ import annotations
 from celery import Celery
 from kombu import Exchange, Queue
 
+from shared.connection import is_sentinel
+from shared.errors import InputError
 from shared.queue.sizing import MIN_MESSAGE_SAMPLES
 from shared.settings import Settings
 
@@ -101,7 +103,24 @@ def create_app(settings: Settings) -> Celery:
         worker_send_task_events=settings.task_events,
         worker_hijack_root_logger=False,
     )
+    if is_sentinel(settings.broker):
+        # kombu's Sentinel transport: the master's name, and the sentinels asked within the
+        # same time limit as the master
+        app.conf.broker_transport_options |= {
+            "master_name": settings.broker_target.master or _no_master(),
+            "sentinel_kwargs": {
+                "socket_timeout": BROKER_SOCKET_TIMEOUT,
+                "socket_connect_timeout": BROKER_SOCKET_TIMEOUT,
+            },
+        }
     return app
+
+
+def _no_master() -> str:
+    raise InputError(
+        "the broker URL names sentinels: set EVALQ_REDIS_SENTINEL_MASTER to the name of the "
+        "master they watch"
+    )
 
 
 def send_archive(app: Celery, run_id: str) -> None:

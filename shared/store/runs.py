@@ -82,7 +82,7 @@ class RunStore:
 
     def __init__(self, client: redis.Redis) -> None:
         self._client = client
-        self._cancel = register(client, "shared.store", "cancel")
+        self._cancel = register(client, "shared.store", "cancel", confirmed=True)
         self._claim_archive = register(client, "shared.store", "claim_archive")
 
     def create(self, meta: RunMeta, sample_ids: list[int], archive: str) -> None:

@@ -8,6 +8,9 @@ its keys from its caller, and one that names keys as it goes (the fair dispatche
 principal and run it serves) gets their templates. ``shared/store/lua/prelude.lua`` holds the
 helper functions more than one script needs; it is put in front of every script, so a rule
 such as "a run's first write moves it from queued to running" is written once.
+
+A script whose writes must survive a failover is registered ``confirmed``: each call returns
+only once a replica holds its effects (:func:`shared.connection.confirm`).
 """
 
 from __future__ import annotations
@@ -15,10 +18,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from functools import cache
 from importlib import resources
-from typing import Any
+from typing import Any, cast
 
 import redis
 from redis.commands.core import Script
+
+from shared.connection import confirm
 
 __all__ = ["flatten", "register"]
 
@@ -32,10 +37,22 @@ def _source(package: str, name: str) -> str:
     return _read("shared.store", "prelude") + "\n" + _read(package, name)
 
 
-def register(client: redis.Redis, package: str, name: str) -> Script:
+class _Confirmed(Script):
+    """A script whose calls return once :func:`confirm` has waited for its replicas."""
+
+    def __call__(self, keys: Any = None, args: Any = None, client: Any = None) -> Any:
+        result = super().__call__(keys, args, client)
+        confirm(cast(redis.Redis, self.registered_client))
+        return result
+
+
+def register(client: redis.Redis, package: str, name: str, *, confirmed: bool = False) -> Script:
     """The script ``name`` of ``package`` (``shared.store``, ``shared.queue``, ...), with the
     prelude, registered on ``client``; Redis runs it by its SHA and loads it again by itself
-    after a restart."""
+    after a restart (a promoted replica has none loaded). ``confirmed``: each call waits for
+    the client's replicas (see the module)."""
+    if confirmed:
+        return _Confirmed(client, _source(package, name))
     return client.register_script(_source(package, name))
 
 

@@ -76,7 +76,7 @@ class TokenSpend:
 
     def __init__(self, client: redis.Redis) -> None:
         self._client = client
-        self._script = register(client, "shared.store", "spend")
+        self._script = register(client, "shared.store", "spend", confirmed=True)
         self._worker = f"{os.getpid()}@{socket.gethostname()}"
 
     def meter(self, meta: RunMeta) -> RunMeter | None:

@@ -22,10 +22,21 @@ from shared.store.reader import ResultReader
 from shared.store.runs import RunStore
 from shared.store.scripts import flatten, register
 
-__all__ = ["ResultWriter", "Settled"]
+__all__ = ["Delivery", "ResultWriter", "Settled"]
 
 _SIZES = 4096
 """Runs whose sample count a :class:`ResultWriter` keeps (oldest dropped first)."""
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """The samples one message brought to be attempted."""
+
+    key: str
+    """Names the message, the same on each delivery of it (its Celery task id)."""
+    solo: bool
+    """It carries one sample sent alone (tried before; may kill its worker)."""
+    sample_ids: list[int]
 
 
 @dataclass(frozen=True)
@@ -55,8 +66,8 @@ class ResultWriter:
         self._reader = ResultReader(client)
         self._attempt = register(client, "shared.store", "attempt")
         self._record_outputs = register(client, "shared.store", "record_outputs")
-        self._settle_script = register(client, "shared.store", "settle")
-        self._finish = register(client, "shared.store", "finish")
+        self._settle_script = register(client, "shared.store", "settle", confirmed=True)
+        self._finish = register(client, "shared.store", "finish", confirmed=True)
         self._recover = register(client, "shared.store", "recover")
         self._sizes: dict[str, int] = {}
 
@@ -74,17 +85,34 @@ class ResultWriter:
         return size
 
     def attempt(
-        self, run_id: str, samples: dict[int, bool], stage: Stage = Stage.INFER
+        self, run_id: str, deliveries: list[Delivery], stage: Stage = Stage.INFER
     ) -> dict[int, int]:
-        """Count attempts at ``stage`` (infer or score) of samples (sample id -> arrived alone);
-        a negative count marks a sample tried before that arrived with others and must be sent
-        on alone."""
-        if not samples:
+        """Count attempts at ``stage`` (infer or score) of the samples the messages brought (no
+        sample in two of them); a negative count marks a sample tried before that arrived with
+        others and must be sent on alone. A message of several samples is counted once on its
+        first delivery (``attempt.lua``)."""
+        args: list[str | int] = []
+        for delivery in deliveries:
+            if delivery.sample_ids:
+                args += [delivery.key, int(delivery.solo), len(delivery.sample_ids)]
+                args += delivery.sample_ids
+        if not args:
             return {}
-        flat = flatten({sample_id: int(solo) for sample_id, solo in samples.items()})
         keys = RunKeys(run_id)
-        counts = self._attempt(keys=[keys.attempts_of(stage), keys.meta, keys.spilled], args=flat)
-        return dict(zip(samples, (int(c) for c in counts), strict=True))
+        counts = self._attempt(keys=self._attempt_keys(keys, stage), args=args)
+        ids = [i for delivery in deliveries for i in delivery.sample_ids]
+        return dict(zip(ids, (int(c) for c in counts), strict=True))
+
+    def carry_attempts(self, run_id: str, counts: dict[int, int], stage: Stage) -> None:
+        """Samples counted with their message (see :meth:`attempt`) go on alone: give each its
+        count at ``stage``, so that its attempts alone count on from there."""
+        if counts:
+            keys = RunKeys(run_id)
+            self._attempt(keys=self._attempt_keys(keys, stage), args=["carry", *flatten(counts)])
+
+    @staticmethod
+    def _attempt_keys(keys: RunKeys, stage: Stage) -> list[str]:
+        return [keys.attempts_of(stage), keys.meta, keys.spilled, keys.deliveries_of(stage)]
 
     def reset_attempts(self, run_id: str, sample_ids: list[int]) -> None:
         """Forget the attempt counts of samples at both stages (``evalq resume`` gives them a
@@ -115,19 +143,23 @@ class ResultWriter:
         run_id: str,
         scores: dict[int, dict[str, float]],
         grades: Mapping[int, Grade] | None = None,
+        counted_alone: bool = True,
     ) -> Settled:
         """Settle samples with their scores, each with the grade it came from when it has one
-        (a ``model_graded`` task's)."""
+        (a ``model_graded`` task's). ``counted_alone=False`` says none of them has an attempt
+        count of its own to delete (see :meth:`attempt`)."""
         given = grades or {}
         encoded = {
             i: to_json(with_grade(s, given[i]) if i in given else s) for i, s in scores.items()
         }
-        return self._settle(run_id, "score", encoded)
+        return self._settle(run_id, "score", encoded, counted_alone=counted_alone)
 
-    def record_errors(self, run_id: str, errors: dict[int, ErrorRecord]) -> Settled:
-        """Settle samples with terminal errors."""
+    def record_errors(
+        self, run_id: str, errors: dict[int, ErrorRecord], counted_alone: bool = True
+    ) -> Settled:
+        """Settle samples with terminal errors (``counted_alone``: see :meth:`record_scores`)."""
         encoded = {i: e.model_dump_json() for i, e in errors.items()}
-        return self._settle(run_id, "err", encoded)
+        return self._settle(run_id, "err", encoded, counted_alone=counted_alone)
 
     def claim_finalize(self, run_id: str, stale_after: float) -> bool:
         """True if every sample is settled, the run is going, and nobody holds a claim to
@@ -135,7 +167,12 @@ class ResultWriter:
         return self._settle(run_id, "score", {}, stale_after).finalize
 
     def _settle(
-        self, run_id: str, kind: str, values: dict[int, str], stale_after: float | None = None
+        self,
+        run_id: str,
+        kind: str,
+        values: dict[int, str],
+        stale_after: float | None = None,
+        counted_alone: bool = True,
     ) -> Settled:
         if not values and stale_after is None:
             return Settled(False, 0, 0)
@@ -156,6 +193,7 @@ class ResultWriter:
                 "" if stale_after is None else stale_after,
                 self._size(run_id),
                 GRADE_PREFIX,
+                int(counted_alone),
                 *flatten(values),
             ],
         )
@@ -172,7 +210,16 @@ class ResultWriter:
         keys = RunKeys(run_id)
         unsent = run_id if counted.unsent else ""
         ended = self._finish(
-            keys=[keys.meta, keys.aggregate, keys.stats, UNSENT],
+            keys=[
+                keys.meta,
+                keys.aggregate,
+                keys.stats,
+                UNSENT,
+                keys.attempts_of(Stage.INFER),
+                keys.attempts_of(Stage.SCORE),
+                keys.deliveries_of(Stage.INFER),
+                keys.deliveries_of(Stage.SCORE),
+            ],
             args=[finished.status.value, aggregate, finished.reason or "", stats, unsent],
         )
         return finished if ended else None

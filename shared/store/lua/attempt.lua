@@ -1,33 +1,80 @@
 -- attempt: count attempts at one stage (inference or scoring), and pick out the samples to
 -- isolate instead of running.
--- KEYS[1] = the stage's attempts hash, sample id -> attempts started: RunKeys.attempts_of(INFER)
---           (inference) or RunKeys.attempts_of(SCORE) (scoring)
+-- KEYS[1] = the stage's attempts hash, sample id -> attempts of a sample counted alone (one
+--           that arrived alone, or was in a message delivered before):
+--           RunKeys.attempts_of(INFER) (inference) or RunKeys.attempts_of(SCORE) (scoring)
 -- KEYS[2] = RunKeys.meta      hash, reads 'status': once the run has ended (or has no
 --                                 record) nothing is counted and every count is 0 (run none)
 -- KEYS[3] = RunKeys.spilled   bitmap: a spilled sample (settled, moved to a part) counts 0
--- ARGV    = id1, solo1, id2, solo2, ...   solo is 1 when the sample arrived in a message of its
---           own, 0 when it arrived with others
+-- KEYS[4] = the stage's deliveries hash, message key -> deliveries of a message of several
+--           samples: RunKeys.deliveries_of(INFER) or RunKeys.deliveries_of(SCORE)
+-- ARGV    = per message: its key (the same on each delivery of it), solo (1 when it carries
+--           one sample sent alone, 0 when it carries several), n, then its n sample ids;
+--           no id in two messages
+--           or 'carry', id1, count1, id2, count2, ...: samples counted with their message go on
+--           alone with those counts (a count only grows); returns nothing
 -- Returns: one number per id, in order: the new attempt count (> 0) of a sample that runs now,
 -- or minus its earlier count (< 0) of a sample that was tried before and came with others:
 -- it is not counted here; the caller sends it on alone. Counting before running means a
 -- sample whose inference (or scoring) kills the worker process is counted too.
+-- A message of several samples is counted once, not each of its samples: its first delivery
+-- writes one field, whatever its size (and apart from the samples' counts, so that reading
+-- those is cheap while there are none). Delivered again (its worker died, or its batch went
+-- back to the queue), each of its samples was tried as often as the message was before, and
+-- that count is written for the sample, to go on from alone.
 local counts = {}
 local status = redis.call('HGET', KEYS[2], 'status')
-if status ~= 'queued' and status ~= 'running' then
-  for i = 1, #ARGV, 2 do counts[#counts + 1] = 0 end
+local going = status == 'queued' or status == 'running'
+if ARGV[1] == 'carry' then
+  if not going then return counts end
+  local ids = {}
+  for i = 2, #ARGV, 2 do ids[#ids + 1] = ARGV[i] end
+  local spilled, had = bits_of(KEYS[3], ids), hmget_all(KEYS[1], ids)
+  local writes = {}
+  for j, id in ipairs(ids) do
+    local count = tonumber(ARGV[2 * j + 1])
+    if not spilled[j] and count > (tonumber(had[j]) or 0) then
+      writes[#writes + 1] = id
+      writes[#writes + 1] = count
+    end
+  end
+  hset_all(KEYS[1], writes)
   return counts
 end
-for i = 1, #ARGV, 2 do
-  if redis.call('GETBIT', KEYS[3], tonumber(ARGV[i])) == 1 then
-    counts[#counts + 1] = 0
+local at = 1
+while at <= #ARGV do
+  local key, solo, n = ARGV[at], ARGV[at + 1] == '1', tonumber(ARGV[at + 2])
+  local ids = {}
+  for i = at + 3, at + 2 + n do ids[#ids + 1] = ARGV[i] end
+  at = at + 3 + n
+  if not going then
+    for _ = 1, n do counts[#counts + 1] = 0 end
   else
-    -- one call for the common case (a first attempt); taken back for one that must go alone
-    local count = redis.call('HINCRBY', KEYS[1], ARGV[i], 1)
-    if count > 1 and ARGV[i + 1] == '0' then
-      counts[#counts + 1] = -redis.call('HINCRBY', KEYS[1], ARGV[i], -1)
-    else
-      counts[#counts + 1] = count
+    local spilled = bits_of(KEYS[3], ids)
+    local alone = hmget_all(KEYS[1], ids)
+    local delivered = 1
+    if not solo then delivered = redis.call('HINCRBY', KEYS[4], key, 1) end
+    local writes = {}
+    for j, id in ipairs(ids) do
+      local had = tonumber(alone[j]) or 0
+      local tried = math.max(had, delivered - 1)
+      if spilled[j] then
+        counts[#counts + 1] = 0
+      elseif solo or tried == 0 then
+        counts[#counts + 1] = tried + 1
+        if solo then
+          writes[#writes + 1] = id
+          writes[#writes + 1] = tried + 1
+        end
+      else
+        counts[#counts + 1] = -tried
+        if tried > had then
+          writes[#writes + 1] = id
+          writes[#writes + 1] = tried
+        end
+      end
     end
+    hset_all(KEYS[1], writes)
   end
 end
 return counts

@@ -25,6 +25,50 @@ local function hdel_all(hashes, fields)
   end
 end
 
+-- Bulk reads and writes, so a script over a batch makes a few calls whatever the batch's size
+-- (each redis.call costs more than the work it does on one field): ``fields`` a table of field
+-- names, ``pairs`` a flat table field1, value1, ...; a thousand at a time (unpack() has a
+-- stack limit).
+-- The values of ``fields`` in the hash ``key``, in order (false where absent).
+local function hmget_all(key, fields)
+  local found = {}
+  for from = 1, #fields, 1000 do
+    local got = redis.call('HMGET', key, unpack(fields, from, math.min(from + 999, #fields)))
+    for _, value in ipairs(got) do found[#found + 1] = value end
+  end
+  return found
+end
+-- Set the fields and values of ``pairs`` in the hash ``key``.
+local function hset_all(key, pairs)
+  for from = 1, #pairs, 1000 do
+    redis.call('HSET', key, unpack(pairs, from, math.min(from + 999, #pairs)))
+  end
+end
+-- Which of the sample ids ``ids`` are set in the bitmap ``key`` (a run's spilled samples): a
+-- table, true at the position of each set one. One BITCOUNT over their span answers for a
+-- batch none of whose samples is spilled (the usual case); only otherwise are bits read.
+local function bits_of(key, ids)
+  local set = {}
+  if #ids == 0 or redis.call('EXISTS', key) == 0 then return set end
+  local low, high = math.huge, -1
+  for _, id in ipairs(ids) do
+    local n = tonumber(id)
+    if n < low then low = n end
+    if n > high then high = n end
+  end
+  if redis.call('BITCOUNT', key, low, high, 'BIT') == 0 then return set end
+  for from = 1, #ids, 300 do
+    local gets = {}
+    for i = from, math.min(from + 299, #ids) do
+      gets[#gets + 1] = 'GET'
+      gets[#gets + 1] = 'u1'
+      gets[#gets + 1] = ids[i]
+    end
+    local bits = redis.call('BITFIELD_RO', key, unpack(gets))
+    for i, bit in ipairs(bits) do set[from + i - 1] = bit == 1 end
+  end
+  return set
+end
 -- A run made progress: stamp its progress hash (``status`` and the janitor read it).
 -- progress = the run's RunKeys.progress hash
 local function touch(progress)

@@ -1,5 +1,5 @@
 -- record_outputs: write inference outputs once each; count only the writes that happened.
--- KEYS[1] = RunKeys.out       hash, sample id -> output JSON (HSETNX)
+-- KEYS[1] = RunKeys.out       hash, sample id -> output JSON (set where absent)
 -- KEYS[2] = RunKeys.progress  hash, field 'inferred' bumped by the number written,
 --                                 'touched' stamped
 -- KEYS[3] = RunKeys.meta      hash, 'status' moves from 'queued' to 'running'
@@ -7,19 +7,27 @@
 -- ARGV[1] = how an output stored with its usage begins (shared.models.USAGE_PREFIX): its
 --           tokens are added to the progress hash's 'prompt_tokens' / 'completion_tokens',
 --           or, answered from the response cache (usage.cached), it counts in 'cached'
--- ARGV[2..] = id1, json1, id2, json2, ...
+-- ARGV[2..] = id1, json1, id2, json2, ...   (an id given twice is written once, the first)
 -- Returns: the number of outputs newly written (a redelivered sample writes nothing; nothing
 -- is written once the run has ended, so a cancellation's refund count stays exact and no key
 -- comes back after the run is archived or purged).
+-- Calls: a few per batch, not per sample (one HMGET, one HSET, the spilled bits).
 local status = redis.call('HGET', KEYS[3], 'status')
 if status ~= 'queued' and status ~= 'running' then return 0 end
-local written, read, wrote, cached = 0, 0, 0, 0
-for i = 2, #ARGV, 2 do
-  if redis.call('GETBIT', KEYS[4], tonumber(ARGV[i])) == 0 then
-    local new = redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1])
-    written = written + new
-    if new == 1 and string.sub(ARGV[i + 1], 1, #ARGV[1]) == ARGV[1] then
-      local usage = cjson.decode(ARGV[i + 1])['usage']
+local ids = {}
+for i = 2, #ARGV, 2 do ids[#ids + 1] = ARGV[i] end
+local spilled = bits_of(KEYS[4], ids)
+local present = hmget_all(KEYS[1], ids)
+local writes, seen = {}, {}
+local read, wrote, cached = 0, 0, 0
+for j, id in ipairs(ids) do
+  local value = ARGV[2 * j + 1]
+  if not spilled[j] and not present[j] and not seen[id] then
+    seen[id] = true
+    writes[#writes + 1] = id
+    writes[#writes + 1] = value
+    if string.sub(value, 1, #ARGV[1]) == ARGV[1] then
+      local usage = cjson.decode(value)['usage']
       if usage['cached'] then
         cached = cached + 1
       else
@@ -29,6 +37,8 @@ for i = 2, #ARGV, 2 do
     end
   end
 end
+local written = #writes / 2
+hset_all(KEYS[1], writes)
 if read + wrote > 0 then
   redis.call('HINCRBY', KEYS[2], 'prompt_tokens', read)
   redis.call('HINCRBY', KEYS[2], 'completion_tokens', wrote)

@@ -6,8 +6,10 @@
 -- KEYS[4] = RunKeys.meta      hash, reads 'status', 'finalizing' = claim time
 -- KEYS[5] = RunKeys.settled   stream, one entry listing the ids settled by this call
 -- KEYS[6] = RunKeys.attempts_of(INFER), KEYS[7] = RunKeys.attempts_of(SCORE)   hashes,
---           sample id -> attempts: the counts of every sample given are deleted, written now
---           or settled before (a late attempt's count served no purpose either)
+--           sample id -> attempts: with ARGV[5] = 1, the counts of every sample given are
+--           deleted, written now or settled before (a late attempt's count served no purpose
+--           either); ARGV[5] = 0: none of them was counted alone (attempt.lua), nothing to
+--           delete
 -- KEYS[8] = RunKeys.spilled   bitmap: a spilled sample (settled, moved to a part) is skipped
 -- ARGV[1] = 'score' or 'err'      which hash the values go to
 -- ARGV[2] = seconds after which a claim to finalize counts as dead (its finalizer was killed)
@@ -17,9 +19,12 @@
 -- ARGV[4] = how scores that carry a grader's verdict begin (shared.models.GRADE_PREFIX): its
 --           tokens are counted in the progress's 'grader_prompt_tokens' and
 --           'grader_completion_tokens', apart from the model under test's (not a cached one's)
--- ARGV[5..] = id1, json1, id2, json2, ...   (none: only ask whether to finalize)
+-- ARGV[5] = 1 to delete the samples' attempt counts, 0 when they have none
+-- ARGV[6..] = id1, json1, id2, json2, ...   (none: only ask whether to finalize; an id given
+--             twice is written once, the first)
 -- A value is written only when the sample has neither a score nor an error yet, and nothing
 -- is written once the run is cancelled.
+-- Calls: a few per batch, not per sample (two HMGETs, one HSET, two HDELs at most, the spilled bits).
 -- Returns: {written, finalize, settled}; finalize is 1 for the one caller that saw every sample
 -- settled first (or that takes over a dead claim), and 0 for everyone else; settled = the run's
 -- samples settled so far.
@@ -29,26 +34,32 @@ local target, other, counter = KEYS[1], KEYS[2], 'scored'
 if ARGV[1] == 'err' then
   target, other, counter = KEYS[2], KEYS[1], 'failed'
 end
-local written, ids, given = 0, {}, {}
+local given = {}
+for i = 6, #ARGV, 2 do given[#given + 1] = ARGV[i] end
+local spilled = bits_of(KEYS[8], given)
+local mine, others = hmget_all(target, given), hmget_all(other, given)
+local written, ids, writes, seen = 0, {}, {}, {}
 local graded, read, wrote = ARGV[4], 0, 0
-for i = 5, #ARGV, 2 do
-  given[#given + 1] = ARGV[i]
-  if redis.call('GETBIT', KEYS[8], tonumber(ARGV[i])) == 0
-    and redis.call('HEXISTS', other, ARGV[i]) == 0
-    and redis.call('HSETNX', target, ARGV[i], ARGV[i + 1]) == 1 then
+for j, id in ipairs(given) do
+  local value = ARGV[2 * j + 5]
+  if not spilled[j] and not mine[j] and not others[j] and not seen[id] then
+    seen[id] = true
     written = written + 1
-    ids[#ids + 1] = ARGV[i]
-    if string.sub(ARGV[i + 1], 1, #graded) == graded then
-      local usage = cjson.decode(ARGV[i + 1]).grade.usage
+    ids[written] = id
+    writes[#writes + 1] = id
+    writes[#writes + 1] = value
+    if string.sub(value, 1, #graded) == graded then
+      local usage = cjson.decode(value).grade.usage
       if not usage.cached then -- a cached verdict asked nothing
         read, wrote = read + usage.prompt_tokens, wrote + usage.completion_tokens
       end
     end
   end
 end
+hset_all(target, writes)
 if read > 0 then redis.call('HINCRBY', KEYS[3], 'grader_prompt_tokens', read) end
 if wrote > 0 then redis.call('HINCRBY', KEYS[3], 'grader_completion_tokens', wrote) end
-hdel_all({KEYS[6], KEYS[7]}, given)
+if ARGV[5] == '1' then hdel_all({KEYS[6], KEYS[7]}, given) end
 if written > 0 then
   redis.call('XADD', KEYS[5], '*', 'ids', table.concat(ids, ','))
   redis.call('HINCRBY', KEYS[3], counter, written)

@@ -26,18 +26,27 @@ if had then return 0 end
 local rows = redis.call('HGET', KEYS[2], 'rows')
 if rows and rows ~= ARGV[2] then return -2 end
 local at = 5 + 2 * tonumber(ARGV[4])
-for i = at + 1, at + tonumber(ARGV[at]) do
-  if redis.call('HEXISTS', KEYS[4], ARGV[i]) == 1 then return -2 end
+local bare = {}
+for i = at + 1, at + tonumber(ARGV[at]) do bare[#bare + 1] = ARGV[i] end
+for _, output in ipairs(hmget_all(KEYS[4], bare)) do
+  if output then return -2 end
 end
 local ids = {}
-for i = at + tonumber(ARGV[at]) + 1, #ARGV do
-  local id = ARGV[i]
-  if redis.call('HEXISTS', KEYS[5], id) == 0 and redis.call('HEXISTS', KEYS[6], id) == 0 then
-    return -2
-  end
-  ids[#ids + 1] = id
+for i = at + tonumber(ARGV[at]) + 1, #ARGV do ids[#ids + 1] = ARGV[i] end
+local scores, errors = hmget_all(KEYS[5], ids), hmget_all(KEYS[6], ids)
+for j = 1, #ids do
+  if not scores[j] and not errors[j] then return -2 end
 end
-for _, id in ipairs(ids) do redis.call('SETBIT', KEYS[3], tonumber(id), 1) end
+for from = 1, #ids, 300 do
+  local sets = {}
+  for i = from, math.min(from + 299, #ids) do
+    sets[#sets + 1] = 'SET'
+    sets[#sets + 1] = 'u1'
+    sets[#sets + 1] = ids[i]
+    sets[#sets + 1] = 1
+  end
+  redis.call('BITFIELD', KEYS[3], unpack(sets))
+end
 hdel_all({KEYS[4], KEYS[5], KEYS[6]}, ids)
 for i = 5, at - 1, 2 do redis.call('HINCRBY', KEYS[7], ARGV[i], ARGV[i + 1]) end
 redis.call('HSET', KEYS[2], 'rows', ARGV[2], ARGV[1], ARGV[3])
