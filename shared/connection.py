@@ -11,10 +11,9 @@ command refused because the master has no replica to write to (``NOREPLICAS``, s
 ``min-replicas-to-write``) or is still loading is retried the same way.
 
 Replication is asynchronous: a write the master acknowledged can be lost if it dies before a
-replica has it. :func:`confirm` waits (``WAIT``) until ``replicas`` replicas hold everything
-this process wrote so far; writes that must survive a failover (reservations, refunds,
-settles, finalization, registry, tier and token changes) call it before they are reported
-done.
+replica has it. Writes that must survive a failover (reservations, refunds, settles,
+finalization, registry, tier and token changes) go through :func:`confirmed`, which waits
+(``WAIT``) until ``replicas`` replicas hold them before they are reported done.
 
 A command Redis refuses for the client's ACL user raises redis-py's ``NoPermissionError`` as
 usual, with a message that says which user was refused which command on which keys
@@ -24,9 +23,9 @@ usual, with a message that says which user was refused which command on which ke
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 import redis
@@ -35,15 +34,15 @@ import redis.asyncio.sentinel
 import redis.sentinel
 from redis._parsers.base import BaseParser
 from redis.asyncio.retry import Retry as AsyncRetry
-from redis.backoff import ExponentialBackoff
+from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.retry import Retry
 
-from shared.errors import InputError, first_line
+from shared.errors import InputError, UnconfirmedWriteError, first_line
 from shared.target import Target, is_sentinel
 
 __all__ = [
     "Target",
-    "confirm",
+    "confirmed",
     "connect",
     "connect_async",
     "is_sentinel",
@@ -53,6 +52,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class NoReplicasError(redis.ResponseError):
@@ -231,29 +232,38 @@ def connect_async(
     return redis.asyncio.Redis.from_pool(pool)
 
 
-_CONFIRM_CHANNEL = "evalq:confirm"
-
-
-def confirm(client: redis.Redis) -> int:
-    """Wait until the client's replicas (:attr:`Target.replicas`) hold everything this process
-    has written so far, at most :attr:`Target.wait_ms`; return how many did (0 at once when it
-    waits for none). One connection publishes a message nobody reads, which replicates after
-    every earlier write, and waits for its replication (``WAIT``). A replica that did not
-    answer in time is logged, not raised: the write stands on the master, and
+def confirmed(client: redis.Redis, write: Callable[[redis.Redis], T]) -> T:
+    """``write(one)``'s result, once the client's replicas (:attr:`Target.replicas`) hold what
+    it wrote: ``one`` is a client of one connection, which then waits for them (``WAIT``, at
+    most :attr:`Target.wait_ms`). With no replica to wait for, ``write(client)``. If that
+    connection is lost before the replicas answer (the master died: the write may be gone with
+    it), :class:`UnconfirmedWriteError`; ``write`` must be safe to make again. A replica that
+    does not answer in time is logged, not raised: the write stands on the master, and
     ``min-replicas-to-write`` keeps a master without replicas from taking more."""
     replicas, wait_ms = getattr(client, "confirming", (0, 0))
     if replicas <= 0:
-        return 0
+        return write(client)
     with client.client() as one:  # type: ignore[no-untyped-call]
-        one.publish(_CONFIRM_CHANNEL, "")
-        acked = int(one.wait(replicas, wait_ms))
+        result = write(one)
+        connection = one.connection
+        kept = connection.retry
+        connection.retry = Retry(NoBackoff(), 0)  # only this server's WAIT means anything
+        try:
+            acked = int(one.wait(replicas, wait_ms))
+        except (redis.ConnectionError, redis.TimeoutError):
+            raise UnconfirmedWriteError(
+                "Redis's master was lost before a replica confirmed this write: it may be "
+                "lost; try again"
+            ) from None
+        finally:
+            connection.retry = kept
     if acked < replicas:
         log.warning(
-            "Redis confirmed the last writes on %d of %d replicas within %d ms: they are "
-            "lost if the master fails before a replica has them",
+            "Redis confirmed a write on %d of %d replicas within %d ms: it is lost if the "
+            "master fails before a replica has it",
             acked, replicas, wait_ms,
         )  # fmt: skip
-    return acked
+    return result
 
 
 def redact(url: str) -> str:

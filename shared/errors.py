@@ -75,6 +75,11 @@ class StoreError(RetryableError):
     """Redis could not be reached or answered unexpectedly."""
 
 
+class UnconfirmedWriteError(StoreError):
+    """A write that must survive a failover was made, but the master was lost before a
+    replica was seen to hold it: it may be lost. Every such write may be made again."""
+
+
 class InputError(PermanentError):
     """Something the user gave is wrong; nothing was enqueued or charged."""
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import redis
 
-from shared.connection import confirm
+from shared.connection import confirmed
 from shared.errors import ForbiddenError
 from shared.keys import PRIORITIES
 from shared.models import Priority
@@ -86,11 +86,13 @@ class PriorityStore:
         self._set(_field("split", where), priority, who, dataset=dataset, split=split)
 
     def _set(self, field: str, priority: Priority, who: str, **where: str) -> None:
-        with self._client.pipeline(transaction=True) as pipe:
-            pipe.hset(PRIORITIES, field, priority.value)
-            record(pipe, "priority_set", who, after=priority.value, **where)
-            pipe.execute()
-        confirm(self._client)
+        def write(one: redis.Redis) -> None:
+            with one.pipeline(transaction=True) as pipe:
+                pipe.hset(PRIORITIES, field, priority.value)
+                record(pipe, "priority_set", who, after=priority.value, **where)
+                pipe.execute()
+
+        confirmed(self._client, write)
 
     def listed(self) -> dict[str, Priority]:
         """Every default: ``principal:<name>`` / ``split:<dataset>/<split>`` -> priority."""

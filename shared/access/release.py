@@ -19,7 +19,7 @@ import redis
 from pydantic import ValidationError
 
 from shared.access.ladder import Best, Decision, Release, Released, ReleaseRule, release
-from shared.connection import confirm
+from shared.connection import confirmed
 from shared.errors import EvalqError
 from shared.evaluation import lower_is_better
 from shared.keys import AUDIT, release_best_key, release_config_key, release_run_key
@@ -60,12 +60,15 @@ class ReleaseStore:
         check_name("dataset name", dataset)
         check_name("split", split)
         key = release_config_key(dataset)
-        with self._client.pipeline(transaction=True) as pipe:
-            pipe.hset(key, split, release.model_dump_json())
-            after = release.model_dump(mode="json")
-            record(pipe, "release_rule", who, dataset=dataset, split=split, after=after)
-            pipe.execute()
-        confirm(self._client)
+
+        def write(one: redis.Redis) -> None:
+            with one.pipeline(transaction=True) as pipe:
+                pipe.hset(key, split, release.model_dump_json())
+                after = release.model_dump(mode="json")
+                record(pipe, "release_rule", who, dataset=dataset, split=split, after=after)
+                pipe.execute()
+
+        confirmed(self._client, write)
 
     def rule(self, dataset: str, split: str) -> ReleaseRule | None:
         """The split's configured rule; None when it has none or it cannot be read (the policy

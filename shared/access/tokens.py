@@ -15,7 +15,7 @@ import redis
 import redis.asyncio
 
 from shared.access.roles import Caller, Role, TokenRecord
-from shared.connection import confirm
+from shared.connection import confirmed
 from shared.keys import TOKENS
 from shared.names import check_name
 from shared.store import audit
@@ -48,11 +48,16 @@ class TokenStore:
         check_name("principal", principal)
         token = TOKEN_PREFIX + secrets.token_urlsafe(32)
         record = TokenRecord(principal=principal, role=role, created=time.time(), who=who)
-        with self._client.pipeline(transaction=True) as pipe:
-            pipe.hset(TOKENS, _digest(token), record.model_dump_json())
-            audit.record(pipe, "token_create", who, principal=principal, after=record.role.value)
-            pipe.execute()
-        confirm(self._client)
+
+        def write(one: redis.Redis) -> None:
+            with one.pipeline(transaction=True) as pipe:
+                pipe.hset(TOKENS, _digest(token), record.model_dump_json())
+                audit.record(
+                    pipe, "token_create", who, principal=principal, after=record.role.value
+                )
+                pipe.execute()
+
+        confirmed(self._client, write)
         return token
 
     def caller(self, token: str) -> Caller | None:
@@ -75,11 +80,14 @@ class TokenStore:
         ]
         if not owned:
             return 0
-        with self._client.pipeline(transaction=True) as pipe:
-            pipe.hdel(TOKENS, *owned)
-            audit.record(pipe, "token_revoke", who, principal=principal, after=len(owned))
-            pipe.execute()
-        confirm(self._client)
+
+        def write(one: redis.Redis) -> None:
+            with one.pipeline(transaction=True) as pipe:
+                pipe.hdel(TOKENS, *owned)
+                audit.record(pipe, "token_revoke", who, principal=principal, after=len(owned))
+                pipe.execute()
+
+        confirmed(self._client, write)
         return len(owned)
 
 

@@ -10,7 +10,7 @@ helper functions more than one script needs; it is put in front of every script,
 such as "a run's first write moves it from queued to running" is written once.
 
 A script whose writes must survive a failover is registered ``confirmed``: each call returns
-only once a replica holds its effects (:func:`shared.connection.confirm`).
+only once a replica holds its effects (:func:`shared.connection.confirmed`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any, cast
 import redis
 from redis.commands.core import Script
 
-from shared.connection import confirm
+from shared.connection import confirmed
 
 __all__ = ["flatten", "register"]
 
@@ -41,9 +41,12 @@ class _Confirmed(Script):
     """A script whose calls return once :func:`confirm` has waited for its replicas."""
 
     def __call__(self, keys: Any = None, args: Any = None, client: Any = None) -> Any:
-        result = super().__call__(keys, args, client)
-        confirm(cast(redis.Redis, self.registered_client))
-        return result
+        if client is not None:  # in a caller's pipeline: the caller confirms
+            return super().__call__(keys, args, client)
+        run = super().__call__
+        return confirmed(
+            cast(redis.Redis, self.registered_client), lambda one: run(keys, args, one)
+        )
 
 
 def register(client: redis.Redis, package: str, name: str, *, confirmed: bool = False) -> Script:

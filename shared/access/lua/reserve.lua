@@ -19,6 +19,9 @@
 if redis.call('EXISTS', KEYS[4]) == 0 or redis.call('EXISTS', KEYS[6]) == 0 then
   return {'gone'}
 end
+-- Made again (its answer was lost with a master that failed over after a replica had it):
+-- the run is charged already, once.
+if redis.call('HGET', KEYS[4], 'charged') == 'True' then return {'ok'} end
 local function open_run(charged)
   redis.call('HSET', KEYS[4], 'charged', charged)
   for i = 4, 6 do redis.call('PERSIST', KEYS[i]) end

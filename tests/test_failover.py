@@ -1,0 +1,212 @@
+"""Redis fails over under evalq: a master, a replica and three sentinels (``tests/sentinel.py``),
+real workers, the direct client, all given only the sentinels' URL. The master is SIGKILLed
+mid-run, during a burst of submits near a budget's limit, and while a run is being archived;
+a supervisor (this test) starts the dead node again as the new master's replica once the
+sentinels have promoted the old replica. Every run must complete without a human, every
+sample settle once, the budget balance and the audit stream agree."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import redis
+from celery import Celery
+
+from producer.client import Client
+from producer.submit import SubmitRequest
+from producer.workers import LocalWorkers
+from shared.access.ledger import Ledger
+from shared.connection import connect
+from shared.errors import BudgetExhaustedError
+from shared.evaluation import load_plugins
+from shared.keys import RunKeys
+from shared.models import RunMeta, RunStatus
+from shared.queue.celery_app import create_app
+from shared.settings import Settings
+from shared.store.reader import ResultReader
+from tests.helpers import (
+    assert_settled_once,
+    audit_entries,
+    labelled_rows,
+    list_splits,
+    wait_ended,
+    wait_for,
+    write_rows,
+)
+from tests.sentinel import MASTER, SentinelGroup
+
+pytestmark = pytest.mark.integration
+
+FAST = {"EVALQ_STALL_AFTER": "3", "EVALQ_HEARTBEAT_INTERVAL": "0.5"}
+
+
+@dataclass
+class Fleet:
+    group: SentinelGroup
+    settings: Settings
+    app: Celery
+    store: redis.Redis
+    root: Path
+
+    def client(self) -> Client:
+        return Client(self.settings)
+
+    def split(self, rows: int) -> tuple[str, str]:
+        split = f"s{uuid.uuid4().hex[:6]}"
+        folder = self.root / "data"
+        write_rows(folder, split, labelled_rows(rows))
+        return list_splits(self.store, str(folder), split), split
+
+    def fail_over(self) -> float:
+        """SIGKILL the master; in the background, once the sentinels have promoted the
+        replica, start the dead node again as its replica. Return the kill's time."""
+        dead = self.group.kill_master()
+        killed = time.monotonic()
+
+        def supervise() -> None:
+            self.group.failed_over(dead)
+            self.group.rejoin(dead)
+
+        thread = threading.Thread(target=supervise, daemon=True)
+        thread.start()
+        self._supervisors.append(thread)
+        return killed
+
+    def settled_after(self, run_id: str, killed: float) -> float:
+        """Seconds from ``killed`` to the first sample the new master saw settled."""
+        port = self.group.master_port()
+
+        def settled_there() -> int:
+            if self.group.master_port() != port:
+                return 0
+            with self.group.master() as master:
+                progress = master.hgetall(RunKeys(run_id).progress)
+                return int(progress.get("scored", 0)) + int(progress.get("failed", 0))
+
+        wait_for(lambda: self.group.master_port() != port or settled_there(), 60, "a settle")
+        before = settled_there()
+        wait_for(lambda: settled_there() > before, 90, "a settle on the new master")
+        return time.monotonic() - killed
+
+    def healed(self) -> None:
+        for thread in self._supervisors:
+            thread.join(60)
+        self._supervisors = []
+
+    _supervisors: list[threading.Thread]
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    root = tmp_path_factory.mktemp("failover")
+    group = SentinelGroup(root / "redis").start()
+    settings = Settings(
+        redis_url=group.url,
+        redis_sentinel_master=MASTER,
+        plugins=("tests.plugins",),
+        archive_url=str(root / "archive"),
+        principal="tests",
+        stall_after=3,
+    )
+    load_plugins(settings.plugins)
+    app = create_app(settings)
+    workers = LocalWorkers(
+        group.url,
+        env={
+            "EVALQ_REDIS_SENTINEL_MASTER": MASTER,
+            "EVALQ_PLUGINS": "tests.plugins",
+            "EVALQ_MAX_BATCH": "16",
+            "EVALQ_ARCHIVE_URL": settings.archive_url,
+            **FAST,
+        },
+        log_dir=root,
+    ).start(app, timeout=120)
+    store = connect(settings.redis, retries=30)
+    fleet = Fleet(group, settings, app, store, root)
+    fleet._supervisors = []
+    try:
+        yield fleet
+    finally:
+        workers.stop()
+        store.close()
+        group.stop()
+
+
+def test_the_master_killed_mid_run_loses_no_sample(fleet: Fleet) -> None:
+    name, split = fleet.split(600)
+    gate = fleet.root / "gate"
+    request = SubmitRequest(
+        eval="slow", dataset=name, split=split, params={"gate": str(gate), "open_until": "200"}
+    )
+    meta = fleet.client().submit(request)
+    reader = ResultReader(fleet.store)
+    wait_for(lambda: reader.progress(meta.run_id).inferred >= 48, 60, "inference")
+    killed = fleet.fail_over()
+    gate.touch()
+    took = fleet.settled_after(meta.run_id, killed)
+    fleet.healed()
+    assert wait_ended(fleet.store, meta.run_id, 180) is RunStatus.COMPLETED
+    assert_settled_once(fleet.store, meta.run_id, meta.n)
+    reserved = [e for e in audit_entries(fleet.store, meta.run_id) if e["action"] == "reserve"]
+    assert len(reserved) == 1
+    print(f"kill to the first settle on the new master: {took:.1f} s")
+
+
+def test_a_burst_of_submits_near_the_budget_accepts_no_more_than_it_allows(
+    fleet: Fleet,
+) -> None:
+    name, split = fleet.split(20)
+    Ledger(fleet.store).set(
+        name, split, runs=6, samples=None, max_samples_per_run=None, who="tests"
+    )
+    request = SubmitRequest(eval="spy", dataset=name, split=split)
+
+    def submit(_: int) -> RunMeta | str:
+        try:
+            return fleet.client().submit(request)
+        except BudgetExhaustedError:
+            return "refused"
+
+    with ThreadPoolExecutor(6) as pool:
+        first = [pool.submit(submit, i) for i in range(6)]
+        wait_for(lambda: any(f.done() for f in first), 60, "a first submit")
+        fleet.fail_over()
+        rest = [pool.submit(submit, i) for i in range(6, 14)]
+        answers = [f.result(timeout=180) for f in first + rest]
+    fleet.healed()
+    accepted = [a for a in answers if isinstance(a, RunMeta)]
+    assert len(accepted) + answers.count("refused") == len(answers)
+    assert len(accepted) <= 6
+    budget = Ledger(fleet.store).get(name, split)
+    reserves = [
+        e
+        for e in audit_entries(fleet.store)
+        if e["action"] == "reserve" and e["dataset"] == name and e["split"] == split
+    ]
+    # every accepted submit was charged once, and nothing else was
+    assert budget.runs_used == len(accepted) == len(reserves)
+    assert {e["run"] for e in reserves} == {m.run_id for m in accepted}
+    for meta in accepted:
+        assert wait_ended(fleet.store, meta.run_id, 120) is RunStatus.COMPLETED
+        assert_settled_once(fleet.store, meta.run_id, meta.n)
+
+
+def test_the_master_killed_while_a_run_is_archived_keeps_the_run(fleet: Fleet) -> None:
+    name, split = fleet.split(400)
+    meta = fleet.client().submit(SubmitRequest(eval="spy", dataset=name, split=split))
+    assert wait_ended(fleet.store, meta.run_id, 120) is RunStatus.COMPLETED
+    # the worker that finalized it archives it now (archive_after is 0): kill under it
+    fleet.fail_over()
+    fleet.healed()
+    wait_for(lambda: fleet.store.hget(RunKeys(meta.run_id).meta, "archived"), 120, "the archive")
+    assert_settled_once(fleet.store, meta.run_id, meta.n)
+    view = fleet.client().status(meta.run_id)
+    assert view.status is RunStatus.COMPLETED
+    assert len(list(ResultReader(fleet.store).results(meta.run_id))) == meta.n
