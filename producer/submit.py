@@ -42,7 +42,7 @@ from shared.access.tiers import TierRegistry
 from shared.connection import server_time
 from shared.data.loading import Sharding, resolve_source, shard_order, spec_of
 from shared.data.routing import RoutingKind
-from shared.data.spec import HubSource, LocalSource, publish_spec
+from shared.data.spec import Source, publish_spec
 from shared.errors import InputError, SampleIdError, UnknownDatasetError
 from shared.models import Priority, RunMeta, RunStatus
 from shared.names import is_name
@@ -194,7 +194,7 @@ def resolve_ids(n_rows: int, limit: int | None, ids: Sequence[int] | None) -> li
 
 def _locate(
     client: redis.Redis, request: SubmitRequest, admin: bool, suggest: bool
-) -> tuple[LocalSource | HubSource, Tier]:
+) -> tuple[Source, Tier]:
     """The source to read and the tier that applies: a registered dataset's pinned split and
     its tier, or an unregistered source (``no_access``: refused here to a non-admin before
     anything is read). An unknown dataset name is :class:`UnknownDatasetError` (exit 2), with

@@ -27,7 +27,7 @@ class LocalWorkers:
     With ``EVALQ_REDIS_URL_FILE`` in ``env`` they read the URL from that file and get no
     ``EVALQ_REDIS_URL``. ``launcher`` is put before each worker's command line, and runs it
     (the tests drop every capability in one, so that a worker run as root behaves as one run
-    by an ordinary user)."""
+    by an ordinary user); ``cwd`` is their working directory (default: this process's)."""
 
     def __init__(
         self,
@@ -39,6 +39,7 @@ class LocalWorkers:
         env: Mapping[str, str] | None = None,
         log_dir: Path | None = None,
         launcher: Sequence[str] = (),
+        cwd: Path | None = None,
     ) -> None:
         self.redis_url = redis_url
         self.count = count
@@ -47,6 +48,7 @@ class LocalWorkers:
         self.env = dict(env or {})
         self.log_dir = log_dir
         self.launcher = list(launcher)
+        self.cwd = cwd
         self.processes: list[subprocess.Popen[bytes]] = []
 
     def start(self, app: Celery, timeout: float = 60.0) -> LocalWorkers:
@@ -71,6 +73,7 @@ class LocalWorkers:
                     subprocess.Popen(
                         command,
                         env=env,
+                        cwd=self.cwd,
                         stdin=subprocess.DEVNULL,
                         stdout=log,
                         stderr=subprocess.STDOUT,

@@ -1,7 +1,10 @@
 """The one settings object, read from ``EVALQ_*`` environment variables in one place.
 
 Worker-local knobs (device, batch size, cache sizes) live here and nowhere else: a worker never
-takes them from a message or a published spec.
+takes them from a message or a published spec. Object-store credentials are not settings of
+evalq's: fsspec reads each process's own from its environment (``AWS_ACCESS_KEY_ID``,
+``AWS_SECRET_ACCESS_KEY``, ``AWS_ENDPOINT_URL``, ``FSSPEC_S3_*``, ...), so none is ever in a
+spec, a message, the registry or a log.
 """
 
 from __future__ import annotations
@@ -123,6 +126,15 @@ class Settings(BaseSettings):
     """Worker-local: where models converted once for evalq are kept (a folder per source file,
     named by its digest); unset: ``~/.cache/evalq/models``."""
 
+    data_cache: Path | None = None
+    """Where the objects of object-store sources (``s3://…``) are kept, each named by its
+    sha256 and fetched again only when missing (a folder of mode 700); unset:
+    ``~/.cache/evalq/data``."""
+
+    data_cache_bytes: int = Field(default=20 * 2**30, ge=0)
+    """Bytes :attr:`data_cache` may hold: past them, the objects used least recently are
+    removed (never those being read)."""
+
     isolate_inference: bool = False
     """Worker-local: run every evaluation's ``infer()`` in a warm subprocess of its own that
     only receives label-free rows (an evaluation can ask for it itself: ``isolated = True``)."""
@@ -222,6 +234,11 @@ class Settings(BaseSettings):
     def models(self) -> Path:
         """Where models converted once for evalq are kept (``model_cache``, or the default)."""
         return self.model_cache or Path.home() / ".cache" / "evalq" / "models"
+
+    @property
+    def data_cache_dir(self) -> Path:
+        """Where objects of object-store sources are kept (``data_cache``, or the default)."""
+        return self.data_cache or Path.home() / ".cache" / "evalq" / "data"
 
     @property
     def allowed_model_roots(self) -> tuple[Path, ...]:

@@ -32,12 +32,15 @@ tokens_app = typer.Typer(help="API tokens of the gateway (evalq serve).")
 @datasets_app.command("add")
 def datasets_add(
     name: Annotated[str, typer.Argument(help=f"Dataset name ({NAME_RULE}).")],
-    data: Annotated[str, typer.Option(help="Local file/folder or Hub dataset id.")],
+    data: Annotated[
+        str, typer.Option(help="Local file/folder, URL (s3://bucket/prefix/) or Hub dataset id.")
+    ],
     revision: Annotated[str | None, typer.Option(help="Hub revision to pin.")] = None,
     config: Annotated[str | None, typer.Option(help="Hub dataset configuration.")] = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Register a dataset under NAME, each split pinned (file sha256s, Hub commit); audited."""
+    """Register a dataset under NAME, each split pinned (file sha256s, object ETags and sha256s,
+    Hub commit); audited."""
     added = open_api().add_dataset(name, data, revision=revision, config=config)
     if as_json:
         print_json(added.model_dump(mode="json"))

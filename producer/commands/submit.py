@@ -30,7 +30,7 @@ def submit_command(  # noqa: PLR0913, PLR0917 - a typer command: its options are
     ] = None,
     data: Annotated[
         str | None,
-        typer.Option(help="Unregistered local file/folder or Hub id (operators and admins)."),
+        typer.Option(help="Unregistered local file/folder, URL or Hub id (operators and admins)."),
     ] = None,
     limit: Annotated[int | None, typer.Option(help="Evaluate the first N samples.")] = None,
     ids: Annotated[str | None, typer.Option(help="Comma-separated sample ids.")] = None,

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 from pydantic import BaseModel, ConfigDict
 
-from shared.data.spec import HubSource, LocalSource, Source
+from shared.data.spec import Source
 from shared.errors import EvalqError, SplitNotFoundError
 
 __all__ = ["RegisteredDataset"]
@@ -21,7 +21,8 @@ class RegisteredDataset(BaseModel):
     name: str
     """Its registered name."""
     data: str
-    """The source as it was given (a path or a Hub id); empty in an outline."""
+    """The source as it was given (a path, an object-store URL or a Hub id); empty in an
+    outline."""
     splits: Mapping[str, Source | None]
     """Each split's pinned source (None in an outline)."""
     who: str
@@ -29,7 +30,7 @@ class RegisteredDataset(BaseModel):
     added: float
     """Unix time of registration."""
 
-    def source(self, split: str) -> LocalSource | HubSource:
+    def source(self, split: str) -> Source:
         """The pinned source of ``split``; :class:`SplitNotFoundError` (exit 2) naming the
         dataset's splits when it has no such split."""
         if split not in self.splits:
@@ -43,7 +44,7 @@ class RegisteredDataset(BaseModel):
         return source
 
     def outline(self) -> RegisteredDataset:
-        """The record without its sources (paths, Hub ids, file digests): what a caller who
+        """The record without its sources (paths, URLs, Hub ids, file digests): what a caller who
         is not an admin sees (a digest of a small labelled file can be matched offline
         against every labelling of inputs the caller knows)."""
         return self.model_copy(update={"data": "", "splits": dict.fromkeys(self.splits)})

@@ -1,8 +1,9 @@
 """The dataset registry: named datasets pinned to their source, in ``evalq:datasets``.
 
 A registered dataset is a name (see :mod:`shared.names`), the source it was added from, and
-each of its splits pinned: a local split by its files' sha256 digests, a Hub split by the
-commit its revision resolved to. Tiers, budgets and audit entries attach to the name, and a
+each of its splits pinned: a local split by its files' sha256 digests, a split on object
+storage by each object's ETag (or version id) and sha256, a Hub split by the commit its
+revision resolved to. Tiers, budgets and audit entries attach to the name, and a
 gateway caller can only evaluate registered datasets, never a path. One file content has one
 owner split: registering a copy or a link of a file another split holds is refused, so no
 second name can give a held-out split's rows another tier.
@@ -16,7 +17,8 @@ import redis
 
 from shared.access.dataset import RegisteredDataset
 from shared.data.loading import local_root, local_splits
-from shared.data.spec import HubSource, LocalSource, Source
+from shared.data.remote import is_remote, remote_splits
+from shared.data.spec import HubSource, Source
 from shared.errors import (
     DataError,
     SourceUnreachableError,
@@ -43,11 +45,11 @@ def _hub_splits(repo: str, revision: str | None, config: str | None) -> dict[str
 
 
 def _owners(name: str, splits: dict[str, Source]) -> dict[str, str]:
-    """sha256 -> ``name/split`` of every local file; two splits holding one content (a link or
-    a copy of the other's file) is a :class:`DataError`."""
+    """sha256 -> ``name/split`` of every local file and object; two splits holding one content
+    (a link or a copy of the other's file) is a :class:`DataError`."""
     owners: dict[str, str] = {}
     for split, source in splits.items():
-        for pinned in source.files if isinstance(source, LocalSource) else ():
+        for pinned in () if isinstance(source, HubSource) else source.files:
             owner = owners.setdefault(pinned.sha256, f"{name}/{split}")
             if owner != f"{name}/{split}":
                 raise DataError(
@@ -81,9 +83,13 @@ class DatasetRegistry:
         one it replaced. Every split name must follow the name rule."""
         check_name("dataset name", name)
         root = local_root(data, revision, config)
-        splits: dict[str, Source] = (
-            dict(local_splits(root)) if root is not None else _hub_splits(data, revision, config)
-        )
+        splits: dict[str, Source]
+        if root is not None:
+            splits = dict(local_splits(root))
+        elif is_remote(data):
+            splits = dict(remote_splits(data))
+        else:
+            splits = _hub_splits(data, revision, config)
         for split in splits:
             check_name("split", split)
         record = RegisteredDataset(name=name, data=data, splits=splits, who=who, added=time.time())

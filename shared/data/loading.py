@@ -3,15 +3,16 @@ back to rows and shards.
 
 ``--data`` is a local file (its split is the file's stem, so ``test.jsonl`` holds ``test``), a
 local folder whose files are named after splits (``validation.jsonl``,
-``validation-00001.parquet``), or a Hub dataset id. A k-means routing is fitted on a stream of
-the split that is read no further than the fit's sample, so memory follows the sample size.
+``validation-00001.parquet``), an object or prefix on object storage named the same way
+(``s3://bucket/prefix/``, see :mod:`shared.data.remote`), or a Hub dataset id. A k-means
+routing is fitted on a stream of the split that is read no further than the fit's sample, so
+memory follows the sample size.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,6 +21,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 from pydantic import ConfigDict, Field
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
+from shared.data.files import FORMATS, by_split, format_of, split_of
+from shared.data.remote import check_remote, is_remote, materialize, remote_source
 from shared.data.routing import (
     Contiguous,
     Featurizer,
@@ -35,8 +38,9 @@ from shared.data.spec import (
     DatasetSpec,
     HubSource,
     LocalFile,
-    LocalFormat,
     LocalSource,
+    RemoteSource,
+    Source,
 )
 from shared.errors import (
     DataError,
@@ -85,33 +89,12 @@ class Sharding:
     """Most Lloyd iterations."""
 
 
-_FORMATS: dict[str, LocalFormat] = {
-    ".parquet": "parquet",
-    ".jsonl": "json",
-    ".json": "json",
-    ".csv": "csv",
-    ".arrow": "arrow",
-}
-
-
-_SHARD_FILE = re.compile(r"^(?P<split>.+)-\d{5}-of-\d{5}$")
-"""A split stored in several files, the Hugging Face way: ``validation-00001-of-00002``."""
-
-
-def _split_of(path: Path) -> str:
-    """The split a file holds: its stem, without a ``-NNNNN-of-NNNNN`` shard suffix. Nothing
-    else is cut off: ``test-hard.jsonl`` holds split ``test-hard``, never part of ``test``."""
-    stem = path.name.removesuffix(path.suffix)
-    shard = _SHARD_FILE.match(stem)
-    return shard["split"] if shard else stem
-
-
 def _data_files(root: Path) -> list[Path]:
     if root.is_file():
-        return [root] if root.suffix in _FORMATS else []
+        return [root] if root.suffix in FORMATS else []
     if not root.is_dir():
         raise DataError(f"{root} is neither a regular file nor a folder")
-    return sorted(p for p in root.iterdir() if p.is_file() and p.suffix in _FORMATS)
+    return sorted(p for p in root.iterdir() if p.is_file() and p.suffix in FORMATS)
 
 
 def _sha256(path: Path) -> str:
@@ -127,18 +110,12 @@ def local_splits(root: Path) -> dict[str, LocalSource]:
     files = _data_files(root)
     if not files:
         raise DataError(f"{root} holds no parquet, jsonl, json, csv or arrow file")
-    grouped: dict[str, list[Path]] = {}
-    for path in files:
-        grouped.setdefault(_split_of(path), []).append(path)
-    return {split: _pinned(root, split, chosen) for split, chosen in sorted(grouped.items())}
+    return {split: _pinned(root, split, chosen) for split, chosen in by_split(files).items()}
 
 
 def _pinned(root: Path, split: str, chosen: list[Path]) -> LocalSource:
-    formats = {_FORMATS[p.suffix] for p in chosen}
-    if len(formats) > 1:
-        raise DataError(f"split '{split}' in {root} mixes formats: {', '.join(sorted(formats))}")
     return LocalSource(
-        format=formats.pop(),
+        format=format_of(str(root), split, chosen),
         files=tuple(LocalFile(path=str(p.resolve()), sha256=_sha256(p)) for p in chosen),
     )
 
@@ -147,16 +124,18 @@ def _local_source(root: Path, split: str) -> LocalSource:
     files = _data_files(root)
     if not files:
         raise DataError(f"{root} holds no parquet, jsonl, json, csv or arrow file")
-    chosen = [p for p in files if _split_of(p) == split]
+    chosen = [p for p in files if split_of(p) == split]
     if not chosen:
-        have = sorted({_split_of(p) for p in files})
+        have = sorted({split_of(p) for p in files})
         raise SplitNotFoundError(f"split '{split}' not found in {root} (splits: {', '.join(have)})")
     return _pinned(root, split, chosen)
 
 
-def check_pinned(source: LocalSource | HubSource) -> None:
-    """Local files must still hold the bytes their digests pin (a Hub source is pinned by its
-    revision); :class:`SpecError` otherwise."""
+def check_pinned(source: Source) -> None:
+    """Local files must still hold the bytes their digests pin, and objects the stamps theirs
+    do (a Hub source is pinned by its revision); :class:`SpecError` otherwise."""
+    if isinstance(source, RemoteSource):
+        check_remote(source)
     if not isinstance(source, LocalSource):
         return
     for pinned in source.files:
@@ -168,7 +147,7 @@ def check_pinned(source: LocalSource | HubSource) -> None:
 
 
 def _looks_like_path(data: str) -> bool:
-    return data.startswith((".", "/", "~")) or Path(data).suffix in _FORMATS
+    return data.startswith((".", "/", "~")) or Path(data).suffix in FORMATS
 
 
 @contextmanager
@@ -185,15 +164,19 @@ def _quiet_datasets() -> Iterator[None]:
         datasets.logging.set_verbosity(previous)
 
 
-def _load(source: LocalSource | HubSource, split: str, streaming: bool = False) -> Any:
+def _load(source: Source, split: str, streaming: bool = False) -> Any:
     import datasets
 
+    files: list[str] = []
+    if isinstance(source, RemoteSource):
+        files = [str(copy) for copy in materialize(source)]  # local copies, their sha256 checked
+    elif isinstance(source, LocalSource):
+        files = [f.path for f in source.files]
     with _quiet_datasets():
         try:
-            if isinstance(source, LocalSource):
+            if not isinstance(source, HubSource):
                 # the files were chosen by their split already; ``datasets`` only needs a key
                 # for them, and refuses split names such as ``test-hard`` as keys
-                files = [f.path for f in source.files]
                 return datasets.load_dataset(
                     source.format, data_files={"rows": files}, split="rows", streaming=streaming
                 )
@@ -220,7 +203,7 @@ def _column(names: list[str] | None, field: str) -> None:
         raise DataError(f"route field '{field}' is not a column of the split ({', '.join(names)})")
 
 
-def stream_texts(source: LocalSource | HubSource, split: str, field: str) -> Iterator[str]:
+def stream_texts(source: Source, split: str, field: str) -> Iterator[str]:
     """The split's ``field`` row by row, streamed: only what the caller consumes is read."""
     stream: IterableDataset = _load(source, split, streaming=True)
     _column(stream.column_names, field)
@@ -235,9 +218,7 @@ def _split_texts(dataset: Dataset, field: str) -> Iterator[list[str]]:
         yield [str(text) for text in batch[field]]
 
 
-def _fit(
-    source: LocalSource | HubSource, split: str, sharding: Sharding
-) -> Contiguous | RoundRobin | KMeans:
+def _fit(source: Source, split: str, sharding: Sharding) -> Contiguous | RoundRobin | KMeans:
     if sharding.routing is RoutingKind.CONTIGUOUS:
         return Contiguous()
     if sharding.routing is RoutingKind.ROUND_ROBIN:
@@ -253,7 +234,7 @@ def _fit(
 
 
 def _fit_kmeans(
-    source: LocalSource | HubSource,
+    source: Source,
     split: str,
     *,
     field: str,
@@ -300,21 +281,30 @@ def shard_order(spec: DatasetSpec, dataset: Dataset, sample_ids: list[int]) -> l
 
 def resolve_source(
     data: str, split: str, revision: str | None = None, config: str | None = None
-) -> LocalSource | HubSource:
-    """What ``--data`` names: a local file or folder (its split's files pinned by digest) or a
+) -> Source:
+    """What ``--data`` names: a local file or folder (its split's files pinned by digest), an
+    object or prefix on object storage (its split's objects pinned by stamp and digest) or a
     Hub dataset."""
     root = local_root(data, revision, config)
     if root is not None:
         return _local_source(root, split)
+    if is_remote(data):
+        return remote_source(data, split)
     return HubSource(repo_id=data, revision=revision, config=config)
 
 
 def local_root(data: str, revision: str | None = None, config: str | None = None) -> Path | None:
-    """The local file or folder ``data`` names, or None when it names a Hub dataset; a path
-    that does not exist, and Hub options given for a local one, are refused."""
+    """The local file or folder ``data`` names, or None when it names an object-store URL or
+    a Hub dataset; a path that does not exist, and Hub options given for a local file or a URL,
+    are refused."""
+    hub_options = revision is not None or config is not None
+    if is_remote(data):
+        if hub_options:
+            raise DataError("--revision and --config apply to Hub datasets, not object storage")
+        return None
     root = Path(data).expanduser()
     if root.exists():
-        if revision is not None or config is not None:
+        if hub_options:
             raise DataError("--revision and --config apply to Hub datasets, not local files")
         return root
     if _looks_like_path(data):
@@ -334,7 +324,7 @@ def build_spec(
 
 
 def spec_of(
-    source: LocalSource | HubSource, split: str, sharding: Sharding | None = None
+    source: Source, split: str, sharding: Sharding | None = None
 ) -> tuple[DatasetSpec, Dataset]:
     """A spec of ``split`` of ``source`` cut by ``sharding`` (fitting a k-means routing on a
     bounded stream), loading the split once to count rows."""

@@ -27,6 +27,9 @@ __all__ = [
     "HubSource",
     "LocalFile",
     "LocalSource",
+    "RemoteFile",
+    "RemoteSource",
+    "Source",
     "fetch_spec",
     "publish_spec",
 ]
@@ -73,7 +76,35 @@ class HubSource(BaseModel):
     """Dataset configuration name."""
 
 
-Source = Annotated[LocalSource | HubSource, Field(discriminator="kind")]
+class RemoteFile(BaseModel):
+    """One object on object storage, pinned by its stamp and its content."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    url: str
+    """Its fsspec URL (``s3://bucket/prefix/test.jsonl``), without credentials."""
+    etag: str = Field(min_length=1)
+    """What the store says identifies this content (S3's ETag; a store without one: fsspec's
+    key of the object's details)."""
+    version: str | None = None
+    """The object's version id, where the store versions objects."""
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    """Hex digest of the object's bytes."""
+
+
+class RemoteSource(BaseModel):
+    """Rows read from objects of one format on object storage (any fsspec URL)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["remote"] = "remote"
+    format: LocalFormat
+    """The ``datasets`` builder that reads the objects."""
+    files: tuple[RemoteFile, ...] = Field(min_length=1)
+    """The split's objects, in order."""
+
+
+Source = Annotated[LocalSource | HubSource | RemoteSource, Field(discriminator="kind")]
 
 
 class DatasetSpec(BaseModel):
