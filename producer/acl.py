@@ -125,6 +125,20 @@ ROLES: dict[str, tuple[str, ...]] = {
 command categories."""
 
 
+SERVICE_ROLES: dict[str, tuple[str, ...]] = {
+    "replica": ("+psync", "+replconf", "+ping"),
+    "sentinel": (
+        "&__sentinel__:hello", "+multi", "+slaveof", "+ping", "+exec", "+subscribe",
+        "+config|rewrite", "+role", "+publish", "+info", "+client|setname", "+client|kill",
+        "+script|kill",
+    ),
+}  # fmt: skip
+"""Users of a Sentinel group's own processes, written only when their password is given:
+``replica`` (``masteruser`` of a replica: replication and nothing else) and ``sentinel``
+(``sentinel auth-user``: what Redis's documentation lists for a sentinel). Every data node
+loads the same file, so every user exists on whichever node is the master."""
+
+
 def password_variable(role: str) -> str:
     """The environment variable holding ``role``'s password (``EVALQ_ACL_<ROLE>_PASSWORD``)."""
     return f"EVALQ_ACL_{role.upper()}_PASSWORD"
@@ -149,6 +163,10 @@ def acl_text(passwords: Mapping[str, str] | None = None) -> str:
         digest = hashlib.sha256(_password(role, given).encode()).hexdigest()
         head = ["user", role, "on", "resetkeys", "resetchannels", f"#{digest}"]
         lines.append(" ".join([*head, *rules]))
+    for role, rules in SERVICE_ROLES.items():
+        if given.get(password_variable(role)):
+            digest = hashlib.sha256(_password(role, given).encode()).hexdigest()
+            lines.append(" ".join(["user", role, "on", "resetkeys", f"#{digest}", *rules]))
     return "\n".join(lines) + "\n"
 
 

@@ -232,38 +232,56 @@ def connect_async(
     return redis.asyncio.Redis.from_pool(pool)
 
 
+CONFIRM_TRIES = 5
+"""Times :func:`confirmed` makes a write whose confirmation was lost with its master."""
+
+
 def confirmed(client: redis.Redis, write: Callable[[redis.Redis], T]) -> T:
     """``write(one)``'s result, once the client's replicas (:attr:`Target.replicas`) hold what
     it wrote: ``one`` is a client of one connection, which then waits for them (``WAIT``, at
     most :attr:`Target.wait_ms`). With no replica to wait for, ``write(client)``. If that
     connection is lost before the replicas answer (the master died: the write may be gone with
-    it), :class:`UnconfirmedWriteError`; ``write`` must be safe to make again. A replica that
-    does not answer in time is logged, not raised: the write stands on the master, and
+    it), the write is made again on the new master, up to :data:`CONFIRM_TRIES` times, then
+    :class:`UnconfirmedWriteError`: ``write`` must be safe to make again. A replica that does
+    not answer in time is logged, not raised: the write stands on the master, and
     ``min-replicas-to-write`` keeps a master without replicas from taking more."""
     replicas, wait_ms = getattr(client, "confirming", (0, 0))
     if replicas <= 0:
         return write(client)
-    with client.client() as one:  # type: ignore[no-untyped-call]
-        result = write(one)
-        connection = one.connection
-        kept = connection.retry
-        connection.retry = Retry(NoBackoff(), 0)  # only this server's WAIT means anything
-        try:
-            acked = int(one.wait(replicas, wait_ms))
-        except (redis.ConnectionError, redis.TimeoutError):
-            raise UnconfirmedWriteError(
-                "Redis's master was lost before a replica confirmed this write: it may be "
-                "lost; try again"
-            ) from None
-        finally:
-            connection.retry = kept
-    if acked < replicas:
-        log.warning(
-            "Redis confirmed a write on %d of %d replicas within %d ms: it is lost if the "
-            "master fails before a replica has it",
-            acked, replicas, wait_ms,
-        )  # fmt: skip
-    return result
+    for _ in range(CONFIRM_TRIES):
+        with client.client() as one:  # type: ignore[no-untyped-call]
+            result = write(one)
+            acked = _wait(one, replicas, wait_ms)
+        if acked is None:
+            log.warning("Redis's master was lost before a replica confirmed a write: made again")
+            continue
+        if acked < replicas:
+            log.warning(
+                "Redis confirmed a write on %d of %d replicas within %d ms: it is lost if the "
+                "master fails before a replica has it",
+                acked, replicas, wait_ms,
+            )  # fmt: skip
+        return result
+    raise UnconfirmedWriteError(
+        f"Redis lost its master {CONFIRM_TRIES} times before a replica confirmed a write: it "
+        "may be lost; try again"
+    )
+
+
+def _wait(one: redis.Redis, replicas: int, wait_ms: int) -> int | None:
+    """``WAIT`` on ``one``'s connection, never retried on another (only the server that took
+    the write can answer for it): the replicas that hold it, None when the connection died."""
+    connection = one.connection
+    if connection is None:
+        return None
+    kept = connection.retry
+    connection.retry = Retry(NoBackoff(), 0)
+    try:
+        return int(one.wait(replicas, wait_ms))
+    except (redis.ConnectionError, redis.TimeoutError):
+        return None
+    finally:
+        connection.retry = kept
 
 
 def redact(url: str) -> str:

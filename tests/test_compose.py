@@ -31,8 +31,11 @@ def _words(value: str | list[str]) -> list[str]:
 def test_the_services_operators_expect() -> None:
     assert set(SERVICES) == {
         "acl", "redis", "gateway", "worker-gpu", "worker-cpu", "flower", "producer", "metrics",
+        *REDIS_GROUP,
     }  # fmt: skip
     for name, service in SERVICES.items():
+        if name in REDIS_GROUP:
+            continue
         if name != "redis":
             assert service["build"] == "."  # one image, from the project's Dockerfile
             assert service["image"] == "evalq:latest"
@@ -41,6 +44,35 @@ def test_the_services_operators_expect() -> None:
         if name not in {"producer", "acl"}:
             assert service["healthcheck"]["test"], name
     assert SERVICES["producer"]["profiles"] == ["tools"]  # one-shot, `docker compose run`
+
+
+REDIS_GROUP = {"redis-replica", "sentinel-1", "sentinel-2", "sentinel-3"}
+
+
+def test_redis_is_a_sentinel_group_that_writes_only_with_a_replica_in_step() -> None:
+    """A replica of the first master, both needing a replica in step to write and both
+    loading the ACL file (its users exist on whichever node is promoted); three sentinels
+    that watch the master by name with their own user; every evalq process names the
+    sentinels and the master."""
+    first, replica = (
+        _words(SERVICES["redis"]["command"]),
+        _words(SERVICES["redis-replica"]["command"]),
+    )
+    assert replica[-3:] == ["--replicaof", "redis", "6379"]
+    for command in (first, replica[:-3]):
+        options = dict(zip(command[1::2], command[2::2], strict=True))
+        assert options["--min-replicas-to-write"] == "1"
+        assert options["--aclfile"] == "/acl/users.acl"
+        assert options["--masteruser"] == "replica"
+    for name in ("sentinel-1", "sentinel-2", "sentinel-3"):
+        script = " ".join(_words(SERVICES[name]["command"]))
+        assert "sentinel monitor evalq redis 6379 2" in script
+        assert "sentinel auth-user evalq sentinel" in script
+    for name, service in SERVICES.items():
+        environment = service.get("environment", {})
+        if "EVALQ_REDIS_URL" in environment:
+            assert environment["EVALQ_REDIS_URL"].count("sentinel://") == 3, name
+            assert environment["EVALQ_REDIS_SENTINEL_MASTER"] == "evalq", name
 
 
 def test_redis_is_durable_private_and_never_evicts() -> None:
@@ -61,13 +93,13 @@ def test_redis_is_durable_private_and_never_evicts() -> None:
 def test_redis_runs_the_acl_file_and_each_service_holds_its_own_user() -> None:
     acl, redis = SERVICES["acl"], SERVICES["redis"]
     assert _words(acl["command"]) == ["acl", "--out", "/acl/users.acl"]
-    for role in ("GATEWAY", "WORKER", "MONITOR"):
+    for role in ("GATEWAY", "WORKER", "MONITOR", "REPLICA", "SENTINEL"):
         assert INTERPOLATION.match(acl["environment"][f"EVALQ_ACL_{role}_PASSWORD"])
     assert redis["depends_on"]["acl"]["condition"] == "service_completed_successfully"
     assert "redis-acl:/acl:ro" in redis["volumes"]
     assert "redis-acl:/acl" in acl["volumes"]
     users = {
-        name: re.match(r"redis://(\w+):", service["environment"]["EVALQ_REDIS_URL"])
+        name: re.match(r"sentinel://(\w+):", service["environment"]["EVALQ_REDIS_URL"])
         for name, service in SERVICES.items()
         if "EVALQ_REDIS_URL" in service.get("environment", {})
     }

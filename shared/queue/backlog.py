@@ -62,6 +62,7 @@ from shared.queue.celery_app import INFER_QUEUE, INFER_TASK, SCORE_QUEUE, SCORE_
 from shared.queue.sizing import message_size, split
 from shared.queue.standing import Standing
 from shared.store.scripts import register
+from shared.target import is_sentinel
 
 __all__ = [
     "INFER_LANE",
@@ -185,8 +186,11 @@ class Capturer:
         """The messages for ``tasks`` (one per payload, to the task's queue), built by Celery
         and kombu but not pushed."""
         if self._channel is None:
+            url = self._app.conf.broker_url
             self._connection = Connection(
-                self._app.conf.broker_url,
+                # nothing connects: a Sentinel group's several URLs would make it a failover
+                # list, whose connection the producer does not get
+                "redis://" if is_sentinel(url) else url,
                 transport=_CapturingTransport,
                 transport_options=self._app.conf.broker_transport_options,
             )
