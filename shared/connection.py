@@ -165,24 +165,43 @@ def _user(pool: redis.ConnectionPool) -> str:
     return str(pool.connection_kwargs.get("username") or "default")
 
 
+_SENTINEL_TIMEOUTS = {"socket_timeout": 2.0, "socket_connect_timeout": 2.0}
+"""How long a sentinel may take to connect and answer (it is asked at each new connection)."""
+
+
+def _options(retry: Retry | AsyncRetry) -> dict[str, Any]:
+    """What every client is made with, sync or async: ``str`` replies, health checks, and
+    ``retry`` on the :data:`_TRANSIENT` errors."""
+    return {
+        "decode_responses": True,
+        "health_check_interval": 30,
+        "retry": retry,
+        "retry_on_error": _TRANSIENT,
+    }
+
+
+def _backoff() -> ExponentialBackoff:
+    return ExponentialBackoff(cap=2.0, base=0.05)
+
+
+def _malformed(exc: ValueError) -> InputError:
+    """The one-line error for a URL the client cannot parse (never the URL: it may hold a
+    password)."""
+    return InputError(f"the Redis URL (EVALQ_REDIS_URL) is malformed: {first_line(exc)}")
+
+
 def connect(target: str | Target, *, retries: int = 8) -> redis.Redis:
     """A client that decodes replies to ``str`` and rides out short connection drops and
     failovers (``retries`` tries with exponential back-off from 50 ms, capped at 2 s). A
     malformed URL is an :class:`InputError` (its message never holds the URL, which may hold a
     password)."""
     where = _target(target)
-    options: dict[str, Any] = {
-        "decode_responses": True,
-        "health_check_interval": 30,
-        "retry": Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=retries),
-        "retry_on_error": _TRANSIENT,
-    }
+    options = _options(Retry(_backoff(), retries=retries))
     try:
         if is_sentinel(where.url):
             group = _group(where.url)
             sentinel = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
-                group.sentinels,
-                sentinel_kwargs={"socket_timeout": 2.0, "socket_connect_timeout": 2.0},
+                group.sentinels, sentinel_kwargs=_SENTINEL_TIMEOUTS
             )
             client: _Client = sentinel.master_for(  # type: ignore[no-untyped-call]
                 _master_name(where), redis_class=_Client, **group.master, **options
@@ -190,9 +209,7 @@ def connect(target: str | Target, *, retries: int = 8) -> redis.Redis:
         else:
             client = cast(_Client, _Client.from_url(where.url, **options))
     except ValueError as exc:
-        raise InputError(
-            f"the Redis URL (EVALQ_REDIS_URL) is malformed: {first_line(exc)}"
-        ) from None
+        raise _malformed(exc) from None
     client.confirming = (where.replicas, where.wait_ms)
     return client
 
@@ -205,18 +222,12 @@ def connect_async(
     ``max_connections`` connections; a command that finds them all taken waits for one (with
     Sentinel: fails, as redis-py's Sentinel pool does not wait)."""
     where = _target(target)
-    options: dict[str, Any] = {
-        "decode_responses": True,
-        "health_check_interval": 30,
-        "retry": AsyncRetry(ExponentialBackoff(cap=2.0, base=0.05), retries=retries),
-        "retry_on_error": _TRANSIENT,
-    }
+    options = _options(AsyncRetry(_backoff(), retries=retries))
     try:
         if is_sentinel(where.url):
             group = _group(where.url)
             watch = redis.asyncio.sentinel.Sentinel(  # type: ignore[no-untyped-call]
-                group.sentinels,
-                sentinel_kwargs={"socket_timeout": 2.0, "socket_connect_timeout": 2.0},
+                group.sentinels, sentinel_kwargs=_SENTINEL_TIMEOUTS
             )
             master: redis.asyncio.Redis = watch.master_for(
                 _master_name(where), max_connections=max_connections, **group.master, **options
@@ -226,9 +237,7 @@ def connect_async(
             where.url, max_connections=max_connections, **options
         )
     except ValueError as exc:
-        raise InputError(
-            f"the Redis URL (EVALQ_REDIS_URL) is malformed: {first_line(exc)}"
-        ) from None
+        raise _malformed(exc) from None
     return redis.asyncio.Redis.from_pool(pool)
 
 

@@ -6,13 +6,13 @@ started again, as a supervisor would, to rejoin as the new master's replica."""
 from __future__ import annotations
 
 import subprocess
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import redis
 
 from producer.redis_server import RedisServer, find_redis_server, free_port
+from tests.helpers import wait_for
 
 __all__ = ["MASTER", "SentinelGroup"]
 
@@ -23,18 +23,17 @@ DATA_OPTIONS = ["--min-replicas-to-write", "1", "--min-replicas-max-lag", "10"]
 """What every data node runs with: a master without a replica in step refuses writes."""
 
 
-def wait_for(probe: Callable[[], object], timeout: float, what: str) -> None:
-    """Return once ``probe()`` is truthy (polled every 50 ms); AssertionError after
-    ``timeout`` seconds naming ``what``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+def _until(probe: Callable[[], bool], timeout: float, what: str) -> None:
+    """:func:`tests.helpers.wait_for` on a probe of servers still starting: a probe that
+    cannot reach one yet answers False."""
+
+    def answered() -> bool:
         try:
-            if probe():
-                return
+            return probe()
         except redis.RedisError:
-            pass
-        time.sleep(0.05)
-    raise AssertionError(f"no {what} within {timeout:.0f}s")
+            return False
+
+    wait_for(answered, timeout, what)
 
 
 class SentinelGroup:
@@ -61,7 +60,7 @@ class SentinelGroup:
     def start(self) -> SentinelGroup:
         for node in self.nodes:
             node.start()
-        wait_for(lambda: self._linked(self.nodes[1]), 20, "replica in sync")
+        _until(lambda: self._linked(self.nodes[1]), 20, "replica in sync")
         for index, port in enumerate(self.sentinel_ports):
             folder = self.root / f"sentinel-{index}"
             folder.mkdir(parents=True, exist_ok=True)
@@ -81,7 +80,7 @@ class SentinelGroup:
                     start_new_session=True,
                 )
             )
-        wait_for(self._watched, 30, "sentinels that see each other and the replica")
+        _until(self._watched, 30, "sentinels that see each other and the replica")
         return self
 
     def _sentinel(self, port: int) -> redis.Redis:
@@ -127,7 +126,7 @@ class SentinelGroup:
 
     def failed_over(self, dead: RedisServer, timeout: float = 30.0) -> RedisServer:
         """Wait until the sentinels name another master and it takes writes; return it."""
-        wait_for(lambda: self.master_port() != dead.port, timeout, "failover")
+        _until(lambda: self.master_port() != dead.port, timeout, "failover")
         return self.node(self.master_port())
 
     def rejoin(self, dead: RedisServer, timeout: float = 30.0) -> None:
@@ -137,7 +136,7 @@ class SentinelGroup:
         master = str(self.master_port())
         dead.options = [*DATA_OPTIONS, "--replicaof", "127.0.0.1", master]
         dead.start()
-        wait_for(lambda: self._linked(dead), timeout, "the old master back as a replica")
+        _until(lambda: self._linked(dead), timeout, "the old master back as a replica")
 
     def stop(self) -> None:
         for process in self._sentinels:

@@ -44,6 +44,25 @@ local function hset_all(key, pairs)
     redis.call('HSET', key, unpack(pairs, from, math.min(from + 999, #pairs)))
   end
 end
+-- One bit of the bitmap ``key`` at each of the positions ``ids``, 300 at a time: read
+-- (``command`` BITFIELD_RO, ``value`` nil) or set to ``value`` (BITFIELD); the replies in order.
+local function bitfield_all(command, key, ids, value)
+  local replies = {}
+  local op = value == nil and 'GET' or 'SET'
+  for from = 1, #ids, 300 do
+    local args = {}
+    for i = from, math.min(from + 299, #ids) do
+      args[#args + 1] = op
+      args[#args + 1] = 'u1'
+      args[#args + 1] = ids[i]
+      if value ~= nil then args[#args + 1] = value end
+    end
+    for _, reply in ipairs(redis.call(command, key, unpack(args))) do
+      replies[#replies + 1] = reply
+    end
+  end
+  return replies
+end
 -- Which of the sample ids ``ids`` are set in the bitmap ``key`` (a run's spilled samples): a
 -- table, true at the position of each set one. One BITCOUNT over their span answers for a
 -- batch none of whose samples is spilled (the usual case); only otherwise are bits read.
@@ -57,16 +76,7 @@ local function bits_of(key, ids)
     if n > high then high = n end
   end
   if redis.call('BITCOUNT', key, low, high, 'BIT') == 0 then return set end
-  for from = 1, #ids, 300 do
-    local gets = {}
-    for i = from, math.min(from + 299, #ids) do
-      gets[#gets + 1] = 'GET'
-      gets[#gets + 1] = 'u1'
-      gets[#gets + 1] = ids[i]
-    end
-    local bits = redis.call('BITFIELD_RO', key, unpack(gets))
-    for i, bit in ipairs(bits) do set[from + i - 1] = bit == 1 end
-  end
+  for i, bit in ipairs(bitfield_all('BITFIELD_RO', key, ids)) do set[i] = bit == 1 end
   return set
 end
 -- A run made progress: stamp its progress hash (``status`` and the janitor read it).

@@ -37,16 +37,7 @@ local scores, errors = hmget_all(KEYS[5], ids), hmget_all(KEYS[6], ids)
 for j = 1, #ids do
   if not scores[j] and not errors[j] then return -2 end
 end
-for from = 1, #ids, 300 do
-  local sets = {}
-  for i = from, math.min(from + 299, #ids) do
-    sets[#sets + 1] = 'SET'
-    sets[#sets + 1] = 'u1'
-    sets[#sets + 1] = ids[i]
-    sets[#sets + 1] = 1
-  end
-  redis.call('BITFIELD', KEYS[3], unpack(sets))
-end
+bitfield_all('BITFIELD', KEYS[3], ids, 1)
 hdel_all({KEYS[4], KEYS[5], KEYS[6]}, ids)
 for i = 5, at - 1, 2 do redis.call('HINCRBY', KEYS[7], ARGV[i], ARGV[i + 1]) end
 redis.call('HSET', KEYS[2], 'rows', ARGV[2], ARGV[1], ARGV[3])
