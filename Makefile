@@ -4,7 +4,7 @@ VENV   ?= .venv
 TORCH  ?= torch==2.13.0
 BIN     = $(VENV)/bin
 
-.PHONY: install demo demo-lm test lint bench bench-lm clean browser lm
+.PHONY: install demo demo-lm test lint links bench bench-lm clean browser lm
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,11 +34,21 @@ demo: install
 demo-lm: lm
 	$(BIN)/evalq demo --lm
 
-lint: install
+# mypy and lint-imports read the packages under their installed names (evalq.shared, ...): the
+# editable install maps the folders under `evalq` with an import hook neither can follow, so they
+# read build/lint/evalq, a tree of links to the folders' files laid out as the wheel installs them.
+LINKS = build/lint/evalq
+links:
+	rm -rf $(LINKS) && mkdir -p $(LINKS)
+	for pkg in shared producer worker; do cp -as "$(CURDIR)/$$pkg" $(LINKS)/$$pkg; done
+	rm -rf $(LINKS)/shared/public && cp -as "$(CURDIR)"/shared/public/* $(LINKS)/
+	find $(LINKS) -name __pycache__ -prune -exec rm -rf {} +
+
+lint: install links
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/lint-imports
+	PYTHONPATH=build/lint $(BIN)/lint-imports
 
 # Debian's Chromium, for the run report's headless screenshot test (skipped without it).
 browser:

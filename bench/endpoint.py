@@ -41,15 +41,15 @@ from rich.table import Table
 
 from bench.generate import DATA, Evalq, rows
 from bench.result import save
-from producer.client import Client
-from producer.policy_file import PolicyFile
-from producer.redis_server import RedisServer, free_port
-from producer.submit import SubmitRequest
-from producer.workers import LocalWorkers
-from shared.access.policy import Tier
-from shared.connection import connect
-from shared.settings import Settings
-from shared.store.runs import RunStore
+from evalq.producer.client import Client
+from evalq.producer.policy_file import PolicyFile
+from evalq.producer.redis_server import RedisServer, free_port
+from evalq.producer.submit import SubmitRequest
+from evalq.producer.workers import LocalWorkers
+from evalq.shared.access.policy import Tier
+from evalq.shared.connection import connect
+from evalq.shared.settings import Settings
+from evalq.shared.store.runs import RunStore
 
 console = Console(stderr=True)
 REPO = Path(__file__).resolve().parents[1]
@@ -203,7 +203,7 @@ def main() -> None:
     parser.add_argument("--rpm", type=int, default=1200)
     parser.add_argument("--throttled-samples", type=int, default=400)
     args = parser.parse_args()
-    from shared.lm.local import smollm2
+    from evalq.shared.lm.local import smollm2
 
     model_dir = smollm2()
     measured: dict[str, Any] = {"server": args.server or "tests/openai_server.py (transformers)"}

@@ -2,10 +2,11 @@
 same runtime, and lm-evaluation-harness, on the same model, prompts and batch size.
 
 On ``bench/lmeval/data`` (``make_data.py``: 200 arithmetic prompts, 100 four-option questions),
-SmolLM2-135M-Instruct by default (``shared.lm.local.smollm2``; ``--model`` for another folder):
+SmolLM2-135M-Instruct by default (``evalq.shared.lm.local.smollm2``; ``--model`` for another
+folder):
 
-  (a) loop: :class:`shared.lm.hf.HFModel` in this process, every prompt in one call (bucketed by
-      length, ``--batch-size`` per forward pass), greedy: the model's own limit;
+  (a) loop: :class:`evalq.shared.lm.hf.HFModel` in this process, every prompt in one call (bucketed
+      by length, ``--batch-size`` per forward pass), greedy: the model's own limit;
   (b) evalq: the same task registered as YAML and submitted with ``--model``, on 1 and 2 warm
       worker processes (``--workers``), timed from submit to the run's completion stamp;
   (c) lm-eval 0.4.13: ``bench/lmeval/run_lmeval.py`` in a subprocess (``hf`` backend, the same
@@ -40,15 +41,15 @@ from rich.table import Table
 
 from bench.result import save
 from bench.waiting import completed
-from producer.client import Client
-from producer.redis_server import RedisServer
-from producer.submit import SubmitRequest
-from producer.workers import LocalWorkers
-from shared.access.policy import Tier
-from shared.connection import connect
-from shared.models import SampleResult
-from shared.settings import Settings
-from shared.store.runs import RunStore
+from evalq.producer.client import Client
+from evalq.producer.redis_server import RedisServer
+from evalq.producer.submit import SubmitRequest
+from evalq.producer.workers import LocalWorkers
+from evalq.shared.access.policy import Tier
+from evalq.shared.connection import connect
+from evalq.shared.models import SampleResult
+from evalq.shared.settings import Settings
+from evalq.shared.store.runs import RunStore
 
 console = Console(stderr=True)
 DATA = Path(__file__).parent / "lmeval" / "data"
@@ -90,9 +91,9 @@ class Timed:
 
 def loop(model_dir: Path, batch_size: int, device: str) -> Timed:
     """The runtime evalq's workers run, called once in this process on every prompt."""
-    from shared.lm.hf import HFModel
-    from shared.lm.request import GenerationRequest
-    from shared.lm.spec import ModelSpec
+    from evalq.shared.lm.hf import HFModel
+    from evalq.shared.lm.request import GenerationRequest
+    from evalq.shared.lm.spec import ModelSpec
 
     model = HFModel.load(
         ModelSpec.parse(f"hf/{model_dir}", {"batch_size": str(batch_size)}), device
@@ -193,7 +194,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=Path("bench/results/generate.json"))
     args = parser.parse_args(argv)
     if args.model is None:
-        from shared.lm.local import smollm2
+        from evalq.shared.lm.local import smollm2
 
         args.model = smollm2()
     model_dir = args.model.resolve()

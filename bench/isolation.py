@@ -6,7 +6,7 @@ label-free, in batches of ``--batch``, two ways, batch by batch (the one that go
 alternating) so both see the same machine:
 
   in-process: ``evaluation.infer(model, rows)`` in this process (what a worker does by default);
-  isolated:   the same call in a warm model subprocess (``worker.model_proxy.ModelProxy``):
+  isolated:   the same call in a warm model subprocess (``evalq.worker.model_proxy.ModelProxy``):
               rows and outputs cross a pipe as JSON.
 
 Both load the model once (timed apart) and use ``--threads`` torch threads. Prints samples/s,
@@ -32,10 +32,10 @@ from rich.progress import Progress
 from rich.table import Table
 
 from bench.result import save
-from producer.demo_data import write_demo_dataset
-from shared.evaluation import Evaluation, create, load_plugins, scrub
-from worker.model_proxy import ModelProxy
-from worker.runtime_pool import resolve_device
+from evalq.producer.demo_data import write_demo_dataset
+from evalq.shared.evaluation import Evaluation, create, load_plugins, scrub
+from evalq.worker.model_proxy import ModelProxy
+from evalq.worker.runtime_pool import resolve_device
 
 console = Console()
 

@@ -13,10 +13,10 @@ from typing import Any
 
 from celery import Celery
 
-from shared.connection import connect
-from shared.data.loading import load_rows
-from shared.data.spec import fetch_spec
-from shared.evaluation import Evaluation, create, load_plugins, scrub
+from evalq.shared.connection import connect
+from evalq.shared.data.loading import load_rows
+from evalq.shared.data.spec import fetch_spec
+from evalq.shared.evaluation import Evaluation, create, load_plugins, scrub
 
 app = Celery("naive", broker=os.environ.get("EVALQ_REDIS_URL", "redis://127.0.0.1:6379/0"))
 app.conf.update(task_serializer="json", accept_content=["json"], task_ignore_result=True)

@@ -24,9 +24,9 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.result import save
-from producer.demo_data import write_demo_dataset
-from shared.data.loading import Sharding, build_spec, shard_order
-from shared.data.routing import RoutingKind
+from evalq.producer.demo_data import write_demo_dataset
+from evalq.shared.data.loading import Sharding, build_spec, shard_order
+from evalq.shared.data.routing import RoutingKind
 
 console = Console()
 

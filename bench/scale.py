@@ -38,15 +38,15 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.result import save
-from producer.redis_server import RedisServer
-from producer.workers import LocalWorkers
-from shared.access.policy import Tier
-from shared.access.registry import DatasetRegistry
-from shared.access.tiers import TierRegistry
-from shared.connection import connect
-from shared.keys import RunKeys
-from shared.queue.celery_app import create_app
-from shared.settings import Settings
+from evalq.producer.redis_server import RedisServer
+from evalq.producer.workers import LocalWorkers
+from evalq.shared.access.policy import Tier
+from evalq.shared.access.registry import DatasetRegistry
+from evalq.shared.access.tiers import TierRegistry
+from evalq.shared.connection import connect
+from evalq.shared.keys import RunKeys
+from evalq.shared.queue.celery_app import create_app
+from evalq.shared.settings import Settings
 
 console = Console(stderr=True)
 
@@ -104,7 +104,7 @@ def timed(
     """Run ``evalq ARGS``; (seconds, peak RSS in MB, stdout) — RSS from the child's rusage."""
     started = time.perf_counter()
     process = subprocess.Popen(
-        [sys.executable, "-c", "from shared.cli import main; main()", *args],
+        [sys.executable, "-c", "from evalq.shared.cli import main; main()", *args],
         env=env, cwd=REPO, stdout=stdout if stdout is not None else subprocess.PIPE,
         stderr=subprocess.PIPE, text=True,
     )  # fmt: skip

@@ -24,8 +24,8 @@ from rich.table import Table
 
 from bench.result import save
 from bench.throughput import measure
-from shared.evals.arithmetic import arithmetic_rows
-from shared.evaluation import load_plugins
+from evalq.shared.evals.arithmetic import arithmetic_rows
+from evalq.shared.evaluation import load_plugins
 
 console = Console()
 

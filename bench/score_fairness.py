@@ -41,20 +41,20 @@ from rich.table import Table
 
 from bench.result import save
 from bench.waiting import completed, wait
-from producer.redis_server import RedisServer
-from producer.rescore import rescore
-from producer.submit import SubmitRequest, submit
-from producer.workers import LocalWorkers
-from shared.access.policy import Tier
-from shared.access.registry import DatasetRegistry
-from shared.access.tiers import TierRegistry
-from shared.connection import connect
-from shared.evaluation import load_plugins
-from shared.models import RunMeta
-from shared.queue.celery_app import create_app
-from shared.settings import Settings
-from shared.store.reader import ResultReader
-from shared.store.runs import RunStore
+from evalq.producer.redis_server import RedisServer
+from evalq.producer.rescore import rescore
+from evalq.producer.submit import SubmitRequest, submit
+from evalq.producer.workers import LocalWorkers
+from evalq.shared.access.policy import Tier
+from evalq.shared.access.registry import DatasetRegistry
+from evalq.shared.access.tiers import TierRegistry
+from evalq.shared.connection import connect
+from evalq.shared.evaluation import load_plugins
+from evalq.shared.models import RunMeta
+from evalq.shared.queue.celery_app import create_app
+from evalq.shared.settings import Settings
+from evalq.shared.store.reader import ResultReader
+from evalq.shared.store.runs import RunStore
 
 console = Console(stderr=True)
 

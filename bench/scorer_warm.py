@@ -3,9 +3,10 @@
 The ``arithmetic`` evaluation's scorer script (``check_number.py``, which imports sympy) scores
 the same samples two ways, each with ``--procs`` calls in flight:
 
-  cold: one ``python check_number.py OUTPUT EXPECTED`` per sample (``shared.scorer.run_cold``);
-  warm: the worker's pool of warm subprocesses (``worker.script_pool.ScriptPool``), each of
-        which imports the script once; starting the pool is inside the timed span.
+  cold: one ``python check_number.py OUTPUT EXPECTED`` per sample
+  (``evalq.shared.scorer.run_cold``); warm: the worker's pool of warm subprocesses
+        (``evalq.worker.script_pool.ScriptPool``), each of which imports the script once; starting
+        the pool is inside the timed span.
 
 Prints samples/s and the ratio, checks both gave the same answers, and writes JSON.
 
@@ -24,9 +25,9 @@ from rich.progress import track
 from rich.table import Table
 
 from bench.result import save
-from shared.evals.arithmetic import Arithmetic, arithmetic_rows
-from shared.scorer import ScriptCall, ScriptScorer, run_cold
-from worker.script_pool import ScriptPool
+from evalq.shared.evals.arithmetic import Arithmetic, arithmetic_rows
+from evalq.shared.scorer import ScriptCall, ScriptScorer, run_cold
+from evalq.worker.script_pool import ScriptPool
 
 console = Console()
 

@@ -35,26 +35,26 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.result import save
-from producer.demo_data import write_demo_dataset
-from producer.redis_server import RedisServer
-from producer.submit import SubmitRequest, submit
-from producer.workers import LocalWorkers
-from shared.access.policy import Tier
-from shared.access.registry import DatasetRegistry
-from shared.access.tiers import TierRegistry
-from shared.connection import connect
-from shared.data.loading import build_spec
-from shared.data.spec import publish_spec
-from shared.errors import ScriptError
-from shared.evaluation import create, load_plugins, scrub
-from shared.models import RunStatus
-from shared.queue.celery_app import create_app
-from shared.queue.sizing import MESSAGE_SAMPLES
-from shared.settings import Settings
-from shared.store.runs import RunStore
-from worker.heap import keep_freed_memory
-from worker.runtime_pool import resolve_device
-from worker.script_pool import ScriptPool
+from evalq.producer.demo_data import write_demo_dataset
+from evalq.producer.redis_server import RedisServer
+from evalq.producer.submit import SubmitRequest, submit
+from evalq.producer.workers import LocalWorkers
+from evalq.shared.access.policy import Tier
+from evalq.shared.access.registry import DatasetRegistry
+from evalq.shared.access.tiers import TierRegistry
+from evalq.shared.connection import connect
+from evalq.shared.data.loading import build_spec
+from evalq.shared.data.spec import publish_spec
+from evalq.shared.errors import ScriptError
+from evalq.shared.evaluation import create, load_plugins, scrub
+from evalq.shared.models import RunStatus
+from evalq.shared.queue.celery_app import create_app
+from evalq.shared.queue.sizing import MESSAGE_SAMPLES
+from evalq.shared.settings import Settings
+from evalq.shared.store.runs import RunStore
+from evalq.worker.heap import keep_freed_memory
+from evalq.worker.runtime_pool import resolve_device
+from evalq.worker.script_pool import ScriptPool
 
 console = Console(stderr=True)
 

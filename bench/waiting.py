@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from shared.models import RunMeta, RunStatus
-from shared.store.runs import RunStore
+from evalq.shared.models import RunMeta, RunStatus
+from evalq.shared.store.runs import RunStore
 
 __all__ = ["completed", "wait"]
 

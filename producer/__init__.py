@@ -1,6 +1,6 @@
 """evalq producer: submit, follow and export runs; the CLI; the demo.
 
 The package imports nothing itself, so that a light module of it (the HTTP client,
-:mod:`producer.remote`) loads no Celery, Redis or pyarrow: submit with
-:func:`producer.submit.submit` and :class:`producer.submit.SubmitRequest`.
+:mod:`evalq.producer.remote`) loads no Celery, Redis or pyarrow: submit with
+:func:`evalq.producer.submit.submit` and :class:`evalq.producer.submit.SubmitRequest`.
 """

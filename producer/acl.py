@@ -43,8 +43,8 @@ import secrets
 from collections.abc import Mapping
 from pathlib import Path
 
-from shared.errors import InputError
-from shared.keys import (
+from evalq.shared.errors import InputError
+from evalq.shared.keys import (
     ACTIVE,
     ANY,
     CACHE,
@@ -64,7 +64,7 @@ from shared.keys import (
     spec_key,
     worker_key,
 )  # fmt: skip
-from shared.queue.celery_app import INFER_QUEUE, SCORE_QUEUE
+from evalq.shared.queue.celery_app import INFER_QUEUE, SCORE_QUEUE
 
 __all__ = ["ROLES", "acl_text", "password_variable", "write_acl"]
 
@@ -84,7 +84,7 @@ _BROKER = (
 )  # fmt: skip
 
 _ANY_RUN = RunKeys(ANY)
-"""Every run's keys, as glob patterns (the key names come from :mod:`shared.keys`)."""
+"""Every run's keys, as glob patterns (the key names come from :mod:`evalq.shared.keys`)."""
 
 
 def _read(*patterns: str) -> tuple[str, ...]:

@@ -2,11 +2,12 @@
 ``EVALQ_API_URL`` is set, Redis otherwise (direct mode: operator trust).
 
 :class:`Api` is what the CLI calls. Two classes implement it with the same methods and
-signatures: :class:`producer.client.Client` (Redis) and :class:`producer.remote.RemoteClient`
-(HTTP); ``tests/test_api.py`` fails when either drifts from it. What only code beside Redis
-can do is not on it: the Celery app (``Client.app``) and the per-sample reads the report and
-the gateway's streams make (``Client.samples``, :class:`producer.samples.Samples`).
-Importing this module loads neither client; :func:`open_api` loads the one it opens.
+signatures: :class:`evalq.producer.client.Client` (Redis) and
+:class:`evalq.producer.remote.RemoteClient` (HTTP); ``tests/test_api.py`` fails when either drifts
+from it. What only code beside Redis can do is not on it: the Celery app (``Client.app``) and the
+per-sample reads the report and the gateway's streams make (``Client.samples``,
+:class:`evalq.producer.samples.Samples`). Importing this module loads neither client;
+:func:`open_api` loads the one it opens.
 """
 
 from __future__ import annotations
@@ -14,24 +15,24 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from shared.settings import Settings, get_settings
+from evalq.shared.settings import Settings, get_settings
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from datasets import Dataset
 
-    from producer.comparison import Comparison
-    from producer.policy_file import PolicyFile
-    from producer.rescore import RescoreRequest
-    from producer.submit import SubmitRequest
-    from producer.views import Cancellation, Resumption, RunView
-    from shared.access.budget import Budget
-    from shared.access.dataset import RegisteredDataset
-    from shared.access.policy import Tier
-    from shared.access.roles import Role, TokenRecord
-    from shared.access.task import RegisteredTask
-    from shared.models import Progress, RunMeta, SampleResult
-    from shared.store.runs import RunFilter
+    from evalq.producer.comparison import Comparison
+    from evalq.producer.policy_file import PolicyFile
+    from evalq.producer.rescore import RescoreRequest
+    from evalq.producer.submit import SubmitRequest
+    from evalq.producer.views import Cancellation, Resumption, RunView
+    from evalq.shared.access.budget import Budget
+    from evalq.shared.access.dataset import RegisteredDataset
+    from evalq.shared.access.policy import Tier
+    from evalq.shared.access.roles import Role, TokenRecord
+    from evalq.shared.access.task import RegisteredTask
+    from evalq.shared.models import Progress, RunMeta, SampleResult
+    from evalq.shared.store.runs import RunFilter
 
 __all__ = ["Api", "open_api"]
 
@@ -192,14 +193,14 @@ class Api(Protocol):
 
 
 def open_api(settings: Settings | None = None, admin: bool = False) -> Api:
-    """A :class:`producer.remote.RemoteClient` of the gateway when ``api_url`` is set
-    (``redis_url`` is then never read), else a direct :class:`producer.client.Client`."""
+    """A :class:`evalq.producer.remote.RemoteClient` of the gateway when ``api_url`` is set
+    (``redis_url`` is then never read), else a direct :class:`evalq.producer.client.Client`."""
     settings = settings or get_settings()
     if settings.api_url:
-        from producer.remote import RemoteClient
+        from evalq.producer.remote import RemoteClient
 
         token = settings.token.get_secret_value() if settings.token else None
         return RemoteClient(settings.api_url, token, admin)
-    from producer.client import Client
+    from evalq.producer.client import Client
 
     return Client(settings, admin)

@@ -7,9 +7,9 @@ from __future__ import annotations
 import io
 from typing import TYPE_CHECKING, Any
 
-from producer.comparison import Comparison
-from producer.report import ShardProgress
-from shared.stats import Stat
+from evalq.producer.comparison import Comparison
+from evalq.producer.report import ShardProgress
+from evalq.shared.stats import Stat
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -1,9 +1,9 @@
-"""evalq's Python API over Redis: the client interface (:class:`producer.api.Api`) as the CLI
+"""evalq's Python API over Redis: the client interface (:class:`evalq.producer.api.Api`) as the CLI
 uses it in direct mode, and as the gateway uses it for each token's principal, with the policy
 applied to every read.
 
-from producer.client import Client
-from producer.submit import SubmitRequest
+from evalq.producer.client import Client
+from evalq.producer.submit import SubmitRequest
 
 evalq = Client()                      # settings from EVALQ_*; admin=False
 run = evalq.submit(SubmitRequest(eval="topic", dataset="demo", split="validation"))
@@ -11,11 +11,11 @@ evalq.status(run.run_id).aggregate    # None until completed, or when withheld
 list(evalq.results(run.run_id))       # per-sample rows: viewable splits only
 
 The stores are private: every read goes through a method that asks
-:class:`shared.access.disclosure.Disclosure` what this reader may see. The work is done by the
-client's parts, one concern each: views of runs (:mod:`producer.viewer`), per-sample reads
-(:mod:`producer.samples`), resuming (:mod:`producer.resume`), submitting
-(:mod:`producer.submit`) and rescoring (:mod:`producer.rescore`); administration is a call
-on a store each.
+:class:`evalq.shared.access.disclosure.Disclosure` what this reader may see. The work is done by the
+client's parts, one concern each: views of runs (:mod:`evalq.producer.viewer`), per-sample reads
+(:mod:`evalq.producer.samples`), resuming (:mod:`evalq.producer.resume`), submitting
+(:mod:`evalq.producer.submit`) and rescoring (:mod:`evalq.producer.rescore`); administration is a
+call on a store each.
 """
 
 from __future__ import annotations
@@ -26,30 +26,30 @@ from typing import TYPE_CHECKING
 import redis
 from celery import Celery
 
-from producer.comparison import Comparison, check_pairable, compare
-from producer.direct import Direct
-from producer.language import resolve
-from producer.policy_file import PolicyFile, apply_policy
-from producer.rescore import RescoreRequest, rescore
-from producer.resume import resume
-from producer.samples import Samples
-from producer.submit import SubmitRequest, submit
-from producer.viewer import Viewer
-from producer.views import Cancellation, Resumption, RunView
-from shared.access.budget import Budget
-from shared.access.dataset import RegisteredDataset
-from shared.access.policy import Tier, suggests_datasets
-from shared.access.roles import Role, TokenRecord
-from shared.access.task import RegisteredTask
-from shared.access.tasks import TaskRegistry
-from shared.connection import server_time
-from shared.errors import EvalqError, InputError
-from shared.evaluation import failure_rule, load_plugins
-from shared.models import Progress, RunMeta, SampleResult
-from shared.settings import Settings, get_settings
-from shared.store.audit import recent, record
-from shared.store.retention import expired, purge
-from shared.store.runs import RunFilter
+from evalq.producer.comparison import Comparison, check_pairable, compare
+from evalq.producer.direct import Direct
+from evalq.producer.language import resolve
+from evalq.producer.policy_file import PolicyFile, apply_policy
+from evalq.producer.rescore import RescoreRequest, rescore
+from evalq.producer.resume import resume
+from evalq.producer.samples import Samples
+from evalq.producer.submit import SubmitRequest, submit
+from evalq.producer.viewer import Viewer
+from evalq.producer.views import Cancellation, Resumption, RunView
+from evalq.shared.access.budget import Budget
+from evalq.shared.access.dataset import RegisteredDataset
+from evalq.shared.access.policy import Tier, suggests_datasets
+from evalq.shared.access.roles import Role, TokenRecord
+from evalq.shared.access.task import RegisteredTask
+from evalq.shared.access.tasks import TaskRegistry
+from evalq.shared.connection import server_time
+from evalq.shared.errors import EvalqError, InputError
+from evalq.shared.evaluation import failure_rule, load_plugins
+from evalq.shared.models import Progress, RunMeta, SampleResult
+from evalq.shared.settings import Settings, get_settings
+from evalq.shared.store.audit import recent, record
+from evalq.shared.store.retention import expired, purge
+from evalq.shared.store.runs import RunFilter
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -102,7 +102,7 @@ class Client:
         return self._samples
 
     def submit(self, request: SubmitRequest) -> RunMeta:
-        """Gate on tier and budget, then enqueue; see :func:`producer.submit.submit`."""
+        """Gate on tier and budget, then enqueue; see :func:`evalq.producer.submit.submit`."""
         load_plugins(self.settings.plugins)
         direct = self._direct
         direct.refund_unsent()
@@ -114,7 +114,7 @@ class Client:
         return direct.outward(meta)
 
     def check_params(self, points: Sequence[SubmitRequest]) -> None:
-        """Refuse (:class:`shared.errors.ParamError`, nothing charged) the first point whose
+        """Refuse (:class:`evalq.shared.errors.ParamError`, nothing charged) the first point whose
         params its evaluation does not declare as given: a sweep checks every point before
         it submits one."""
         load_plugins(self.settings.plugins)
@@ -126,7 +126,7 @@ class Client:
 
     def rescore(self, request: RescoreRequest) -> RunMeta:
         """A new run scoring ``request.run``'s stored outputs with another evaluation; see
-        :func:`producer.rescore.rescore`."""
+        :func:`evalq.producer.rescore.rescore`."""
         load_plugins(self.settings.plugins)
         direct = self._direct
         meta = rescore(
@@ -141,14 +141,14 @@ class Client:
         return self._viewer.status(run_id)
 
     def stalled(self, meta: RunMeta, progress: Progress) -> str | None:
-        """Why nothing moves a going run (:meth:`producer.viewer.Viewer.stalled`)."""
+        """Why nothing moves a going run (:meth:`evalq.producer.viewer.Viewer.stalled`)."""
         return self._viewer.stalled(meta, progress)
 
     def recent(
         self, limit: int = 20, owner: str | None = None, only: RunFilter | None = None
     ) -> list[RunView]:
         """The newest runs first, as :meth:`status` shows them
-        (:meth:`producer.viewer.Viewer.recent`)."""
+        (:meth:`evalq.producer.viewer.Viewer.recent`)."""
         return self._viewer.recent(limit, owner, only)
 
     def progress(self, run_id: str) -> tuple[RunMeta, Progress]:
@@ -165,7 +165,7 @@ class Client:
         return self._viewer.ended(run_id)
 
     def results(self, run_id: str, with_input: bool = False) -> Iterator[SampleResult]:
-        """Per-sample results (:meth:`producer.samples.Samples.results`)."""
+        """Per-sample results (:meth:`evalq.producer.samples.Samples.results`)."""
         return self._samples.results(run_id, with_input)
 
     def follow_results(self, run_id: str, with_input: bool = False) -> Iterator[SampleResult]:
@@ -174,20 +174,21 @@ class Client:
         return self._samples.follow(run_id, with_input)
 
     def result_lines(self, run_id: str) -> Iterator[str]:
-        """Per-sample results as JSON lines (:meth:`producer.samples.Samples.result_lines`)."""
+        """Per-sample results as JSON lines
+        (:meth:`evalq.producer.samples.Samples.result_lines`)."""
         return self._samples.result_lines(run_id)
 
     def result_tables(self, run_id: str) -> Iterator[pa.Table]:
-        """Per-sample results as tables (:meth:`producer.samples.Samples.result_tables`)."""
+        """Per-sample results as tables (:meth:`evalq.producer.samples.Samples.result_tables`)."""
         return self._samples.result_tables(run_id)
 
     def results_dataset(self, run_id: str) -> Dataset:
         """Per-sample results as a ``datasets.Dataset``
-        (:meth:`producer.samples.Samples.results_dataset`)."""
+        (:meth:`evalq.producer.samples.Samples.results_dataset`)."""
         return self._samples.results_dataset(run_id)
 
     def compare(self, run_ids: Sequence[str], flips: int = 10) -> Comparison:
-        """Each run against the first, sample by sample (:mod:`producer.comparison`), beside
+        """Each run against the first, sample by sample (:mod:`evalq.producer.comparison`), beside
         each run's own stats as :meth:`status` gives them; every run must be readable per
         sample by this reader (a ``non_viewable`` split's pairs are statistics of its labels:
         admins only, audited) and all must pair."""
@@ -206,8 +207,8 @@ class Client:
 
     def report(self, run_id: str) -> str:
         """The run's self-contained HTML report (charts as its split's tier allows)."""
-        from producer.page import render
-        from producer.report import gather
+        from evalq.producer.page import render
+        from evalq.producer.report import gather
 
         return render(gather(self.status(run_id), self._samples))
 
@@ -230,7 +231,7 @@ class Client:
 
     def resume(self, run_id: str) -> Resumption:
         """Re-enqueue every sample without a terminal result; charges nothing (see
-        :mod:`producer.resume`)."""
+        :mod:`evalq.producer.resume`)."""
         return resume(self._direct, run_id)
 
     def add_dataset(
@@ -305,7 +306,7 @@ class Client:
         return self._direct.tokens.revoke(principal, who=self.principal)
 
     def purge(self, run_ids: Sequence[str] = (), older_than: float | None = None) -> list[str]:
-        """Remove ended runs wholly (:mod:`shared.store.retention`): those named, and those
+        """Remove ended runs wholly (:mod:`evalq.shared.store.retention`): those named, and those
         submitted more than ``older_than`` seconds ago; audited. Naming a going run, or none
         at all, is refused before anything is removed."""
         if not run_ids and older_than is None:

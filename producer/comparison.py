@@ -2,8 +2,8 @@
 
 Runs pair by sample id, so they must share a dataset, a split and a spec (the fingerprint that
 fixes which row an id is); a sample pairs when every run counted it (scored, or failed and
-counted at the metric's worst value: :func:`shared.failures.metric_samples`). Each run after
-the first is compared with the first (the baseline), per metric (:func:`shared.stats.paired`);
+counted at the metric's worst value: :func:`evalq.shared.failures.metric_samples`). Each run after
+the first is compared with the first (the baseline), per metric (:func:`evalq.shared.stats.paired`);
 with more than two runs, the McNemar p-values of one metric are Holm-corrected together.
 Beside the differences, each run's own value of each metric (mean, interval, count) as its
 status gives it, the baseline's included.
@@ -15,9 +15,9 @@ from collections.abc import Mapping, Sequence
 
 from pydantic import BaseModel
 
-from shared.errors import ComparisonError
-from shared.models import RunMeta, RunStatus
-from shared.stats import Delta, Stat, holm, paired
+from evalq.shared.errors import ComparisonError
+from evalq.shared.models import RunMeta, RunStatus
+from evalq.shared.stats import Delta, Stat, holm, paired
 
 __all__ = ["Comparison", "Flips", "check_pairable", "compare", "shown"]
 

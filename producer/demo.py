@@ -13,17 +13,17 @@ from pathlib import Path
 
 from rich.console import Console
 
-from producer.client import Client
-from producer.demo_data import write_demo_dataset
-from producer.export import ExportFormat, write_results
-from producer.follow import follow
-from producer.redis_server import RedisServer
-from producer.submit import SubmitRequest
-from producer.workers import LocalWorkers
-from shared.access.policy import Tier
-from shared.errors import EvalqError
-from shared.models import RunMeta, RunStatus
-from shared.settings import Settings
+from evalq.producer.client import Client
+from evalq.producer.demo_data import write_demo_dataset
+from evalq.producer.export import ExportFormat, write_results
+from evalq.producer.follow import follow
+from evalq.producer.redis_server import RedisServer
+from evalq.producer.submit import SubmitRequest
+from evalq.producer.workers import LocalWorkers
+from evalq.shared.access.policy import Tier
+from evalq.shared.errors import EvalqError
+from evalq.shared.models import RunMeta, RunStatus
+from evalq.shared.settings import Settings
 
 __all__ = ["DEMO_DATASET", "DemoSummary", "run_demo"]
 

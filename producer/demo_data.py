@@ -10,7 +10,7 @@ import json
 import random
 from pathlib import Path
 
-from shared.evals.topic import DEFAULT_TOPICS
+from evalq.shared.evals.topic import DEFAULT_TOPICS
 
 __all__ = ["write_demo_dataset"]
 

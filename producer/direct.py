@@ -2,9 +2,10 @@
 
 An operator holding the Redis URL, or the gateway acting for a token's principal, reads and
 writes the stores through one :class:`Direct`: the settings, the Redis connection, each store
-once, the Celery app (made on first use) and the :class:`shared.access.disclosure.Disclosure`
-that answers what this reader may see. :class:`producer.client.Client` and its parts
-(:mod:`producer.viewer`, :mod:`producer.samples`, :mod:`producer.resume`) hold one each.
+once, the Celery app (made on first use) and the :class:`evalq.shared.access.disclosure.Disclosure`
+that answers what this reader may see. :class:`evalq.producer.client.Client` and its parts
+(:mod:`evalq.producer.viewer`, :mod:`evalq.producer.samples`, :mod:`evalq.producer.resume`) hold
+one each.
 """
 
 from __future__ import annotations
@@ -12,27 +13,27 @@ from __future__ import annotations
 import redis
 from celery import Celery
 
-from shared.access.disclosure import Disclosure
-from shared.access.ledger import Ledger
-from shared.access.policy import Reader
-from shared.access.registry import DatasetRegistry
-from shared.access.release import ReleaseStore
-from shared.access.tiers import TierRegistry
-from shared.access.tokens import TokenStore
-from shared.connection import connect
-from shared.data.spec import DatasetSpec, fetch_spec
-from shared.errors import UnknownRunError
-from shared.failures import UNSENT
-from shared.models import RunMeta
-from shared.queue.backlog import Backlog
-from shared.queue.celery_app import create_app
-from shared.settings import Settings
-from shared.store.audit import audit_admin
-from shared.store.presence import Presence
-from shared.store.provenance import ProvenanceStore
-from shared.store.reader import ResultReader
-from shared.store.runs import RunStore
-from shared.store.writer import ResultWriter
+from evalq.shared.access.disclosure import Disclosure
+from evalq.shared.access.ledger import Ledger
+from evalq.shared.access.policy import Reader
+from evalq.shared.access.registry import DatasetRegistry
+from evalq.shared.access.release import ReleaseStore
+from evalq.shared.access.tiers import TierRegistry
+from evalq.shared.access.tokens import TokenStore
+from evalq.shared.connection import connect
+from evalq.shared.data.spec import DatasetSpec, fetch_spec
+from evalq.shared.errors import UnknownRunError
+from evalq.shared.failures import UNSENT
+from evalq.shared.models import RunMeta
+from evalq.shared.queue.backlog import Backlog
+from evalq.shared.queue.celery_app import create_app
+from evalq.shared.settings import Settings
+from evalq.shared.store.audit import audit_admin
+from evalq.shared.store.presence import Presence
+from evalq.shared.store.provenance import ProvenanceStore
+from evalq.shared.store.reader import ResultReader
+from evalq.shared.store.runs import RunStore
+from evalq.shared.store.writer import ResultWriter
 
 __all__ = ["CLI_RETRIES", "Direct"]
 

@@ -13,9 +13,9 @@ from typing import IO, TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import pyarrow as pa
 
-from shared.errors import InputError
-from shared.models import ErrorRecord, SampleResult, split_grade, to_json
-from shared.store.wire import result_line
+from evalq.shared.errors import InputError
+from evalq.shared.models import ErrorRecord, SampleResult, split_grade, to_json
+from evalq.shared.store.wire import result_line
 
 __all__ = ["ExportFormat", "flatten", "write_lines", "write_results"]
 
@@ -30,7 +30,7 @@ class ExportFormat(StrEnum):
 
 def flatten(result: SampleResult) -> dict[str, Any]:
     """One flat record: ``sample_id``, ``output`` (JSON text, as stored; Parquet types it,
-    :func:`shared.store.archive.typed_table`), ``error``
+    :func:`evalq.shared.store.archive.typed_table`), ``error``
     (``kind: message``), ``score.<metric>``, ``grade.verdict`` and ``grade.prompt`` for a
     graded sample, and ``input.<field>`` with ``--with-input`` (JSON text when not a
     scalar)."""
@@ -60,7 +60,7 @@ def _write_jsonl(results: Iterable[SampleResult], handle: IO[str]) -> int:
 
 
 def write_lines(lines: Iterable[str], out: Path | None) -> int:
-    """Write JSON lines (:func:`shared.store.wire.text_line`) to ``out`` (stdout when None);
+    """Write JSON lines (:func:`evalq.shared.store.wire.text_line`) to ``out`` (stdout when None);
     return how many."""
     if out is None:
         return _copy_lines(lines, sys.stdout)
@@ -99,16 +99,16 @@ def _write_parquet(results: Iterable[SampleResult], path: Path) -> int:
 
 def _parquet(table: pa.Table, path: Path) -> None:
     """Write a flat table as Parquet, its outputs typed where they can be
-    (:func:`shared.store.archive.typed_table`; a table of no result has no column)."""
+    (:func:`evalq.shared.store.archive.typed_table`; a table of no result has no column)."""
     import pyarrow.parquet as pq
 
-    from shared.store.archive import typed_table
+    from evalq.shared.store.archive import typed_table
 
     pq.write_table(typed_table(table) if "output" in table.column_names else table, path)
 
 
 def flat_table(table: pa.Table) -> pa.Table:
-    """A table of the store's columns (:func:`shared.store.archive.table_of`) as the records
+    """A table of the store's columns (:func:`evalq.shared.store.archive.table_of`) as the records
     :func:`flatten` gives, column for column."""
     import pyarrow as pa
     import pyarrow.compute as pc

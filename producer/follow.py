@@ -20,10 +20,10 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from producer.api import Api
-from shared.errors import GatewayUnreachableError
-from shared.models import Progress as Counts
-from shared.models import RunMeta
+from evalq.producer.api import Api
+from evalq.shared.errors import GatewayUnreachableError
+from evalq.shared.models import Progress as Counts
+from evalq.shared.models import RunMeta
 
 __all__ = ["follow", "progress_line"]
 

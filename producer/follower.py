@@ -1,9 +1,10 @@
 """A run's per-sample results in the order they settle, each once, until the run ends.
 
 :class:`Follower` reads in steps, and a step waits only when asked to: direct mode
-(:meth:`producer.client.Client.follow_results`) lets each step block on the run's settled
+(:meth:`evalq.producer.client.Client.follow_results`) lets each step block on the run's settled
 stream, while the gateway takes every step without waiting, on its stream threads, and waits
-for the stream asynchronously in between (:mod:`producer.gateway.streams`), so that an open follow
+for the stream asynchronously in between (:mod:`evalq.producer.gateway.streams`), so that an open
+follow
 holds no thread while nothing settles.
 """
 
@@ -12,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from itertools import islice
 
-from shared.keys import RunKeys
-from shared.models import SampleResult, SampleState
-from shared.store.reader import ResultReader
-from shared.store.runs import RunStore
+from evalq.shared.keys import RunKeys
+from evalq.shared.models import SampleResult, SampleState
+from evalq.shared.store.reader import ResultReader
+from evalq.shared.store.runs import RunStore
 
 __all__ = ["Follower"]
 

@@ -14,21 +14,21 @@ from typing import Any
 
 import redis
 
-from shared.access.policy import admit_endpoint, admit_fewshot, admit_model
-from shared.access.registry import DatasetRegistry
-from shared.access.task import RegisteredTask
-from shared.access.tasks import TaskRegistry
-from shared.access.tiers import TierRegistry
-from shared.data.loading import spec_of
-from shared.errors import InputError, UnknownEvalError
-from shared.evals.language import LanguageEvaluation, language_run
-from shared.evaluation import Evaluation, create, registered
-from shared.lm.run import Example, LanguageRun
-from shared.lm.spec import ModelSpec, canonical, present
-from shared.lm.task import TaskSpec, fewshot_indices
-from shared.models import RunMeta
-from shared.names import PLUGIN_NAME
-from shared.store.endpoints import EndpointRegistry
+from evalq.shared.access.policy import admit_endpoint, admit_fewshot, admit_model
+from evalq.shared.access.registry import DatasetRegistry
+from evalq.shared.access.task import RegisteredTask
+from evalq.shared.access.tasks import TaskRegistry
+from evalq.shared.access.tiers import TierRegistry
+from evalq.shared.data.loading import spec_of
+from evalq.shared.errors import InputError, UnknownEvalError
+from evalq.shared.evals.language import LanguageEvaluation, language_run
+from evalq.shared.evaluation import Evaluation, create, registered
+from evalq.shared.lm.run import Example, LanguageRun
+from evalq.shared.lm.spec import ModelSpec, canonical, present
+from evalq.shared.lm.task import TaskSpec, fewshot_indices
+from evalq.shared.models import RunMeta
+from evalq.shared.names import PLUGIN_NAME
+from evalq.shared.store.endpoints import EndpointRegistry
 
 __all__ = ["Resolved", "check_rows", "rescorer", "resolve", "with_examples"]
 

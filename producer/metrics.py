@@ -34,14 +34,14 @@ from prometheus_client import start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from shared.access.ledger import Ledger
-from shared.errors import UnknownRunError
-from shared.queue.backlog import Backlog
-from shared.queue.broker import queue_names
-from shared.store.endpoints import EndpointRegistry
-from shared.store.rate import minute_counts
-from shared.store.reader import ResultReader
-from shared.store.runs import RunStore
+from evalq.shared.access.ledger import Ledger
+from evalq.shared.errors import UnknownRunError
+from evalq.shared.queue.backlog import Backlog
+from evalq.shared.queue.broker import queue_names
+from evalq.shared.store.endpoints import EndpointRegistry
+from evalq.shared.store.rate import minute_counts
+from evalq.shared.store.reader import ResultReader
+from evalq.shared.store.runs import RunStore
 
 __all__ = ["EvalqCollector", "MetricsServer", "serve"]
 

@@ -1,5 +1,5 @@
-"""The report's HTML: a run's report (:class:`producer.report.Report`) or a comparison of runs
-as one self-contained page, its charts inline (:mod:`producer.charts`), its tables escaped."""
+"""The report's HTML: a run's report (:class:`evalq.producer.report.Report`) or a comparison of runs
+as one self-contained page, its charts inline (:mod:`evalq.producer.charts`), its tables escaped."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import time
 from typing import Any
 
-from producer.charts import (
+from evalq.producer.charts import (
     aggregates_chart,
     distribution_chart,
     errors_chart,
@@ -16,10 +16,10 @@ from producer.charts import (
     shards_chart,
     throughput_chart,
 )
-from producer.comparison import Comparison, shown
-from producer.report import LISTED, Report
-from producer.views import RunView
-from shared.evaluation import scrub
+from evalq.producer.comparison import Comparison, shown
+from evalq.producer.report import LISTED, Report
+from evalq.producer.views import RunView
+from evalq.shared.evaluation import scrub
 
 __all__ = ["render", "render_comparison"]
 

@@ -24,18 +24,18 @@ JSON file, reconciled.
       http://vllm.internal:8000/v1: {requests_per_minute: 600, tokens_per_minute: 200000}
       https://api.openai.com/v1: {requests_per_minute: 60, api_key_env: OPENAI_API_KEY}
 
-Reconciliation is :func:`shared.access.policy.budgeted_tier`'s: a budgeted split with no tier (in
-the file or already stored) becomes ``non_viewable``; a budgeted ``no_access`` split is an error; a
-budgeted ``viewable`` split is allowed with a warning. Budgets keep what was used. A ``release:``
-rule (see :class:`shared.access.ladder.Release`) applies to ``non_viewable`` splits; one given to a
-``viewable`` split is kept but warned about (viewable runs are always released exactly).
-An ``endpoints:`` entry lists a server endpoint models may call, its limits across the whole
-fleet (absent: unlimited) and the worker variable its API key is read from (default
+Reconciliation is :func:`evalq.shared.access.policy.budgeted_tier`'s: a budgeted split with no tier
+(in the file or already stored) becomes ``non_viewable``; a budgeted ``no_access`` split is an
+error; a budgeted ``viewable`` split is allowed with a warning. Budgets keep what was used. A
+``release:`` rule (see :class:`evalq.shared.access.ladder.Release`) applies to ``non_viewable``
+splits; one given to a ``viewable`` split is kept but warned about (viewable runs are always
+released exactly). An ``endpoints:`` entry lists a server endpoint models may call, its limits
+across the whole fleet (absent: unlimited) and the worker variable its API key is read from (default
 ``OPENAI_API_KEY``); a file with an ``endpoints:`` section lists them all (a server it leaves
 out is delisted, with a warning), a file without one leaves the list as it is.
 A ``priority:`` (per split, or per principal under ``principals:``) is
 the default priority of a run, and the most a non-admin may ask for
-(:func:`shared.access.priorities.admit_priority`).
+(:func:`evalq.shared.access.priorities.admit_priority`).
 """
 
 from __future__ import annotations
@@ -49,18 +49,18 @@ import redis
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from shared.access.ladder import Release
-from shared.access.ledger import Ledger
-from shared.access.policy import Tier, budgeted_tier
-from shared.access.priorities import PriorityStore
-from shared.access.release import ReleaseStore
-from shared.access.tiers import TierRegistry
-from shared.errors import PolicyError, first_line
-from shared.lm.limits import EndpointLimits
-from shared.lm.spec import URL_PATTERN
-from shared.models import Priority
-from shared.names import check_name
-from shared.store.endpoints import EndpointRegistry, normal_url
+from evalq.shared.access.ladder import Release
+from evalq.shared.access.ledger import Ledger
+from evalq.shared.access.policy import Tier, budgeted_tier
+from evalq.shared.access.priorities import PriorityStore
+from evalq.shared.access.release import ReleaseStore
+from evalq.shared.access.tiers import TierRegistry
+from evalq.shared.errors import PolicyError, first_line
+from evalq.shared.lm.limits import EndpointLimits
+from evalq.shared.lm.spec import URL_PATTERN
+from evalq.shared.models import Priority
+from evalq.shared.names import check_name
+from evalq.shared.store.endpoints import EndpointRegistry, normal_url
 
 __all__ = ["PolicyFile", "apply_policy", "load_policy"]
 

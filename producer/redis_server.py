@@ -21,7 +21,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from shared.errors import EvalqError, PortInUseError
+from evalq.shared.errors import EvalqError, PortInUseError
 
 __all__ = [
     "RedisServer", "find_acl_redis_server", "find_redis_server", "free_port", "refuse_taken",

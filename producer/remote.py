@@ -1,16 +1,17 @@
-"""The Python client of the gateway: the client interface (:class:`producer.api.Api`) over HTTP.
+"""The Python client of the gateway: the client interface (:class:`evalq.producer.api.Api`) over
+HTTP.
 
 With ``EVALQ_API_URL`` and ``EVALQ_TOKEN`` set, the CLI uses this instead of Redis (see
-:func:`producer.api.open_api`); it never reads ``EVALQ_REDIS_URL`` and never reads a row of
+:func:`evalq.producer.api.open_api`); it never reads ``EVALQ_REDIS_URL`` and never reads a row of
 data: the gateway resolves sample ids and counts. An error the gateway answers becomes a
-:class:`shared.errors.RemoteError` with the gateway's one line and the direct-mode exit code.
+:class:`evalq.shared.errors.RemoteError` with the gateway's one line and the direct-mode exit code.
 Importing it loads no Celery, kombu, Redis or pyarrow (``tests/test_api.py`` checks): the types
 it only names are imported for type checking, and pyarrow when a table is asked for.
 
 ::
 
-    from producer.remote import RemoteClient
-    from producer.submit import SubmitRequest
+    from evalq.producer.remote import RemoteClient
+    from evalq.producer.submit import SubmitRequest
 
     evalq = RemoteClient("http://127.0.0.1:8700", token)
     run = evalq.submit(SubmitRequest(eval="topic", dataset="demo", split="validation"))
@@ -28,25 +29,25 @@ from urllib.parse import quote
 import httpx
 from pydantic import TypeAdapter
 
-from producer.comparison import Comparison
-from producer.views import LINE_ROWS, Cancellation, Resumption, RunView, check_ended
-from shared.access.budget import Budget
-from shared.access.dataset import RegisteredDataset
-from shared.access.policy import Tier
-from shared.access.roles import TokenRecord
-from shared.access.task import RegisteredTask
-from shared.errors import GatewayUnreachableError, InputError, RemoteError, first_line
-from shared.models import Progress, RunMeta, SampleResult
+from evalq.producer.comparison import Comparison
+from evalq.producer.views import LINE_ROWS, Cancellation, Resumption, RunView, check_ended
+from evalq.shared.access.budget import Budget
+from evalq.shared.access.dataset import RegisteredDataset
+from evalq.shared.access.policy import Tier
+from evalq.shared.access.roles import TokenRecord
+from evalq.shared.access.task import RegisteredTask
+from evalq.shared.errors import GatewayUnreachableError, InputError, RemoteError, first_line
+from evalq.shared.models import Progress, RunMeta, SampleResult
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from datasets import Dataset
 
-    from producer.policy_file import PolicyFile
-    from producer.rescore import RescoreRequest
-    from producer.submit import SubmitRequest
-    from shared.access.roles import Role
-    from shared.store.runs import RunFilter
+    from evalq.producer.policy_file import PolicyFile
+    from evalq.producer.rescore import RescoreRequest
+    from evalq.producer.submit import SubmitRequest
+    from evalq.shared.access.roles import Role
+    from evalq.shared.store.runs import RunFilter
 
 __all__ = ["RemoteClient"]
 
@@ -290,17 +291,17 @@ class RemoteClient:
 
     def results_dataset(self, run_id: str) -> Dataset:
         """The run's per-sample results as a ``datasets.Dataset`` (the columns of
-        :meth:`producer.client.Client.results_dataset`), streamed from the gateway."""
+        :meth:`evalq.producer.client.Client.results_dataset`), streamed from the gateway."""
         from datasets import Dataset
 
-        from shared.store.archive import PART_ROWS, table_of
-        from shared.store.wire import as_chunks
+        from evalq.shared.store.archive import PART_ROWS, table_of
+        from evalq.shared.store.wire import as_chunks
 
         return Dataset(table_of(as_chunks(self.results(run_id), PART_ROWS)))
 
     def result_tables(self, run_id: str) -> Iterator[pa.Table]:
         """Per-sample results as tables of the archive's columns, from the gateway's lines."""
-        from shared.store.wire import as_chunks
+        from evalq.shared.store.wire import as_chunks
 
         return (chunk.table() for chunk in as_chunks(self.results(run_id), LINE_ROWS))
 

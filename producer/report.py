@@ -1,6 +1,6 @@
 """Run reports: what ``evalq report RUN --out report.html`` shows, gathered as its reader may
-see it (:func:`gather`); :mod:`producer.page` renders it as one self-contained HTML page with
-:mod:`producer.charts`' charts.
+see it (:func:`gather`); :mod:`evalq.producer.page` renders it as one self-contained HTML page with
+:mod:`evalq.producer.charts`' charts.
 
 Per-metric aggregates, the score distribution, throughput over time (from the run's settled
 stream), errors by kind, per-shard progress, and the failed and lowest-scoring samples (each
@@ -18,14 +18,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from producer.samples import Samples
-from producer.views import RunView
-from shared.data.loading import load_rows, shard_of_rows
-from shared.data.routing import KMeans
-from shared.errors import EvalqError, TierRefusedError
-from shared.evaluation import label_fields
-from shared.models import SampleResult, SampleState, scores_value
-from shared.store.wire import result_of
+from evalq.producer.samples import Samples
+from evalq.producer.views import RunView
+from evalq.shared.data.loading import load_rows, shard_of_rows
+from evalq.shared.data.routing import KMeans
+from evalq.shared.errors import EvalqError, TierRefusedError
+from evalq.shared.evaluation import label_fields
+from evalq.shared.models import SampleResult, SampleState, scores_value
+from evalq.shared.store.wire import result_of
 
 if TYPE_CHECKING:
     import numpy as np

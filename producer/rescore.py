@@ -6,14 +6,14 @@ run is gated, charged and released like any run on its split (a user may not res
 may not submit), takes the source run's sample ids (the server chose them on a
 ``non_viewable`` split: nothing is chosen here), copies their outputs (``HSETNX``, counted as
 inferred) and stages their scoring in the new run's score backlog, from which the fair
-dispatcher hands it to the scoring workers (:mod:`shared.queue.backlog`): a small rescore waits for
-no one's big one. A sample without an output (its ``infer()`` failed) is in the new run too,
-failed with the source's error: it counts as a failure there as it did in the source, so a
+dispatcher hands it to the scoring workers (:mod:`evalq.shared.queue.backlog`): a small rescore
+waits for no one's big one. A sample without an output (its ``infer()`` failed) is in the new run
+too, failed with the source's error: it counts as a failure there as it did in the source, so a
 rescore never drops the samples a candidate crashed on.
 
 A language run is rescored by another registered task (``--eval TASK``): the new run keeps the
 source's model and few-shot examples, which made the outputs, and takes the task's target and
-scorer (:func:`producer.language.rescorer`).
+scorer (:func:`evalq.producer.language.rescorer`).
 """
 
 from __future__ import annotations
@@ -26,19 +26,19 @@ import redis
 from celery import Celery
 from pydantic import BaseModel, ConfigDict, Field
 
-from producer.language import rescorer
-from producer.submit import start
-from shared.access.policy import admit_grader, admit_run, admit_split, run_tier
-from shared.access.tiers import TierRegistry
-from shared.connection import server_time
-from shared.errors import InputError
-from shared.evals.language import evaluation_of
-from shared.models import RunMeta, RunStatus
-from shared.names import RUN_ID
-from shared.queue.backlog import SCORE_LANE, Backlog
-from shared.store.reader import ResultReader
-from shared.store.runs import RunStore
-from shared.store.writer import ResultWriter
+from evalq.producer.language import rescorer
+from evalq.producer.submit import start
+from evalq.shared.access.policy import admit_grader, admit_run, admit_split, run_tier
+from evalq.shared.access.tiers import TierRegistry
+from evalq.shared.connection import server_time
+from evalq.shared.errors import InputError
+from evalq.shared.evals.language import evaluation_of
+from evalq.shared.models import RunMeta, RunStatus
+from evalq.shared.names import RUN_ID
+from evalq.shared.queue.backlog import SCORE_LANE, Backlog
+from evalq.shared.store.reader import ResultReader
+from evalq.shared.store.runs import RunStore
+from evalq.shared.store.writer import ResultWriter
 
 __all__ = ["COPY_CHUNK", "RescoreRequest", "rescore"]
 

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from functools import partial
 
-from producer.direct import Direct
-from producer.views import Resumption
-from shared.errors import EvalqError, InputError
-from shared.evaluation import create, load_plugins
-from shared.models import RunMeta, RunStatus
-from shared.queue.broker import Broker, carried
-from shared.queue.celery_app import SCORE_TASK
-from shared.queue.sizing import enqueue
+from evalq.producer.direct import Direct
+from evalq.producer.views import Resumption
+from evalq.shared.errors import EvalqError, InputError
+from evalq.shared.evaluation import create, load_plugins
+from evalq.shared.models import RunMeta, RunStatus
+from evalq.shared.queue.broker import Broker, carried
+from evalq.shared.queue.celery_app import SCORE_TASK
+from evalq.shared.queue.sizing import enqueue
 
 __all__ = ["resume"]
 
@@ -67,7 +67,7 @@ def _queued(direct: Direct, run_id: str) -> set[int]:
 
 def _clusters(direct: Direct, meta: RunMeta, sample_ids: list[int]) -> dict[int, str] | None:
     """The clusters of a run's samples, read from its data where this client runs."""
-    from shared.data.loading import load_rows
+    from evalq.shared.data.loading import load_rows
 
     rows = load_rows(direct.spec(meta.run_id))
     return create(meta.eval, meta.params).clusters({i: rows[i] for i in sample_ids})

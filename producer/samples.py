@@ -1,11 +1,11 @@
 """A run's per-sample reads, beside the stores: results (as models, JSON lines, tables or a
 ``datasets.Dataset``), samples' rows, states and settling times, and a follower of new results.
 
-Each asks the policy first (:meth:`producer.direct.Direct.readable`: per-sample access, or
-per-sample timing for :meth:`Samples.timeline`). :class:`producer.client.Client` answers the
+Each asks the policy first (:meth:`evalq.producer.direct.Direct.readable`: per-sample access, or
+per-sample timing for :meth:`Samples.timeline`). :class:`evalq.producer.client.Client` answers the
 client interface's result reads from here; the rest (rows, states, the timeline, the spec and a
 follower whose steps never wait) serve code that runs where the stores are: the report
-(:mod:`producer.report`) and the gateway's streams. Over HTTP, a client has only the former.
+(:mod:`evalq.producer.report`) and the gateway's streams. Over HTTP, a client has only the former.
 """
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ import json
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from producer.direct import Direct
-from producer.follower import Follower
-from producer.views import LINE_ROWS
-from shared.data.spec import DatasetSpec
-from shared.errors import TierRefusedError
-from shared.models import SampleResult, SampleState
-from shared.store.archive import PART_ROWS, table_of
-from shared.store.wire import chunk_lines
+from evalq.producer.direct import Direct
+from evalq.producer.follower import Follower
+from evalq.producer.views import LINE_ROWS
+from evalq.shared.data.spec import DatasetSpec
+from evalq.shared.errors import TierRefusedError
+from evalq.shared.models import SampleResult, SampleState
+from evalq.shared.store.archive import PART_ROWS, table_of
+from evalq.shared.store.wire import chunk_lines
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -48,7 +48,7 @@ class Samples:
         return map(self._input_adder(run_id), found) if with_input else found
 
     def result_lines(self, run_id: str) -> Iterator[str]:
-        """Per-sample results as JSON lines (:func:`shared.store.wire.text_line`), straight
+        """Per-sample results as JSON lines (:func:`evalq.shared.store.wire.text_line`), straight
         from the stored texts; refused as :meth:`results` is."""
         self._direct.readable(run_id)
         chunks = self._direct.results.chunks(run_id, LINE_ROWS)
@@ -78,7 +78,7 @@ class Samples:
         return self.follower(run_id, with_input).waiting(FOLLOW_BLOCK_MS)
 
     def follower(self, run_id: str, with_input: bool = False) -> Follower:
-        """A :class:`producer.follower.Follower` of the run's results, whose steps never wait
+        """A :class:`evalq.producer.follower.Follower` of the run's results, whose steps never wait
         unless asked to (the gateway waits between them asynchronously); the policy is asked
         here, before anything is read (or a file opened for it)."""
         self._direct.readable(run_id)
@@ -117,7 +117,7 @@ class Samples:
         """What reads one sample's row of the run's split, labels included, as JSON values:
         the split re-materialised from the run's spec (the data is opened here, so that a
         source this machine cannot read fails before any result is written)."""
-        from shared.data.loading import load_rows
+        from evalq.shared.data.loading import load_rows
 
         rows = load_rows(self.spec(run_id))
 

@@ -1,8 +1,8 @@
 """``evalq up``: a one-machine deployment in one command, without Docker.
 
 It checks for a ``redis-server`` of 7.0 or newer (the ACL file needs it), generates the three
-ACL users' passwords, writes the ACL file (:mod:`producer.acl`) and each user's Redis URL into a
-file of its own (mode 600, so no password is in any process's environment or command line),
+ACL users' passwords, writes the ACL file (:mod:`evalq.producer.acl`) and each user's Redis URL
+into a file of its own (mode 600, so no password is in any process's environment or command line),
 starts Redis (AOF, ``noeviction``, the ACL file), creates an admin token, then starts the
 gateway (user ``gateway``), the workers (user ``worker``), Flower (basic auth, its password in
 a file of mode 600) and ``evalq metrics`` (user ``monitor``, both on loopback), and prints
@@ -30,21 +30,21 @@ from types import FrameType
 
 from rich.console import Console
 
-from producer.acl import ROLES, password_variable, write_acl
-from producer.client import Client
-from producer.redis_server import RedisServer, find_acl_redis_server, refuse_taken, version
-from producer.workers import LocalWorkers
-from shared.access.roles import Role
-from shared.cli import python
-from shared.errors import EvalqError
-from shared.settings import Settings
+from evalq.producer.acl import ROLES, password_variable, write_acl
+from evalq.producer.client import Client
+from evalq.producer.redis_server import RedisServer, find_acl_redis_server, refuse_taken, version
+from evalq.producer.workers import LocalWorkers
+from evalq.shared.access.roles import Role
+from evalq.shared.cli import python
+from evalq.shared.errors import EvalqError
+from evalq.shared.settings import Settings
 
 __all__ = ["ADMIN", "FLOWER_USER", "Stack", "StackPorts"]
 
 ADMIN = "admin"
 """The principal of the admin token ``evalq up`` creates."""
 
-_EVALQ = tuple(python("-c", "from shared.cli import main; main()"))
+_EVALQ = tuple(python("-c", "from evalq.shared.cli import main; main()"))
 _STOP_WAIT = 30.0
 _READY_WAIT = 90.0
 _CREDENTIALS = (
@@ -208,7 +208,7 @@ class Stack:
         self._pool.start(client.app, timeout=_READY_WAIT)
         # after the workers: its first inspection finds them
         flower = [
-            *python("-m", "celery", "-A", "worker.celery", "flower"),
+            *python("-m", "celery", "-A", "evalq.worker.celery", "flower"),
             f"--port={self.ports.flower}", "--address=127.0.0.1", "--persistent=False",
         ]  # fmt: skip
         flower_env = {**as_user["monitor"], "FLOWER_BASIC_AUTH": flower_auth}

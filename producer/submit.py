@@ -1,14 +1,14 @@
 """Submitting a run: gate it on the split's tier and budget, then publish and enqueue.
 
-Order for a non-admin: resolve the tier -> :func:`shared.access.policy.admit_split` refuses
-``no_access``, and :func:`shared.access.policy.admit_sample_choice` caller-chosen ids on a
+Order for a non-admin: resolve the tier -> :func:`evalq.shared.access.policy.admit_split` refuses
+``no_access``, and :func:`evalq.shared.access.policy.admit_sample_choice` caller-chosen ids on a
 ``non_viewable`` split, before the data is read or the ledger touched -> read the split (fitting
 its routing) and resolve the sample ids (on a ``non_viewable`` split: the whole split or a
-subset the server draws) -> :func:`shared.access.policy.admit_run` applies the tier and the
+subset the server draws) -> :func:`evalq.shared.access.policy.admit_run` applies the tier and the
 k-anonymity floor to the resolved count -> reserve run and samples in one Lua script -> publish
 the spec, record the run, stage the ids shard by shard in the run's backlog, from which the fair
-dispatcher (:mod:`shared.queue.backlog`) hands them to the workers. If anything fails after the
-reservation, it is refunded (once) and the run, if it was recorded, is cancelled. An admin
+dispatcher (:mod:`evalq.shared.queue.backlog`) hands them to the workers. If anything fails after
+the reservation, it is refunded (once) and the run, if it was recorded, is cancelled. An admin
 bypasses tier and budget; the bypass is audited.
 """
 
@@ -25,9 +25,9 @@ import redis
 from celery import Celery
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from producer.language import check_rows, resolve, with_examples
-from shared.access.ledger import Ledger
-from shared.access.policy import (
+from evalq.producer.language import check_rows, resolve, with_examples
+from evalq.shared.access.ledger import Ledger
+from evalq.shared.access.policy import (
     Tier,
     admit_grader,
     admit_run,
@@ -36,19 +36,19 @@ from shared.access.policy import (
     admit_split,
     server_draws,
 )
-from shared.access.priorities import PriorityStore, admit_priority
-from shared.access.registry import DatasetRegistry
-from shared.access.tiers import TierRegistry
-from shared.connection import server_time
-from shared.data.loading import Sharding, resolve_source, shard_order, spec_of
-from shared.data.routing import RoutingKind
-from shared.data.spec import Source, publish_spec
-from shared.errors import InputError, SampleIdError, UnknownDatasetError
-from shared.models import Priority, RunMeta, RunStatus
-from shared.names import is_name
-from shared.queue.backlog import Backlog
-from shared.store.audit import audit_admin
-from shared.store.runs import RunStore
+from evalq.shared.access.priorities import PriorityStore, admit_priority
+from evalq.shared.access.registry import DatasetRegistry
+from evalq.shared.access.tiers import TierRegistry
+from evalq.shared.connection import server_time
+from evalq.shared.data.loading import Sharding, resolve_source, shard_order, spec_of
+from evalq.shared.data.routing import RoutingKind
+from evalq.shared.data.spec import Source, publish_spec
+from evalq.shared.errors import InputError, SampleIdError, UnknownDatasetError
+from evalq.shared.models import Priority, RunMeta, RunStatus
+from evalq.shared.names import is_name
+from evalq.shared.queue.backlog import Backlog
+from evalq.shared.store.audit import audit_admin
+from evalq.shared.store.runs import RunStore
 
 __all__ = [
     "PARAMS_CHARS", "SubmitRequest", "draw_ids", "parse_ids", "parse_params", "resolve_ids",
@@ -89,7 +89,7 @@ class SubmitRequest(BaseModel):
         Annotated[str, Field(min_length=1, max_length=100)],
         Annotated[str, Field(max_length=200)],
     ] = Field(default_factory=dict, max_length=16)
-    """``--model-arg k=v`` (:class:`shared.lm.spec.ModelArgs` declares them)."""
+    """``--model-arg k=v`` (:class:`evalq.shared.lm.spec.ModelArgs` declares them)."""
     cache: bool = False
     """``--cache``: an endpoint model's answers come from the fleet's response cache when it
     holds them (no request, no tokens), and go to it."""
@@ -199,7 +199,7 @@ def _locate(
     its tier, or an unregistered source (``no_access``: refused here to a non-admin before
     anything is read). An unknown dataset name is :class:`UnknownDatasetError` (exit 2), with
     the closest registered name when ``suggest``
-    (:func:`shared.access.policy.suggests_datasets`)."""
+    (:func:`evalq.shared.access.policy.suggests_datasets`)."""
     if request.data is not None:
         admit_source(request.where, registered=False, admin=admin)
         return resolve_source(request.data, request.split, request.revision, request.config), (

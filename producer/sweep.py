@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from shared.errors import InputError
+from evalq.shared.errors import InputError
 
 __all__ = ["MAX_GRID", "grid", "new_sweep_id", "parse_sweeps", "read_sweep_file"]
 

@@ -1,24 +1,24 @@
 """Runs as a reader sees them: ``status``, ``runs`` and the counters ``follow`` polls.
 
 What the reader may see of a run (its tier, its timing, its released aggregate) is answered in
-one call, :meth:`shared.access.disclosure.Disclosure.status`; this module adds what the
+one call, :meth:`evalq.shared.access.disclosure.Disclosure.status`; this module adds what the
 operation of the queue says of the run: whether anything moves it, where it waits in the fair
 dispatcher, and whether the workers serving it run its evaluation's file as it is now.
 """
 
 from __future__ import annotations
 
-from producer.direct import Direct
-from producer.views import EndpointCounts, RunView, check_ended
-from shared.connection import server_time
-from shared.evals.language import language_run
-from shared.evaluation import source
-from shared.models import Progress, RunMeta
-from shared.queue.celery_app import INFER_QUEUE, SCORE_QUEUE
-from shared.queue.standing import Standing
-from shared.store.presence import WorkerBeat, absence, stale_code
-from shared.store.rate import minute_counts
-from shared.store.runs import RunFilter
+from evalq.producer.direct import Direct
+from evalq.producer.views import EndpointCounts, RunView, check_ended
+from evalq.shared.connection import server_time
+from evalq.shared.evals.language import language_run
+from evalq.shared.evaluation import source
+from evalq.shared.models import Progress, RunMeta
+from evalq.shared.queue.celery_app import INFER_QUEUE, SCORE_QUEUE
+from evalq.shared.queue.standing import Standing
+from evalq.shared.store.presence import WorkerBeat, absence, stale_code
+from evalq.shared.store.rate import minute_counts
+from evalq.shared.store.runs import RunFilter
 
 __all__ = ["Viewer"]
 
@@ -47,7 +47,7 @@ class Viewer:
 
     def progress(self, run_id: str) -> tuple[RunMeta, Progress]:
         """The run's record and counters (counts only; coarse, as
-        :func:`shared.access.policy.coarse_timing` makes them, for a reader who does not see
+        :func:`evalq.shared.access.policy.coarse_timing` makes them, for a reader who does not see
         the run's timing)."""
         direct = self._direct
         meta = direct.runs.get(run_id)

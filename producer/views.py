@@ -1,6 +1,6 @@
-"""What the client interface (:class:`producer.api.Api`) answers besides the stores' own models:
-a run as a reader may see it (:class:`RunView`, ``status --json``), and what ``cancel`` and
-``resume`` did. Light on purpose: the HTTP client (:mod:`producer.remote`) reads these without
+"""What the client interface (:class:`evalq.producer.api.Api`) answers besides the stores' own
+models: a run as a reader may see it (:class:`RunView`, ``status --json``), and what ``cancel`` and
+``resume`` did. Light on purpose: the HTTP client (:mod:`evalq.producer.remote`) reads these without
 loading Redis, Celery or pyarrow.
 """
 
@@ -11,12 +11,12 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, Field, computed_field
 
-from shared.access.ladder import Released
-from shared.access.policy import Tier
-from shared.errors import RunNotCompletedError
-from shared.models import Progress, RunMeta, RunProvenance, RunStatus
-from shared.queue.standing import Standing
-from shared.stats import Stat
+from evalq.shared.access.ladder import Released
+from evalq.shared.access.policy import Tier
+from evalq.shared.errors import RunNotCompletedError
+from evalq.shared.models import Progress, RunMeta, RunProvenance, RunStatus
+from evalq.shared.queue.standing import Standing
+from evalq.shared.stats import Stat
 
 __all__ = ["LINE_ROWS", "Cancellation", "Resumption", "RunView", "check_ended"]
 
@@ -78,8 +78,8 @@ class RunView(BaseModel):
     """An endpoint model's server and its traffic over the last minute (readers who see the
     run's timing)."""
     timed: bool = True
-    """The reader sees the run's timing (:attr:`shared.access.policy.Reader.sees_timing`): else
-    ``meta`` and ``progress`` are coarse and there is no throughput nor ETA."""
+    """The reader sees the run's timing (:attr:`evalq.shared.access.policy.Reader.sees_timing`):
+    else ``meta`` and ``progress`` are coarse and there is no throughput nor ETA."""
     now: float = Field(default_factory=time.time, exclude=True)
     """When it was read (Redis's clock)."""
 

@@ -14,9 +14,9 @@ from celery import Celery
 from kombu.exceptions import OperationalError
 from redis import RedisError
 
-from shared.cli import python
-from shared.errors import EvalqError
-from shared.settings import Settings
+from evalq.shared.cli import python
+from evalq.shared.errors import EvalqError
+from evalq.shared.settings import Settings
 
 __all__ = ["LocalWorkers"]
 
@@ -64,7 +64,7 @@ class LocalWorkers:
         for index in range(self.count):
             command = [
                 *self.launcher,
-                *python("-m", "worker"),
+                *python("-m", "evalq.worker"),
                 "--queues", self.queues,
                 "--concurrency", str(self.concurrency),
             ]  # fmt: skip

@@ -1,11 +1,11 @@
 """The contract producers and workers share: settings, models, errors, keys, Lua scripts,
 stores, dataset specs, the Evaluation plugin API and the Celery app factory."""
 
-from shared.errors import EvalqError, PermanentError, RetryableError
-from shared.evaluation import Evaluation, register
-from shared.failures import FailurePolicy
-from shared.models import RunMeta, RunStatus, SampleResult, SampleTask
-from shared.settings import Settings, get_settings
+from evalq.shared.errors import EvalqError, PermanentError, RetryableError
+from evalq.shared.evaluation import Evaluation, register
+from evalq.shared.failures import FailurePolicy
+from evalq.shared.models import RunMeta, RunStatus, SampleResult, SampleTask
+from evalq.shared.settings import Settings, get_settings
 
 __all__ = [
     "EvalqError",

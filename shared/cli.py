@@ -16,8 +16,6 @@ import json
 import sys
 from collections.abc import Sequence
 from importlib.metadata import entry_points
-from importlib.util import find_spec
-from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import redis
@@ -26,9 +24,9 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.text import Text
 
-from shared.connection import redact
-from shared.errors import DetachedError, EvalqError
-from shared.settings import get_settings
+from evalq.shared.connection import redact
+from evalq.shared.errors import DetachedError, EvalqError
+from evalq.shared.settings import get_settings
 
 __all__ = [
     "COMMANDS_GROUP", "AdminFlag", "JsonFlag", "create_cli", "err", "main", "out", "python", "run",
@@ -53,35 +51,17 @@ def print_json(value: Any) -> None:
     typer.echo(json.dumps(value, sort_keys=True, default=str))
 
 
-INTERNAL_PACKAGES = ("shared", "producer", "worker")
-"""evalq's own top-level packages, installed beside the public ``evalq`` (see pyproject.toml)."""
-
-
 def python(*args: str) -> list[str]:
     """This interpreter with ``args``, the way evalq starts its own processes: ``-P`` keeps the
     working directory off ``sys.path`` (``-m`` and ``-c`` would put it first), so a user's own
-    ``worker.py`` or ``shared.py`` where they run evalq never stands in for evalq's packages."""
+    ``evalq.py`` where they run evalq never stands in for evalq. (evalq installs one top-level
+    name, ``evalq``: its packages are ``evalq.shared``, ``evalq.producer`` and ``evalq.worker``,
+    so a user's ``worker.py`` or ``shared.py`` is never in the way at all.)"""
     return [sys.executable, "-P", *args]
-
-
-def check_own_packages() -> None:
-    """Refuse to start when one of evalq's internal packages resolves to another file (a user's
-    ``worker.py`` earlier on ``sys.path``, another distribution's ``shared``): one line naming
-    it, before anything half-starts on the wrong code."""
-    own = Path(__file__).resolve().parent.parent
-    for name in INTERNAL_PACKAGES:
-        spec = find_spec(name)
-        origin = spec.origin if spec is not None else None
-        if origin is not None and Path(origin).resolve().parent.parent != own:
-            raise EvalqError(
-                f"the module {name!r} at {origin} is not evalq's own (evalq's is under {own}): "
-                "rename yours or run evalq from another directory"
-            )
 
 
 def create_cli() -> typer.Typer:
     """The ``evalq`` app with every installed side's commands."""
-    check_own_packages()
     app = typer.Typer(
         no_args_is_help=True,
         add_completion=False,

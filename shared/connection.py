@@ -37,8 +37,8 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.retry import Retry
 
-from shared.errors import InputError, UnconfirmedWriteError, first_line
-from shared.target import Target, is_sentinel
+from evalq.shared.errors import InputError, UnconfirmedWriteError, first_line
+from evalq.shared.target import Target, is_sentinel
 
 __all__ = [
     "Target",

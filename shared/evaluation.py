@@ -15,12 +15,12 @@ from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from shared.errors import ParamError, PayloadError, PluginError, UnknownEvalError
-from shared.failures import FailurePolicy, FailureRule
-from shared.models import Grade
-from shared.names import PLUGIN_NAME
-from shared.scorer import ScriptCall, ScriptScorer, run_cold
-from shared.source import SourceFile, snapshot
+from evalq.shared.errors import ParamError, PayloadError, PluginError, UnknownEvalError
+from evalq.shared.failures import FailurePolicy, FailureRule
+from evalq.shared.models import Grade
+from evalq.shared.names import PLUGIN_NAME
+from evalq.shared.scorer import ScriptCall, ScriptScorer, run_cold
+from evalq.shared.source import SourceFile, snapshot
 
 Graded = tuple[dict[str, float], Grade]
 """A sample's metrics and the grade they came from (:meth:`Evaluation.grade`)."""
@@ -41,7 +41,7 @@ __all__ = [
     "source",
 ]
 
-BUILTIN_PLUGINS = ("shared.evals",)
+BUILTIN_PLUGINS = ("evalq.shared.evals",)
 _registry: dict[str, type[Evaluation]] = {}
 _sources: dict[str, SourceFile | None] = {}
 
@@ -104,7 +104,7 @@ class Evaluation(ABC):
     the worst value the run scored). A ``score()`` outside its metric's declared range is a
     failed sample (stage ``score``), so no mean leaves the range."""
     on_failure: ClassVar[FailurePolicy] = FailurePolicy.WORST
-    """What a failed sample counts as in every metric (:mod:`shared.failures`): its worst
+    """What a failed sample counts as in every metric (:mod:`evalq.shared.failures`): its worst
     value, or ``FailurePolicy.SKIP`` to leave failed samples out (the count is then shown
     beside each metric)."""
     output_kind: ClassVar[str | None] = None
@@ -112,7 +112,7 @@ class Evaluation(ABC):
     may be rescored (``evalq rescore``) with any evaluation of the same kind, and only then."""
     cluster_field: ClassVar[str | None] = None
     """A row field grouping samples that are not independent (questions about one passage):
-    error bars are then cluster-robust (:mod:`shared.stats`)."""
+    error bars are then cluster-robust (:mod:`evalq.shared.stats`)."""
     rows_per_call: ClassVar[int | None] = None
     """Most rows one ``infer()`` call takes; None: the worker's ``EVALQ_MAX_BATCH``. A model
     that holds nothing per row (an endpoint's requests, bounded by its own concurrency) takes
@@ -167,7 +167,7 @@ class Evaluation(ABC):
     def model_key(self) -> str:
         """What identifies this evaluation's loaded model in a worker's pool of warm models:
         by default its name and parameters (:func:`model_key`); evaluations that run one
-        model for many tasks (:mod:`shared.evals.language`) share it by the model alone."""
+        model for many tasks (:mod:`evalq.shared.evals.language`) share it by the model alone."""
         return model_key(self.name, self.params)
 
     def score(self, row: dict[str, Any], output: Any) -> dict[str, float]:
@@ -202,7 +202,8 @@ class Evaluation(ABC):
 
     @classmethod
     def failure_rule(cls) -> FailureRule:
-        """How this evaluation's failed samples count (:func:`shared.failures.metric_samples`)."""
+        """How this evaluation's failed samples count
+        (:func:`evalq.shared.failures.metric_samples`)."""
         return FailureRule(cls.on_failure, dict(cls.metric_ranges), cls.lower_is_better)
 
     @classmethod

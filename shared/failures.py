@@ -23,14 +23,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from shared.stats import Stat
+from evalq.shared.stats import Stat
 
 __all__ = ["UNSENT", "Counted", "FailurePolicy", "FailureRule", "metric_samples"]
 
 Range = tuple[float, float]
 UNSENT = "budget/TokensExhausted"
-"""The ``stage/kind`` of a failure that means "never sent" (:attr:`shared.models.Stage.BUDGET`,
-:class:`shared.errors.TokensExhausted`)."""
+"""The ``stage/kind`` of a failure that means "never sent"
+(:attr:`evalq.shared.models.Stage.BUDGET`, :class:`evalq.shared.errors.TokensExhausted`)."""
 
 
 class FailurePolicy(StrEnum):

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import redis
 
-from shared.errors import first_line
+from evalq.shared.errors import first_line
 
 __all__ = ["Guard"]
 
@@ -16,7 +16,7 @@ __all__ = ["Guard"]
 class Guard:
     """Runs steps and logs their failures to ``log``. A step Redis refuses for the ACL user
     (``NOPERM``) is logged every time it is refused, naming the user and the keys (see
-    :func:`shared.connection.refusal`): rights do not come back by themselves. Any other
+    :func:`evalq.shared.connection.refusal`): rights do not come back by themselves. Any other
     failure (Redis unreachable) is logged once until the step works again."""
 
     def __init__(self, log: logging.Logger, prefix: str) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from shared.models import Stage
+from evalq.shared.models import Stage
 
 __all__ = [
     "ACTIVE",
@@ -56,7 +56,7 @@ JANITOR = "evalq:janitor"
 
 RETENTION = "evalq:retention"
 """String with an expiry: the gateway process that applies the retention policy (its lease;
-:mod:`producer.gateway.retainer`)."""
+:mod:`evalq.producer.gateway.retainer`)."""
 
 WORKERS = "evalq:workers:"
 """Prefix of the workers' heartbeat keys."""
@@ -69,8 +69,8 @@ def worker_key(hostname: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class FairKeys:
-    """The fair dispatcher's keys for one broker queue (:mod:`shared.queue.backlog`): which runs
-    have a backlog for it, whose they are, their weights, and where each stands in its
+    """The fair dispatcher's keys for one broker queue (:mod:`evalq.shared.queue.backlog`): which
+    runs have a backlog for it, whose they are, their weights, and where each stands in its
     weighted round. The Lua scripts get these names from their callers, those of a principal's
     keys as the prefix and suffix around the principal (``fair_round`` in ``prelude.lua``)."""
 
@@ -227,14 +227,14 @@ def spend_key(dataset: str, split: str, caller: str | None = None) -> str:
 
 HOLDS = "evalq:holds"
 """Hash: ticket -> JSON of one request's token hold (tokens, worker, since); see
-:mod:`shared.store.spend`."""
+:mod:`evalq.shared.store.spend`."""
 
 HOLD_DEADLINES = "evalq:holds:deadlines"
 """Zset: ticket -> the time (ms, Redis's clock) after which the janitor releases its hold."""
 
 UNSENT = "evalq:unsent"
 """Set: runs that ended with samples a token budget kept from being sent; the gateway gives
-their samples back (:meth:`shared.access.ledger.Ledger.refund_unsent`) and removes them."""
+their samples back (:meth:`evalq.shared.access.ledger.Ledger.refund_unsent`) and removes them."""
 
 
 def release_config_key(dataset: str) -> str:
@@ -381,7 +381,7 @@ class RunKeys:
     @property
     def provenance(self) -> str:
         """Hash: one JSON record per distinct worker (host, device, code) that stored outputs
-        (:mod:`shared.store.provenance`)."""
+        (:mod:`evalq.shared.store.provenance`)."""
         return self._key("provenance")
 
     @property
@@ -393,7 +393,7 @@ class RunKeys:
     @property
     def stats(self) -> str:
         """String: JSON, each metric's mean, standard error and 95% interval
-        (:class:`shared.stats.Stat`), computed with the aggregate."""
+        (:class:`evalq.shared.stats.Stat`), computed with the aggregate."""
         return self._key("stats")
 
 

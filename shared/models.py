@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
-from shared.source import stale_note
+from evalq.shared.source import stale_note
 
 __all__ = [
     "MAX_MESSAGE_SAMPLES",
@@ -80,10 +80,10 @@ class Stage(StrEnum):
     DATA = "data"
     INFER = "infer"
     ENDPOINT = "endpoint"
-    """An endpoint model's server (:mod:`shared.lm.endpoint`), after its retries."""
+    """An endpoint model's server (:mod:`evalq.shared.lm.endpoint`), after its retries."""
     BUDGET = "budget"
     """A token budget kept the sample's request from being sent
-    (:class:`shared.errors.TokensExhausted`): unsent, not failed."""
+    (:class:`evalq.shared.errors.TokensExhausted`): unsent, not failed."""
     SCORE = "score"
 
 
@@ -152,7 +152,7 @@ class RunMeta(BaseModel):
     """The language model a registered task runs on (``--model``: ``hf/<path or id>[@rev]``,
     canonical), None for a Python evaluation, which owns its model."""
     task: str | None = None
-    """A language task's run as JSON (:class:`shared.lm.run.LanguageRun`: the task as
+    """A language task's run as JSON (:class:`evalq.shared.lm.run.LanguageRun`: the task as
     registered at submission, the model spec and the few-shot examples); None for a Python
     evaluation."""
     spec: str
@@ -176,7 +176,7 @@ class RunMeta(BaseModel):
     charged: bool = False
     """Its run and samples were charged to the split's budget."""
     priority: Priority = Priority.NORMAL
-    """Its weight in the fair dispatcher (:mod:`shared.queue.backlog`)."""
+    """Its weight in the fair dispatcher (:mod:`evalq.shared.queue.backlog`)."""
     sweep: str | None = None
     """The id shared by the runs of one ``submit --sweep`` grid."""
     tags: tuple[str, ...] = ()
@@ -190,7 +190,7 @@ class RunMeta(BaseModel):
     reason: str | None = None
     """Why the run as a whole failed (e.g. its ``aggregate()`` raised), when it did."""
     archived: float | None = None
-    """Unix time its per-sample results moved to the archive (:mod:`shared.store.archive`)."""
+    """Unix time its per-sample results moved to the archive (:mod:`evalq.shared.store.archive`)."""
 
     @property
     def settings_shown(self) -> str:

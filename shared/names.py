@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from shared.errors import InputError, UnknownRunError
+from evalq.shared.errors import InputError, UnknownRunError
 
 __all__ = ["NAME_RULE", "PLUGIN_NAME", "RUN_ID", "check_name", "check_run_id", "is_name"]
 

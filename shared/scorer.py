@@ -17,8 +17,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shared.errors import ScriptError
-from shared.isolation.child_env import child_env
+from evalq.shared.errors import ScriptError
+from evalq.shared.isolation.child_env import child_env
 
 __all__ = ["ScriptCall", "ScriptScorer", "run_cold"]
 
@@ -51,7 +51,7 @@ class ScriptCall:
 
 def run_cold(scorer: ScriptScorer, call: ScriptCall) -> str:
     """Run ``python script.py ARGS`` once in a fresh empty directory, with the environment
-    a worker gives its scorer processes (:func:`shared.isolation.child_env.child_env`) and the
+    a worker gives its scorer processes (:func:`evalq.shared.isolation.child_env.child_env`) and the
     call's ``env`` over it; its stdout, stripped."""
     with tempfile.TemporaryDirectory(prefix="evalq-cold-") as workdir:
         try:

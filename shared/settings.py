@@ -18,8 +18,8 @@ from typing import Annotated, Any
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from shared.errors import InputError
-from shared.target import Target, is_sentinel
+from evalq.shared.errors import InputError
+from evalq.shared.target import Target, is_sentinel
 
 __all__ = ["Settings", "get_settings"]
 
@@ -61,7 +61,7 @@ class Settings(BaseSettings):
 
     api_url: str | None = None
     """The gateway (``evalq serve``) to talk to instead of Redis; with it set, the CLI and
-    :func:`producer.api.open_api` never read ``redis_url``."""
+    :func:`evalq.producer.api.open_api` never read ``redis_url``."""
 
     token: SecretStr | None = None
     """The API token sent to the gateway (``evalq tokens create``)."""

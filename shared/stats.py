@@ -82,7 +82,7 @@ class Stat(BaseModel):
     """The run's failed samples by ``stage/kind`` (by ``stage`` for a reader who does not see
     error kinds)."""
     on_failure: str | None = None
-    """How they count (:class:`shared.failures.FailurePolicy`): ``worst`` (in ``n`` and the
+    """How they count (:class:`evalq.shared.failures.FailurePolicy`): ``worst`` (in ``n`` and the
     mean, at the metric's worst value) or ``skip`` (left out); None for a run finalized before
     failures counted."""
 
@@ -232,7 +232,7 @@ def describe(
     ranges: Mapping[str, Range] | None = None,
 ) -> dict[str, Stat]:
     """Each metric of the samples ``scores`` (sample id -> metrics, as
-    :func:`shared.failures.metric_samples` counts them) with its uncertainty: analytic
+    :func:`evalq.shared.failures.metric_samples` counts them) with its uncertainty: analytic
     (clustered by ``clusters``, sample id -> cluster, when given) for means, its interval
     inside the metric's range (from ``ranges``, when known); a seeded bootstrap through
     ``aggregate`` when the evaluation has its own."""

@@ -1,5 +1,5 @@
 """Where a Redis client connects (:class:`Target`), named without loading a Redis client: the
-settings and the HTTP client's imports stay light; :mod:`shared.connection` makes clients."""
+settings and the HTTP client's imports stay light; :mod:`evalq.shared.connection` makes clients."""
 
 from __future__ import annotations
 

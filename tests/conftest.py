@@ -15,14 +15,14 @@ import pytest
 import redis
 from celery import Celery
 
-from producer.client import Client
-from producer.redis_server import RedisServer
-from producer.workers import LocalWorkers
-from shared.access.roles import Role
-from shared.connection import connect
-from shared.evaluation import load_plugins
-from shared.queue.celery_app import create_app
-from shared.settings import Settings
+from evalq.producer.client import Client
+from evalq.producer.redis_server import RedisServer
+from evalq.producer.workers import LocalWorkers
+from evalq.shared.access.roles import Role
+from evalq.shared.connection import connect
+from evalq.shared.evaluation import load_plugins
+from evalq.shared.queue.celery_app import create_app
+from evalq.shared.settings import Settings
 from tests.helpers import REPO, cli_env, gateway, wait_for
 
 
@@ -185,13 +185,13 @@ class Door:
 
     def popen(self, *args: str) -> subprocess.Popen[str]:
         return subprocess.Popen(
-            [sys.executable, "-c", "from shared.cli import main; main()", *args],
+            [sys.executable, "-c", "from evalq.shared.cli import main; main()", *args],
             env=self.env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
 
     def run(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-c", "from shared.cli import main; main()", *args],
+            [sys.executable, "-c", "from evalq.shared.cli import main; main()", *args],
             env={**self.env, **env}, cwd=REPO, capture_output=True, text=True, timeout=120,
             check=False,
         )  # fmt: skip

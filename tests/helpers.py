@@ -19,20 +19,20 @@ from typing import Any, TypeVar
 import redis
 from click.testing import CliRunner
 
-from producer.client import Client
-from producer.redis_server import free_port
-from producer.views import RunView
-from shared.access.ledger import Ledger
-from shared.access.policy import Tier
-from shared.access.registry import DatasetRegistry
-from shared.access.tiers import TierRegistry
-from shared.cli import main
-from shared.keys import RunKeys
-from shared.models import RunMeta, RunStatus
-from shared.settings import get_settings
-from shared.stats import wilson as wilson_interval
-from shared.store.reader import ResultReader
-from shared.store.runs import RunStore
+from evalq.producer.client import Client
+from evalq.producer.redis_server import free_port
+from evalq.producer.views import RunView
+from evalq.shared.access.ledger import Ledger
+from evalq.shared.access.policy import Tier
+from evalq.shared.access.registry import DatasetRegistry
+from evalq.shared.access.tiers import TierRegistry
+from evalq.shared.cli import main
+from evalq.shared.keys import RunKeys
+from evalq.shared.models import RunMeta, RunStatus
+from evalq.shared.settings import get_settings
+from evalq.shared.stats import wilson as wilson_interval
+from evalq.shared.store.reader import ResultReader
+from evalq.shared.store.runs import RunStore
 from tests.plugins import predict
 
 T = TypeVar("T")
@@ -40,7 +40,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def wilson(right: int, n: int) -> tuple[float, float, float]:
-    """The fraction ``right / n`` with its 95% Wilson interval (:func:`shared.stats.wilson`)."""
+    """The fraction ``right / n`` with its 95% Wilson interval
+    (:func:`evalq.shared.stats.wilson`)."""
     return (right / n, *wilson_interval(right, n))
 
 
@@ -67,7 +68,7 @@ def charge_run(  # noqa: PLR0917
     client: redis.Redis, dataset: str, split: str, run_id: str, samples: int, who: str
 ) -> None:
     """Record and open a charged run of ``samples`` samples by ``who`` on ``dataset/split``
-    (raises :class:`shared.errors.BudgetExhaustedError` as submit would)."""
+    (raises :class:`evalq.shared.errors.BudgetExhaustedError` as submit would)."""
     meta = RunMeta(
         run_id=run_id, eval="spy", spec="0" * 64, dataset_id=dataset, split=split, n=samples,
         status=RunStatus.QUEUED, created=0.0, principal=who, charged=True,
@@ -187,11 +188,11 @@ def expected_accuracy(rows: list[dict[str, object]]) -> float:
 UNPRIVILEGED = [
     sys.executable,
     "-c",
-    "import os, sys; from shared.isolation.privilege import drop_capabilities; "
+    "import os, sys; from evalq.shared.isolation.privilege import drop_capabilities; "
     "drop_capabilities(); "
     "os.execv(sys.argv[1], sys.argv[1:])",
 ]
-"""A launcher (:class:`producer.workers.LocalWorkers`) that runs its command line with every
+"""A launcher (:class:`evalq.producer.workers.LocalWorkers`) that runs its command line with every
 capability given up for good: a process of uid 0 then is what one of an ordinary user is."""
 
 
@@ -206,7 +207,7 @@ def cli_env(redis_url: str, **extra: str) -> dict[str, str]:
 def evalq(redis_url: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     """Run the real ``evalq`` console entry point in a subprocess."""
     return subprocess.run(
-        [sys.executable, "-c", "from shared.cli import main; main()", *args],
+        [sys.executable, "-c", "from evalq.shared.cli import main; main()", *args],
         env=cli_env(redis_url, **env),
         cwd=REPO,
         capture_output=True,
@@ -265,7 +266,7 @@ def gateway(
     port = free_port()
     with log.open("wb") as out:
         process = subprocess.Popen(
-            [sys.executable, "-c", "from shared.cli import main; main()",
+            [sys.executable, "-c", "from evalq.shared.cli import main; main()",
              "serve", "--port", str(port)],
             env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip

@@ -9,7 +9,7 @@ The model is a fake at the outer edge: it answers "What is A plus B?" with the s
 purpose for the models named ``wrong-*``), a grader's prompt (evalq's default, with its expert
 answer and submission) with ``GRADE: C`` when the two agree and ``GRADE: I`` otherwise,
 anything else with "ok"; tokens are words. With
-``--model-dir`` it serves a real model instead (:class:`shared.lm.hf.HFModel`, one request at
+``--model-dir`` it serves a real model instead (:class:`evalq.shared.lm.hf.HFModel`, one request at
 a time), which is what ``bench/endpoint.py`` measures.
 
 Run: ``python -m tests.openai_server --port P [--model-dir DIR] [--key KEY]``.
@@ -205,9 +205,9 @@ def _count(state: _State, kind: str, response: Response) -> Response:
 
 
 def _hf_generate(model_dir: str) -> Any:
-    from shared.lm.hf import HFModel
-    from shared.lm.request import GenerationRequest
-    from shared.lm.spec import ModelSpec
+    from evalq.shared.lm.hf import HFModel
+    from evalq.shared.lm.request import GenerationRequest
+    from evalq.shared.lm.spec import ModelSpec
 
     model = HFModel.load(ModelSpec.parse(f"hf/{model_dir}"), "cpu")
 

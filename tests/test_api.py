@@ -1,5 +1,5 @@
 """The client interface: the direct client (Redis) and the HTTP client (the gateway) have the
-same public methods with the same signatures as the :class:`producer.api.Api` protocol, and
+same public methods with the same signatures as the :class:`evalq.producer.api.Api` protocol, and
 the HTTP client loads no Celery, kombu, Redis or pyarrow. No Redis needed."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import sys
 
 import pytest
 
-from producer.api import Api
-from producer.client import Client
-from producer.remote import RemoteClient
-from shared.errors import InputError
+from evalq.producer.api import Api
+from evalq.producer.client import Client
+from evalq.producer.remote import RemoteClient
+from evalq.shared.errors import InputError
 from tests.helpers import REPO
 
 HEAVY = ("celery", "kombu", "redis", "pyarrow")

@@ -17,17 +17,17 @@ import pyarrow.parquet as pq
 import pytest
 import redis
 
-from producer.client import Client
-from producer.export import ExportFormat, write_tables
-from producer.redis_server import RedisServer
-from producer.submit import SubmitRequest
-from shared.connection import connect
-from shared.errors import ArchiveUnreadableError, InputError
-from shared.evaluation import create
-from shared.keys import AUDIT, RUNS, RunKeys
-from shared.models import ErrorRecord, RunMeta, RunStatus, Stage, to_json
-from shared.settings import Settings
-from shared.store.archive import (
+from evalq.producer.client import Client
+from evalq.producer.export import ExportFormat, write_tables
+from evalq.producer.redis_server import RedisServer
+from evalq.producer.submit import SubmitRequest
+from evalq.shared.connection import connect
+from evalq.shared.errors import ArchiveUnreadableError, InputError
+from evalq.shared.evaluation import create
+from evalq.shared.keys import AUDIT, RUNS, RunKeys
+from evalq.shared.models import ErrorRecord, RunMeta, RunStatus, Stage, to_json
+from evalq.shared.settings import Settings
+from evalq.shared.store.archive import (
     MANIFEST,
     OUTPUT_ENCODING,
     ArchiveReader,
@@ -39,12 +39,13 @@ from shared.store.archive import (
     typed_output,
     write_part,
 )
-from shared.store.reader import ResultReader
-from shared.store.retention import archive_due, parse_age, purge
-from shared.store.runs import RunStore
-from shared.store.seal import Sealer, SealOutcome
-from shared.store.spill import Spill, Spiller, SpillOutcome
-from shared.store.writer import Delivery, ResultWriter
+from evalq.shared.store.reader import ResultReader
+from evalq.shared.store.retention import archive_due, parse_age, purge
+from evalq.shared.store.runs import RunStore
+from evalq.shared.store.seal import Sealer, SealOutcome
+from evalq.shared.store.spill import Spill, Spiller, SpillOutcome
+from evalq.shared.store.writer import Delivery, ResultWriter
+from evalq.worker.archiver import _abandon, archive_run, spill_run
 from tests.conftest import Stack
 from tests.helpers import (
     evalq,
@@ -57,7 +58,6 @@ from tests.helpers import (
     wait_for,
     write_rows,
 )
-from worker.archiver import _abandon, archive_run, spill_run
 
 FAST = {"EVALQ_STALL_AFTER": "3", "EVALQ_HEARTBEAT_INTERVAL": "0.5"}
 
@@ -642,7 +642,7 @@ def test_a_read_whose_spilled_part_goes_with_a_seal_goes_on_from_the_archive(
             sealed[0] = archive_run(client, run_id).sealed
         return read_part(*args, **kwargs)
 
-    monkeypatch.setattr("shared.store.spill.read_part", sealing_first)
+    monkeypatch.setattr("evalq.shared.store.spill.read_part", sealing_first)
     assert results.scores(run_id) == expected
     assert sealed == [1]
 

@@ -20,29 +20,29 @@ from typing import Any
 import pytest
 import redis
 
-from producer.client import Client
-from producer.direct import Direct
-from producer.redis_server import RedisServer
-from shared.access.policy import Tier
-from shared.access.tiers import TierRegistry
-from shared.connection import connect
-from shared.data.loading import build_spec
-from shared.data.spec import publish_spec
-from shared.evaluation import Evaluation, load_plugins, register
-from shared.keys import RunKeys, tiers_key
-from shared.models import ErrorRecord, RunMeta, RunStatus, SampleTask, Stage
-from shared.queue.celery_app import INFER_TASK, SCORE_TASK
-from shared.queue.sizing import split
-from shared.settings import Settings
-from shared.store.reader import ResultReader
-from shared.store.runs import RunStore
-from shared.store.writer import Delivery, ResultWriter
+from evalq.producer.client import Client
+from evalq.producer.direct import Direct
+from evalq.producer.redis_server import RedisServer
+from evalq.shared.access.policy import Tier
+from evalq.shared.access.tiers import TierRegistry
+from evalq.shared.connection import connect
+from evalq.shared.data.loading import build_spec
+from evalq.shared.data.spec import publish_spec
+from evalq.shared.evaluation import Evaluation, load_plugins, register
+from evalq.shared.keys import RunKeys, tiers_key
+from evalq.shared.models import ErrorRecord, RunMeta, RunStatus, SampleTask, Stage
+from evalq.shared.queue.celery_app import INFER_TASK, SCORE_TASK
+from evalq.shared.queue.sizing import split
+from evalq.shared.settings import Settings
+from evalq.shared.store.reader import ResultReader
+from evalq.shared.store.runs import RunStore
+from evalq.shared.store.writer import Delivery, ResultWriter
+from evalq.worker.batch import Resources
+from evalq.worker.inference import infer_batch
+from evalq.worker.runtime_pool import RuntimePool
+from evalq.worker.scoring import score_batch
+from evalq.worker.shard_cache import ShardCache
 from tests.helpers import ended_view, labelled_rows, record_run, write_rows
-from worker.batch import Resources
-from worker.inference import infer_batch
-from worker.runtime_pool import RuntimePool
-from worker.scoring import score_batch
-from worker.shard_cache import ShardCache
 
 MAX_ATTEMPTS = 3
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from producer.submit import PARAMS_CHARS
-from shared.keys import RUNS
-from shared.queue.celery_app import INFER_QUEUE
+from evalq.producer.submit import PARAMS_CHARS
+from evalq.shared.keys import RUNS
+from evalq.shared.queue.celery_app import INFER_QUEUE
 from tests.conftest import Stack
 from tests.helpers import REPO, cli_env, evalq, labelled_rows, list_splits, write_rows
 
@@ -158,7 +158,7 @@ def test_redis_only_commands_import_no_torch(stack: Stack, tmp_path: Path) -> No
     script = f"""
 import sys
 from typer.testing import CliRunner
-from shared.cli import create_cli
+from evalq.shared.cli import create_cli
 app = create_cli()
 runner = CliRunner()
 submitted = runner.invoke(app, ["submit", "topic", "--dataset", {name!r},

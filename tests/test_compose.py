@@ -16,7 +16,7 @@ import pytest
 import typer
 import yaml
 
-from shared.cli import create_cli
+from evalq.shared.cli import create_cli
 from tests.helpers import REPO
 
 COMPOSE: dict[str, Any] = yaml.safe_load((REPO / "compose.yaml").read_text())
@@ -130,7 +130,7 @@ def test_workers_split_inference_and_scoring() -> None:
 
 def test_flower_has_auth_from_the_environment_and_no_persistent_state() -> None:
     flower = SERVICES["flower"]
-    assert flower["entrypoint"] == ["celery", "-A", "worker.celery"]
+    assert flower["entrypoint"] == ["celery", "-A", "evalq.worker.celery"]
     options = dict(arg.split("=", 1) for arg in _words(flower["command"])[1:])
     pair = re.fullmatch(r"(\$\{[^}]+\}):(\$\{[^}]+\})", options["--basic-auth"])
     assert pair is not None
@@ -176,7 +176,7 @@ def test_every_evalq_command_exists_with_its_options(service: str) -> None:
 def test_the_flower_entry_point_and_options_exist() -> None:
     from flower.options import options
 
-    assert importlib.util.find_spec("worker.celery") is not None
+    assert importlib.util.find_spec("evalq.worker.celery") is not None
     assert "flower" in {e.name for e in entry_points(group="celery.commands")}
     for arg in _words(SERVICES["flower"]["command"])[1:]:
         assert arg.split("=", 1)[0].removeprefix("--").replace("-", "_") in options
@@ -190,7 +190,7 @@ def test_the_dockerfile_builds_what_compose_runs() -> None:
                 assert (REPO / source).exists(), source
     assert 'ENTRYPOINT ["evalq"]' in dockerfile
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    assert project["scripts"]["evalq"] == "shared.cli:main"
+    assert project["scripts"]["evalq"] == "evalq.shared.cli:main"
     assert isinstance(project["license"], str)  # an SPDX string: setuptools warns on a table
     assert "torch==" in dockerfile  # pinned first, so pip never picks another build
     assert Path(REPO / ".dockerignore").exists()

@@ -9,10 +9,10 @@ import pytest
 from celery_batches import SimpleRequest
 from pydantic import ValidationError
 
-from producer.export import flat_table, flatten
-from producer.submit import SubmitRequest, parse_ids, parse_params, resolve_ids
-from shared.data.loading import build_spec
-from shared.errors import (
+from evalq.producer.export import flat_table, flatten
+from evalq.producer.submit import SubmitRequest, parse_ids, parse_params, resolve_ids
+from evalq.shared.data.loading import build_spec
+from evalq.shared.errors import (
     DataError,
     InputError,
     PayloadError,
@@ -21,16 +21,16 @@ from shared.errors import (
     SplitNotFoundError,
     UnknownEvalError,
 )
-from shared.evaluation import Evaluation, create, load_plugins, register, scrub
-from shared.keys import RunKeys
-from shared.models import ErrorRecord, Grade, RunMeta, RunStatus, SampleResult, Stage, Usage
-from shared.queue.celery_app import create_app
-from shared.queue.sizing import split
-from shared.settings import Settings
-from shared.store.wire import as_chunks, result_line, results_of, scores_of
+from evalq.shared.evaluation import Evaluation, create, load_plugins, register, scrub
+from evalq.shared.keys import RunKeys
+from evalq.shared.models import ErrorRecord, Grade, RunMeta, RunStatus, SampleResult, Stage, Usage
+from evalq.shared.queue.celery_app import create_app
+from evalq.shared.queue.sizing import split
+from evalq.shared.settings import Settings
+from evalq.shared.store.wire import as_chunks, result_line, results_of, scores_of
+from evalq.worker.lru import LRU
+from evalq.worker.tasks import parse_requests
 from tests.helpers import labelled_rows, write_rows
-from worker.lru import LRU
-from worker.tasks import parse_requests
 
 FP = "a" * 64
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.cli import INTERNAL_PACKAGES, python
+from evalq.shared.cli import python
 from tests.helpers import REPO, wait_for
 
 pytestmark = pytest.mark.integration
@@ -64,10 +64,10 @@ def _demo_env(mark: str) -> dict[str, str]:
 
 
 def _decoys(folder: Path) -> Path:
-    """A user's project folder holding modules named like evalq's own packages: evalq run from
-    there must still import its own (each decoy fails loudly if imported)."""
+    """A user's project folder holding modules named like evalq and the folders of its repository:
+    evalq run from there must still import its own (each decoy fails loudly if imported)."""
     folder.mkdir()
-    for name in INTERNAL_PACKAGES:
+    for name in ("evalq", "shared", "producer", "worker"):
         decoy = f"raise SystemExit('the decoy {name}.py was imported')\n"
         (folder / f"{name}.py").write_text(decoy)
     return folder
@@ -77,7 +77,7 @@ def test_demo_prints_accuracy_over_a_thousand_samples(tmp_path: Path) -> None:
     mark = uuid.uuid4().hex
     env = _demo_env(mark)
     result = subprocess.run(
-        [*python("-c", "from shared.cli import main; main()"),
+        [*python("-c", "from evalq.shared.cli import main; main()"),
          "demo", "--samples", "1000", "--out", str(tmp_path), "--json"],
         env=env, cwd=_decoys(tmp_path / "project"), capture_output=True, text=True, timeout=600,
         check=False,
@@ -106,13 +106,13 @@ def test_ctrl_c_stops_everything_the_demo_started(tmp_path: Path) -> None:
     log = tmp_path / "demo.log"
     with log.open("w") as handle:
         demo = subprocess.Popen(
-            [sys.executable, "-c", "from shared.cli import main; main()",
+            [sys.executable, "-c", "from evalq.shared.cli import main; main()",
              "demo", "--samples", "20000", "--out", str(tmp_path)],
             env=_demo_env(mark), cwd=REPO, stdout=handle, stderr=subprocess.STDOUT,
         )  # fmt: skip
     try:
         wait_for(lambda: "run " in log.read_text(), 120, "the demo run to start")
-        assert _started_by(mark, "-m worker"), "the demo started no worker"
+        assert _started_by(mark, "-m evalq.worker"), "the demo started no worker"
         assert _demo_redis(log.read_text()), "the demo's redis-server is not running"
         demo.send_signal(signal.SIGINT)
         assert demo.wait(60) != 0

@@ -26,21 +26,21 @@ from typing import Any
 import pytest
 import redis
 
-from producer.acl import password_variable, write_acl
-from producer.redis_server import RedisServer, free_port
-from shared.connection import connect
-from shared.errors import PortInUseError
-from shared.guard import Guard
-from shared.keys import AUDIT, RUNS, RunKeys
-from shared.lm.limits import EndpointLimits
-from shared.queue.broker import Broker
-from shared.queue.celery_app import create_app
-from shared.settings import Settings
-from shared.store.endpoints import EndpointRegistry
-from shared.store.rate import RateLimit, minute_counts
-from shared.store.retention import retain
+from evalq.producer.acl import password_variable, write_acl
+from evalq.producer.redis_server import RedisServer, free_port
+from evalq.shared.connection import connect
+from evalq.shared.errors import PortInUseError
+from evalq.shared.guard import Guard
+from evalq.shared.keys import AUDIT, RUNS, RunKeys
+from evalq.shared.lm.limits import EndpointLimits
+from evalq.shared.queue.broker import Broker
+from evalq.shared.queue.celery_app import create_app
+from evalq.shared.settings import Settings
+from evalq.shared.store.endpoints import EndpointRegistry
+from evalq.shared.store.rate import RateLimit, minute_counts
+from evalq.shared.store.retention import retain
+from evalq.worker.janitor import Janitor
 from tests.helpers import REPO, cli_in_process, labelled_rows, wait_for, write_rows
-from worker.janitor import Janitor
 
 PASSWORDS = {password_variable(role): f"{role}-password-0123" for role in ("gateway", "worker",
              "monitor")}  # fmt: skip
@@ -150,7 +150,7 @@ class Up:
         env = {k: v for k, v in os.environ.items() if not k.startswith("EVALQ_")}
         env.update(PYTHONPATH=str(REPO), EVALQ_API_URL=self.api, EVALQ_TOKEN=token)
         return subprocess.run(
-            [sys.executable, "-c", "from shared.cli import main; main()", *args],
+            [sys.executable, "-c", "from evalq.shared.cli import main; main()", *args],
             env=env, cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
         )  # fmt: skip
 
@@ -237,7 +237,7 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
     printed = root / "up.out"
     with printed.open("wb") as out:
         process = subprocess.Popen(
-            [sys.executable, "-c", "from shared.cli import main; main()", "up",
+            [sys.executable, "-c", "from evalq.shared.cli import main; main()", "up",
              "--dir", str(root / "stack"), "--workers", "2",
              *(f"--{name}={port}" for name, port in ports.items())],
             env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,

@@ -21,15 +21,15 @@ from typing import Any
 import httpx
 import pytest
 
-from producer.client import Client
-from producer.policy_file import PolicyFile
-from producer.redis_server import free_port
-from producer.submit import SubmitRequest
-from shared.access.budget import Budget
-from shared.access.policy import Tier
-from shared.errors import InputError, TierRefusedError
-from shared.keys import HOLDS
-from shared.models import RunMeta, RunStatus
+from evalq.producer.client import Client
+from evalq.producer.policy_file import PolicyFile
+from evalq.producer.redis_server import free_port
+from evalq.producer.submit import SubmitRequest
+from evalq.shared.access.budget import Budget
+from evalq.shared.access.policy import Tier
+from evalq.shared.errors import InputError, TierRefusedError
+from evalq.shared.keys import HOLDS
+from evalq.shared.models import RunMeta, RunStatus
 from tests.conftest import Stack
 from tests.helpers import (
     REPO,
@@ -554,7 +554,7 @@ def test_a_grader_model_grades_each_output_and_its_tokens_count_apart(
 
 def _result_lines(stack: Stack, run_id: str) -> list[str]:
     shown = subprocess.run(
-        [sys.executable, "-c", "from shared.cli import main; main()", "results", run_id],
+        [sys.executable, "-c", "from evalq.shared.cli import main; main()", "results", run_id],
         env=cli_env(stack.server.url), cwd=REPO, capture_output=True, text=True, timeout=120,
         check=True,
     )  # fmt: skip

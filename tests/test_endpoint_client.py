@@ -13,23 +13,23 @@ from typing import Any
 
 import pytest
 
-from producer.policy_file import PolicyFile, apply_policy
-from producer.redis_server import RedisServer
-from shared.access.ledger import Ledger
-from shared.connection import connect
-from shared.errors import GraderError, PermanentError
-from shared.evals.language import LanguageEvaluation
-from shared.lm.endpoint import MAX_BODY, EndpointError, EndpointModel
-from shared.lm.limits import EndpointLimits
-from shared.lm.request import Generation, GenerationRequest
-from shared.lm.run import LanguageRun
-from shared.lm.spec import ModelSpec
-from shared.lm.task import TaskSpec
-from shared.settings import get_settings
-from shared.store.endpoints import EndpointRegistry
-from shared.store.rate import RateLimit
-from shared.store.responses import ResponseCache
-from shared.store.spend import RunMeter, Scope, TokenSpend
+from evalq.producer.policy_file import PolicyFile, apply_policy
+from evalq.producer.redis_server import RedisServer
+from evalq.shared.access.ledger import Ledger
+from evalq.shared.connection import connect
+from evalq.shared.errors import GraderError, PermanentError
+from evalq.shared.evals.language import LanguageEvaluation
+from evalq.shared.lm.endpoint import MAX_BODY, EndpointError, EndpointModel
+from evalq.shared.lm.limits import EndpointLimits
+from evalq.shared.lm.request import Generation, GenerationRequest
+from evalq.shared.lm.run import LanguageRun
+from evalq.shared.lm.spec import ModelSpec
+from evalq.shared.lm.task import TaskSpec
+from evalq.shared.settings import get_settings
+from evalq.shared.store.endpoints import EndpointRegistry
+from evalq.shared.store.rate import RateLimit
+from evalq.shared.store.responses import ResponseCache
+from evalq.shared.store.spend import RunMeter, Scope, TokenSpend
 
 LONG_KEY = "sk-proj-" + "A1b2C3d4E5" * 16  # 168 characters, as a provider's project key
 REQUEST = GenerationRequest("What is 1 plus 2?", 8)

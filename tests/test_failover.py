@@ -19,18 +19,18 @@ import pytest
 import redis
 from celery import Celery
 
-from producer.client import Client
-from producer.submit import SubmitRequest
-from producer.workers import LocalWorkers
-from shared.access.ledger import Ledger
-from shared.connection import connect
-from shared.errors import BudgetExhaustedError
-from shared.evaluation import load_plugins
-from shared.keys import RunKeys
-from shared.models import RunMeta, RunStatus
-from shared.queue.celery_app import create_app
-from shared.settings import Settings
-from shared.store.reader import ResultReader
+from evalq.producer.client import Client
+from evalq.producer.submit import SubmitRequest
+from evalq.producer.workers import LocalWorkers
+from evalq.shared.access.ledger import Ledger
+from evalq.shared.connection import connect
+from evalq.shared.errors import BudgetExhaustedError
+from evalq.shared.evaluation import load_plugins
+from evalq.shared.keys import RunKeys
+from evalq.shared.models import RunMeta, RunStatus
+from evalq.shared.queue.celery_app import create_app
+from evalq.shared.settings import Settings
+from evalq.shared.store.reader import ResultReader
 from tests.helpers import (
     assert_settled_once,
     audit_entries,

@@ -10,17 +10,17 @@ from pathlib import Path
 import pytest
 from scipy import stats as scipy_stats
 
-from producer.client import Client
-from producer.submit import SubmitRequest
-from shared.access.ladder import Mechanism, Release
-from shared.access.release import ReleaseStore
-from shared.errors import PermanentError
-from shared.failures import FailurePolicy, FailureRule, metric_samples
-from shared.settings import Settings
-from shared.stats import Z95, describe, paired
+from evalq.producer.client import Client
+from evalq.producer.submit import SubmitRequest
+from evalq.shared.access.ladder import Mechanism, Release
+from evalq.shared.access.release import ReleaseStore
+from evalq.shared.errors import PermanentError
+from evalq.shared.failures import FailurePolicy, FailureRule, metric_samples
+from evalq.shared.settings import Settings
+from evalq.shared.stats import Z95, describe, paired
+from evalq.worker.scoring import _checked_scores
 from tests.conftest import Stack
 from tests.helpers import ended_view, evalq, list_splits, wait_completed, write_rows
-from worker.scoring import _checked_scores
 
 
 def test_a_failed_sample_scores_each_metrics_worst_value_unless_skipped() -> None:
@@ -91,7 +91,7 @@ def test_a_score_outside_its_declared_range_fails_the_sample(value: float) -> No
 def test_a_paired_difference_of_0_1_metrics_stays_within_minus_one_to_one(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("shared.stats.PAIRED_BOOTSTRAP_MAX", 100)
+    monkeypatch.setattr("evalq.shared.stats.PAIRED_BOOTSTRAP_MAX", 100)
     delta = paired({i: 0.0 for i in range(101)}, {i: float(i != 0) for i in range(101)})
     assert delta is not None
     assert delta.method == "normal"

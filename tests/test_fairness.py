@@ -17,23 +17,26 @@ from pathlib import Path
 import pytest
 from kombu.common import QoS
 
-from producer.client import Client
-from producer.metrics import EvalqCollector
-from producer.redis_server import RedisServer
-from producer.rescore import RescoreRequest
-from producer.submit import SubmitRequest
-from shared.access.priorities import PriorityStore
-from shared.connection import connect
-from shared.errors import ForbiddenError
-from shared.keys import FAIR, FAIR_SCORE, RunKeys
-from shared.models import Priority, RunMeta, RunStatus, SampleTask, Stage
-from shared.queue.backlog import INFER_LANE, SCORE_LANE, Backlog, Capturer, Lane, Staged
-from shared.queue.broker import carried
-from shared.queue.celery_app import INFER_QUEUE, INFER_TASK, SCORE_QUEUE, create_app
-from shared.queue.sizing import publish
-from shared.settings import Settings
-from shared.store.reader import ResultReader
-from shared.store.runs import RunStore
+from evalq.producer.client import Client
+from evalq.producer.metrics import EvalqCollector
+from evalq.producer.redis_server import RedisServer
+from evalq.producer.rescore import RescoreRequest
+from evalq.producer.submit import SubmitRequest
+from evalq.shared.access.priorities import PriorityStore
+from evalq.shared.connection import connect
+from evalq.shared.errors import ForbiddenError
+from evalq.shared.keys import FAIR, FAIR_SCORE, RunKeys
+from evalq.shared.models import Priority, RunMeta, RunStatus, SampleTask, Stage
+from evalq.shared.queue.backlog import INFER_LANE, SCORE_LANE, Backlog, Capturer, Lane, Staged
+from evalq.shared.queue.broker import carried
+from evalq.shared.queue.celery_app import INFER_QUEUE, INFER_TASK, SCORE_QUEUE, create_app
+from evalq.shared.queue.sizing import publish
+from evalq.shared.settings import Settings
+from evalq.shared.store.reader import ResultReader
+from evalq.shared.store.runs import RunStore
+from evalq.worker.inference import infer_batch
+from evalq.worker.prefetch import LONG_BATCH, RECENT, Reserve
+from evalq.worker.scoring import score_batch
 from tests.conftest import Stack
 from tests.helpers import (
     assert_settled_once,
@@ -45,9 +48,6 @@ from tests.helpers import (
     write_rows,
 )
 from tests.test_batch import Bench, bench, server, task  # noqa: F401 - fixtures
-from worker.inference import infer_batch
-from worker.prefetch import LONG_BATCH, RECENT, Reserve
-from worker.scoring import score_batch
 
 QUEUE = "q"
 # The workers' flush timer where a test checks that a buffer ran without it: a batch that

@@ -23,13 +23,13 @@ from typing import Any
 
 import pytest
 
-from producer.client import Client
-from producer.submit import SubmitRequest
-from shared.models import RunMeta, RunStatus
-from shared.queue.backlog import Backlog
-from shared.queue.celery_app import INFER_QUEUE, SCORE_QUEUE
-from shared.settings import Settings
-from shared.store.presence import HEARTBEAT_MISSES
+from evalq.producer.client import Client
+from evalq.producer.submit import SubmitRequest
+from evalq.shared.models import RunMeta, RunStatus
+from evalq.shared.queue.backlog import Backlog
+from evalq.shared.queue.celery_app import INFER_QUEUE, SCORE_QUEUE
+from evalq.shared.settings import Settings
+from evalq.shared.store.presence import HEARTBEAT_MISSES
 from tests.conftest import Stack
 from tests.helpers import (
     REPO,
@@ -421,7 +421,7 @@ def test_with_no_worker_submit_warns_and_watch_says_why(fresh_stack: Stack, tmp_
     assert submitted.stderr.startswith("warning: no live worker (start one: evalq worker)")
     run_id = submitted.stdout.strip()
     watcher = subprocess.Popen(
-        [sys.executable, "-c", "from shared.cli import main; main()", "watch", run_id],
+        [sys.executable, "-c", "from evalq.shared.cli import main; main()", "watch", run_id],
         env=cli_env(url), cwd=REPO, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     assert watcher.stdout is not None
@@ -439,7 +439,7 @@ def test_watch_rides_out_a_redis_restart(fresh_stack: Stack, tmp_path: Path) -> 
     meta = _submit(stack, tmp_path, "spy", labelled_rows(20))
     url = stack.server.url
     watcher = subprocess.Popen(
-        [sys.executable, "-c", "from shared.cli import main; main()", "watch", meta.run_id],
+        [sys.executable, "-c", "from evalq.shared.cli import main; main()", "watch", meta.run_id],
         env=cli_env(url), cwd=REPO, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     assert watcher.stdout is not None

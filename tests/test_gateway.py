@@ -18,18 +18,18 @@ import httpx
 import pytest
 import redis
 
-from producer.acl import write_acl
-from producer.client import Client
-from producer.redis_server import RedisServer, free_port
-from producer.workers import LocalWorkers
-from shared.access.policy import Tier
-from shared.access.roles import Role
-from shared.connection import connect
-from shared.keys import AUDIT, DATASETS, PRIORITIES, TOKENS, RunKeys, budget_key, tiers_key
-from shared.models import RunStatus
-from shared.queue.celery_app import create_app
-from shared.settings import Settings
-from shared.store.reader import ResultReader
+from evalq.producer.acl import write_acl
+from evalq.producer.client import Client
+from evalq.producer.redis_server import RedisServer, free_port
+from evalq.producer.workers import LocalWorkers
+from evalq.shared.access.policy import Tier
+from evalq.shared.access.roles import Role
+from evalq.shared.connection import connect
+from evalq.shared.keys import AUDIT, DATASETS, PRIORITIES, TOKENS, RunKeys, budget_key, tiers_key
+from evalq.shared.models import RunStatus
+from evalq.shared.queue.celery_app import create_app
+from evalq.shared.settings import Settings
+from evalq.shared.store.reader import ResultReader
 from tests.helpers import (
     REPO,
     audit_entries,
@@ -82,7 +82,7 @@ class Door:
             HF_DATASETS_CACHE=str((home or self.root / "caller-hf") / "datasets"),
         )
         return subprocess.run(
-            [sys.executable, "-c", "from shared.cli import main; main()", *args],
+            [sys.executable, "-c", "from evalq.shared.cli import main; main()", *args],
             env=env, cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
         )  # fmt: skip
 
@@ -331,15 +331,15 @@ def test_the_openapi_schema_fuzzed_never_answers_5xx_or_hidden_samples(door: Doo
 
 
 def test_flower_and_metrics_work_with_the_monitor_credential(door: Door, tmp_path: Path) -> None:
-    from producer.metrics import serve
+    from evalq.producer.metrics import serve
     from tests.test_monitoring import FLOWER_AUTH, _get, _ok
 
     port = free_port()
     env = {**os.environ, "EVALQ_REDIS_URL": door.url("monitor"), "PYTHONPATH": str(REPO)}
     with (tmp_path / "flower.log").open("wb") as log:
         flower = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "worker.celery", "flower", f"--port={port}",
-             "--address=127.0.0.1", f"--basic-auth={':'.join(FLOWER_AUTH)}",
+            [sys.executable, "-m", "celery", "-A", "evalq.worker.celery", "flower",
+             f"--port={port}", "--address=127.0.0.1", f"--basic-auth={':'.join(FLOWER_AUTH)}",
              "--persistent=False"],
             env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip

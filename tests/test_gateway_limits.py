@@ -23,15 +23,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from producer.client import Client
-from producer.gateway.limits import RateLimiter, StreamSlots
-from producer.redis_server import RedisServer
-from producer.remote import RemoteClient
-from producer.submit import SubmitRequest
-from shared.access.policy import Tier
-from shared.access.roles import Caller, Role, sees_budget
-from shared.errors import ThrottledError
-from shared.settings import Settings
+from evalq.producer.client import Client
+from evalq.producer.gateway.limits import RateLimiter, StreamSlots
+from evalq.producer.redis_server import RedisServer
+from evalq.producer.remote import RemoteClient
+from evalq.producer.submit import SubmitRequest
+from evalq.shared.access.policy import Tier
+from evalq.shared.access.roles import Caller, Role, sees_budget
+from evalq.shared.errors import ThrottledError
+from evalq.shared.settings import Settings
 from tests.helpers import REPO, labelled_rows, wait_for, write_rows
 from tests.helpers import gateway as serve
 
@@ -99,7 +99,7 @@ def _cli(place: Place, api: str, token: str, *args: str) -> subprocess.Completed
     env = {k: v for k, v in os.environ.items() if not k.startswith("EVALQ_")}
     env.update(PYTHONPATH=str(REPO), EVALQ_API_URL=api, EVALQ_TOKEN=token, EVALQ_REDIS_URL=NOWHERE)
     return subprocess.run(
-        [sys.executable, "-c", "from shared.cli import main; main()", *args],
+        [sys.executable, "-c", "from evalq.shared.cli import main; main()", *args],
         env=env, cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
 

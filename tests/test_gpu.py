@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from worker.runtime_pool import resolve_device
+from evalq.worker.runtime_pool import resolve_device
 
 torch = pytest.importorskip("torch")
 
@@ -28,7 +28,7 @@ def test_one_worker_process_per_gpu() -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_demo_model_runs_on_the_gpu() -> None:
-    from shared.evaluation import create, load_plugins
+    from evalq.shared.evaluation import create, load_plugins
 
     load_plugins([])
     topic = create("topic")
@@ -41,8 +41,8 @@ def test_demo_model_runs_on_the_gpu() -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_isolated_inference_holds_the_model_on_the_gpu_in_its_own_process() -> None:
-    from shared.evaluation import create, load_plugins
-    from worker.model_proxy import ModelProxy
+    from evalq.shared.evaluation import create, load_plugins
+    from evalq.worker.model_proxy import ModelProxy
 
     load_plugins([])
     topic = create("topic")

@@ -1,4 +1,4 @@
-"""The gate in a worker's main process (``worker.intake.admit``), in-process: every hostile
+"""The gate in a worker's main process (``evalq.worker.intake.admit``), in-process: every hostile
 shape of message is refused with a one-line reason, before anything is decoded that is not
 JSON; a real payload passes with its ids as strict ints."""
 
@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from kombu.message import Message
 
-from shared.errors import PayloadError
-from worker.intake import MAX_BODY_BYTES, admit
+from evalq.shared.errors import PayloadError
+from evalq.worker.intake import MAX_BODY_BYTES, admit
 
 FP = "a" * 64
 GOOD: dict[str, Any] = {"run_id": "r1", "eval": "spy", "spec": FP, "sample_ids": [3, 4]}

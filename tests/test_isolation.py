@@ -15,18 +15,21 @@ from typing import Any
 import pytest
 import redis
 
-from producer.redis_server import RedisServer
-from producer.submit import SubmitRequest, submit
-from producer.workers import LocalWorkers
-from shared.connection import connect
-from shared.errors import InputError, ModelHostError, PermanentError
-from shared.evaluation import create, load_plugins
-from shared.isolation import landlock
-from shared.isolation.child_env import child_env
-from shared.queue.celery_app import create_app
-from shared.scorer import ScriptCall
-from shared.settings import Settings
-from shared.store.reader import ResultReader
+from evalq.producer.redis_server import RedisServer
+from evalq.producer.submit import SubmitRequest, submit
+from evalq.producer.workers import LocalWorkers
+from evalq.shared.connection import connect
+from evalq.shared.errors import InputError, ModelHostError, PermanentError
+from evalq.shared.evaluation import create, load_plugins
+from evalq.shared.isolation import landlock
+from evalq.shared.isolation.child_env import child_env
+from evalq.shared.queue.celery_app import create_app
+from evalq.shared.scorer import ScriptCall
+from evalq.shared.settings import Settings
+from evalq.shared.store.reader import ResultReader
+from evalq.worker.model_proxy import ModelProxy
+from evalq.worker.runtime_pool import RuntimePool
+from evalq.worker.script_pool import ScriptPool
 from tests.conftest import Stack
 from tests.helpers import (
     REPO,
@@ -39,9 +42,6 @@ from tests.helpers import (
     write_rows,
 )
 from tests.plugins import FORGED
-from worker.model_proxy import ModelProxy
-from worker.runtime_pool import RuntimePool
-from worker.script_pool import ScriptPool
 
 ROWS = [{"text": "a"}, {"text": "b"}]
 

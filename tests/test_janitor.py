@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from producer.redis_server import RedisServer
-from shared.keys import ACTIVE, AUDIT, RUNS, RunKeys
-from shared.models import RunMeta, RunStatus
-from shared.queue.backlog import SCORE_LANE, Backlog, capture
-from shared.queue.broker import Broker, carried
-from shared.queue.celery_app import (
+from evalq.producer.redis_server import RedisServer
+from evalq.shared.keys import ACTIVE, AUDIT, RUNS, RunKeys
+from evalq.shared.models import RunMeta, RunStatus
+from evalq.shared.queue.backlog import SCORE_LANE, Backlog, capture
+from evalq.shared.queue.broker import Broker, carried
+from evalq.shared.queue.celery_app import (
     ARCHIVE_TASK,
     INFER_QUEUE,
     INFER_TASK,
@@ -29,15 +29,15 @@ from shared.queue.celery_app import (
     SCORE_TASK,
     create_app,
 )
-from shared.queue.sizing import publish, split
-from shared.settings import Settings
-from shared.store.presence import Presence, WorkerBeat
-from shared.store.retention import retain
+from evalq.shared.queue.sizing import publish, split
+from evalq.shared.settings import Settings
+from evalq.shared.store.presence import Presence, WorkerBeat
+from evalq.shared.store.retention import retain
+from evalq.worker.archiver import spill_run
+from evalq.worker.janitor import Janitor
+from evalq.worker.scoring import score_batch
 from tests.helpers import labelled_rows, wait_for
 from tests.test_batch import Bench, bench, server, task  # noqa: F401 - fixtures
-from worker.archiver import spill_run
-from worker.janitor import Janitor
-from worker.scoring import score_batch
 
 STALL = 0.05
 

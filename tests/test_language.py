@@ -14,25 +14,25 @@ from pathlib import Path
 import huggingface_hub
 import pytest
 
-from producer.client import Client
-from producer.commands.submit import point as point_of
-from producer.page import render
-from producer.report import gather
-from producer.rescore import RescoreRequest
-from producer.submit import SubmitRequest
-from shared.access.policy import Tier
-from shared.access.roles import Role
-from shared.access.tiers import TierRegistry
-from shared.cli import python
-from shared.errors import InputError, TierRefusedError, UnknownEvalError
-from shared.evals.language import LanguageEvaluation, evaluation_of
-from shared.lm.hf import HFModel
-from shared.lm.request import ChoiceRequest, ChoiceScore
-from shared.lm.run import LanguageRun
-from shared.lm.spec import ModelSpec, canonical, folder, identity, is_local
-from shared.lm.task import TaskSpec
-from shared.models import Usage, to_json, with_usage
-from shared.store.wire import result_line, result_of, text_line
+from evalq.producer.client import Client
+from evalq.producer.commands.submit import point as point_of
+from evalq.producer.page import render
+from evalq.producer.report import gather
+from evalq.producer.rescore import RescoreRequest
+from evalq.producer.submit import SubmitRequest
+from evalq.shared.access.policy import Tier
+from evalq.shared.access.roles import Role
+from evalq.shared.access.tiers import TierRegistry
+from evalq.shared.cli import python
+from evalq.shared.errors import InputError, TierRefusedError, UnknownEvalError
+from evalq.shared.evals.language import LanguageEvaluation, evaluation_of
+from evalq.shared.lm.hf import HFModel
+from evalq.shared.lm.request import ChoiceRequest, ChoiceScore
+from evalq.shared.lm.run import LanguageRun
+from evalq.shared.lm.spec import ModelSpec, canonical, folder, identity, is_local
+from evalq.shared.lm.task import TaskSpec
+from evalq.shared.models import Usage, to_json, with_usage
+from evalq.shared.store.wire import result_line, result_of, text_line
 from tests.conftest import Stack
 from tests.helpers import REPO, cli_env, gateway, list_splits, wait_completed, write_rows
 from tests.lm_fixtures import tiny_model
@@ -260,7 +260,7 @@ def test_the_language_demo_runs_both_tasks_and_reports_tokens(
     """``evalq demo --lm`` end to end (a private Redis, a worker, both built-in tasks), on the
     tiny model instead of SmolLM2 (``make lm`` is not part of the test install)."""
     result = subprocess.run(
-        [*python("-c", "from shared.cli import main; main()"), "demo", "--lm", "--json",
+        [*python("-c", "from evalq.shared.cli import main; main()"), "demo", "--lm", "--json",
          "--model", f"hf/{model_root / 'tiny'}", "--out", str(tmp_path)],
         env={k: v for k, v in os.environ.items() if not k.startswith("EVALQ_")},
         cwd=REPO, capture_output=True, text=True, timeout=600, check=False,
@@ -376,7 +376,7 @@ def test_the_cli_registers_lists_and_runs_a_task_through_the_gateway(
         def cli(token: str, *args: str) -> subprocess.CompletedProcess[str]:
             env = cli_env("redis://must-not-be-read.invalid:1/0", EVALQ_API_URL=api)
             return subprocess.run(
-                [*python("-c", "from shared.cli import main; main()"), *args],
+                [*python("-c", "from evalq.shared.cli import main; main()"), *args],
                 env={**env, "EVALQ_TOKEN": token}, cwd=REPO, capture_output=True, text=True,
                 timeout=120, check=False,
             )  # fmt: skip

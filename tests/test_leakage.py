@@ -16,19 +16,19 @@ from dataclasses import dataclass
 import pytest
 import redis
 
-from producer.client import Client
-from producer.policy_file import PolicyFile
-from producer.redis_server import RedisServer
-from producer.remote import RemoteClient
-from producer.submit import SubmitRequest
-from producer.workers import LocalWorkers
-from shared.access.policy import Tier
-from shared.access.roles import Role
-from shared.connection import connect
-from shared.errors import RemoteError, TierRefusedError
-from shared.models import RunStatus
-from shared.queue.celery_app import create_app
-from shared.settings import Settings
+from evalq.producer.client import Client
+from evalq.producer.policy_file import PolicyFile
+from evalq.producer.redis_server import RedisServer
+from evalq.producer.remote import RemoteClient
+from evalq.producer.submit import SubmitRequest
+from evalq.producer.workers import LocalWorkers
+from evalq.shared.access.policy import Tier
+from evalq.shared.access.roles import Role
+from evalq.shared.connection import connect
+from evalq.shared.errors import RemoteError, TierRefusedError
+from evalq.shared.models import RunStatus
+from evalq.shared.queue.celery_app import create_app
+from evalq.shared.settings import Settings
 from tests.helpers import REPO, audit_entries, serving, wait_for, wilson, write_rows
 
 pytestmark = pytest.mark.integration

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from shared.errors import InputError
-from shared.lm import local
-from shared.settings import Settings
+from evalq.shared.errors import InputError
+from evalq.shared.lm import local
+from evalq.shared.settings import Settings
 
 
 @pytest.fixture

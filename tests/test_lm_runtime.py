@@ -15,10 +15,10 @@ import huggingface_hub.constants
 import pytest
 import torch
 
-from shared.errors import InputError
-from shared.lm.hf import HFModel
-from shared.lm.request import ChoiceRequest, GenerationRequest
-from shared.lm.spec import ModelSpec, identity
+from evalq.shared.errors import InputError
+from evalq.shared.lm.hf import HFModel
+from evalq.shared.lm.request import ChoiceRequest, GenerationRequest
+from evalq.shared.lm.spec import ModelSpec, identity
 from tests.lm_fixtures import BOS, tiny_model
 
 PROMPTS = [

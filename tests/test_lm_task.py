@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from shared.errors import InputError, PermanentError, PluginError
-from shared.lm import scorers
-from shared.lm.scorers import last_number, register_scorer, registered_scorers, scorer
-from shared.lm.task import TaskSpec, fewshot_indices
+from evalq.shared.errors import InputError, PermanentError, PluginError
+from evalq.shared.lm import scorers
+from evalq.shared.lm.scorers import last_number, register_scorer, registered_scorers, scorer
+from evalq.shared.lm.task import TaskSpec, fewshot_indices
 
 MINIMAL = """\
 prompt: "What is {a} plus {b}? Answer with only the number."   # fields of the row

@@ -20,20 +20,20 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from producer.client import Client
-from producer.metrics import serve
-from producer.page import render, render_comparison
-from producer.redis_server import free_port
-from producer.report import Report, gather
-from producer.submit import SubmitRequest
-from shared.access.ledger import Ledger
-from shared.data.loading import Sharding
-from shared.lm.limits import EndpointLimits
-from shared.models import RunMeta
-from shared.settings import Settings
-from shared.store.endpoints import EndpointRegistry
-from shared.store.rate import RateLimit
-from shared.store.reader import ResultReader
+from evalq.producer.client import Client
+from evalq.producer.metrics import serve
+from evalq.producer.page import render, render_comparison
+from evalq.producer.redis_server import free_port
+from evalq.producer.report import Report, gather
+from evalq.producer.submit import SubmitRequest
+from evalq.shared.access.ledger import Ledger
+from evalq.shared.data.loading import Sharding
+from evalq.shared.lm.limits import EndpointLimits
+from evalq.shared.models import RunMeta
+from evalq.shared.settings import Settings
+from evalq.shared.store.endpoints import EndpointRegistry
+from evalq.shared.store.rate import RateLimit
+from evalq.shared.store.reader import ResultReader
 from tests.conftest import Stack
 from tests.helpers import (
     REPO,
@@ -100,7 +100,7 @@ def flower(fresh_stack: Stack, tmp_path: Path) -> Iterator[str]:
     port = free_port()
     log = (tmp_path / "flower.log").open("w")
     process = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "worker.celery", "flower", f"--port={port}",
+        [sys.executable, "-m", "celery", "-A", "evalq.worker.celery", "flower", f"--port={port}",
          "--address=127.0.0.1", f"--basic-auth={':'.join(FLOWER_AUTH)}", "--persistent=False"],
         env=cli_env(fresh_stack.server.url),
         cwd=REPO,

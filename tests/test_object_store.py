@@ -21,24 +21,24 @@ from typing import Any
 
 import pytest
 
-from producer.client import Client
-from producer.redis_server import RedisServer
-from producer.remote import RemoteClient
-from producer.submit import SubmitRequest
-from producer.workers import LocalWorkers
-from shared.access.policy import Tier
-from shared.access.registry import DatasetRegistry
-from shared.access.roles import Role
-from shared.access.tiers import TierRegistry
-from shared.connection import connect
-from shared.data.loading import load_rows, spec_of
-from shared.data.remote import materialize, remote_splits
-from shared.data.spec import DatasetSpec, RemoteSource
-from shared.errors import SpecError
-from shared.evaluation import load_plugins
-from shared.keys import AUDIT, DATASET_FILES, DATASETS, RUNS, RunKeys
-from shared.models import RunStatus
-from shared.settings import Settings, get_settings
+from evalq.producer.client import Client
+from evalq.producer.redis_server import RedisServer
+from evalq.producer.remote import RemoteClient
+from evalq.producer.submit import SubmitRequest
+from evalq.producer.workers import LocalWorkers
+from evalq.shared.access.policy import Tier
+from evalq.shared.access.registry import DatasetRegistry
+from evalq.shared.access.roles import Role
+from evalq.shared.access.tiers import TierRegistry
+from evalq.shared.connection import connect
+from evalq.shared.data.loading import load_rows, spec_of
+from evalq.shared.data.remote import materialize, remote_splits
+from evalq.shared.data.spec import DatasetSpec, RemoteSource
+from evalq.shared.errors import SpecError
+from evalq.shared.evaluation import load_plugins
+from evalq.shared.keys import AUDIT, DATASET_FILES, DATASETS, RUNS, RunKeys
+from evalq.shared.models import RunStatus
+from evalq.shared.settings import Settings, get_settings
 from tests.conftest import Stack
 from tests.helpers import (
     cli_env,

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from producer.client import Client
-from shared.access.ledger import Ledger
-from shared.errors import ParamError
-from shared.evaluation import create, load_plugins
-from shared.keys import RUNS
+from evalq.producer.client import Client
+from evalq.shared.access.ledger import Ledger
+from evalq.shared.errors import ParamError
+from evalq.shared.evaluation import create, load_plugins
+from evalq.shared.keys import RUNS
 from tests.conftest import Door, Stack
 from tests.helpers import labelled_rows, list_splits, write_rows
 

@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from producer.submit import SubmitRequest, submit
-from shared.keys import RunKeys
-from shared.models import RunMeta
-from shared.queue.backlog import Backlog
-from shared.queue.celery_app import INFER_QUEUE, INFER_TASK, SCORE_QUEUE, SCORE_TASK
-from shared.queue.sizing import MIN_MESSAGE_SAMPLES, publish, split
-from shared.store.reader import ResultReader
+from evalq.producer.submit import SubmitRequest, submit
+from evalq.shared.keys import RunKeys
+from evalq.shared.models import RunMeta
+from evalq.shared.queue.backlog import Backlog
+from evalq.shared.queue.celery_app import INFER_QUEUE, INFER_TASK, SCORE_QUEUE, SCORE_TASK
+from evalq.shared.queue.sizing import MIN_MESSAGE_SAMPLES, publish, split
+from evalq.shared.store.reader import ResultReader
 from tests.conftest import Stack
 from tests.helpers import (
     expected_accuracy,

@@ -14,19 +14,19 @@ from pathlib import Path
 import pytest
 import redis
 
-from producer.client import Client
-from producer.redis_server import RedisServer
-from producer.submit import SubmitRequest
-from shared.access.ledger import Ledger
-from shared.access.policy import Tier
-from shared.access.tiers import TierRegistry
-from shared.connection import connect
-from shared.errors import BudgetExhaustedError, PolicyRefusedError, TierRefusedError
-from shared.keys import AUDIT, FAIR, JANITOR, RUNS, RunKeys, budget_key
-from shared.models import ErrorRecord, Stage
-from shared.queue.celery_app import create_app
-from shared.settings import Settings
-from shared.store.writer import ResultWriter
+from evalq.producer.client import Client
+from evalq.producer.redis_server import RedisServer
+from evalq.producer.submit import SubmitRequest
+from evalq.shared.access.ledger import Ledger
+from evalq.shared.access.policy import Tier
+from evalq.shared.access.tiers import TierRegistry
+from evalq.shared.connection import connect
+from evalq.shared.errors import BudgetExhaustedError, PolicyRefusedError, TierRefusedError
+from evalq.shared.keys import AUDIT, FAIR, JANITOR, RUNS, RunKeys, budget_key
+from evalq.shared.models import ErrorRecord, Stage
+from evalq.shared.queue.celery_app import create_app
+from evalq.shared.settings import Settings
+from evalq.shared.store.writer import ResultWriter
 from tests.conftest import Stack
 from tests.helpers import (
     REPO,
@@ -50,8 +50,8 @@ RACER_PROCESSES = 2
 
 _RACERS = """
 import sys, threading
-from shared.connection import connect
-from shared.errors import BudgetExhaustedError
+from evalq.shared.connection import connect
+from evalq.shared.errors import BudgetExhaustedError
 from tests.helpers import charge_run
 url, samples, first, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 won = []
@@ -398,9 +398,9 @@ def test_cancel_refunds_exactly_the_unproduced_samples_once(
 
 _KILLED_AFTER = """
 import os, signal, sys
-from shared.cli import main
-from shared.access.ledger import Ledger
-from shared.store.runs import RunStore
+from evalq.shared.cli import main
+from evalq.shared.access.ledger import Ledger
+from evalq.shared.store.runs import RunStore
 owner = {"reserve": Ledger, "create": RunStore}[sys.argv[1]]
 original = getattr(owner, sys.argv[1])
 def then_killed(self, *args, **kwargs):

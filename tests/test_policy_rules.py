@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from producer.policy_file import load_policy
-from producer.submit import draw_ids
-from shared.access.policy import (
+from evalq.producer.policy_file import load_policy
+from evalq.producer.submit import draw_ids
+from evalq.shared.access.policy import (
     MIN_AGGREGATE_SAMPLES,
     Access,
     Tier,
@@ -22,10 +22,10 @@ from shared.access.policy import (
     server_draws,
     stored_tier,
 )
-from shared.access.roles import Caller, Role, admit_admin_flag, admit_owner, require_admin
-from shared.connection import connect, redact
-from shared.errors import ForbiddenError, InputError, PolicyError, TierRefusedError
-from shared.names import check_name, is_name
+from evalq.shared.access.roles import Caller, Role, admit_admin_flag, admit_owner, require_admin
+from evalq.shared.connection import connect, redact
+from evalq.shared.errors import ForbiddenError, InputError, PolicyError, TierRefusedError
+from evalq.shared.names import check_name, is_name
 
 
 @pytest.mark.parametrize("raw", [None, "", "VIEWABLE", "viewable ", "public", b"x", 3])

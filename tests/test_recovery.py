@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from producer.client import Client
-from producer.submit import SubmitRequest
-from shared.access.ledger import Ledger
-from shared.models import RunMeta, RunStatus
-from shared.settings import Settings
-from shared.store.reader import ResultReader
+from evalq.producer.client import Client
+from evalq.producer.submit import SubmitRequest
+from evalq.shared.access.ledger import Ledger
+from evalq.shared.models import RunMeta, RunStatus
+from evalq.shared.settings import Settings
+from evalq.shared.store.reader import ResultReader
 from tests.conftest import Stack
 from tests.helpers import (
     REPO,
@@ -211,7 +211,7 @@ def test_results_follow_streams_lines_before_the_run_completes(
     stack.start_workers(queues="score")  # scoring goes on while inference waits at the gate
     meta = _submit(stack, tmp_path, n=400)
     follower = subprocess.Popen(
-        [sys.executable, "-c", "from shared.cli import main; main()",
+        [sys.executable, "-c", "from evalq.shared.cli import main; main()",
          "results", meta.run_id, "--follow"],
         env=cli_env(stack.server.url), cwd=REPO, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip

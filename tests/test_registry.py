@@ -8,23 +8,23 @@ from pathlib import Path
 
 import pytest
 
-from producer.policy_file import apply_policy, load_policy
-from producer.redis_server import RedisServer
-from shared.access.ledger import Ledger
-from shared.access.policy import Tier
-from shared.access.registry import DatasetRegistry
-from shared.access.tiers import TierRegistry
-from shared.connection import connect
-from shared.data.loading import spec_of
-from shared.data.spec import LocalSource
-from shared.errors import (
+from evalq.producer.policy_file import apply_policy, load_policy
+from evalq.producer.redis_server import RedisServer
+from evalq.shared.access.ledger import Ledger
+from evalq.shared.access.policy import Tier
+from evalq.shared.access.registry import DatasetRegistry
+from evalq.shared.access.tiers import TierRegistry
+from evalq.shared.connection import connect
+from evalq.shared.data.loading import spec_of
+from evalq.shared.data.spec import LocalSource
+from evalq.shared.errors import (
     BudgetExhaustedError,
     DataError,
     InputError,
     SpecError,
     SplitNotFoundError,
 )
-from shared.keys import DATASET_FILES, budget_key
+from evalq.shared.keys import DATASET_FILES, budget_key
 from tests.helpers import audit_entries, charge_run, labelled_rows, write_rows
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from producer.policy_file import apply_policy, load_policy
-from producer.redis_server import RedisServer
-from shared.access.ladder import (
+from evalq.producer.policy_file import apply_policy, load_policy
+from evalq.producer.redis_server import RedisServer
+from evalq.shared.access.ladder import (
     Best,
     Mechanism,
     Release,
@@ -22,12 +22,12 @@ from shared.access.ladder import (
     release,
     release_rule,
 )
-from shared.access.policy import Access, Reader, Tier
-from shared.access.release import ReleaseStore
-from shared.access.tiers import TierRegistry
-from shared.connection import connect
-from shared.errors import PolicyError
-from shared.models import RunMeta
+from evalq.shared.access.policy import Access, Reader, Tier
+from evalq.shared.access.release import ReleaseStore
+from evalq.shared.access.tiers import TierRegistry
+from evalq.shared.connection import connect
+from evalq.shared.errors import PolicyError
+from evalq.shared.models import RunMeta
 
 LADDER = ReleaseRule(Mechanism.LADDER)
 

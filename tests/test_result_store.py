@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 import redis
 
-from producer.redis_server import RedisServer, find_redis_server
-from shared.connection import connect
-from shared.errors import EvalqError
-from shared.evaluation import create, load_plugins
-from shared.models import ErrorRecord, RunMeta, RunStatus, Stage
-from shared.store.reader import ResultReader
-from shared.store.runs import RunStore
-from shared.store.writer import ResultWriter
+from evalq.producer.redis_server import RedisServer, find_redis_server
+from evalq.shared.connection import connect
+from evalq.shared.errors import EvalqError
+from evalq.shared.evaluation import create, load_plugins
+from evalq.shared.models import ErrorRecord, RunMeta, RunStatus, Stage
+from evalq.shared.store.reader import ResultReader
+from evalq.shared.store.runs import RunStore
+from evalq.shared.store.writer import ResultWriter
 from tests.helpers import record_run
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from shared.isolation import landlock
+from evalq.shared.isolation import landlock
 from tests.helpers import REPO
 
 PROBE = """
@@ -44,10 +44,10 @@ def pair():
     a.close(), b.close()
 
 target, port, home = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-from shared.isolation import landlock
-from shared.isolation import sandbox
-from shared.isolation import seccomp
-from shared.isolation.privilege import drop_capabilities
+from evalq.shared.isolation import landlock
+from evalq.shared.isolation import sandbox
+from evalq.shared.isolation import seccomp
+from evalq.shared.isolation.privilege import drop_capabilities
 drop_capabilities()
 report = None
 SETUP
@@ -147,7 +147,7 @@ def test_landlock_alone_refuses_files_and_tcp(tmp_path: Path, listener: int) -> 
 def _user_namespaces() -> bool:
     """Whether a process without capabilities may make a user namespace here."""
     code = (
-        "import ctypes, sys; from shared.isolation.privilege import drop_capabilities; "
+        "import ctypes, sys; from evalq.shared.isolation.privilege import drop_capabilities; "
         "drop_capabilities(); sys.exit(ctypes.CDLL(None).unshare(0x10000000 | 0x40000000))"
     )
     done = subprocess.run(

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from producer.submit import SubmitRequest, submit
-from shared.errors import ScriptError
-from shared.evals.arithmetic import Arithmetic, arithmetic_rows
-from shared.scorer import ScriptCall, ScriptScorer, run_cold
-from shared.store.reader import ResultReader
+from evalq.producer.submit import SubmitRequest, submit
+from evalq.shared.errors import ScriptError
+from evalq.shared.evals.arithmetic import Arithmetic, arithmetic_rows
+from evalq.shared.scorer import ScriptCall, ScriptScorer, run_cold
+from evalq.shared.store.reader import ResultReader
+from evalq.worker.script_pool import ScriptPool
 from tests.conftest import Stack
 from tests.helpers import list_splits, wait_completed, write_rows
-from worker.script_pool import ScriptPool
 
 # The arithmetic scorer with a deadline per call that a busy machine does not reach: these
 # tests check what it answers, not how fast.

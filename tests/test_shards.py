@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 import redis
 
-from producer.demo_data import write_demo_dataset
-from producer.redis_server import RedisServer
-from producer.submit import SubmitRequest, submit
-from shared.connection import connect
-from shared.data.loading import Sharding, build_spec, shard_of_rows, stream_texts
-from shared.data.routing import (
+from evalq.producer.demo_data import write_demo_dataset
+from evalq.producer.redis_server import RedisServer
+from evalq.producer.submit import SubmitRequest, submit
+from evalq.shared.connection import connect
+from evalq.shared.data.loading import Sharding, build_spec, shard_of_rows, stream_texts
+from evalq.shared.data.routing import (
     Contiguous,
     Featurizer,
     KMeans,
@@ -30,15 +30,15 @@ from shared.data.routing import (
     assign,
     fit_kmeans,
 )
-from shared.data.spec import DatasetSpec, LocalSource, publish_spec
-from shared.errors import InputError
-from shared.models import RunMeta, RunStatus, SampleTask
-from shared.queue.celery_app import INFER_QUEUE, INFER_TASK
-from shared.queue.sizing import publish, split
-from shared.store.reader import ResultReader
+from evalq.shared.data.spec import DatasetSpec, LocalSource, publish_spec
+from evalq.shared.errors import InputError
+from evalq.shared.models import RunMeta, RunStatus, SampleTask
+from evalq.shared.queue.celery_app import INFER_QUEUE, INFER_TASK
+from evalq.shared.queue.sizing import publish, split
+from evalq.shared.store.reader import ResultReader
+from evalq.worker.shard_cache import ShardCache, rows_digest
 from tests.conftest import Stack
 from tests.helpers import REPO, list_splits, record_run, wait_ended
-from worker.shard_cache import ShardCache, rows_digest
 
 ROUTINGS = (
     Sharding(shards=3),
@@ -105,8 +105,8 @@ def test_a_spec_rejects_centroids_that_do_not_fit_its_shards(demo_folder: Path) 
 
 
 def test_routing_by_a_label_field_is_refused(redis_only: RedisServer, demo_folder: Path) -> None:
-    from shared.queue.celery_app import create_app
-    from shared.settings import Settings
+    from evalq.shared.queue.celery_app import create_app
+    from evalq.shared.settings import Settings
 
     client = connect(redis_only.url)
     app = create_app(Settings(redis_url=redis_only.url))
@@ -170,8 +170,8 @@ def test_the_kmeans_fit_streams_only_its_sample(tmp_path: Path) -> None:
 
 _MATERIALIZE = """
 import json, sys
-from shared.connection import connect
-from worker.shard_cache import ShardCache, rows_digest
+from evalq.shared.connection import connect
+from evalq.worker.shard_cache import ShardCache, rows_digest
 cache = ShardCache(connect(sys.argv[1]), capacity=1)
 specs = json.loads(sys.argv[2])
 print(json.dumps({fp: [rows_digest(cache.shard(fp, k)) for k in range(shards)]
@@ -248,9 +248,9 @@ def test_the_shard_cap_holds_and_a_rebuilt_shard_has_the_same_rows(
 def test_a_message_body_holds_ids_only_grouped_by_shard(
     redis_only: RedisServer, demo_folder: Path
 ) -> None:
-    from shared.queue.backlog import Backlog
-    from shared.queue.celery_app import create_app
-    from shared.settings import Settings
+    from evalq.shared.queue.backlog import Backlog
+    from evalq.shared.queue.celery_app import create_app
+    from evalq.shared.settings import Settings
 
     client = connect(redis_only.url)
     app = create_app(Settings(redis_url=redis_only.url))

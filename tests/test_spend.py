@@ -1,5 +1,5 @@
-"""The token ledger (:mod:`shared.store.spend`) on a real redis-server: holds that never take a
-budget past its total however many race for it, charges of the usage reported, holds of dead
+"""The token ledger (:mod:`evalq.shared.store.spend`) on a real redis-server: holds that never take
+a budget past its total however many race for it, charges of the usage reported, holds of dead
 workers let go after their deadline, and the budgets that show it all."""
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from producer.redis_server import RedisServer
-from shared.access.ledger import Ledger
-from shared.connection import connect
-from shared.errors import TokensExhausted
-from shared.keys import HOLDS, UNSENT
-from shared.models import RunMeta
-from shared.store.spend import RunMeter, Scope, TokenSpend
+from evalq.producer.redis_server import RedisServer
+from evalq.shared.access.ledger import Ledger
+from evalq.shared.connection import connect
+from evalq.shared.errors import TokensExhausted
+from evalq.shared.keys import HOLDS, UNSENT
+from evalq.shared.models import RunMeta
+from evalq.shared.store.spend import RunMeter, Scope, TokenSpend
 from tests.helpers import evalq_in_process, wait_for
 
 

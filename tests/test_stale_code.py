@@ -17,7 +17,7 @@ from tests.helpers import evalq, labelled_rows, list_splits, wait_ended, wait_fo
 pytestmark = pytest.mark.integration
 
 PLUGIN = """
-from shared.evaluation import Evaluation, register
+from evalq.shared.evaluation import Evaluation, register
 
 
 @register("edited")

@@ -15,16 +15,16 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from producer.charts import aggregates_chart
-from producer.client import Client
-from producer.submit import SubmitRequest
-from producer.sweep import grid, parse_sweeps, read_sweep_file
-from shared.access.ladder import Mechanism, ReleaseRule, released_stats
-from shared.errors import InputError
-from shared.models import RunStatus
-from shared.queue.backlog import Backlog
-from shared.settings import Settings
-from shared.stats import Z95, Stat, describe, holm, paired
+from evalq.producer.charts import aggregates_chart
+from evalq.producer.client import Client
+from evalq.producer.submit import SubmitRequest
+from evalq.producer.sweep import grid, parse_sweeps, read_sweep_file
+from evalq.shared.access.ladder import Mechanism, ReleaseRule, released_stats
+from evalq.shared.errors import InputError
+from evalq.shared.models import RunStatus
+from evalq.shared.queue.backlog import Backlog
+from evalq.shared.settings import Settings
+from evalq.shared.stats import Z95, Stat, describe, holm, paired
 from tests.conftest import Stack
 from tests.helpers import (
     ended_view,
@@ -132,10 +132,10 @@ def test_a_resample_that_breaks_one_metric_costs_only_its_error_bar(
         return {"acc": sum(s["acc"] for s in scores) / len(scores)}
 
     assert describe(values, fussy)["acc"].method.startswith("bootstrap (")
-    monkeypatch.setattr("shared.stats.BOOTSTRAP_WORK", 100 * 12)  # 100 rounds, half usable
+    monkeypatch.setattr("evalq.shared.stats.BOOTSTRAP_WORK", 100 * 12)  # 100 rounds, half usable
     half = describe(values, fussy)["acc"]
     assert half.method == "bootstrap: 47 usable resamples of 100, no error bar"
-    monkeypatch.setattr("shared.stats.BOOTSTRAP_WORK", 10 * 12)  # under the 50-round floor
+    monkeypatch.setattr("evalq.shared.stats.BOOTSTRAP_WORK", 10 * 12)  # under the 50-round floor
     large = describe(values, fussy)["acc"]
     assert (large.stderr, large.method) == (
         None,
@@ -146,7 +146,7 @@ def test_a_resample_that_breaks_one_metric_costs_only_its_error_bar(
 def test_a_large_paired_comparison_uses_the_normal_interval(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("shared.stats.PAIRED_BOOTSTRAP_MAX", 100)
+    monkeypatch.setattr("evalq.shared.stats.PAIRED_BOOTSTRAP_MAX", 100)
     a = {i: float(i % 2) for i in range(400)}
     b = {i: float(i % 3 == 0) for i in range(400)}
     delta = paired(a, b)

@@ -11,14 +11,19 @@ from typing import Any
 import pytest
 from kombu.transport.redis import Channel
 
-from producer.client import Client
-from producer.submit import SubmitRequest, submit
-from producer.workers import LocalWorkers
-from shared.queue.backlog import Backlog
-from shared.queue.celery_app import INFER_QUEUE
-from shared.queue.sizing import MESSAGE_SAMPLES, MIN_MESSAGE_SAMPLES, MIN_MESSAGES, message_size
-from shared.settings import Settings
-from shared.store.reader import ResultReader
+from evalq.producer.client import Client
+from evalq.producer.submit import SubmitRequest, submit
+from evalq.producer.workers import LocalWorkers
+from evalq.shared.queue.backlog import Backlog
+from evalq.shared.queue.celery_app import INFER_QUEUE
+from evalq.shared.queue.sizing import (
+    MESSAGE_SAMPLES,
+    MIN_MESSAGE_SAMPLES,
+    MIN_MESSAGES,
+    message_size,
+)
+from evalq.shared.settings import Settings
+from evalq.shared.store.reader import ResultReader
 from tests.conftest import Stack
 from tests.helpers import (
     REPO,
@@ -114,7 +119,7 @@ import sys
 sys.path.insert(0, {repo!r})
 from tests.plugins import CHURN_MIB, heap_churn
 if sys.argv[1] == "keep":
-    from worker.heap import keep_freed_memory
+    from evalq.worker.heap import keep_freed_memory
     assert keep_freed_memory()
 print(heap_churn(CHURN_MIB))
 """

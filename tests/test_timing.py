@@ -20,20 +20,20 @@ from pathlib import Path
 
 import pytest
 
-from producer.client import Client
-from producer.page import render
-from producer.redis_server import RedisServer
-from producer.report import gather
-from producer.submit import SubmitRequest
-from shared.access.policy import TIMING_GRAIN, Tier, coarse_timing
-from shared.access.tiers import TierRegistry
-from shared.connection import connect, server_time
-from shared.errors import TierRefusedError
-from shared.evaluation import create, load_plugins
-from shared.models import ErrorRecord, Progress, RunMeta, RunStatus, Stage
-from shared.settings import Settings
-from shared.store.runs import RunFilter
-from shared.store.writer import ResultWriter
+from evalq.producer.client import Client
+from evalq.producer.page import render
+from evalq.producer.redis_server import RedisServer
+from evalq.producer.report import gather
+from evalq.producer.submit import SubmitRequest
+from evalq.shared.access.policy import TIMING_GRAIN, Tier, coarse_timing
+from evalq.shared.access.tiers import TierRegistry
+from evalq.shared.connection import connect, server_time
+from evalq.shared.errors import TierRefusedError
+from evalq.shared.evaluation import create, load_plugins
+from evalq.shared.models import ErrorRecord, Progress, RunMeta, RunStatus, Stage
+from evalq.shared.settings import Settings
+from evalq.shared.store.runs import RunFilter
+from evalq.shared.store.writer import ResultWriter
 from tests.helpers import labelled_rows, list_splits, record_run, wilson, write_rows
 
 RUNS = 200

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from producer.client import Client
-from shared.access.roles import Role
-from shared.keys import RUNS
+from evalq.producer.client import Client
+from evalq.shared.access.roles import Role
+from evalq.shared.keys import RUNS
 from tests.conftest import NOWHERE, Door, Stack
 from tests.helpers import (
     cli_env,

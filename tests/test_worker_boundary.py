@@ -19,10 +19,10 @@ import httpx
 import pytest
 import redis
 
-from shared.access.policy import Tier
-from shared.errors import EvalqError
-from shared.keys import RUNS, RunKeys, budget_key
-from shared.models import RunStatus
+from evalq.shared.access.policy import Tier
+from evalq.shared.errors import EvalqError
+from evalq.shared.keys import RUNS, RunKeys, budget_key
+from evalq.shared.models import RunStatus
 from tests.helpers import gateway, wait_for, write_rows
 from tests.test_gateway import Door, _run_id, door  # noqa: F401
 

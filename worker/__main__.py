@@ -1,5 +1,5 @@
-"""``python -m worker``: the same as ``evalq worker``."""
+"""``python -m evalq.worker``: the same as ``evalq worker``."""
 
-from worker.commands import main
+from evalq.worker.commands import main
 
 main()

@@ -34,8 +34,8 @@ from dataclasses import dataclass
 
 import redis
 
-from shared.store.aggregate import error_kinds
-from shared.store.archive import (
+from evalq.shared.store.aggregate import error_kinds
+from evalq.shared.store.archive import (
     PART_ROWS,
     ArchiveWriter,
     remove_others,
@@ -43,11 +43,11 @@ from shared.store.archive import (
     spill_url,
     write_part,
 )
-from shared.store.provenance import ProvenanceStore
-from shared.store.reader import ResultReader
-from shared.store.runs import RunStore
-from shared.store.seal import Sealer, SealOutcome, bucketed
-from shared.store.spill import Spill, Spiller, SpillOutcome
+from evalq.shared.store.provenance import ProvenanceStore
+from evalq.shared.store.reader import ResultReader
+from evalq.shared.store.runs import RunStore
+from evalq.shared.store.seal import Sealer, SealOutcome, bucketed
+from evalq.shared.store.spill import Spill, Spiller, SpillOutcome
 
 __all__ = ["Archived", "archive_run", "spill_run"]
 

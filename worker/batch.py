@@ -1,8 +1,8 @@
 """One batch of messages as a worker handles it (no Celery here): what a worker process hands
 its batch functions (:class:`Resources`), each run's share of the batch (:class:`RunShare`: its
 record, evaluation, samples and what became of them) and the batch of those shares
-(:class:`Batch`). Inference (:mod:`worker.inference`) and scoring (:mod:`worker.scoring`) are
-steps over a batch.
+(:class:`Batch`). Inference (:mod:`evalq.worker.inference`) and scoring
+(:mod:`evalq.worker.scoring`) are steps over a batch.
 
 Each run's share of a batch is handled on its own. A message that names another eval or spec
 than its run, or ids outside its run, is dropped without touching the run's samples. A Redis
@@ -26,17 +26,17 @@ from typing import Any
 
 import redis
 
-from shared.errors import PermanentError, StoreError, UnknownRunError, first_line
-from shared.evaluation import Evaluation
-from shared.models import ErrorRecord, RunMeta, RunStatus, SampleTask, Stage
-from shared.queue.sizing import split
-from shared.store.provenance import ProvenanceStore, of_worker
-from shared.store.reader import ResultReader
-from shared.store.runs import RunStore
-from shared.store.writer import Delivery, ResultWriter, Settled
-from worker.lru import LRU
-from worker.runtime_pool import RuntimePool
-from worker.shard_cache import ShardCache
+from evalq.shared.errors import PermanentError, StoreError, UnknownRunError, first_line
+from evalq.shared.evaluation import Evaluation
+from evalq.shared.models import ErrorRecord, RunMeta, RunStatus, SampleTask, Stage
+from evalq.shared.queue.sizing import split
+from evalq.shared.store.provenance import ProvenanceStore, of_worker
+from evalq.shared.store.reader import ResultReader
+from evalq.shared.store.runs import RunStore
+from evalq.shared.store.writer import Delivery, ResultWriter, Settled
+from evalq.worker.lru import LRU
+from evalq.worker.runtime_pool import RuntimePool
+from evalq.worker.shard_cache import ShardCache
 
 __all__ = ["STORE_ERRORS", "Batch", "Resources", "RunShare", "error_record"]
 

@@ -19,15 +19,15 @@ from celery.signals import (
 )
 from kombu import Queue
 
-from shared.evaluation import load_plugins, registered
-from shared.isolation.privilege import undumpable
-from shared.queue.celery_app import STAGE_QUEUES, create_app, evaluation_queue
-from shared.settings import Settings
-from worker.heap import keep_freed_memory
-from worker.heartbeat import PresenceThread
-from worker.remote_control import lock_down
-from worker.state import WorkerState
-from worker.tasks import SampleBatches, register_tasks
+from evalq.shared.evaluation import load_plugins, registered
+from evalq.shared.isolation.privilege import undumpable
+from evalq.shared.queue.celery_app import STAGE_QUEUES, create_app, evaluation_queue
+from evalq.shared.settings import Settings
+from evalq.worker.heap import keep_freed_memory
+from evalq.worker.heartbeat import PresenceThread
+from evalq.worker.remote_control import lock_down
+from evalq.worker.state import WorkerState
+from evalq.worker.tasks import SampleBatches, register_tasks
 
 __all__ = ["create_worker_app", "run_worker"]
 
@@ -51,10 +51,10 @@ def create_worker_app(settings: Settings) -> Celery:
     bar would land there as a screenful of warnings.
 
     Remote-control commands that change or stop a worker are refused unless
-    ``EVALQ_REMOTE_CONTROL`` is on (:mod:`worker.remote_control`). Once the worker is ready, its
-    presence thread beats and, when it holds the lease, runs the janitor
-    (:mod:`worker.heartbeat`). Worker processes are not dumpable
-    (:mod:`shared.isolation.privilege`): an isolated model's subprocess cannot read their
+    ``EVALQ_REMOTE_CONTROL`` is on (:mod:`evalq.worker.remote_control`). Once the worker is ready,
+    its presence thread beats and, when it holds the lease, runs the janitor
+    (:mod:`evalq.worker.heartbeat`). Worker processes are not dumpable
+    (:mod:`evalq.shared.isolation.privilege`): an isolated model's subprocess cannot read their
     environment or memory through ``/proc``.
     """
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
@@ -70,7 +70,7 @@ def create_worker_app(settings: Settings) -> Celery:
     # could send other tasks on a message's say. The guarded consumer drops what it cannot take.
     for name in [name for name in app.tasks if not name.startswith("evalq.")]:
         app.tasks.unregister(name)
-    app.conf.worker_consumer = "worker.consumer:GuardedConsumer"
+    app.conf.worker_consumer = "evalq.worker.consumer:GuardedConsumer"
     if not settings.remote_control:
         lock_down()
     presence: list[PresenceThread] = []
@@ -139,7 +139,7 @@ def consumed_queues(queues: str) -> str:
 def run_worker(
     settings: Settings, queues: str = "infer,score", concurrency: int = 1, loglevel: str = "INFO"
 ) -> None:
-    """Run a Celery worker in this process (what ``celery -A worker.celery worker`` does).
+    """Run a Celery worker in this process (what ``celery -A evalq.worker.celery worker`` does).
 
     With several processes and no ``EVALQ_TORCH_THREADS``, each process gets an equal share of
     the CPU cores for torch (:meth:`Settings.for_processes`). Task events follow

@@ -1,5 +1,5 @@
 """The worker's command: ``evalq worker`` (registered through the ``evalq.commands`` entry
-point) and ``python -m worker``, which is the same command on its own."""
+point) and ``python -m evalq.worker``, which is the same command on its own."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
-from shared.cli import run
-from shared.settings import get_settings
+from evalq.shared.cli import run
+from evalq.shared.settings import get_settings
 
 __all__ = ["main", "register"]
 
@@ -20,8 +20,9 @@ def worker(
     concurrency: Annotated[int, typer.Option(min=1, help="Worker processes (one per GPU).")] = 1,
     loglevel: Annotated[str, typer.Option(help="Celery log level.")] = "INFO",
 ) -> None:
-    """Run a Celery worker (what `celery -A worker.celery worker` runs, with evalq's options)."""
-    from worker.bootstrap import run_worker
+    """Run a Celery worker (what `celery -A evalq.worker.celery worker` runs, with evalq's
+    options)."""
+    from evalq.worker.bootstrap import run_worker
 
     run_worker(get_settings(), queues=queues, concurrency=concurrency, loglevel=loglevel)
 
@@ -32,7 +33,7 @@ def register(app: typer.Typer) -> None:
 
 
 def main() -> None:
-    """``python -m worker``."""
+    """``python -m evalq.worker``."""
     app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
     register(app)
     run(app)

@@ -21,8 +21,8 @@ from typing import Any
 from celery.worker.consumer import Consumer
 from vine import promise
 
-from shared.errors import first_line
-from worker.tasks import SampleBatches
+from evalq.shared.errors import first_line
+from evalq.worker.tasks import SampleBatches
 
 __all__ = ["GuardedConsumer"]
 

@@ -21,15 +21,15 @@ from collections.abc import Callable
 
 from celery import Celery
 
-from shared.connection import connect
-from shared.evaluation import registered, source
-from shared.guard import Guard
-from shared.lm.spec import PROVIDERS
-from shared.queue.backlog import Backlog
-from shared.queue.broker import Broker
-from shared.settings import Settings
-from shared.store.presence import HEARTBEAT_MISSES, Presence, WorkerBeat, sweep_every
-from worker.janitor import Janitor
+from evalq.shared.connection import connect
+from evalq.shared.evaluation import registered, source
+from evalq.shared.guard import Guard
+from evalq.shared.lm.spec import PROVIDERS
+from evalq.shared.queue.backlog import Backlog
+from evalq.shared.queue.broker import Broker
+from evalq.shared.settings import Settings
+from evalq.shared.store.presence import HEARTBEAT_MISSES, Presence, WorkerBeat, sweep_every
+from evalq.worker.janitor import Janitor
 
 __all__ = ["PresenceThread"]
 

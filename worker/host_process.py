@@ -4,8 +4,8 @@ and isolated models (``model_proxy.py``) each run in one.
 
 The subprocess runs in a session of its own, so killing it kills what it started too, in an
 empty folder of its own (its working folder, ``HOME`` and ``TMPDIR``; deleted when it is
-closed), with the environment of :func:`shared.isolation.child_env.child_env`: never the worker's
-own, which holds the Redis URL and its password. It says ``{"ready": true}`` (or
+closed), with the environment of :func:`evalq.shared.isolation.child_env.child_env`: never the
+worker's own, which holds the Redis URL and its password. It says ``{"ready": true}`` (or
 ``{"error": ...}``) once it has started, after the optional ``hello`` line; every failure here
 is the caller's ``error`` type with a one-line message that names the subprocess (``name``).
 """
@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from shared.isolation.child_env import child_env
+from evalq.shared.isolation.child_env import child_env
 
 __all__ = ["HostProcess", "ended"]
 

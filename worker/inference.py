@@ -4,10 +4,10 @@ Skip samples already inferred (redeliveries), rebuild rows from each run's spec,
 fields, and run each evaluation's warm model on batches of at most ``max_batch`` rows drawn
 from every run in the batch that uses it; store each output once and stage its scoring in the
 run's score backlog, for the fair dispatcher to hand to the scoring workers
-(:mod:`shared.queue.backlog`), or, on a worker that consumes the ``score`` queue too, score them
-in the same job (``fuse``): a small run is not sent back to wait behind the work this worker
+(:mod:`evalq.shared.queue.backlog`), or, on a worker that consumes the ``score`` queue too, score
+them in the same job (``fuse``): a small run is not sent back to wait behind the work this worker
 reserved. An attempt that raises is tried again later, alone, until the last attempt, which
-ends the sample with its terminal error record; the batch goes on (see :mod:`worker.batch`).
+ends the sample with its terminal error record; the batch goes on (see :mod:`evalq.worker.batch`).
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ import logging
 from collections import defaultdict
 from typing import Any
 
-from shared.errors import PermanentError, first_line
-from shared.evaluation import scrub
-from shared.models import SampleTask, Stage, to_json
-from shared.queue.celery_app import INFER_TASK
-from worker.batch import Batch, Resources, RunShare, error_record
-from worker.runtime_pool import Infer
-from worker.scoring import score_all
+from evalq.shared.errors import PermanentError, first_line
+from evalq.shared.evaluation import scrub
+from evalq.shared.models import SampleTask, Stage, to_json
+from evalq.shared.queue.celery_app import INFER_TASK
+from evalq.worker.batch import Batch, Resources, RunShare, error_record
+from evalq.worker.runtime_pool import Infer
+from evalq.worker.scoring import score_all
 
 __all__ = ["infer_batch"]
 

@@ -12,8 +12,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from shared.errors import PayloadError, first_line
-from shared.models import SampleTask
+from evalq.shared.errors import PayloadError, first_line
+from evalq.shared.models import SampleTask
 
 __all__ = ["MAX_BODY_BYTES", "admit"]
 

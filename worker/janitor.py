@@ -2,9 +2,9 @@
 visibility timeout and without anyone typing ``evalq resume``.
 
 One worker at a time runs it (the holder of the ``evalq:janitor`` lease; see
-:mod:`worker.heartbeat`). Each sweep counts, for the fair dispatcher, the messages of one batch
-per live worker process that consumes ``infer``, and likewise for ``score``
-(:meth:`shared.queue.backlog.Backlog.set_depth`), and:
+:mod:`evalq.worker.heartbeat`). Each sweep counts, for the fair dispatcher, the messages of one
+batch per live worker process that consumes ``infer``, and likewise for ``score``
+(:meth:`evalq.shared.queue.backlog.Backlog.set_depth`), and:
 
 1. puts back in their queue the unacknowledged messages that no live worker holds (their
    worker's main process was killed, or lost Redis and gave up on them) once they are older
@@ -18,16 +18,16 @@ per live worker process that consumes ``infer``, and likewise for ``score``
    names the run's own evaluation and spec (a worker would drop any other). Nothing is charged;
    every write stays once-only, so a duplicate is harmless.
 
-It lets go of the token holds (:mod:`shared.store.spend`) that outlived their try: their worker
-died, or lost Redis, mid-request, and the tokens they held are free again.
+It lets go of the token holds (:mod:`evalq.shared.store.spend`) that outlived their try: their
+worker died, or lost Redis, mid-request, and the tokens they held are free again.
 
-It also looks after what has ended (:mod:`worker.archiver`): a run that completed or was
+It also looks after what has ended (:mod:`evalq.worker.archiver`): a run that completed or was
 cancelled ``EVALQ_ARCHIVE_AFTER`` seconds ago, or failed ``EVALQ_ARCHIVE_FAILED_AFTER`` seconds
 ago, that is not archived yet is sent to be archived (again when an attempt sent
 ``4 * EVALQ_STALL_AFTER`` seconds ago has not sealed it); an archived run leaves the worklist.
 The retention policy (purging old runs, trimming the audit stream) is not the janitor's: it
 needs rights the ``worker`` ACL user does not have, and runs on the operator's side
-(:func:`shared.store.retention.retain`, by the gateway or ``evalq retention``).
+(:func:`evalq.shared.store.retention.retain`, by the gateway or ``evalq retention``).
 
 A run whose record cannot be read is logged and skipped; it never stops the sweep of the others.
 """
@@ -40,21 +40,21 @@ from dataclasses import dataclass, field
 import redis
 from celery import Celery
 
-from shared.connection import server_time
-from shared.errors import UnknownRunError, first_line
-from shared.models import RunMeta, SampleTask
-from shared.queue.backlog import LANES, Backlog
-from shared.queue.broker import Broker, carried
-from shared.queue.celery_app import SCORE_TASK, send_archive
-from shared.queue.sizing import enqueue
-from shared.settings import Settings
-from shared.store.presence import HEARTBEAT_MISSES, Presence
-from shared.store.reader import ResultReader
-from shared.store.retention import archive_due
-from shared.store.runs import RunStore
-from shared.store.spend import TokenSpend
-from shared.store.spill import Spill
-from shared.store.writer import ResultWriter
+from evalq.shared.connection import server_time
+from evalq.shared.errors import UnknownRunError, first_line
+from evalq.shared.models import RunMeta, SampleTask
+from evalq.shared.queue.backlog import LANES, Backlog
+from evalq.shared.queue.broker import Broker, carried
+from evalq.shared.queue.celery_app import SCORE_TASK, send_archive
+from evalq.shared.queue.sizing import enqueue
+from evalq.shared.settings import Settings
+from evalq.shared.store.presence import HEARTBEAT_MISSES, Presence
+from evalq.shared.store.reader import ResultReader
+from evalq.shared.store.retention import archive_due
+from evalq.shared.store.runs import RunStore
+from evalq.shared.store.spend import TokenSpend
+from evalq.shared.store.spill import Spill
+from evalq.shared.store.writer import ResultWriter
 
 __all__ = ["Janitor", "Sweep"]
 

@@ -1,17 +1,17 @@
 """The inside of an isolated model: ``python -P model_host.py``, one per (evaluation, params)
-per worker process, started by :class:`worker.model_proxy.ModelProxy`.
+per worker process, started by :class:`evalq.worker.model_proxy.ModelProxy`.
 
 A fresh interpreter (not a fork): none of the worker's memory is here, neither the rows with
 their labels, nor the shard cache, nor the Redis connection; its environment is the allowlist
-of :mod:`shared.isolation.child_env` (no ``EVALQ_`` variable, no Redis URL, password or token), and
-``-P`` keeps the worker's folder off ``sys.path``. Before anything else it makes itself not
-dumpable and drops every capability (a worker running as root included), and workers are not
-dumpable (:mod:`shared.isolation.privilege`), so it cannot read its parent's
+of :mod:`evalq.shared.isolation.child_env` (no ``EVALQ_`` variable, no Redis URL, password or
+token), and ``-P`` keeps the worker's folder off ``sys.path``. Before anything else it makes itself
+not dumpable and drops every capability (a worker running as root included), and workers are not
+dumpable (:mod:`evalq.shared.isolation.privilege`), so it cannot read its parent's
 ``/proc/<pid>/environ`` or ``/proc/<pid>/mem`` either.
 
 It reads one hello line ``{"eval", "params", "plugins", "files", "device", "threads"}``, shuts
-itself in its sandbox (:func:`shared.isolation.sandbox.confine`: no network, no file but the Python
-installation, the plugins, the model's ``files`` and its own ``HOME``), imports the plugin
+itself in its sandbox (:func:`evalq.shared.isolation.sandbox.confine`: no network, no file but the
+Python installation, the plugins, the model's ``files`` and its own ``HOME``), imports the plugin
 modules, loads the model once and says ``{"ready": true, "sandbox": {"applied", "missing"}}``;
 then each line ``{"rows": [...]}`` (label-free rows) is answered ``{"ok": [outputs]}`` or
 ``{"error": "..."}`` (``"permanent": true`` when an output is not JSON, as in-process inference
@@ -27,10 +27,10 @@ import os
 import sys
 from typing import IO, Any
 
-from shared.errors import first_line
-from shared.evaluation import Evaluation, create, load_plugins
-from shared.isolation.privilege import drop_capabilities, undumpable
-from shared.isolation.sandbox import confine
+from evalq.shared.errors import first_line
+from evalq.shared.evaluation import Evaluation, create, load_plugins
+from evalq.shared.isolation.privilege import drop_capabilities, undumpable
+from evalq.shared.isolation.sandbox import confine
 
 
 def _why(exc: BaseException) -> str:

@@ -6,8 +6,8 @@ Used when the evaluation sets ``isolated = True`` or the worker runs with
 then cannot walk the worker's stack or heap for the rows its labels were scrubbed from. The
 subprocess is started once per (evaluation, params) per worker process, replaced after it dies
 or times out (the batch is then tried again like any failed inference), and killed when its
-model is evicted or the worker stops. It runs in a sandbox (:mod:`shared.isolation.sandbox`): each
-start
+model is evicted or the worker stops. It runs in a sandbox (:mod:`evalq.shared.isolation.sandbox`):
+each start
 is logged with the layers the machine allowed (``sandbox=seccomp,landlock,...``), and a warning
 names each layer that is missing and why.
 """
@@ -21,9 +21,9 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from shared.errors import ModelHostError, PermanentError
-from shared.evaluation import Evaluation
-from worker.host_process import HostProcess, ended
+from evalq.shared.errors import ModelHostError, PermanentError
+from evalq.shared.evaluation import Evaluation
+from evalq.worker.host_process import HostProcess, ended
 
 __all__ = ["ModelProxy"]
 

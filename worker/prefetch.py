@@ -6,9 +6,9 @@ moment it finishes one: with batches of a few milliseconds (a small model), fetc
 message only then would leave the process idle for a round trip per batch. But every message a
 worker reserves is one that a newly dispatched run waits behind (see *Fair share* in the
 README): with batches of half a second, the second batch held doubled a small run's wait. So a
-worker holds Celery's prefetch (two batches' worth, ``shared.queue.celery_app``) while its recent
-batches all took under :data:`LONG_BATCH` seconds, and half of it (one batch's worth) once one
-of its last :data:`RECENT` batches took longer. The target is set, not stepped, on the
+worker holds Celery's prefetch (two batches' worth, ``evalq.shared.queue.celery_app``) while its
+recent batches all took under :data:`LONG_BATCH` seconds, and half of it (one batch's worth) once
+one of its last :data:`RECENT` batches took longer. The target is set, not stepped, on the
 consumer's prefetch (kombu's ``QoS``, under its lock, as Celery's own prefetch updates do), so
 it cannot drift from Celery's value; Celery's event loop applies it.
 
@@ -40,7 +40,7 @@ _RESERVES: weakref.WeakKeyDictionary[Any, Reserve] = weakref.WeakKeyDictionary()
 
 
 class Buffer(Protocol):
-    """A batch buffer of the consumer (:class:`worker.tasks.SampleBatches`)."""
+    """A batch buffer of the consumer (:class:`evalq.worker.tasks.SampleBatches`)."""
 
     def held_messages(self) -> int:
         """Messages it holds: buffered, or in a pool job not yet returned."""

@@ -3,7 +3,7 @@ for every batch, keeping at most ``max_models`` loaded (LRU), and keeps warm sub
 for scorer scripts (at most ``max_models`` scripts, ``scorer_procs`` subprocesses each).
 
 An isolated evaluation (``isolated = True``, or every one with ``isolate``) has its model
-loaded in a subprocess of its own instead (:class:`worker.model_proxy.ModelProxy`); it counts
+loaded in a subprocess of its own instead (:class:`evalq.worker.model_proxy.ModelProxy`); it counts
 as one of the ``max_models`` and is stopped when evicted.
 
 A model is evicted before the next one loads, never after, so a process never holds more than
@@ -21,13 +21,13 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
-from shared.evals.language import evaluation_of
-from shared.evaluation import Evaluation
-from shared.models import RunMeta
-from shared.scorer import ScriptScorer
-from worker.lru import LRU
-from worker.model_proxy import ModelProxy
-from worker.script_pool import ScriptPool
+from evalq.shared.evals.language import evaluation_of
+from evalq.shared.evaluation import Evaluation
+from evalq.shared.models import RunMeta
+from evalq.shared.scorer import ScriptScorer
+from evalq.worker.lru import LRU
+from evalq.worker.model_proxy import ModelProxy
+from evalq.worker.script_pool import ScriptPool
 
 __all__ = ["Infer", "RuntimePool", "resolve_device"]
 

@@ -2,7 +2,7 @@
 ``score()``, each score stored once; the call that settles a run's last sample computes its
 aggregate from the store. An evaluation with a scorer script is scored on the runtime pool's
 warm script subprocesses, a batch at a time. Any failure of one sample becomes that sample's
-terminal error record; the batch goes on (see :mod:`worker.batch`).
+terminal error record; the batch goes on (see :mod:`evalq.worker.batch`).
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from shared.errors import PermanentError, ScriptError
-from shared.models import Grade, SampleTask, Stage
-from shared.queue.celery_app import SCORE_TASK
-from shared.scorer import ScriptCall
-from worker.batch import Batch, Resources, RunShare, error_record
+from evalq.shared.errors import PermanentError, ScriptError
+from evalq.shared.models import Grade, SampleTask, Stage
+from evalq.shared.queue.celery_app import SCORE_TASK
+from evalq.shared.scorer import ScriptCall
+from evalq.worker.batch import Batch, Resources, RunShare, error_record
 
 __all__ = ["score_all", "score_batch"]
 

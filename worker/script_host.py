@@ -4,8 +4,8 @@ Standard library only, and started by path, so a scorer process imports nothing 
 
 Before anything else it makes itself not dumpable, so that no other process of its user (an
 isolated model's host among them) can read its ``/proc/<pid>/environ`` or memory; its
-environment is already the worker's allowlist (:mod:`shared.isolation.child_env`). It applies its
-resource limits (address space, no core files), imports the script once, says
+environment is already the worker's allowlist (:mod:`evalq.shared.isolation.child_env`). It applies
+its resource limits (address space, no core files), imports the script once, says
 ``{"ready": true}``, then answers one JSON line per call read from stdin:
 ``{"argv": [...], "env": {...}}`` -> ``{"ok": "<answer>"}`` or ``{"error": "<one line>"}``.
 Each call runs in a fresh empty working directory (also its ``TMPDIR``) that is deleted after
@@ -36,8 +36,8 @@ Main = Callable[[list[str]], object]
 
 
 def _undumpable() -> None:
-    """``prctl(PR_SET_DUMPABLE, 0)`` (:func:`shared.isolation.privilege.undumpable`, which this file
-    cannot import)."""
+    """``prctl(PR_SET_DUMPABLE, 0)`` (:func:`evalq.shared.isolation.privilege.undumpable`, which
+    this file cannot import)."""
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(4, 0, 0, 0, 0) != 0:

@@ -15,9 +15,9 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from shared.errors import ScriptError
-from shared.scorer import ScriptCall, ScriptScorer
-from worker.host_process import HostProcess, ended
+from evalq.shared.errors import ScriptError
+from evalq.shared.scorer import ScriptCall, ScriptScorer
+from evalq.worker.host_process import HostProcess, ended
 
 __all__ = ["ScriptPool"]
 

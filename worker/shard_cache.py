@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import redis
 
-from shared.data.loading import load_rows, refit_routing, shard_of_rows
-from shared.data.routing import CENTROID_TOLERANCE, KMeans, centroid_gap
-from shared.data.spec import DatasetSpec, fetch_spec
-from shared.errors import RoutingError, SampleIdError, ShardMismatchError
-from shared.keys import shard_digests_key
-from worker.lru import LRU
+from evalq.shared.data.loading import load_rows, refit_routing, shard_of_rows
+from evalq.shared.data.routing import CENTROID_TOLERANCE, KMeans, centroid_gap
+from evalq.shared.data.spec import DatasetSpec, fetch_spec
+from evalq.shared.errors import RoutingError, SampleIdError, ShardMismatchError
+from evalq.shared.keys import shard_digests_key
+from evalq.worker.lru import LRU
 
 if TYPE_CHECKING:
     from datasets import Dataset

@@ -12,20 +12,20 @@ import redis
 from billiard.process import current_process
 from celery import Celery
 
-from shared.connection import connect
-from shared.errors import first_line
-from shared.models import RunMeta, SampleTask
-from shared.queue.backlog import Backlog, Capturer
-from shared.queue.celery_app import SCORE_QUEUE, send_archive
-from shared.queue.sizing import publish
-from shared.settings import Settings
-from shared.store.provenance import ProvenanceStore
-from shared.store.reader import ResultReader
-from shared.store.runs import RunStore
-from shared.store.writer import ResultWriter
-from worker.batch import Resources
-from worker.runtime_pool import RuntimePool
-from worker.shard_cache import ShardCache
+from evalq.shared.connection import connect
+from evalq.shared.errors import first_line
+from evalq.shared.models import RunMeta, SampleTask
+from evalq.shared.queue.backlog import Backlog, Capturer
+from evalq.shared.queue.celery_app import SCORE_QUEUE, send_archive
+from evalq.shared.queue.sizing import publish
+from evalq.shared.settings import Settings
+from evalq.shared.store.provenance import ProvenanceStore
+from evalq.shared.store.reader import ResultReader
+from evalq.shared.store.runs import RunStore
+from evalq.shared.store.writer import ResultWriter
+from evalq.worker.batch import Resources
+from evalq.worker.runtime_pool import RuntimePool
+from evalq.worker.shard_cache import ShardCache
 
 __all__ = ["WorkerState"]
 

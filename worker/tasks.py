@@ -3,10 +3,10 @@
 Both tasks are celery-batches tasks: the worker buffers incoming messages and runs them as one
 call when the buffered messages hold ``EVALQ_MAX_BATCH`` samples, or every ``EVALQ_BATCH_WAIT``
 seconds, whichever comes first, or at once when the worker holds all the messages it may reserve
-(:mod:`worker.prefetch`), since none can join the batch before it runs.
+(:mod:`evalq.worker.prefetch`), since none can join the batch before it runs.
 
 What reaches a worker is either buffered or dropped, never a crash and never a requeue loop:
-every message passes :func:`worker.intake.admit` in the main process first; a malformed one is
+every message passes :func:`evalq.worker.intake.admit` in the main process first; a malformed one is
 logged and dropped. A message of an evaluation this worker does not serve (its plugin is not
 loaded) is moved to that evaluation's own queue (``infer.<eval>`` / ``score.<eval>``), which
 only workers serving it consume: it neither cycles through this worker nor waits for it.
@@ -41,31 +41,31 @@ from celery_batches import Batches, SimpleRequest, consume_queue
 from celery_batches.trace import apply_batches_task
 from kombu.transport.virtual import QoS as VirtualQoS
 
-from shared.connection import Target, connect, server_time
-from shared.errors import PayloadError, UnknownRunError, first_line
-from shared.evaluation import registered
-from shared.models import SampleTask
-from shared.names import is_name
-from shared.queue.celery_app import (
+from evalq.shared.connection import Target, connect, server_time
+from evalq.shared.errors import PayloadError, UnknownRunError, first_line
+from evalq.shared.evaluation import registered
+from evalq.shared.models import SampleTask
+from evalq.shared.names import is_name
+from evalq.shared.queue.celery_app import (
     ARCHIVE_TASK,
     INFER_TASK,
     SCORE_TASK,
     STAGE_QUEUES,
     evaluation_queue,
 )
-from shared.queue.sizing import publish
-from shared.settings import Settings
-from shared.store.retention import archive_due
-from shared.store.runs import RunStore
-from shared.store.seal import SealOutcome
-from worker.archiver import archive_run, spill_run
-from worker.batch import Resources
-from worker.inference import infer_batch
-from worker.intake import admit
-from worker.lru import LRU
-from worker.prefetch import Reserve
-from worker.scoring import score_batch
-from worker.state import WorkerState
+from evalq.shared.queue.sizing import publish
+from evalq.shared.settings import Settings
+from evalq.shared.store.retention import archive_due
+from evalq.shared.store.runs import RunStore
+from evalq.shared.store.seal import SealOutcome
+from evalq.worker.archiver import archive_run, spill_run
+from evalq.worker.batch import Resources
+from evalq.worker.inference import infer_batch
+from evalq.worker.intake import admit
+from evalq.worker.lru import LRU
+from evalq.worker.prefetch import Reserve
+from evalq.worker.scoring import score_batch
+from evalq.worker.state import WorkerState
 
 __all__ = ["Held", "SampleBatches", "parse_requests", "register_tasks"]
 
@@ -211,8 +211,8 @@ class SampleBatches(Batches):  # type: ignore[misc]
 
     def _reserve_full(self, batch_seconds: float | None = None) -> None:
         """Set the prefetch after a batch of ``batch_seconds``, then run every buffer of the
-        consumer if it holds all it may (:mod:`worker.prefetch`); an error here is logged, never
-        raised into Celery's callbacks."""
+        consumer if it holds all it may (:mod:`evalq.worker.prefetch`); an error here is logged,
+        never raised into Celery's callbacks."""
         if self._reserve is None:
             return
         try:
@@ -407,8 +407,8 @@ def register_tasks(app: Celery, state: WorkerState, settings: Settings) -> None:
     @app.task(name=ARCHIVE_TASK, acks_late=True, time_limit=settings.task_time_limit)
     def archive(run_id: object) -> None:
         """Archive an ended run, or spill a going one's complete segments
-        (:mod:`worker.archiver`); a malformed id is logged and dropped. Then refill the queues,
-        as a batch does: the message took a place in ``score``, which the dispatcher keeps
+        (:mod:`evalq.worker.archiver`); a malformed id is logged and dropped. Then refill the
+        queues, as a batch does: the message took a place in ``score``, which the dispatcher keeps
         only a batch deep, and a scoring-only worker would otherwise idle until its next
         heartbeat's refill."""
         try:

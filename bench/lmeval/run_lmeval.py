@@ -18,7 +18,7 @@ Needs lm-eval (``pip install lm_eval==0.4.13 accelerate``), not part of evalq's 
     python -m bench.lmeval.run_lmeval [--model DIR] [--batch-size 16] [--threads 2]
         [--runs arith,mc,mc_chat] [--limit N] [--out bench/results/lmeval.json]
 
-Without ``--model`` it evaluates SmolLM2-135M-Instruct (``shared.lm.local.smollm2``).
+Without ``--model`` it evaluates SmolLM2-135M-Instruct (``evalq.shared.lm.local.smollm2``).
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def main() -> None:
     if args.model is not None:
         model = args.model.resolve()
     else:
-        from shared.lm.local import smollm2
+        from evalq.shared.lm.local import smollm2
 
         model = smollm2()
     timers = _time_model_calls(HFLM)

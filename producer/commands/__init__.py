@@ -1,11 +1,11 @@
-"""The producer's commands of ``evalq``, added to the app of :mod:`shared.cli` through the
-``evalq.commands`` entry point (:func:`register`), by group: :mod:`~producer.commands.submit`;
-:mod:`~producer.commands.runs` (status, watch, runs, results, cancel, resume);
-:mod:`~producer.commands.analysis` (compare, rescore, report); :mod:`~producer.commands.tasks`
-(language tasks);
-:mod:`~producer.commands.operations` (demo, metrics, serve, acl, purge, retention, up); and
-:mod:`~producer.commands.policy` (the admin groups: datasets, tiers, budget, policy, tokens, and
-audit). Commands that only talk to Redis import neither torch nor any model.
+"""The producer's commands of ``evalq``, added to the app of :mod:`evalq.shared.cli` through the
+``evalq.commands`` entry point (:func:`register`), by group: :mod:`~evalq.producer.commands.submit`;
+:mod:`~evalq.producer.commands.runs` (status, watch, runs, results, cancel, resume);
+:mod:`~evalq.producer.commands.analysis` (compare, rescore, report);
+:mod:`~evalq.producer.commands.tasks` (language tasks);
+:mod:`~evalq.producer.commands.operations` (demo, metrics, serve, acl, purge, retention, up); and
+:mod:`~evalq.producer.commands.policy` (the admin groups: datasets, tiers, budget, policy, tokens,
+and audit). Commands that only talk to Redis import neither torch nor any model.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from collections.abc import Callable
 
 import typer
 
-from producer.commands import policy
-from producer.commands.analysis import compare, report, rescore
-from producer.commands.operations import acl, demo, metrics, purge, retention, serve, up
-from producer.commands.runs import cancel, results, resume, runs, status, watch
-from producer.commands.submit import submit_command
-from producer.commands.tasks import tasks_app
+from evalq.producer.commands import policy
+from evalq.producer.commands.analysis import compare, report, rescore
+from evalq.producer.commands.operations import acl, demo, metrics, purge, retention, serve, up
+from evalq.producer.commands.runs import cancel, results, resume, runs, status, watch
+from evalq.producer.commands.submit import submit_command
+from evalq.producer.commands.tasks import tasks_app
 
 __all__ = ["register"]
 

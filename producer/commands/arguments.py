@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from shared.names import check_run_id
+from evalq.shared.names import check_run_id
 
 __all__ = ["RunArg", "check_run_ids"]
 

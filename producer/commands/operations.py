@@ -9,11 +9,11 @@ from typing import Annotated
 import typer
 from rich.text import Text
 
-from producer.api import open_api
-from shared.cli import JsonFlag, err, out, print_json
-from shared.errors import InputError
-from shared.settings import get_settings
-from shared.store.retention import parse_age
+from evalq.producer.api import open_api
+from evalq.shared.cli import JsonFlag, err, out, print_json
+from evalq.shared.errors import InputError
+from evalq.shared.settings import get_settings
+from evalq.shared.store.retention import parse_age
 
 __all__ = ["acl", "demo", "metrics", "purge", "retention", "serve", "up"]
 
@@ -41,7 +41,7 @@ def demo(  # noqa: PLR0917 - a typer command: its options are its parameters
         return
     if model is not None:
         raise InputError("--model goes with --lm (the MiniLM demo's model is its evaluation's)")
-    from producer.demo import run_demo
+    from evalq.producer.demo import run_demo
 
     summary = run_demo(samples, workers, out_dir.resolve(), err if as_json else out)
     if as_json:
@@ -67,7 +67,7 @@ def demo(  # noqa: PLR0917 - a typer command: its options are its parameters
 
 
 def _language_demo(workers: int, out_dir: Path, as_json: bool, model: str | None) -> None:
-    from producer.demo_lm import run_language_demo
+    from evalq.producer.demo_lm import run_language_demo
 
     summaries = run_language_demo(workers, out_dir, err if as_json else out, model)
     if as_json:
@@ -101,8 +101,8 @@ def metrics(
     ] = 100,
 ) -> None:
     """Serve Prometheus metrics: per-run samples, queue depths, budgets left (until Ctrl-C)."""
-    from producer.metrics import serve
-    from shared.connection import connect
+    from evalq.producer.metrics import serve
+    from evalq.shared.connection import connect
 
     server = serve(connect(get_settings().redis), address, port, runs_shown)
     err.print(f"serving metrics on http://{address}:{server.port}/metrics")
@@ -116,8 +116,8 @@ def serve(
     """Serve the gateway: the HTTP API for callers holding a token (until Ctrl-C)."""
     import uvicorn
 
-    from producer.gateway.app import create_gateway
-    from shared.isolation.privilege import undumpable
+    from evalq.producer.gateway.app import create_gateway
+    from evalq.shared.isolation.privilege import undumpable
 
     undumpable()  # its Redis credential is the strongest there is: not readable through /proc
     gateway = create_gateway(get_settings())
@@ -133,7 +133,7 @@ def acl(
 ) -> None:
     """Write a Redis ACL file with users gateway, worker and monitor (passwords from
     EVALQ_ACL_GATEWAY_PASSWORD, EVALQ_ACL_WORKER_PASSWORD, EVALQ_ACL_MONITOR_PASSWORD)."""
-    from producer.acl import ROLES, write_acl
+    from evalq.producer.acl import ROLES, write_acl
 
     write_acl(out_path)
     out.print(f"wrote {out_path}: users {', '.join(ROLES)}", highlight=False)
@@ -165,8 +165,8 @@ def retention(as_json: JsonFlag = False) -> None:
     """Apply the retention policy once: trim audit entries older than EVALQ_AUDIT_DAYS, purge
     runs older than EVALQ_KEEP_RUNS_DAYS (operators, direct mode; `evalq serve` does it on its
     own)."""
-    from shared.connection import connect
-    from shared.store.retention import retain
+    from evalq.shared.connection import connect
+    from evalq.shared.store.retention import retain
 
     done = retain(connect(get_settings().redis), get_settings())
     if as_json:
@@ -201,7 +201,7 @@ def up(  # noqa: PLR0913, PLR0917 - a typer command: its options are its paramet
 ) -> None:
     """Run a one-machine deployment until Ctrl-C: Redis with the ACL file, the gateway, workers,
     Flower and metrics, each under its own Redis user; prints an admin token."""
-    from producer.stack import Stack, StackPorts
+    from evalq.producer.stack import Stack, StackPorts
 
     ports = StackPorts(gateway=port, flower=flower_port, metrics=metrics_port, redis=redis_port)
     stack = Stack(state.resolve(), ports, workers=workers, concurrency=concurrency, host=host)

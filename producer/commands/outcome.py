@@ -4,10 +4,10 @@ and how it was released."""
 
 from __future__ import annotations
 
-from producer.api import Api
-from producer.views import RunView
-from shared.cli import err, out, print_json
-from shared.errors import DetachedError
+from evalq.producer.api import Api
+from evalq.producer.views import RunView
+from evalq.shared.cli import err, out, print_json
+from evalq.shared.errors import DetachedError
 
 __all__ = ["follow_and_report", "metric_text"]
 
@@ -15,7 +15,7 @@ __all__ = ["follow_and_report", "metric_text"]
 def follow_and_report(client: Api, run_id: str, as_json: bool) -> None:
     """Follow the run to its end and print its outcome; exit code 4 (``RunNotCompletedError``)
     when it ended failed or cancelled."""
-    from producer.follow import follow
+    from evalq.producer.follow import follow
 
     try:
         follow(client, run_id, err if as_json else out)

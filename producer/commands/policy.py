@@ -12,12 +12,12 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from producer.api import open_api
-from shared.access.budget import Budget
-from shared.access.policy import Tier
-from shared.access.roles import Role
-from shared.cli import JsonFlag, err, out, print_json
-from shared.names import NAME_RULE
+from evalq.producer.api import open_api
+from evalq.shared.access.budget import Budget
+from evalq.shared.access.policy import Tier
+from evalq.shared.access.roles import Role
+from evalq.shared.cli import JsonFlag, err, out, print_json
+from evalq.shared.names import NAME_RULE
 
 __all__ = ["register"]
 
@@ -214,7 +214,7 @@ def budget_show(as_json: JsonFlag = False) -> None:
 @policy_app.command("apply")
 def policy_apply(path: Annotated[Path, typer.Argument(metavar="FILE")]) -> None:
     """Apply tiers and budgets from a YAML or JSON file (checked whole before anything is set)."""
-    from producer.policy_file import load_policy
+    from evalq.producer.policy_file import load_policy
 
     policy = load_policy(path)
     for warning in open_api().apply_policy(policy):

@@ -10,13 +10,13 @@ from typing import Annotated
 import typer
 from rich.table import Column, Table
 
-from producer.api import open_api
-from producer.commands.arguments import RunArg
-from producer.commands.outcome import follow_and_report, metric_text
-from producer.export import ExportFormat
-from shared.cli import AdminFlag, JsonFlag, err, out, print_json
-from shared.errors import InputError
-from shared.models import RunStatus
+from evalq.producer.api import open_api
+from evalq.producer.commands.arguments import RunArg
+from evalq.producer.commands.outcome import follow_and_report, metric_text
+from evalq.producer.export import ExportFormat
+from evalq.shared.cli import AdminFlag, JsonFlag, err, out, print_json
+from evalq.shared.errors import InputError
+from evalq.shared.models import RunStatus
 
 __all__ = ["cancel", "results", "resume", "runs", "status", "watch"]
 
@@ -102,7 +102,7 @@ def runs(  # noqa: PLR0917 - a typer command: its options are its parameters
     as_json: JsonFlag = False,
 ) -> None:
     """List recent runs, newest first, with their params, tags and first metric."""
-    from shared.store.runs import RunFilter
+    from evalq.shared.store.runs import RunFilter
 
     only = RunFilter(eval=eval_name, dataset=dataset, sweep=sweep, tag=tag, status=status_is)
     views = open_api().recent(limit, only=only)
@@ -178,7 +178,7 @@ def results(  # noqa: PLR0917 - a typer command: its options are its parameters
     admin: AdminFlag = False,
 ) -> None:
     """Export a run's per-sample results (viewable splits; admins see all, audited)."""
-    from producer.export import write_lines, write_results, write_tables
+    from evalq.producer.export import write_lines, write_results, write_tables
 
     if follow_run and fmt is not ExportFormat.JSONL:
         raise InputError("--follow streams jsonl only")

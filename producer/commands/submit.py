@@ -8,16 +8,16 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from producer.api import Api, open_api
-from producer.commands.outcome import follow_and_report
-from shared.cli import AdminFlag, JsonFlag, err, out, print_json
-from shared.data.routing import RoutingKind
-from shared.data.spec import MAX_SPEC_SHARDS
-from shared.errors import EvalqError, InputError
-from shared.models import Priority, Progress
+from evalq.producer.api import Api, open_api
+from evalq.producer.commands.outcome import follow_and_report
+from evalq.shared.cli import AdminFlag, JsonFlag, err, out, print_json
+from evalq.shared.data.routing import RoutingKind
+from evalq.shared.data.spec import MAX_SPEC_SHARDS
+from evalq.shared.errors import EvalqError, InputError
+from evalq.shared.models import Priority, Progress
 
 if TYPE_CHECKING:
-    from producer.submit import SubmitRequest
+    from evalq.producer.submit import SubmitRequest
 
 __all__ = ["submit_command"]
 
@@ -89,9 +89,9 @@ def submit_command(  # noqa: PLR0913, PLR0917 - a typer command: its options are
     as_json: JsonFlag = False,
 ) -> None:
     """Submit an evaluation (or a sweep's grid of them); prints the run id(s)."""
-    from producer.submit import SubmitRequest, parse_ids, parse_params
-    from producer.sweep import grid, new_sweep_id, parse_sweeps, read_sweep_file
-    from shared.data.loading import Sharding
+    from evalq.producer.submit import SubmitRequest, parse_ids, parse_params
+    from evalq.producer.sweep import grid, new_sweep_id, parse_sweeps, read_sweep_file
+    from evalq.shared.data.loading import Sharding
 
     sweeps = parse_sweeps(sweep or [])
     if sweep_file is not None:

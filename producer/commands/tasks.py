@@ -9,9 +9,9 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from producer.api import open_api
-from shared.cli import JsonFlag, out, print_json
-from shared.errors import InputError
+from evalq.producer.api import open_api
+from evalq.shared.cli import JsonFlag, out, print_json
+from evalq.shared.errors import InputError
 
 __all__ = ["tasks_app"]
 

@@ -1,15 +1,21 @@
 """The client a route acts through for its caller (:data:`Act`), with the checks only a gateway
 makes: the admin flag is an admin's, a user's runs are its own, admin operations need the
-role (:mod:`shared.access.policy`)."""
+role (:mod:`evalq.shared.access.policy`)."""
 
 from typing import Annotated
 
 from fastapi import Depends
 
-from producer.client import Client
-from producer.gateway.caller import Who
-from producer.gateway.context import Context, Shared
-from shared.access.roles import Caller, admit_admin_flag, admit_owner, require_admin, sees_sources
+from evalq.producer.client import Client
+from evalq.producer.gateway.caller import Who
+from evalq.producer.gateway.context import Context, Shared
+from evalq.shared.access.roles import (
+    Caller,
+    admit_admin_flag,
+    admit_owner,
+    require_admin,
+    sees_sources,
+)
 
 __all__ = ["Act", "Acting", "acting"]
 

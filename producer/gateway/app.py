@@ -8,13 +8,13 @@ from functools import partial
 import redis.asyncio
 from fastapi import FastAPI
 
-from producer.gateway import datasets, policy, results, runs, tasks, tokens
-from producer.gateway.caller import token_first
-from producer.gateway.context import Context
-from producer.gateway.errors import RESPONSES, handle_errors, too_large
-from producer.gateway.limits import BodyLimit, TokenFirst
-from producer.gateway.retainer import Retainer
-from shared.settings import Settings
+from evalq.producer.gateway import datasets, policy, results, runs, tasks, tokens
+from evalq.producer.gateway.caller import token_first
+from evalq.producer.gateway.context import Context
+from evalq.producer.gateway.errors import RESPONSES, handle_errors, too_large
+from evalq.producer.gateway.limits import BodyLimit, TokenFirst
+from evalq.producer.gateway.retainer import Retainer
+from evalq.shared.settings import Settings
 
 __all__ = ["create_gateway"]
 

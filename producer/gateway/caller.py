@@ -12,11 +12,11 @@ from starlette.datastructures import Headers
 from starlette.responses import Response
 from starlette.types import Scope
 
-from producer.gateway.context import Context, Shared
-from producer.gateway.errors import error, throttled
-from shared.access.roles import Caller, Role, sees_sources
-from shared.errors import ThrottledError, UnauthorizedError
-from shared.store.audit import audit_refusal
+from evalq.producer.gateway.context import Context, Shared
+from evalq.producer.gateway.errors import error, throttled
+from evalq.shared.access.roles import Caller, Role, sees_sources
+from evalq.shared.errors import ThrottledError, UnauthorizedError
+from evalq.shared.store.audit import audit_refusal
 
 __all__ = ["Who", "caller", "token_first"]
 
@@ -50,7 +50,7 @@ async def _identify(context: Context, token: str | None, address: str) -> tuple[
 
 async def token_first(context: Context, scope: Scope) -> Response | None:
     """A request with a body: its caller first (a 401, or the anonymous rate limit's 429,
-    before the body is read: :class:`producer.gateway.limits.TokenFirst`); a known one is kept
+    before the body is read: :class:`evalq.producer.gateway.limits.TokenFirst`); a known one is kept
     for :func:`caller`."""
     scheme, _, token = Headers(scope=scope).get("authorization", "").partition(" ")
     given = token.strip() if scheme.lower() == "bearer" and token.strip() else None

@@ -1,6 +1,6 @@
 """What one gateway holds for all its requests: its Redis clients, its Celery app, the token
-look-up and its limits, built once by :func:`producer.gateway.app.create_gateway` and handed to
-routes and dependencies by :func:`context_of`."""
+look-up and its limits, built once by :func:`evalq.producer.gateway.app.create_gateway` and handed
+to routes and dependencies by :func:`context_of`."""
 
 from dataclasses import dataclass
 from typing import Annotated, Self, cast
@@ -10,13 +10,13 @@ import redis.asyncio
 from celery import Celery
 from fastapi import Depends, Request
 
-from producer.gateway.limits import RateLimiter, StreamSlots
-from producer.gateway.streams import Streams
-from shared.access.tokens import TokenLookup
-from shared.connection import connect, connect_async
-from shared.evaluation import load_plugins
-from shared.queue.celery_app import create_app
-from shared.settings import Settings
+from evalq.producer.gateway.limits import RateLimiter, StreamSlots
+from evalq.producer.gateway.streams import Streams
+from evalq.shared.access.tokens import TokenLookup
+from evalq.shared.connection import connect, connect_async
+from evalq.shared.evaluation import load_plugins
+from evalq.shared.queue.celery_app import create_app
+from evalq.shared.settings import Settings
 
 __all__ = ["Context", "Shared", "context_of"]
 
@@ -24,7 +24,7 @@ __all__ = ["Context", "Shared", "context_of"]
 @dataclass(frozen=True)
 class Context:
     """The gateway's shared state (its limits count in this process only:
-    :mod:`producer.gateway.limits`)."""
+    :mod:`evalq.producer.gateway.limits`)."""
 
     settings: Settings
     store: redis.Redis

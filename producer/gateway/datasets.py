@@ -3,9 +3,9 @@
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
-from producer.gateway.acting import Act
-from shared.access.dataset import RegisteredDataset
-from shared.access.roles import sees_sources
+from evalq.producer.gateway.acting import Act
+from evalq.shared.access.dataset import RegisteredDataset
+from evalq.shared.access.roles import sees_sources
 
 __all__ = ["router"]
 

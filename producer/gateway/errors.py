@@ -13,8 +13,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
-from producer.gateway.context import context_of
-from shared.errors import (
+from evalq.producer.gateway.context import context_of
+from evalq.shared.errors import (
     EvalqError,
     InputError,
     PolicyRefusedError,
@@ -24,7 +24,7 @@ from shared.errors import (
     UnknownEvalError,
     UnknownRunError,
 )
-from shared.store.audit import audit_refusal
+from evalq.shared.store.audit import audit_refusal
 
 __all__ = ["RESPONSES", "ErrorBody", "error", "handle_errors", "throttled", "too_large"]
 

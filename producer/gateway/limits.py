@@ -21,7 +21,7 @@ from starlette.datastructures import Headers
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from shared.errors import ThrottledError
+from evalq.shared.errors import ThrottledError
 
 __all__ = ["BodyLimit", "RateLimiter", "StreamSlots"]
 

@@ -5,7 +5,7 @@ from typing import Annotated
 from fastapi import Path, Query
 from pydantic import StringConstraints
 
-from shared.names import RUN_ID
+from evalq.shared.names import RUN_ID
 
 __all__ = ["AdminQuery", "NameArg", "RunId", "RunIdText"]
 

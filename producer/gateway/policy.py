@@ -6,12 +6,12 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict
 
-from producer.gateway.acting import Act
-from producer.gateway.params import NameArg
-from producer.policy_file import BudgetLimits, PolicyFile
-from shared.access.budget import Budget
-from shared.access.policy import Tier
-from shared.access.roles import sees_budget
+from evalq.producer.gateway.acting import Act
+from evalq.producer.gateway.params import NameArg
+from evalq.producer.policy_file import BudgetLimits, PolicyFile
+from evalq.shared.access.budget import Budget
+from evalq.shared.access.policy import Tier
+from evalq.shared.access.roles import sees_budget
 
 __all__ = ["router"]
 

@@ -8,13 +8,13 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, StreamingResponse
 
-from producer.client import Client
-from producer.comparison import Comparison
-from producer.gateway.acting import Act
-from producer.gateway.context import Shared
-from producer.gateway.params import AdminQuery, RunId, RunIdText
-from producer.gateway.streams import ResultStream
-from shared.store.wire import result_line
+from evalq.producer.client import Client
+from evalq.producer.comparison import Comparison
+from evalq.producer.gateway.acting import Act
+from evalq.producer.gateway.context import Shared
+from evalq.producer.gateway.params import AdminQuery, RunId, RunIdText
+from evalq.producer.gateway.streams import ResultStream
+from evalq.shared.store.wire import result_line
 
 __all__ = ["router"]
 

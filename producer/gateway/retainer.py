@@ -1,6 +1,6 @@
 """The gateway's retainer: a background thread of ``evalq serve`` that applies the retention
-policy (:func:`shared.store.retention.retain`: the audit trim and the purge of runs past
-``EVALQ_KEEP_RUNS_DAYS``) every janitor interval (:func:`shared.store.presence.sweep_every`).
+policy (:func:`evalq.shared.store.retention.retain`: the audit trim and the purge of runs past
+``EVALQ_KEEP_RUNS_DAYS``) every janitor interval (:func:`evalq.shared.store.presence.sweep_every`).
 
 It runs where the rights are: the gateway holds the ``gateway`` ACL user, which may trim
 ``evalq:audit`` and delete runs' facts; the workers' user may do neither. Several gateways
@@ -18,11 +18,11 @@ import threading
 
 import redis
 
-from shared.guard import Guard
-from shared.keys import RETENTION
-from shared.settings import Settings
-from shared.store.presence import Lease, sweep_every
-from shared.store.retention import retain
+from evalq.shared.guard import Guard
+from evalq.shared.keys import RETENTION
+from evalq.shared.settings import Settings
+from evalq.shared.store.presence import Lease, sweep_every
+from evalq.shared.store.retention import retain
 
 __all__ = ["Retainer"]
 

@@ -6,15 +6,15 @@ from typing import Annotated
 from fastapi import APIRouter, Body, Query
 from pydantic import BaseModel, ConfigDict, Field
 
-from producer.gateway.acting import Act
-from producer.gateway.params import AdminQuery, RunId, RunIdText
-from producer.rescore import RescoreRequest
-from producer.submit import SubmitRequest
-from producer.sweep import MAX_GRID
-from producer.views import Cancellation, Resumption, RunView
-from shared.access.roles import Role
-from shared.models import Progress, RunMeta
-from shared.store.runs import RunFilter
+from evalq.producer.gateway.acting import Act
+from evalq.producer.gateway.params import AdminQuery, RunId, RunIdText
+from evalq.producer.rescore import RescoreRequest
+from evalq.producer.submit import SubmitRequest
+from evalq.producer.sweep import MAX_GRID
+from evalq.producer.views import Cancellation, Resumption, RunView
+from evalq.shared.access.roles import Role
+from evalq.shared.models import Progress, RunMeta
+from evalq.shared.store.runs import RunFilter
 
 __all__ = ["router"]
 

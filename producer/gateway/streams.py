@@ -4,8 +4,8 @@ Each stream is an async generator on the event loop. Its reads of Redis run on t
 stream threads (:data:`STREAM_THREADS`, apart from the thread pool the request routes share),
 a batch of lines at a time, never one thread per stream; a followed run's stream waits for
 new results with ``XREAD BLOCK`` on :mod:`redis.asyncio`, holding no thread while nothing
-settles. Streams are counted (:class:`producer.gateway.limits.StreamSlots`) from before their first
-read until they end, however they end: the run ends, the caller hangs up, or its token is
+settles. Streams are counted (:class:`evalq.producer.gateway.limits.StreamSlots`) from before their
+first read until they end, however they end: the run ends, the caller hangs up, or its token is
 revoked (its last line is then :data:`REVOKED`, an error in the shape of every other: a
 stream that simply stopped would read as the run's end).
 """
@@ -23,11 +23,11 @@ from anyio import to_thread
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from producer.follower import Follower
-from producer.gateway.limits import StreamSlots
-from shared.errors import UnauthorizedError
-from shared.models import to_json
-from shared.store.wire import result_line
+from evalq.producer.follower import Follower
+from evalq.producer.gateway.limits import StreamSlots
+from evalq.shared.errors import UnauthorizedError
+from evalq.shared.models import to_json
+from evalq.shared.store.wire import result_line
 
 __all__ = ["REVOKED", "STREAM_THREADS", "ResultStream", "Streams"]
 

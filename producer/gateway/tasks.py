@@ -3,8 +3,8 @@
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
-from producer.gateway.acting import Act
-from shared.access.task import RegisteredTask
+from evalq.producer.gateway.acting import Act
+from evalq.shared.access.task import RegisteredTask
 
 __all__ = ["router"]
 

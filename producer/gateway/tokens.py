@@ -3,9 +3,9 @@
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
-from producer.gateway.acting import Act
-from producer.gateway.params import NameArg
-from shared.access.roles import Role, TokenRecord
+from evalq.producer.gateway.acting import Act
+from evalq.producer.gateway.params import NameArg
+from evalq.shared.access.roles import Role, TokenRecord
 
 __all__ = ["router"]
 

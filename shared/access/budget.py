@@ -1,6 +1,6 @@
 """A budget: what a split, or one caller on it, may still spend (runs, samples, samples per
-run, tokens), and what it spent. :class:`shared.access.ledger.Ledger` keeps and charges runs and
-samples; the workers charge tokens (:class:`shared.store.spend.TokenSpend`)."""
+run, tokens), and what it spent. :class:`evalq.shared.access.ledger.Ledger` keeps and charges runs
+and samples; the workers charge tokens (:class:`evalq.shared.store.spend.TokenSpend`)."""
 
 from __future__ import annotations
 

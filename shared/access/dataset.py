@@ -1,5 +1,5 @@
 """A registered dataset's record: its name, its splits each pinned to a source, and who
-registered it. :class:`shared.access.registry.DatasetRegistry` keeps them."""
+registered it. :class:`evalq.shared.access.registry.DatasetRegistry` keeps them."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from collections.abc import Mapping
 
 from pydantic import BaseModel, ConfigDict
 
-from shared.data.spec import Source
-from shared.errors import EvalqError, SplitNotFoundError
+from evalq.shared.data.spec import Source
+from evalq.shared.errors import EvalqError, SplitNotFoundError
 
 __all__ = ["RegisteredDataset"]
 

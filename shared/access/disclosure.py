@@ -1,9 +1,9 @@
 """Disclosure: what one reader may see of one run, answered in one place.
 
-Reading a run applies three sets of rules: the tier rules (:mod:`shared.access.policy`: what
+Reading a run applies three sets of rules: the tier rules (:mod:`evalq.shared.access.policy`: what
 access the reader has, and whether it sees the run's timing), the release mechanisms
-(:mod:`shared.access.ladder`: what a ``non_viewable`` aggregate shows) and the Ladder's state
-(:mod:`shared.access.release`: the round a run's first read takes). ``status`` (and every view
+(:mod:`evalq.shared.access.ladder`: what a ``non_viewable`` aggregate shows) and the Ladder's state
+(:mod:`evalq.shared.access.release`: the round a run's first read takes). ``status`` (and every view
 of runs built like it) calls :meth:`Disclosure.status`, which applies all of them and records the
 release; the other reads ask :meth:`Disclosure.reader` what this reader may read.
 """
@@ -12,15 +12,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shared.access.ladder import Mechanism, Released, release_rule, released_stats
-from shared.access.policy import Reader, coarse_timing, read_access, run_tier
-from shared.access.release import ReleaseStore
-from shared.access.tiers import TierRegistry
-from shared.models import Progress, RunMeta, RunProvenance, RunStatus
-from shared.queue.standing import Standing
-from shared.stats import Stat
-from shared.store.provenance import ProvenanceStore
-from shared.store.reader import ResultReader
+from evalq.shared.access.ladder import Mechanism, Released, release_rule, released_stats
+from evalq.shared.access.policy import Reader, coarse_timing, read_access, run_tier
+from evalq.shared.access.release import ReleaseStore
+from evalq.shared.access.tiers import TierRegistry
+from evalq.shared.models import Progress, RunMeta, RunProvenance, RunStatus
+from evalq.shared.queue.standing import Standing
+from evalq.shared.stats import Stat
+from evalq.shared.store.provenance import ProvenanceStore
+from evalq.shared.store.reader import ResultReader
 
 __all__ = ["Disclosed", "Disclosure"]
 

@@ -5,7 +5,7 @@ see it exactly (everyone but admins), as arithmetic with no state of its own.
 (ICML 2015, the default): a metric moves only when a run beats the caller's best so far by more
 than the margin ``eta``. A split's mechanism is set by ``release:`` in a policy file
 (:class:`Release`); each run's release (:class:`Released`) and each caller's best are kept by
-:class:`shared.access.release.ReleaseStore`.
+:class:`evalq.shared.access.release.ReleaseStore`.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
 
-from shared.access.policy import Access, Reader
-from shared.stats import Stat
+from evalq.shared.access.policy import Access, Reader
+from evalq.shared.stats import Stat
 
 __all__ = [
     "DEFAULT_RELEASE",

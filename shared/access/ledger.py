@@ -7,8 +7,8 @@ and audits all at once or writes nothing. Setting new totals never touches what 
 re-applying a policy never refunds spend: what is left is ``max(0, total - used)``.
 
 Tokens are charged by the workers, request by request, in their own keys beside the budget
-(:mod:`shared.store.spend`); the ledger reads them into each budget, and gives back the samples
-of runs a token budget kept from being sent (:meth:`Ledger.refund_unsent`).
+(:mod:`evalq.shared.store.spend`); the ledger reads them into each budget, and gives back the
+samples of runs a token budget kept from being sent (:meth:`Ledger.refund_unsent`).
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from typing import Any
 
 import redis
 
-from shared.access.budget import Budget
-from shared.errors import BudgetExhaustedError, StoreError
-from shared.keys import ACTIVE, AUDIT, RUNS, UNSENT, RunKeys, budget_key, spend_key
-from shared.models import RunMeta
-from shared.names import check_name
-from shared.store.scripts import register
+from evalq.shared.access.budget import Budget
+from evalq.shared.errors import BudgetExhaustedError, StoreError
+from evalq.shared.keys import ACTIVE, AUDIT, RUNS, UNSENT, RunKeys, budget_key, spend_key
+from evalq.shared.models import RunMeta
+from evalq.shared.names import check_name
+from evalq.shared.store.scripts import register
 
 __all__ = ["Ledger"]
 
@@ -52,9 +52,9 @@ class Ledger:
 
     def __init__(self, client: redis.Redis) -> None:
         self._client = client
-        self._reserve = register(client, "shared.access", "reserve", confirmed=True)
-        self._refund = register(client, "shared.access", "refund", confirmed=True)
-        self._set_budget = register(client, "shared.access", "set_budget", confirmed=True)
+        self._reserve = register(client, "evalq.shared.access", "reserve", confirmed=True)
+        self._refund = register(client, "evalq.shared.access", "refund", confirmed=True)
+        self._set_budget = register(client, "evalq.shared.access", "set_budget", confirmed=True)
 
     def get(self, dataset: str, split: str, caller: str | None = None) -> Budget:
         """The split's budget, or ``caller``'s on it (unlimited and unused when none is
@@ -71,9 +71,9 @@ class Ledger:
         return Budget.model_validate({**fields, "tokens_used": used, "tokens_reserved": reserved})
 
     def reserve(self, meta: RunMeta) -> None:
-        """Open the run ``meta`` recorded (:meth:`shared.store.runs.RunStore.create`) and, unless it
-        is not ``charged`` (an admin's), charge it in the same script: one run of ``meta.n``
-        samples to its split's budget and to its principal's own on it (when one is set).
+        """Open the run ``meta`` recorded (:meth:`evalq.shared.store.runs.RunStore.create`) and,
+        unless it is not ``charged`` (an admin's), charge it in the same script: one run of
+        ``meta.n`` samples to its split's budget and to its principal's own on it (when one is set).
         Raise :class:`BudgetExhaustedError` (nothing written) when a budget refuses, and
         :class:`StoreError` when the pending record expired."""
         dataset, split, who, run = meta.dataset_id, meta.split, meta.principal, RunKeys(meta.run_id)
@@ -162,7 +162,7 @@ class Ledger:
 
     def refund_unsent(self, unsent: Callable[[str], tuple[RunMeta, int] | None]) -> int:
         """Give back the samples of each run a token budget kept from being sent (the runs
-        workers listed in :data:`shared.keys.UNSENT` as they ended; ``unsent`` reads a run's
+        workers listed in :data:`evalq.shared.keys.UNSENT` as they ended; ``unsent`` reads a run's
         record and count, None when it is gone), and the run itself when none of its samples
         was sent, once per run; return the samples given back."""
         given = 0

@@ -5,9 +5,9 @@ Who may evaluate a split, who may read what of a run (and of its timing), how a 
 missing tier reads, and how a policy file's budgets reconcile with tiers. Stores
 (``TierRegistry``, ``Ledger``) only persist; submit, the clients, ``status``, ``report`` and
 every other path call the functions here, which fail closed: anything unlisted, unreadable or
-unknown is ``no_access``. The roles are :mod:`shared.access.roles`', how an aggregate is
-released is :mod:`shared.access.ladder`'s, and :mod:`shared.access.disclosure` applies them all
-to one read of a run.
+unknown is ``no_access``. The roles are :mod:`evalq.shared.access.roles`', how an aggregate is
+released is :mod:`evalq.shared.access.ladder`'s, and :mod:`evalq.shared.access.disclosure` applies
+them all to one read of a run.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from shared.errors import PolicyError, TierRefusedError
-from shared.lm.limits import EndpointLimits
-from shared.models import Progress, RunMeta, RunStatus
+from evalq.shared.errors import PolicyError, TierRefusedError
+from evalq.shared.lm.limits import EndpointLimits
+from evalq.shared.models import Progress, RunMeta, RunStatus
 
 __all__ = [
     "MIN_AGGREGATE_SAMPLES",
@@ -134,7 +134,7 @@ def admit_model(name: str, admin: bool, roots: Sequence[Path]) -> None:
     """A model a caller names is a Hub id (``org/name``) or a folder inside one of the
     operator's model roots (``EVALQ_MODEL_ROOTS``); only an admin may name any folder: a
     caller cannot make the workers read a folder of its choosing. ``name`` is canonical
-    (:func:`shared.lm.spec.canonical`: a folder by its resolved path, links followed)."""
+    (:func:`evalq.shared.lm.spec.canonical`: a folder by its resolved path, links followed)."""
     if admin:
         return
     path = Path(name)

@@ -8,12 +8,12 @@ from dataclasses import dataclass
 
 import redis
 
-from shared.connection import confirmed
-from shared.errors import ForbiddenError
-from shared.keys import PRIORITIES
-from shared.models import Priority
-from shared.names import check_name
-from shared.store.audit import record
+from evalq.shared.connection import confirmed
+from evalq.shared.errors import ForbiddenError
+from evalq.shared.keys import PRIORITIES
+from evalq.shared.models import Priority
+from evalq.shared.names import check_name
+from evalq.shared.store.audit import record
 
 __all__ = ["Defaults", "PriorityStore", "admit_priority"]
 

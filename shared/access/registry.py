@@ -1,6 +1,6 @@
 """The dataset registry: named datasets pinned to their source, in ``evalq:datasets``.
 
-A registered dataset is a name (see :mod:`shared.names`), the source it was added from, and
+A registered dataset is a name (see :mod:`evalq.shared.names`), the source it was added from, and
 each of its splits pinned: a local split by its files' sha256 digests, a split on object
 storage by each object's ETag (or version id) and sha256, a Hub split by the commit its
 revision resolved to. Tiers, budgets and audit entries attach to the name, and a
@@ -15,18 +15,18 @@ import time
 
 import redis
 
-from shared.access.dataset import RegisteredDataset
-from shared.data.loading import local_root, local_splits
-from shared.data.remote import is_remote, remote_splits
-from shared.data.spec import HubSource, Source
-from shared.errors import (
+from evalq.shared.access.dataset import RegisteredDataset
+from evalq.shared.data.loading import local_root, local_splits
+from evalq.shared.data.remote import is_remote, remote_splits
+from evalq.shared.data.spec import HubSource, Source
+from evalq.shared.errors import (
     DataError,
     SourceUnreachableError,
     first_line,
 )
-from shared.keys import AUDIT, DATASET_FILES, DATASETS
-from shared.names import check_name
-from shared.store.scripts import register
+from evalq.shared.keys import AUDIT, DATASET_FILES, DATASETS
+from evalq.shared.names import check_name
+from evalq.shared.store.scripts import register
 
 __all__ = ["DatasetRegistry"]
 
@@ -68,7 +68,7 @@ class DatasetRegistry:
 
     def __init__(self, client: redis.Redis) -> None:
         self._client = client
-        self._add = register(client, "shared.access", "add_dataset", confirmed=True)
+        self._add = register(client, "evalq.shared.access", "add_dataset", confirmed=True)
 
     def add(
         self,

@@ -2,7 +2,7 @@
 best so far, and each run's release, fixed at its first read.
 
 The arithmetic (which mechanism applies, the grid, when the Ladder moves) is
-:mod:`shared.access.ladder`'s; this store persists its inputs and outputs, and :meth:`settle`
+:mod:`evalq.shared.access.ladder`'s; this store persists its inputs and outputs, and :meth:`settle`
 runs a release's round: read the caller's best, decide, and commit the run's release, the
 caller's new best and its audit entry in one script (``release.lua``), again while other reads
 of the same caller's runs move the Ladder in between.
@@ -18,15 +18,15 @@ from typing import Any
 import redis
 from pydantic import ValidationError
 
-from shared.access.ladder import Best, Decision, Release, Released, ReleaseRule, release
-from shared.connection import confirmed
-from shared.errors import EvalqError
-from shared.evaluation import lower_is_better
-from shared.keys import AUDIT, release_best_key, release_config_key, release_run_key
-from shared.models import RunMeta
-from shared.names import check_name
-from shared.store.audit import record
-from shared.store.scripts import register
+from evalq.shared.access.ladder import Best, Decision, Release, Released, ReleaseRule, release
+from evalq.shared.connection import confirmed
+from evalq.shared.errors import EvalqError
+from evalq.shared.evaluation import lower_is_better
+from evalq.shared.keys import AUDIT, release_best_key, release_config_key, release_run_key
+from evalq.shared.models import RunMeta
+from evalq.shared.names import check_name
+from evalq.shared.store.audit import record
+from evalq.shared.store.scripts import register
 
 __all__ = ["RELEASE_RETRIES", "ReleaseStore"]
 
@@ -53,7 +53,7 @@ class ReleaseStore:
 
     def __init__(self, client: redis.Redis) -> None:
         self._client = client
-        self._commit = register(client, "shared.access", "release", confirmed=True)
+        self._commit = register(client, "evalq.shared.access", "release", confirmed=True)
 
     def set_rule(self, dataset: str, split: str, release: Release, *, who: str) -> None:
         """Set a split's release rule (audited)."""

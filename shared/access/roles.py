@@ -1,6 +1,6 @@
 """The roles: what a token's holder may do through the gateway (admin or user), who a request
 acts for, and the rules that follow from the role alone (admin operations, ``--admin``, data
-sources, budgets, ownership of runs). What a tier allows is :mod:`shared.access.policy`'s.
+sources, budgets, ownership of runs). What a tier allows is :mod:`evalq.shared.access.policy`'s.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
-from shared.errors import ForbiddenError
+from evalq.shared.errors import ForbiddenError
 
 __all__ = [
     "Caller",
@@ -43,7 +43,7 @@ class Caller:
 
 class TokenRecord(BaseModel):
     """What a token stands for: a principal in a role (the token itself is never stored;
-    :class:`shared.access.tokens.TokenStore` keeps these)."""
+    :class:`evalq.shared.access.tokens.TokenStore` keeps these)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

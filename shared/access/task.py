@@ -1,12 +1,12 @@
 """A registered language task's record: its name, its spec and who registered it.
-:class:`shared.access.tasks.TaskRegistry` keeps them (the HTTP client reads this module without
-Redis)."""
+:class:`evalq.shared.access.tasks.TaskRegistry` keeps them (the HTTP client reads this module
+without Redis)."""
 
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from shared.lm.task import TaskSpec
+from evalq.shared.lm.task import TaskSpec
 
 __all__ = ["RegisteredTask"]
 

@@ -1,4 +1,4 @@
-"""The task registry: language-model tasks (:class:`shared.lm.task.TaskSpec`, written as YAML)
+"""The task registry: language-model tasks (:class:`evalq.shared.lm.task.TaskSpec`, written as YAML)
 registered by an admin under a name, in ``evalq:tasks``.
 
 A caller names a registered task and never sends one: a task's scorer, template and few-shot
@@ -13,13 +13,13 @@ import time
 
 import redis
 
-from shared.access.task import RegisteredTask
-from shared.errors import InputError
-from shared.evaluation import registered
-from shared.keys import AUDIT, TASKS
-from shared.lm.task import TaskSpec
-from shared.names import PLUGIN_NAME
-from shared.store.scripts import register
+from evalq.shared.access.task import RegisteredTask
+from evalq.shared.errors import InputError
+from evalq.shared.evaluation import registered
+from evalq.shared.keys import AUDIT, TASKS
+from evalq.shared.lm.task import TaskSpec
+from evalq.shared.names import PLUGIN_NAME
+from evalq.shared.store.scripts import register
 
 __all__ = ["TaskRegistry"]
 
@@ -29,7 +29,7 @@ class TaskRegistry:
 
     def __init__(self, client: redis.Redis) -> None:
         self._client = client
-        self._add = register(client, "shared.access", "add_task", confirmed=True)
+        self._add = register(client, "evalq.shared.access", "add_task", confirmed=True)
 
     def add(
         self, name: str, text: str, *, who: str

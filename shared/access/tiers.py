@@ -1,7 +1,7 @@
 """The split-tier registry: tiers stored in ``evalq:tiers:{dataset}``, changes audited.
 
-It stores and reads; what a tier allows is :mod:`shared.access.policy`'s, and so is how a missing or
-unreadable entry reads (``no_access``).
+It stores and reads; what a tier allows is :mod:`evalq.shared.access.policy`'s, and so is how a
+missing or unreadable entry reads (``no_access``).
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import time
 
 import redis
 
-from shared.access.policy import Tier, stored_tier
-from shared.keys import AUDIT, tiers_key
-from shared.names import check_name
-from shared.store.scripts import register
+from evalq.shared.access.policy import Tier, stored_tier
+from evalq.shared.keys import AUDIT, tiers_key
+from evalq.shared.names import check_name
+from evalq.shared.store.scripts import register
 
 __all__ = ["TierRegistry"]
 
@@ -23,7 +23,7 @@ class TierRegistry:
 
     def __init__(self, client: redis.Redis) -> None:
         self._client = client
-        self._set_tier = register(client, "shared.access", "set_tier", confirmed=True)
+        self._set_tier = register(client, "evalq.shared.access", "set_tier", confirmed=True)
 
     def lookup(self, dataset: str, split: str) -> Tier | None:
         """The split's listed tier, or None when it is not listed (an unreadable entry reads as
@@ -37,7 +37,7 @@ class TierRegistry:
 
     def set(self, dataset: str, split: str, tier: Tier, *, who: str) -> Tier | None:
         """Set a split's tier (audited); return the previous one (None if unlisted). Names
-        must follow :mod:`shared.names`' rule (no two share a key)."""
+        must follow :mod:`evalq.shared.names`' rule (no two share a key)."""
         check_name("dataset name", dataset)
         check_name("split", split)
         before = self._set_tier(

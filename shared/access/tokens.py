@@ -14,11 +14,11 @@ import time
 import redis
 import redis.asyncio
 
-from shared.access.roles import Caller, Role, TokenRecord
-from shared.connection import confirmed
-from shared.keys import TOKENS
-from shared.names import check_name
-from shared.store import audit
+from evalq.shared.access.roles import Caller, Role, TokenRecord
+from evalq.shared.connection import confirmed
+from evalq.shared.keys import TOKENS
+from evalq.shared.names import check_name
+from evalq.shared.store import audit
 
 __all__ = ["TOKEN_PREFIX", "TokenLookup", "TokenStore"]
 

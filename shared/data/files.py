@@ -12,8 +12,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import PurePath
 from typing import TypeVar
 
-from shared.data.spec import LocalFormat
-from shared.errors import DataError
+from evalq.shared.data.spec import LocalFormat
+from evalq.shared.errors import DataError
 
 __all__ = ["FORMATS", "by_split", "format_of", "split_of"]
 

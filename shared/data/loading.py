@@ -4,7 +4,7 @@ back to rows and shards.
 ``--data`` is a local file (its split is the file's stem, so ``test.jsonl`` holds ``test``), a
 local folder whose files are named after splits (``validation.jsonl``,
 ``validation-00001.parquet``), an object or prefix on object storage named the same way
-(``s3://bucket/prefix/``, see :mod:`shared.data.remote`), or a Hub dataset id. A k-means
+(``s3://bucket/prefix/``, see :mod:`evalq.shared.data.remote`), or a Hub dataset id. A k-means
 routing is fitted on a stream of the split that is read no further than the fit's sample, so
 memory follows the sample size.
 """
@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 from pydantic import ConfigDict, Field
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
-from shared.data.files import FORMATS, by_split, format_of, split_of
-from shared.data.remote import check_remote, is_remote, materialize, remote_source
-from shared.data.routing import (
+from evalq.shared.data.files import FORMATS, by_split, format_of, split_of
+from evalq.shared.data.remote import check_remote, is_remote, materialize, remote_source
+from evalq.shared.data.routing import (
     Contiguous,
     Featurizer,
     KMeans,
@@ -33,7 +33,7 @@ from shared.data.routing import (
     assign,
     fit_kmeans,
 )
-from shared.data.spec import (
+from evalq.shared.data.spec import (
     MAX_SPEC_SHARDS,
     DatasetSpec,
     HubSource,
@@ -42,7 +42,7 @@ from shared.data.spec import (
     RemoteSource,
     Source,
 )
-from shared.errors import (
+from evalq.shared.errors import (
     DataError,
     SourceUnreachableError,
     SpecError,

@@ -21,9 +21,9 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import urlsplit
 
-from shared.data.files import FORMATS, by_split, format_of, split_of
-from shared.data.spec import RemoteFile, RemoteSource
-from shared.errors import (
+from evalq.shared.data.files import FORMATS, by_split, format_of, split_of
+from evalq.shared.data.spec import RemoteFile, RemoteSource
+from evalq.shared.errors import (
     DataError,
     EvalqError,
     InputError,
@@ -32,7 +32,7 @@ from shared.errors import (
     SplitNotFoundError,
     first_line,
 )
-from shared.settings import get_settings
+from evalq.shared.settings import get_settings
 
 __all__ = ["check_remote", "is_remote", "materialize", "remote_source", "remote_splits"]
 

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from shared.data.routing import Contiguous, KMeans, Routing
-from shared.errors import SpecError
-from shared.keys import spec_key
+from evalq.shared.data.routing import Contiguous, KMeans, Routing
+from evalq.shared.errors import SpecError
+from evalq.shared.keys import spec_key
 
 if TYPE_CHECKING:
     import redis

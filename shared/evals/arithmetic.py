@@ -13,8 +13,8 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from shared.evaluation import Evaluation, Parameters, register
-from shared.scorer import ScriptCall, ScriptScorer
+from evalq.shared.evaluation import Evaluation, Parameters, register
+from evalq.shared.scorer import ScriptCall, ScriptScorer
 
 __all__ = ["Arithmetic", "arithmetic_rows"]
 

@@ -1,12 +1,12 @@
 """Registered language tasks on a language model: the evaluation a run of ``evalq submit TASK
 --model hf/...`` gets.
 
-The run's record carries everything (:class:`shared.lm.run.LanguageRun`: the task as it was
+The run's record carries everything (:class:`evalq.shared.lm.run.LanguageRun`: the task as it was
 registered, the model spec, the few-shot examples), so a worker builds the evaluation from the
 record alone; a Python evaluation's run is built by name, as before (:func:`evaluation_of`).
 Runs of different tasks on one model share the worker's warm copy of it (:meth:`model_key`).
 
-A generated output is stored with its token usage (:func:`shared.models.with_usage`); a
+A generated output is stored with its token usage (:func:`evalq.shared.models.with_usage`); a
 multiple-choice output is each choice's summed log-likelihood, in the choices' order.
 """
 
@@ -17,24 +17,24 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from shared.connection import connect
-from shared.errors import GraderError, PermanentError, first_line
-from shared.evaluation import Evaluation, Graded, create
-from shared.lm.endpoint import EndpointModel
-from shared.lm.limits import EndpointLimits
-from shared.lm.request import GenerationRequest, Prompt
-from shared.lm.run import LanguageRun
-from shared.lm.spec import ModelSpec, canonical, identity
-from shared.models import Grade, RunMeta, Usage, with_usage
-from shared.settings import get_settings
-from shared.store.rate import RateLimit
-from shared.store.responses import ResponseCache
-from shared.store.runs import RunStore
-from shared.store.spend import RunMeter, TokenSpend
+from evalq.shared.connection import connect
+from evalq.shared.errors import GraderError, PermanentError, first_line
+from evalq.shared.evaluation import Evaluation, Graded, create
+from evalq.shared.lm.endpoint import EndpointModel
+from evalq.shared.lm.limits import EndpointLimits
+from evalq.shared.lm.request import GenerationRequest, Prompt
+from evalq.shared.lm.run import LanguageRun
+from evalq.shared.lm.spec import ModelSpec, canonical, identity
+from evalq.shared.models import Grade, RunMeta, Usage, with_usage
+from evalq.shared.settings import get_settings
+from evalq.shared.store.rate import RateLimit
+from evalq.shared.store.responses import ResponseCache
+from evalq.shared.store.runs import RunStore
+from evalq.shared.store.spend import RunMeter, TokenSpend
 
 if TYPE_CHECKING:
-    from shared.lm.hf import HFModel
-    from shared.lm.request import Generation
+    from evalq.shared.lm.hf import HFModel
+    from evalq.shared.lm.request import Generation
 
 __all__ = [
     "ENDPOINT_ROWS_PER_CALL",
@@ -64,8 +64,8 @@ def sample_seed(run_id: str, sample_id: int) -> int:
 
 
 class LanguageEvaluation(Evaluation):
-    """A registered task (:class:`shared.lm.task.TaskSpec`) on a model
-    (:class:`shared.lm.spec.ModelSpec`); one subclass per run record (:meth:`of`)."""
+    """A registered task (:class:`evalq.shared.lm.task.TaskSpec`) on a model
+    (:class:`evalq.shared.lm.spec.ModelSpec`); one subclass per run record (:meth:`of`)."""
 
     run: ClassVar[LanguageRun]
     isolatable: ClassVar[bool] = False
@@ -98,7 +98,7 @@ class LanguageEvaluation(Evaluation):
     def load(self, device: str) -> HFModel | EndpointModel:
         if self.run.model.endpoint is not None:
             return endpoint_model(self.run.model, self.run.cache)
-        from shared.lm.hf import HFModel  # torch: only where a model runs
+        from evalq.shared.lm.hf import HFModel  # torch: only where a model runs
 
         return HFModel.load(self.run.model, device)
 
@@ -158,7 +158,7 @@ class LanguageEvaluation(Evaluation):
 
     def _choose(self, model: HFModel, rows: list[dict[str, Any]], prompts: list[str]) -> list[Any]:
         """Each row's choices' log-likelihoods after its prompt, all rows' in one call."""
-        from shared.lm.request import ChoiceRequest
+        from evalq.shared.lm.request import ChoiceRequest
 
         per_row = [self.run.task.continuations(row) for row in rows]
         requests = [

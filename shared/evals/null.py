@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared.evaluation import Evaluation, register
+from evalq.shared.evaluation import Evaluation, register
 
 __all__ = ["NullModel"]
 

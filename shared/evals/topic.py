@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared.evaluation import Evaluation, Parameters, register
+from evalq.shared.evaluation import Evaluation, Parameters, register
 
 __all__ = ["DEFAULT_TOPICS", "TopicClassification"]
 

@@ -18,7 +18,7 @@ import os
 import stat
 from collections.abc import Iterable
 
-from shared.isolation.privilege import c_library, no_new_privs
+from evalq.shared.isolation.privilege import c_library, no_new_privs
 
 __all__ = [
     "FILE_RIGHTS",

@@ -3,8 +3,8 @@
 :func:`confine` applies every layer the machine allows, each on its own, and says which it
 applied and why any other is missing; the host reports that to its worker, which logs it:
 
-- ``seccomp``: ``socket()`` and ``io_uring`` refused (:mod:`shared.isolation.seccomp`); where the
-  kernel refuses the filter, ``netns`` instead: a user and network namespace of its own
+- ``seccomp``: ``socket()`` and ``io_uring`` refused (:mod:`evalq.shared.isolation.seccomp`); where
+  the kernel refuses the filter, ``netns`` instead: a user and network namespace of its own
   (unprivileged user namespaces), whose only device is a loopback that is down;
 - ``landlock``: reads only beneath the Python installation (``sys.prefix`` and
   ``sys.base_prefix``, every ``sys.path`` folder, every package already imported), the plugin
@@ -13,14 +13,14 @@ applied and why any other is missing; the host reports that to its worker, which
   ``/proc/self``, the CPU's description, and on a GPU its device files, ``/proc/driver/nvidia``
   and ``/sys``; writes only in its own folder (``HOME``) and to ``/dev/null``. Not the data
   files, the shard cache, the archive, the Hugging Face caches, other processes' ``/proc``
-  files, nor anything else a worker's user may read (:mod:`shared.isolation.landlock`);
+  files, nor anything else a worker's user may read (:mod:`evalq.shared.isolation.landlock`);
 - ``landlock-tcp``: no TCP ``bind`` or ``connect`` (Landlock ABI 4);
 - ``landlock-scope``: no signal to, and no abstract UNIX socket of, a process outside the
   sandbox (Landlock ABI 6).
 
 It holds for the host and every program it executes; call :func:`confine` while the process
 has one thread, after it gave up its capabilities
-(:func:`shared.isolation.privilege.drop_capabilities`).
+(:func:`evalq.shared.isolation.privilege.drop_capabilities`).
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from shared.isolation import landlock, seccomp
-from shared.isolation.privilege import c_library, drop_capabilities
+from evalq.shared.isolation import landlock, seccomp
+from evalq.shared.isolation.privilege import c_library, drop_capabilities
 
 __all__ = ["confine", "python_paths"]
 

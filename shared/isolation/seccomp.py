@@ -17,7 +17,7 @@ import os
 import platform
 import sys
 
-from shared.isolation.privilege import c_library, no_new_privs
+from evalq.shared.isolation.privilege import c_library, no_new_privs
 
 __all__ = ["deny_sockets"]
 

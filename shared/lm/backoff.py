@@ -1,7 +1,7 @@
 """Pacing requests to a server that pushes back: how long to wait before a retry (exponential
 backoff with full jitter, or the server's ``Retry-After``), and how many requests one worker
 process keeps in flight (:class:`Gate`: additive increase, multiplicative decrease on each
-429). The fleet-wide limit is :mod:`shared.store.rate`'s."""
+429). The fleet-wide limit is :mod:`evalq.shared.store.rate`'s."""
 
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 ``/v1/completions`` or ``/v1/chat/completions``, called by every worker under one rate limit.
 
 A batch's requests go out concurrently (httpx's async client) with a timeout each. Before each
-request the fleet-wide limiter (:class:`shared.store.rate.RateLimit`) admits it or says how long
-to wait; within a worker process the number in flight adapts to the server (additive increase,
+request the fleet-wide limiter (:class:`evalq.shared.store.rate.RateLimit`) admits it or says how
+long to wait; within a worker process the number in flight adapts to the server (additive increase,
 multiplicative decrease on each 429: :class:`Gate`). A 429, a 5xx, a timeout, a lost connection
 or an unreadable answer is retried after an exponential backoff with full jitter, or after the
 server's ``Retry-After``; a request whose retries run out ends its sample with an
@@ -11,13 +11,13 @@ server's ``Retry-After``; a request whose retries run out ends its sample with a
 batch goes on. Another 4xx is not retried (the request itself is wrong). A run with a token
 budget holds each try's worst case before it is sent and is charged its usage when it returns
 (:class:`Meter`); a request the budget cannot take ends its sample
-:class:`shared.errors.TokensExhausted`, unsent.
+:class:`evalq.shared.errors.TokensExhausted`, unsent.
 
 The API key is read from the worker's environment variable the endpoint's policy entry names
-(:class:`shared.store.endpoints.EndpointLimits`), sent in the ``Authorization`` header and
+(:class:`evalq.shared.store.endpoints.EndpointLimits`), sent in the ``Authorization`` header and
 nowhere else: error lines carry status codes and the server's words with the key cut out.
-The limiter and the key come from the caller (:func:`shared.evals.language.endpoint_model`), so
-this module needs no store.
+The limiter and the key come from the caller (:func:`evalq.shared.evals.language.endpoint_model`),
+so this module needs no store.
 """
 
 from __future__ import annotations
@@ -34,10 +34,10 @@ from typing import Any, ClassVar, Protocol
 
 import httpx
 
-from shared.errors import PermanentError, TokensExhausted, first_line
-from shared.lm.backoff import BACKOFF_CAP, Gate, backoff, retry_after
-from shared.lm.request import Generation, GenerationRequest, Prompt, cut_at_stop
-from shared.lm.spec import ModelSpec
+from evalq.shared.errors import PermanentError, TokensExhausted, first_line
+from evalq.shared.lm.backoff import BACKOFF_CAP, Gate, backoff, retry_after
+from evalq.shared.lm.request import Generation, GenerationRequest, Prompt, cut_at_stop
+from evalq.shared.lm.spec import ModelSpec
 
 __all__ = [
     "BadResponse",
@@ -110,7 +110,7 @@ class Refused(EndpointError):
 
 
 class Limiter(Protocol):
-    """The fleet-wide rate limit of an endpoint (:class:`shared.store.rate.RateLimit`)."""
+    """The fleet-wide rate limit of an endpoint (:class:`evalq.shared.store.rate.RateLimit`)."""
 
     def refresh(self, api_key_env: str) -> str | None: ...
     def take(self, tokens: int) -> float: ...
@@ -120,14 +120,14 @@ class Limiter(Protocol):
 
 
 class Meter(Protocol):
-    """A run's token budget (:class:`shared.store.spend.RunMeter`)."""
+    """A run's token budget (:class:`evalq.shared.store.spend.RunMeter`)."""
 
     def hold(self, tokens: int, seconds: float) -> str | None: ...
     def charge(self, ticket: str, used: int) -> None: ...
 
 
 class Responses(Protocol):
-    """The fleet's response cache (:class:`shared.store.responses.ResponseCache`)."""
+    """The fleet's response cache (:class:`evalq.shared.store.responses.ResponseCache`)."""
 
     def get(self, digest: str) -> dict[str, Any] | None: ...
     def claim(self, digest: str, seconds: float) -> bool: ...

@@ -54,15 +54,15 @@ from transformers import (
     StoppingCriteriaList,
 )
 
-from shared.errors import InputError, first_line
-from shared.lm.request import (
+from evalq.shared.errors import InputError, first_line
+from evalq.shared.lm.request import (
     ChoiceRequest,
     ChoiceScore,
     Generation,
     GenerationRequest,
     cut_at_stop,
 )
-from shared.lm.spec import ModelSpec, folder
+from evalq.shared.lm.spec import ModelSpec, folder
 
 __all__ = ["HFModel"]
 
@@ -103,7 +103,7 @@ class HFModel:
     @classmethod
     def load(cls, spec: ModelSpec, device: str) -> HFModel:
         """Load weights and tokenizer on ``device`` from the model's folder (a Hub model's
-        snapshot: :func:`shared.lm.spec.folder`); never with ``trust_remote_code``."""
+        snapshot: :func:`evalq.shared.lm.spec.folder`); never with ``trust_remote_code``."""
         source = str(folder(spec))
         where = torch.device(device)
         dtype: Any = spec.args.dtype

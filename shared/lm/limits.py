@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.lm.spec import DEFAULT_API_KEY_ENV
+from evalq.shared.lm.spec import DEFAULT_API_KEY_ENV
 
 __all__ = ["EndpointLimits"]
 

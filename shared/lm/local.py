@@ -20,8 +20,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from shared.errors import InputError
-from shared.settings import get_settings
+from evalq.shared.errors import InputError
+from evalq.shared.settings import get_settings
 
 __all__ = ["SMOLLM2_INSTALL", "gguf_path", "materialise", "model_cache", "smollm2"]
 

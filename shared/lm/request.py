@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from shared.errors import InputError
+from evalq.shared.errors import InputError
 
 __all__ = [
     "PROMPT_OVERHEAD",

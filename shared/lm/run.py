@@ -1,8 +1,8 @@
 """What a language-model run carries in its record: the task as registered when it was
 submitted, the model spec, and the few-shot examples drawn for it.
 
-The producer fixes all three at submission (:func:`shared.evals.language.prepare`), so a worker
-needs nothing but the run's record, a task replaced later changes no running run, and the
+The producer fixes all three at submission (:func:`evalq.shared.evals.language.prepare`), so a
+worker needs nothing but the run's record, a task replaced later changes no running run, and the
 examples (rows of a split the caller may view, labels included: they are shown with their
 answers) are the same for every sample wherever it runs.
 """
@@ -14,8 +14,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from shared.lm.spec import ModelSpec
-from shared.lm.task import TaskSpec
+from evalq.shared.lm.spec import ModelSpec
+from evalq.shared.lm.task import TaskSpec
 
 __all__ = ["Example", "LanguageRun"]
 

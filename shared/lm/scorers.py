@@ -3,7 +3,7 @@
 A task file names its scorer and never carries code: the name is looked up here, and a name
 nobody registered is refused (:func:`scorer`). A scorer is called as ``fn(output, row, task)``
 with the model's output (generated text, or for a ``choices`` task one log-likelihood per
-choice), the full row (labels included) and the :class:`~shared.lm.task.TaskSpec`; it returns
+choice), the full row (labels included) and the :class:`~evalq.shared.lm.task.TaskSpec`; it returns
 ``{metric: value}``. Options (``pattern``, ``tolerance``) are the task's own keys, validated
 when the task is loaded; nothing from the task is evaluated as code.
 """
@@ -16,11 +16,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from shared.errors import InputError, PermanentError, PluginError
-from shared.names import PLUGIN_NAME
+from evalq.shared.errors import InputError, PermanentError, PluginError
+from evalq.shared.names import PLUGIN_NAME
 
 if TYPE_CHECKING:
-    from shared.lm.task import TaskSpec
+    from evalq.shared.lm.task import TaskSpec
 
 __all__ = [
     "OPTIONS",

@@ -18,7 +18,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from shared.errors import InputError, first_line
+from evalq.shared.errors import InputError, first_line
 
 __all__ = [
     "ENDPOINT_ARGS",

@@ -4,7 +4,7 @@ A task is data, never code. The prompt is a ``str.format`` template over the row
 only plain ``{field}`` names are accepted (``{a.__class__}``, ``{a[0]}``, ``{a!r}``, ``{a:>10}``
 are refused: attribute and index access reach into Python objects), and rendering substitutes
 ``str(row[field])`` itself instead of calling ``str.format``. The scorer is a registered name
-(:mod:`shared.lm.scorers`). The label fields (``target`` and ``labels``) are scrubbed before
+(:mod:`evalq.shared.lm.scorers`). The label fields (``target`` and ``labels``) are scrubbed before
 inference, so a prompt may not use them: the only label text a prompt ever holds is the
 answers of its few-shot examples, which is what few-shot examples are.
 
@@ -38,9 +38,9 @@ from pydantic import (
     model_validator,
 )
 
-from shared.errors import InputError, first_line
-from shared.lm.scorers import OPTIONS, Scorer, scorer
-from shared.names import NAME_RULE, is_name
+from evalq.shared.errors import InputError, first_line
+from evalq.shared.lm.scorers import OPTIONS, Scorer, scorer
+from evalq.shared.names import NAME_RULE, is_name
 
 __all__ = [
     "DEFAULT_GRADER_PROMPT",
@@ -102,7 +102,7 @@ question.
 Does the submission give the expert answer? Reply with GRADE: C if it does (correct) or \
 GRADE: I if it does not (incorrect), and nothing else."""
 """After Inspect AI's ``model_graded_qa``: the verdict is the last ``GRADE: C`` or ``GRADE: I``
-of the grader's answer (:func:`shared.lm.scorers.model_graded`)."""
+of the grader's answer (:func:`evalq.shared.lm.scorers.model_graded`)."""
 
 
 class Grader(_Spec):
@@ -118,7 +118,7 @@ class Grader(_Spec):
 
     @model_validator(mode="after")
     def _check(self) -> Self:
-        from shared.lm.spec import ModelSpec
+        from evalq.shared.lm.spec import ModelSpec
 
         unknown = [f for f in _template(self.prompt)[1] if f not in GRADER_FIELDS]
         if unknown:

@@ -5,12 +5,12 @@ pyproject.toml), so a plugin imports what it needs from one name that is evalq's
 objects are those of ``shared`` itself (the same classes, the same registry), re-exported.
 """
 
-from shared.errors import EvalqError, PermanentError, RetryableError
-from shared.evaluation import Evaluation, Parameters, register
-from shared.failures import FailurePolicy
-from shared.models import RunMeta, RunStatus, SampleResult
-from shared.scorer import ScriptCall, ScriptScorer
-from shared.settings import Settings
+from evalq.shared.errors import EvalqError, PermanentError, RetryableError
+from evalq.shared.evaluation import Evaluation, Parameters, register
+from evalq.shared.failures import FailurePolicy
+from evalq.shared.models import RunMeta, RunStatus, SampleResult
+from evalq.shared.scorer import ScriptCall, ScriptScorer
+from evalq.shared.settings import Settings
 
 __all__ = [
     "EvalqError",

@@ -54,15 +54,15 @@ from kombu.transport.redis import Channel as RedisChannel
 from kombu.transport.redis import Transport as RedisTransport
 from kombu.utils.json import dumps
 
-from shared.evaluation import model_key
-from shared.keys import FAIR, FAIR_SCORE, FairKeys, RunKeys
-from shared.lm.run import LanguageRun
-from shared.models import RunMeta, SampleTask, Stage
-from shared.queue.celery_app import INFER_QUEUE, INFER_TASK, SCORE_QUEUE, SCORE_TASK
-from shared.queue.sizing import message_size, split
-from shared.queue.standing import Standing
-from shared.store.scripts import register
-from shared.target import is_sentinel
+from evalq.shared.evaluation import model_key
+from evalq.shared.keys import FAIR, FAIR_SCORE, FairKeys, RunKeys
+from evalq.shared.lm.run import LanguageRun
+from evalq.shared.models import RunMeta, SampleTask, Stage
+from evalq.shared.queue.celery_app import INFER_QUEUE, INFER_TASK, SCORE_QUEUE, SCORE_TASK
+from evalq.shared.queue.sizing import message_size, split
+from evalq.shared.queue.standing import Standing
+from evalq.shared.store.scripts import register
+from evalq.shared.target import is_sentinel
 
 __all__ = [
     "INFER_LANE",
@@ -228,9 +228,9 @@ class Backlog:
     def __init__(self, client: redis.Redis, turn_seconds: float = TURN_SECONDS) -> None:
         self._client = client
         self._turn = turn_seconds
-        self._stage = register(client, "shared.queue", "stage")
-        self._dispatch = register(client, "shared.queue", "dispatch")
-        self._withdraw = register(client, "shared.queue", "withdraw")
+        self._stage = register(client, "evalq.shared.queue", "stage")
+        self._dispatch = register(client, "evalq.shared.queue", "dispatch")
+        self._withdraw = register(client, "evalq.shared.queue", "withdraw")
 
     def stage(
         self,
@@ -266,7 +266,7 @@ class Backlog:
         self, app: Celery, meta: RunMeta, sample_ids: Sequence[int], lane: Lane = INFER_LANE
     ) -> int:
         """Stage ``lane``'s work (inference, or scoring for ``rescore``) on ``sample_ids`` of
-        ``meta``'s run in its backlog, in messages of :func:`shared.queue.sizing.message_size`
+        ``meta``'s run in its backlog, in messages of :func:`evalq.shared.queue.sizing.message_size`
         samples, and move one message to the queue's head; return the samples staged."""
         if not sample_ids:
             return 0
@@ -277,8 +277,8 @@ class Backlog:
     def stage_scoring(self, capturer: Capturer, meta: RunMeta, sample_ids: Sequence[int]) -> int:
         """Stage the scoring of ``sample_ids`` of ``meta``'s run, just inferred by an
         inference-only worker, in its score backlog (messages of up to
-        :data:`shared.queue.sizing.MESSAGE_SAMPLES`: one per run and batch), and refill ``score``
-        to its depth, in one call; return the samples staged."""
+        :data:`evalq.shared.queue.sizing.MESSAGE_SAMPLES`: one per run and batch), and refill
+        ``score`` to its depth, in one call; return the samples staged."""
         if not sample_ids:
             return 0
         messages = capturer(SCORE_TASK, split(meta, sample_ids))

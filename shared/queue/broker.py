@@ -23,8 +23,8 @@ from celery import Celery
 from kombu import Connection
 from kombu.transport.redis import Channel
 
-from shared.models import SampleTask
-from shared.queue.celery_app import INFER_QUEUE, SCORE_QUEUE
+from evalq.shared.models import SampleTask
+from evalq.shared.queue.celery_app import INFER_QUEUE, SCORE_QUEUE
 
 __all__ = ["Broker", "carried", "queue_names"]
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from celery import Celery
 from kombu import Exchange, Queue
 
-from shared.connection import is_sentinel
-from shared.errors import InputError
-from shared.queue.sizing import MIN_MESSAGE_SAMPLES
-from shared.settings import Settings
+from evalq.shared.connection import is_sentinel
+from evalq.shared.errors import InputError
+from evalq.shared.queue.sizing import MIN_MESSAGE_SAMPLES
+from evalq.shared.settings import Settings
 
 __all__ = [
     "ARCHIVE_TASK",
@@ -25,7 +25,7 @@ __all__ = [
 INFER_TASK = "evalq.infer"
 SCORE_TASK = "evalq.score"
 ARCHIVE_TASK = "evalq.archive"
-"""Archive an ended run, or spill a going one (:mod:`worker.archiver`); goes to the ``score``
+"""Archive an ended run, or spill a going one (:mod:`evalq.worker.archiver`); goes to the ``score``
 queue."""
 INFER_QUEUE = "infer"
 SCORE_QUEUE = "score"

@@ -17,7 +17,7 @@ from typing import Any
 from celery import Celery
 from kombu import Queue
 
-from shared.models import RunMeta, SampleTask
+from evalq.shared.models import RunMeta, SampleTask
 
 __all__ = [
     "MESSAGE_SAMPLES",

@@ -1,4 +1,4 @@
-"""Where a backlogged run stands in the fair dispatcher (:mod:`shared.queue.backlog`): its
+"""Where a backlogged run stands in the fair dispatcher (:mod:`evalq.shared.queue.backlog`): its
 samples waiting, its share of the workers, and who is served before it."""
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """What a run adds up to: its aggregate and each metric's uncertainty, computed once from the
-stored scores and failures when the run ends (:meth:`shared.store.writer.ResultWriter.finalize`
-writes them), and its terminal errors counted by kind.
+stored scores and failures when the run ends
+(:meth:`evalq.shared.store.writer.ResultWriter.finalize` writes them), and its terminal errors
+counted by kind.
 
 Nothing here touches Redis: the store reads what is counted and writes what comes out.
 """
@@ -13,12 +14,12 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from shared.errors import first_line
-from shared.evaluation import Evaluation
-from shared.failures import Counted
-from shared.models import RunStatus, to_json
-from shared.stats import describe
-from shared.store.wire import error_kind
+from evalq.shared.errors import first_line
+from evalq.shared.evaluation import Evaluation
+from evalq.shared.failures import Counted
+from evalq.shared.models import RunStatus, to_json
+from evalq.shared.stats import describe
+from evalq.shared.store.wire import error_kind
 
 __all__ = ["Clusters", "Finished", "conclude", "error_kinds"]
 
@@ -49,7 +50,7 @@ def conclude(
     """How the run ends, from its metric samples (every stored score and failure as the
     evaluation counts them): completed with ``evaluation.aggregate()``, or failed when no
     sample could be scored or ``aggregate()`` raised; with the aggregate's JSON and the stats'
-    (:func:`shared.stats.describe`, clustered by what ``clusters`` gives for the counted ids
+    (:func:`evalq.shared.stats.describe`, clustered by what ``clusters`` gives for the counted ids
     when the evaluation declares a cluster field; '' when there are none)."""
     finished = Finished(RunStatus.FAILED, {}, _unsent(counted) or "no sample could be scored")
     encoded, stats = to_json(finished.aggregate), ""

@@ -8,12 +8,12 @@ each stored text back exactly, else their JSON text (:func:`typed_output`); ``sc
 analysis), then ``manifest.json`` last (the parts, their rows, and the run record with its
 progress, aggregate, stats, provenance, timeline and error counts). A folder without a
 manifest is an attempt that died: it is never read, and the attempt that wins removes it.
-Which attempt won is decided in Redis (:meth:`shared.store.seal.Sealer.seal`), not here: a
+Which attempt won is decided in Redis (:meth:`evalq.shared.store.seal.Sealer.seal`), not here: a
 folder is the run's archive once the run's record names it.
 
 While a run goes, its complete segments are spilled (``EVALQ_SPILL_ROWS``): each to one part
 of its own, ``<archive>/<run>/spill/segment-<k>-<token>.parquet`` (the same columns), which
-the run's record in Redis names (:meth:`shared.store.spill.Spiller.spill`); the attempt that
+the run's record in Redis names (:meth:`evalq.shared.store.spill.Spiller.spill`); the attempt that
 archives the run reads them back like the rest, and the seal's tidy-up removes the spill
 folder.
 
@@ -34,8 +34,8 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from shared.errors import ArchiveUnreadableError, first_line
-from shared.models import scores_value, to_json
+from evalq.shared.errors import ArchiveUnreadableError, first_line
+from evalq.shared.models import scores_value, to_json
 
 __all__ = [
     "MANIFEST",

@@ -13,8 +13,8 @@ from typing import Any
 
 import redis
 
-from shared.keys import AUDIT
-from shared.models import RunMeta
+from evalq.shared.keys import AUDIT
+from evalq.shared.models import RunMeta
 
 __all__ = ["audit_admin", "audit_refusal", "recent", "record", "trim_audit"]
 

@@ -3,8 +3,9 @@ limits the operator sets for each (``endpoints:`` in ``evalq policy apply``; aud
 
 An endpoint model calls only a listed URL, with the API key from the one worker environment
 variable its entry names: a caller cannot make the workers send a key to a server of its
-choosing, nor read another variable into a request (:func:`shared.access.policy.admit_endpoint`).
-The workers read this store; ``evalq policy apply`` writes it.
+choosing, nor read another variable into a request
+(:func:`evalq.shared.access.policy.admit_endpoint`). The workers read this store; ``evalq policy
+apply`` writes it.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ import json
 import redis
 from pydantic import ValidationError
 
-from shared.keys import ENDPOINTS
-from shared.lm.limits import EndpointLimits
-from shared.store.audit import record
+from evalq.shared.keys import ENDPOINTS
+from evalq.shared.lm.limits import EndpointLimits
+from evalq.shared.store.audit import record
 
 __all__ = ["EndpointRegistry", "normal_url"]
 

@@ -1,9 +1,9 @@
 """A run's stored results while they live in Redis: read from its hashes (pipelines and scans)
-and, for its spilled segments (:mod:`shared.store.spill`), from their parts.
+and, for its spilled segments (:mod:`evalq.shared.store.spill`), from their parts.
 
 Every read here raises :class:`Sealed` when it sees the run sealed (its keys may be gone
 under it), and lets :class:`ArchiveUnreadableError` out when a part cannot be read (the seal's
-tidy-up may have removed it); :class:`shared.store.reader.ResultReader` decides, in one place,
+tidy-up may have removed it); :class:`evalq.shared.store.reader.ResultReader` decides, in one place,
 whether the archive answers instead.
 """
 
@@ -17,14 +17,14 @@ from typing import Any, cast
 import redis
 from redis.client import NEVER_DECODE
 
-from shared.errors import UnknownRunError
-from shared.keys import RunKeys
-from shared.models import scores_value
-from shared.store.aggregate import error_kinds
-from shared.store.archive import Chunk
-from shared.store.runs import RunStore
-from shared.store.spill import Spill
-from shared.store.wire import error_kind, scores_of
+from evalq.shared.errors import UnknownRunError
+from evalq.shared.keys import RunKeys
+from evalq.shared.models import scores_value
+from evalq.shared.store.aggregate import error_kinds
+from evalq.shared.store.archive import Chunk
+from evalq.shared.store.runs import RunStore
+from evalq.shared.store.spill import Spill
+from evalq.shared.store.wire import error_kind, scores_of
 
 __all__ = ["COLUMNS", "SCAN_COUNT", "LiveResults", "Present", "Sealed", "settled_ids"]
 

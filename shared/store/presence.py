@@ -8,9 +8,9 @@ from collections.abc import Iterable
 import redis
 from pydantic import BaseModel, ValidationError
 
-from shared.keys import JANITOR, WORKERS, worker_key
-from shared.settings import Settings
-from shared.store.scripts import register
+from evalq.shared.keys import JANITOR, WORKERS, worker_key
+from evalq.shared.settings import Settings
+from evalq.shared.store.scripts import register
 
 __all__ = ["HEARTBEAT_MISSES", "Lease", "Presence", "WorkerBeat", "absence", "sweep_every"]
 
@@ -30,7 +30,7 @@ class Lease:
 
     def __init__(self, client: redis.Redis, key: str) -> None:
         self._key = key
-        self._lead = register(client, "shared.store", "lead")
+        self._lead = register(client, "evalq.shared.store", "lead")
 
     def hold(self, holder: str, seconds: float, gone: str = "") -> bool:
         """Take the lease for ``seconds`` when it is free (or held by ``gone``), or renew it

@@ -20,9 +20,9 @@ from importlib import metadata
 
 import redis
 
-from shared.evaluation import Evaluation, source
-from shared.keys import RunKeys
-from shared.models import RunProvenance, WorkerProvenance
+from evalq.shared.evaluation import Evaluation, source
+from evalq.shared.keys import RunKeys
+from evalq.shared.models import RunProvenance, WorkerProvenance
 
 __all__ = ["PACKAGES", "ProvenanceStore", "of_worker"]
 

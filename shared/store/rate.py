@@ -2,7 +2,7 @@
 
 Every worker process calling an endpoint asks :meth:`RateLimit.take` before each request: one
 Lua script (``rate.lua``, GCRA) admits it under the operator's requests-per-minute and
-tokens-per-minute (:class:`shared.lm.limits.EndpointLimits`, read again for each batch:
+tokens-per-minute (:class:`evalq.shared.lm.limits.EndpointLimits`, read again for each batch:
 :meth:`RateLimit.refresh`) and after the server's last ``Retry-After`` (:meth:`RateLimit.pause`),
 or says how long to wait, so the limit holds across any number of workers. A request's tokens
 are not known until it returns: it is admitted on an estimate and the estimate corrected
@@ -20,10 +20,10 @@ from collections.abc import Iterable
 
 import redis
 
-from shared.keys import rate_key, rate_minute_key
-from shared.lm.limits import EndpointLimits
-from shared.store.endpoints import EndpointRegistry
-from shared.store.scripts import register
+from evalq.shared.keys import rate_key, rate_minute_key
+from evalq.shared.lm.limits import EndpointLimits
+from evalq.shared.store.endpoints import EndpointRegistry
+from evalq.shared.store.scripts import register
 
 __all__ = ["COUNTS", "RateLimit", "minute_counts"]
 
@@ -46,7 +46,7 @@ class RateLimit:
         self.endpoint = endpoint
         self.limits = limits
         self._key = rate_key(endpoint)
-        self._script = register(client, "shared.store", "rate")
+        self._script = register(client, "evalq.shared.store", "rate")
 
     def _args(self) -> list[str]:
         rpm, tpm = self.limits.requests_per_minute, self.limits.tokens_per_minute

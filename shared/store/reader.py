@@ -1,6 +1,6 @@
 """Every read of a run's per-sample results, the same answer wherever they are: live in Redis
-(:mod:`shared.store.live`), in a going run's spilled parts (:mod:`shared.store.spill`), or
-in the archive of an ended one (:mod:`shared.store.archive`).
+(:mod:`evalq.shared.store.live`), in a going run's spilled parts (:mod:`evalq.shared.store.spill`),
+or in the archive of an ended one (:mod:`evalq.shared.store.archive`).
 
 A run's results move under a reader: a spill frees a segment's values once its part is named,
 a seal frees every per-sample key once the archive is named (and removes the spilled parts).
@@ -18,14 +18,14 @@ from typing import Any, TypeVar
 import pyarrow as pa
 import redis
 
-from shared.errors import ArchiveUnreadableError, UnknownRunError
-from shared.failures import Counted, FailureRule, metric_samples
-from shared.keys import RunKeys
-from shared.models import Progress, SampleResult
-from shared.stats import Stat
-from shared.store.archive import RAW_COLUMNS, ArchiveReader, Chunk, inside, run_folder
-from shared.store.live import COLUMNS, SCAN_COUNT, LiveResults, Present, Sealed, settled_ids
-from shared.store.wire import error_kind, results_of, scores_of
+from evalq.shared.errors import ArchiveUnreadableError, UnknownRunError
+from evalq.shared.failures import Counted, FailureRule, metric_samples
+from evalq.shared.keys import RunKeys
+from evalq.shared.models import Progress, SampleResult
+from evalq.shared.stats import Stat
+from evalq.shared.store.archive import RAW_COLUMNS, ArchiveReader, Chunk, inside, run_folder
+from evalq.shared.store.live import COLUMNS, SCAN_COUNT, LiveResults, Present, Sealed, settled_ids
+from evalq.shared.store.wire import error_kind, results_of, scores_of
 
 __all__ = ["ResultReader"]
 
@@ -117,7 +117,7 @@ class ResultReader:
 
     def tables(self, run_id: str, size: int = 10_000) -> Iterator[pa.Table]:
         """Every sample's stored texts and metrics as tables of the archive's columns
-        (:meth:`shared.store.archive.Chunk.table`), in submission order, live or archived."""
+        (:meth:`evalq.shared.store.archive.Chunk.table`), in submission order, live or archived."""
         archive = self.archive(run_id)
         if archive is None:
             for chunk in self.chunks(run_id, size):
@@ -253,7 +253,8 @@ class ResultReader:
 
     def counted(self, run_id: str, rule: FailureRule) -> Counted:
         """The run's metric samples: every stored score, and its failed samples as ``rule``
-        (the evaluation's declarations) counts them (:func:`shared.failures.metric_samples`)."""
+        (the evaluation's declarations) counts them
+        (:func:`evalq.shared.failures.metric_samples`)."""
         return metric_samples(self.scores(run_id), self.failures(run_id), rule)
 
     def timeline(self, run_id: str) -> list[tuple[float, int]]:

@@ -2,9 +2,9 @@
 request, shared by every worker.
 
 A request's key is the digest of what decides its answer
-(:func:`shared.lm.endpoint.request_digest`): the endpoint, the model name and the whole request
-body (prompt or messages, generation settings, the seed when it samples), so another model or
-another prompt never gets a hit. Identical requests in flight at once share
+(:func:`evalq.shared.lm.endpoint.request_digest`): the endpoint, the model name and the whole
+request body (prompt or messages, generation settings, the seed when it samples), so another model
+or another prompt never gets a hit. Identical requests in flight at once share
 one call: the first takes ``<key>:lock`` (``SET NX`` with an expiry) and the others wait for
 its answer, or for the lock to lapse (its worker died) and then ask themselves. Entries are
 bounded by age (``EVALQ_CACHE_TTL``) and size (``EVALQ_CACHE_MAX_BYTES``: a longer answer is
@@ -18,7 +18,7 @@ from typing import Any
 
 import redis
 
-from shared.keys import cache_key
+from evalq.shared.keys import cache_key
 
 __all__ = ["ResponseCache"]
 

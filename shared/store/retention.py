@@ -2,7 +2,7 @@
 
 ``evalq purge`` (admins) and the retention policy (:func:`retain`: runs older than
 ``EVALQ_KEEP_RUNS_DAYS``, audit entries older than ``EVALQ_AUDIT_DAYS``; applied by the
-gateway's retainer, :mod:`producer.gateway.retainer`, or once by ``evalq retention``) come
+gateway's retainer, :mod:`evalq.producer.gateway.retainer`, or once by ``evalq retention``) come
 here. Both need the operator's rights (the ``gateway`` ACL user): the ``worker`` user may touch
 neither the audit stream nor a run's facts. A purge removes a run's record, counters,
 aggregate, stats, provenance, release record, per-sample keys and archive folder (every
@@ -19,14 +19,14 @@ from dataclasses import dataclass, field
 
 import redis
 
-from shared.connection import server_time
-from shared.errors import InputError, UnknownRunError
-from shared.keys import ACTIVE, RUNS, RunKeys, release_run_key
-from shared.models import RunMeta, RunStatus
-from shared.settings import Settings
-from shared.store.archive import remove_run, run_folder
-from shared.store.audit import record, trim_audit
-from shared.store.runs import RunStore
+from evalq.shared.connection import server_time
+from evalq.shared.errors import InputError, UnknownRunError
+from evalq.shared.keys import ACTIVE, RUNS, RunKeys, release_run_key
+from evalq.shared.models import RunMeta, RunStatus
+from evalq.shared.settings import Settings
+from evalq.shared.store.archive import remove_run, run_folder
+from evalq.shared.store.audit import record, trim_audit
+from evalq.shared.store.runs import RunStore
 
 __all__ = ["PURGE_PER_PASS", "Retained", "archive_due", "expired", "parse_age", "purge", "retain"]
 

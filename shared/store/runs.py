@@ -10,11 +10,11 @@ import redis
 from pydantic import BaseModel, ConfigDict
 from redis.typing import EncodableT, FieldT
 
-from shared.errors import UnknownRunError
-from shared.keys import ACTIVE, RUNS, RunKeys
-from shared.models import RunMeta, RunStatus
-from shared.store.archive import run_folder
-from shared.store.scripts import register
+from evalq.shared.errors import UnknownRunError
+from evalq.shared.keys import ACTIVE, RUNS, RunKeys
+from evalq.shared.models import RunMeta, RunStatus
+from evalq.shared.store.archive import run_folder
+from evalq.shared.store.scripts import register
 
 __all__ = ["RunFilter", "RunStore"]
 
@@ -24,8 +24,8 @@ STATE = ("status", "finished", "reason", "archived")
 a fact (``evalq:facts:{run}``), written only by a producer."""
 
 PENDING_SECONDS = 3600
-"""How long a run recorded but not yet opened by :meth:`shared.access.ledger.Ledger.reserve` lives:
-a producer killed between the two leaves nothing that outlasts this."""
+"""How long a run recorded but not yet opened by :meth:`evalq.shared.access.ledger.Ledger.reserve`
+lives: a producer killed between the two leaves nothing that outlasts this."""
 
 
 def _encode(
@@ -82,14 +82,14 @@ class RunStore:
 
     def __init__(self, client: redis.Redis) -> None:
         self._client = client
-        self._cancel = register(client, "shared.store", "cancel", confirmed=True)
-        self._claim_archive = register(client, "shared.store", "claim_archive")
+        self._cancel = register(client, "evalq.shared.store", "cancel", confirmed=True)
+        self._claim_archive = register(client, "evalq.shared.store", "claim_archive")
 
     def create(self, meta: RunMeta, sample_ids: list[int], archive: str) -> None:
         """Record a new run (its facts, with ``archive`` as the location its results go under,
         and its sample ids) in one transaction, pending: nobody sees it, and it expires after
-        :data:`PENDING_SECONDS`, until :meth:`shared.access.ledger.Ledger.reserve` charges and opens
-        it in one script (so a producer killed between the two leaves no charge without a
+        :data:`PENDING_SECONDS`, until :meth:`evalq.shared.access.ledger.Ledger.reserve` charges
+        and opens it in one script (so a producer killed between the two leaves no charge without a
         run, nor a run without its charge)."""
         keys = RunKeys(meta.run_id)
         facts, state = _encode(meta, archive)

@@ -3,14 +3,14 @@
 A script lives beside the code that owns it, in ``<package>/lua/<name>.lua`` (the store's in
 ``shared/store/lua/``, the fair dispatcher's in ``shared/queue/lua/``, the budget's, tiers'
 and registry's in ``shared/access/lua/``), and opens with a header naming exactly the keys and
-arguments its caller passes. Key names are spelled in :mod:`shared.keys` only: a script gets
+arguments its caller passes. Key names are spelled in :mod:`evalq.shared.keys` only: a script gets
 its keys from its caller, and one that names keys as it goes (the fair dispatcher, for each
 principal and run it serves) gets their templates. ``shared/store/lua/prelude.lua`` holds the
 helper functions more than one script needs; it is put in front of every script, so a rule
 such as "a run's first write moves it from queued to running" is written once.
 
 A script whose writes must survive a failover is registered ``confirmed``: each call returns
-only once a replica holds its effects (:func:`shared.connection.confirmed`).
+only once a replica holds its effects (:func:`evalq.shared.connection.confirmed`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any, cast
 import redis
 from redis.commands.core import Script
 
-from shared.connection import confirmed
+from evalq.shared.connection import confirmed
 
 __all__ = ["flatten", "register"]
 
@@ -34,7 +34,7 @@ def _read(package: str, name: str) -> str:
 
 @cache
 def _source(package: str, name: str) -> str:
-    return _read("shared.store", "prelude") + "\n" + _read(package, name)
+    return _read("evalq.shared.store", "prelude") + "\n" + _read(package, name)
 
 
 class _Confirmed(Script):
@@ -50,8 +50,9 @@ class _Confirmed(Script):
 
 
 def register(client: redis.Redis, package: str, name: str, *, confirmed: bool = False) -> Script:
-    """The script ``name`` of ``package`` (``shared.store``, ``shared.queue``, ...), with the
-    prelude, registered on ``client``; Redis runs it by its SHA and loads it again by itself
+    """The script ``name`` of ``package`` (``evalq.shared.store``, ``evalq.shared.queue``, ...),
+    with the prelude, registered on ``client``; Redis runs it by its SHA and loads it again by
+    itself
     after a restart (a promoted replica has none loaded). ``confirmed``: each call waits for
     the client's replicas (see the module)."""
     if confirmed:

@@ -2,9 +2,9 @@
 and frees the run's per-sample keys in Redis (``seal.lua``), and what an archive keeps of the
 run's timeline.
 
-Writing the attempt's folder is :mod:`shared.store.archive`'s, deciding when is
-:func:`worker.archiver.archive_run`'s; reading a sealed run back is
-:class:`shared.store.reader.ResultReader`'s.
+Writing the attempt's folder is :mod:`evalq.shared.store.archive`'s, deciding when is
+:func:`evalq.worker.archiver.archive_run`'s; reading a sealed run back is
+:class:`evalq.shared.store.reader.ResultReader`'s.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from enum import IntEnum
 
 import redis
 
-from shared.keys import RunKeys
-from shared.store.runs import RunStore
-from shared.store.scripts import flatten, register
+from evalq.shared.keys import RunKeys
+from evalq.shared.store.runs import RunStore
+from evalq.shared.store.scripts import flatten, register
 
 __all__ = ["TIMELINE_STEP", "SealOutcome", "Sealer", "bucketed"]
 
@@ -59,7 +59,7 @@ class Sealer:
 
     def __init__(self, client: redis.Redis) -> None:
         self._runs = RunStore(client)
-        self._seal = register(client, "shared.store", "seal")
+        self._seal = register(client, "evalq.shared.store", "seal")
 
     def seal(
         self,

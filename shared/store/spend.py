@@ -13,12 +13,12 @@ charges it whole (:meth:`TokenSpend.expire`). Each step is safe to send again (r
 a command whose reply a dropped connection lost).
 
 A refused hold waits while other requests hold enough that their return could make room, and
-ends its sample :class:`shared.errors.TokensExhausted` otherwise (``used + worst > total``:
+ends its sample :class:`evalq.shared.errors.TokensExhausted` otherwise (``used + worst > total``:
 nothing in flight can change that): unsent, never charged.
 
-The totals are the gateway's (``tokens_total`` in each :func:`shared.keys.budget_key`, which the
-``worker`` ACL user only reads); ``used`` and ``reserved`` are the workers'
-(:func:`shared.keys.spend_key`), since only they see the usage an endpoint reports. An admin's
+The totals are the gateway's (``tokens_total`` in each :func:`evalq.shared.keys.budget_key`, which
+the ``worker`` ACL user only reads); ``used`` and ``reserved`` are the workers'
+(:func:`evalq.shared.keys.spend_key`), since only they see the usage an endpoint reports. An admin's
 run (not charged) is not metered; a principal's own token budget counts from when it is set.
 """
 
@@ -32,11 +32,11 @@ from dataclasses import dataclass
 
 import redis
 
-from shared.connection import server_time
-from shared.errors import TokensExhausted
-from shared.keys import HOLD_DEADLINES, HOLDS, budget_key, spend_key
-from shared.models import RunMeta
-from shared.store.scripts import register
+from evalq.shared.connection import server_time
+from evalq.shared.errors import TokensExhausted
+from evalq.shared.keys import HOLD_DEADLINES, HOLDS, budget_key, spend_key
+from evalq.shared.models import RunMeta
+from evalq.shared.store.scripts import register
 
 __all__ = ["HOLD_MARGIN", "RunMeter", "Scope", "TokenSpend"]
 
@@ -76,7 +76,7 @@ class TokenSpend:
 
     def __init__(self, client: redis.Redis) -> None:
         self._client = client
-        self._script = register(client, "shared.store", "spend", confirmed=True)
+        self._script = register(client, "evalq.shared.store", "spend", confirmed=True)
         self._worker = f"{os.getpid()}@{socket.gethostname()}"
 
     def meter(self, meta: RunMeta) -> RunMeter | None:
@@ -128,7 +128,8 @@ class TokenSpend:
 
 
 class RunMeter:
-    """One run's token budget, as an endpoint model asks it (:class:`shared.lm.endpoint.Meter`)."""
+    """One run's token budget, as an endpoint model asks it
+    (:class:`evalq.shared.lm.endpoint.Meter`)."""
 
     def __init__(self, spend: TokenSpend, scope: Scope) -> None:
         self._spend = spend

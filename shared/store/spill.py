@@ -4,7 +4,8 @@ each whose every sample is settled moved to a Parquet part of its own while the 
 
 :class:`Spill` is how readers see them (and read a sample back from its part);
 :class:`Spiller` names a part a worker wrote as its segment's and frees the segment's results
-in Redis (``spill.lua``). Which segments to write, and when, is :func:`worker.archiver.spill_run`'s.
+in Redis (``spill.lua``). Which segments to write, and when, is
+:func:`evalq.worker.archiver.spill_run`'s.
 """
 
 from __future__ import annotations
@@ -16,12 +17,12 @@ from typing import Any
 
 import redis
 
-from shared.errors import ArchiveUnreadableError, UnknownRunError
-from shared.keys import RunKeys
-from shared.store.aggregate import error_kinds
-from shared.store.archive import Chunk, inside, read_part
-from shared.store.runs import RunStore
-from shared.store.scripts import flatten, register
+from evalq.shared.errors import ArchiveUnreadableError, UnknownRunError
+from evalq.shared.keys import RunKeys
+from evalq.shared.store.aggregate import error_kinds
+from evalq.shared.store.archive import Chunk, inside, read_part
+from evalq.shared.store.runs import RunStore
+from evalq.shared.store.scripts import flatten, register
 
 __all__ = ["Spill", "SpillOutcome", "Spiller"]
 
@@ -142,7 +143,7 @@ class Spiller:
     """Names a written part as its segment's, once (owns ``spill.lua``)."""
 
     def __init__(self, client: redis.Redis) -> None:
-        self._spill = register(client, "shared.store", "spill")
+        self._spill = register(client, "evalq.shared.store", "spill")
 
     def spill(self, run_id: str, segment: int, rows: int, url: str, chunk: Chunk) -> SpillOutcome:
         """Name the part at ``url`` (``chunk``, the run's ids from ``segment * rows`` on, every

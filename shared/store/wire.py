@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator
 
-from shared.models import (
+from evalq.shared.models import (
     GRADE_PREFIX,
     USAGE_PREFIX,
     ErrorRecord,
@@ -23,7 +23,7 @@ from shared.models import (
     with_grade,
     with_usage,
 )  # fmt: skip
-from shared.store.archive import Chunk
+from evalq.shared.store.archive import Chunk
 
 __all__ = [
     "as_chunks",

@@ -14,13 +14,21 @@ from dataclasses import dataclass
 
 import redis
 
-from shared.evaluation import Evaluation
-from shared.keys import UNSENT, RunKeys
-from shared.models import GRADE_PREFIX, USAGE_PREFIX, ErrorRecord, Grade, Stage, to_json, with_grade
-from shared.store.aggregate import Clusters, Finished, conclude
-from shared.store.reader import ResultReader
-from shared.store.runs import RunStore
-from shared.store.scripts import flatten, register
+from evalq.shared.evaluation import Evaluation
+from evalq.shared.keys import UNSENT, RunKeys
+from evalq.shared.models import (
+    GRADE_PREFIX,
+    USAGE_PREFIX,
+    ErrorRecord,
+    Grade,
+    Stage,
+    to_json,
+    with_grade,
+)
+from evalq.shared.store.aggregate import Clusters, Finished, conclude
+from evalq.shared.store.reader import ResultReader
+from evalq.shared.store.runs import RunStore
+from evalq.shared.store.scripts import flatten, register
 
 __all__ = ["Delivery", "ResultWriter", "Settled"]
 
@@ -64,11 +72,11 @@ class ResultWriter:
         self._client = client
         self._runs = RunStore(client)
         self._reader = ResultReader(client)
-        self._attempt = register(client, "shared.store", "attempt")
-        self._record_outputs = register(client, "shared.store", "record_outputs")
-        self._settle_script = register(client, "shared.store", "settle", confirmed=True)
-        self._finish = register(client, "shared.store", "finish", confirmed=True)
-        self._recover = register(client, "shared.store", "recover")
+        self._attempt = register(client, "evalq.shared.store", "attempt")
+        self._record_outputs = register(client, "evalq.shared.store", "record_outputs")
+        self._settle_script = register(client, "evalq.shared.store", "settle", confirmed=True)
+        self._finish = register(client, "evalq.shared.store", "finish", confirmed=True)
+        self._recover = register(client, "evalq.shared.store", "recover")
         self._sizes: dict[str, int] = {}
 
     def _size(self, run_id: str) -> int:
@@ -202,7 +210,7 @@ class ResultWriter:
     def finalize(
         self, run_id: str, evaluation: Evaluation, clusters: Clusters | None = None
     ) -> Finished | None:
-        """End the run as :func:`shared.store.aggregate.conclude` decides from every stored
+        """End the run as :func:`evalq.shared.store.aggregate.conclude` decides from every stored
         score and failure (:meth:`ResultReader.counted`), with its aggregate and stats. None if
         the run had ended already (cancelled meanwhile, or finished by another finalizer)."""
         counted = self._reader.counted(run_id, evaluation.failure_rule())

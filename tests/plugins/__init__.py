@@ -17,9 +17,9 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from shared.evaluation import Evaluation, Parameters, register
-from shared.failures import FailurePolicy
-from shared.scorer import ScriptCall, ScriptScorer
+from evalq.shared.evaluation import Evaluation, Parameters, register
+from evalq.shared.failures import FailurePolicy
+from evalq.shared.scorer import ScriptCall, ScriptScorer
 
 LABELS = ("label", "secret")
 
@@ -419,7 +419,7 @@ class Probe(Evaluation):
             "ancestors_read": _ancestors_read(),
             "evalq_env": sorted(k for k in os.environ if k.startswith("EVALQ_")),
             "dumpable": _dumpable(),
-            "worker_loaded": "worker.shard_cache" in sys.modules,
+            "worker_loaded": "evalq.worker.shard_cache" in sys.modules,
             "fields": sorted({field for row in rows for field in row}),
         }
         return [seen for _ in rows]
