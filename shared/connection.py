@@ -6,9 +6,12 @@ name from ``EVALQ_REDIS_SENTINEL_MASTER``; user, password and database go in the
 ``sentinel://user:password@h1:26379/0``, and are the master's). A Sentinel client asks the
 sentinels for the master at each new connection (redis-py's ``redis.sentinel``), so after a
 failover it reconnects to the new master by itself: the old master's connections fail, and
-the client's retries (``retries`` tries, backing off from 50 ms to 2 s) open new ones; a
-command refused because the master has no replica to write to (``NOREPLICAS``, see
-``min-replicas-to-write``) or is still loading is retried the same way.
+the client's retries (backing off from 50 ms to 2 s) open new ones; a command refused because
+the master has no replica to write to (``NOREPLICAS``, see ``min-replicas-to-write``) or is
+still loading is retried the same way. A Sentinel group's client retries for at least
+:data:`FAILOVER_SECONDS`, however few tries its caller asked for: a failover takes that long to
+agree, promote and have a replica back, and a command sent meanwhile (a person's submit
+included) waits for it rather than failing half-way.
 
 Replication is asynchronous: a write the master acknowledged can be lost if it dies before a
 replica has it. Writes that must survive a failover (reservations, refunds, settles,
@@ -41,6 +44,7 @@ from evalq.shared.errors import InputError, UnconfirmedWriteError, first_line
 from evalq.shared.target import Target, is_sentinel
 
 __all__ = [
+    "FAILOVER_SECONDS",
     "Target",
     "confirmed",
     "connect",
@@ -184,6 +188,28 @@ def _backoff() -> ExponentialBackoff:
     return ExponentialBackoff(cap=2.0, base=0.05)
 
 
+FAILOVER_SECONDS = 30.0
+"""How long a client of a Sentinel group keeps trying through a failover: the sentinels agreeing
+that the master is down (``down-after-milliseconds``), the promotion, and, with
+``min-replicas-to-write``, a replica back in sync before the new master takes writes."""
+
+
+def _tries_within(seconds: float) -> int:
+    """The number of retries whose back-off (:func:`_backoff`) adds up to ``seconds``."""
+    backoff, waited, tries = _backoff(), 0.0, 0
+    while waited < seconds:
+        tries += 1
+        waited += backoff.compute(tries)
+    return tries
+
+
+def _retries(where: Target, retries: int) -> int:
+    """``retries``, or for a Sentinel group at least :data:`FAILOVER_SECONDS` of them."""
+    if is_sentinel(where.url):
+        return max(retries, _tries_within(FAILOVER_SECONDS))
+    return retries
+
+
 def _malformed(exc: ValueError) -> InputError:
     """The one-line error for a URL the client cannot parse (never the URL: it may hold a
     password)."""
@@ -192,11 +218,11 @@ def _malformed(exc: ValueError) -> InputError:
 
 def connect(target: str | Target, *, retries: int = 8) -> redis.Redis:
     """A client that decodes replies to ``str`` and rides out short connection drops and
-    failovers (``retries`` tries with exponential back-off from 50 ms, capped at 2 s). A
-    malformed URL is an :class:`InputError` (its message never holds the URL, which may hold a
-    password)."""
+    failovers (``retries`` tries with exponential back-off from 50 ms, capped at 2 s; a
+    Sentinel group's at least :data:`FAILOVER_SECONDS` of them). A malformed URL is an
+    :class:`InputError` (its message never holds the URL, which may hold a password)."""
     where = _target(target)
-    options = _options(Retry(_backoff(), retries=retries))
+    options = _options(Retry(_backoff(), retries=_retries(where, retries)))
     try:
         if is_sentinel(where.url):
             group = _group(where.url)
@@ -222,7 +248,7 @@ def connect_async(
     ``max_connections`` connections; a command that finds them all taken waits for one (with
     Sentinel: fails, as redis-py's Sentinel pool does not wait)."""
     where = _target(target)
-    options = _options(AsyncRetry(_backoff(), retries=retries))
+    options = _options(AsyncRetry(_backoff(), retries=_retries(where, retries)))
     try:
         if is_sentinel(where.url):
             group = _group(where.url)

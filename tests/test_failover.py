@@ -167,10 +167,6 @@ def test_the_master_killed_mid_run_loses_no_sample(fleet: Fleet) -> None:
     print(f"kill to the first settle on the new master: {fleet.settled_after:.1f} s")
 
 
-@pytest.mark.skip(
-    reason="open (#33): a submit during the promotion still fails with MasterNotFoundError "
-    "once the CLI's retries run out"
-)
 def test_a_burst_of_submits_near_the_budget_accepts_no_more_than_it_allows(
     fleet: Fleet,
 ) -> None:
@@ -210,7 +206,6 @@ def test_a_burst_of_submits_near_the_budget_accepts_no_more_than_it_allows(
         assert_settled_once(fleet.store, meta.run_id, meta.n)
 
 
-@pytest.mark.skip(reason="open (#33): not yet seen to pass")
 def test_the_master_killed_while_a_run_is_archived_keeps_the_run(fleet: Fleet) -> None:
     name, split = fleet.split(400)
     meta = fleet.client().submit(SubmitRequest(eval="spy", dataset=name, split=split))
