@@ -45,7 +45,7 @@ from evalq.shared.access.tasks import TaskRegistry
 from evalq.shared.connection import server_time
 from evalq.shared.errors import EvalqError, InputError
 from evalq.shared.evaluation import failure_rule, load_plugins
-from evalq.shared.models import Progress, RunMeta, SampleResult
+from evalq.shared.models import Progress, RunMeta, RunStatus, SampleResult
 from evalq.shared.settings import Settings, get_settings
 from evalq.shared.store.audit import recent, record
 from evalq.shared.store.retention import expired, purge
@@ -129,6 +129,10 @@ class Client:
         :func:`evalq.producer.rescore.rescore`."""
         load_plugins(self.settings.plugins)
         direct = self._direct
+        # the source's state as this reader reads it: a refusal tells no more than status
+        shown = direct.seen(direct.runs.get(request.run))[0].status
+        if shown is not RunStatus.COMPLETED:
+            raise InputError(f"run {request.run} is {shown}; only a completed run is rescored")
         meta = rescore(
             direct.redis, direct.app, request.run, request.eval, request.params,
             principal=self.principal, admin=self.admin, archive=self.settings.archive_url,
@@ -219,6 +223,10 @@ class Client:
         meta = direct.runs.get(run_id)
         state, unproduced = direct.runs.cancel(run_id)
         direct.backlog.withdraw(run_id)
+        if state < 0 and direct.seen(meta)[0].status.active:
+            # ended, but not yet to this reader (it does not see the run's timing): answered
+            # as a run there was nothing left to cancel in, not with its end
+            return Cancellation(run_id, False, 0)
         if state < 0:
             raise EvalqError(f"run {run_id} has already finished; nothing to cancel")
         refunded, unproduced = 0, min(meta.n, unproduced + direct.unsent(run_id))

@@ -4,6 +4,11 @@ Samples with an output go back to scoring, the rest to the run's backlog for inf
 fresh attempt count; a sample a message still carries (in the run's backlog, a broker queue,
 or held by a worker) is not sent again, so resuming a queued run adds nothing. If every sample
 is settled but the run never finished, its aggregate is computed here.
+
+A reader who does not see the run's timing (a user on a ``non_viewable`` split) is answered from
+the run as ``status`` shows it to them (:meth:`Direct.seen`): while it reads as running, resume
+does what it would do and answers no count and no outcome (each count would show how far the
+run is, and an error would show its end before ``status`` does).
 """
 
 from __future__ import annotations
@@ -25,6 +30,16 @@ __all__ = ["resume"]
 def resume(direct: Direct, run_id: str) -> Resumption:
     """Re-enqueue the run's unsettled samples, or finalize it when all are settled."""
     meta = direct.runs.get(run_id)
+    shown, timed = direct.seen(meta)
+    if timed or not shown.status.active:
+        return _resume(direct, meta)
+    if meta.status.active and meta.archived is None:
+        _resume(direct, meta)
+    return Resumption(run_id, None, None, False)
+
+
+def _resume(direct: Direct, meta: RunMeta) -> Resumption:
+    run_id = meta.run_id
     if meta.status is RunStatus.CANCELLED:
         raise EvalqError(f"run {run_id} was cancelled and refunded; submit it again instead")
     if meta.archived is not None:

@@ -114,10 +114,11 @@ class Resumption:
     """What ``resume`` re-enqueued."""
 
     run_id: str
-    inference: int
-    """Samples sent back to inference (no output stored)."""
-    scoring: int
-    """Samples sent back to scoring (output stored, no score or error)."""
+    inference: int | None
+    """Samples sent back to inference (no output stored); None for a reader who does not see
+    the run's timing while it reads as running (a count would show its progress)."""
+    scoring: int | None
+    """Samples sent back to scoring (output stored, no score or error); None as ``inference``."""
     finalized: bool
     """Every sample was settled and the aggregate was (re)computed."""
 

@@ -122,6 +122,11 @@ class UnknownDatasetError(InputError):
 class UnknownRunError(InputError):
     """No run with that id exists in this Redis."""
 
+    @classmethod
+    def named(cls, run_id: object) -> UnknownRunError:
+        """``no run 'X'``, the id quoted as Python writes it: one line, whatever it holds."""
+        return cls(f"no run {str(run_id)!r}")
+
 
 class SampleIdError(InputError):
     """A sample id is malformed or outside the split."""

@@ -44,5 +44,5 @@ def check_run_id(value: str) -> str:
     """``value`` if it can be a run id; else :class:`UnknownRunError` (``no run 'X'``, exit 2):
     no run has that id, whatever its shape."""
     if _RUN_ID.fullmatch(value) is None:
-        raise UnknownRunError(f"no run '{value}'")
+        raise UnknownRunError.named(value)
     return value

@@ -91,6 +91,13 @@ def test_a_malformed_run_id_is_no_run(door: Door, command: list[str]) -> None:
     assert (result.returncode, result.stderr.strip()) == (2, "error: no run 'nonexistent'")
 
 
+def test_a_run_id_with_a_newline_is_no_run_in_one_line(door: Door) -> None:
+    """The attack review: ``status $'0123abcd\\n'`` printed ``no run '0123abcd`` and ``'`` on a
+    second line (and the gateway answered the raw newline)."""
+    result = door.run("status", "0123abcd\n")
+    assert (result.returncode, result.stderr.strip()) == (2, "error: no run '0123abcd\\n'")
+
+
 def test_a_well_formed_run_id_of_no_run_is_no_run(door: Door) -> None:
     result = door.run("status", "0123abcd")
     assert (result.returncode, result.stderr.strip()) == (2, "error: no run '0123abcd'")

@@ -216,6 +216,9 @@ def resume(run_id: RunArg, as_json: JsonFlag = False) -> None:
     if as_json:
         print_json(asdict(done))
         return
+    if done.inference is None or done.scoring is None:
+        out.print(f"{run_id}: resumed (counts not shown: the run's split is not viewable)")
+        return
     out.print(
         f"{run_id}: {done.inference} samples back to inference, {done.scoring} to scoring"
         + (", aggregate computed" if done.finalized else "")

@@ -30,9 +30,9 @@ __all__ = ["RESPONSES", "ErrorBody", "error", "handle_errors", "throttled", "too
 
 log = logging.getLogger("evalq.gateway")
 
-_PATH = re.compile(r"(?<![\w.:-])/[^\s'\"]+")
+_PATH = re.compile(r"(?<![\w.:-])/[^\s'\"]*[^\s'\"),.;:]")
 """An absolute path in an error message: a data source's, which only admins see (the gateway
-logs the message whole)."""
+logs the message whole); the punctuation after it is the message's."""
 
 
 class ErrorBody(BaseModel):
@@ -151,7 +151,7 @@ def _unknown_run(exc: RequestValidationError) -> str | None:
     first = exc.errors()[0]
     named = [part for part in first.get("loc", ()) if isinstance(part, str)]
     if first.get("type") == "string_pattern_mismatch" and named[-1:] in (["run_id"], ["run"]):
-        return f"no run '{first.get('input')}'"
+        return str(UnknownRunError.named(first.get("input")))
     return None
 
 

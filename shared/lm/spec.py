@@ -11,6 +11,7 @@ from the model's repository on a worker) must be refused before anything is enqu
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -198,15 +199,18 @@ def canonical(spec: ModelSpec) -> ModelSpec:
     """``spec`` with a folder named by its absolute, resolved path (``~`` expanded, links
     followed); :class:`InputError` (one line) for a revision given to a folder. A Hub id is
     returned as it is. Whether the folder exists is :func:`present`'s question, asked after
-    the policy admitted the path (a refusal never says what exists outside the roots)."""
+    the policy admitted the path (a refusal never says what exists outside the roots): a path
+    whose links cannot be followed here (a loop, a folder this process may not enter) is named
+    by its absolute path as written, for the policy to judge like any other."""
     if not is_local(spec):
         return spec
     if spec.revision is not None:
         raise InputError(f"model {spec}: a revision applies to Hub ids, not local folders")
+    written = Path(spec.name).expanduser()
     try:
-        path = Path(spec.name).expanduser().resolve()
-    except (RuntimeError, OSError) as exc:
-        raise InputError(f"model {spec}: {first_line(exc)}") from None
+        path = written.resolve()
+    except (RuntimeError, OSError):
+        path = Path(os.path.abspath(written))
     return spec.model_copy(update={"name": str(path)})
 
 

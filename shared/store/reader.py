@@ -70,7 +70,7 @@ class ResultReader:
         """The archive of a run whose live keys are gone: sealed, or there is no such run."""
         archive = self.archive(run_id)
         if archive is None:
-            raise UnknownRunError(f"no run '{run_id}'")
+            raise UnknownRunError.named(run_id)
         return archive
 
     def _overtaken(self, run_id: str, exc: Sealed | ArchiveUnreadableError) -> None:
@@ -80,7 +80,7 @@ class ResultReader:
         if isinstance(exc, Sealed) or self.archive_url(run_id) is not None:
             return
         if not self._client.exists(RunKeys(run_id).meta):
-            raise UnknownRunError(f"no run '{run_id}'") from None
+            raise UnknownRunError.named(run_id) from None
         raise exc
 
     def _either(self, run_id: str, live: Callable[[], T], archived: Callable[[], T]) -> T:

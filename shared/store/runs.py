@@ -115,7 +115,7 @@ class RunStore:
             pipe.hgetall(keys.meta)
             facts, state = pipe.execute()
         if not facts or not state:
-            raise UnknownRunError(f"no run '{run_id}'")
+            raise UnknownRunError.named(run_id)
         return _decode(run_id, facts, state)
 
     def saw_end(self, meta: RunMeta) -> None:
@@ -137,7 +137,7 @@ class RunStore:
         :class:`UnknownRunError` when it has no facts."""
         found = self._client.hget(RunKeys(run_id).facts, "archive")
         if found is None:
-            raise UnknownRunError(f"no run '{run_id}'")
+            raise UnknownRunError.named(run_id)
         return run_folder(str(found), run_id)
 
     def size(self, run_id: str) -> int:
@@ -152,7 +152,7 @@ class RunStore:
         """The run's sample ids in submission order."""
         raw = self._client.get(RunKeys(run_id).ids)
         if raw is None:
-            raise UnknownRunError(f"no run '{run_id}'")
+            raise UnknownRunError.named(run_id)
         return [int(i) for i in json.loads(raw)]
 
     def recent(
