@@ -223,10 +223,6 @@ class Client:
         meta = direct.runs.get(run_id)
         state, unproduced = direct.runs.cancel(run_id)
         direct.backlog.withdraw(run_id)
-        if state < 0 and direct.seen(meta)[0].status.active:
-            # ended, but not yet to this reader (it does not see the run's timing): answered
-            # as a run there was nothing left to cancel in, not with its end
-            return Cancellation(run_id, False, 0)
         if state < 0:
             raise EvalqError(f"run {run_id} has already finished; nothing to cancel")
         refunded, unproduced = 0, min(meta.n, unproduced + direct.unsent(run_id))

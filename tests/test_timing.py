@@ -26,11 +26,11 @@ from evalq.producer.redis_server import RedisServer
 from evalq.producer.report import gather
 from evalq.producer.rescore import RescoreRequest
 from evalq.producer.submit import SubmitRequest
-from evalq.producer.views import Cancellation, Resumption
+from evalq.producer.views import Resumption
 from evalq.shared.access.policy import TIMING_GRAIN, Tier, coarse_timing
 from evalq.shared.access.tiers import TierRegistry
 from evalq.shared.connection import connect, server_time
-from evalq.shared.errors import EvalqError, InputError, TierRefusedError
+from evalq.shared.errors import InputError, TierRefusedError
 from evalq.shared.evaluation import create, load_plugins
 from evalq.shared.keys import RunKeys
 from evalq.shared.models import ErrorRecord, Progress, RunMeta, RunStatus, Stage
@@ -221,8 +221,8 @@ def test_resume_rescore_and_cancel_tell_a_user_no_more_than_status(
 ) -> None:
     """The attack review's probes, free to repeat every few ms: a rescore's refusal named the
     run's true state (``queued``, then another error the moment it ended), resume answered live
-    counts and ``archived``, cancel ``already finished``. Each now answers from the run as
-    ``status`` shows it to the user: running, no count, until its end shows."""
+    counts and ``archived``. Each now answers from the run as ``status`` shows it to the user:
+    running, no count, until its end shows."""
     user, admin = board
     run_id = _run(user, 0)
     store = connect(user.settings.redis_url)
@@ -232,7 +232,6 @@ def test_resume_rescore_and_cancel_tell_a_user_no_more_than_status(
     with pytest.raises(InputError, match=f"^run {run_id} is running; only a completed run"):
         user.rescore(RescoreRequest(run=run_id, eval="no-such-eval"))
     assert user.resume(run_id) == Resumption(run_id, None, None, False)
-    assert user.cancel(run_id) == Cancellation(run_id, False, 0)
     going = _run(user, 0, settle=False)  # queued in truth
     with pytest.raises(InputError, match=f"^run {going} is running; only a completed run"):
         user.rescore(RescoreRequest(run=going, eval="spy"))
@@ -241,6 +240,4 @@ def test_resume_rescore_and_cancel_tell_a_user_no_more_than_status(
     with pytest.raises(InputError, match=f"^run {going} is queued"):
         admin.rescore(RescoreRequest(run=going, eval="spy"))
     assert admin.resume(going) == Resumption(going, 0, 0, False)  # the user's resume sent all
-    with pytest.raises(EvalqError, match="already finished"):
-        admin.cancel(run_id)
     store.close()
