@@ -74,13 +74,15 @@ class PageQuery:
         if self.metric is None:
             return [int(i) for i in found.to_pylist()]
         values = pc.take(_metric_column(table, self.metric), found)
+        valid = pc.is_valid(values)
+        having, lacking = pc.filter(found, valid), pc.filter(found, pc.invert(valid))
         order = "descending" if self.sort and self.sort.startswith("-") else "ascending"
         ranked = pc.sort_indices(
-            pa.table({"v": values, "i": found}),
+            pa.table({"v": pc.filter(values, valid), "i": having}),
             sort_keys=[("v", order), ("i", "ascending")],
-            null_placement="at_end",
         )
-        return [int(i) for i in pc.take(found, ranked).to_pylist()]
+        first = pc.take(having, ranked).to_pylist()
+        return [int(i) for i in first + lacking.to_pylist()]  # samples without it last
 
 
 def _metric_column(table: pa.Table, metric: str) -> pa.ChunkedArray | pa.Array:
