@@ -124,6 +124,7 @@ export async function runPage(app, runId, signal) {
     return;
   }
   renderRun(body, view);
+  performance.mark('evalq:run'); // the run's first meaningful paint (bench/viewer.py reads it)
   if (!['queued', 'running'].includes(view.meta.status)) return;
   // live: the gateway sends the run again each time it changes, and once more when it ends
   while (!signal.aborted) {
@@ -301,6 +302,7 @@ export async function samplesPage(app, runId, query, signal) {
   }
   const metrics = view.status === 'fulfilled' ? Object.keys(view.value.stats || view.value.aggregate || {}).sort() : [];
   put(body, sampleControls(runId, wanted, metrics), pager(runId, query, page.value), sampleTable(runId, page.value.samples, wanted.with_input));
+  performance.mark('evalq:samples'); // the first page of samples shown (bench/viewer.py reads it)
 }
 
 function sampleControls(runId, wanted, metrics) {
