@@ -120,12 +120,15 @@ def site(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sit
                           params={"base": "0", "flip": "item-1,item-2,item-7"})  # fmt: skip
         for run_id in (viewable, hidden, bobs, *sweep["run_ids"], flipped):
             wait_completed(stack.client, run_id)
-        yield Site(
+        made = Site(
             stack, api, tokens["v-alice"], tokens["v-bob"], tokens["v-root"], viewable,
             hidden, bobs, sweep["sweep"], sweep["run_ids"], flipped, data,
         )  # fmt: skip
+        yield made
         alice.close()
         bob.close()
+        for client in made.runs.values():
+            client.close()
 
 
 @pytest.fixture(scope="module")
