@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from evalq.producer.policy_file import PolicyFile
     from evalq.producer.rescore import RescoreRequest
     from evalq.producer.submit import SubmitRequest
-    from evalq.producer.views import Cancellation, Resumption, RunView
+    from evalq.producer.views import Cancellation, Resumption, RunView, SamplePage, SampleQuery
     from evalq.shared.access.budget import Budget
     from evalq.shared.access.dataset import RegisteredDataset
     from evalq.shared.access.policy import Tier
@@ -89,6 +89,12 @@ class Api(Protocol):
 
     def follow_results(self, run_id: str, with_input: bool = False) -> Iterator[SampleResult]:
         """Each sample's result as soon as it is settled, once each, until the run ends."""
+        ...
+
+    def sample_page(self, run_id: str, query: SampleQuery | None = None) -> SamplePage:
+        """One page of per-sample results (filtered, searched, sorted as ``query`` says) and
+        how many match, refused as :meth:`results` is; an archived run's page reads only the
+        rows it holds."""
         ...
 
     def result_lines(self, run_id: str) -> Iterator[str]:

@@ -35,7 +35,7 @@ from evalq.producer.resume import resume
 from evalq.producer.samples import Samples
 from evalq.producer.submit import SubmitRequest, submit
 from evalq.producer.viewer import Viewer
-from evalq.producer.views import Cancellation, Resumption, RunView
+from evalq.producer.views import Cancellation, Resumption, RunView, SamplePage, SampleQuery
 from evalq.shared.access.budget import Budget
 from evalq.shared.access.dataset import RegisteredDataset
 from evalq.shared.access.policy import Tier, suggests_datasets
@@ -176,6 +176,11 @@ class Client:
         """Each sample's result as soon as it is settled, once each, until the run ends; the
         policy is asked here, before anything is returned (or a file opened for it)."""
         return self._samples.follow(run_id, with_input)
+
+    def sample_page(self, run_id: str, query: SampleQuery | None = None) -> SamplePage:
+        """One page of per-sample results, filtered and sorted as ``query`` says
+        (:meth:`evalq.producer.samples.Samples.page`)."""
+        return self._samples.page(run_id, query or SampleQuery())
 
     def result_lines(self, run_id: str) -> Iterator[str]:
         """Per-sample results as JSON lines

@@ -30,7 +30,15 @@ import httpx
 from pydantic import TypeAdapter
 
 from evalq.producer.comparison import Comparison
-from evalq.producer.views import LINE_ROWS, Cancellation, Resumption, RunView, check_ended
+from evalq.producer.views import (
+    LINE_ROWS,
+    Cancellation,
+    Resumption,
+    RunView,
+    SamplePage,
+    SampleQuery,
+    check_ended,
+)
 from evalq.shared.access.budget import Budget
 from evalq.shared.access.dataset import RegisteredDataset
 from evalq.shared.access.policy import Tier
@@ -168,6 +176,12 @@ class RemoteClient:
     def follow_results(self, run_id: str, with_input: bool = False) -> Iterator[SampleResult]:
         """Each result as it is stored, until the run ends."""
         return self._rows(run_id, follow=True, with_input=with_input)
+
+    def sample_page(self, run_id: str, query: SampleQuery | None = None) -> SamplePage:
+        """One page of per-sample results, as the gateway's policy allows."""
+        params = (query or SampleQuery()).model_dump(mode="json", exclude_none=True)
+        found = self._call("GET", f"/v1/runs/{_seg(run_id)}/samples", **params, **self._flag())
+        return SamplePage.model_validate(found)
 
     def result_lines(self, run_id: str) -> Iterator[str]:
         """Per-sample results as the gateway's JSON lines, passed through unparsed."""

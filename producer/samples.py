@@ -16,12 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 from evalq.producer.direct import Direct
 from evalq.producer.follower import Follower
-from evalq.producer.views import LINE_ROWS
+from evalq.producer.views import LINE_ROWS, SamplePage, SampleQuery
 from evalq.shared.data.spec import DatasetSpec
 from evalq.shared.errors import TierRefusedError
 from evalq.shared.models import SampleResult, SampleState
 from evalq.shared.store.archive import PART_ROWS, table_of
-from evalq.shared.store.wire import chunk_lines
+from evalq.shared.store.pages import PageQuery, PageReader
+from evalq.shared.store.wire import chunk_lines, results_of
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -71,6 +72,24 @@ class Samples:
         if archive is not None:
             return Dataset(archive.table())
         return Dataset(table_of(self._direct.results.chunks(run_id, PART_ROWS)))
+
+    def page(self, run_id: str, query: SampleQuery) -> SamplePage:
+        """One page of the run's per-sample results and how many match
+        (:class:`evalq.shared.store.pages.PageReader`: an archived run's page reads the parts
+        that hold it, not the run); refused as :meth:`results` is."""
+        self._direct.readable(run_id)
+        wanted = PageQuery(
+            failed=query.failed, q=query.q, sort=query.sort,
+            ids=None if query.ids is None else tuple(query.ids),
+        )  # fmt: skip
+        total, chunk = PageReader(self._direct.redis).page(
+            run_id, query.offset, query.limit, wanted
+        )
+        found = list(results_of(chunk))
+        if query.with_input and found:
+            rows = self.rows(run_id, [r.sample_id for r in found])
+            found = [r.model_copy(update={"input": rows[r.sample_id]}) for r in found]
+        return SamplePage(run_id=run_id, total=total, offset=query.offset, samples=found)
 
     def follow(self, run_id: str, with_input: bool = False) -> Iterator[SampleResult]:
         """Each sample's result as soon as it is settled, once each, until the run ends (each

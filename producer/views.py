@@ -9,19 +9,32 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from pydantic import BaseModel, Field, computed_field
+from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from evalq.shared.access.ladder import Released
 from evalq.shared.access.policy import Tier
 from evalq.shared.errors import RunNotCompletedError
-from evalq.shared.models import Progress, RunMeta, RunProvenance, RunStatus
+from evalq.shared.models import Progress, RunMeta, RunProvenance, RunStatus, SampleResult
 from evalq.shared.queue.standing import Standing
 from evalq.shared.stats import Stat
 
-__all__ = ["LINE_ROWS", "Cancellation", "Resumption", "RunView", "check_ended"]
+__all__ = [
+    "LINE_ROWS",
+    "MAX_PAGE",
+    "Cancellation",
+    "Resumption",
+    "RunView",
+    "SamplePage",
+    "SampleQuery",
+    "check_ended",
+]
 
 LINE_ROWS = 10_000
 """Samples read at a time for ``result_lines`` and ``result_tables``."""
+
+
+MAX_PAGE = 500
+"""Samples one page holds at most."""
 
 
 class EndpointCounts(BaseModel):
@@ -107,6 +120,37 @@ class RunView(BaseModel):
             **self.meta.model_dump(mode="json"),
             **self.model_dump(mode="json", exclude={"meta"}),
         }
+
+
+class SampleQuery(BaseModel):
+    """Which page of a run's samples to read (``GET /v1/runs/{run}/samples``): unfiltered and
+    unsorted, the run's samples in submission order."""
+
+    model_config = ConfigDict(frozen=True)
+
+    offset: int = Field(default=0, ge=0)
+    limit: int = Field(default=50, ge=1, le=MAX_PAGE)
+    failed: bool = False
+    """Only the samples that failed (a terminal error)."""
+    q: str | None = Field(default=None, min_length=1, max_length=200)
+    """Only the samples whose output, scores or error holds this text (any case)."""
+    sort: str | None = Field(default=None, pattern=r"^-?[A-Za-z0-9_.:-]{1,100}$")
+    """A metric to order by, lowest first (``-metric``: highest first); samples without it
+    (failed, pending) last."""
+    ids: list[int] | None = Field(default=None, max_length=MAX_PAGE)
+    """Only these samples."""
+    with_input: bool = False
+    """Each sample's row, labels included (the reader's data is read for this page only)."""
+
+
+class SamplePage(BaseModel):
+    """One page of a run's per-sample results and how many match in all."""
+
+    run_id: str
+    total: int
+    """Samples that match the query (the page is ``offset`` to ``offset + len(samples)``)."""
+    offset: int
+    samples: list[SampleResult]
 
 
 @dataclass(frozen=True)

@@ -90,7 +90,7 @@ def watch(
     follow_and_report(open_api(admin=admin), run_id, as_json)
 
 
-def runs(  # noqa: PLR0917 - a typer command: its options are its parameters
+def runs(  # noqa: PLR0913, PLR0917 - a typer command: its options are its parameters
     limit: Annotated[int, typer.Option(min=1, help="How many recent runs.")] = 20,
     eval_name: Annotated[str | None, typer.Option("--eval", help="Only this evaluation.")] = None,
     dataset: Annotated[str | None, typer.Option(help="Only this dataset.")] = None,
@@ -99,12 +99,20 @@ def runs(  # noqa: PLR0917 - a typer command: its options are its parameters
     status_is: Annotated[
         RunStatus | None, typer.Option("--status", help="Only this status.")
     ] = None,
+    model: Annotated[str | None, typer.Option(help="Only runs on this model spec.")] = None,
+    split: Annotated[str | None, typer.Option(help="Only runs of this split.")] = None,
+    principal: Annotated[
+        str | None, typer.Option(help="Only this principal's runs (admins see everyone's).")
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """List recent runs, newest first, with their params, tags and first metric."""
     from evalq.shared.store.runs import RunFilter
 
-    only = RunFilter(eval=eval_name, dataset=dataset, sweep=sweep, tag=tag, status=status_is)
+    only = RunFilter(
+        eval=eval_name, dataset=dataset, sweep=sweep, tag=tag, status=status_is, model=model,
+        split=split, principal=principal,
+    )  # fmt: skip
     views = open_api().recent(limit, only=only)
     if as_json:
         print_json([v.as_dict() for v in views])

@@ -8,7 +8,7 @@ from functools import partial
 import redis.asyncio
 from fastapi import FastAPI
 
-from evalq.producer.gateway import datasets, policy, results, runs, tasks, tokens
+from evalq.producer.gateway import datasets, events, policy, results, runs, site, tasks, tokens
 from evalq.producer.gateway.caller import token_first
 from evalq.producer.gateway.context import Context
 from evalq.producer.gateway.errors import RESPONSES, handle_errors, too_large
@@ -34,7 +34,7 @@ def create_gateway(settings: Settings) -> FastAPI:
     limit = settings.gateway_max_body
     api.add_middleware(BodyLimit, limit=limit, refusal=partial(too_large, limit))  # outer
     handle_errors(api)
-    routers = (runs, results, datasets, tasks, policy, tokens)
+    routers = (runs, events, results, datasets, tasks, policy, tokens, site)
     for router in (module.router for module in routers):
         api.include_router(router)
     return api

@@ -14,6 +14,7 @@ from evalq.producer.gateway.acting import Act
 from evalq.producer.gateway.context import Shared
 from evalq.producer.gateway.params import AdminQuery, RunId, RunIdText
 from evalq.producer.gateway.streams import ResultStream
+from evalq.producer.views import SamplePage, SampleQuery
 from evalq.shared.store.wire import result_line
 
 __all__ = ["router"]
@@ -54,6 +55,21 @@ async def results(
         give_back()
         raise
     return ResultStream(lines, give_back)
+
+
+@router.get("/v1/runs/{run_id}/samples", response_model=SamplePage)
+def samples(
+    run_id: RunId,
+    act: Act,
+    query: Annotated[SampleQuery, Query()],
+    admin: AdminQuery = False,
+) -> SamplePage:
+    """One page of per-sample results and how many match: ``failed`` keeps the failures,
+    ``q`` the samples whose output, scores or error hold a text, ``sort`` orders by a metric
+    (``-metric``: highest first), ``ids`` names samples, ``with_input`` adds each row (the
+    gateway reads the data). Refused exactly as ``results`` is; an archived run's page reads
+    only the rows it shows (a filter or a sort, only the columns it needs)."""
+    return act.owned(run_id, admin=admin).sample_page(run_id, query)
 
 
 def _lines(acting: Client, run_id: str, with_input: bool) -> Iterator[str]:

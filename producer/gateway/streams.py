@@ -57,10 +57,17 @@ LINES = 1000
 
 
 class ResultStream(StreamingResponse):
-    """A results stream that gives its slot back when it ends, however it ends."""
+    """A results stream (or a run's events) that gives its slot back when it ends, however it
+    ends."""
 
-    def __init__(self, lines: AsyncIterator[str], give_back: Callable[[], None]) -> None:
-        super().__init__(lines, media_type="application/x-ndjson")
+    def __init__(
+        self,
+        lines: AsyncIterator[str],
+        give_back: Callable[[], None],
+        media_type: str = "application/x-ndjson",
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(lines, media_type=media_type, headers=headers)
         self._give_back = give_back
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

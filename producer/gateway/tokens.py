@@ -4,6 +4,7 @@ from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
 from evalq.producer.gateway.acting import Act
+from evalq.producer.gateway.caller import Who
 from evalq.producer.gateway.params import NameArg
 from evalq.shared.access.roles import Role, TokenRecord
 
@@ -30,6 +31,19 @@ class NewToken(BaseModel):
 
 class Revoked(BaseModel):
     revoked: int
+
+
+class Identity(BaseModel):
+    """``GET /v1/whoami``: who the token stands for."""
+
+    principal: str
+    role: Role
+
+
+@router.get("/v1/whoami", response_model=Identity)
+async def whoami(who: Who) -> Identity:
+    """The principal and role of the request's token (the viewer's sign-in)."""
+    return Identity(principal=who.principal, role=who.role)
 
 
 @router.get("/v1/tokens", response_model=list[TokenRecord])

@@ -370,6 +370,35 @@ class ArchiveReader:
                     ]
                     yield pa.RecordBatch.from_arrays(arrays, names=list(columns))
 
+    def rows(self, positions: list[int]) -> Chunk:
+        """The stored texts of the rows at ``positions`` (their places in submission order,
+        over the whole run), in that order, reading only the parts that hold them, and of
+        each only the raw columns."""
+        found: dict[int, tuple[int, str | None, str | None, str | None]] = {}
+        start = 0
+        for part in self.manifest["parts"]:
+            stop = start + int(part["rows"])
+            local = sorted({p - start for p in positions if start <= p < stop})
+            if local:
+                path = f"{self._path}/{part['file']}"
+                with self._reading(), self._fs.open(path, "rb") as handle:
+                    parquet = pq.ParquetFile(handle)
+                    taken = parquet.read(columns=list(RAW_COLUMNS)).take(local)
+                    texts = zip(
+                        taken.column("sample_id").to_pylist(),
+                        _output_texts(taken, parquet.schema_arrow),
+                        taken.column("scores").to_pylist(),
+                        taken.column("error").to_pylist(),
+                        strict=True,
+                    )
+                    found.update(zip((start + i for i in local), texts, strict=True))
+            start = stop
+        rows = [found[p] for p in positions if p in found]
+        return Chunk(
+            [row[0] for row in rows], [row[1] for row in rows],
+            [row[2] for row in rows], [row[3] for row in rows],
+        )  # fmt: skip
+
     def table(self) -> pa.Table:
         """Every row as one table with every metric's column, its outputs typed over the whole
         run (:func:`typed_table`; for ``datasets``)."""

@@ -64,6 +64,11 @@ class RunFilter(BaseModel):
     sweep: str | None = None
     tag: str | None = None
     status: RunStatus | None = None
+    model: str | None = None
+    """The model spec a language task's run names (as canonical, e.g. ``hf/org/name``)."""
+    split: str | None = None
+    principal: str | None = None
+    """Who submitted it (a user lists only its own runs whatever this says)."""
 
     def matches(self, meta: RunMeta) -> bool:
         """Whether ``meta`` passes every condition given."""
@@ -73,6 +78,9 @@ class RunFilter(BaseModel):
             and (self.sweep is None or meta.sweep == self.sweep)
             and (self.tag is None or self.tag in meta.tags)
             and (self.status is None or meta.status is self.status)
+            and (self.model is None or meta.model == self.model)
+            and (self.split is None or meta.split == self.split)
+            and (self.principal is None or meta.principal == self.principal)
         )
 
 

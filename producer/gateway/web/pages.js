@@ -1,0 +1,393 @@
+// Runs, one run (live), its samples and one sample.
+import { ApiError, api, events, session } from './api.js';
+import { brief, count, duration, h, interval, link, notice, num, pretty, put, when } from './dom.js';
+
+const STATUSES = ['', 'queued', 'running', 'completed', 'failed', 'cancelled'];
+const FILTERS = ['eval', 'model', 'dataset', 'split', 'sweep', 'tag'];
+const LIST_REFRESH_MS = 5000;
+
+function firstMetric(view) {
+  const stats = view.stats || {};
+  const names = Object.keys(stats).sort();
+  if (names.length) return { name: names[0], mean: stats[names[0]].mean, ci: stats[names[0]].ci95 };
+  const aggregate = view.aggregate || {};
+  const keys = Object.keys(aggregate).sort();
+  return keys.length ? { name: keys[0], mean: aggregate[keys[0]], ci: null } : null;
+}
+
+function done(view) {
+  const p = view.progress;
+  return p.scored + p.failed;
+}
+
+function tokens(progress) {
+  const total = (progress.prompt_tokens || 0) + (progress.completion_tokens || 0);
+  return total ? `${count(progress.prompt_tokens)} in / ${count(progress.completion_tokens)} out` : '';
+}
+
+function badge(text, kind = text) {
+  return h('span', { class: `badge ${kind}` }, text);
+}
+
+function title(...parts) {
+  document.title = ['evalq', ...parts].join(' · ');
+}
+
+// ---------------------------------------------------------------- runs
+export async function runsPage(app, query, signal) {
+  title('runs');
+  const admin = session.who?.role === 'admin';
+  const wanted = Object.fromEntries([...FILTERS, 'status', 'principal'].map((k) => [k, query.get(k) || '']));
+  const inputs = {};
+  const fields = FILTERS.map((key) => {
+    inputs[key] = h('input', { name: key, id: `filter-${key}`, value: wanted[key], placeholder: key, size: 12 });
+    return h('label', {}, key, inputs[key]);
+  });
+  inputs.status = h('select', { name: 'status', id: 'filter-status' },
+    STATUSES.map((st) => h('option', { value: st, selected: st === wanted.status }, st || 'any status')));
+  fields.push(h('label', {}, 'status', inputs.status));
+  if (admin) {
+    inputs.principal = h('input', { name: 'principal', id: 'filter-principal', value: wanted.principal, placeholder: 'principal', size: 10 });
+    fields.push(h('label', {}, 'principal', inputs.principal));
+  }
+  const form = h('form', { id: 'filters', class: 'filters' }, fields, h('button', { type: 'submit' }, 'Filter'),
+    link(['runs'], 'clear'));
+  form.addEventListener('submit', (event) => {
+    event.preventDefault();
+    const q = new URLSearchParams();
+    for (const [key, input] of Object.entries(inputs)) if (input.value.trim()) q.set(key, input.value.trim());
+    location.hash = '#/runs' + (q.toString() ? '?' + q : '');
+  });
+  const table = h('div', { id: 'runs' }, h('p', { class: 'muted' }, 'Loading runs…'));
+  const compare = h('button', { type: 'button', id: 'compare-selected', disabled: true }, 'Compare selected');
+  put(app, h('h1', {}, 'Runs'), form, table, h('p', {}, compare));
+
+  const chosen = new Set();
+  compare.addEventListener('click', () => { location.hash = `#/compare?runs=${[...chosen].map(encodeURIComponent).join(',')}`; });
+  const params = { limit: 200 };
+  for (const [key, value] of Object.entries(wanted)) if (value && (key !== 'principal' || admin)) params[key] = value;
+  for (;;) {
+    const views = await api('/v1/runs', params, { signal });
+    put(table, runsTable(views, admin, chosen, compare));
+    if (!views.some((v) => ['queued', 'running'].includes(v.meta.status))) return;
+    // while a listed run goes, the list is read again every few seconds (one request)
+    await new Promise((resolve) => setTimeout(resolve, LIST_REFRESH_MS));
+    if (signal.aborted || document.hidden) return;
+  }
+}
+
+function runsTable(views, admin, chosen, compare) {
+  if (!views.length) return h('p', { class: 'muted', id: 'no-runs' }, 'No runs match.');
+  const head = ['', 'run', 'eval', 'model', 'data', 'tier', 'status', 'progress', 'first metric (95% CI)', 'tokens',
+    ...(admin ? ['principal'] : []), 'submitted', 'params', 'tags'];
+  const rows = views.map((v) => {
+    const m = v.meta;
+    const metric = firstMetric(v);
+    const pick = h('input', { type: 'checkbox', 'aria-label': `select ${m.run_id}`, checked: chosen.has(m.run_id) });
+    pick.addEventListener('change', () => {
+      if (pick.checked) chosen.add(m.run_id); else chosen.delete(m.run_id);
+      compare.disabled = chosen.size < 2;
+    });
+    return h('tr', { 'data-run': m.run_id, 'data-status': m.status },
+      h('td', {}, pick),
+      h('td', { class: 'id' }, link(['runs', m.run_id], m.run_id)),
+      h('td', {}, m.eval), h('td', {}, m.model || ''),
+      h('td', {}, `${m.dataset_id}/${m.split}`), h('td', {}, badge(v.tier)),
+      h('td', {}, badge(m.status)),
+      h('td', { class: 'num' }, `${count(done(v))}/${count(m.n)}`),
+      h('td', { class: 'num metric' }, metric ? `${metric.name} ${num(metric.mean)}` : (v.withheld ? 'withheld' : ''),
+        metric?.ci ? h('span', { class: 'ci' }, ` (${interval(metric.ci)})`) : null),
+      h('td', { class: 'num' }, tokens(v.progress)),
+      admin ? h('td', { class: 'principal' }, m.principal) : null,
+      h('td', {}, when(m.created)),
+      h('td', {}, Object.entries(m.params).map(([k, val]) => `${k}=${val}`).join(' ')),
+      h('td', {}, m.tags.join(' '), m.sweep ? [' ', link(['sweeps', m.sweep], `sweep ${m.sweep}`)] : null));
+  });
+  return h('table', { class: 'rows', 'data-table': 'runs' },
+    h('thead', {}, h('tr', {}, head.map((c) => h('th', {}, c)))), h('tbody', {}, rows));
+}
+
+// ---------------------------------------------------------------- one run
+export async function runPage(app, runId, signal) {
+  title('run', runId);
+  const body = h('div', { id: 'run' });
+  const live = h('span', { id: 'live', class: 'live' }, '');
+  put(app, h('h1', {}, 'Run ', h('code', {}, runId), ' ', live), body);
+  let view;
+  try {
+    view = await api(`/v1/runs/${encodeURIComponent(runId)}`, {}, { signal });
+  } catch (error) {
+    if (!(error instanceof ApiError)) throw error;
+    const what = { 401: 'Not signed in', 403: 'Refused', 404: 'Not found' }[error.status] || 'Error';
+    put(body, notice(error.status === 403 ? 'refused' : 'error', `${what} (HTTP ${error.status})`, error.message));
+    body.querySelector('.notice').id = 'run-refused';
+    return;
+  }
+  renderRun(body, view);
+  performance.mark('evalq:run'); // the run's first meaningful paint (bench/viewer.py reads it)
+  if (!['queued', 'running'].includes(view.meta.status)) return;
+  // live: the gateway sends the run again each time it changes, and once more when it ends
+  while (!signal.aborted) {
+    live.textContent = '● live';
+    try {
+      for await (const message of events(`/v1/runs/${encodeURIComponent(runId)}/events`, {}, signal)) {
+        if (message.name === 'run' || message.name === 'end') renderRun(body, message.data);
+        if (message.name === 'end') { live.textContent = ''; return; }
+        if (message.name === 'error') { live.textContent = ''; body.prepend(notice('error', 'Live view stopped', message.data.error)); return; }
+      }
+    } catch (error) {
+      if (signal.aborted) return;
+      live.textContent = '';
+      body.prepend(notice('error', 'Live view stopped', error.message));
+      return;
+    }
+    // the stream reached its lifetime (event: timeout): open another
+  }
+}
+
+function waitingText(w) {
+  const shared = [];
+  if (w.principals > 1) shared.push(`${w.principals - 1} other principal(s)`);
+  if (w.runs > 1) shared.push(`${w.runs - 1} other run(s) of its principal`);
+  return `waiting its turn: ${count(w.waiting)} samples in its backlog, ${num(100 * w.share, 0)}% of the workers` +
+    (shared.length ? `, shared with ${shared.join(' and ')}` : '') + (w.ahead ? `; ${w.ahead} principal(s) served first` : '');
+}
+
+function field(label, ...value) {
+  return [h('dt', {}, label), h('dd', {}, ...value)];
+}
+
+function renderRun(body, view) {
+  const m = view.meta;
+  const p = view.progress;
+  const settled = done(view);
+  const facts = h('dl', { class: 'facts' },
+    field('evaluation', m.eval),
+    m.model ? field('model', m.model) : null,
+    field('data', `${m.dataset_id}/${m.split}`),
+    field('tier', badge(view.tier)),
+    field('status', h('span', { id: 'run-status', 'data-status': m.status }, badge(m.status)), m.reason ? ` ${m.reason}` : ''),
+    field('principal', m.principal),
+    field('priority', m.priority),
+    field('submitted', when(m.created)),
+    m.finished ? field('finished', when(m.finished)) : null,
+    Object.keys(m.params).length ? field('params', Object.entries(m.params).map(([k, v]) => `${k}=${v}`).join(' ')) : null,
+    m.tags.length ? field('tags', m.tags.join(' ')) : null,
+    m.sweep ? field('sweep', link(['sweeps', m.sweep], m.sweep)) : null,
+    m.rescored_from ? field('rescored from', link(['runs', m.rescored_from], m.rescored_from)) : null);
+  const why = view.stalled ? `stalled: ${view.stalled}` :
+    view.waiting ? waitingText(view.waiting) : '';
+  const progress = h('section', { id: 'progress' },
+    h('h2', {}, 'Progress'),
+    h('progress', { max: m.n || 1, value: settled }),
+    h('p', {},
+      h('span', { id: 'done', 'data-done': settled }, count(settled)), ` / ${count(m.n)} settled · `,
+      h('span', { id: 'scored' }, count(p.scored)), ' scored · ',
+      h('span', { id: 'failed' }, count(p.failed)), ' failed',
+      p.recovered ? ` · ${count(p.recovered)} resent` : ''),
+    h('p', { class: 'muted' },
+      view.throughput !== null && view.throughput !== undefined ? `${num(view.throughput, 1)} samples/s` : 'timing withheld (not viewable)',
+      view.eta_seconds !== null && view.eta_seconds !== undefined ? ` · ETA ${duration(view.eta_seconds)}` : ''),
+    why ? h('p', { id: 'why', class: 'warn' }, why) : null,
+    tokens(p) ? h('p', {}, 'tokens: ', tokens(p)) : null,
+    view.endpoint ? h('p', { class: 'muted' }, `endpoint ${view.endpoint.url}: ${count(view.endpoint.requests)} requests, ${count(view.endpoint.rate_limited)} rate limited in the last minute`) : null);
+  const actions = h('p', { class: 'actions' },
+    link(['runs', m.run_id, 'samples'], 'Samples', null, { id: 'samples-link' }),
+    ['queued', 'running'].includes(m.status) ? button('Cancel', `/v1/runs/${encodeURIComponent(m.run_id)}/cancel`, body) : null,
+    m.status !== 'completed' ? button('Resume', `/v1/runs/${encodeURIComponent(m.run_id)}/resume`, body) : null);
+  put(body, facts, actions, progress, aggregates(view), errors(view), modelSpec(m), provenance(view));
+}
+
+function button(label, path, body) {
+  const b = h('button', { type: 'button', class: 'action' }, label);
+  b.addEventListener('click', async () => {
+    b.disabled = true;
+    try {
+      const answer = await api(path, {}, { method: 'POST' });
+      body.prepend(notice('info', `${label}: done`, JSON.stringify(answer)));
+    } catch (error) {
+      body.prepend(notice('error', `${label}: refused`, error.message));
+    }
+  });
+  return b;
+}
+
+function aggregates(view) {
+  const section = h('section', { id: 'aggregates' }, h('h2', {}, 'Aggregates'));
+  const stats = view.stats || {};
+  const names = Object.keys(stats).length ? Object.keys(stats).sort() : Object.keys(view.aggregate || {}).sort();
+  if (!names.length) {
+    section.append(h('p', { class: 'muted', id: 'withheld' }, view.withheld || 'No aggregate yet: it is computed when the run completes.'));
+    return section;
+  }
+  const rows = names.map((name) => {
+    const st = stats[name];
+    const mean = st ? st.mean : view.aggregate[name];
+    const failed = st ? Object.values(st.failed || {}).reduce((a, b) => a + b, 0) : 0;
+    return h('tr', { 'data-metric': name, 'data-mean': mean, 'data-low': st?.ci95?.[0] ?? '', 'data-high': st?.ci95?.[1] ?? '' },
+      h('td', {}, name), h('td', { class: 'num' }, num(mean)),
+      h('td', { class: 'num ci' }, st?.ci95 ? interval(st.ci95) : ''),
+      h('td', { class: 'num' }, st ? count(st.n) : ''), h('td', { class: 'num' }, failed ? count(failed) : ''),
+      h('td', { class: 'muted' }, st ? st.method : ''));
+  });
+  section.append(h('table', { class: 'rows', 'data-table': 'aggregates' },
+    h('thead', {}, h('tr', {}, ['metric', 'mean', '95% interval', 'n', 'failed', 'method'].map((c) => h('th', {}, c)))),
+    h('tbody', {}, rows)));
+  if (view.release) {
+    section.append(h('p', { class: 'muted', id: 'release' }, `released as ${view.release.rule}: `,
+      Object.entries(view.release.why || {}).map(([k, why]) => `${k}: ${why}`).join('; ')));
+  }
+  return section;
+}
+
+function errors(view) {
+  const kinds = Object.entries(view.errors || {});
+  if (!kinds.length) return null;
+  return h('section', { id: 'errors' }, h('h2', {}, 'Errors'),
+    h('table', { class: 'rows', 'data-table': 'errors' },
+      h('thead', {}, h('tr', {}, h('th', {}, 'stage/kind'), h('th', {}, 'samples'))),
+      h('tbody', {}, kinds.map(([k, n]) => h('tr', {}, h('td', {}, k), h('td', { class: 'num' }, count(n)))))));
+}
+
+function modelSpec(m) {
+  if (!m.task) return null;
+  let task = m.task;
+  try { task = JSON.parse(m.task); } catch { /* shown as it is */ }
+  return h('section', { id: 'model-spec' }, h('h2', {}, 'Model and task'),
+    h('details', {}, h('summary', {}, m.model || 'task'), h('pre', {}, pretty(task))));
+}
+
+function provenance(view) {
+  const found = view.provenance;
+  if (!found) return null;
+  const workers = found.workers || [];
+  return h('section', { id: 'provenance' }, h('h2', {}, 'Provenance'),
+    found.spec ? h('p', {}, 'dataset spec ', h('code', {}, found.spec)) : null,
+    workers.length ? h('table', { class: 'rows', 'data-table': 'provenance' },
+      h('thead', {}, h('tr', {}, ['host', 'device', 'python', 'evaluation', 'source sha256'].map((c) => h('th', {}, c)))),
+      h('tbody', {}, workers.map((w) => h('tr', {}, h('td', {}, w.host), h('td', {}, w.device), h('td', {}, w.python),
+        h('td', {}, w.evaluation), h('td', {}, h('code', {}, String(w.source_sha256 || '').slice(0, 12))))))) : null);
+}
+
+// ---------------------------------------------------------------- samples
+const PAGE = 50;
+
+export async function samplesPage(app, runId, query, signal) {
+  title('samples', runId);
+  const offset = Math.max(0, parseInt(query.get('offset') || '0', 10) || 0);
+  const wanted = {
+    offset, limit: PAGE, failed: query.get('failed') === '1', q: query.get('q') || '',
+    sort: query.get('sort') || '', with_input: query.get('inputs') === '1',
+  };
+  const body = h('div', { id: 'samples' }, h('p', { class: 'muted' }, 'Loading samples…'));
+  put(app, h('h1', {}, 'Samples of ', link(['runs', runId], runId)), body);
+  const path = `/v1/runs/${encodeURIComponent(runId)}/samples`;
+  const [view, page] = await Promise.allSettled([
+    api(`/v1/runs/${encodeURIComponent(runId)}`, {}, { signal }),
+    api(path, { ...wanted, q: wanted.q || null, sort: wanted.sort || null }, { signal }),
+  ]);
+  if (page.status === 'rejected') {
+    const error = page.reason;
+    if (!(error instanceof ApiError)) throw error;
+    const tier = view.status === 'fulfilled' ? view.value.tier : null;
+    const lines = [error.message];
+    if (tier === 'non_viewable') {
+      lines.push('This run\'s split is non_viewable: evalq releases only its aggregates, through the Ladder, and never a single sample\'s output, score or error — not here, not through the API, not on the command line. The run\'s page shows what is released.');
+    } else if (tier === 'no_access') {
+      lines.push('This run\'s split is no_access: nothing of its samples is readable.');
+    }
+    put(body, notice('refused', 'No per-sample view', ...lines));
+    body.querySelector('.notice').id = 'samples-refused';
+    return;
+  }
+  const metrics = view.status === 'fulfilled' ? Object.keys(view.value.stats || view.value.aggregate || {}).sort() : [];
+  put(body, sampleControls(runId, wanted, metrics), pager(runId, query, page.value), sampleTable(runId, page.value.samples, wanted.with_input));
+  performance.mark('evalq:samples'); // the first page of samples shown (bench/viewer.py reads it)
+}
+
+function sampleControls(runId, wanted, metrics) {
+  const q = h('input', { type: 'search', id: 'sample-q', value: wanted.q, placeholder: 'search outputs, scores, errors', size: 30 });
+  const failed = h('input', { type: 'checkbox', id: 'sample-failed', checked: wanted.failed });
+  const inputs = h('input', { type: 'checkbox', id: 'sample-inputs', checked: wanted.with_input });
+  const options = [h('option', { value: '' }, 'submission order')];
+  for (const m of metrics) {
+    options.push(h('option', { value: m, selected: wanted.sort === m }, `${m}, lowest first`));
+    options.push(h('option', { value: `-${m}`, selected: wanted.sort === `-${m}` }, `${m}, highest first`));
+  }
+  const sort = h('select', { id: 'sample-sort' }, options);
+  const form = h('form', { class: 'filters', id: 'sample-filters' },
+    h('label', {}, 'search ', q), h('label', {}, failed, ' failures only'), h('label', {}, 'sort ', sort),
+    h('label', {}, inputs, ' with inputs'), h('button', { type: 'submit' }, 'Apply'));
+  form.addEventListener('submit', (event) => {
+    event.preventDefault();
+    const next = new URLSearchParams();
+    if (q.value.trim()) next.set('q', q.value.trim());
+    if (failed.checked) next.set('failed', '1');
+    if (sort.value) next.set('sort', sort.value);
+    if (inputs.checked) next.set('inputs', '1');
+    location.hash = `#/runs/${encodeURIComponent(runId)}/samples` + (next.toString() ? '?' + next : '');
+  });
+  return form;
+}
+
+function pager(runId, query, page) {
+  const shown = page.samples.length;
+  const to = (offset) => {
+    const next = new URLSearchParams(query);
+    next.set('offset', String(Math.max(0, offset)));
+    return `#/runs/${encodeURIComponent(runId)}/samples?${next}`;
+  };
+  return h('p', { class: 'pager' },
+    h('span', { id: 'page-range', 'data-total': page.total },
+      shown ? `${count(page.offset + 1)}-${count(page.offset + shown)} of ${count(page.total)}` : `none of ${count(page.total)}`),
+    page.offset > 0 ? [' ', h('a', { href: to(page.offset - PAGE), id: 'prev' }, '← previous')] : null,
+    page.offset + shown < page.total ? [' ', h('a', { href: to(page.offset + PAGE), id: 'next' }, 'next →')] : null);
+}
+
+function scoresText(scores) {
+  return scores ? Object.entries(scores).map(([k, v]) => `${k}=${+v.toFixed(4)}`).join(' ') : '';
+}
+
+function errorText(error) {
+  return error ? `${error.stage}/${error.kind}: ${error.message}` : '';
+}
+
+function sampleTable(runId, samples, withInput) {
+  const head = ['sample', ...(withInput ? ['input'] : []), 'output', 'scores', 'error', 'tokens', 'grader'];
+  const rows = samples.map((r) => h('tr', { 'data-sample': r.sample_id, class: r.error ? 'failed' : (r.scores ? '' : 'pending') },
+    h('td', { class: 'num' }, link(['runs', runId, 'samples', r.sample_id], String(r.sample_id))),
+    withInput ? h('td', { class: 'text' }, brief(r.input)) : null,
+    h('td', { class: 'text output' }, r.scores || r.output !== null ? brief(r.output) : (r.error ? '' : 'pending')),
+    h('td', { class: 'scores' }, scoresText(r.scores)),
+    h('td', { class: 'text error' }, errorText(r.error)),
+    h('td', { class: 'num' }, r.usage ? `${r.usage.prompt_tokens}/${r.usage.completion_tokens}` : ''),
+    h('td', { class: 'text' }, r.grade ? brief(r.grade.verdict, 60) : '')));
+  return h('table', { class: 'rows samples', 'data-table': 'samples' },
+    h('thead', {}, h('tr', {}, head.map((c) => h('th', {}, c)))), h('tbody', {}, rows));
+}
+
+export async function samplePage(app, runId, sampleId, signal) {
+  title('sample', runId, sampleId);
+  const body = h('div', { id: 'sample' });
+  put(app, h('h1', {}, `Sample ${sampleId} of `, link(['runs', runId], runId)), body);
+  let page;
+  try {
+    page = await api(`/v1/runs/${encodeURIComponent(runId)}/samples`, { ids: [sampleId], with_input: true }, { signal });
+  } catch (error) {
+    if (!(error instanceof ApiError)) throw error;
+    put(body, notice('refused', 'No per-sample view', error.message));
+    return;
+  }
+  const r = page.samples[0];
+  if (!r) { put(body, notice('error', 'No such sample', `Run ${runId} has no sample ${sampleId}.`)); return; }
+  const block = (label, value, id) => value === null || value === undefined ? null :
+    h('section', { id }, h('h2', {}, label), h('pre', {}, pretty(value)));
+  put(body,
+    h('p', {}, link(['runs', runId, 'samples'], '← all samples')),
+    block('Input (the row, labels included)', r.input, 'sample-input'),
+    block('Output', r.output, 'sample-output'),
+    block('Scores', r.scores, 'sample-scores'),
+    block('Error', r.error ? errorText(r.error) : null, 'sample-error'),
+    block('Tokens', r.usage, 'sample-usage'),
+    r.grade ? block('Grader', r.grade, 'sample-grade') : null);
+}

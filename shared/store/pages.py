@@ -1,0 +1,164 @@
+"""One page of a run's per-sample results, live or archived, without reading more of the run
+than the page needs.
+
+An unfiltered, unsorted page is a slice of the run's samples in submission order: a live run's
+are read by id from Redis (and the spilled parts that hold them), an archived run's from the
+one or two Parquet parts that hold those rows. A filtered or sorted page first reads only the
+columns the question needs (``sample_id``, and ``error`` for failures, a metric's column to
+sort by, the texts to search), picks the rows, then reads those rows whole. Whether a reader
+may see per-sample results at all is not decided here: the caller asks the policy first
+(:meth:`evalq.producer.direct.Direct.readable`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import redis
+
+from evalq.shared.errors import UnknownRunError
+from evalq.shared.store.archive import ArchiveReader, Chunk
+from evalq.shared.store.reader import ResultReader
+from evalq.shared.store.runs import RunStore
+
+__all__ = ["PageQuery", "PageReader"]
+
+SEARCHED = ("output", "scores", "error")
+"""The stored texts a search looks in."""
+
+
+@dataclass(frozen=True)
+class PageQuery:
+    """Which samples a page is cut from (every condition given must hold), and in what order."""
+
+    failed: bool = False
+    q: str | None = None
+    sort: str | None = None
+    """A metric, lowest first; ``-metric``: highest first; samples without it last."""
+    ids: tuple[int, ...] | None = None
+
+    @property
+    def plain(self) -> bool:
+        """Every sample, in submission order."""
+        return not (self.failed or self.q or self.sort or self.ids is not None)
+
+    @property
+    def metric(self) -> str | None:
+        return None if self.sort is None else self.sort.removeprefix("-")
+
+    def columns(self) -> tuple[str, ...]:
+        """The columns that pick the rows."""
+        needed = ["sample_id"]
+        if self.failed:
+            needed.append("error")
+        if self.q:
+            needed += [c for c in SEARCHED if c not in needed]
+        if self.metric is not None:
+            needed.append(f"score.{self.metric}")
+        return tuple(needed)
+
+    def positions(self, table: pa.Table) -> list[int]:
+        """The places (in ``table``, the run's rows in submission order) of the rows that
+        match, in the page's order."""
+        keep = pa.array([True] * table.num_rows, pa.bool_())
+        if self.ids is not None:
+            keep = pc.and_(keep, pc.is_in(table["sample_id"], pa.array(self.ids, pa.int64())))
+        if self.failed:
+            keep = pc.and_(keep, pc.is_valid(table["error"]))
+        if self.q:
+            keep = pc.and_(keep, _holds(table, self.q))
+        found = pc.indices_nonzero(keep)
+        if self.metric is None:
+            return [int(i) for i in found.to_pylist()]
+        values = pc.take(_metric_column(table, self.metric), found)
+        valid = pc.is_valid(values)
+        having, lacking = pc.filter(found, valid), pc.filter(found, pc.invert(valid))
+        order = "descending" if self.sort and self.sort.startswith("-") else "ascending"
+        ranked = pc.sort_indices(
+            pa.table({"v": pc.filter(values, valid), "i": having}),
+            sort_keys=[("v", order), ("i", "ascending")],
+        )
+        first = pc.take(having, ranked).to_pylist()
+        return [int(i) for i in first + lacking.to_pylist()]  # samples without it last
+
+
+def _metric_column(table: pa.Table, metric: str) -> pa.ChunkedArray | pa.Array:
+    name = f"score.{metric}"
+    if name in table.column_names:
+        return table[name]
+    return pa.nulls(table.num_rows, pa.float64())
+
+
+def _holds(table: pa.Table, text: str) -> pa.ChunkedArray:
+    """Which rows' stored texts hold ``text`` (any case), as written or as JSON escapes it
+    (stored texts are ASCII JSON: ``é`` is ``\\u00e9`` there)."""
+    needles = {text, json.dumps(text)[1:-1]}
+    found = None
+    for column in SEARCHED:
+        for needle in needles:
+            hit = pc.fill_null(pc.match_substring(table[column], needle, ignore_case=True), False)
+            found = hit if found is None else pc.or_(found, hit)
+    assert found is not None
+    return found
+
+
+class PageReader:
+    """Pages of runs' per-sample results; see the module."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self._results = ResultReader(client)
+        self._runs = RunStore(client)
+
+    def page(self, run_id: str, offset: int, limit: int, query: PageQuery) -> tuple[int, Chunk]:
+        """How many of the run's samples match ``query``, and the stored texts of those from
+        ``offset`` on (at most ``limit``)."""
+        archive = self._results.archive(run_id)
+        if archive is None:
+            found = self._live(run_id, offset, limit, query)
+            if found is not None:
+                return found
+            archive = self._results.archive(run_id)
+            if archive is None:  # neither live keys nor an archive: purged meanwhile
+                raise UnknownRunError(f"no run '{run_id}'")
+        return self._archived(archive, offset, limit, query)
+
+    def _live(
+        self, run_id: str, offset: int, limit: int, query: PageQuery
+    ) -> tuple[int, Chunk] | None:
+        """The page of a run whose results live in Redis; None when it was sealed meanwhile."""
+        if query.plain or (query.ids is not None and not (query.failed or query.q or query.sort)):
+            try:
+                ids = self._runs.sample_ids(run_id)
+            except UnknownRunError:
+                return None  # sealed (its ids freed), or no run: the caller looks
+            if query.ids is not None:
+                wanted = set(query.ids)
+                ids = [i for i in ids if i in wanted]
+            chunk = self._results.live_chunk(run_id, ids[offset : offset + limit])
+            return None if chunk is None else (len(ids), chunk)
+        tables = list(self._results.tables(run_id))  # the whole run: a live run is bounded
+        table = pa.concat_tables(tables, promote_options="default") if tables else None
+        if table is None:
+            return 0, Chunk([], [], [], [])
+        positions = query.positions(table)
+        taken = table.take(positions[offset : offset + limit])
+        return len(positions), Chunk(
+            taken["sample_id"].to_pylist(), taken["output"].to_pylist(),
+            taken["scores"].to_pylist(), taken["error"].to_pylist(),
+        )  # fmt: skip
+
+    def _archived(
+        self, archive: ArchiveReader, offset: int, limit: int, query: PageQuery
+    ) -> tuple[int, Chunk]:
+        """The page of an archived run, reading only what picks the rows, then the rows."""
+        if query.plain:
+            total = sum(int(part["rows"]) for part in archive.manifest["parts"])
+            return total, archive.rows(list(range(offset, min(total, offset + limit))))
+        batches = list(archive.batches(query.columns()))
+        if not batches:
+            return 0, Chunk([], [], [], [])
+        positions = query.positions(pa.Table.from_batches(batches))
+        return len(positions), archive.rows(positions[offset : offset + limit])

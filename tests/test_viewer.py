@@ -1,0 +1,472 @@
+"""The web viewer (``evalq serve`` at ``/``) in headless Chromium, driven by Playwright, against
+the real gateway on uvicorn, a real Redis and real workers: sign-in, the runs list and its
+filters, a run page that follows a going run live, the samples table (and its absence for a
+``non_viewable`` split), what another principal's run answers, an admin's view, a sweep's
+chart and a comparison. Every check reads the page's DOM (and the charts' pixels) against what
+the API and the CLI answer for the same token; screenshots are written to
+``$EVALQ_SCREENSHOTS`` (or the test's temporary folder)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from io import BytesIO
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from evalq.producer.client import Client
+from evalq.producer.remote import RemoteClient
+from evalq.producer.submit import SubmitRequest
+from evalq.producer.views import SampleQuery
+from evalq.shared.access.policy import Tier
+from evalq.shared.access.roles import Role
+from evalq.shared.access.tiers import TierRegistry
+from evalq.shared.store.runs import RunFilter
+from tests.conftest import NOWHERE, Door, Stack
+from tests.helpers import (
+    audit_entries,
+    cli_env,
+    gateway,
+    labelled_rows,
+    list_splits,
+    wait_completed,
+    wait_for,
+    write_rows,
+)
+
+pytestmark = pytest.mark.integration
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+BUSTED = (5, 17, 44)
+"""Samples of the viewable run whose scoring fails."""
+WAIT_MS = 30_000
+
+
+@dataclass
+class Site:
+    """The gateway, three principals' tokens and their runs."""
+
+    stack: Stack
+    api: str
+    alice: str
+    bob: str
+    root: str
+    viewable: str
+    hidden: str
+    bobs: str
+    sweep: str
+    swept: list[str]
+    flipped: str
+    data: str
+    runs: dict[str, RemoteClient] = field(default_factory=dict)
+
+    def remote(self, token: str) -> RemoteClient:
+        if token not in self.runs:
+            self.runs[token] = RemoteClient(self.api, token)
+        return self.runs[token]
+
+    def cli(self, token: str, *args: str) -> subprocess.CompletedProcess[str]:
+        """``evalq ARGS`` through the gateway, holding ``token`` (no Redis URL that works)."""
+        return _door(self.api, token).run(*args)
+
+
+def _door(api: str, token: str) -> Door:
+    return Door("gateway", cli_env(NOWHERE, EVALQ_API_URL=api, EVALQ_TOKEN=token))
+
+
+def _submit(client: RemoteClient, dataset: str, split: str, **request: Any) -> str:
+    options = {"eval": "spy", **request}
+    return client.submit(SubmitRequest(dataset=dataset, split=split, **options)).run_id
+
+
+@pytest.fixture(scope="module")
+def site(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
+    root = tmp_path_factory.mktemp("viewer")
+    rows = labelled_rows(60)
+    for i in BUSTED:
+        rows[i]["text"] = f"bust {i} " + str(rows[i]["text"]).split(" ", 2)[2]
+    write_rows(root / "data", "validation", rows)
+    write_rows(root / "data", "hidden", labelled_rows(30))
+    data = list_splits(stack.client, root / "data", "validation")
+    TierRegistry(stack.client).set(data, "hidden", Tier.NON_VIEWABLE, who="tests")
+    labels = [int(i % 10 < 7) for i in range(40)]
+    guessed = [{"text": f"item-{i} cmp", "cue": 0, "label": y} for i, y in enumerate(labels)]
+    write_rows(root / "cmp", "validation", guessed)
+    cmp = list_splits(stack.client, root / "cmp", "validation")
+    operator = Client(stack.settings)
+    tokens = {p: operator.create_token(p, r) for p, r in
+              [("v-alice", Role.USER), ("v-bob", Role.USER), ("v-root", Role.ADMIN)]}  # fmt: skip
+    operator.close()
+    archive = {"EVALQ_ARCHIVE_URL": stack.settings.archive_url}
+    with gateway(stack.server.url, root / "gateway.log", **archive) as (api, _):
+        alice = RemoteClient(api, tokens["v-alice"])
+        bob = RemoteClient(api, tokens["v-bob"])
+        viewable = _submit(alice, data, "validation", eval="flaky")
+        hidden = _submit(alice, data, "hidden")
+        bobs = _submit(bob, data, "validation", tags=["bobs"])
+        swept = _door(api, tokens["v-alice"]).run(
+            "submit", "guess", "--dataset", cmp, "--split", "validation",
+            "--sweep", "base=0,1", "--json",
+        )  # fmt: skip
+        assert swept.returncode == 0, swept.stderr
+        sweep = json.loads(swept.stdout)
+        flipped = _submit(alice, cmp, "validation", eval="guess",
+                          params={"base": "0", "flip": "item-1,item-2,item-7"})  # fmt: skip
+        for run_id in (viewable, hidden, bobs, *sweep["run_ids"], flipped):
+            wait_completed(stack.client, run_id)
+        made = Site(
+            stack, api, tokens["v-alice"], tokens["v-bob"], tokens["v-root"], viewable,
+            hidden, bobs, sweep["sweep"], sweep["run_ids"], flipped, data,
+        )  # fmt: skip
+        yield made
+        alice.close()
+        bob.close()
+        for client in made.runs.values():
+            client.close()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    if CHROMIUM is None:
+        if os.environ.get("EVALQ_REQUIRE_CHROMIUM"):
+            pytest.fail("chromium is required (EVALQ_REQUIRE_CHROMIUM) but not installed")
+        pytest.skip("needs chromium (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--no-first-run"],
+        )  # fmt: skip
+        yield launched
+        launched.close()
+
+
+@dataclass
+class Tab:
+    """A fresh browser context's page and every request it sent."""
+
+    page: Any
+    requests: list[tuple[str, dict[str, str]]]
+    answers: list[tuple[str, int]]
+    shots: Path
+
+    def shot(self, name: str) -> bytes:
+        png: bytes = self.page.screenshot(path=str(self.shots / f"{name}.png"), full_page=True)
+        return png
+
+
+@pytest.fixture
+def tab(browser: Any, tmp_path: Path) -> Iterator[Tab]:
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(WAIT_MS)
+    shots = Path(os.environ.get("EVALQ_SCREENSHOTS") or tmp_path)
+    shots.mkdir(parents=True, exist_ok=True)
+    found = Tab(page, [], [], shots)
+    page.on("request", lambda r: found.requests.append((r.url, r.headers)))
+    page.on("response", lambda r: found.answers.append((r.url, r.status)))
+    yield found
+    context.close()
+
+
+def _sign_in(tab: Tab, api: str, token: str, where: str = "#/runs") -> None:
+    tab.page.goto(f"{api}/{where}")
+    tab.page.fill("#token", token)
+    tab.page.click("#sign-in button[type=submit]")
+    tab.page.locator("#who .principal").wait_for()
+
+
+def _listed(tab: Tab) -> list[str]:
+    tab.page.locator("#runs table, #no-runs").first.wait_for()
+    rows = tab.page.locator("table[data-table=runs] tbody tr")
+    return [str(r) for r in rows.evaluate_all("rows => rows.map(r => r.dataset.run)")]
+
+
+def _colored_pixels(png: bytes) -> int:
+    """Pixels that are clearly coloured (points, bars), not white, grey or black text."""
+    import numpy as np
+    from PIL import Image
+
+    rgb = np.asarray(Image.open(BytesIO(png)).convert("RGB"), dtype=np.int16)
+    return int(((rgb.max(axis=-1) - rgb.min(axis=-1)) > 60).sum())
+
+
+def test_a_user_signs_in_and_sees_only_what_its_token_may(site: Site, tab: Tab) -> None:
+    from playwright.sync_api import expect
+
+    page = tab.page
+    answer = page.goto(f"{site.api}/")
+    assert answer is not None
+    policy = answer.headers["content-security-policy"]
+    assert "script-src 'self'" in policy
+    assert "unsafe-inline" not in policy
+    assert answer.headers["x-content-type-options"] == "nosniff"
+    page.fill("#token", "evalq_not-a-token")
+    page.click("#sign-in button[type=submit]")
+    expect(page.locator("#sign-in-problem")).to_contain_text(
+        "unauthorized: unknown or revoked token"
+    )
+
+    page.fill("#token", site.alice)
+    page.click("#sign-in button[type=submit]")
+    expect(page.locator("#who .principal")).to_have_text("v-alice (user)")
+    listed = _listed(tab)
+    assert listed == [v.meta.run_id for v in site.remote(site.alice).recent(200)]
+    assert site.viewable in listed
+    assert site.hidden in listed
+    assert site.bobs not in listed
+    tab.shot("runs-alice")
+
+    # another principal's run, by its URL: the page says what the API and the CLI say
+    refused = site.cli(site.alice, "status", site.bobs)
+    assert refused.returncode == 3
+    said = refused.stderr.strip().removeprefix("error: ")
+    assert said == f"forbidden: run {site.bobs} belongs to another principal"
+    page.goto(f"{site.api}/#/runs/{site.bobs}")
+    expect(page.locator("#run-refused")).to_have_text(f"Refused (HTTP 403){said}")
+
+    # the token travels as a header, in no URL, and is kept in this tab's session only
+    assert all(site.alice not in url for url, _ in tab.requests)
+    calls = [(url, headers) for url, headers in tab.requests if "/v1/" in url]
+    assert calls
+    signed = [h.get("authorization") for url, h in calls if "/v1/whoami" not in url]
+    assert signed
+    assert all(h == f"Bearer {site.alice}" for h in signed)
+    assert page.evaluate("sessionStorage.getItem('evalq.token')") == site.alice
+    assert page.evaluate("localStorage.length + document.cookie.length") == 0
+    page.click("#sign-out")
+    page.locator("#sign-in").wait_for()
+    assert page.evaluate("sessionStorage.getItem('evalq.token')") is None
+
+
+def test_the_runs_list_filters_as_the_api_does(site: Site, tab: Tab) -> None:
+    from playwright.sync_api import expect
+
+    _sign_in(tab, site.api, site.alice)
+    alice = site.remote(site.alice)
+    tab.page.fill("#filter-eval", "guess")
+    tab.page.click("#filters button[type=submit]")
+    expect(tab.page).to_have_url(f"{site.api}/#/runs?eval=guess")
+    expected = [v.meta.run_id for v in alice.recent(200, only=RunFilter(eval="guess"))]
+    wait_for(lambda: _listed(tab) == expected, 30, "the guess runs listed")
+    assert sorted(expected) == sorted([*site.swept, site.flipped])
+
+    for query, only in [
+        ("split=hidden", RunFilter(split="hidden")),
+        (f"dataset={site.data}&status=completed", RunFilter(dataset=site.data,
+                                                             status="completed")),  # type: ignore[arg-type]
+        (f"sweep={site.sweep}", RunFilter(sweep=site.sweep)),
+        ("eval=nothing-like-it", RunFilter(eval="nothing-like-it")),
+    ]:  # fmt: skip
+        expected = [v.meta.run_id for v in alice.recent(200, only=only)]
+        tab.page.goto(f"{site.api}/#/runs?{query}")
+        wait_for(lambda e=expected: _listed(tab) == e, 30, f"the runs of {query}")  # type: ignore[misc]
+    assert [v.meta.run_id for v in alice.recent(200, only=RunFilter(split="hidden"))] == [
+        site.hidden
+    ]
+    expect(tab.page.locator("#no-runs")).to_be_visible()
+    tab.shot("runs-filtered")
+
+
+def test_a_run_page_follows_the_run_live_and_shows_its_interval_once_done(
+    site: Site, tab: Tab, tmp_path: Path
+) -> None:
+    from playwright.sync_api import expect
+
+    write_rows(tmp_path / "data", "validation", labelled_rows(128))
+    data = list_splits(site.stack.client, tmp_path / "data", "validation")
+    gate = tmp_path / "gate"
+    alice = site.remote(site.alice)
+    params = {"gate": str(gate), "open_until": "64"}  # samples 64 on wait for the gate
+    run_id = _submit(alice, data, "validation", eval="slow", params=params)
+    try:
+        wait_for(lambda: alice.status(run_id).progress.done >= 64, 60, "the first 64 samples")
+        _sign_in(tab, site.api, site.alice, f"#/runs/{run_id}")
+        page = tab.page
+        expect(page.locator("#run-status")).to_have_attribute("data-status", "running")
+        first = int(page.locator("#done").get_attribute("data-done") or -1)
+        assert 64 <= first < 128
+        expect(page.locator("#live")).to_have_text("● live")
+        page.evaluate("window.__samePage = true")
+        tab.shot("run-live")
+    finally:
+        gate.touch()
+    expect(page.locator("#done")).to_have_attribute("data-done", "128")
+    expect(page.locator("#run-status")).to_have_attribute("data-status", "completed")
+    view = alice.status(run_id)
+    assert view.stats is not None
+    correct = view.stats["correct"]
+    assert correct.ci95 is not None
+    row = page.locator("#aggregates tr[data-metric=correct]")
+    expect(row).to_have_attribute("data-mean", str(correct.mean))
+    assert float(row.get_attribute("data-low") or "nan") == pytest.approx(correct.ci95[0])
+    expect(row.locator("td.ci")).to_have_text(f"{correct.ci95[0]:.4f} to {correct.ci95[1]:.4f}")
+    expect(page.locator("#live")).to_have_text("")
+    assert page.evaluate("window.__samePage") is True  # no reload: the same document
+    # one read of the run, then its events: no polling
+    reads = [u for u, _ in tab.requests if u.split("?")[0].endswith(f"/v1/runs/{run_id}")]
+    streams = [u for u, _ in tab.requests if f"/v1/runs/{run_id}/events" in u]
+    assert (len(reads), len(streams)) == (1, 1)
+    tab.shot("run-done")
+
+
+def test_the_samples_table_shows_a_viewable_runs_outputs(site: Site, tab: Tab) -> None:
+    from playwright.sync_api import expect
+
+    _sign_in(tab, site.api, site.alice, f"#/runs/{site.viewable}/samples")
+    page = tab.page
+    expect(page.locator("#page-range")).to_have_text("1-50 of 60")
+    expected = site.remote(site.alice).sample_page(site.viewable, SampleQuery(limit=50)).samples
+    rows = page.locator("table[data-table=samples] tbody tr")
+    expect(rows).to_have_count(50)
+    shown = rows.evaluate_all(
+        "rows => rows.map(r => [r.dataset.sample, r.querySelector('.output').textContent])"
+    )
+    assert shown == [
+        [str(r.sample_id), json.dumps(r.output, separators=(",", ":"))] for r in expected
+    ]
+    tab.shot("samples")
+    page.click("#next")
+    expect(page.locator("#page-range")).to_have_text("51-60 of 60")
+
+    page.goto(f"{site.api}/#/runs/{site.viewable}/samples")
+    page.check("#sample-failed")
+    page.click("#sample-filters button[type=submit]")
+    expect(page.locator("#page-range")).to_have_text("1-3 of 3")
+    failed = rows.evaluate_all("rows => rows.map(r => +r.dataset.sample)")
+    assert failed == list(BUSTED)
+    expect(rows.first.locator(".error")).to_have_text("score/ValueError: cannot score a bust")
+    page.goto(f"{site.api}/#/runs/{site.viewable}/samples?sort=-correct")
+    expect(rows.first.locator(".scores")).to_have_text("correct=1")
+    page.goto(f"{site.api}/#/runs/{site.viewable}/samples?q=bust")
+    expect(page.locator("#page-range")).to_have_text("1-3 of 3")
+
+    page.click(f"table[data-table=samples] a >> text='{BUSTED[0]}'")
+    expect(page.locator("#sample-input pre")).to_contain_text('"label"')
+    expect(page.locator("#sample-error pre")).to_have_text("score/ValueError: cannot score a bust")
+    tab.shot("sample")
+
+
+def test_a_non_viewable_run_shows_nothing_per_sample_and_says_why(site: Site, tab: Tab) -> None:
+    from playwright.sync_api import expect
+
+    refused = site.cli(site.alice, "results", site.hidden)
+    assert refused.returncode == 3
+    said = refused.stderr.strip().removeprefix("error: ")
+    assert said.startswith("tier refused: ")
+    _sign_in(tab, site.api, site.alice, f"#/runs/{site.hidden}/samples")
+    page = tab.page
+    box = page.locator("#samples-refused")
+    expect(box.locator("p").first).to_have_text(said)
+    expect(box).to_contain_text("split is non_viewable")
+    expect(page.locator("table[data-table=samples]")).to_have_count(0)
+    asked = [status for url, status in tab.answers if f"/v1/runs/{site.hidden}/samples" in url]
+    assert asked == [403]
+    tab.shot("samples-non-viewable")
+    # its run page shows the aggregate as released, and no sample
+    page.goto(f"{site.api}/#/runs/{site.hidden}")
+    expect(page.locator("#run-status")).to_have_attribute("data-status", "completed")
+    expect(page.locator("#aggregates")).to_be_visible()
+    assert "sample" not in (page.locator("#aggregates").text_content() or "")
+
+
+def test_an_admin_sees_every_principals_runs_and_reads_every_tier_when_it_asks(
+    site: Site, tab: Tab
+) -> None:
+    from playwright.sync_api import expect
+
+    _sign_in(tab, site.api, site.root)
+    page = tab.page
+    expect(page.locator("#who .principal")).to_have_text("v-root (admin)")
+    listed = _listed(tab)
+    assert {site.viewable, site.hidden, site.bobs} <= set(listed)
+    admin = RemoteClient(site.api, site.root)
+    try:
+        assert listed == [v.meta.run_id for v in admin.recent(200)]
+        page.fill("#filter-principal", "v-bob")
+        page.click("#filters button[type=submit]")
+        expected = [v.meta.run_id for v in admin.recent(200, only=RunFilter(principal="v-bob"))]
+        wait_for(lambda: _listed(tab) == expected, 30, "bob's runs")
+        assert site.bobs in expected
+        expect(page.locator(f"tr[data-run='{site.bobs}'] td.principal")).to_have_text("v-bob")
+        tab.shot("runs-admin")
+
+        page.goto(f"{site.api}/#/runs/{site.hidden}/samples")
+        expect(page.locator("#samples-refused")).to_contain_text("tier refused")  # no flag
+        page.check("#admin-mode")
+        rows = page.locator("table[data-table=samples] tbody tr")
+        expect(rows).to_have_count(30)
+        bypass = RemoteClient(site.api, site.root, admin=True)
+        expected_rows = bypass.sample_page(site.hidden, SampleQuery(limit=50)).samples
+        bypass.close()
+        shown = rows.evaluate_all("rows => rows.map(r => r.querySelector('.output').textContent)")
+        assert shown == [json.dumps(r.output, separators=(",", ":")) for r in expected_rows]
+        assert any(
+            e["action"] == "admin_read" for e in audit_entries(site.stack.client, site.hidden)
+        )
+        tab.shot("samples-admin")
+    finally:
+        admin.close()
+
+
+def test_a_sweep_chart_and_a_comparison_show_what_compare_json_gives(site: Site, tab: Tab) -> None:
+    from playwright.sync_api import expect
+
+    _sign_in(tab, site.api, site.alice, f"#/sweeps/{site.sweep}")
+    page = tab.page
+    points = page.locator("svg[data-chart=sweep] g.point")
+    expect(points).to_have_count(2)
+    alice = site.remote(site.alice)
+    views = {v.meta.params["base"]: v for v in (alice.status(r) for r in site.swept)}
+    drawn = points.evaluate_all(
+        "gs => gs.map(g => [g.dataset.label, +g.dataset.mean, +g.dataset.low, +g.dataset.high])"
+    )
+    expected = []
+    for base in ("0", "1"):
+        stat = (views[base].stats or {})["accuracy"]
+        assert stat.ci95 is not None
+        expected.append([base, stat.mean, *stat.ci95])
+    assert drawn == expected
+    assert [d[1] for d in drawn] == [pytest.approx(0.3), pytest.approx(0.7)]
+    chart = page.locator("svg[data-chart=sweep]")
+    assert _colored_pixels(chart.screenshot()) > 300, "the sweep chart looks empty"
+    tab.shot("sweep")
+
+    base = site.swept[0] if views["0"].meta.run_id == site.swept[0] else site.swept[1]
+    answered = site.cli(site.alice, "compare", base, site.flipped, "--json")
+    assert answered.returncode == 0, answered.stderr
+    found = json.loads(answered.stdout)
+    delta = found["metrics"]["accuracy"][site.flipped]
+    page.goto(f"{site.api}/#/compare?runs={base},{site.flipped}")
+    row = page.locator("svg[data-chart=forest-accuracy] g.row")
+    expect(row).to_have_count(1)
+    assert float(row.get_attribute("data-delta") or "nan") == delta["delta"]
+    assert float(row.get_attribute("data-low") or "nan") == delta["ci95"][0]
+    assert float(row.get_attribute("data-high") or "nan") == delta["ci95"][1]
+    table = page.locator(f"table[data-table=deltas-accuracy] tr[data-run='{site.flipped}']")
+    expect(table.locator("td.delta")).to_have_text(f"{delta['delta']:+.4f}")
+    low, high = delta["ci95"]
+    expect(table.locator("td.ci")).to_have_text(f"{low:.4f} to {high:.4f}")
+    flips = page.locator("table[data-table=flips-accuracy] tbody tr")
+    shown = flips.evaluate_all("rows => rows.map(r => [r.dataset.kind, +r.dataset.sample])")
+    flipped = found["flips"]["accuracy"][site.flipped]
+    assert shown == [["fixed", i] for i in flipped["fixed"]] + [
+        ["broken", i] for i in flipped["broken"]
+    ]
+    assert shown == [["fixed", 1], ["fixed", 2], ["broken", 7]]
+    forest = page.locator("svg[data-chart=forest-accuracy]")
+    assert _colored_pixels(forest.screenshot()) > 100, "the forest plot looks empty"
+    tab.shot("compare")
+    links = flips.first.locator("a")
+    hrefs = links.evaluate_all("links => links.map(a => a.getAttribute('href'))")
+    assert hrefs == [f"#/runs/{base}/samples/1", f"#/runs/{site.flipped}/samples/1"]
+    links.nth(1).click()
+    expect(page.locator("#sample-output pre")).to_have_text("1")
