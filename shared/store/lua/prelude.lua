@@ -79,6 +79,47 @@ local function bits_of(key, ids)
   for i, bit in ipairs(bitfield_all('BITFIELD_RO', key, ids)) do set[i] = bit == 1 end
   return set
 end
+-- Count one more attempt of each sample the messages from ARGV[at] on bring, at one stage
+-- (attempt.lua's rule, for it and for record_outputs.lua; the run is going). attempts = the
+-- stage's attempts hash, spilled = RunKeys.spilled, deliveries = the stage's deliveries hash.
+-- ARGV[at..] = per message: its key, solo (1 or 0), n, then its n sample ids.
+-- Returns the counts in order, as attempt.lua does.
+local function count_attempts(attempts, spilled, deliveries, at)
+  local counts = {}
+  local alone = redis.call('EXISTS', attempts) == 1 -- none counted alone: nothing to read
+  while at <= #ARGV do
+    local key, solo, n = ARGV[at], ARGV[at + 1] == '1', tonumber(ARGV[at + 2])
+    local ids = {}
+    for i = at + 3, at + 2 + n do ids[#ids + 1] = ARGV[i] end
+    at = at + 3 + n
+    local spilt = bits_of(spilled, ids)
+    local had = alone and hmget_all(attempts, ids) or {}
+    local delivered = 1
+    if not solo then delivered = redis.call('HINCRBY', deliveries, key, 1) end
+    local writes = {}
+    for j, id in ipairs(ids) do
+      local before = tonumber(had[j]) or 0
+      local tried = math.max(before, delivered - 1)
+      if spilt[j] then
+        counts[#counts + 1] = 0
+      elseif solo or tried == 0 then
+        counts[#counts + 1] = tried + 1
+        if solo then
+          writes[#writes + 1] = id
+          writes[#writes + 1] = tried + 1
+        end
+      else
+        counts[#counts + 1] = -tried
+        if tried > before then
+          writes[#writes + 1] = id
+          writes[#writes + 1] = tried
+        end
+      end
+    end
+    hset_all(attempts, writes)
+  end
+  return counts
+end
 -- A run made progress: stamp its progress hash (``status`` and the janitor read it).
 -- progress = the run's RunKeys.progress hash
 local function touch(progress)
