@@ -3,11 +3,9 @@
 -- key templates they pass (fair_round).
 
 -- A run's first write of a result moves it from 'queued' to 'running'.
--- meta = the run's RunKeys.meta hash
-local function mark_running(meta)
-  if redis.call('HGET', meta, 'status') == 'queued' then
-    redis.call('HSET', meta, 'status', 'running')
-  end
+-- meta = the run's RunKeys.meta hash, status = its 'status' as the caller read it
+local function mark_running(meta, status)
+  if status == 'queued' then redis.call('HSET', meta, 'status', 'running') end
 end
 
 -- The Redis server's clock, in seconds with microseconds: one clock for every worker.

@@ -31,13 +31,14 @@ local spilled = bits_of(KEYS[4], ids)
 local present = hmget_all(KEYS[1], ids)
 local writes, seen = {}, {}
 local read, wrote, cached = 0, 0, 0
+local mark = string.byte(ARGV[1], 3) -- a byte compared first: no substring made per output
 for j, id in ipairs(ids) do
   local value = ARGV[2 * j + 2]
   if not spilled[j] and not present[j] and not seen[id] then
     seen[id] = true
     writes[#writes + 1] = id
     writes[#writes + 1] = value
-    if string.sub(value, 1, #ARGV[1]) == ARGV[1] then
+    if string.byte(value, 3) == mark and string.sub(value, 1, #ARGV[1]) == ARGV[1] then
       local usage = cjson.decode(value)['usage']
       if usage['cached'] then
         cached = cached + 1
@@ -58,7 +59,7 @@ if cached > 0 then redis.call('HINCRBY', KEYS[2], 'cached', cached) end
 if written > 0 then
   redis.call('HINCRBY', KEYS[2], 'inferred', written)
   touch(KEYS[2])
-  mark_running(KEYS[3])
+  mark_running(KEYS[3], status)
 end
 local reply = {written}
 if written == n and 3 + 2 * n <= #ARGV then
