@@ -61,6 +61,33 @@ local function bitfield_all(command, key, ids, value)
   end
   return replies
 end
+-- Set the bit of each of the sample ids ``ids`` in the bitmap ``key``: the whole bytes of a
+-- run of consecutive ids (a segment's, usually) with one SETRANGE each, the other bits with
+-- BITFIELD (bitfield_all).
+local function set_bits(key, ids)
+  local single, i = {}, 1
+  while i <= #ids do
+    local first = tonumber(ids[i])
+    local last = first
+    while i < #ids and tonumber(ids[i + 1]) == last + 1 do
+      i = i + 1
+      last = last + 1
+    end
+    local from, upto = math.ceil(first / 8), math.floor((last + 1) / 8) - 1 -- whole bytes
+    if from > upto then
+      for bit = first, last do single[#single + 1] = bit end
+    else
+      for bit = first, 8 * from - 1 do single[#single + 1] = bit end
+      for start = from, upto, 65536 do
+        local bytes = math.min(65536, upto - start + 1)
+        redis.call('SETRANGE', key, start, string.rep('\255', bytes))
+      end
+      for bit = 8 * (upto + 1), last do single[#single + 1] = bit end
+    end
+    i = i + 1
+  end
+  bitfield_all('BITFIELD', key, single, 1)
+end
 -- Which of the sample ids ``ids`` are set in the bitmap ``key`` (a run's spilled samples): a
 -- table, true at the position of each set one. One BITCOUNT over their span answers for a
 -- batch none of whose samples is spilled (the usual case); only otherwise are bits read.
@@ -95,22 +122,26 @@ local function count_attempts(attempts, spilled, deliveries, at)
     local delivered = 1
     if not solo then delivered = redis.call('HINCRBY', deliveries, key, 1) end
     local writes = {}
-    for j, id in ipairs(ids) do
-      local before = tonumber(had[j]) or 0
-      local tried = math.max(before, delivered - 1)
-      if spilt[j] then
-        counts[#counts + 1] = 0
-      elseif solo or tried == 0 then
-        counts[#counts + 1] = tried + 1
-        if solo then
-          writes[#writes + 1] = id
-          writes[#writes + 1] = tried + 1
-        end
-      else
-        counts[#counts + 1] = -tried
-        if tried > before then
-          writes[#writes + 1] = id
-          writes[#writes + 1] = tried
+    if not alone and not solo and delivered == 1 and next(spilt) == nil then
+      for _ = 1, n do counts[#counts + 1] = 1 end -- a first delivery: every sample's first try
+    else
+      for j, id in ipairs(ids) do
+        local before = tonumber(had[j]) or 0
+        local tried = math.max(before, delivered - 1)
+        if spilt[j] then
+          counts[#counts + 1] = 0
+        elseif solo or tried == 0 then
+          counts[#counts + 1] = tried + 1
+          if solo then
+            writes[#writes + 1] = id
+            writes[#writes + 1] = tried + 1
+          end
+        else
+          counts[#counts + 1] = -tried
+          if tried > before then
+            writes[#writes + 1] = id
+            writes[#writes + 1] = tried
+          end
         end
       end
     end

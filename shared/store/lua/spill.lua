@@ -38,7 +38,7 @@ local scores, errors = hmget_all(KEYS[5], ids), errs and hmget_all(KEYS[6], ids)
 for j = 1, #ids do
   if not scores[j] and not errors[j] then return -2 end
 end
-bitfield_all('BITFIELD', KEYS[3], ids, 1)
+set_bits(KEYS[3], ids)
 hdel_all(errs and {KEYS[4], KEYS[5], KEYS[6]} or {KEYS[4], KEYS[5]}, ids)
 for i = 5, at - 1, 2 do redis.call('HINCRBY', KEYS[7], ARGV[i], ARGV[i + 1]) end
 redis.call('HSET', KEYS[2], 'rows', ARGV[2], ARGV[1], ARGV[3])
