@@ -17,7 +17,7 @@ from evalq.shared.evaluation import create, load_plugins
 from evalq.shared.models import ErrorRecord, RunMeta, RunStatus, Stage
 from evalq.shared.store.reader import ResultReader
 from evalq.shared.store.runs import RunStore
-from evalq.shared.store.writer import ResultWriter
+from evalq.shared.store.writer import Delivery, ResultWriter
 from tests.helpers import record_run
 
 
@@ -51,6 +51,36 @@ def test_outputs_and_scores_are_written_once(redis_only: RedisServer) -> None:
     progress = results.progress("r1")
     assert (progress.inferred, progress.scored, progress.failed) == (3, 1, 0)
     assert json.loads(str(client.hget("evalq:{r1}:score", "0"))) == {"m": 1.0}
+
+
+def test_outputs_stored_with_their_scoring_attempt_count_it_once_all_are_new(
+    redis_only: RedisServer,
+) -> None:
+    """The fused path's one call: the scoring attempt is counted as attempt.lua would, only
+    when every output given was written by it (else the caller counts as it scores)."""
+    client = connect(redis_only.url)
+    writer = ResultWriter(client)
+    _run(client, "r3", 6)
+    message = Delivery("m", False, [0, 1, 2])
+    assert writer.record_outputs_scoring("r3", {0: "0", 1: "0", 2: "0"}, [message]) == (
+        3,
+        {0: 1, 1: 1, 2: 1},
+    )
+    # the same message delivered again: its samples were tried once, they go on alone
+    assert writer.attempt("r3", [message], Stage.SCORE) == {0: -1, 1: -1, 2: -1}
+    # an output already there: nothing counted, the caller counts
+    assert writer.record_outputs_scoring(
+        "r3", {2: "1", 3: "0"}, [Delivery("n", False, [2, 3])]
+    ) == (
+        1,
+        None,
+    )
+    assert writer.attempt("r3", [Delivery("n", False, [2, 3])], Stage.SCORE) == {2: -1, 3: 1}
+    alone = Delivery("o", True, [4])
+    assert writer.record_outputs_scoring("r3", {4: "0"}, [alone]) == (1, {4: 1})
+    assert writer.attempt("r3", [alone], Stage.SCORE) == {4: 2}
+    assert writer.record_outputs_scoring("r3", {5: "0"}, []) == (1, None)
+    assert ResultReader(client).progress("r3").inferred == 6
 
 
 def test_exactly_one_concurrent_writer_is_elected_to_finalize(redis_only: RedisServer) -> None:

@@ -142,6 +142,9 @@ class RunShare:
         self.ids: list[int] = []
         self.known: dict[int, Any] = {}
         """Outputs known without a read: those this worker stored just before scoring them."""
+        self.todo: list[int] | None = None
+        """The samples to score, when their attempt was counted as their outputs were stored
+        (:meth:`count`); None: scoring counts it."""
         self._rows: dict[int, dict[str, Any]] = {}
         if not self.meta.status.active:
             return
@@ -179,6 +182,7 @@ class RunShare:
         wrote was stored (``stored``: none lost to another worker's), those outputs."""
         run = copy.copy(self)
         run.ids, run.errors, run.outputs, run.attempts, run.retry = ids, {}, {}, {}, []
+        run.todo = None
         run.alone = set(self.alone)
         run._rows = {i: row for i, row in self._rows.items() if _immutable(row)}
         run.known = (
@@ -218,13 +222,23 @@ class RunShare:
         return those to run now. A sample tried before that came with others goes to
         ``retry``, to travel alone; one whose every attempt died with its worker process ends
         here as a terminal error."""
-        self.stage = stage
+        deliveries = self.bringing(todo)
+        return self.count(
+            stage, deliveries, self.res.writer.attempt(self.run_id, deliveries, stage)
+        )
+
+    def bringing(self, todo: list[int]) -> list[Delivery]:
+        """The messages as they brought the samples of ``todo`` (each message with those of its
+        samples only)."""
         wanted = set(todo)
-        deliveries = [
+        return [
             Delivery(d.key, d.solo, [i for i in d.sample_ids if i in wanted])
             for d in self.deliveries
         ]
-        counts = self.res.writer.attempt(self.run_id, deliveries, stage)
+
+    def count(self, stage: Stage, deliveries: list[Delivery], counts: dict[int, int]) -> list[int]:
+        """What :meth:`counted` does with the attempt counts of ``deliveries``' samples."""
+        self.stage = stage
         solo = {i for d in deliveries if d.solo for i in d.sample_ids}
         self.alone.update(i for i, count in counts.items() if count != 1 or i in solo)
         self.retry.extend(i for i, count in counts.items() if count < 0)

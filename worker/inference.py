@@ -136,15 +136,23 @@ def infer_batch(res: Resources, tasks: list[SampleTask]) -> set[str]:
     scoring: list[RunShare] = []
 
     def store(run: RunShare) -> None:
-        stored = res.writer.record_outputs(run.run_id, run.outputs) == len(run.outputs)
+        ready = [i for i in run.ids if i in inferred[run.run_id] or i in run.outputs]
+        # Fused, with every ready sample's output this worker's: the attempt at scoring them is
+        # counted by the call that stores the outputs (when all of them are new), not by one more.
+        fold = res.fuse and bool(ready) and len(ready) == len(run.outputs)
+        scoring_of = run.bringing(ready) if fold else []
+        written, counts = res.writer.record_outputs_scoring(run.run_id, run.outputs, scoring_of)
+        stored = written == len(run.outputs)
         if run.outputs:
             res.record_provenance(run.run_id, run.evaluation)
         run.settle_errors()
-        ready = [i for i in run.ids if i in inferred[run.run_id] or i in run.outputs]
         if ready and not res.fuse:
             res.stage_scoring(run.meta, ready)
         elif ready:
-            scoring.append(run.carried(ready, stored))
+            share = run.carried(ready, stored)
+            if counts is not None:
+                share.todo = share.count(Stage.SCORE, scoring_of, counts)
+            scoring.append(share)
         run.send_retries(INFER_TASK)
 
     batch.each(prepare)

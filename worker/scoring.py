@@ -117,7 +117,10 @@ def score_all(res: Resources, batch: Batch) -> set[str]:
         settled = res.reader.settled(run.run_id, rest) if rest else set()
         unsettled = [i for i in rest if i not in settled]
         outputs = run.known | (res.reader.outputs(run.run_id, unsettled) if unsettled else {})
-        todo = run.counted(Stage.SCORE, list(outputs)) if outputs else []
+        if run.todo is not None:  # counted as its outputs were stored (the fused path)
+            todo = run.todo
+        else:
+            todo = run.counted(Stage.SCORE, list(outputs)) if outputs else []
         if len(outputs) < len(run.ids) - len(settled):
             # Scoring is enqueued only after an output is stored, so this message is stray
             # (e.g. replayed by hand); the inference path will enqueue the sample again.

@@ -65,6 +65,22 @@ class Settled:
         return rows > 0 and self.written > 0 and before // rows < self.settled // rows
 
 
+def _messages(deliveries: list[Delivery]) -> list[str | int]:
+    """The messages as ``attempt.lua`` takes them (those that bring no sample left out)."""
+    args: list[str | int] = []
+    for delivery in deliveries:
+        if delivery.sample_ids:
+            args += [delivery.key, int(delivery.solo), len(delivery.sample_ids)]
+            args += delivery.sample_ids
+    return args
+
+
+def _counts(deliveries: list[Delivery], counts: list[int]) -> dict[int, int]:
+    """``attempt.lua``'s counts by sample id."""
+    ids = [i for delivery in deliveries for i in delivery.sample_ids]
+    return dict(zip(ids, (int(c) for c in counts), strict=True))
+
+
 class ResultWriter:
     """Per-sample writes for runs; see the module."""
 
@@ -99,17 +115,12 @@ class ResultWriter:
         sample in two of them); a negative count marks a sample tried before that arrived with
         others and must be sent on alone. A message of several samples is counted once on its
         first delivery (``attempt.lua``)."""
-        args: list[str | int] = []
-        for delivery in deliveries:
-            if delivery.sample_ids:
-                args += [delivery.key, int(delivery.solo), len(delivery.sample_ids)]
-                args += delivery.sample_ids
+        args = _messages(deliveries)
         if not args:
             return {}
         keys = RunKeys(run_id)
         counts = self._attempt(keys=self._attempt_keys(keys, stage), args=args)
-        ids = [i for delivery in deliveries for i in delivery.sample_ids]
-        return dict(zip(ids, (int(c) for c in counts), strict=True))
+        return _counts(deliveries, counts)
 
     def carry_attempts(self, run_id: str, counts: dict[int, int], stage: Stage) -> None:
         """Samples counted with their message (see :meth:`attempt`) go on alone: give each its
@@ -136,15 +147,33 @@ class ResultWriter:
     def record_outputs(self, run_id: str, outputs: dict[int, str]) -> int:
         """Write each output (JSON text, see :func:`to_json`) unless one exists, counting the
         tokens of those stored with their usage; return how many were new."""
+        return self.record_outputs_scoring(run_id, outputs, [])[0]
+
+    def record_outputs_scoring(
+        self, run_id: str, outputs: dict[int, str], scoring: list[Delivery]
+    ) -> tuple[int, dict[int, int] | None]:
+        """:meth:`record_outputs`, and in the same call, once every output was new, the
+        attempt at scoring of the samples the messages ``scoring`` bring (see :meth:`attempt`):
+        (outputs new, the attempt counts, or None when not counted: some output was not new,
+        or ``scoring`` brings no sample)."""
         if not outputs:
-            return 0
+            return 0, None
         keys = RunKeys(run_id)
-        return int(
-            self._record_outputs(
-                keys=[keys.out, keys.progress, keys.meta, keys.spilled],
-                args=[USAGE_PREFIX, *flatten(outputs)],
-            )
+        reply = self._record_outputs(
+            keys=[
+                keys.out,
+                keys.progress,
+                keys.meta,
+                keys.spilled,
+                keys.attempts_of(Stage.SCORE),
+                keys.deliveries_of(Stage.SCORE),
+            ],
+            args=[USAGE_PREFIX, len(outputs), *flatten(outputs), *_messages(scoring)],
         )
+        written, *counts = (int(c) for c in reply)
+        if written != len(outputs) or not any(d.sample_ids for d in scoring):
+            return written, None
+        return written, _counts(scoring, counts)
 
     def record_scores(
         self,

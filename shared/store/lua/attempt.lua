@@ -41,40 +41,12 @@ if ARGV[1] == 'carry' then
   hset_all(KEYS[1], writes)
   return counts
 end
-local at = 1
-while at <= #ARGV do
-  local key, solo, n = ARGV[at], ARGV[at + 1] == '1', tonumber(ARGV[at + 2])
-  local ids = {}
-  for i = at + 3, at + 2 + n do ids[#ids + 1] = ARGV[i] end
-  at = at + 3 + n
-  if not going then
-    for _ = 1, n do counts[#counts + 1] = 0 end
-  else
-    local spilled = bits_of(KEYS[3], ids)
-    local alone = hmget_all(KEYS[1], ids)
-    local delivered = 1
-    if not solo then delivered = redis.call('HINCRBY', KEYS[4], key, 1) end
-    local writes = {}
-    for j, id in ipairs(ids) do
-      local had = tonumber(alone[j]) or 0
-      local tried = math.max(had, delivered - 1)
-      if spilled[j] then
-        counts[#counts + 1] = 0
-      elseif solo or tried == 0 then
-        counts[#counts + 1] = tried + 1
-        if solo then
-          writes[#writes + 1] = id
-          writes[#writes + 1] = tried + 1
-        end
-      else
-        counts[#counts + 1] = -tried
-        if tried > had then
-          writes[#writes + 1] = id
-          writes[#writes + 1] = tried
-        end
-      end
-    end
-    hset_all(KEYS[1], writes)
+if not going then
+  local at = 1
+  while at <= #ARGV do
+    for _ = 1, tonumber(ARGV[at + 2]) do counts[#counts + 1] = 0 end
+    at = at + 3 + tonumber(ARGV[at + 2])
   end
+  return counts
 end
-return counts
+return count_attempts(KEYS[1], KEYS[3], KEYS[4], 1)

@@ -3,11 +3,9 @@
 -- key templates they pass (fair_round).
 
 -- A run's first write of a result moves it from 'queued' to 'running'.
--- meta = the run's RunKeys.meta hash
-local function mark_running(meta)
-  if redis.call('HGET', meta, 'status') == 'queued' then
-    redis.call('HSET', meta, 'status', 'running')
-  end
+-- meta = the run's RunKeys.meta hash, status = its 'status' as the caller read it
+local function mark_running(meta, status)
+  if status == 'queued' then redis.call('HSET', meta, 'status', 'running') end
 end
 
 -- The Redis server's clock, in seconds with microseconds: one clock for every worker.
@@ -63,6 +61,33 @@ local function bitfield_all(command, key, ids, value)
   end
   return replies
 end
+-- Set the bit of each of the sample ids ``ids`` in the bitmap ``key``: the whole bytes of a
+-- run of consecutive ids (a segment's, usually) with one SETRANGE each, the other bits with
+-- BITFIELD (bitfield_all).
+local function set_bits(key, ids)
+  local single, i = {}, 1
+  while i <= #ids do
+    local first = tonumber(ids[i])
+    local last = first
+    while i < #ids and tonumber(ids[i + 1]) == last + 1 do
+      i = i + 1
+      last = last + 1
+    end
+    local from, upto = math.ceil(first / 8), math.floor((last + 1) / 8) - 1 -- whole bytes
+    if from > upto then
+      for bit = first, last do single[#single + 1] = bit end
+    else
+      for bit = first, 8 * from - 1 do single[#single + 1] = bit end
+      for start = from, upto, 65536 do
+        local bytes = math.min(65536, upto - start + 1)
+        redis.call('SETRANGE', key, start, string.rep('\255', bytes))
+      end
+      for bit = 8 * (upto + 1), last do single[#single + 1] = bit end
+    end
+    i = i + 1
+  end
+  bitfield_all('BITFIELD', key, single, 1)
+end
 -- Which of the sample ids ``ids`` are set in the bitmap ``key`` (a run's spilled samples): a
 -- table, true at the position of each set one. One BITCOUNT over their span answers for a
 -- batch none of whose samples is spilled (the usual case); only otherwise are bits read.
@@ -78,6 +103,51 @@ local function bits_of(key, ids)
   if redis.call('BITCOUNT', key, low, high, 'BIT') == 0 then return set end
   for i, bit in ipairs(bitfield_all('BITFIELD_RO', key, ids)) do set[i] = bit == 1 end
   return set
+end
+-- Count one more attempt of each sample the messages from ARGV[at] on bring, at one stage
+-- (attempt.lua's rule, for it and for record_outputs.lua; the run is going). attempts = the
+-- stage's attempts hash, spilled = RunKeys.spilled, deliveries = the stage's deliveries hash.
+-- ARGV[at..] = per message: its key, solo (1 or 0), n, then its n sample ids.
+-- Returns the counts in order, as attempt.lua does.
+local function count_attempts(attempts, spilled, deliveries, at)
+  local counts = {}
+  local alone = redis.call('EXISTS', attempts) == 1 -- none counted alone: nothing to read
+  while at <= #ARGV do
+    local key, solo, n = ARGV[at], ARGV[at + 1] == '1', tonumber(ARGV[at + 2])
+    local ids = {}
+    for i = at + 3, at + 2 + n do ids[#ids + 1] = ARGV[i] end
+    at = at + 3 + n
+    local spilt = bits_of(spilled, ids)
+    local had = alone and hmget_all(attempts, ids) or {}
+    local delivered = 1
+    if not solo then delivered = redis.call('HINCRBY', deliveries, key, 1) end
+    local writes = {}
+    if not alone and not solo and delivered == 1 and next(spilt) == nil then
+      for _ = 1, n do counts[#counts + 1] = 1 end -- a first delivery: every sample's first try
+    else
+      for j, id in ipairs(ids) do
+        local before = tonumber(had[j]) or 0
+        local tried = math.max(before, delivered - 1)
+        if spilt[j] then
+          counts[#counts + 1] = 0
+        elseif solo or tried == 0 then
+          counts[#counts + 1] = tried + 1
+          if solo then
+            writes[#writes + 1] = id
+            writes[#writes + 1] = tried + 1
+          end
+        else
+          counts[#counts + 1] = -tried
+          if tried > before then
+            writes[#writes + 1] = id
+            writes[#writes + 1] = tried
+          end
+        end
+      end
+    end
+    hset_all(attempts, writes)
+  end
+  return counts
 end
 -- A run made progress: stamp its progress hash (``status`` and the janitor read it).
 -- progress = the run's RunKeys.progress hash

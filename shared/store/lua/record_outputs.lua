@@ -1,32 +1,44 @@
--- record_outputs: write inference outputs once each; count only the writes that happened.
+-- record_outputs: write inference outputs once each; count only the writes that happened; and,
+-- for a batch scored in the same job (the fused path), count the score-stage attempt of its
+-- samples once every output given was written here (attempt.lua's count, in the same call).
 -- KEYS[1] = RunKeys.out       hash, sample id -> output JSON (set where absent)
 -- KEYS[2] = RunKeys.progress  hash, field 'inferred' bumped by the number written,
 --                                 'touched' stamped
 -- KEYS[3] = RunKeys.meta      hash, 'status' moves from 'queued' to 'running'
 -- KEYS[4] = RunKeys.spilled   bitmap: a spilled sample (settled, moved to a part) is skipped
+-- KEYS[5] = RunKeys.attempts_of(SCORE)    hash, as attempt.lua's KEYS[1] (scoring)
+-- KEYS[6] = RunKeys.deliveries_of(SCORE)  hash, as attempt.lua's KEYS[4] (scoring)
 -- ARGV[1] = how an output stored with its usage begins (shared.models.USAGE_PREFIX): its
 --           tokens are added to the progress hash's 'prompt_tokens' / 'completion_tokens',
 --           or, answered from the response cache (usage.cached), it counts in 'cached'
--- ARGV[2..] = id1, json1, id2, json2, ...   (an id given twice is written once, the first)
--- Returns: the number of outputs newly written (a redelivered sample writes nothing; nothing
--- is written once the run has ended, so a cancellation's refund count stays exact and no key
--- comes back after the run is archived or purged).
+-- ARGV[2] = n, the number of outputs that follow
+-- ARGV[3 .. 2 + 2n] = id1, json1, id2, json2, ...   (an id given twice is written once, the
+--           first)
+-- ARGV[3 + 2n ..] = the score-stage attempt to count, as attempt.lua's ARGV (per message: its
+--           key, solo, count, its ids); none: nothing counted
+-- Returns: {written, counts...}: the number of outputs newly written (a redelivered sample
+-- writes nothing; nothing is written once the run has ended, so a cancellation's refund count
+-- stays exact and no key comes back after the run is archived or purged), then, when an
+-- attempt was given and all n outputs were written now, the attempt counts in order (as
+-- attempt.lua returns them); otherwise nothing is counted (the caller counts as it scores).
 -- Calls: a few per batch, not per sample (one HMGET, one HSET, the spilled bits).
 local status = redis.call('HGET', KEYS[3], 'status')
-if status ~= 'queued' and status ~= 'running' then return 0 end
+if status ~= 'queued' and status ~= 'running' then return {0} end
+local n = tonumber(ARGV[2])
 local ids = {}
-for i = 2, #ARGV, 2 do ids[#ids + 1] = ARGV[i] end
+for i = 3, 2 + 2 * n, 2 do ids[#ids + 1] = ARGV[i] end
 local spilled = bits_of(KEYS[4], ids)
 local present = hmget_all(KEYS[1], ids)
 local writes, seen = {}, {}
 local read, wrote, cached = 0, 0, 0
+local mark = string.byte(ARGV[1], 3) -- a byte compared first: no substring made per output
 for j, id in ipairs(ids) do
-  local value = ARGV[2 * j + 1]
+  local value = ARGV[2 * j + 2]
   if not spilled[j] and not present[j] and not seen[id] then
     seen[id] = true
     writes[#writes + 1] = id
     writes[#writes + 1] = value
-    if string.sub(value, 1, #ARGV[1]) == ARGV[1] then
+    if string.byte(value, 3) == mark and string.sub(value, 1, #ARGV[1]) == ARGV[1] then
       local usage = cjson.decode(value)['usage']
       if usage['cached'] then
         cached = cached + 1
@@ -47,6 +59,12 @@ if cached > 0 then redis.call('HINCRBY', KEYS[2], 'cached', cached) end
 if written > 0 then
   redis.call('HINCRBY', KEYS[2], 'inferred', written)
   touch(KEYS[2])
-  mark_running(KEYS[3])
+  mark_running(KEYS[3], status)
 end
-return written
+local reply = {written}
+if written == n and 3 + 2 * n <= #ARGV then
+  for _, count in ipairs(count_attempts(KEYS[5], KEYS[4], KEYS[6], 3 + 2 * n)) do
+    reply[#reply + 1] = count
+  end
+end
+return reply

@@ -24,7 +24,8 @@
 --             twice is written once, the first)
 -- A value is written only when the sample has neither a score nor an error yet, and nothing
 -- is written once the run is cancelled.
--- Calls: a few per batch, not per sample (two HMGETs, one HSET, two HDELs at most, the spilled bits).
+-- Calls: a few per batch, not per sample (two HMGETs (one while no sample has an error), one
+-- HSET, two HDELs at most, the spilled bits).
 -- Returns: {written, finalize, settled}; finalize is 1 for the one caller that saw every sample
 -- settled first (or that takes over a dead claim), and 0 for everyone else; settled = the run's
 -- samples settled so far.
@@ -37,9 +38,11 @@ end
 local given = {}
 for i = 6, #ARGV, 2 do given[#given + 1] = ARGV[i] end
 local spilled = bits_of(KEYS[8], given)
-local mine, others = hmget_all(target, given), hmget_all(other, given)
+local mine, others = hmget_all(target, given), {}
+if redis.call('EXISTS', other) == 1 then others = hmget_all(other, given) end
 local written, ids, writes, seen = 0, {}, {}, {}
 local graded, read, wrote = ARGV[4], 0, 0
+local mark = string.byte(graded, 3) -- a byte compared first: no substring made per value
 for j, id in ipairs(given) do
   local value = ARGV[2 * j + 5]
   if not spilled[j] and not mine[j] and not others[j] and not seen[id] then
@@ -48,7 +51,7 @@ for j, id in ipairs(given) do
     ids[written] = id
     writes[#writes + 1] = id
     writes[#writes + 1] = value
-    if string.sub(value, 1, #graded) == graded then
+    if string.byte(value, 3) == mark and string.sub(value, 1, #graded) == graded then
       local usage = cjson.decode(value).grade.usage
       if not usage.cached then -- a cached verdict asked nothing
         read, wrote = read + usage.prompt_tokens, wrote + usage.completion_tokens
@@ -64,11 +67,11 @@ if written > 0 then
   redis.call('XADD', KEYS[5], '*', 'ids', table.concat(ids, ','))
   redis.call('HINCRBY', KEYS[3], counter, written)
   touch(KEYS[3])
-  mark_running(KEYS[4])
+  mark_running(KEYS[4], status)
 end
 local n = tonumber(ARGV[3])
-local done = tonumber(redis.call('HGET', KEYS[3], 'scored') or '0')
-  + tonumber(redis.call('HGET', KEYS[3], 'failed') or '0')
+local counts = redis.call('HMGET', KEYS[3], 'scored', 'failed')
+local done = tonumber(counts[1] or '0') + tonumber(counts[2] or '0')
 if n < 0 or done < n then return {written, 0, done} end
 local claimed = tonumber(redis.call('HGET', KEYS[4], 'finalizing') or '')
 if claimed and (ARGV[2] == '' or now() - claimed < tonumber(ARGV[2])) then

@@ -33,12 +33,13 @@ for _, output in ipairs(hmget_all(KEYS[4], bare)) do
 end
 local ids = {}
 for i = at + tonumber(ARGV[at]) + 1, #ARGV do ids[#ids + 1] = ARGV[i] end
-local scores, errors = hmget_all(KEYS[5], ids), hmget_all(KEYS[6], ids)
+local errs = redis.call('EXISTS', KEYS[6]) == 1 -- no sample has an error: nothing to read
+local scores, errors = hmget_all(KEYS[5], ids), errs and hmget_all(KEYS[6], ids) or {}
 for j = 1, #ids do
   if not scores[j] and not errors[j] then return -2 end
 end
-bitfield_all('BITFIELD', KEYS[3], ids, 1)
-hdel_all({KEYS[4], KEYS[5], KEYS[6]}, ids)
+set_bits(KEYS[3], ids)
+hdel_all(errs and {KEYS[4], KEYS[5], KEYS[6]} or {KEYS[4], KEYS[5]}, ids)
 for i = 5, at - 1, 2 do redis.call('HINCRBY', KEYS[7], ARGV[i], ARGV[i + 1]) end
 redis.call('HSET', KEYS[2], 'rows', ARGV[2], ARGV[1], ARGV[3])
 redis.call('HINCRBY', KEYS[2], 'samples', #ids)
