@@ -26,6 +26,7 @@ usual, with a message that says which user was refused which command on which ke
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
@@ -267,45 +268,50 @@ def connect_async(
     return redis.asyncio.Redis.from_pool(pool)
 
 
-CONFIRM_TRIES = 5
-"""Times :func:`confirmed` makes a write whose confirmation was lost with its master."""
-
-
 def confirmed(client: redis.Redis, write: Callable[[redis.Redis], T]) -> T:
     """``write(one)``'s result, once the client's replicas (:attr:`Target.replicas`) hold what
     it wrote: ``one`` is a client of one connection, which then waits for them (``WAIT``, at
     most :attr:`Target.wait_ms`). With no replica to wait for, ``write(client)``. If that
     connection is lost before the replicas answer (the master died: the write may be gone with
-    it), the write is made again on the new master, up to :data:`CONFIRM_TRIES` times, then
-    :class:`UnconfirmedWriteError`: ``write`` must be safe to make again. A replica that does
-    not answer in time is logged, not raised: the write stands on the master, and
-    ``min-replicas-to-write`` keeps a master without replicas from taking more."""
+    it), the write is made again on the new master, backing off as the client's retries do,
+    for up to :data:`FAILOVER_SECONDS`, then :class:`UnconfirmedWriteError`: ``write`` must be
+    safe to make again. A replica that does not answer in time is logged, not raised: the
+    write stands on the master, and ``min-replicas-to-write`` keeps a master without replicas
+    from taking more."""
     replicas, wait_ms = getattr(client, "confirming", (0, 0))
     if replicas <= 0:
         return write(client)
-    for _ in range(CONFIRM_TRIES):
+    backoff, deadline, tries = _backoff(), time.monotonic() + FAILOVER_SECONDS, 0
+    while True:
         with client.client() as one:  # type: ignore[no-untyped-call]
             result = write(one)
             acked = _wait(one, replicas, wait_ms)
-        if acked is None:
-            log.warning("Redis's master was lost before a replica confirmed a write: made again")
-            continue
-        if acked < replicas:
-            log.warning(
-                "Redis confirmed a write on %d of %d replicas within %d ms: it is lost if the "
-                "master fails before a replica has it",
-                acked, replicas, wait_ms,
-            )  # fmt: skip
-        return result
-    raise UnconfirmedWriteError(
-        f"Redis lost its master {CONFIRM_TRIES} times before a replica confirmed a write: it "
-        "may be lost; try again"
-    )
+        if acked is not None:
+            break
+        tries += 1
+        if time.monotonic() > deadline:
+            raise UnconfirmedWriteError(
+                f"Redis's master was lost before a replica confirmed a write, {tries} times in "
+                f"{FAILOVER_SECONDS:.0f} s: it may be lost; try again"
+            )
+        log.warning("Redis's master was lost before a replica confirmed a write: made again")
+        time.sleep(backoff.compute(tries))
+    if acked < replicas:
+        log.warning(
+            "Redis confirmed a write on %d of %d replicas within %d ms: it is lost if the "
+            "master fails before a replica has it",
+            acked, replicas, wait_ms,
+        )  # fmt: skip
+    return result
 
 
 def _wait(one: redis.Redis, replicas: int, wait_ms: int) -> int | None:
     """``WAIT`` on ``one``'s connection, never retried on another (only the server that took
-    the write can answer for it): the replicas that hold it, None when the connection died."""
+    the write can answer for it): the replicas that hold it; None when the connection died, or
+    when it reached a replica (a sentinel that had not yet heard of a failover named the old
+    master, back as a replica: a write that changes something is refused there, a write that
+    found nothing to do went through, and neither is confirmed; the connection is dropped, so
+    the next one asks the sentinels again)."""
     connection = one.connection
     if connection is None:
         return None
@@ -314,6 +320,11 @@ def _wait(one: redis.Redis, replicas: int, wait_ms: int) -> int | None:
     try:
         return int(one.wait(replicas, wait_ms))
     except (redis.ConnectionError, redis.TimeoutError):
+        return None
+    except redis.ResponseError as exc:
+        if "replica" not in str(exc):
+            raise
+        connection.disconnect()
         return None
     finally:
         connection.retry = kept

@@ -124,12 +124,12 @@ class SentinelGroup:
         dead.kill()
         return dead
 
-    def failed_over(self, dead: RedisServer, timeout: float = 30.0) -> RedisServer:
+    def failed_over(self, dead: RedisServer, timeout: float = 60.0) -> RedisServer:
         """Wait until the sentinels name another master and it takes writes; return it."""
         _until(lambda: self.master_port() != dead.port, timeout, "failover")
         return self.node(self.master_port())
 
-    def rejoin(self, dead: RedisServer, timeout: float = 30.0) -> None:
+    def rejoin(self, dead: RedisServer, timeout: float = 90.0) -> None:
         """Start the dead node again as the replica of the master the sentinels name (as a
         node's start script does: a sentinel would convert it too, but only after its next
         ``INFO`` poll, up to 10 s later); wait until it is in sync."""
