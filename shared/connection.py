@@ -170,6 +170,32 @@ def _user(pool: redis.ConnectionPool) -> str:
     return str(pool.connection_kwargs.get("username") or "default")
 
 
+class _SentinelConnection(redis.sentinel.SentinelManagedConnection):
+    """redis-py's Sentinel connection, except that every (re)connection of a master's asks the
+    sentinels where the master is. redis-py reconnects a connection that a retry dropped to the
+    address it had (redis/redis-py#3874, open): after a failover that is the old master, which
+    a supervisor starts again as the new master's replica, so each retry was refused
+    ``READONLY`` until the retries ran out (seen in ``tests/test_failover.py``)."""
+
+    def connect_check_health(
+        self, check_health: bool = True, retry_socket_connect: bool = True
+    ) -> None:
+        if self._sock is None and self.connection_pool.is_master:
+            self.host, self.port = self.connection_pool.get_master_address()
+        super().connect_check_health(check_health, retry_socket_connect)  # type: ignore[no-untyped-call]
+
+
+class _AsyncSentinelConnection(redis.asyncio.sentinel.SentinelManagedConnection):
+    """:class:`_SentinelConnection`'s asyncio twin."""
+
+    async def connect_check_health(
+        self, check_health: bool = True, retry_socket_connect: bool = True
+    ) -> None:
+        if not self.is_connected and self.connection_pool.is_master:
+            self.host, self.port = await self.connection_pool.get_master_address()
+        await super().connect_check_health(check_health, retry_socket_connect)
+
+
 _SENTINEL_TIMEOUTS = {"socket_timeout": 2.0, "socket_connect_timeout": 2.0}
 """How long a sentinel may take to connect and answer (it is asked at each new connection)."""
 
@@ -231,8 +257,9 @@ def connect(target: str | Target, *, retries: int = 8) -> redis.Redis:
                 group.sentinels, sentinel_kwargs=_SENTINEL_TIMEOUTS
             )
             client: _Client = sentinel.master_for(  # type: ignore[no-untyped-call]
-                _master_name(where), redis_class=_Client, **group.master, **options
-            )
+                _master_name(where), redis_class=_Client, connection_class=_SentinelConnection,
+                **group.master, **options,
+            )  # fmt: skip
         else:
             client = cast(_Client, _Client.from_url(where.url, **options))
     except ValueError as exc:
@@ -257,8 +284,9 @@ def connect_async(
                 group.sentinels, sentinel_kwargs=_SENTINEL_TIMEOUTS
             )
             master: redis.asyncio.Redis = watch.master_for(
-                _master_name(where), max_connections=max_connections, **group.master, **options
-            )
+                _master_name(where), max_connections=max_connections,
+                connection_class=_AsyncSentinelConnection, **group.master, **options,
+            )  # fmt: skip
             return master
         pool = redis.asyncio.BlockingConnectionPool.from_url(
             where.url, max_connections=max_connections, **options

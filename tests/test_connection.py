@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from evalq.shared.connection import FAILOVER_SECONDS, _backoff, connect
+from evalq.shared.connection import (
+    FAILOVER_SECONDS,
+    _AsyncSentinelConnection,
+    _backoff,
+    _SentinelConnection,
+    connect,
+    connect_async,
+)
 from evalq.shared.errors import InputError
 from evalq.shared.target import Target
 
@@ -33,3 +40,13 @@ def test_a_single_redis_keeps_the_tries_its_caller_asked_for() -> None:
 def test_a_sentinel_url_without_its_masters_name_is_one_line() -> None:
     with pytest.raises(InputError, match="set EVALQ_REDIS_SENTINEL_MASTER"):
         connect(SENTINELS)
+
+
+def test_a_sentinel_groups_connections_ask_the_sentinels_at_each_reconnection() -> None:
+    """redis-py reconnected a dropped connection to the address it had (redis/redis-py#3874):
+    the old master, back as a replica, refused every retry ``READONLY``."""
+    client = connect(Target(SENTINELS, master="evalq"))
+    pool = client.connection_pool
+    assert issubclass(pool.connection_class, _SentinelConnection)
+    waits = connect_async(Target(SENTINELS, master="evalq"), max_connections=4)
+    assert issubclass(waits.connection_pool.connection_class, _AsyncSentinelConnection)

@@ -6,14 +6,11 @@ from __future__ import annotations
 import base64
 import html
 import json
-import os
 import re
-import shutil
 import subprocess
 import sys
 import urllib.request
 from collections.abc import Iterator
-from io import BytesIO
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +31,7 @@ from evalq.shared.settings import Settings
 from evalq.shared.store.endpoints import EndpointRegistry
 from evalq.shared.store.rate import RateLimit
 from evalq.shared.store.reader import ResultReader
+from tests.browser import colored_pixels, launched, require_chromium
 from tests.conftest import Stack
 from tests.helpers import (
     REPO,
@@ -208,58 +206,33 @@ def test_the_metrics_endpoint_serves_runs_queues_and_budgets(
         server.close()
 
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-def _colored_pixels(png: bytes) -> int:
-    """Pixels that are clearly coloured (bars, lines), not white, grey or black text."""
-    import numpy as np
-    from PIL import Image
-
-    rgb = np.asarray(Image.open(BytesIO(png)).convert("RGB"), dtype=np.int16)
-    return int(((rgb.max(axis=-1) - rgb.min(axis=-1)) > 60).sum())
-
-
 def _render(html_path: Path, shot: Path) -> tuple[dict[str, int], dict[str, list[str]]]:
     """Open the page in headless Chromium; colored pixels of each chart, by chart name, and
     the rendered text of each table's rows, by table name."""
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=CHROMIUM,
-            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync", "--no-first-run"],
-        )  # fmt: skip
-        try:
-            page = browser.new_page(viewport={"width": 1100, "height": 900})
-            page.goto(html_path.as_uri())
-            page.screenshot(path=str(shot), full_page=True)
-            charts = page.locator("figure.chart")
-            drawn = {
-                str(charts.nth(i).get_attribute("data-chart")): _colored_pixels(
-                    charts.nth(i).screenshot()
-                )
-                for i in range(charts.count())
-            }
-            tables = page.locator("table.rows")
-            texts = {
-                str(tables.nth(i).get_attribute("data-table")): tables.nth(i)
-                .locator("tr")
-                .all_inner_texts()
-                for i in range(tables.count())
-            }
-            return drawn, texts
-        finally:
-            browser.close()
+    with launched() as browser:
+        page = browser.new_page(viewport={"width": 1100, "height": 900})
+        page.goto(html_path.as_uri())
+        page.screenshot(path=str(shot), full_page=True)
+        charts = page.locator("figure.chart")
+        drawn = {
+            str(charts.nth(i).get_attribute("data-chart")): colored_pixels(
+                charts.nth(i).screenshot()
+            )
+            for i in range(charts.count())
+        }
+        tables = page.locator("table.rows")
+        texts = {
+            str(tables.nth(i).get_attribute("data-table")): tables.nth(i)
+            .locator("tr")
+            .all_inner_texts()
+            for i in range(tables.count())
+        }
+        return drawn, texts
 
 
 @pytest.fixture
 def chromium() -> None:
-    if CHROMIUM is None:
-        if os.environ.get("EVALQ_REQUIRE_CHROMIUM"):
-            pytest.fail("chromium is required (EVALQ_REQUIRE_CHROMIUM) but not installed")
-        pytest.skip("needs chromium (apt-get install chromium)")
+    require_chromium()
 
 
 @pytest.mark.usefixtures("chromium")

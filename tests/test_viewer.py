@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from io import BytesIO
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +26,7 @@ from evalq.shared.access.policy import Tier
 from evalq.shared.access.roles import Role
 from evalq.shared.access.tiers import TierRegistry
 from evalq.shared.store.runs import RunFilter
+from tests.browser import colored_pixels, launched
 from tests.conftest import NOWHERE, Door, Stack
 from tests.helpers import (
     audit_entries,
@@ -42,7 +41,6 @@ from tests.helpers import (
 
 pytestmark = pytest.mark.integration
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 BUSTED = (5, 17, 44)
 """Samples of the viewable run whose scoring fails."""
 WAIT_MS = 30_000
@@ -133,20 +131,8 @@ def site(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sit
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    if CHROMIUM is None:
-        if os.environ.get("EVALQ_REQUIRE_CHROMIUM"):
-            pytest.fail("chromium is required (EVALQ_REQUIRE_CHROMIUM) but not installed")
-        pytest.skip("needs chromium (apt-get install chromium)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(
-            executable_path=CHROMIUM,
-            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync", "--no-first-run"],
-        )  # fmt: skip
-        yield launched
-        launched.close()
+    with launched() as chromium:
+        yield chromium
 
 
 @dataclass
@@ -188,15 +174,6 @@ def _listed(tab: Tab) -> list[str]:
     tab.page.locator("#runs table, #no-runs").first.wait_for()
     rows = tab.page.locator("table[data-table=runs] tbody tr")
     return [str(r) for r in rows.evaluate_all("rows => rows.map(r => r.dataset.run)")]
-
-
-def _colored_pixels(png: bytes) -> int:
-    """Pixels that are clearly coloured (points, bars), not white, grey or black text."""
-    import numpy as np
-    from PIL import Image
-
-    rgb = np.asarray(Image.open(BytesIO(png)).convert("RGB"), dtype=np.int16)
-    return int(((rgb.max(axis=-1) - rgb.min(axis=-1)) > 60).sum())
 
 
 def test_a_user_signs_in_and_sees_only_what_its_token_may(site: Site, tab: Tab) -> None:
@@ -437,7 +414,7 @@ def test_a_sweep_chart_and_a_comparison_show_what_compare_json_gives(site: Site,
     assert drawn == expected
     assert [d[1] for d in drawn] == [pytest.approx(0.3), pytest.approx(0.7)]
     chart = page.locator("svg[data-chart=sweep]")
-    assert _colored_pixels(chart.screenshot()) > 300, "the sweep chart looks empty"
+    assert colored_pixels(chart.screenshot()) > 300, "the sweep chart looks empty"
     tab.shot("sweep")
 
     base = site.swept[0] if views["0"].meta.run_id == site.swept[0] else site.swept[1]
@@ -463,7 +440,7 @@ def test_a_sweep_chart_and_a_comparison_show_what_compare_json_gives(site: Site,
     ]
     assert shown == [["fixed", 1], ["fixed", 2], ["broken", 7]]
     forest = page.locator("svg[data-chart=forest-accuracy]")
-    assert _colored_pixels(forest.screenshot()) > 100, "the forest plot looks empty"
+    assert colored_pixels(forest.screenshot()) > 100, "the forest plot looks empty"
     tab.shot("compare")
     links = flips.first.locator("a")
     hrefs = links.evaluate_all("links => links.map(a => a.getAttribute('href'))")
