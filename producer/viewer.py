@@ -114,7 +114,7 @@ class Viewer:
             stalled=seen.stalled,
             waiting=seen.waiting,
             stale_code=_stale_code(seen.meta, workers),
-            endpoint=self._endpoint(meta) if seen.reader.sees_timing else None,
+            endpoint=self._endpoint(meta) if direct.disclosure.sees_fleet() else None,
             timed=seen.reader.sees_timing,
             now=now,
         )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
@@ -88,8 +89,8 @@ class RunView(BaseModel):
     """While the run is going: why it would not run its evaluation's file as it is now (a live
     worker serving it loaded the file before it was edited); None otherwise."""
     endpoint: EndpointCounts | None = None
-    """An endpoint model's server and its traffic over the last minute (readers who see the
-    run's timing)."""
+    """An endpoint model's server and its traffic over the last minute, from every run on it:
+    for admins and operators only (:meth:`Disclosure.sees_fleet`)."""
     timed: bool = True
     """The reader sees the run's timing (:attr:`evalq.shared.access.policy.Reader.sees_timing`):
     else ``meta`` and ``progress`` are coarse and there is no throughput nor ETA."""
@@ -122,13 +123,18 @@ class RunView(BaseModel):
         }
 
 
+MAX_ID = 2**63 - 1
+"""The largest sample id or offset a page is asked for (a larger one was a 500: the attack
+review's ``ids=9223372036854775808``)."""
+
+
 class SampleQuery(BaseModel):
     """Which page of a run's samples to read (``GET /v1/runs/{run}/samples``): unfiltered and
     unsorted, the run's samples in submission order."""
 
     model_config = ConfigDict(frozen=True)
 
-    offset: int = Field(default=0, ge=0)
+    offset: int = Field(default=0, ge=0, le=MAX_ID)
     limit: int = Field(default=50, ge=1, le=MAX_PAGE)
     failed: bool = False
     """Only the samples that failed (a terminal error)."""
@@ -137,7 +143,9 @@ class SampleQuery(BaseModel):
     sort: str | None = Field(default=None, pattern=r"^-?[A-Za-z0-9_.:-]{1,100}$")
     """A metric to order by, lowest first (``-metric``: highest first); samples without it
     (failed, pending) last."""
-    ids: list[int] | None = Field(default=None, max_length=MAX_PAGE)
+    ids: list[Annotated[int, Field(ge=0, le=MAX_ID)]] | None = Field(
+        default=None, max_length=MAX_PAGE
+    )
     """Only these samples."""
     with_input: bool = False
     """Each sample's row, labels included (the reader's data is read for this page only)."""

@@ -298,6 +298,11 @@ def test_two_workers_keep_the_fleet_rate_limit_while_the_server_answers_429(
     # what status shows of the last minute (the run may have begun earlier: at most all)
     assert 0 < counted.requests <= len(seen["arrivals"])
     assert 0 < counted.rate_limited <= seen["answers"]["429"]
+    # the fleet's traffic is an admin's or operator's to read: a gateway user's view of the
+    # same run shows none (it counted other users' work, and their held-out runs' progress)
+    agent = Client(stack.settings, principal="agent", sees_sources=False)
+    assert agent.status(meta.run_id).endpoint is None
+    agent.close()
     assert counted.tokens > 0
     arrivals = sorted(seen["arrivals"])
     assert len(arrivals) == seen["answers"]["429"] + 90

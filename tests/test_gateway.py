@@ -303,6 +303,25 @@ def test_every_route_answers_without_5xx_or_hidden_samples(door: Door) -> None:
                     assert not _per_sample(answer.text), (method, url, answer.text[:200])
 
 
+def test_no_page_on_the_gateways_origin_loads_or_runs_a_script_from_elsewhere(door: Door) -> None:
+    """The viewer's attack review: FastAPI's /docs and /redoc loaded Swagger UI and ReDoc from
+    a CDN onto the origin where the viewer keeps the token (and read it); the HTML report had
+    no policy at all."""
+    run_id = _run_id(door.cli(door.alice, "submit", "spy", "--dataset", "ds", "--split", "hidden",
+                              "--follow", "--json"))  # fmt: skip
+    headers = {"Authorization": f"Bearer {door.alice}"}
+    with httpx.Client(base_url=door.api, headers=headers, timeout=60) as http:
+        for page in ("/docs", "/redoc", "/docs/oauth2-redirect"):
+            assert http.get(page).status_code == 404, page
+        assert http.get("/openapi.json").status_code == 200
+        report = http.get(f"/v1/runs/{run_id}/report")
+    assert report.status_code == 200
+    policy = report.headers["content-security-policy"]
+    assert "default-src 'none'" in policy
+    assert "script-src" not in policy
+    assert report.headers["x-content-type-options"] == "nosniff"
+
+
 def test_the_openapi_schema_fuzzed_never_answers_5xx_or_hidden_samples(door: Door) -> None:
     """schemathesis generates requests from the schema (valid and not), sent with a user
     token; half of those naming a run name the user's own non_viewable run."""

@@ -27,6 +27,10 @@ def create_gateway(settings: Settings) -> FastAPI:
         summary="Submit, watch and read evaluation runs within the split tiers.",
         version="1",
         responses=RESPONSES,
+        # no Swagger UI nor ReDoc: they load scripts from a CDN onto the viewer's origin, where
+        # they could read the signed-in token (the viewer's attack review); /openapi.json stays
+        docs_url=None,
+        redoc_url=None,
         lifespan=partial(_serving, Retainer(context.store, settings), context.waits),
     )
     api.state.context = context

@@ -102,6 +102,14 @@ class Disclosure:
         guessed labels of a small held-out file)."""
         return meta if self._sees_sources else meta.model_copy(update={"spec": ""})
 
+    def sees_fleet(self) -> bool:
+        """Whether this reader sees the fleet's own traffic (an endpoint's requests, tokens and
+        failures over the last minute, from every principal's runs together): an admin's or an
+        operator's only, as data sources are. A user's view of its run showed other users'
+        work, and its own ``non_viewable`` runs' progress through a viewable run beside them
+        (the viewer's attack review)."""
+        return self._sees_sources
+
     def reader(self, meta: RunMeta, aggregated: int | None = None) -> Reader:
         """What this reader may see of the run; the floor applies to the samples an aggregate
         is computed from (``aggregated``, the scored ones), else to those submitted."""

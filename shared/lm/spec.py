@@ -38,7 +38,9 @@ DEFAULT_API_KEY_ENV = "OPENAI_API_KEY"
 URL_PATTERN = r"^https?://[^\s/?#@]+(/[^\s?#]*)?$"
 """An endpoint's base URL: http(s), a host, a path; no query, fragment or credentials."""
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
-_BAD_NAME = re.compile(r"[\s\x00-\x1f]")
+_BAD_NAME = re.compile(r"[\s\x00-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2060-\u2069\ufeff]")
+"""Whitespace, control characters, and the invisible and bidirectional formatting ones
+(``openai/gpt\u202e4-ipa`` was listed as ``openai/gptapi-4``: the viewer's attack review)."""
 _IDENTITY_SUFFIXES = (
     ".safetensors",
     ".bin",
@@ -123,7 +125,9 @@ class ModelSpec(BaseModel):
         if not name:
             raise InputError(f"model {text!r}: empty model name after '{provider}/'")
         if _BAD_NAME.search(name):
-            raise InputError(f"model {text!r}: the name holds whitespace or control characters")
+            raise InputError(
+                f"model {text!r}: the name holds whitespace, control or formatting characters"
+            )
         if at and not revision.strip():
             raise InputError(f"model {text!r}: empty revision after '@'")
         if at and _BAD_NAME.search(revision):

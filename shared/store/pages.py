@@ -13,7 +13,9 @@ may see per-sample results at all is not decided here: the caller asks the polic
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -28,6 +30,14 @@ __all__ = ["PageQuery", "PageReader"]
 
 SEARCHED = ("output", "scores", "error")
 """The stored texts a search looks in."""
+
+PAGE_BYTES = 8 << 20
+"""The stored text a page holds at most: a page of large outputs is cut short there (never
+before its first sample), and the caller pages on from where it was cut. Up to 500 outputs of
+megabytes each were read, held and answered whole (the viewer's attack review: one page of 60 MB
+took the gateway 400 MB; 4 at once, 1.3 GB)."""
+PAGE_STEP = 32
+"""Samples read at a time while a page fills."""
 
 
 @dataclass(frozen=True)
@@ -122,7 +132,7 @@ class PageReader:
                 return found
             archive = self._results.archive(run_id)
             if archive is None:  # neither live keys nor an archive: purged meanwhile
-                raise UnknownRunError(f"no run '{run_id}'")
+                raise UnknownRunError.named(run_id)
         return self._archived(archive, offset, limit, query)
 
     def _live(
@@ -137,18 +147,24 @@ class PageReader:
             if query.ids is not None:
                 wanted = set(query.ids)
                 ids = [i for i in ids if i in wanted]
-            chunk = self._results.live_chunk(run_id, ids[offset : offset + limit])
+            chunk = _capped(partial(self._results.live_chunk, run_id), ids[offset : offset + limit])
             return None if chunk is None else (len(ids), chunk)
         tables = list(self._results.tables(run_id))  # the whole run: a live run is bounded
         table = pa.concat_tables(tables, promote_options="default") if tables else None
         if table is None:
             return 0, Chunk([], [], [], [])
         positions = query.positions(table)
-        taken = table.take(positions[offset : offset + limit])
-        return len(positions), Chunk(
-            taken["sample_id"].to_pylist(), taken["output"].to_pylist(),
-            taken["scores"].to_pylist(), taken["error"].to_pylist(),
-        )  # fmt: skip
+
+        def take(places: Sequence[int]) -> Chunk:
+            taken = table.take(places)
+            return Chunk(
+                taken["sample_id"].to_pylist(), taken["output"].to_pylist(),
+                taken["scores"].to_pylist(), taken["error"].to_pylist(),
+            )  # fmt: skip
+
+        found = _capped(take, positions[offset : offset + limit])
+        assert found is not None
+        return len(positions), found
 
     def _archived(
         self, archive: ArchiveReader, offset: int, limit: int, query: PageQuery
@@ -156,9 +172,35 @@ class PageReader:
         """The page of an archived run, reading only what picks the rows, then the rows."""
         if query.plain:
             total = sum(int(part["rows"]) for part in archive.manifest["parts"])
-            return total, archive.rows(list(range(offset, min(total, offset + limit))))
+            found = _capped(archive.rows, list(range(offset, min(total, offset + limit))))
+            assert found is not None
+            return total, found
         batches = list(archive.batches(query.columns()))
         if not batches:
             return 0, Chunk([], [], [], [])
         positions = query.positions(pa.Table.from_batches(batches))
-        return len(positions), archive.rows(positions[offset : offset + limit])
+        found = _capped(archive.rows, positions[offset : offset + limit])
+        assert found is not None
+        return len(positions), found
+
+
+def _capped(read: Callable[[list[int]], Chunk | None], keys: Sequence[int]) -> Chunk | None:
+    """``read(keys)``, :data:`PAGE_STEP` keys at a time, until :data:`PAGE_BYTES` of stored
+    text are in (at least one sample: the page may end short of ``keys``); None as ``read``
+    answers it (the run was sealed meanwhile)."""
+    page = Chunk([], [], [], [])
+    size = 0
+    for start in range(0, len(keys), PAGE_STEP):
+        chunk = read(list(keys[start : start + PAGE_STEP]))
+        if chunk is None:
+            return None
+        rows = zip(chunk.sample_ids, chunk.outputs, chunk.scores, chunk.errors, strict=True)
+        for sample_id, output, scores, error in rows:
+            size += sum(len(text) for text in (output, scores, error) if text is not None)
+            if page.sample_ids and size > PAGE_BYTES:
+                return page
+            page.sample_ids.append(sample_id)
+            page.outputs.append(output)
+            page.scores.append(scores)
+            page.errors.append(error)
+    return page
