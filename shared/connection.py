@@ -182,7 +182,7 @@ class _SentinelConnection(redis.sentinel.SentinelManagedConnection):
     ) -> None:
         if self._sock is None and self.connection_pool.is_master:
             self.host, self.port = self.connection_pool.get_master_address()
-        super().connect_check_health(check_health, retry_socket_connect)  # type: ignore[no-untyped-call]
+        super().connect_check_health(check_health, retry_socket_connect)
 
 
 class _AsyncSentinelConnection(redis.asyncio.sentinel.SentinelManagedConnection):
@@ -352,7 +352,7 @@ def _wait(one: redis.Redis, replicas: int, wait_ms: int) -> int | None:
     except redis.ResponseError as exc:
         if "replica" not in str(exc):
             raise
-        connection.disconnect()
+        connection.disconnect()  # type: ignore[no-untyped-call]
         return None
     finally:
         connection.retry = kept
