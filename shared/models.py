@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import json.scanner
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -27,15 +28,52 @@ __all__ = [
     "SampleTask",
     "Stage",
     "WorkerProvenance",
+    "from_json",
     "to_json",
 ]
 
 JSONValue = Any
 
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+_SCALAR = frozenset({str, int, float, bool, type(None)})
+_FLAT = (
+    None
+    if json.encoder.c_make_encoder is None
+    else json.encoder.c_make_encoder(
+        None, _ENCODER.default, json.encoder.encode_basestring_ascii, None, ":", ",",
+        False, False, False,
+    )
+)  # fmt: skip
+"""``_ENCODER``'s own C encoder without its check for circular references, made once: for a
+value that cannot hold itself (a scalar, or a dict of str keys and scalar values: scores)."""
+_SCAN = json.scanner.make_scanner(json.JSONDecoder())
+
+
 def to_json(value: Any) -> str:
-    """Compact, strict JSON (no NaN): how every stored value is encoded."""
-    return json.dumps(value, separators=(",", ":"), allow_nan=False)
+    """Compact, strict JSON (no NaN): how every stored value is encoded (the text of
+    ``json.dumps`` with these options, without making an encoder per call)."""
+    kind = type(value)
+    if _FLAT is not None and (
+        kind in _SCALAR
+        or (kind is dict and all(type(k) is str and type(v) in _SCALAR for k, v in value.items()))
+    ):
+        return "".join(_FLAT(value, 0))
+    return _ENCODER.encode(value)
+
+
+def from_json(text: str) -> Any:
+    """``json.loads(text)``, without its per-call checks for a text that is one JSON value
+    and nothing else (what :func:`to_json` writes); any other text (whitespace around the
+    value, bytes, not JSON) goes to ``json.loads``, which answers or raises as it does."""
+    if type(text) is str:
+        try:
+            value, end = _SCAN(text, 0)
+        except StopIteration:
+            return json.loads(text)
+        if end == len(text):
+            return value
+    return json.loads(text)
 
 
 class RunStatus(StrEnum):
@@ -318,7 +356,7 @@ def split_grade(value: Any, text: str) -> tuple[dict[str, float], Grade | None]:
 
 def scores_value(text: str) -> dict[str, float]:
     """The metrics of stored scores' JSON ``text``, without their grade."""
-    return split_grade(json.loads(text), text)[0]
+    return split_grade(from_json(text), text)[0]
 
 
 class SampleResult(BaseModel):
