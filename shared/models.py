@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import json.scanner
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -37,17 +36,19 @@ JSONValue = Any
 
 _ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 _SCALAR = frozenset({str, int, float, bool, type(None)})
+_C_ENCODER: Any = getattr(json.encoder, "c_make_encoder", None)
 _FLAT = (
     None
-    if json.encoder.c_make_encoder is None
-    else json.encoder.c_make_encoder(
+    if _C_ENCODER is None
+    else _C_ENCODER(
         None, _ENCODER.default, json.encoder.encode_basestring_ascii, None, ":", ",",
         False, False, False,
     )
 )  # fmt: skip
 """``_ENCODER``'s own C encoder without its check for circular references, made once: for a
 value that cannot hold itself (a scalar, or a dict of str keys and scalar values: scores)."""
-_SCAN = json.scanner.make_scanner(json.JSONDecoder())
+_DECODER: Any = json.JSONDecoder()
+_SCAN = _DECODER.scan_once  # json.scanner.make_scanner(_DECODER), made as it was made
 
 
 def to_json(value: Any) -> str:
