@@ -27,15 +27,54 @@ __all__ = [
     "SampleTask",
     "Stage",
     "WorkerProvenance",
+    "from_json",
     "to_json",
 ]
 
 JSONValue = Any
 
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+_SCALAR = frozenset({str, int, float, bool, type(None)})
+_C_ENCODER: Any = getattr(json.encoder, "c_make_encoder", None)
+_FLAT = (
+    None
+    if _C_ENCODER is None
+    else _C_ENCODER(
+        None, _ENCODER.default, json.encoder.encode_basestring_ascii, None, ":", ",",
+        False, False, False,
+    )
+)  # fmt: skip
+"""``_ENCODER``'s own C encoder without its check for circular references, made once: for a
+value that cannot hold itself (a scalar, or a dict of str keys and scalar values: scores)."""
+_DECODER: Any = json.JSONDecoder()
+_SCAN = _DECODER.scan_once  # json.scanner.make_scanner(_DECODER), made as it was made
+
+
 def to_json(value: Any) -> str:
-    """Compact, strict JSON (no NaN): how every stored value is encoded."""
-    return json.dumps(value, separators=(",", ":"), allow_nan=False)
+    """Compact, strict JSON (no NaN): how every stored value is encoded (the text of
+    ``json.dumps`` with these options, without making an encoder per call)."""
+    kind = type(value)
+    if _FLAT is not None and (
+        kind in _SCALAR
+        or (kind is dict and all(type(k) is str and type(v) in _SCALAR for k, v in value.items()))
+    ):
+        return "".join(_FLAT(value, 0))
+    return _ENCODER.encode(value)
+
+
+def from_json(text: str) -> Any:
+    """``json.loads(text)``, without its per-call checks for a text that is one JSON value
+    and nothing else (what :func:`to_json` writes); any other text (whitespace around the
+    value, bytes, not JSON) goes to ``json.loads``, which answers or raises as it does."""
+    if type(text) is str:
+        try:
+            value, end = _SCAN(text, 0)
+        except StopIteration:
+            return json.loads(text)
+        if end == len(text):
+            return value
+    return json.loads(text)
 
 
 class RunStatus(StrEnum):
@@ -318,7 +357,7 @@ def split_grade(value: Any, text: str) -> tuple[dict[str, float], Grade | None]:
 
 def scores_value(text: str) -> dict[str, float]:
     """The metrics of stored scores' JSON ``text``, without their grade."""
-    return split_grade(json.loads(text), text)[0]
+    return split_grade(from_json(text), text)[0]
 
 
 class SampleResult(BaseModel):

@@ -83,6 +83,22 @@ def test_outputs_stored_with_their_scoring_attempt_count_it_once_all_are_new(
     assert ResultReader(client).progress("r3").inferred == 6
 
 
+def test_scoring_messages_name_the_outputs_ids_by_order_or_in_full(redis_only: RedisServer) -> None:
+    """Messages that bring exactly the outputs' samples, in their order, travel without their
+    ids ('='); in another order (or with other samples) they carry them: both count alike."""
+    client = connect(redis_only.url)
+    writer = ResultWriter(client)
+    _run(client, "r4", 8)
+    two = [Delivery("a", False, [0, 1]), Delivery("b", False, [2]), Delivery("c", True, [3])]
+    outputs = {0: "0", 1: "0", 2: "0", 3: "0"}
+    assert writer.record_outputs_scoring("r4", outputs, two) == (4, {0: 1, 1: 1, 2: 1, 3: 1})
+    assert writer.attempt("r4", two, Stage.SCORE) == {0: -1, 1: -1, 2: -1, 3: 2}
+    other = [Delivery("d", False, [5, 4])]
+    assert writer.record_outputs_scoring("r4", {4: "0", 5: "0"}, other) == (2, {5: 1, 4: 1})
+    assert writer.attempt("r4", other, Stage.SCORE) == {5: -1, 4: -1}
+    assert ResultReader(client).progress("r4").inferred == 6
+
+
 def test_exactly_one_concurrent_writer_is_elected_to_finalize(redis_only: RedisServer) -> None:
     client = connect(redis_only.url)
     runs, results, writer = RunStore(client), ResultReader(client), ResultWriter(client)

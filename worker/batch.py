@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import bisect
 import copy
-import json
 import logging
 import math
 from collections import defaultdict
@@ -28,7 +27,7 @@ import redis
 
 from evalq.shared.errors import PermanentError, StoreError, UnknownRunError, first_line
 from evalq.shared.evaluation import Evaluation
-from evalq.shared.models import ErrorRecord, RunMeta, RunStatus, SampleTask, Stage
+from evalq.shared.models import ErrorRecord, RunMeta, RunStatus, SampleTask, Stage, from_json
 from evalq.shared.queue.sizing import split
 from evalq.shared.store.provenance import ProvenanceStore, of_worker
 from evalq.shared.store.reader import ResultReader
@@ -110,9 +109,24 @@ class Resources:
         self.recorded.get_or_create(run_id, lambda: True)
 
 
+_IMMUTABLE = (str, int, float, bool, bytes, type(None))
+_SCALARS = frozenset(_IMMUTABLE)
+"""Types whose values cannot be changed in place (an exact type; subclasses go through
+``isinstance``)."""
+
+
 def _immutable(row: dict[str, Any]) -> bool:
     """Whether no field of ``row`` can be changed in place."""
-    return all(isinstance(v, str | int | float | bool | bytes | None) for v in row.values())
+    for value in row.values():
+        if type(value) not in _SCALARS and not isinstance(value, _IMMUTABLE):
+            return False
+    return True
+
+
+KEPT = frozenset({str, int, float, bool, type(None)})
+"""Types of the outputs a worker keeps as ``infer()`` returned them, to score in the same job
+without reading them back (:attr:`RunShare.values`): their JSON text reads back as an equal
+value of the same type."""
 
 
 def error_record(stage: Stage, exc: BaseException) -> ErrorRecord:
@@ -131,6 +145,9 @@ class RunShare:
         self.meta: RunMeta = res.runs.get(run_id)
         self.errors: dict[int, ErrorRecord] = {}
         self.outputs: dict[int, str] = {}
+        self.values: dict[int, Any] = {}
+        """Outputs of :data:`KEPT` types as ``infer()`` returned them (their JSON in
+        :attr:`outputs`)."""
         self.attempts: dict[int, int] = {}
         self.deliveries: list[Delivery] = []
         """The messages that brought the samples, as they came (an id once, in the first)."""
@@ -182,11 +199,15 @@ class RunShare:
         wrote was stored (``stored``: none lost to another worker's), those outputs."""
         run = copy.copy(self)
         run.ids, run.errors, run.outputs, run.attempts, run.retry = ids, {}, {}, {}, []
+        run.values = {}
         run.todo = None
         run.alone = set(self.alone)
         run._rows = {i: row for i, row in self._rows.items() if _immutable(row)}
+        values, outputs = self.values, self.outputs
         run.known = (
-            {i: json.loads(self.outputs[i]) for i in ids if i in self.outputs} if stored else {}
+            {i: values[i] if i in values else from_json(outputs[i]) for i in ids if i in outputs}
+            if stored
+            else {}
         )
         return run
 

@@ -20,7 +20,7 @@ from evalq.shared.errors import PermanentError, first_line
 from evalq.shared.evaluation import scrub
 from evalq.shared.models import SampleTask, Stage, to_json
 from evalq.shared.queue.celery_app import INFER_TASK
-from evalq.worker.batch import Batch, Resources, RunShare, error_record
+from evalq.worker.batch import KEPT, Batch, Resources, RunShare, error_record
 from evalq.worker.runtime_pool import Infer
 from evalq.worker.scoring import score_all
 
@@ -77,6 +77,9 @@ def _infer(infer: Infer, items: list[Item], max_attempts: int) -> None:
         except (TypeError, ValueError) as exc:
             refused = PermanentError(f"output not JSON: {exc}")
             run.errors[sample_id] = error_record(Stage.INFER, refused)
+            continue
+        if type(output) in KEPT:
+            run.values[sample_id] = output
 
 
 def _pending(run: RunShare, done: set[int]) -> list[Item]:

@@ -35,7 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from evalq.shared.errors import ArchiveUnreadableError, first_line
-from evalq.shared.models import scores_value, to_json
+from evalq.shared.models import from_json, scores_value, to_json
 
 __all__ = [
     "MANIFEST",
@@ -81,7 +81,7 @@ def _writable(kind: pa.DataType) -> bool:
 def _values(texts: list[str | None]) -> pa.Array | None:
     """Outputs' JSON texts as one column of their values, or None where no Arrow type gives
     every text back exactly (and no output as null)."""
-    values = [None if t is None else json.loads(t) for t in texts]
+    values = [None if t is None else from_json(t) for t in texts]
     try:
         typed = pa.array(values)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):

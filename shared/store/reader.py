@@ -21,7 +21,7 @@ import redis
 from evalq.shared.errors import ArchiveUnreadableError, UnknownRunError
 from evalq.shared.failures import Counted, FailureRule, metric_samples
 from evalq.shared.keys import RunKeys
-from evalq.shared.models import Progress, SampleResult
+from evalq.shared.models import Progress, SampleResult, from_json
 from evalq.shared.stats import Stat
 from evalq.shared.store.archive import RAW_COLUMNS, ArchiveReader, Chunk, inside, run_folder
 from evalq.shared.store.live import COLUMNS, SCAN_COUNT, LiveResults, Present, Sealed, settled_ids
@@ -172,7 +172,7 @@ class ResultReader:
 
     def outputs(self, run_id: str, sample_ids: list[int]) -> dict[int, Any]:
         """The stored outputs of those samples that have one."""
-        return {i: json.loads(v) for i, v in self.output_texts(run_id, sample_ids).items()}
+        return {i: from_json(v) for i, v in self.output_texts(run_id, sample_ids).items()}
 
     def output_texts(self, run_id: str, sample_ids: list[int]) -> dict[int, str]:
         """The stored outputs of those samples that have one, as stored (JSON text)."""

@@ -8,7 +8,6 @@ gives exactly the text a result's line gives.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator
 
 from evalq.shared.models import (
@@ -16,6 +15,7 @@ from evalq.shared.models import (
     USAGE_PREFIX,
     ErrorRecord,
     SampleResult,
+    from_json,
     scores_value,
     split_grade,
     split_usage,
@@ -78,8 +78,8 @@ def result_of(
     sample_id: int, output: str | None, scores: str | None, error: str | None
 ) -> SampleResult:
     """A sample's result from the texts the store holds."""
-    value, usage = (None, None) if output is None else split_usage(json.loads(output), output)
-    metrics, grade = (None, None) if scores is None else split_grade(json.loads(scores), scores)
+    value, usage = (None, None) if output is None else split_usage(from_json(output), output)
+    metrics, grade = (None, None) if scores is None else split_grade(from_json(scores), scores)
     return SampleResult(
         sample_id=sample_id,
         output=value,

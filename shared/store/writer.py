@@ -75,6 +75,20 @@ def _messages(deliveries: list[Delivery]) -> list[str | int]:
     return args
 
 
+def _messages_of(deliveries: list[Delivery], ids: list[int]) -> list[str | int]:
+    """The messages as ``record_outputs.lua`` takes them after outputs of ``ids``: when they
+    bring exactly those samples, in that order, each without its ids (``'='`` first), else as
+    :func:`_messages`."""
+    brought = [i for delivery in deliveries for i in delivery.sample_ids]
+    if brought != ids:
+        return _messages(deliveries)
+    args: list[str | int] = ["="]
+    for delivery in deliveries:
+        if delivery.sample_ids:
+            args += [delivery.key, int(delivery.solo), len(delivery.sample_ids)]
+    return args
+
+
 def _counts(deliveries: list[Delivery], counts: list[int]) -> dict[int, int]:
     """``attempt.lua``'s counts by sample id."""
     ids = [i for delivery in deliveries for i in delivery.sample_ids]
@@ -168,7 +182,12 @@ class ResultWriter:
                 keys.attempts_of(Stage.SCORE),
                 keys.deliveries_of(Stage.SCORE),
             ],
-            args=[USAGE_PREFIX, len(outputs), *flatten(outputs), *_messages(scoring)],
+            args=[
+                USAGE_PREFIX,
+                len(outputs),
+                *flatten(outputs),
+                *(_messages_of(scoring, list(outputs)) if scoring else ()),
+            ],
         )
         written, *counts = (int(c) for c in reply)
         if written != len(outputs) or not any(d.sample_ids for d in scoring):

@@ -107,16 +107,24 @@ end
 -- Count one more attempt of each sample the messages from ARGV[at] on bring, at one stage
 -- (attempt.lua's rule, for it and for record_outputs.lua; the run is going). attempts = the
 -- stage's attempts hash, spilled = RunKeys.spilled, deliveries = the stage's deliveries hash.
--- ARGV[at..] = per message: its key, solo (1 or 0), n, then its n sample ids.
+-- ARGV[at..] = per message: its key, solo (1 or 0), n, then its n sample ids; or, when
+-- ``given`` (a table of ids) is passed, per message its key, solo and n only: its ids are the
+-- next n of ``given``, in order.
 -- Returns the counts in order, as attempt.lua does.
-local function count_attempts(attempts, spilled, deliveries, at)
-  local counts = {}
+local function count_attempts(attempts, spilled, deliveries, at, given)
+  local counts, taken = {}, 0
   local alone = redis.call('EXISTS', attempts) == 1 -- none counted alone: nothing to read
   while at <= #ARGV do
     local key, solo, n = ARGV[at], ARGV[at + 1] == '1', tonumber(ARGV[at + 2])
     local ids = {}
-    for i = at + 3, at + 2 + n do ids[#ids + 1] = ARGV[i] end
-    at = at + 3 + n
+    if given then
+      for i = taken + 1, taken + n do ids[#ids + 1] = given[i] end
+      taken = taken + n
+      at = at + 3
+    else
+      for i = at + 3, at + 2 + n do ids[#ids + 1] = ARGV[i] end
+      at = at + 3 + n
+    end
     local spilt = bits_of(spilled, ids)
     local had = alone and hmget_all(attempts, ids) or {}
     local delivered = 1

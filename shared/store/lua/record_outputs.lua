@@ -15,7 +15,9 @@
 -- ARGV[3 .. 2 + 2n] = id1, json1, id2, json2, ...   (an id given twice is written once, the
 --           first)
 -- ARGV[3 + 2n ..] = the score-stage attempt to count, as attempt.lua's ARGV (per message: its
---           key, solo, count, its ids); none: nothing counted
+--           key, solo, count, its ids); or '=' and then per message its key, solo and count
+--           only, its ids being the next count of id1, id2, ... in order (the messages bring
+--           exactly the outputs' samples, in their order); none: nothing counted
 -- Returns: {written, counts...}: the number of outputs newly written (a redelivered sample
 -- writes nothing; nothing is written once the run has ended, so a cancellation's refund count
 -- stays exact and no key comes back after the run is archived or purged), then, when an
@@ -63,7 +65,9 @@ if written > 0 then
 end
 local reply = {written}
 if written == n and 3 + 2 * n <= #ARGV then
-  for _, count in ipairs(count_attempts(KEYS[5], KEYS[4], KEYS[6], 3 + 2 * n)) do
+  local at, given = 3 + 2 * n, nil
+  if ARGV[at] == '=' then at, given = at + 1, ids end
+  for _, count in ipairs(count_attempts(KEYS[5], KEYS[4], KEYS[6], at, given)) do
     reply[#reply + 1] = count
   end
 end
