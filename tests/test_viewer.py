@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
@@ -62,6 +66,8 @@ class Site:
     swept: list[str]
     flipped: str
     data: str
+    bob_swept: str
+    """Bob's run with the sweep id of Alice's sweep (callers pick sweep ids)."""
     runs: dict[str, RemoteClient] = field(default_factory=dict)
 
     def remote(self, token: str) -> RemoteClient:
@@ -116,11 +122,13 @@ def site(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sit
         sweep = json.loads(swept.stdout)
         flipped = _submit(alice, cmp, "validation", eval="guess",
                           params={"base": "0", "flip": "item-1,item-2,item-7"})  # fmt: skip
-        for run_id in (viewable, hidden, bobs, *sweep["run_ids"], flipped):
+        bob_swept = _submit(bob, cmp, "validation", eval="guess", params={"base": "1"},
+                            sweep=sweep["sweep"])  # fmt: skip
+        for run_id in (viewable, hidden, bobs, *sweep["run_ids"], flipped, bob_swept):
             wait_completed(stack.client, run_id)
         made = Site(
             stack, api, tokens["v-alice"], tokens["v-bob"], tokens["v-root"], viewable,
-            hidden, bobs, sweep["sweep"], sweep["run_ids"], flipped, data,
+            hidden, bobs, sweep["sweep"], sweep["run_ids"], flipped, data, bob_swept,
         )  # fmt: skip
         yield made
         alice.close()
@@ -168,6 +176,19 @@ def _sign_in(tab: Tab, api: str, token: str, where: str = "#/runs") -> None:
     tab.page.fill("#token", token)
     tab.page.click("#sign-in button[type=submit]")
     tab.page.locator("#who .principal").wait_for()
+
+
+def _refusal(api: str, token: str, path: str) -> tuple[int, str]:
+    """The status and one-line error the API answers ``path`` with, for ``token``."""
+    asked = urllib.request.Request(f"{api}{path}", headers={"Authorization": f"Bearer {token}"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(asked, timeout=30)
+    return refused.value.code, json.load(refused.value)["error"]
+
+
+def _list_reads(tab: Tab) -> int:
+    """How many times the page read the runs list."""
+    return sum(urlsplit(url).path == "/v1/runs" for url, _ in tab.requests)
 
 
 def _listed(tab: Tab) -> list[str]:
@@ -332,6 +353,61 @@ def test_the_samples_table_shows_a_viewable_runs_outputs(site: Site, tab: Tab) -
     tab.shot("sample")
 
 
+def test_the_samples_page_sends_only_what_its_route_takes_and_pages_on_where_cut(
+    site: Site, tab: Tab
+) -> None:
+    from playwright.sync_api import expect
+
+    _sign_in(tab, site.api, site.alice, f"#/runs/{site.viewable}/samples?q=bust")
+    page = tab.page
+    expect(page.locator("#page-range")).to_have_text("1-3 of 3")
+    # an offset past any integer is clamped (sent as digits), and the page offers the last page
+    samples = f"{site.api}/#/runs/{site.viewable}/samples"
+    page.goto(f"{samples}?offset=99999999999999999999999")
+    expect(page.locator("#page-range")).to_have_text("none of 60")
+    expect(page.locator("#prev")).to_have_attribute(
+        "href", f"#/runs/{site.viewable}/samples?offset=50"
+    )
+    sent = [urlsplit(u).query for u, _ in tab.requests if f"/{site.viewable}/samples?" in u]
+    assert "offset=9007199254740991&" in sent[-1]
+    assert not any("e%2B" in q for q in sent)
+    # what the route does not take is the API's own line, said as a bad request (not a refusal)
+    route = f"/v1/runs/{site.viewable}/samples"
+    for bad in ("sort=%3Cb%3E", f"q={'x' * 201}"):
+        status, said = _refusal(site.api, site.alice, f"{route}?{bad}")
+        assert status == 422
+        page.goto(f"{samples}?{bad}")
+        expect(page.locator("#samples-bad strong")).to_have_text(f"Bad request: {said}")
+        expect(page.locator("#samples-refused")).to_have_count(0)
+        expect(page.locator("#sample-filters")).to_be_visible()
+    tab.shot("samples-bad-request")
+    # a bad % escape in the address: no such page (not the page before left on screen)
+    for nowhere in ("#/runs/%", "#/runs/%E0%A4%A"):
+        page.goto(samples)
+        expect(page.locator("#page-range")).to_have_text("1-50 of 60")
+        page.goto(f"{site.api}/{nowhere}")
+        expect(page.locator("#no-such-page")).to_contain_text(f"Nothing is at {nowhere}.")
+        expect(page.locator("#samples")).to_have_count(0)
+
+    # the gateway may answer fewer samples than asked (it caps a page's bytes): the page says
+    # so and the next one starts where this one was cut
+    def cut(route: Any) -> None:
+        answer = route.fetch()
+        body = answer.json()
+        body["samples"] = body["samples"][:20] if body["offset"] == 0 else body["samples"]
+        route.fulfill(response=answer, json=body)
+
+    page.route(re.compile(r"/v1/runs/[^/?]+/samples\?"), cut)
+    page.goto(samples)
+    expect(page.locator("#page-range")).to_have_text("1-20 of 60")
+    expect(page.locator("#page-cut")).to_have_text("page cut at 20 samples (size)")
+    tab.shot("samples-cut")
+    page.click("#next")
+    expect(page.locator("#page-range")).to_have_text("21-60 of 60")
+    expect(page.locator("#page-cut")).to_have_count(0)
+    page.unroute_all()
+
+
 def test_a_non_viewable_run_shows_nothing_per_sample_and_says_why(site: Site, tab: Tab) -> None:
     from playwright.sync_api import expect
 
@@ -376,6 +452,23 @@ def test_an_admin_sees_every_principals_runs_and_reads_every_tier_when_it_asks(
         expect(page.locator(f"tr[data-run='{site.bobs}'] td.principal")).to_have_text("v-bob")
         tab.shot("runs-admin")
 
+        # bob's run shares the id of alice's sweep: each sweep link names its principal, and
+        # the page reads that principal's runs only
+        sweeps = page.locator(f"tr[data-run='{site.bob_swept}'] a.sweep-link")
+        expect(sweeps).to_have_attribute("href", f"#/sweeps/{site.sweep}?principal=v-bob")
+        sweeps.click()
+        expect(page.locator("#sweep-principal")).to_have_text("v-bob")
+        swept = page.locator("table[data-table=sweep] tbody tr")
+        expect(swept).to_have_count(1)
+        expect(swept).to_have_attribute("data-run", site.bob_swept)
+        page.goto(f"{site.api}/#/sweeps/{site.sweep}")  # no principal: whose is asked
+        expect(page.locator("#sweep-owners a")).to_have_text(["v-alice", "v-bob"])
+        expect(page.locator("svg[data-chart=sweep]")).to_have_count(0)
+        page.click("#sweep-owners a >> text=v-alice")
+        expect(page.locator("#sweep-principal")).to_have_text("v-alice")
+        ran = swept.evaluate_all("rows => rows.map(r => r.dataset.run)")
+        assert sorted(ran) == sorted(site.swept)
+
         page.goto(f"{site.api}/#/runs/{site.hidden}/samples")
         expect(page.locator("#samples-refused")).to_contain_text("tier refused")  # no flag
         page.check("#admin-mode")
@@ -397,8 +490,12 @@ def test_an_admin_sees_every_principals_runs_and_reads_every_tier_when_it_asks(
 def test_a_sweep_chart_and_a_comparison_show_what_compare_json_gives(site: Site, tab: Tab) -> None:
     from playwright.sync_api import expect
 
-    _sign_in(tab, site.api, site.alice, f"#/sweeps/{site.sweep}")
+    _sign_in(tab, site.api, site.alice, f"#/runs/{site.swept[0]}")
     page = tab.page
+    sweeps = page.locator("#run a.sweep-link")
+    expect(sweeps).to_have_attribute("href", f"#/sweeps/{site.sweep}?principal=v-alice")
+    sweeps.click()
+    expect(page.locator("#sweep-principal")).to_have_text("v-alice")
     points = page.locator("svg[data-chart=sweep] g.point")
     expect(points).to_have_count(2)
     alice = site.remote(site.alice)
@@ -447,3 +544,118 @@ def test_a_sweep_chart_and_a_comparison_show_what_compare_json_gives(site: Site,
     assert hrefs == [f"#/runs/{base}/samples/1", f"#/runs/{site.flipped}/samples/1"]
     links.nth(1).click()
     expect(page.locator("#sample-output pre")).to_have_text("1")
+
+
+def test_the_viewer_says_what_it_cuts_short_and_when_the_gateway_is_down(
+    site: Site, tab: Tab
+) -> None:
+    from playwright.sync_api import expect
+
+    page = tab.page
+    page.goto(f"{site.api}/")
+    expect(page.locator("#token-kept")).to_contain_text("kept for this tab only")
+    assert page.locator("link[rel=icon]").get_attribute("href") == "data:,"
+
+    # the runs list and a sweep at their limits (answers padded to the limit asked)
+    def padded(route: Any) -> None:
+        answer = route.fetch()
+        limit = int(parse_qs(urlsplit(route.request.url).query)["limit"][0])
+        route.fulfill(response=answer, json=(answer.json() * limit)[:limit])
+
+    page.route(re.compile(r"/v1/runs\?"), padded)
+    _sign_in(tab, site.api, site.alice)
+    expect(page.locator("table[data-table=runs] tbody tr")).to_have_count(200)
+    expect(page.locator("#runs-limit")).to_have_text(
+        "showing the newest 200 runs that match; filter to see older ones"
+    )
+    page.goto(f"{site.api}/#/sweeps/{site.sweep}")
+    expect(page.locator("#sweep-limit")).to_have_text("showing the newest 256 runs of this sweep")
+    page.unroute_all()
+
+    page.route("**/v1/**", lambda route: route.abort())  # as if the gateway were down
+    page.goto(f"{site.api}/#/runs/{site.viewable}")
+    down = f"the gateway at {site.api} cannot be reached; is `evalq serve` running?"
+    expect(page.locator("#app .notice")).to_have_text(f"Gateway unreachable{down}")
+    tab.shot("gateway-down")
+    assert not any(urlsplit(u).path == "/favicon.ico" for u, _ in tab.requests)
+
+
+HIDE = """hidden => {
+  Object.defineProperty(document, 'hidden', { configurable: true, get: () => hidden });
+  document.dispatchEvent(new Event('visibilitychange'));
+}"""
+"""Hide (or show) the tab, as far as the page can tell."""
+
+
+def _refreshes_once_shown(tab: Tab, run_id: str) -> None:
+    """The runs list (``run_id`` going) is read again after its refresh interval, not while
+    the tab is hidden, and at once when it is shown again."""
+    page = tab.page
+    assert _listed(tab) == [run_id]
+    reads = _list_reads(tab)
+    table = page.locator("table[data-table=runs]")
+    drawn = page.locator("table[data-table=runs]:not([data-seen])")  # the next timer is set
+    table.evaluate("t => { t.dataset.seen = '1'; }")
+    page.clock.run_for(5_000)  # a listed run goes: the list is read again, and drawn
+    drawn.wait_for()
+    assert _list_reads(tab) == reads + 1
+    table.evaluate("t => { t.dataset.seen = '1'; }")
+    page.evaluate(HIDE, True)
+    page.clock.run_for(60_000)
+    page.wait_for_timeout(300)
+    assert _list_reads(tab) == reads + 1  # not while the tab is hidden
+    page.evaluate(HIDE, False)
+    drawn.wait_for()  # read again once shown
+    assert _list_reads(tab) == reads + 2
+
+
+def test_a_hidden_tab_reads_the_list_again_once_shown_and_a_revoked_token_signs_out(
+    site: Site, tab: Tab, tmp_path: Path
+) -> None:
+    from playwright.sync_api import expect
+
+    write_rows(tmp_path / "data", "validation", labelled_rows(8))
+    data = list_splits(site.stack.client, tmp_path / "data", "validation")
+    gate = tmp_path / "gate"
+    operator = Client(site.stack.settings)
+    token = operator.create_token("v-carol", Role.USER)
+    carol = RemoteClient(site.api, token)
+    params = {"gate": str(gate), "open_until": "0"}  # every sample waits for the gate
+    run_id = _submit(carol, data, "validation", eval="slow", params=params)
+    page = tab.page
+    said = "unauthorized: unknown or revoked token"
+    try:
+        page.clock.install()  # the list's refresh timer fires when the test says
+        _sign_in(tab, site.api, token)
+        _refreshes_once_shown(tab, run_id)
+
+        page.goto(f"{site.api}/#/runs/{run_id}")
+        expect(page.locator("#live")).to_have_text("● live")
+        reads = _list_reads(tab)
+        page.clock.run_for(60_000)
+        page.wait_for_timeout(300)
+        assert _list_reads(tab) == reads  # left the list: no timer of it is left
+
+        # revoked while the run page follows the run: its events end in an error, which signs out
+        operator.revoke_tokens("v-carol")
+        expect(page.locator("#sign-in-problem")).to_have_text(f"Not signed in{said}")
+        expect(page.locator("#run")).to_have_count(0)
+        assert page.evaluate("sessionStorage.getItem('evalq.token')") is None
+        tab.shot("revoked")
+
+        # revoked between two pages: the next one asks for a token, saying why
+        page.fill("#token", operator.create_token("v-carol", Role.USER))
+        page.click("#sign-in button[type=submit]")
+        expect(page.locator("#live")).to_have_text("● live")
+        page.goto(f"{site.api}/#/runs")
+        assert _listed(tab) == [run_id]
+        operator.revoke_tokens("v-carol")
+        page.goto(f"{site.api}/#/runs?eval=slow")
+        expect(page.locator("#sign-in-problem")).to_have_text(f"Not signed in{said}")
+        expect(page.locator("#who")).to_be_empty()
+        expect(page.locator("#app .notice")).to_have_count(1)
+    finally:
+        gate.touch()
+        wait_completed(site.stack.client, run_id)
+        carol.close()
+        operator.close()

@@ -1,5 +1,5 @@
 // A sweep's metric against its parameter, and the paired comparison of runs.
-import { api } from './api.js';
+import { api, session } from './api.js';
 import { forestPlot, intervalChart } from './charts.js';
 import { count, h, interval, link, notice, num, put } from './dom.js';
 
@@ -12,12 +12,30 @@ function ordered(values) {
   return [...new Set(values)].sort((a, b) => (numeric ? Number(a) - Number(b) : a.localeCompare(b)));
 }
 
-export async function sweepPage(app, sweep, signal) {
+const SWEEP_LIMIT = 256;
+
+export async function sweepPage(app, sweep, query, signal) {
   document.title = `evalq · sweep ${sweep}`;
-  const views = await api('/v1/runs', { sweep, limit: 256 }, { signal });
+  // sweep ids are picked by callers, so two principals may share one: the route names whose
+  // sweep it is, and an admin (who reads every principal's runs) asks for that principal's only;
+  // a user's answer is its own runs anyway
+  const who = session.who;
+  const admin = who?.role === 'admin';
+  const principal = admin ? (query.get('principal') || '') : (who?.principal || '');
+  const views = await api('/v1/runs', { sweep, limit: SWEEP_LIMIT, principal: admin ? principal : null }, { signal });
   const body = h('div', { id: 'sweep' });
-  put(app, h('h1', {}, 'Sweep ', h('code', {}, sweep)), body);
-  if (!views.length) { put(body, notice('error', 'No runs', `No run of sweep ${sweep} is readable with this token.`)); return; }
+  const owners = [...new Set(views.map((v) => v.meta.principal))].sort();
+  const whose = principal || (owners.length === 1 ? owners[0] : '');
+  put(app, h('h1', {}, 'Sweep ', h('code', {}, sweep), whose ? [' of ', h('span', { id: 'sweep-principal' }, whose)] : null), body);
+  if (!views.length) { put(body, notice('error', 'No runs', `No run of sweep ${sweep}${whose ? ` of ${whose}` : ''} is readable with this token.`)); return; }
+  if (owners.length > 1) {
+    const box = notice('info', 'Several principals use this sweep id',
+      'Sweep ids are chosen by whoever submits, so these are different sweeps; pick one principal\'s:',
+      owners.map((p, i) => [i ? ', ' : '', link(['sweeps', sweep], p, { principal: p })]));
+    box.id = 'sweep-owners';
+    put(body, box);
+    return;
+  }
   const keys = [...new Set(views.flatMap((v) => Object.keys(settings(v.meta))))].sort();
   const varying = keys.filter((k) => new Set(views.map((v) => settings(v.meta)[k] ?? '')).size > 1);
   const metrics = [...new Set(views.flatMap((v) => Object.keys(v.stats || v.aggregate || {})))].sort();
@@ -55,6 +73,7 @@ export async function sweepPage(app, sweep, signal) {
   metric.addEventListener('change', draw);
   const ids = views.filter((v) => v.meta.status === 'completed').map((v) => v.meta.run_id);
   put(body,
+    views.length >= SWEEP_LIMIT ? h('p', { class: 'muted', id: 'sweep-limit' }, `showing the newest ${count(SWEEP_LIMIT)} runs of this sweep`) : null,
     h('p', { class: 'filters' }, h('label', {}, 'parameter ', param), ' ', h('label', {}, 'metric ', metric), ' ',
       ids.length > 1 ? link(['compare'], 'compare its runs', { runs: ids.join(',') }) : null),
     chart, table);
@@ -71,6 +90,7 @@ export async function comparePage(app, query, signal) {
   try {
     found = await api('/v1/compare', { run: runs, flips: 50 }, { signal });
   } catch (error) {
+    if (signal.aborted) throw error; // left, or signed out
     put(body, notice(error.status === 403 ? 'refused' : 'error', 'No comparison', error.message));
     body.querySelector('.notice').id = 'compare-refused';
     return;

@@ -48,18 +48,42 @@ function headers(token, accept) {
   return { Authorization: `Bearer ${token ?? session.token ?? ''}`, Accept: accept };
 }
 
+/** The gateway did not answer at all (not running, or the network is down). */
+export class Unreachable extends Error {
+  constructor() {
+    super(`the gateway at ${location.origin} cannot be reached; is \`evalq serve\` running?`);
+    this.name = 'Unreachable';
+  }
+}
+
+/** The token is unknown or revoked: the viewer signs out and shows the sign-in form with
+ * `message` (viewer.js listens), aborting the page on screen. */
+export function unauthorized(message) {
+  window.dispatchEvent(new CustomEvent('evalq:unauthorized', { detail: message }));
+}
+
 async function refusal(response) {
   let body = null;
   try { body = await response.json(); } catch { /* not JSON */ }
   const message = body && typeof body.error === 'string' ? body.error : `HTTP ${response.status}`;
   const error = new ApiError(response.status, message, body?.exit_code);
-  if (response.status === 401) window.dispatchEvent(new CustomEvent('evalq:unauthorized', { detail: message }));
+  if (response.status === 401) unauthorized(message);
   return error;
+}
+
+/** fetch(), with a network failure ("Failed to fetch") said as Unreachable; an abort stays one. */
+async function reach(target, init) {
+  try {
+    return await fetch(target, init);
+  } catch (error) {
+    if (error.name === 'AbortError' || init.signal?.aborted) throw error;
+    throw new Unreachable();
+  }
 }
 
 /** GET (or another method) a route's JSON; an error answer is thrown as ApiError. */
 export async function api(path, params = {}, { method = 'GET', signal, token } = {}) {
-  const response = await fetch(url(path, params), {
+  const response = await reach(url(path, params), {
     method, signal, cache: 'no-store', credentials: 'omit', headers: headers(token, 'application/json'),
   });
   if (!response.ok) throw await refusal(response);
@@ -68,7 +92,7 @@ export async function api(path, params = {}, { method = 'GET', signal, token } =
 
 /** A route's server-sent events, as {name, data} with data parsed from JSON. */
 export async function* events(path, params = {}, signal) {
-  const response = await fetch(url(path, params), {
+  const response = await reach(url(path, params), {
     signal, cache: 'no-store', credentials: 'omit', headers: headers(null, 'text/event-stream'),
   });
   if (!response.ok) throw await refusal(response);
@@ -76,7 +100,13 @@ export async function* events(path, params = {}, signal) {
   let buffer = '';
   try {
     for (;;) {
-      const { value, done } = await reader.read();
+      let value, done;
+      try {
+        ({ value, done } = await reader.read());
+      } catch (error) {
+        if (error.name === 'AbortError' || signal?.aborted) throw error;
+        throw new Unreachable(); // the connection broke mid-stream
+      }
       if (done) return;
       buffer += value;
       let end;

@@ -1,10 +1,11 @@
 // Runs, one run (live), its samples and one sample.
-import { ApiError, api, events, session } from './api.js';
+import { ApiError, api, events, session, unauthorized } from './api.js';
 import { brief, count, duration, h, interval, link, notice, num, pretty, put, when } from './dom.js';
 
 const STATUSES = ['', 'queued', 'running', 'completed', 'failed', 'cancelled'];
 const FILTERS = ['eval', 'model', 'dataset', 'split', 'sweep', 'tag'];
 const LIST_REFRESH_MS = 5000;
+const LIST_LIMIT = 200;
 
 function firstMetric(view) {
   const stats = view.stats || {};
@@ -33,6 +34,26 @@ function title(...parts) {
   document.title = ['evalq', ...parts].join(' · ');
 }
 
+/** Resolves after `ms` once the tab is visible (a hidden tab waits until it is shown again),
+ * or at once when `signal` aborts; it leaves no timer or listener behind either way. */
+function refreshAfter(ms, signal) {
+  return new Promise((resolve) => {
+    let timer = null;
+    const finish = () => {
+      clearTimeout(timer);
+      document.removeEventListener('visibilitychange', shown);
+      signal.removeEventListener('abort', finish);
+      resolve();
+    };
+    const shown = () => { if (!document.hidden) finish(); };
+    signal.addEventListener('abort', finish);
+    timer = setTimeout(() => {
+      if (!document.hidden) finish();
+      else document.addEventListener('visibilitychange', shown);
+    }, ms);
+  });
+}
+
 // ---------------------------------------------------------------- runs
 export async function runsPage(app, query, signal) {
   title('runs');
@@ -59,20 +80,23 @@ export async function runsPage(app, query, signal) {
     location.hash = '#/runs' + (q.toString() ? '?' + q : '');
   });
   const table = h('div', { id: 'runs' }, h('p', { class: 'muted' }, 'Loading runs…'));
+  const cut = h('p', { class: 'muted', id: 'runs-limit' });
   const compare = h('button', { type: 'button', id: 'compare-selected', disabled: true }, 'Compare selected');
-  put(app, h('h1', {}, 'Runs'), form, table, h('p', {}, compare));
+  put(app, h('h1', {}, 'Runs'), form, table, cut, h('p', {}, compare));
 
   const chosen = new Set();
   compare.addEventListener('click', () => { location.hash = `#/compare?runs=${[...chosen].map(encodeURIComponent).join(',')}`; });
-  const params = { limit: 200 };
+  const params = { limit: LIST_LIMIT };
   for (const [key, value] of Object.entries(wanted)) if (value && (key !== 'principal' || admin)) params[key] = value;
   for (;;) {
     const views = await api('/v1/runs', params, { signal });
     put(table, runsTable(views, admin, chosen, compare));
+    put(cut, views.length >= LIST_LIMIT ? `showing the newest ${count(LIST_LIMIT)} runs that match; filter to see older ones` : null);
     if (!views.some((v) => ['queued', 'running'].includes(v.meta.status))) return;
-    // while a listed run goes, the list is read again every few seconds (one request)
-    await new Promise((resolve) => setTimeout(resolve, LIST_REFRESH_MS));
-    if (signal.aborted || document.hidden) return;
+    // while a listed run goes, the list is read again every few seconds (one request); a
+    // hidden tab reads it again once it is shown
+    await refreshAfter(LIST_REFRESH_MS, signal);
+    if (signal.aborted) return;
   }
 }
 
@@ -101,10 +125,15 @@ function runsTable(views, admin, chosen, compare) {
       admin ? h('td', { class: 'principal' }, m.principal) : null,
       h('td', {}, when(m.created)),
       h('td', {}, Object.entries(m.params).map(([k, val]) => `${k}=${val}`).join(' ')),
-      h('td', {}, m.tags.join(' '), m.sweep ? [' ', link(['sweeps', m.sweep], `sweep ${m.sweep}`)] : null));
+      h('td', {}, m.tags.join(' '), m.sweep ? [' ', sweepLink(m, `sweep ${m.sweep}`)] : null));
   });
   return h('table', { class: 'rows', 'data-table': 'runs' },
     h('thead', {}, h('tr', {}, head.map((c) => h('th', {}, c)))), h('tbody', {}, rows));
+}
+
+/** A run's sweep: the sweep id with the run's principal (two principals may pick one id). */
+function sweepLink(meta, text) {
+  return link(['sweeps', meta.sweep], text, { principal: meta.principal }, { class: 'sweep-link' });
 }
 
 // ---------------------------------------------------------------- one run
@@ -117,7 +146,7 @@ export async function runPage(app, runId, signal) {
   try {
     view = await api(`/v1/runs/${encodeURIComponent(runId)}`, {}, { signal });
   } catch (error) {
-    if (!(error instanceof ApiError)) throw error;
+    if (signal.aborted || !(error instanceof ApiError)) throw error;
     const what = { 401: 'Not signed in', 403: 'Refused', 404: 'Not found' }[error.status] || 'Error';
     put(body, notice(error.status === 403 ? 'refused' : 'error', `${what} (HTTP ${error.status})`, error.message));
     body.querySelector('.notice').id = 'run-refused';
@@ -133,7 +162,13 @@ export async function runPage(app, runId, signal) {
       for await (const message of events(`/v1/runs/${encodeURIComponent(runId)}/events`, {}, signal)) {
         if (message.name === 'run' || message.name === 'end') renderRun(body, message.data);
         if (message.name === 'end') { live.textContent = ''; return; }
-        if (message.name === 'error') { live.textContent = ''; body.prepend(notice('error', 'Live view stopped', message.data.error)); return; }
+        if (message.name === 'error') {
+          live.textContent = '';
+          const said = String(message.data.error);
+          if (said.startsWith('unauthorized:')) { unauthorized(said); return; } // revoked meanwhile
+          body.prepend(notice('error', 'Live view stopped', said));
+          return;
+        }
       }
     } catch (error) {
       if (signal.aborted) return;
@@ -173,7 +208,7 @@ function renderRun(body, view) {
     m.finished ? field('finished', when(m.finished)) : null,
     Object.keys(m.params).length ? field('params', Object.entries(m.params).map(([k, v]) => `${k}=${v}`).join(' ')) : null,
     m.tags.length ? field('tags', m.tags.join(' ')) : null,
-    m.sweep ? field('sweep', link(['sweeps', m.sweep], m.sweep)) : null,
+    m.sweep ? field('sweep', sweepLink(m, m.sweep)) : null,
     m.rescored_from ? field('rescored from', link(['runs', m.rescored_from], m.rescored_from)) : null);
   const why = view.stalled ? `stalled: ${view.stalled}` :
     view.waiting ? waitingText(view.waiting) : '';
@@ -272,11 +307,19 @@ function provenance(view) {
 // ---------------------------------------------------------------- samples
 const PAGE = 50;
 
+/** The address's offset as the route takes it: a whole number from 0, at most the largest
+ * integer sent exactly (1e+23 is no offset; such a page is past the end anyway). */
+function offsetOf(text) {
+  const n = /^\s*\d+\s*$/.test(text || '') ? Number(text) : 0;
+  return Number.isSafeInteger(n) ? n : Number.MAX_SAFE_INTEGER;
+}
+
+const REFUSED = { 404: 'Not found', 409: 'Conflict', 429: 'Rate limited' };
+
 export async function samplesPage(app, runId, query, signal) {
   title('samples', runId);
-  const offset = Math.max(0, parseInt(query.get('offset') || '0', 10) || 0);
   const wanted = {
-    offset, limit: PAGE, failed: query.get('failed') === '1', q: query.get('q') || '',
+    offset: offsetOf(query.get('offset')), limit: PAGE, failed: query.get('failed') === '1', q: query.get('q') || '',
     sort: query.get('sort') || '', with_input: query.get('inputs') === '1',
   };
   const body = h('div', { id: 'samples' }, h('p', { class: 'muted' }, 'Loading samples…'));
@@ -286,9 +329,21 @@ export async function samplesPage(app, runId, query, signal) {
     api(`/v1/runs/${encodeURIComponent(runId)}`, {}, { signal }),
     api(path, { ...wanted, q: wanted.q || null, sort: wanted.sort || null }, { signal }),
   ]);
+  if (signal.aborted) return; // left, or signed out (a revoked token)
+  const metrics = view.status === 'fulfilled' ? Object.keys(view.value.stats || view.value.aggregate || {}).sort() : [];
   if (page.status === 'rejected') {
     const error = page.reason;
-    if (!(error instanceof ApiError)) throw error;
+    if (!(error instanceof ApiError) || error.status >= 500) throw error;
+    if (error.status !== 403) {
+      // the address asked for something the route does not take (a bad sort, a search too
+      // long): the API's own line, and the controls to ask again
+      const box = notice('error', `${REFUSED[error.status] || 'Bad request'}: ${error.message}`,
+        [`HTTP ${error.status}. Change the search or the sort below, or start again from `,
+          link(['runs', runId, 'samples'], 'the first page'), '.']);
+      box.id = 'samples-bad';
+      put(body, box, sampleControls(runId, wanted, metrics));
+      return;
+    }
     const tier = view.status === 'fulfilled' ? view.value.tier : null;
     const lines = [error.message];
     if (tier === 'non_viewable') {
@@ -300,8 +355,8 @@ export async function samplesPage(app, runId, query, signal) {
     body.querySelector('.notice').id = 'samples-refused';
     return;
   }
-  const metrics = view.status === 'fulfilled' ? Object.keys(view.value.stats || view.value.aggregate || {}).sort() : [];
-  put(body, sampleControls(runId, wanted, metrics), pager(runId, query, page.value), sampleTable(runId, page.value.samples, wanted.with_input));
+  put(body, sampleControls(runId, wanted, metrics), pager(runId, query, page.value, wanted.limit),
+    sampleTable(runId, page.value.samples, wanted.with_input));
   performance.mark('evalq:samples'); // the first page of samples shown (bench/viewer.py reads it)
 }
 
@@ -330,18 +385,26 @@ function sampleControls(runId, wanted, metrics) {
   return form;
 }
 
-function pager(runId, query, page) {
+function pager(runId, query, page, limit) {
   const shown = page.samples.length;
   const to = (offset) => {
     const next = new URLSearchParams(query);
     next.set('offset', String(Math.max(0, offset)));
     return `#/runs/${encodeURIComponent(runId)}/samples?${next}`;
   };
+  // the gateway may answer fewer than asked (it caps a page's bytes): the next page starts
+  // where this one was cut, not a whole page on
+  const after = page.offset + shown;
+  const cut = shown > 0 && shown < limit && after < page.total;
+  // past the end (an offset typed into the address): back to the last page there is
+  const last = Math.max(0, Math.floor((page.total - 1) / PAGE) * PAGE);
+  const back = page.offset >= page.total ? last : page.offset - PAGE;
   return h('p', { class: 'pager' },
     h('span', { id: 'page-range', 'data-total': page.total },
-      shown ? `${count(page.offset + 1)}-${count(page.offset + shown)} of ${count(page.total)}` : `none of ${count(page.total)}`),
-    page.offset > 0 ? [' ', h('a', { href: to(page.offset - PAGE), id: 'prev' }, '← previous')] : null,
-    page.offset + shown < page.total ? [' ', h('a', { href: to(page.offset + PAGE), id: 'next' }, 'next →')] : null);
+      shown ? `${count(page.offset + 1)}-${count(after)} of ${count(page.total)}` : `none of ${count(page.total)}`),
+    cut ? h('span', { id: 'page-cut', class: 'muted' }, `page cut at ${count(shown)} samples (size)`) : null,
+    page.offset > 0 ? h('a', { href: to(back), id: 'prev' }, page.offset >= page.total ? '← last page' : '← previous') : null,
+    after < page.total && shown ? h('a', { href: to(after), id: 'next' }, 'next →') : null);
 }
 
 function scoresText(scores) {
@@ -374,8 +437,8 @@ export async function samplePage(app, runId, sampleId, signal) {
   try {
     page = await api(`/v1/runs/${encodeURIComponent(runId)}/samples`, { ids: [sampleId], with_input: true }, { signal });
   } catch (error) {
-    if (!(error instanceof ApiError)) throw error;
-    put(body, notice('refused', 'No per-sample view', error.message));
+    if (signal.aborted || !(error instanceof ApiError)) throw error;
+    put(body, notice(error.status === 403 ? 'refused' : 'error', error.status === 403 ? 'No per-sample view' : `${REFUSED[error.status] || 'Bad request'} (HTTP ${error.status})`, error.message));
     return;
   }
   const r = page.samples[0];
