@@ -84,3 +84,10 @@ def test_a_model_name_with_a_formatting_character_is_refused(mark: str) -> None:
     """``openai/gpt\\u202e4-ipa`` was accepted and listed as ``openai/gptapi-4``."""
     with pytest.raises(InputError, match="control or formatting characters"):
         ModelSpec.parse(f"openai/gpt{mark}4-ipa", {})
+
+
+def test_a_home_that_cannot_be_expanded_is_judged_as_a_path() -> None:
+    spec = canonical(ModelSpec.parse("hf/~nosuchuser-evalq/x", {}))
+    assert spec.name.endswith("/~nosuchuser-evalq/x")
+    with pytest.raises(TierRefusedError, match="is not inside a model root"):
+        admit_model(spec.name, admin=False, roots=[Path("/models")])

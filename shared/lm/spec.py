@@ -204,17 +204,17 @@ def canonical(spec: ModelSpec) -> ModelSpec:
     followed); :class:`InputError` (one line) for a revision given to a folder. A Hub id is
     returned as it is. Whether the folder exists is :func:`present`'s question, asked after
     the policy admitted the path (a refusal never says what exists outside the roots): a path
-    whose links cannot be followed here (a loop, a folder this process may not enter) is named
-    by its absolute path as written, for the policy to judge like any other."""
+    that cannot be expanded or followed here (``~nosuchuser``, a link loop, a folder this
+    process may not enter) is named by its absolute path as written, for the policy to judge
+    like any other (the OS's error told which users and folders exist)."""
     if not is_local(spec):
         return spec
     if spec.revision is not None:
         raise InputError(f"model {spec}: a revision applies to Hub ids, not local folders")
-    written = Path(spec.name).expanduser()
     try:
-        path = written.resolve()
-    except (RuntimeError, OSError):
-        path = Path(os.path.abspath(written))
+        path = Path(spec.name).expanduser().resolve()
+    except (RuntimeError, OSError):  # ~nosuchuser, a link loop, a folder it may not enter
+        path = Path(os.path.abspath(spec.name))
     return spec.model_copy(update={"name": str(path)})
 
 
