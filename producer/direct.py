@@ -96,7 +96,7 @@ class Direct:
 
     def seen(self, meta: RunMeta) -> tuple[RunMeta, bool]:
         """``meta`` as this reader reads it now (:meth:`Disclosure.as_read`), and whether it
-        sees the run's timing. An action on a run (resume, rescore, cancel) judges the run's
+        sees the run's timing. An action on a run (resume, rescore) judges the run's
         state by this view, so that its answer tells a reader who does not see the timing no
         more than ``status`` does: not the run's end before the grain, nor a count."""
         now = server_time(self.redis)
