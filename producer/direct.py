@@ -24,7 +24,7 @@ from evalq.shared.connection import connect, server_time
 from evalq.shared.data.spec import DatasetSpec, fetch_spec
 from evalq.shared.errors import UnknownRunError
 from evalq.shared.failures import UNSENT
-from evalq.shared.models import Progress, RunMeta
+from evalq.shared.models import RunMeta
 from evalq.shared.queue.backlog import Backlog
 from evalq.shared.queue.celery_app import create_app
 from evalq.shared.settings import Settings
@@ -95,13 +95,13 @@ class Direct:
         return self.disclosure.reader(meta)
 
     def seen(self, meta: RunMeta) -> tuple[RunMeta, bool]:
-        """``meta`` as this reader reads it now (:meth:`Disclosure.as_read`), and whether it
+        """``meta`` as this reader reads it now (:meth:`Disclosure.listed`), and whether it
         sees the run's timing. An action on a run (resume, rescore) judges the run's
         state by this view, so that its answer tells a reader who does not see the timing no
         more than ``status`` does: not the run's end before the grain, nor a count."""
-        now = server_time(self.redis)
-        shown, _, reader = self.disclosure.as_read(meta, Progress(), now)
-        return shown, reader.sees_timing
+        if self.disclosure.reader(meta).sees_timing:
+            return meta, True
+        return self.disclosure.listed(meta, server_time(self.redis)), False
 
     def spec(self, run_id: str) -> DatasetSpec:
         """The published dataset spec of a run (a source and routing, no rows)."""

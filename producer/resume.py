@@ -33,7 +33,7 @@ def resume(direct: Direct, run_id: str) -> Resumption:
     shown, timed = direct.seen(meta)
     if timed or not shown.status.active:
         return _resume(direct, meta)
-    if meta.status.active and meta.archived is None:
+    if meta.status.active:
         _resume(direct, meta)
     return Resumption(run_id, None, None, False)
 

@@ -86,9 +86,9 @@ class Samples:
             run_id, query.offset, query.limit, wanted
         )
         found = list(results_of(chunk))
-        if query.with_input and found:
-            rows = self.rows(run_id, [r.sample_id for r in found])
-            found = [r.model_copy(update={"input": rows[r.sample_id]}) for r in found]
+        if query.with_input and found:  # asked once above: one check, one audit entry
+            row_of = self._row_reader(run_id)
+            found = [r.model_copy(update={"input": row_of(r.sample_id)}) for r in found]
         return SamplePage(run_id=run_id, total=total, offset=query.offset, samples=found)
 
     def follow(self, run_id: str, with_input: bool = False) -> Iterator[SampleResult]:

@@ -16,7 +16,7 @@ from fastapi import APIRouter
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException
 
-__all__ = ["HEADERS", "router"]
+__all__ = ["BODIES", "HEADERS", "router"]
 
 router = APIRouter(include_in_schema=False)
 
@@ -39,11 +39,14 @@ HEADERS = {
 }
 
 
+BODIES = {name: (WEB / name).read_bytes() for name in ("index.html", *FILES)}
+"""The files, read once: they ship in the package and do not change while it serves."""
+
+
 @router.get("/")
 def index() -> Response:
     """The viewer's page."""
-    body = (WEB / "index.html").read_bytes()
-    return Response(body, media_type="text/html; charset=utf-8", headers=HEADERS)
+    return Response(BODIES["index.html"], media_type="text/html; charset=utf-8", headers=HEADERS)
 
 
 @router.get("/viewer/{name}")
@@ -52,4 +55,4 @@ def asset(name: str) -> Response:
     kind = FILES.get(name)
     if kind is None:
         raise HTTPException(404, "Not Found")
-    return Response((WEB / name).read_bytes(), media_type=kind, headers=HEADERS)
+    return Response(BODIES[name], media_type=kind, headers=HEADERS)

@@ -172,26 +172,31 @@ class PageReader:
         """The page of an archived run, reading only what picks the rows, then the rows."""
         if query.plain:
             total = sum(int(part["rows"]) for part in archive.manifest["parts"])
-            found = _capped(archive.rows, list(range(offset, min(total, offset + limit))))
+            found = _capped(
+                archive.rows, step=limit, keys=list(range(offset, min(total, offset + limit)))
+            )
             assert found is not None
             return total, found
         batches = list(archive.batches(query.columns()))
         if not batches:
             return 0, Chunk([], [], [], [])
         positions = query.positions(pa.Table.from_batches(batches))
-        found = _capped(archive.rows, positions[offset : offset + limit])
+        found = _capped(archive.rows, step=limit, keys=positions[offset : offset + limit])
         assert found is not None
         return len(positions), found
 
 
-def _capped(read: Callable[[list[int]], Chunk | None], keys: Sequence[int]) -> Chunk | None:
-    """``read(keys)``, :data:`PAGE_STEP` keys at a time, until :data:`PAGE_BYTES` of stored
-    text are in (at least one sample: the page may end short of ``keys``); None as ``read``
-    answers it (the run was sealed meanwhile)."""
+def _capped(
+    read: Callable[[list[int]], Chunk | None], keys: Sequence[int], step: int = PAGE_STEP
+) -> Chunk | None:
+    """``read(keys)``, ``step`` keys at a time, until :data:`PAGE_BYTES` of stored text are in
+    (at least one sample: the page may end short of ``keys``); None as ``read`` answers it (the
+    run was sealed meanwhile). An archived page is read in one step (its part is read whole
+    either way: reading it again for every :data:`PAGE_STEP` rows only repeated the I/O)."""
     page = Chunk([], [], [], [])
     size = 0
-    for start in range(0, len(keys), PAGE_STEP):
-        chunk = read(list(keys[start : start + PAGE_STEP]))
+    for start in range(0, len(keys), step):
+        chunk = read(list(keys[start : start + step]))
         if chunk is None:
             return None
         rows = zip(chunk.sample_ids, chunk.outputs, chunk.scores, chunk.errors, strict=True)
