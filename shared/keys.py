@@ -309,6 +309,31 @@ class RunKeys:
         """Hash: sample id -> JSON terminal error record, written once."""
         return self._key("err")
 
+    def ranges_of(self, column: str) -> str:
+        """Sorted set: the fields of :attr:`out` (``column`` ``outputs``) or :attr:`score`
+        (``scores``) that hold a span of samples (``lo-hi``: the texts of samples ``lo`` to
+        ``hi``, every one, joined by newlines), scored by ``lo``; see
+        :data:`evalq.shared.store.wire.SPAN_MAX`."""
+        return self._key("out_spans" if column == "outputs" else "score_spans")
+
+    @property
+    def inferred(self) -> str:
+        """String used as a bitmap: bit ``i`` is set once sample ``i`` has an output (in
+        :attr:`out`, or spilled); never cleared while the run lives."""
+        return self._key("inferred")
+
+    @property
+    def done(self) -> str:
+        """String used as a bitmap: bit ``i`` is set once sample ``i`` is settled (a score or
+        a terminal error; in :attr:`score` / :attr:`err`, or spilled); never cleared while the
+        run lives."""
+        return self._key("done")
+
+    @property
+    def scratch(self) -> str:
+        """String: a bitmap ``cancel.lua`` computes into and deletes in the same call."""
+        return self._key("scratch")
+
     def attempts_of(self, stage: Stage) -> str:
         """Hash: sample id -> times its inference (``attempts``) or scoring
         (``score_attempts``) was started."""
@@ -345,7 +370,8 @@ class RunKeys:
             self.out, self.score, self.err, self.attempts_of(Stage.INFER),
             self.attempts_of(Stage.SCORE), self.deliveries_of(Stage.INFER),
             self.deliveries_of(Stage.SCORE), self.settled, self.ids, self.backlog,
-            self.backlog_of(Stage.SCORE), self.spill, self.spilled,
+            self.backlog_of(Stage.SCORE), self.spill, self.spilled, self.inferred, self.done,
+            self.ranges_of("outputs"), self.ranges_of("scores"), self.scratch,
         ]  # fmt: skip
 
     @property

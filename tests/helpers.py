@@ -31,6 +31,7 @@ from evalq.shared.keys import RunKeys
 from evalq.shared.models import RunMeta, RunStatus
 from evalq.shared.settings import get_settings
 from evalq.shared.stats import wilson as wilson_interval
+from evalq.shared.store.live import settled_ids
 from evalq.shared.store.reader import ResultReader
 from evalq.shared.store.runs import RunStore
 from tests.plugins import predict
@@ -128,7 +129,7 @@ def assert_settled_once(
     archive = results.archive(run_id)
     if archive is None:
         entries: Any = client.xrange(RunKeys(run_id).settled)
-        streamed = [int(i) for _, fields in entries for i in str(fields["ids"]).split(",")]
+        streamed = [i for _, fields in entries for i in settled_ids(fields)]
         if results.archive(run_id) is None:  # not sealed while read
             assert sorted(streamed) == sorted(scored | failed)
             return

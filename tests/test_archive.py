@@ -231,7 +231,7 @@ def test_an_archiver_killed_before_its_seal_is_finished_by_another_worker(
     meta = client.submit(SubmitRequest(eval="flaky", dataset=dataset, split="validation"))
     wait_for((base / "die-once").exists, 60, "the archiver to die")
     assert stack.client.hget(RunKeys(meta.run_id).meta, "archive_url") is None
-    assert stack.client.hlen(RunKeys(meta.run_id).score) == 118  # nothing freed yet
+    assert _held(stack.client, RunKeys(meta.run_id).score) == 118  # nothing freed yet
     live = [r.model_dump() for r in client.results(meta.run_id)]
 
     stack.start_workers(**FAST)
@@ -409,17 +409,32 @@ def test_an_archive_message_for_a_run_not_due_archives_nothing() -> None:
 
 
 def _going_run(
-    client: redis.Redis, archive: Path, n: int = 50, unsettled: range = range(45, 50)
+    client: redis.Redis,
+    archive: Path,
+    n: int = 50,
+    unsettled: range = range(45, 50),
+    batch: int = 16,
 ) -> str:
-    """A going run made through the store: every sample inferred, every seventh failed at
-    scoring, those in ``unsettled`` not settled yet."""
+    """A going run made through the store: every sample inferred (``batch`` at a time), every
+    seventh failed at scoring, those in ``unsettled`` not settled yet."""
     writer, meta = ResultWriter(client), _new_run(client, list(range(n)), archive)
-    writer.record_outputs(meta.run_id, {i: json.dumps({"pred": i}) for i in range(n)})
+    for start in range(0, n, batch):  # spans of ``batch`` samples
+        outputs = {i: json.dumps({"pred": i}) for i in range(start, min(n, start + batch))}
+        writer.record_outputs(meta.run_id, outputs)
     done = [i for i in range(n) if i not in unsettled]
     writer.record_scores(meta.run_id, {i: {"acc": float(i % 2)} for i in done if i % 7})
     failed = ErrorRecord(stage=Stage.SCORE, kind="ValueError", message="bad")
     writer.record_errors(meta.run_id, {i: failed for i in done if i % 7 == 0})
     return meta.run_id
+
+
+def _held(client: redis.Redis, key: str) -> int:
+    """The samples whose texts the hash ``key`` holds, one by one or in spans (``lo-hi``)."""
+    held = 0
+    for field in client.hkeys(key):
+        lo, _, hi = str(field).partition("-")
+        held += int(hi) - int(lo) + 1 if hi else 1
+    return held
 
 
 def _store_reads(results: ResultReader, run_id: str) -> dict[str, object]:
@@ -454,8 +469,8 @@ def test_a_going_run_spills_its_complete_segments_and_reads_the_same(
     assert spill_run(client, run_id, 16) == 2
     assert sorted(Spill.read(client, run_id).parts) == [0, 1]
     assert spill_run(client, run_id, 16) == 0  # once
-    assert client.hlen(keys.out) == 18
-    assert client.hlen(keys.score) + client.hlen(keys.err) == 13
+    assert _held(client, keys.out) == 18
+    assert _held(client, keys.score) + _held(client, keys.err) == 13
     assert client.bitcount(keys.spilled) == 32
     assert len(list(Path(archive, run_id, "spill").iterdir())) == 2
     assert _store_reads(results, run_id) == before
@@ -467,7 +482,7 @@ def test_a_going_run_spills_its_complete_segments_and_reads_the_same(
     failed = ErrorRecord(stage=Stage.INFER, kind="RuntimeError", message="late")
     assert writer.record_errors(run_id, {20: failed}).written == 0
     assert results.progress(run_id) == progress
-    assert client.hlen(keys.out) == 18
+    assert _held(client, keys.out) == 18
     assert not client.exists(keys.attempts_of(Stage.INFER))
     assert _store_reads(results, run_id) == before
 
@@ -486,6 +501,29 @@ def test_a_going_run_spills_its_complete_segments_and_reads_the_same(
     assert _live_keys_of(client, run_id) == []
 
 
+def test_a_span_leaves_redis_once_every_sample_of_it_is_spilled(
+    redis_only: RedisServer, tmp_path: Path
+) -> None:
+    """Outputs written 24 at a time are spans across segments of 16: a span stays while one
+    of its samples is not spilled (reads give the same meanwhile), and goes with the segment
+    that spills its last one."""
+    client = connect(redis_only.url)
+    results, writer = ResultReader(client), ResultWriter(client)
+    run_id = _going_run(client, tmp_path / "archive", unsettled=range(40, 50), batch=24)
+    keys = RunKeys(run_id)
+    assert set(client.hkeys(keys.out)) == {"0-23", "24-47", "48-49"}
+    before = _store_reads(results, run_id)
+    assert spill_run(client, run_id, 16) == 2  # 0..15 and 16..31; 32..47 waits for 40..47
+    assert set(client.hkeys(keys.out)) == {"24-47", "48-49"}
+    assert _store_reads(results, run_id) == before
+    assert writer.record_scores(run_id, {i: {"acc": 1.0} for i in range(40, 48)}).written == 8
+    before = _store_reads(results, run_id)
+    assert spill_run(client, run_id, 16) == 1
+    assert client.hkeys(keys.out) == ["48-49"]
+    assert client.zrange(keys.ranges_of("outputs"), 0, -1) == ["48-49"]
+    assert _store_reads(results, run_id) == before
+
+
 def test_a_spill_waits_for_its_segment_and_stops_with_its_run(
     redis_only: RedisServer, tmp_path: Path
 ) -> None:
@@ -499,7 +537,7 @@ def test_a_spill_waits_for_its_segment_and_stops_with_its_run(
     refused = Spiller(client).spill(run_id, 0, 16, "file:///nowhere", chunk)
     assert refused is SpillOutcome.NOT_THE_STORE_S
     assert spill_run(client, run_id, 16) == 3  # 16..49: the last one is short
-    client.hdel(RunKeys(run_id).out, 2)  # not inferred yet
+    client.setbit(RunKeys(run_id).inferred, 5, 0)  # the unsettled one: not inferred yet
     assert runs.cancel(run_id) == (1, 1)  # its 34 spilled samples are not refunded
     assert spill_run(client, run_id, 16) == 0
     assert sorted(Spill.read(client, run_id).parts) == [1, 2, 3]
@@ -536,7 +574,7 @@ def test_workers_spill_a_going_run_and_it_reads_the_same_throughout(
     ).run_id  # fmt: skip
     keys = RunKeys(run_id)
     wait_for(lambda: len(Spill.read(stack.client, run_id).parts) == 4, 60, "four spilled segments")
-    assert stack.client.hlen(keys.score) + stack.client.hlen(keys.err) == 0
+    assert _held(stack.client, keys.score) + _held(stack.client, keys.err) == 0
     assert stack.client.bitcount(keys.spilled) == 64
     going = evalq(stack.server.url, "results", run_id).stdout.splitlines()
     assert [json.loads(line)["sample_id"] for line in going] == list(range(120))
@@ -558,12 +596,11 @@ def test_a_spill_refuses_a_segment_whose_output_came_after_it_was_read(
     run's counts never sealed), the next one takes it, and the run archives."""
     client = connect(redis_only.url)
     results, writer = ResultReader(client), ResultWriter(client)
-    run_id = _going_run(client, tmp_path / "archive", n=20, unsettled=range(16, 20))
+    run_id = _new_run(client, list(range(20)), tmp_path / "archive").run_id
     failed = ErrorRecord(stage=Stage.INFER, kind="RuntimeError", message="boom")
-    client.hdel(RunKeys(run_id).out, 3)
-    client.hincrby(RunKeys(run_id).progress, "inferred", -1)
-    client.hdel(RunKeys(run_id).score, 3)
-    client.hincrby(RunKeys(run_id).progress, "scored", -1)
+    others = [i for i in range(20) if i != 3]
+    writer.record_outputs(run_id, {i: json.dumps({"pred": i}) for i in others})
+    writer.record_scores(run_id, {i: {"acc": 0.0} for i in others if i < 16})
     writer.record_errors(run_id, {3: failed})  # sample 3: failed, no output
     read = results.live_chunk(run_id, list(range(16)))
     assert read is not None

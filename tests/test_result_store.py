@@ -14,6 +14,7 @@ from evalq.producer.redis_server import RedisServer, find_redis_server
 from evalq.shared.connection import connect
 from evalq.shared.errors import EvalqError
 from evalq.shared.evaluation import create, load_plugins
+from evalq.shared.keys import RunKeys
 from evalq.shared.models import ErrorRecord, RunMeta, RunStatus, Stage
 from evalq.shared.store.reader import ResultReader
 from evalq.shared.store.runs import RunStore
@@ -51,6 +52,58 @@ def test_outputs_and_scores_are_written_once(redis_only: RedisServer) -> None:
     progress = results.progress("r1")
     assert (progress.inferred, progress.scored, progress.failed) == (3, 1, 0)
     assert json.loads(str(client.hget("evalq:{r1}:score", "0"))) == {"m": 1.0}
+
+
+def test_a_batch_of_consecutive_samples_is_one_span_that_reads_as_its_samples(
+    redis_only: RedisServer,
+) -> None:
+    """Outputs and scores of samples lo..hi written together are one field each (a span, the
+    store's fast path); every read gives what samples written one by one give; a span's
+    samples are never written again, and a batch that overlaps one writes only its new
+    samples."""
+    client = connect(redis_only.url)
+    results, writer = ResultReader(client), ResultWriter(client)
+    outputs = {i: json.dumps({"pred": i}) for i in range(300)}
+    _run(client, "spans", 300)
+    _run(client, "singles", 300)
+    for start in (0, 100, 200):
+        batch = range(start, start + 100)
+        assert writer.record_outputs("spans", {i: outputs[i] for i in batch}) == 100
+        settled = writer.record_scores("spans", {i: {"m": float(i % 3)} for i in batch})
+        assert settled.written == 100
+    for i in reversed(range(300)):
+        writer.record_outputs("singles", {i: outputs[i]})
+        writer.record_scores("singles", {i: {"m": float(i % 3)}})
+    keys = RunKeys("spans")
+    assert set(client.hkeys(keys.out)) == {"0-99", "100-199", "200-299"}
+    assert client.hlen(keys.score) == 3
+    assert client.hlen(RunKeys("singles").score) == 300
+
+    def reads(run_id: str) -> list[object]:
+        return [
+            [r.model_dump() for r in results.results(run_id)],
+            [r.model_dump() for r in results.fetch(run_id, [299, 0, 150, 99, 100])],
+            results.scores(run_id),
+            results.outputs(run_id, [7, 250]),
+            results.produced(run_id, list(range(300))),
+            results.settled(run_id, [5, 105, 205]),
+            results.progress(run_id).model_dump(exclude={"touched"}),
+        ]
+
+    assert reads("spans") == reads("singles")
+    again = {i: '"again"' for i in range(100, 200)}
+    assert writer.record_outputs("spans", again) == 0
+    assert writer.record_scores("spans", {i: {"m": 9.0} for i in range(100, 200)}).written == 0
+    assert reads("spans") == reads("singles")
+
+    _run(client, "overlap", 10)
+    assert writer.record_outputs("overlap", {i: '"a"' for i in range(0, 5)}) == 5
+    assert writer.record_outputs("overlap", {i: '"b"' for i in range(3, 8)}) == 3
+    assert results.outputs("overlap", list(range(10))) == {
+        **{i: "a" for i in range(5)}, **{i: "b" for i in range(5, 8)}
+    }  # fmt: skip
+    assert results.produced("overlap", list(range(10))) == (set(range(8)), set())
+    assert RunStore(client).cancel("overlap") == (1, 2)
 
 
 def test_outputs_stored_with_their_scoring_attempt_count_it_once_all_are_new(
@@ -118,7 +171,7 @@ def test_exactly_one_concurrent_writer_is_elected_to_finalize(redis_only: RedisS
     load_plugins(["tests.plugins"])
     finished = writer.finalize("r2", create("spy"))
     assert finished is not None
-    stored = [json.loads(v) for v in client.hvals("evalq:{r2}:score")]
+    stored = list(results.scores("r2").values())
     assert finished.aggregate == {"m": sum(s["m"] for s in stored) / n}
     assert results.aggregate("r2") == finished.aggregate
     assert runs.get("r2").status is RunStatus.COMPLETED

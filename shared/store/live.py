@@ -10,12 +10,12 @@ whether the archive answers instead.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
 import redis
-from redis.client import NEVER_DECODE
+from redis.client import NEVER_DECODE, Pipeline
 
 from evalq.shared.errors import UnknownRunError
 from evalq.shared.keys import RunKeys
@@ -24,7 +24,7 @@ from evalq.shared.store.aggregate import error_kinds
 from evalq.shared.store.archive import Chunk
 from evalq.shared.store.runs import RunStore
 from evalq.shared.store.spill import Spill
-from evalq.shared.store.wire import error_kind, scores_of
+from evalq.shared.store.wire import SPAN_MAX, error_kind, scores_of, spans
 
 __all__ = ["COLUMNS", "SCAN_COUNT", "LiveResults", "Present", "Sealed", "settled_ids"]
 
@@ -35,6 +35,8 @@ COLUMNS = ("outputs", "scores", "errors")
 _BITMAP_SPAN = 65_536
 """Bytes of the spilled bitmap read at once for ids close together; ids further apart have
 their bits read one by one."""
+_SPANNED = frozenset({"outputs", "scores"})
+"""The columns whose hashes hold spans as well as single samples."""
 _STABLE_TRIES = 5
 """Reads of a going run's error counts before one no spill overlapped is given up on."""
 
@@ -52,15 +54,42 @@ class Present:
     """Those of the samples moved to a spilled part (their values are there, not here)."""
 
 
-def _bits(sample_ids: list[int]) -> tuple[int, int]:
-    """The byte range of a bitmap that holds ``sample_ids``' bits."""
-    return min(sample_ids) >> 3, max(sample_ids) >> 3
+class _Bits:
+    """Some samples' bits in one of a run's bitmaps, read in a pipeline: the bytes that hold
+    them when they are close together, else each bit."""
+
+    def __init__(self, sample_ids: list[int]) -> None:
+        self.sample_ids = sample_ids
+        self.first, last = min(sample_ids) >> 3, max(sample_ids) >> 3
+        self.dense = last - self.first < _BITMAP_SPAN
+        self._last = last
+
+    def read(self, pipe: Pipeline, key: str) -> None:
+        raw = cast(Any, pipe)  # redis-py leaves execute_command untyped
+        if self.dense:
+            raw.execute_command("GETRANGE", key, self.first, self._last, **{NEVER_DECODE: True})
+        else:
+            gets = [arg for i in self.sample_ids for arg in ("GET", "u1", i)]
+            raw.execute_command("BITFIELD_RO", key, *gets)
+
+    def set_in(self, reply: Any) -> set[int]:
+        """Those of the samples whose bit the reply to :meth:`read` has set."""
+        if not self.dense:
+            return {i for i, bit in zip(self.sample_ids, reply, strict=True) if bit}
+        bitmap = bytes(reply or b"")
+        if not any(bitmap):
+            return set()
+        first = self.first
+        return {  # Redis's bit order: bit 0 is the highest bit of byte 0
+            i
+            for i in self.sample_ids
+            if (at := (i >> 3) - first) < len(bitmap) and bitmap[at] >> (7 - (i & 7)) & 1
+        }
 
 
-def _set(bitmap: bytes, first: int, sample_id: int) -> bool:
-    """Redis's bit order: bit 0 is the highest bit of byte 0."""
-    at = (sample_id >> 3) - first
-    return at < len(bitmap) and bool(bitmap[at] >> (7 - (sample_id & 7)) & 1)
+def _reaches(field: str, low: int) -> bool:
+    """The span ``field`` (``lo-hi``) reaches the sample id ``low`` or beyond."""
+    return int(field.partition("-")[2]) >= low
 
 
 def _hash(keys: RunKeys, name: str) -> str:
@@ -77,32 +106,39 @@ class LiveResults:
 
     def present(self, run_id: str, sample_ids: list[int], names: tuple[str, ...]) -> Present:
         """``sample_ids``' values of the columns ``names`` (``outputs``, ``scores``,
-        ``errors``) in Redis, and which of them were spilled, read in one pipeline that ends by
-        checking the seal."""
+        ``errors``) in Redis, and which of them were spilled, read in one pipeline (two when
+        spans are read) that ends by checking the seal."""
         if not sample_ids:
             return Present([[] for _ in names], set())
         keys = RunKeys(run_id)
-        first, last = _bits(sample_ids)
-        dense = last - first < _BITMAP_SPAN
-        with self._client.pipeline(transaction=False) as pipe:
-            for name in names:
-                pipe.hmget(_hash(keys, name), sample_ids)
-            raw = cast(Any, pipe)  # redis-py leaves execute_command untyped
+        bits = _Bits(sample_ids)
+
+        def after(pipe: Pipeline) -> None:
             # the bits after the values: a sample spilled while they were read shows as spilled
-            if dense:  # the bytes that hold their bits
-                raw.execute_command("GETRANGE", keys.spilled, first, last, **{NEVER_DECODE: True})
-            else:  # ids far apart: their bits, one by one
-                gets = [arg for i in sample_ids for arg in ("GET", "u1", i)]
-                raw.execute_command("BITFIELD_RO", keys.spilled, *gets)
+            bits.read(pipe, keys.spilled)
             pipe.hexists(keys.meta, "archive_url")
-            *found, bits, sealed = pipe.execute()
+
+        found, (spilled, sealed) = self._read(keys, sample_ids, names, after)
         if sealed:
             raise Sealed(run_id)
-        if not dense:
-            return Present(found, {i for i, bit in zip(sample_ids, bits, strict=True) if bit})
-        bitmap = bytes(bits or b"")
-        spilled = {i for i in sample_ids if _set(bitmap, first, i)} if any(bitmap) else set()
-        return Present(found, spilled)
+        return Present(found, bits.set_in(spilled))
+
+    def marked(self, run_id: str, sample_ids: list[int]) -> tuple[set[int], set[int], set[int]]:
+        """Those of ``sample_ids`` with an output, those settled and those spilled (a spilled
+        one is in the other two as well), from the run's bitmaps, read in one pipeline that
+        ends by checking the seal."""
+        if not sample_ids:
+            return set(), set(), set()
+        keys = RunKeys(run_id)
+        bits = _Bits(sample_ids)
+        with self._client.pipeline(transaction=False) as pipe:
+            for key in (keys.inferred, keys.done, keys.spilled):
+                bits.read(pipe, key)
+            pipe.hexists(keys.meta, "archive_url")
+            inferred, done, spilled, sealed = pipe.execute()
+        if sealed:
+            raise Sealed(run_id)
+        return bits.set_in(inferred), bits.set_in(done), bits.set_in(spilled)
 
     def columns(
         self, run_id: str, sample_ids: list[int], names: tuple[str, ...]
@@ -137,12 +173,12 @@ class LiveResults:
         live = [i for n, i in enumerate(sample_ids) if spill.segment(start + n) is None]
         found: list[list[str | None]] = [[], [], []]
         if live:
-            with self._client.pipeline(transaction=False) as pipe:
-                for key in (keys.out, keys.score, keys.err):
-                    pipe.hmget(key, live)
+
+            def after(pipe: Pipeline) -> None:
                 pipe.hgetall(keys.spill)  # after: what spilled while the values were read shows
                 pipe.hexists(keys.meta, "archive_url")
-                *found, spilled, sealed = pipe.execute()
+
+            found, (spilled, sealed) = self._read(keys, live, COLUMNS, after)
             if sealed:
                 raise Sealed(run_id)
             spill.update(cast(Mapping[Any, Any], spilled))
@@ -155,9 +191,47 @@ class LiveResults:
         ]
         return Chunk(list(sample_ids), *(list(column) for column in zip(*rows, strict=True)))
 
+    def _read(
+        self,
+        keys: RunKeys,
+        sample_ids: list[int],
+        names: tuple[str, ...],
+        after: Callable[[Pipeline], None],
+    ) -> tuple[list[list[str | None]], list[Any]]:
+        """``sample_ids``' texts of the columns ``names`` (held one by one, or in spans: see
+        :data:`SPAN_MAX`), and the replies of the commands ``after`` adds to a pipeline, read
+        after every text (a second pipeline's, when spans are read)."""
+        spanned = [name for name in names if name in _SPANNED]
+        low, high = min(sample_ids), max(sample_ids)
+        with self._client.pipeline(transaction=False) as pipe:
+            for name in names:
+                pipe.hmget(_hash(keys, name), sample_ids)
+            for name in spanned:
+                pipe.zrangebyscore(keys.ranges_of(name), low - SPAN_MAX + 1, high)
+            after(pipe)
+            replies = pipe.execute()
+        values: list[list[str | None]] = replies[: len(names)]
+        listed = zip(spanned, replies[len(names) : len(names) + len(spanned)], strict=True)
+        fields = {name: [f for f in found if _reaches(f, low)] for name, found in listed if found}
+        if not any(fields.values()):
+            return values, replies[len(names) + len(spanned) :]
+        wanted = [name for name in spanned if fields.get(name)]
+        with self._client.pipeline(transaction=False) as pipe:
+            for name in wanted:
+                pipe.hmget(_hash(keys, name), fields[name])
+            after(pipe)
+            replies = pipe.execute()
+        for name, texts in zip(wanted, replies, strict=False):
+            got = dict(spans(fields[name], texts))
+            column = values[names.index(name)]
+            for position, sample_id in enumerate(sample_ids):
+                if column[position] is None:
+                    column[position] = got.get(sample_id)
+        return values, replies[len(wanted) :]
+
     def scores(self, run_id: str) -> dict[int, dict[str, float]]:
         """Every scored sample's metrics, by sample id."""
-        scores = {int(i): scores_value(v) for i, v in self._scan(RunKeys(run_id).score)}
+        scores = {i: scores_value(v) for i, v in self._scan_texts(RunKeys(run_id).score)}
         spill = Spill.read(self._client, run_id)  # after the scan: what spilled during it is here
         for index in spill.parts:
             chunk = spill.column(index, "scores")
@@ -217,7 +291,20 @@ class LiveResults:
     def _scan(self, key: str) -> Iterator[tuple[str, str]]:
         yield from self._client.hscan_iter(key, count=SCAN_COUNT)
 
+    def _scan_texts(self, key: str) -> Iterator[tuple[int, str]]:
+        """(sample id, text) of every sample the hash ``key`` holds, one by one or in spans."""
+        for field, text in self._scan(key):
+            if "-" in field:
+                yield from spans([field], [text])
+            else:
+                yield int(field), text
+
 
 def settled_ids(fields: Any) -> list[int]:
-    """The sample ids of one entry of a run's settled stream (written by ``settle.lua``)."""
-    return [int(i) for i in str(fields["ids"]).split(",")]
+    """The sample ids of one entry of a run's settled stream (written by ``settle.lua``: ids
+    separated by commas, or a span's ``lo-hi``)."""
+    listed = str(fields["ids"])
+    lo, span, hi = listed.partition("-")
+    if span:
+        return list(range(int(lo), int(hi) + 1))
+    return [int(i) for i in listed.split(",")]

@@ -24,7 +24,7 @@ from evalq.shared.keys import RunKeys
 from evalq.shared.models import Progress, SampleResult, from_json
 from evalq.shared.stats import Stat
 from evalq.shared.store.archive import RAW_COLUMNS, ArchiveReader, Chunk, inside, run_folder
-from evalq.shared.store.live import COLUMNS, SCAN_COUNT, LiveResults, Present, Sealed, settled_ids
+from evalq.shared.store.live import COLUMNS, SCAN_COUNT, LiveResults, Sealed, settled_ids
 from evalq.shared.store.wire import error_kind, results_of, scores_of
 
 __all__ = ["ResultReader"]
@@ -193,24 +193,22 @@ class ResultReader:
                 if out is not None
             }
 
-    def _present(self, run_id: str, sample_ids: list[int], names: tuple[str, ...]) -> Present:
-        """``sample_ids``' texts of the columns ``names`` as live (spilled ones' left out) and
-        which were spilled; an archived run's from its archive."""
-        return self._either(
-            run_id,
-            lambda: self._live.present(run_id, sample_ids, names),
-            lambda: Present(self._archived_columns(run_id, sample_ids, names), set()),
-        )
-
     def produced(self, run_id: str, sample_ids: list[int]) -> tuple[set[int], set[int]]:
-        """Those samples with an output, and those settled with an error or spilled (neither
+        """Those samples with an output, and those settled without one or spilled (neither
         needs inference again)."""
-        found = self._present(run_id, sample_ids, ("outputs", "errors"))
-        outputs, errors = found.values
-        return (
-            {i for i, o in zip(sample_ids, outputs, strict=True) if o is not None},
-            {i for i, e in zip(sample_ids, errors, strict=True) if e is not None} | found.spilled,
-        )
+
+        def archived() -> tuple[set[int], set[int]]:
+            outputs, errors = self._archived_columns(run_id, sample_ids, ("outputs", "errors"))
+            return (
+                {i for i, o in zip(sample_ids, outputs, strict=True) if o is not None},
+                {i for i, e in zip(sample_ids, errors, strict=True) if e is not None},
+            )
+
+        def live() -> tuple[set[int], set[int]]:
+            inferred, done, spilled = self._live.marked(run_id, sample_ids)
+            return inferred - spilled, (done - inferred) | spilled
+
+        return self._either(run_id, live, archived)
 
     def inferred(self, run_id: str, sample_ids: list[int]) -> set[int]:
         """Those samples that already have an output."""
@@ -218,10 +216,12 @@ class ResultReader:
 
     def settled(self, run_id: str, sample_ids: list[int]) -> set[int]:
         """Those samples that already have a score or a terminal error (spilled ones too)."""
-        found = self._present(run_id, sample_ids, ("scores", "errors"))
-        scores, errors = found.values
-        settled = {i for i, s, e in zip(sample_ids, scores, errors, strict=True) if s or e}
-        return settled | found.spilled
+
+        def archived() -> set[int]:
+            scores, errors = self._archived_columns(run_id, sample_ids, ("scores", "errors"))
+            return {i for i, s, e in zip(sample_ids, scores, errors, strict=True) if s or e}
+
+        return self._either(run_id, lambda: self._live.marked(run_id, sample_ids)[1], archived)
 
     def unsettled(self, run_id: str, sample_ids: list[int]) -> list[int]:
         """Those samples with neither a score nor a terminal error, nor spilled."""

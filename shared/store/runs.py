@@ -218,6 +218,6 @@ class RunStore:
         output nor an error)."""
         keys = RunKeys(run_id)
         state, unproduced = self._cancel(
-            keys=[keys.meta, keys.out, keys.err, keys.backlog, keys.spilled, keys.facts]
+            keys=[keys.meta, keys.inferred, keys.done, keys.backlog, keys.scratch, keys.facts]
         )
         return int(state), int(unproduced)

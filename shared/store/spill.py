@@ -23,6 +23,7 @@ from evalq.shared.store.aggregate import error_kinds
 from evalq.shared.store.archive import Chunk, inside, read_part
 from evalq.shared.store.runs import RunStore
 from evalq.shared.store.scripts import flatten, register
+from evalq.shared.store.wire import SPAN_MAX
 
 __all__ = ["Spill", "SpillOutcome", "Spiller"]
 
@@ -156,10 +157,11 @@ class Spiller:
             self._spill(
                 keys=[
                     keys.meta, keys.spill, keys.spilled, keys.out, keys.score, keys.err,
-                    keys.errors,
+                    keys.errors, keys.inferred, keys.done, keys.ranges_of("outputs"),
+                    keys.ranges_of("scores"),
                 ],
                 args=[
-                    segment, rows, url, len(kinds) // 2, *kinds, len(bare), *bare,
+                    segment, rows, url, len(kinds) // 2, SPAN_MAX, *kinds, len(bare), *bare,
                     *chunk.sample_ids,
                 ],
             )

@@ -26,6 +26,7 @@ from evalq.shared.models import (
 from evalq.shared.store.archive import Chunk
 
 __all__ = [
+    "SPAN_MAX",
     "as_chunks",
     "chunk_lines",
     "error_kind",
@@ -33,8 +34,17 @@ __all__ = [
     "result_of",
     "results_of",
     "scores_of",
+    "span_of",
+    "spans",
     "text_line",
 ]
+
+SPAN_MAX = 4096
+"""The most samples one span holds: a batch's texts for samples ``lo`` to ``hi``, every one,
+stored as one field ``lo-hi`` of a run's ``out`` or ``score`` hash (joined by newlines, which
+no JSON text holds unescaped), so that a batch costs Redis a few calls and one field however
+many samples it has. Readers look for the spans that may hold an id ``i`` among those starting
+from ``i - SPAN_MAX + 1`` on."""
 
 
 def text_line(sample_id: int, output: str | None, scores: str | None, error: str | None) -> str:
@@ -144,3 +154,29 @@ def error_kind(raw: str) -> str:
     """An error record's (JSON) stage and exception class, e.g. ``infer/RuntimeError``."""
     error = ErrorRecord.model_validate_json(raw)
     return f"{error.stage.value}/{error.kind}"
+
+
+def span_of(texts: dict[int, str], prefix: str) -> tuple[int, str] | None:
+    """``texts`` (sample id -> JSON text, in id order) as one span (its first id, its texts
+    joined), when they are the samples ``lo`` to ``lo + n - 1`` (2 to :data:`SPAN_MAX` of
+    them), none holds a newline and none begins with ``prefix`` (those the store's scripts
+    read: outputs with their usage, scores with a grade); else None: they go one by one."""
+    n = len(texts)
+    if n < 2 or n > SPAN_MAX:
+        return None
+    lo = next(iter(texts))
+    if list(texts) != list(range(lo, lo + n)):
+        return None
+    joined = "\n".join(texts.values())
+    if joined.count("\n") != n - 1 or prefix in joined:
+        return None
+    return lo, joined
+
+
+def spans(fields: Iterable[str], texts: Iterable[str | None]) -> Iterator[tuple[int, str]]:
+    """(sample id, text) of every sample of the spans named by ``fields`` (``lo-hi``), whose
+    ``texts`` were read with them (None: gone meanwhile, spilled)."""
+    for field, joined in zip(fields, texts, strict=True):
+        if joined is not None:
+            lo = int(field.partition("-")[0])
+            yield from enumerate(joined.split("\n"), lo)

@@ -29,6 +29,7 @@ from evalq.shared.store.aggregate import Clusters, Finished, conclude
 from evalq.shared.store.reader import ResultReader
 from evalq.shared.store.runs import RunStore
 from evalq.shared.store.scripts import flatten, register
+from evalq.shared.store.wire import span_of
 
 __all__ = ["Delivery", "ResultWriter", "Settled"]
 
@@ -173,22 +174,23 @@ class ResultWriter:
         if not outputs:
             return 0, None
         keys = RunKeys(run_id)
-        reply = self._record_outputs(
-            keys=[
-                keys.out,
-                keys.progress,
-                keys.meta,
-                keys.spilled,
-                keys.attempts_of(Stage.SCORE),
-                keys.deliveries_of(Stage.SCORE),
-            ],
-            args=[
-                USAGE_PREFIX,
-                len(outputs),
-                *flatten(outputs),
-                *(_messages_of(scoring, list(outputs)) if scoring else ()),
-            ],
-        )
+        span = span_of(outputs, USAGE_PREFIX)
+        given = [USAGE_PREFIX, len(outputs), *(("~", *span) if span else flatten(outputs))]
+        script_keys = [
+            keys.out,
+            keys.progress,
+            keys.meta,
+            keys.spilled,
+            keys.attempts_of(Stage.SCORE),
+            keys.deliveries_of(Stage.SCORE),
+            keys.inferred,
+            keys.ranges_of("outputs"),
+        ]
+        attempt = _messages_of(scoring, list(outputs)) if scoring else []
+        reply = self._record_outputs(keys=script_keys, args=[*given, *attempt])
+        if int(reply[0]) < 0:  # a span some of whose samples have an output: one by one
+            given = [USAGE_PREFIX, len(outputs), *flatten(outputs)]
+            reply = self._record_outputs(keys=script_keys, args=[*given, *attempt])
         written, *counts = (int(c) for c in reply)
         if written != len(outputs) or not any(d.sample_ids for d in scoring):
             return written, None
@@ -233,26 +235,35 @@ class ResultWriter:
         if not values and stale_after is None:
             return Settled(False, 0, 0)
         keys = RunKeys(run_id)
-        written, finalize, settled = self._settle_script(
-            keys=[
-                keys.score,
-                keys.err,
-                keys.progress,
-                keys.meta,
-                keys.settled,
-                keys.attempts_of(Stage.INFER),
-                keys.attempts_of(Stage.SCORE),
-                keys.spilled,
-            ],
-            args=[
-                kind,
-                "" if stale_after is None else stale_after,
-                self._size(run_id),
-                GRADE_PREFIX,
-                int(counted_alone),
-                *flatten(values),
-            ],
-        )
+        script_keys = [
+            keys.score,
+            keys.err,
+            keys.progress,
+            keys.meta,
+            keys.settled,
+            keys.attempts_of(Stage.INFER),
+            keys.attempts_of(Stage.SCORE),
+            keys.spilled,
+            keys.done,
+            keys.ranges_of("scores"),
+        ]
+        head = [
+            kind,
+            "" if stale_after is None else stale_after,
+            self._size(run_id),
+            GRADE_PREFIX,
+            int(counted_alone),
+        ]
+        span = span_of(values, GRADE_PREFIX) if kind == "score" else None
+        reply = None
+        if span:
+            lo, joined = span
+            reply = self._settle_script(
+                keys=script_keys, args=[*head, "~", lo, len(values), joined]
+            )
+        if reply is None or int(reply[0]) < 0:  # a span some of whose samples are settled
+            reply = self._settle_script(keys=script_keys, args=[*head, *flatten(values)])
+        written, finalize, settled = reply
         return Settled(bool(finalize), int(written), int(settled))
 
     def finalize(

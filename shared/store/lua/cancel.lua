@@ -1,10 +1,10 @@
 -- cancel: stop a run (no result is written after this) and count the samples without result.
 -- KEYS[1] = RunKeys.meta   hash: status, finished (Redis's clock)
--- KEYS[2] = RunKeys.out    hash, sample id -> output
--- KEYS[3] = RunKeys.err    hash, sample id -> terminal error
+-- KEYS[2] = RunKeys.inferred bitmap: samples with an output
+-- KEYS[3] = RunKeys.done   bitmap: samples settled (a score or a terminal error)
 -- KEYS[4] = RunKeys.backlog list, messages not handed to the broker yet: deleted (the
 --           dispatcher drops the run from its round when it next meets the empty backlog)
--- KEYS[5] = RunKeys.spilled bitmap: samples settled and moved to a part (produced)
+-- KEYS[5] = RunKeys.scratch: their union is counted there, and deleted
 -- KEYS[6] = RunKeys.facts hash: reads 'n' (the gateway's count, not the workers') and
 --           'ended' (a producer saw the run end: it is finished, whatever its state says)
 -- ARGV: none
@@ -21,9 +21,8 @@ if status ~= 'cancelled' then
   state = 1
 end
 redis.call('DEL', KEYS[4])
-local produced = redis.call('HLEN', KEYS[2]) + redis.call('BITCOUNT', KEYS[5])
-for _, id in ipairs(redis.call('HKEYS', KEYS[3])) do
-  if redis.call('HEXISTS', KEYS[2], id) == 0 then produced = produced + 1 end
-end
+redis.call('BITOP', 'OR', KEYS[5], KEYS[2], KEYS[3])
+local produced = redis.call('BITCOUNT', KEYS[5])
+redis.call('DEL', KEYS[5])
 local n = tonumber(redis.call('HGET', KEYS[6], 'n') or '0')
 return {state, math.max(0, n - produced)}

@@ -61,6 +61,21 @@ local function bitfield_all(command, key, ids, value)
   end
   return replies
 end
+-- Set the bits ``first`` to ``last`` of the bitmap ``key``: their whole bytes with one
+-- SETRANGE (per 64 KiB), the bits outside whole bytes appended to the table ``single``.
+local function set_span(key, first, last, single)
+  local from, upto = math.ceil(first / 8), math.floor((last + 1) / 8) - 1 -- whole bytes
+  if from > upto then
+    for bit = first, last do single[#single + 1] = bit end
+    return
+  end
+  for bit = first, 8 * from - 1 do single[#single + 1] = bit end
+  for start = from, upto, 65536 do
+    local bytes = math.min(65536, upto - start + 1)
+    redis.call('SETRANGE', key, start, string.rep('\255', bytes))
+  end
+  for bit = 8 * (upto + 1), last do single[#single + 1] = bit end
+end
 -- Set the bit of each of the sample ids ``ids`` in the bitmap ``key``: the whole bytes of a
 -- run of consecutive ids (a segment's, usually) with one SETRANGE each, the other bits with
 -- BITFIELD (bitfield_all).
@@ -73,19 +88,15 @@ local function set_bits(key, ids)
       i = i + 1
       last = last + 1
     end
-    local from, upto = math.ceil(first / 8), math.floor((last + 1) / 8) - 1 -- whole bytes
-    if from > upto then
-      for bit = first, last do single[#single + 1] = bit end
-    else
-      for bit = first, 8 * from - 1 do single[#single + 1] = bit end
-      for start = from, upto, 65536 do
-        local bytes = math.min(65536, upto - start + 1)
-        redis.call('SETRANGE', key, start, string.rep('\255', bytes))
-      end
-      for bit = 8 * (upto + 1), last do single[#single + 1] = bit end
-    end
+    set_span(key, first, last, single)
     i = i + 1
   end
+  bitfield_all('BITFIELD', key, single, 1)
+end
+-- Set the bits ``first`` to ``last`` of the bitmap ``key``.
+local function set_range(key, first, last)
+  local single = {}
+  set_span(key, first, last, single)
   bitfield_all('BITFIELD', key, single, 1)
 end
 -- Which of the sample ids ``ids`` are set in the bitmap ``key`` (a run's spilled samples): a
@@ -104,20 +115,55 @@ local function bits_of(key, ids)
   for i, bit in ipairs(bitfield_all('BITFIELD_RO', key, ids)) do set[i] = bit == 1 end
   return set
 end
+-- How many of the distinct sample ids ``ids`` are set in the bitmap ``key``: one BITCOUNT
+-- when they are every id of their span (a segment of consecutive ids), else their bits read.
+local function count_bits(key, ids)
+  if #ids == 0 then return 0 end
+  local low, high = math.huge, -1
+  for _, id in ipairs(ids) do
+    local n = tonumber(id)
+    if n < low then low = n end
+    if n > high then high = n end
+  end
+  if high - low + 1 == #ids then return redis.call('BITCOUNT', key, low, high, 'BIT') end
+  local count = 0
+  for _, bit in ipairs(bitfield_all('BITFIELD_RO', key, ids)) do count = count + bit end
+  return count
+end
+-- The ids ``lo`` to ``lo + n - 1``, as strings (a span's samples, as ARGV would give them).
+local function span_ids(lo, n)
+  local ids = {}
+  for i = 0, n - 1 do ids[i + 1] = tostring(lo + i) end
+  return ids
+end
+-- Write a span of samples (the texts of ``lo`` to ``hi``, every one, joined by newlines) to
+-- the hash ``key`` as the field ``lo-hi``, listed in the sorted set ``ranges`` by ``lo``.
+local function write_span(key, ranges, lo, hi, texts)
+  local field = lo .. '-' .. hi
+  redis.call('HSET', key, field, texts)
+  redis.call('ZADD', ranges, lo, field)
+end
+
 -- Count one more attempt of each sample the messages from ARGV[at] on bring, at one stage
 -- (attempt.lua's rule, for it and for record_outputs.lua; the run is going). attempts = the
 -- stage's attempts hash, spilled = RunKeys.spilled, deliveries = the stage's deliveries hash.
 -- ARGV[at..] = per message: its key, solo (1 or 0), n, then its n sample ids; or, when
--- ``given`` (a table of ids) is passed, per message its key, solo and n only: its ids are the
--- next n of ``given``, in order.
+-- ``given`` is passed, per message its key, solo and n only: its ids are the next n of
+-- ``given``, in order: a table of ids, or a number ``lo`` for the span lo, lo + 1, ... of
+-- samples none of which is spilled (their ids are made only when a count must be read).
 -- Returns the counts in order, as attempt.lua does.
 local function count_attempts(attempts, spilled, deliveries, at, given)
   local counts, taken = {}, 0
   local alone = redis.call('EXISTS', attempts) == 1 -- none counted alone: nothing to read
+  local span = type(given) == 'number'
   while at <= #ARGV do
     local key, solo, n = ARGV[at], ARGV[at + 1] == '1', tonumber(ARGV[at + 2])
     local ids = {}
-    if given then
+    if span then
+      if alone or solo then ids = span_ids(given + taken, n) end
+      taken = taken + n
+      at = at + 3
+    elseif given then
       for i = taken + 1, taken + n do ids[#ids + 1] = given[i] end
       taken = taken + n
       at = at + 3
@@ -125,10 +171,11 @@ local function count_attempts(attempts, spilled, deliveries, at, given)
       for i = at + 3, at + 2 + n do ids[#ids + 1] = ARGV[i] end
       at = at + 3 + n
     end
-    local spilt = bits_of(spilled, ids)
+    local spilt = span and {} or bits_of(spilled, ids)
     local had = alone and hmget_all(attempts, ids) or {}
     local delivered = 1
     if not solo then delivered = redis.call('HINCRBY', deliveries, key, 1) end
+    if span and not alone and not solo and delivered > 1 then ids = span_ids(given + taken - n, n) end
     local writes = {}
     if not alone and not solo and delivered == 1 and next(spilt) == nil then
       for _ = 1, n do counts[#counts + 1] = 1 end -- a first delivery: every sample's first try

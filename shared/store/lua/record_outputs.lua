@@ -1,58 +1,77 @@
 -- record_outputs: write inference outputs once each; count only the writes that happened; and,
 -- for a batch scored in the same job (the fused path), count the score-stage attempt of its
 -- samples once every output given was written here (attempt.lua's count, in the same call).
--- KEYS[1] = RunKeys.out       hash, sample id -> output JSON (set where absent)
+-- KEYS[1] = RunKeys.out       hash, sample id -> output JSON, or 'lo-hi' -> a span's outputs
 -- KEYS[2] = RunKeys.progress  hash, field 'inferred' bumped by the number written,
 --                                 'touched' stamped
 -- KEYS[3] = RunKeys.meta      hash, 'status' moves from 'queued' to 'running'
 -- KEYS[4] = RunKeys.spilled   bitmap: a spilled sample (settled, moved to a part) is skipped
 -- KEYS[5] = RunKeys.attempts_of(SCORE)    hash, as attempt.lua's KEYS[1] (scoring)
 -- KEYS[6] = RunKeys.deliveries_of(SCORE)  hash, as attempt.lua's KEYS[4] (scoring)
+-- KEYS[7] = RunKeys.inferred  bitmap: a sample's bit is set with its output; a set one is
+--                                 skipped
+-- KEYS[8] = RunKeys.ranges_of('outputs')  sorted set of the spans in KEYS[1]
 -- ARGV[1] = how an output stored with its usage begins (shared.models.USAGE_PREFIX): its
 --           tokens are added to the progress hash's 'prompt_tokens' / 'completion_tokens',
 --           or, answered from the response cache (usage.cached), it counts in 'cached'
 -- ARGV[2] = n, the number of outputs that follow
 -- ARGV[3 .. 2 + 2n] = id1, json1, id2, json2, ...   (an id given twice is written once, the
---           first)
--- ARGV[3 + 2n ..] = the score-stage attempt to count, as attempt.lua's ARGV (per message: its
+--           first); or ARGV[3] = '~', ARGV[4] = lo, ARGV[5] = the outputs of samples lo to
+--           lo + n - 1 joined by newlines (none with its usage): a span, written as one field
+--           when none of them has an output yet, else nothing is (the reply is {-1})
+-- ARGV[next ..] = the score-stage attempt to count, as attempt.lua's ARGV (per message: its
 --           key, solo, count, its ids); or '=' and then per message its key, solo and count
---           only, its ids being the next count of id1, id2, ... in order (the messages bring
---           exactly the outputs' samples, in their order); none: nothing counted
+--           only, its ids being the next count of the outputs' ids in order (the messages
+--           bring exactly the outputs' samples, in their order); none: nothing counted
 -- Returns: {written, counts...}: the number of outputs newly written (a redelivered sample
 -- writes nothing; nothing is written once the run has ended, so a cancellation's refund count
 -- stays exact and no key comes back after the run is archived or purged), then, when an
 -- attempt was given and all n outputs were written now, the attempt counts in order (as
 -- attempt.lua returns them); otherwise nothing is counted (the caller counts as it scores).
--- Calls: a few per batch, not per sample (one HMGET, one HSET, the spilled bits).
+-- Calls: a few per batch, not per sample (a span: a BITCOUNT, one HSET, a ZADD, the bits).
 local status = redis.call('HGET', KEYS[3], 'status')
 if status ~= 'queued' and status ~= 'running' then return {0} end
 local n = tonumber(ARGV[2])
-local ids = {}
-for i = 3, 2 + 2 * n, 2 do ids[#ids + 1] = ARGV[i] end
-local spilled = bits_of(KEYS[4], ids)
-local present = hmget_all(KEYS[1], ids)
-local writes, seen = {}, {}
+local ids, writes, at = {}, {}, 3 + 2 * n
 local read, wrote, cached = 0, 0, 0
-local mark = string.byte(ARGV[1], 3) -- a byte compared first: no substring made per output
-for j, id in ipairs(ids) do
-  local value = ARGV[2 * j + 2]
-  if not spilled[j] and not present[j] and not seen[id] then
-    seen[id] = true
-    writes[#writes + 1] = id
-    writes[#writes + 1] = value
-    if string.byte(value, 3) == mark and string.sub(value, 1, #ARGV[1]) == ARGV[1] then
-      local usage = cjson.decode(value)['usage']
-      if usage['cached'] then
-        cached = cached + 1
-      else
-        read = read + usage['prompt_tokens']
-        wrote = wrote + usage['completion_tokens']
+local written = 0
+if ARGV[3] == '~' then -- ids: the span's first, lo (count_attempts makes the others if needed)
+  local lo = tonumber(ARGV[4])
+  ids, at = lo, 6
+  if redis.call('BITCOUNT', KEYS[7], lo, lo + n - 1, 'BIT') > 0
+    or redis.call('BITCOUNT', KEYS[4], lo, lo + n - 1, 'BIT') > 0 then
+    return {-1}
+  end
+  write_span(KEYS[1], KEYS[8], lo, lo + n - 1, ARGV[5])
+  set_range(KEYS[7], lo, lo + n - 1)
+  written = n
+else
+  for i = 3, 2 + 2 * n, 2 do ids[#ids + 1] = ARGV[i] end
+  local spilled, present, seen = bits_of(KEYS[4], ids), bits_of(KEYS[7], ids), {}
+  local pairs = {}
+  local mark = string.byte(ARGV[1], 3) -- a byte compared first: no substring made per output
+  for j, id in ipairs(ids) do
+    local value = ARGV[2 * j + 2]
+    if not spilled[j] and not present[j] and not seen[id] then
+      seen[id] = true
+      writes[#writes + 1] = id
+      pairs[#pairs + 1] = id
+      pairs[#pairs + 1] = value
+      if string.byte(value, 3) == mark and string.sub(value, 1, #ARGV[1]) == ARGV[1] then
+        local usage = cjson.decode(value)['usage']
+        if usage['cached'] then
+          cached = cached + 1
+        else
+          read = read + usage['prompt_tokens']
+          wrote = wrote + usage['completion_tokens']
+        end
       end
     end
   end
+  hset_all(KEYS[1], pairs)
+  set_bits(KEYS[7], writes)
+  written = #writes
 end
-local written = #writes / 2
-hset_all(KEYS[1], writes)
 if read + wrote > 0 then
   redis.call('HINCRBY', KEYS[2], 'prompt_tokens', read)
   redis.call('HINCRBY', KEYS[2], 'completion_tokens', wrote)
@@ -64,8 +83,8 @@ if written > 0 then
   mark_running(KEYS[3], status)
 end
 local reply = {written}
-if written == n and 3 + 2 * n <= #ARGV then
-  local at, given = 3 + 2 * n, nil
+if written == n and at <= #ARGV then
+  local given = nil
   if ARGV[at] == '=' then at, given = at + 1, ids end
   for _, count in ipairs(count_attempts(KEYS[5], KEYS[4], KEYS[6], at, given)) do
     reply[#reply + 1] = count

@@ -1,16 +1,19 @@
 -- settle: give samples their terminal state (a score or an error) exactly once, and elect the
 -- one caller that finalizes the run.
--- KEYS[1] = RunKeys.score     hash, sample id -> metrics JSON
+-- KEYS[1] = RunKeys.score     hash, sample id -> metrics JSON, or 'lo-hi' -> a span's metrics
 -- KEYS[2] = RunKeys.err       hash, sample id -> error record JSON
 -- KEYS[3] = RunKeys.progress  hash, fields 'scored' / 'failed' bumped per write, 'touched'
 -- KEYS[4] = RunKeys.meta      hash, reads 'status', 'finalizing' = claim time
--- KEYS[5] = RunKeys.settled   stream, one entry listing the ids settled by this call
+-- KEYS[5] = RunKeys.settled   stream, one entry listing the ids settled by this call (a span's
+--                                 as 'lo-hi')
 -- KEYS[6] = RunKeys.attempts_of(INFER), KEYS[7] = RunKeys.attempts_of(SCORE)   hashes,
 --           sample id -> attempts: with ARGV[5] = 1, the counts of every sample given are
 --           deleted, written now or settled before (a late attempt's count served no purpose
 --           either); ARGV[5] = 0: none of them was counted alone (attempt.lua), nothing to
 --           delete
 -- KEYS[8] = RunKeys.spilled   bitmap: a spilled sample (settled, moved to a part) is skipped
+-- KEYS[9] = RunKeys.done      bitmap: a sample's bit is set as it settles; a set one is skipped
+-- KEYS[10] = RunKeys.ranges_of('scores')  sorted set of the spans in KEYS[1]
 -- ARGV[1] = 'score' or 'err'      which hash the values go to
 -- ARGV[2] = seconds after which a claim to finalize counts as dead (its finalizer was killed)
 --           and may be taken over; '' = never
@@ -21,50 +24,63 @@
 --           'grader_completion_tokens', apart from the model under test's (not a cached one's)
 -- ARGV[5] = 1 to delete the samples' attempt counts, 0 when they have none
 -- ARGV[6..] = id1, json1, id2, json2, ...   (none: only ask whether to finalize; an id given
---             twice is written once, the first)
+--             twice is written once, the first); or ARGV[6] = '~', ARGV[7] = lo, ARGV[8] = n,
+--             ARGV[9] = the scores of samples lo to lo + n - 1 joined by newlines (none with
+--             a grade): a span, written as one field when none of them is settled yet, else
+--             nothing is (the reply is {-1, 0, 0})
 -- A value is written only when the sample has neither a score nor an error yet, and nothing
 -- is written once the run is cancelled.
--- Calls: a few per batch, not per sample (two HMGETs (one while no sample has an error), one
--- HSET, two HDELs at most, the spilled bits).
+-- Calls: a few per batch, not per sample (a span: a BITCOUNT, one HSET, a ZADD, the bits).
 -- Returns: {written, finalize, settled}; finalize is 1 for the one caller that saw every sample
 -- settled first (or that takes over a dead claim), and 0 for everyone else; settled = the run's
 -- samples settled so far.
 local status = redis.call('HGET', KEYS[4], 'status')
 if status ~= 'queued' and status ~= 'running' then return {0, 0, 0} end
-local target, other, counter = KEYS[1], KEYS[2], 'scored'
-if ARGV[1] == 'err' then
-  target, other, counter = KEYS[2], KEYS[1], 'failed'
-end
-local given = {}
-for i = 6, #ARGV, 2 do given[#given + 1] = ARGV[i] end
-local spilled = bits_of(KEYS[8], given)
-local mine, others = hmget_all(target, given), {}
-if redis.call('EXISTS', other) == 1 then others = hmget_all(other, given) end
-local written, ids, writes, seen = 0, {}, {}, {}
+local target, counter = KEYS[1], 'scored'
+if ARGV[1] == 'err' then target, counter = KEYS[2], 'failed' end
+local written, listed, given = 0, '', {}
 local graded, read, wrote = ARGV[4], 0, 0
-local mark = string.byte(graded, 3) -- a byte compared first: no substring made per value
-for j, id in ipairs(given) do
-  local value = ARGV[2 * j + 5]
-  if not spilled[j] and not mine[j] and not others[j] and not seen[id] then
-    seen[id] = true
-    written = written + 1
-    ids[written] = id
-    writes[#writes + 1] = id
-    writes[#writes + 1] = value
-    if string.byte(value, 3) == mark and string.sub(value, 1, #graded) == graded then
-      local usage = cjson.decode(value).grade.usage
-      if not usage.cached then -- a cached verdict asked nothing
-        read, wrote = read + usage.prompt_tokens, wrote + usage.completion_tokens
+if ARGV[6] == '~' then
+  local lo, n = tonumber(ARGV[7]), tonumber(ARGV[8])
+  local hi = lo + n - 1
+  if redis.call('BITCOUNT', KEYS[9], lo, hi, 'BIT') > 0
+    or redis.call('BITCOUNT', KEYS[8], lo, hi, 'BIT') > 0 then
+    return {-1, 0, 0}
+  end
+  write_span(KEYS[1], KEYS[10], lo, hi, ARGV[9])
+  set_range(KEYS[9], lo, hi)
+  written, listed = n, lo .. '-' .. hi
+  if ARGV[5] == '1' then given = span_ids(lo, n) end
+else
+  local ids = {}
+  for i = 6, #ARGV, 2 do given[#given + 1] = ARGV[i] end
+  local spilled, settled, writes, seen = bits_of(KEYS[8], given), bits_of(KEYS[9], given), {}, {}
+  local mark = string.byte(graded, 3) -- a byte compared first: no substring made per value
+  for j, id in ipairs(given) do
+    local value = ARGV[2 * j + 5]
+    if not spilled[j] and not settled[j] and not seen[id] then
+      seen[id] = true
+      written = written + 1
+      ids[written] = id
+      writes[#writes + 1] = id
+      writes[#writes + 1] = value
+      if string.byte(value, 3) == mark and string.sub(value, 1, #graded) == graded then
+        local usage = cjson.decode(value).grade.usage
+        if not usage.cached then -- a cached verdict asked nothing
+          read, wrote = read + usage.prompt_tokens, wrote + usage.completion_tokens
+        end
       end
     end
   end
+  hset_all(target, writes)
+  set_bits(KEYS[9], ids)
+  listed = table.concat(ids, ',')
 end
-hset_all(target, writes)
 if read > 0 then redis.call('HINCRBY', KEYS[3], 'grader_prompt_tokens', read) end
 if wrote > 0 then redis.call('HINCRBY', KEYS[3], 'grader_completion_tokens', wrote) end
 if ARGV[5] == '1' then hdel_all({KEYS[6], KEYS[7]}, given) end
 if written > 0 then
-  redis.call('XADD', KEYS[5], '*', 'ids', table.concat(ids, ','))
+  redis.call('XADD', KEYS[5], '*', 'ids', listed)
   redis.call('HINCRBY', KEYS[3], counter, written)
   touch(KEYS[3])
   mark_running(KEYS[4], status)

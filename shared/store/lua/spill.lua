@@ -6,9 +6,14 @@
 -- KEYS[3] = RunKeys.spilled  bitmap: bit i set for each spilled sample i
 -- KEYS[4] = RunKeys.out, KEYS[5] = RunKeys.score, KEYS[6] = RunKeys.err   hashes
 -- KEYS[7] = RunKeys.errors   hash: stage/kind -> terminal errors moved to parts
+-- KEYS[8] = RunKeys.inferred, KEYS[9] = RunKeys.done   bitmaps: samples with an output,
+--           samples settled
+-- KEYS[10] = RunKeys.ranges_of('outputs'), KEYS[11] = RunKeys.ranges_of('scores')   the
+--           spans in KEYS[4] and KEYS[5]: one is deleted once all its samples are spilled
 -- ARGV[1] = segment index, ARGV[2] = samples per segment, ARGV[3] = the part's URL,
--- ARGV[4] = how many kind/count pairs follow, then kind1, count1, ...; then how many ids
--- follow that the part holds no output for, then those ids; then the segment's ids
+-- ARGV[4] = how many kind/count pairs follow ARGV[5], ARGV[5] = the most samples a span holds
+-- (evalq.shared.store.wire.SPAN_MAX); then kind1, count1, ...; then how many ids follow that
+-- the part holds no output for, then those ids; then the segment's ids
 -- Returns: 1 spilled now; 2 spilled before with this very part (a retried call whose first
 -- reply was lost); 0 spilled before with another part (the caller removes its own);
 -- -1 the run is not going, or is being finalized (its finalizer reads the store: nothing may
@@ -25,22 +30,44 @@ if had == ARGV[3] then return 2 end
 if had then return 0 end
 local rows = redis.call('HGET', KEYS[2], 'rows')
 if rows and rows ~= ARGV[2] then return -2 end
-local at = 5 + 2 * tonumber(ARGV[4])
+local at = 6 + 2 * tonumber(ARGV[4])
 local bare = {}
 for i = at + 1, at + tonumber(ARGV[at]) do bare[#bare + 1] = ARGV[i] end
-for _, output in ipairs(hmget_all(KEYS[4], bare)) do
-  if output then return -2 end
-end
+if next(bits_of(KEYS[8], bare)) then return -2 end
 local ids = {}
 for i = at + tonumber(ARGV[at]) + 1, #ARGV do ids[#ids + 1] = ARGV[i] end
-local errs = redis.call('EXISTS', KEYS[6]) == 1 -- no sample has an error: nothing to read
-local scores, errors = hmget_all(KEYS[5], ids), errs and hmget_all(KEYS[6], ids) or {}
-for j = 1, #ids do
-  if not scores[j] and not errors[j] then return -2 end
-end
+if count_bits(KEYS[9], ids) ~= #ids then return -2 end
 set_bits(KEYS[3], ids)
-hdel_all(errs and {KEYS[4], KEYS[5], KEYS[6]} or {KEYS[4], KEYS[5]}, ids)
-for i = 5, at - 1, 2 do redis.call('HINCRBY', KEYS[7], ARGV[i], ARGV[i + 1]) end
+-- the segment's samples held one by one, and its spans (those all of whose samples are spilled)
+local low, high = math.huge, -1
+for _, id in ipairs(ids) do
+  local n = tonumber(id)
+  if n < low then low = n end
+  if n > high then high = n end
+end
+local function free(hash, ranges)
+  local spanned = {}
+  for _, field in ipairs(redis.call('ZRANGEBYSCORE', ranges, low - tonumber(ARGV[5]) + 1, high)) do
+    local lo, hi = string.match(field, '^(%d+)-(%d+)$')
+    lo, hi = tonumber(lo), tonumber(hi)
+    if hi >= low then
+      for i = math.max(lo, low), math.min(hi, high) do spanned[i] = true end
+      if redis.call('BITCOUNT', KEYS[3], lo, hi, 'BIT') == hi - lo + 1 then
+        redis.call('HDEL', hash, field)
+        redis.call('ZREM', ranges, field)
+      end
+    end
+  end
+  local single = {}
+  for _, id in ipairs(ids) do
+    if not spanned[tonumber(id)] then single[#single + 1] = id end
+  end
+  return single
+end
+hdel_all({KEYS[4]}, free(KEYS[4], KEYS[10]))
+hdel_all({KEYS[5]}, free(KEYS[5], KEYS[11]))
+if redis.call('EXISTS', KEYS[6]) == 1 then hdel_all({KEYS[6]}, ids) end
+for i = 6, at - 1, 2 do redis.call('HINCRBY', KEYS[7], ARGV[i], ARGV[i + 1]) end
 redis.call('HSET', KEYS[2], 'rows', ARGV[2], ARGV[1], ARGV[3])
 redis.call('HINCRBY', KEYS[2], 'samples', #ids)
 return 1
