@@ -478,6 +478,8 @@ def test_a_going_run_spills_its_complete_segments_and_reads_the_same(
     assert writer.record_outputs(run_id, {3: '"again"', 20: '"again"'}) == 0
     tried = [Delivery("s", True, [3]), Delivery("m", False, [20])]
     assert writer.attempt(run_id, tried) == {3: 0, 20: 0}
+    across = [Delivery("n", False, [30, 31, 32, 33])]  # a span half spilled
+    assert writer.attempt(run_id, across) == {30: 0, 31: 0, 32: 1, 33: 1}
     assert writer.record_scores(run_id, {3: {"acc": 9.0}}).written == 0
     failed = ErrorRecord(stage=Stage.INFER, kind="RuntimeError", message="late")
     assert writer.record_errors(run_id, {20: failed}).written == 0

@@ -23,11 +23,30 @@ from evalq.shared.errors import (
 )
 from evalq.shared.evaluation import Evaluation, create, load_plugins, register, scrub
 from evalq.shared.keys import RunKeys
-from evalq.shared.models import ErrorRecord, Grade, RunMeta, RunStatus, SampleResult, Stage, Usage
+from evalq.shared.models import (
+    USAGE_PREFIX,
+    ErrorRecord,
+    Grade,
+    RunMeta,
+    RunStatus,
+    SampleResult,
+    Stage,
+    Usage,
+    to_json,
+    with_usage,
+)
 from evalq.shared.queue.celery_app import create_app
 from evalq.shared.queue.sizing import split
 from evalq.shared.settings import Settings
-from evalq.shared.store.wire import as_chunks, result_line, results_of, scores_of
+from evalq.shared.store.wire import (
+    SPAN_MAX,
+    as_chunks,
+    result_line,
+    results_of,
+    scores_of,
+    span_of,
+    spans,
+)
 from evalq.worker.lru import LRU
 from evalq.worker.tasks import parse_requests
 from tests.helpers import labelled_rows, write_rows
@@ -266,3 +285,21 @@ def test_a_graded_result_reads_the_same_from_its_texts_and_its_table() -> None:
     ]  # fmt: skip
     assert table.column("grade.verdict").to_pylist() == ["GRADE: C", None]
     assert flatten(graded)["grade.verdict"] == "GRADE: C"
+
+
+def test_only_a_batch_of_consecutive_plain_texts_travels_as_one_span() -> None:
+    """A span holds samples lo..hi, every one, joined by newlines: what a reader splits back
+    exactly; anything else (a gap, out of order, one sample, a newline in a text, a text the
+    scripts must read) goes one by one."""
+    texts = {i: json.dumps({"pred": i, "note": "a\nb"}) for i in range(5, 9)}
+    span = span_of(texts, USAGE_PREFIX)
+    assert span is not None
+    assert dict(spans([f"{span[0]}-8"], [span[1]])) == texts
+    assert span_of({5: "1", 7: "1"}, USAGE_PREFIX) is None
+    assert span_of({6: "1", 5: "1"}, USAGE_PREFIX) is None
+    assert span_of({5: "1"}, USAGE_PREFIX) is None
+    assert span_of({5: "1", 6: '"a\nb"'}, USAGE_PREFIX) is None
+    used = to_json(with_usage("x", Usage(prompt_tokens=1, completion_tokens=1)))
+    assert span_of({5: "1", 6: used}, USAGE_PREFIX) is None
+    assert span_of({i: "1" for i in range(SPAN_MAX + 1)}, USAGE_PREFIX) is None
+    assert list(spans(["0-1"], [None])) == []

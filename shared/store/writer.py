@@ -67,12 +67,15 @@ class Settled:
 
 
 def _messages(deliveries: list[Delivery]) -> list[str | int]:
-    """The messages as ``attempt.lua`` takes them (those that bring no sample left out)."""
+    """The messages as ``attempt.lua`` takes them (those that bring no sample left out; the
+    samples lo, lo + 1, ... of a message as ``-n, lo``)."""
     args: list[str | int] = []
     for delivery in deliveries:
-        if delivery.sample_ids:
-            args += [delivery.key, int(delivery.solo), len(delivery.sample_ids)]
-            args += delivery.sample_ids
+        ids = delivery.sample_ids
+        if len(ids) > 1 and ids == list(range(ids[0], ids[0] + len(ids))):
+            args += [delivery.key, int(delivery.solo), -len(ids), ids[0]]
+        elif ids:
+            args += [delivery.key, int(delivery.solo), len(ids), *ids]
     return args
 
 

@@ -9,8 +9,8 @@
 -- KEYS[4] = the stage's deliveries hash, message key -> deliveries of a message of several
 --           samples: RunKeys.deliveries_of(INFER) or RunKeys.deliveries_of(SCORE)
 -- ARGV    = per message: its key (the same on each delivery of it), solo (1 when it carries
---           one sample sent alone, 0 when it carries several), n, then its n sample ids;
---           no id in two messages
+--           one sample sent alone, 0 when it carries several), n, then its n sample ids (or
+--           -n, then lo: its samples are lo to lo + n - 1); no id in two messages
 --           or 'carry', id1, count1, id2, count2, ...: samples counted with their message go on
 --           alone with those counts (a count only grows); returns nothing
 -- Returns: one number per id, in order: the new attempt count (> 0) of a sample that runs now,
@@ -44,8 +44,9 @@ end
 if not going then
   local at = 1
   while at <= #ARGV do
-    for _ = 1, tonumber(ARGV[at + 2]) do counts[#counts + 1] = 0 end
-    at = at + 3 + tonumber(ARGV[at + 2])
+    local n = tonumber(ARGV[at + 2])
+    for _ = 1, math.abs(n) do counts[#counts + 1] = 0 end
+    at = n < 0 and at + 4 or at + 3 + n
   end
   return counts
 end

@@ -147,39 +147,42 @@ end
 -- Count one more attempt of each sample the messages from ARGV[at] on bring, at one stage
 -- (attempt.lua's rule, for it and for record_outputs.lua; the run is going). attempts = the
 -- stage's attempts hash, spilled = RunKeys.spilled, deliveries = the stage's deliveries hash.
--- ARGV[at..] = per message: its key, solo (1 or 0), n, then its n sample ids; or, when
--- ``given`` is passed, per message its key, solo and n only: its ids are the next n of
--- ``given``, in order: a table of ids, or a number ``lo`` for the span lo, lo + 1, ... of
--- samples none of which is spilled (their ids are made only when a count must be read).
+-- ARGV[at..] = per message: its key, solo (1 or 0), n, then its n sample ids, or -n and lo
+-- for the n samples lo, lo + 1, ...; or, when ``given`` is passed, per message its key, solo
+-- and n only: its ids are the next n of ``given``, in order: a table of ids, or a number
+-- ``lo`` for the span lo, lo + 1, ... of samples none of which is spilled. A span's ids are
+-- made only when a count must be read or written.
 -- Returns the counts in order, as attempt.lua does.
 local function count_attempts(attempts, spilled, deliveries, at, given)
   local counts, taken = {}, 0
   local alone = redis.call('EXISTS', attempts) == 1 -- none counted alone: nothing to read
-  local span = type(given) == 'number'
+  local clean = type(given) == 'number' -- a span checked unspilled by the caller
   while at <= #ARGV do
     local key, solo, n = ARGV[at], ARGV[at + 1] == '1', tonumber(ARGV[at + 2])
-    local ids = {}
-    if span then
-      if alone or solo then ids = span_ids(given + taken, n) end
-      taken = taken + n
-      at = at + 3
+    local ids, lo, spilt = {}, nil, {}
+    if clean then
+      lo, taken, at = given + taken, taken + n, at + 3
     elseif given then
       for i = taken + 1, taken + n do ids[#ids + 1] = given[i] end
-      taken = taken + n
-      at = at + 3
+      taken, at = taken + n, at + 3
+    elseif n < 0 then
+      n, lo, at = -n, tonumber(ARGV[at + 3]), at + 4
+      if redis.call('BITCOUNT', spilled, lo, lo + n - 1, 'BIT') > 0 then
+        ids, lo = span_ids(lo, n), nil
+      end
     else
       for i = at + 3, at + 2 + n do ids[#ids + 1] = ARGV[i] end
       at = at + 3 + n
     end
-    local spilt = span and {} or bits_of(spilled, ids)
-    local had = alone and hmget_all(attempts, ids) or {}
+    if not lo then spilt = bits_of(spilled, ids) end
     local delivered = 1
     if not solo then delivered = redis.call('HINCRBY', deliveries, key, 1) end
-    if span and not alone and not solo and delivered > 1 then ids = span_ids(given + taken - n, n) end
-    local writes = {}
     if not alone and not solo and delivered == 1 and next(spilt) == nil then
       for _ = 1, n do counts[#counts + 1] = 1 end -- a first delivery: every sample's first try
     else
+      if lo then ids = span_ids(lo, n) end
+      local had = alone and hmget_all(attempts, ids) or {}
+      local writes = {}
       for j, id in ipairs(ids) do
         local before = tonumber(had[j]) or 0
         local tried = math.max(before, delivered - 1)
@@ -199,8 +202,8 @@ local function count_attempts(attempts, spilled, deliveries, at, given)
           end
         end
       end
+      hset_all(attempts, writes)
     end
-    hset_all(attempts, writes)
   end
   return counts
 end
