@@ -175,12 +175,23 @@ class _SentinelConnection(redis.sentinel.SentinelManagedConnection):
     sentinels where the master is. redis-py reconnects a connection that a retry dropped to the
     address it had (redis/redis-py#3874, open): after a failover that is the old master, which
     a supervisor starts again as the new master's replica, so each retry was refused
-    ``READONLY`` until the retries ran out (seen in ``tests/test_failover.py``)."""
+    ``READONLY`` until the retries ran out (seen in ``tests/test_failover.py``). A connection
+    made by :meth:`connect_to` (redis-py's own path, which has just asked) is not asked for
+    again."""
+
+    _addressed = False
+
+    def connect_to(self, address: tuple[str, int]) -> None:
+        self._addressed = True
+        try:
+            super().connect_to(address)  # type: ignore[no-untyped-call]
+        finally:
+            self._addressed = False
 
     def connect_check_health(
         self, check_health: bool = True, retry_socket_connect: bool = True
     ) -> None:
-        if self._sock is None and self.connection_pool.is_master:
+        if self._sock is None and self.connection_pool.is_master and not self._addressed:
             self.host, self.port = self.connection_pool.get_master_address()
         super().connect_check_health(check_health, retry_socket_connect)
 
@@ -188,10 +199,19 @@ class _SentinelConnection(redis.sentinel.SentinelManagedConnection):
 class _AsyncSentinelConnection(redis.asyncio.sentinel.SentinelManagedConnection):
     """:class:`_SentinelConnection`'s asyncio twin."""
 
+    _addressed = False
+
+    async def connect_to(self, address: tuple[str, int]) -> None:
+        self._addressed = True
+        try:
+            await super().connect_to(address)  # type: ignore[no-untyped-call]
+        finally:
+            self._addressed = False
+
     async def connect_check_health(
         self, check_health: bool = True, retry_socket_connect: bool = True
     ) -> None:
-        if not self.is_connected and self.connection_pool.is_master:
+        if not self.is_connected and self.connection_pool.is_master and not self._addressed:
             self.host, self.port = await self.connection_pool.get_master_address()
         await super().connect_check_health(check_health, retry_socket_connect)
 

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -143,6 +144,30 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         workers.stop()
         store.close()
         group.stop()
+
+
+def test_a_connection_asks_the_sentinels_for_the_master_once(fleet: Fleet) -> None:
+    """A new connection asks where the master is once (redis-py's own path asks, and the
+    reconnection fix does not ask again); a connection a retry dropped asks again."""
+    client = connect(fleet.settings.redis)
+    pool: Any = client.connection_pool  # a SentinelConnectionPool: its connections ask its proxy
+    asked: list[object] = []
+    real = pool.proxy.get_master_address
+
+    def counted() -> object:
+        asked.append(real())
+        return asked[-1]
+
+    pool.proxy.get_master_address = counted
+    pool.disconnect()
+    assert client.ping()  # a new connection
+    assert len(asked) == 1
+    connection = pool.get_connection()
+    connection.disconnect()
+    connection.connect_check_health()  # what a retry does after dropping it
+    assert len(asked) == 2
+    pool.release(connection)
+    client.close()
 
 
 def test_the_master_killed_mid_run_loses_no_sample(fleet: Fleet) -> None:
