@@ -183,8 +183,9 @@ def test_resume_after_a_kill_reenqueues_only_the_missing(
     _signal_workers(stack, signal.SIGKILL, group=True)
     _open_gate(tmp_path)
     ids = list(range(N))
-    scored = {int(i) for i in stack.client.hkeys(f"evalq:{{{meta.run_id}}}:score")}
-    inferred = {int(i) for i in stack.client.hkeys(f"evalq:{{{meta.run_id}}}:out")}
+    results = ResultReader(stack.client)
+    scored = set(results.scores(meta.run_id))
+    inferred = results.inferred(meta.run_id, ids)
     used = Ledger(stack.client).get(str(tmp_path), "validation").samples_used
 
     resumed = evalq(stack.server.url, "resume", meta.run_id, "--json")
