@@ -526,6 +526,32 @@ def test_a_span_leaves_redis_once_every_sample_of_it_is_spilled(
     assert _store_reads(results, run_id) == before
 
 
+def test_a_segment_with_a_gap_in_its_ids_frees_the_spans_and_samples_it_holds(
+    redis_only: RedisServer, tmp_path: Path
+) -> None:
+    """A run of ids 0..19 and 30..45 (a gap): its second segment of 16 (16..19, 30..41) is
+    not one span of ids; spilled, it frees the spans it completes and its samples held one by
+    one (those of the first segment too), and every read gives the same."""
+    client = connect(redis_only.url)
+    results, writer = ResultReader(client), ResultWriter(client)
+    ids = [*range(20), *range(30, 46)]
+    run_id = _new_run(client, ids, tmp_path / "archive").run_id
+    keys = RunKeys(run_id)
+    writer.record_outputs(run_id, {i: json.dumps({"pred": i}) for i in range(20)})
+    writer.record_outputs(run_id, {i: json.dumps({"pred": i}) for i in range(30, 42)})
+    for i in range(42, 46):
+        writer.record_outputs(run_id, {i: json.dumps({"pred": i})})
+    writer.record_scores(run_id, {i: {"acc": 1.0} for i in [3, 1, 35, 33]})  # one by one
+    writer.record_scores(run_id, {i: {"acc": 0.0} for i in ids[:-1] if i not in (1, 3, 33, 35)})
+    before = [r.model_dump() for r in results.fetch(run_id, ids)]
+    assert spill_run(client, run_id, 16) == 2  # 0..15, 16..19 + 30..41; 42..45 waits for 45
+    assert not client.exists(keys.ranges_of("outputs"), keys.ranges_of("scores"))
+    assert _held(client, keys.out) == 4
+    assert _held(client, keys.score) == 3
+    assert client.bitcount(keys.spilled) == 32
+    assert [r.model_dump() for r in results.fetch(run_id, ids)] == before
+
+
 def test_a_spill_waits_for_its_segment_and_stops_with_its_run(
     redis_only: RedisServer, tmp_path: Path
 ) -> None:

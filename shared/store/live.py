@@ -92,6 +92,15 @@ def _reaches(field: str, low: int) -> bool:
     return int(field.partition("-")[2]) >= low
 
 
+def _covered(fields: list[str], low: int, high: int) -> set[int]:
+    """The ids from ``low`` to ``high`` that the spans ``fields`` (``lo-hi``) hold."""
+    covered: set[int] = set()
+    for field in fields:
+        lo, _, hi = field.partition("-")
+        covered.update(range(max(int(lo), low), min(int(hi), high) + 1))
+    return covered
+
+
 def _hash(keys: RunKeys, name: str) -> str:
     """The run's hash that holds the column ``name`` (outputs, scores, errors)."""
     return {"outputs": keys.out, "scores": keys.score, "errors": keys.err}[name]
@@ -200,34 +209,42 @@ class LiveResults:
     ) -> tuple[list[list[str | None]], list[Any]]:
         """``sample_ids``' texts of the columns ``names`` (held one by one, or in spans: see
         :data:`SPAN_MAX`), and the replies of the commands ``after`` adds to a pipeline, read
-        after every text (a second pipeline's, when spans are read)."""
-        spanned = [name for name in names if name in _SPANNED]
+        after every text. Two pipelines: which spans may hold them and which hashes exist,
+        then each sample's text from its span or from its own field."""
         low, high = min(sample_ids), max(sample_ids)
+        spanned = [name for name in names if name in _SPANNED]
         with self._client.pipeline(transaction=False) as pipe:
-            for name in names:
-                pipe.hmget(_hash(keys, name), sample_ids)
             for name in spanned:
                 pipe.zrangebyscore(keys.ranges_of(name), low - SPAN_MAX + 1, high)
-            after(pipe)
-            replies = pipe.execute()
-        values: list[list[str | None]] = replies[: len(names)]
-        listed = zip(spanned, replies[len(names) : len(names) + len(spanned)], strict=True)
-        fields = {name: [f for f in found if _reaches(f, low)] for name, found in listed if found}
-        if not any(fields.values()):
-            return values, replies[len(names) + len(spanned) :]
-        wanted = [name for name in spanned if fields.get(name)]
+            for name in names:
+                pipe.exists(_hash(keys, name))
+            listed = pipe.execute()
+        fields = {
+            name: [f for f in found if _reaches(f, low)]
+            for name, found in zip(spanned, listed, strict=False)
+        }
+        asked: list[tuple[str, bool, list[Any]]] = []  # (column, spans?, fields)
         with self._client.pipeline(transaction=False) as pipe:
-            for name in wanted:
-                pipe.hmget(_hash(keys, name), fields[name])
+            for name, held in zip(names, listed[len(spanned) :], strict=True):
+                if not held:
+                    continue
+                spanning = fields.get(name, [])
+                covered = _covered(spanning, low, high)
+                alone = [i for i in sample_ids if i not in covered] if covered else sample_ids
+                for is_span, wanted in ((True, spanning), (False, alone)):
+                    if wanted:
+                        pipe.hmget(_hash(keys, name), wanted)
+                        asked.append((name, is_span, wanted))
             after(pipe)
             replies = pipe.execute()
-        for name, texts in zip(wanted, replies, strict=False):
-            got = dict(spans(fields[name], texts))
-            column = values[names.index(name)]
-            for position, sample_id in enumerate(sample_ids):
-                if column[position] is None:
-                    column[position] = got.get(sample_id)
-        return values, replies[len(wanted) :]
+        found: dict[str, dict[int, str]] = {name: {} for name in names}
+        for (name, is_span, of), texts in zip(asked, replies, strict=False):
+            if is_span:
+                found[name].update(spans(of, texts))
+            else:
+                found[name].update((i, t) for i, t in zip(of, texts, strict=True) if t is not None)
+        values = [[found[name].get(i) for i in sample_ids] for name in names]
+        return values, replies[len(asked) :]
 
     def scores(self, run_id: str) -> dict[int, dict[str, float]]:
         """Every scored sample's metrics, by sample id."""

@@ -140,6 +140,15 @@ class Spill:
         return found
 
 
+def _listed(sample_ids: list[int]) -> list[int]:
+    """A segment's ids as ``spill.lua`` takes them: ``-n, lo`` for the samples lo, lo + 1, ...,
+    else each."""
+    n = len(sample_ids)
+    if n and sample_ids == list(range(sample_ids[0], sample_ids[0] + n)):
+        return [-n, sample_ids[0]]
+    return sample_ids
+
+
 class Spiller:
     """Names a written part as its segment's, once (owns ``spill.lua``)."""
 
@@ -162,7 +171,7 @@ class Spiller:
                 ],
                 args=[
                     segment, rows, url, len(kinds) // 2, SPAN_MAX, *kinds, len(bare), *bare,
-                    *chunk.sample_ids,
+                    *_listed(chunk.sample_ids),
                 ],
             )
         )  # fmt: skip

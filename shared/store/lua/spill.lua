@@ -13,7 +13,8 @@
 -- ARGV[1] = segment index, ARGV[2] = samples per segment, ARGV[3] = the part's URL,
 -- ARGV[4] = how many kind/count pairs follow ARGV[5], ARGV[5] = the most samples a span holds
 -- (evalq.shared.store.wire.SPAN_MAX); then kind1, count1, ...; then how many ids follow that
--- the part holds no output for, then those ids; then the segment's ids
+-- the part holds no output for, then those ids; then the segment's ids, or -n and lo for the
+-- n samples lo, lo + 1, ... (a segment of consecutive ids: no per-sample work below)
 -- Returns: 1 spilled now; 2 spilled before with this very part (a retried call whose first
 -- reply was lost); 0 spilled before with another part (the caller removes its own);
 -- -1 the run is not going, or is being finalized (its finalizer reads the store: nothing may
@@ -34,24 +35,34 @@ local at = 6 + 2 * tonumber(ARGV[4])
 local bare = {}
 for i = at + 1, at + tonumber(ARGV[at]) do bare[#bare + 1] = ARGV[i] end
 if next(bits_of(KEYS[8], bare)) then return -2 end
-local ids = {}
-for i = at + tonumber(ARGV[at]) + 1, #ARGV do ids[#ids + 1] = ARGV[i] end
-if count_bits(KEYS[9], ids) ~= #ids then return -2 end
-set_bits(KEYS[3], ids)
--- the segment's samples held one by one, and its spans (those all of whose samples are spilled)
-local low, high = math.huge, -1
-for _, id in ipairs(ids) do
-  local n = tonumber(id)
-  if n < low then low = n end
-  if n > high then high = n end
+local first = at + tonumber(ARGV[at]) + 1
+local ids, low, high, n = {}, math.huge, -1, 0
+if tonumber(ARGV[first]) < 0 then -- lo, lo + 1, ...: made only where a sample is named
+  n, low = -tonumber(ARGV[first]), tonumber(ARGV[first + 1])
+  high = low + n - 1
+  if redis.call('BITCOUNT', KEYS[9], low, high, 'BIT') ~= n then return -2 end
+  set_range(KEYS[3], low, high)
+else
+  for i = first, #ARGV do ids[#ids + 1] = ARGV[i] end
+  n = #ids
+  if count_bits(KEYS[9], ids) ~= n then return -2 end
+  set_bits(KEYS[3], ids)
+  for _, id in ipairs(ids) do
+    local i = tonumber(id)
+    if i < low then low = i end
+    if i > high then high = i end
+  end
 end
+local consecutive = #ids == 0
+-- Free the segment's spans all of whose samples are spilled now; return those of its samples
+-- no span holds (held one by one, if at all).
 local function free(hash, ranges)
-  local spanned = {}
+  local spans = {}
   for _, field in ipairs(redis.call('ZRANGEBYSCORE', ranges, low - tonumber(ARGV[5]) + 1, high)) do
     local lo, hi = string.match(field, '^(%d+)-(%d+)$')
     lo, hi = tonumber(lo), tonumber(hi)
     if hi >= low then
-      for i = math.max(lo, low), math.min(hi, high) do spanned[i] = true end
+      spans[#spans + 1] = {lo, hi}
       if redis.call('BITCOUNT', KEYS[3], lo, hi, 'BIT') == hi - lo + 1 then
         redis.call('HDEL', hash, field)
         redis.call('ZREM', ranges, field)
@@ -59,6 +70,19 @@ local function free(hash, ranges)
     end
   end
   local single = {}
+  if consecutive then -- the gaps between the spans (listed by lo, none overlapping)
+    local next_id = low
+    for _, span in ipairs(spans) do
+      for i = next_id, math.min(span[1] - 1, high) do single[#single + 1] = i end
+      next_id = math.max(next_id, span[2] + 1)
+    end
+    for i = next_id, high do single[#single + 1] = i end
+    return single
+  end
+  local spanned = {}
+  for _, span in ipairs(spans) do
+    for i = math.max(span[1], low), math.min(span[2], high) do spanned[i] = true end
+  end
   for _, id in ipairs(ids) do
     if not spanned[tonumber(id)] then single[#single + 1] = id end
   end
@@ -66,8 +90,10 @@ local function free(hash, ranges)
 end
 hdel_all({KEYS[4]}, free(KEYS[4], KEYS[10]))
 hdel_all({KEYS[5]}, free(KEYS[5], KEYS[11]))
-if redis.call('EXISTS', KEYS[6]) == 1 then hdel_all({KEYS[6]}, ids) end
+if redis.call('EXISTS', KEYS[6]) == 1 then
+  hdel_all({KEYS[6]}, consecutive and span_ids(low, n) or ids)
+end
 for i = 6, at - 1, 2 do redis.call('HINCRBY', KEYS[7], ARGV[i], ARGV[i + 1]) end
 redis.call('HSET', KEYS[2], 'rows', ARGV[2], ARGV[1], ARGV[3])
-redis.call('HINCRBY', KEYS[2], 'samples', #ids)
+redis.call('HINCRBY', KEYS[2], 'samples', n)
 return 1
