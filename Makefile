@@ -72,3 +72,4 @@ bench: install
 	$(BIN)/python -m bench.scorer_warm
 	$(BIN)/python -m bench.scaling
 	$(BIN)/python -m bench.isolation
+	$(BIN)/python -m bench.batch_path
