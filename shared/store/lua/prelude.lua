@@ -99,18 +99,23 @@ local function set_range(key, first, last)
   set_span(key, first, last, single)
   bitfield_all('BITFIELD', key, single, 1)
 end
--- Which of the sample ids ``ids`` are set in the bitmap ``key`` (a run's spilled samples): a
--- table, true at the position of each set one. One BITCOUNT over their span answers for a
--- batch none of whose samples is spilled (the usual case); only otherwise are bits read.
-local function bits_of(key, ids)
-  local set = {}
-  if #ids == 0 or redis.call('EXISTS', key) == 0 then return set end
+-- The lowest and the highest of the sample ids ``ids`` (strings or numbers), as numbers.
+local function bounds(ids)
   local low, high = math.huge, -1
   for _, id in ipairs(ids) do
     local n = tonumber(id)
     if n < low then low = n end
     if n > high then high = n end
   end
+  return low, high
+end
+-- Which of the sample ids ``ids`` are set in the bitmap ``key`` (a run's spilled samples): a
+-- table, true at the position of each set one. One BITCOUNT over their span answers for a
+-- batch none of whose samples is spilled (the usual case); only otherwise are bits read.
+local function bits_of(key, ids)
+  local set = {}
+  if #ids == 0 or redis.call('EXISTS', key) == 0 then return set end
+  local low, high = bounds(ids)
   if redis.call('BITCOUNT', key, low, high, 'BIT') == 0 then return set end
   for i, bit in ipairs(bitfield_all('BITFIELD_RO', key, ids)) do set[i] = bit == 1 end
   return set
@@ -119,12 +124,7 @@ end
 -- when they are every id of their span (a segment of consecutive ids), else their bits read.
 local function count_bits(key, ids)
   if #ids == 0 then return 0 end
-  local low, high = math.huge, -1
-  for _, id in ipairs(ids) do
-    local n = tonumber(id)
-    if n < low then low = n end
-    if n > high then high = n end
-  end
+  local low, high = bounds(ids)
   if high - low + 1 == #ids then return redis.call('BITCOUNT', key, low, high, 'BIT') end
   local count = 0
   for _, bit in ipairs(bitfield_all('BITFIELD_RO', key, ids)) do count = count + bit end

@@ -36,7 +36,7 @@ local bare = {}
 for i = at + 1, at + tonumber(ARGV[at]) do bare[#bare + 1] = ARGV[i] end
 if next(bits_of(KEYS[8], bare)) then return -2 end
 local first = at + tonumber(ARGV[at]) + 1
-local ids, low, high, n = {}, math.huge, -1, 0
+local ids, low, high, n = {}, 0, 0, 0
 if tonumber(ARGV[first]) < 0 then -- lo, lo + 1, ...: made only where a sample is named
   n, low = -tonumber(ARGV[first]), tonumber(ARGV[first + 1])
   high = low + n - 1
@@ -47,11 +47,7 @@ else
   n = #ids
   if count_bits(KEYS[9], ids) ~= n then return -2 end
   set_bits(KEYS[3], ids)
-  for _, id in ipairs(ids) do
-    local i = tonumber(id)
-    if i < low then low = i end
-    if i > high then high = i end
-  end
+  low, high = bounds(ids)
 end
 local consecutive = #ids == 0
 -- Free the segment's spans all of whose samples are spilled now; return those of its samples
