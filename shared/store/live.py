@@ -9,6 +9,7 @@ whether the archive answers instead.
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -87,18 +88,18 @@ class _Bits:
         }
 
 
-def _reaches(field: str, low: int) -> bool:
-    """The span ``field`` (``lo-hi``) reaches the sample id ``low`` or beyond."""
-    return int(field.partition("-")[2]) >= low
-
-
-def _covered(fields: list[str], low: int, high: int) -> set[int]:
-    """The ids from ``low`` to ``high`` that the spans ``fields`` (``lo-hi``) hold."""
+def _holding(fields: list[str], ordered: list[int]) -> tuple[list[str], set[int]]:
+    """Those of the spans ``fields`` (``lo-hi``) that hold one of the sorted ids ``ordered``
+    at least, and the ids they hold."""
+    holding: list[str] = []
     covered: set[int] = set()
     for field in fields:
         lo, _, hi = field.partition("-")
-        covered.update(range(max(int(lo), low), min(int(hi), high) + 1))
-    return covered
+        first, last = bisect_left(ordered, int(lo)), bisect_right(ordered, int(hi))
+        if first < last:
+            holding.append(field)
+            covered.update(ordered[first:last])
+    return holding, covered
 
 
 def _hash(keys: RunKeys, name: str) -> str:
@@ -209,34 +210,43 @@ class LiveResults:
     ) -> tuple[list[list[str | None]], list[Any]]:
         """``sample_ids``' texts of the columns ``names`` (held one by one, or in spans: see
         :data:`SPAN_MAX`), and the replies of the commands ``after`` adds to a pipeline, read
-        after every text. Two pipelines: which spans may hold them and which hashes exist,
-        then each sample's text from its span or from its own field."""
+        after every text. Once the run's spans and hashes are known, one pipeline reads each
+        sample's text from its span or its own field, then the spans and hashes again, then
+        ``after``'s commands: a span or hash that came meanwhile makes it read again (up to
+        :data:`_STABLE_TRIES` times), so that the texts are those of one moment."""
         low, high = min(sample_ids), max(sample_ids)
         spanned = [name for name in names if name in _SPANNED]
-        with self._client.pipeline(transaction=False) as pipe:
+        ordered = sorted(set(sample_ids))
+
+        def layout(pipe: Pipeline) -> None:
             for name in spanned:
                 pipe.zrangebyscore(keys.ranges_of(name), low - SPAN_MAX + 1, high)
             for name in names:
                 pipe.exists(_hash(keys, name))
-            listed = pipe.execute()
-        fields = {
-            name: [f for f in found if _reaches(f, low)]
-            for name, found in zip(spanned, listed, strict=False)
-        }
-        asked: list[tuple[str, bool, list[Any]]] = []  # (column, spans?, fields)
+
         with self._client.pipeline(transaction=False) as pipe:
-            for name, held in zip(names, listed[len(spanned) :], strict=True):
-                if not held:
-                    continue
-                spanning = fields.get(name, [])
-                covered = _covered(spanning, low, high)
-                alone = [i for i in sample_ids if i not in covered] if covered else sample_ids
-                for is_span, wanted in ((True, spanning), (False, alone)):
-                    if wanted:
-                        pipe.hmget(_hash(keys, name), wanted)
-                        asked.append((name, is_span, wanted))
-            after(pipe)
-            replies = pipe.execute()
+            layout(pipe)
+            seen = pipe.execute()
+        for _ in range(_STABLE_TRIES):
+            asked: list[tuple[str, bool, list[Any]]] = []  # (column, spans?, fields)
+            with self._client.pipeline(transaction=False) as pipe:
+                for n, name in enumerate(names):
+                    if not seen[len(spanned) + n]:
+                        continue
+                    listed = seen[spanned.index(name)] if name in spanned else []
+                    spanning, covered = _holding(listed, ordered)
+                    alone = [i for i in sample_ids if i not in covered] if covered else sample_ids
+                    for is_span, wanted in ((True, spanning), (False, alone)):
+                        if wanted:
+                            pipe.hmget(_hash(keys, name), wanted)
+                            asked.append((name, is_span, wanted))
+                layout(pipe)
+                after(pipe)
+                replies = pipe.execute()
+            now = replies[len(asked) : len(asked) + len(seen)]
+            if now == seen:
+                break
+            seen = now
         found: dict[str, dict[int, str]] = {name: {} for name in names}
         for (name, is_span, of), texts in zip(asked, replies, strict=False):
             if is_span:
@@ -244,7 +254,7 @@ class LiveResults:
             else:
                 found[name].update((i, t) for i, t in zip(of, texts, strict=True) if t is not None)
         values = [[found[name].get(i) for i in sample_ids] for name in names]
-        return values, replies[len(asked) :]
+        return values, replies[len(asked) + len(seen) :]
 
     def scores(self, run_id: str) -> dict[int, dict[str, float]]:
         """Every scored sample's metrics, by sample id."""
