@@ -117,17 +117,19 @@ def _reads(stack: Stack, run_id: str, folder: Path, *flags: str) -> dict[str, ob
     url = stack.server.url
     found: dict[str, object] = {}
     for fmt in ("jsonl", "csv"):
-        shown = evalq(url, "results", run_id, "--format", fmt, *flags)
+        shown = evalq_in_process(url, "results", run_id, "--format", fmt, *flags)
         found[fmt] = (shown.returncode, shown.stdout, shown.stderr.strip()[-200:])
     out = folder / f"{run_id}-{len(list(folder.glob('*.parquet')))}.parquet"
-    shown = evalq(url, "results", run_id, "--format", "parquet", "--out", str(out), *flags)
+    shown = evalq_in_process(
+        url, "results", run_id, "--format", "parquet", "--out", str(out), *flags
+    )
     found["parquet"] = (shown.returncode, pq.read_table(out).to_pylist() if out.exists() else None)
-    status = evalq(url, "status", run_id, "--json", *flags)
+    status = evalq_in_process(url, "status", run_id, "--json", *flags)
     view = json.loads(status.stdout) if status.returncode == 0 else None
     if view is not None:
         view.pop("archived", None)
     found["status"] = (status.returncode, view)
-    followed = evalq(url, "results", run_id, "--follow", *flags)
+    followed = evalq_in_process(url, "results", run_id, "--follow", *flags)
     lines = sorted(followed.stdout.splitlines())
     found["follow"] = (followed.returncode, lines)
     return found
@@ -160,14 +162,17 @@ def test_an_archived_run_reads_exactly_as_it_did_live(fresh_stack: Stack, tmp_pa
     for meta in runs.values():
         wait_completed(stack.client, meta.run_id)
     a, b, held = (runs[k].run_id for k in ("a", "b", "hidden"))
+    # A reader who does not see the held-out run's timing sees its end from the next second
+    # on (the CLI's start-up in a subprocess used to wait that out): read live once it shows.
+    wait_for(lambda: not client.progress(held)[0].status.active, 10, "the held run's end to show")
     exports = tmp_path / "exports"
     exports.mkdir()
 
     def everything() -> dict[str, object]:
-        compared = evalq(stack.server.url, "compare", a, b, "--json")
+        compared = evalq_in_process(stack.server.url, "compare", a, b, "--json")
         return {
             "a": _reads(stack, a, exports),
-            "a_input": evalq(stack.server.url, "results", a, "--with-input").stdout,
+            "a_input": evalq_in_process(stack.server.url, "results", a, "--with-input").stdout,
             "held_user": _reads(stack, held, exports),
             "held_admin": _reads(stack, held, exports, "--admin"),
             "compare": (compared.returncode, compared.stdout),
@@ -192,7 +197,7 @@ def test_an_archived_run_reads_exactly_as_it_did_live(fresh_stack: Stack, tmp_pa
     archived = everything()
     for name, value in live.items():
         assert archived[name] == value, name
-    reported = evalq(stack.server.url, "report", a, "--out", str(tmp_path / "a.html"))
+    reported = evalq_in_process(stack.server.url, "report", a, "--out", str(tmp_path / "a.html"))
     assert reported.returncode == 0, reported.stderr  # its timeline from the archive
     page = (tmp_path / "a.html").read_text()
     assert "nothing settled yet" not in page  # the throughput chart, from the archive
@@ -200,7 +205,7 @@ def test_an_archived_run_reads_exactly_as_it_did_live(fresh_stack: Stack, tmp_pa
     dataset = client.results_dataset(a)
     assert dataset.num_rows == 120
     assert dataset.column_names == ["sample_id", "output", "scores", "error", "score.correct"]
-    refused = evalq(stack.server.url, "results", held)
+    refused = evalq_in_process(stack.server.url, "results", held)
     assert refused.returncode == 3
     assert "tier" in refused.stderr
     with pytest.raises(InputError, match="archived"):
