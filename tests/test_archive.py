@@ -48,7 +48,6 @@ from evalq.shared.store.writer import Delivery, ResultWriter
 from evalq.worker.archiver import _abandon, archive_run, spill_run
 from tests.conftest import Stack
 from tests.helpers import (
-    evalq,
     evalq_in_process,
     labelled_rows,
     list_splits,
@@ -283,19 +282,19 @@ def test_purge_removes_what_it_names_and_nothing_else(fresh_stack: Stack, tmp_pa
 
     url = stack.server.url
     for refused in (("purge",), ("purge", "--run", going), ("purge", "--older-than", "soon")):
-        shown = evalq(url, *refused)
+        shown = evalq_in_process(url, *refused)
         assert shown.returncode == 2, refused
         assert len(shown.stderr.strip().splitlines()) == 1
-    shown = evalq(url, "purge", "--run", gone, "--json")
+    shown = evalq_in_process(url, "purge", "--run", gone, "--json")
     assert shown.returncode == 0, shown.stderr
     assert json.loads(shown.stdout) == {"purged": [gone]}
     assert stack.client.keys(f"evalq:{{{gone}}}:*") == []
     assert not folders[gone].exists()
     assert stack.client.zscore(RUNS, gone) is None
-    assert evalq(url, "status", gone).returncode == 2
+    assert evalq_in_process(url, "status", gone).returncode == 2
 
     stack.client.zadd(RUNS, {old: 1.0})  # submitted long ago, as far as the index says
-    shown = evalq(url, "purge", "--older-than", "30d", "--json")
+    shown = evalq_in_process(url, "purge", "--older-than", "30d", "--json")
     assert json.loads(shown.stdout)["purged"] == [old]
     assert not folders[old].exists()
 
@@ -543,16 +542,16 @@ def test_workers_spill_a_going_run_and_it_reads_the_same_throughout(
     wait_for(lambda: len(Spill.read(stack.client, run_id).parts) == 4, 60, "four spilled segments")
     assert stack.client.hlen(keys.score) + stack.client.hlen(keys.err) == 0
     assert stack.client.bitcount(keys.spilled) == 64
-    going = evalq(stack.server.url, "results", run_id).stdout.splitlines()
+    going = evalq_in_process(stack.server.url, "results", run_id).stdout.splitlines()
     assert [json.loads(line)["sample_id"] for line in going] == list(range(120))
     assert all("scores" in line or "error" in line for line in going[:64])
     gate.touch()
     wait_completed(stack.client, run_id)
-    done = evalq(stack.server.url, "results", run_id).stdout.splitlines()
+    done = evalq_in_process(stack.server.url, "results", run_id).stdout.splitlines()
     assert done[:64] == going[:64]
     assert all("scores" in line or "error" in line for line in done)
     assert archive_run(stack.client, run_id).rows == 120
-    assert evalq(stack.server.url, "results", run_id).stdout.splitlines() == done
+    assert evalq_in_process(stack.server.url, "results", run_id).stdout.splitlines() == done
 
 
 def test_a_spill_refuses_a_segment_whose_output_came_after_it_was_read(
