@@ -28,6 +28,7 @@ from evalq.shared.stats import Z95, Stat, describe, holm, paired
 from tests.conftest import Stack
 from tests.helpers import (
     ended_view,
+    evalq,
     evalq_in_process,
     labelled_rows,
     list_splits,
@@ -336,7 +337,10 @@ def test_a_swept_grid_is_listed_and_compared_as_one_sweep(stack: Stack, tmp_path
         base, flipped = int(view["params"]["base"]), int(view["params"]["flip"].split("-")[1])
         right = sum((base if i != flipped else 1 - base) == y for i, y in enumerate(labels))
         assert view["stats"]["accuracy"]["mean"] == pytest.approx(right / N)
-    table = evalq_in_process(
+    # The tables need their width: a subprocess, whose console reads COLUMNS at start (in an
+    # xdist worker COLUMNS=80 and LINES=24 are set when the CLI's console is made in process,
+    # and fix its size)
+    table = evalq(
         stack.server.url, "runs", "--sweep", found["sweep"], "--tag", "nightly", COLUMNS="250"
     )
     assert "base=0 flip=item-1" in table.stdout
@@ -353,9 +357,7 @@ def test_a_swept_grid_is_listed_and_compared_as_one_sweep(stack: Stack, tmp_path
     # each run's own mean and interval beside its delta, the baseline's too, as status has them
     own = {v["run_id"]: v["stats"]["accuracy"] for v in views}
     assert result["stats"]["accuracy"] == own
-    text = evalq_in_process(
-        stack.server.url, "compare", "--sweep", found["sweep"], COLUMNS="250"
-    ).stdout
+    text = evalq(stack.server.url, "compare", "--sweep", found["sweep"], COLUMNS="250").stdout
     for run_id, stat in own.items():
         (line,) = [row for row in text.splitlines() if run_id in row and "│" in row]
         low, high = stat["ci95"]
