@@ -48,7 +48,6 @@ from evalq.shared.store.writer import Delivery, ResultWriter
 from evalq.worker.archiver import _abandon, archive_run, spill_run
 from tests.conftest import Stack
 from tests.helpers import (
-    evalq,
     evalq_in_process,
     labelled_rows,
     list_splits,
@@ -117,17 +116,19 @@ def _reads(stack: Stack, run_id: str, folder: Path, *flags: str) -> dict[str, ob
     url = stack.server.url
     found: dict[str, object] = {}
     for fmt in ("jsonl", "csv"):
-        shown = evalq(url, "results", run_id, "--format", fmt, *flags)
+        shown = evalq_in_process(url, "results", run_id, "--format", fmt, *flags)
         found[fmt] = (shown.returncode, shown.stdout, shown.stderr.strip()[-200:])
     out = folder / f"{run_id}-{len(list(folder.glob('*.parquet')))}.parquet"
-    shown = evalq(url, "results", run_id, "--format", "parquet", "--out", str(out), *flags)
+    shown = evalq_in_process(
+        url, "results", run_id, "--format", "parquet", "--out", str(out), *flags
+    )
     found["parquet"] = (shown.returncode, pq.read_table(out).to_pylist() if out.exists() else None)
-    status = evalq(url, "status", run_id, "--json", *flags)
+    status = evalq_in_process(url, "status", run_id, "--json", *flags)
     view = json.loads(status.stdout) if status.returncode == 0 else None
     if view is not None:
         view.pop("archived", None)
     found["status"] = (status.returncode, view)
-    followed = evalq(url, "results", run_id, "--follow", *flags)
+    followed = evalq_in_process(url, "results", run_id, "--follow", *flags)
     lines = sorted(followed.stdout.splitlines())
     found["follow"] = (followed.returncode, lines)
     return found
@@ -160,14 +161,17 @@ def test_an_archived_run_reads_exactly_as_it_did_live(fresh_stack: Stack, tmp_pa
     for meta in runs.values():
         wait_completed(stack.client, meta.run_id)
     a, b, held = (runs[k].run_id for k in ("a", "b", "hidden"))
+    # A reader who does not see the held-out run's timing sees its end from the next second
+    # on (the CLI's start-up in a subprocess used to wait that out): read live once it shows.
+    wait_for(lambda: not client.progress(held)[0].status.active, 10, "the held run's end to show")
     exports = tmp_path / "exports"
     exports.mkdir()
 
     def everything() -> dict[str, object]:
-        compared = evalq(stack.server.url, "compare", a, b, "--json")
+        compared = evalq_in_process(stack.server.url, "compare", a, b, "--json")
         return {
             "a": _reads(stack, a, exports),
-            "a_input": evalq(stack.server.url, "results", a, "--with-input").stdout,
+            "a_input": evalq_in_process(stack.server.url, "results", a, "--with-input").stdout,
             "held_user": _reads(stack, held, exports),
             "held_admin": _reads(stack, held, exports, "--admin"),
             "compare": (compared.returncode, compared.stdout),
@@ -192,7 +196,7 @@ def test_an_archived_run_reads_exactly_as_it_did_live(fresh_stack: Stack, tmp_pa
     archived = everything()
     for name, value in live.items():
         assert archived[name] == value, name
-    reported = evalq(stack.server.url, "report", a, "--out", str(tmp_path / "a.html"))
+    reported = evalq_in_process(stack.server.url, "report", a, "--out", str(tmp_path / "a.html"))
     assert reported.returncode == 0, reported.stderr  # its timeline from the archive
     page = (tmp_path / "a.html").read_text()
     assert "nothing settled yet" not in page  # the throughput chart, from the archive
@@ -200,7 +204,7 @@ def test_an_archived_run_reads_exactly_as_it_did_live(fresh_stack: Stack, tmp_pa
     dataset = client.results_dataset(a)
     assert dataset.num_rows == 120
     assert dataset.column_names == ["sample_id", "output", "scores", "error", "score.correct"]
-    refused = evalq(stack.server.url, "results", held)
+    refused = evalq_in_process(stack.server.url, "results", held)
     assert refused.returncode == 3
     assert "tier" in refused.stderr
     with pytest.raises(InputError, match="archived"):
@@ -278,19 +282,19 @@ def test_purge_removes_what_it_names_and_nothing_else(fresh_stack: Stack, tmp_pa
 
     url = stack.server.url
     for refused in (("purge",), ("purge", "--run", going), ("purge", "--older-than", "soon")):
-        shown = evalq(url, *refused)
+        shown = evalq_in_process(url, *refused)
         assert shown.returncode == 2, refused
         assert len(shown.stderr.strip().splitlines()) == 1
-    shown = evalq(url, "purge", "--run", gone, "--json")
+    shown = evalq_in_process(url, "purge", "--run", gone, "--json")
     assert shown.returncode == 0, shown.stderr
     assert json.loads(shown.stdout) == {"purged": [gone]}
     assert stack.client.keys(f"evalq:{{{gone}}}:*") == []
     assert not folders[gone].exists()
     assert stack.client.zscore(RUNS, gone) is None
-    assert evalq(url, "status", gone).returncode == 2
+    assert evalq_in_process(url, "status", gone).returncode == 2
 
     stack.client.zadd(RUNS, {old: 1.0})  # submitted long ago, as far as the index says
-    shown = evalq(url, "purge", "--older-than", "30d", "--json")
+    shown = evalq_in_process(url, "purge", "--older-than", "30d", "--json")
     assert json.loads(shown.stdout)["purged"] == [old]
     assert not folders[old].exists()
 
@@ -604,16 +608,16 @@ def test_workers_spill_a_going_run_and_it_reads_the_same_throughout(
     wait_for(lambda: len(Spill.read(stack.client, run_id).parts) == 4, 60, "four spilled segments")
     assert _held(stack.client, keys.score) + _held(stack.client, keys.err) == 0
     assert stack.client.bitcount(keys.spilled) == 64
-    going = evalq(stack.server.url, "results", run_id).stdout.splitlines()
+    going = evalq_in_process(stack.server.url, "results", run_id).stdout.splitlines()
     assert [json.loads(line)["sample_id"] for line in going] == list(range(120))
     assert all("scores" in line or "error" in line for line in going[:64])
     gate.touch()
     wait_completed(stack.client, run_id)
-    done = evalq(stack.server.url, "results", run_id).stdout.splitlines()
+    done = evalq_in_process(stack.server.url, "results", run_id).stdout.splitlines()
     assert done[:64] == going[:64]
     assert all("scores" in line or "error" in line for line in done)
     assert archive_run(stack.client, run_id).rows == 120
-    assert evalq(stack.server.url, "results", run_id).stdout.splitlines() == done
+    assert evalq_in_process(stack.server.url, "results", run_id).stdout.splitlines() == done
 
 
 def test_a_spill_refuses_a_segment_whose_output_came_after_it_was_read(

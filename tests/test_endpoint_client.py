@@ -85,7 +85,9 @@ def serve() -> Iterator[Callable[[Handler], str]]:
                 pass
 
         server = ThreadingHTTPServer(("127.0.0.1", 0), Crafted)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        server.daemon_threads = False  # server_close() waits for a handler still answering
+        # polled every 10 ms, not 0.5 s: shutdown() waits for the loop's next look
+        threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True).start()
         servers.append(server)
         return f"http://127.0.0.1:{server.server_address[1]}/v1"
 
@@ -314,7 +316,7 @@ def test_a_models_route_that_says_nothing_is_not_asked_again_for_a_while(
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Answering)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}/v1"
     cache = ResponseCache(connect(redis_only.url), 3600, 65536)
     spec = ModelSpec.parse("openai/m", {"base_url": url, "max_retries": "0", "timeout": "2"})

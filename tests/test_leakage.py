@@ -29,7 +29,7 @@ from evalq.shared.errors import RemoteError, TierRefusedError
 from evalq.shared.models import RunStatus
 from evalq.shared.queue.celery_app import create_app
 from evalq.shared.settings import Settings
-from tests.helpers import REPO, audit_entries, serving, wait_for, wilson, write_rows
+from tests.helpers import REPO, audit_entries, gateway, wait_for, wilson, write_rows
 
 pytestmark = pytest.mark.integration
 
@@ -74,7 +74,10 @@ class Board:
 def board(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Board]:
     root = tmp_path_factory.mktemp("board")
     server = RedisServer(root / "redis").start()
-    settings = Settings(redis_url=server.url, plugins=("tests.plugins",), principal="op")
+    archive = str(root / "archive")  # the runs' archives stay in the test's folder
+    settings = Settings(
+        redis_url=server.url, plugins=("tests.plugins",), principal="op", archive_url=archive
+    )
     operator = Client(settings, admin=True)
     for split in ("heldout", "exact"):
         write_rows(root / "data", split, _rows())
@@ -88,14 +91,29 @@ def board(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Board]:
     operator.apply_policy(PolicyFile.model_validate({"datasets": {DATASET: policy}}))
     tokens = {p: operator.create_token(p, Role.USER) for p in ("mallory", "honest")}
     tokens["root"] = operator.create_token("root", Role.ADMIN)
+    # Each flip candidate has its own params, hence its own warm model in the worker: with the
+    # default EVALQ_MAX_MODELS (2) the runs the dispatcher interleaves evicted each other about
+    # three times a run, each eviction a full garbage collection (~0.17 s with torch imported),
+    # 100 of a flip attack's 138 s. The guess "model" is None: keeping all ~200 costs nothing.
     workers = LocalWorkers(
         server.url,
-        env={"EVALQ_PLUGINS": "tests.plugins", "PYTHONPATH": str(REPO), "EVALQ_MAX_BATCH": "256"},
+        env={
+            "EVALQ_PLUGINS": "tests.plugins",
+            "PYTHONPATH": str(REPO),
+            "EVALQ_MAX_BATCH": "256",
+            "EVALQ_MAX_MODELS": "1000",
+            "EVALQ_ARCHIVE_URL": archive,
+        },
         log_dir=root,
     )
     workers.start(create_app(settings))
     try:
-        with serving(server.url, root / "gateway.log") as api:
+        # The user's request rate (20/s by default, tests/test_gateway_limits.py tests it) only
+        # paces the attacker: a flip attack's ~420 requests took 20 s of waiting. What a run
+        # releases is the Ladder's to decide, and it does not depend on the pace.
+        with gateway(
+            server.url, root / "gateway.log", EVALQ_GATEWAY_RATE="1000", EVALQ_ARCHIVE_URL=archive
+        ) as (api, _):
             board = Board(api, tokens, operator, connect(server.url), [])
             yield board
             for caller in board.callers:

@@ -29,6 +29,7 @@ from tests.conftest import Stack
 from tests.helpers import (
     ended_view,
     evalq,
+    evalq_in_process,
     labelled_rows,
     list_splits,
     record_run,
@@ -227,18 +228,18 @@ def test_status_stats_and_compare_end_to_end(stack: Stack, tmp_path: Path) -> No
     for run_id in runs:
         wait_completed(stack.client, run_id)
 
-    shown = evalq(stack.server.url, "status", runs[0], "--json")
+    shown = evalq_in_process(stack.server.url, "status", runs[0], "--json")
     assert shown.returncode == 0, shown.stderr
     stat = json.loads(shown.stdout)["stats"]["accuracy"]
     p = labels.count(0) / N  # base 0 is right where the label is 0
     assert stat["mean"] == pytest.approx(p)
     assert stat["stderr"] == pytest.approx(math.sqrt(p * (1 - p) / (N - 1)))
     assert stat["n"] == N
-    human = evalq(stack.server.url, "status", runs[0])
+    human = evalq_in_process(stack.server.url, "status", runs[0])
     assert f"{p:.4f} ± " in human.stdout
     assert "95% CI" in human.stdout
 
-    compared = evalq(stack.server.url, "compare", runs[0], runs[1], "--json")
+    compared = evalq_in_process(stack.server.url, "compare", runs[0], runs[1], "--json")
     assert compared.returncode == 0, compared.stderr
     found = json.loads(compared.stdout)
     assert found["baseline"] == runs[0]
@@ -249,13 +250,13 @@ def test_status_stats_and_compare_end_to_end(stack: Stack, tmp_path: Path) -> No
     assert delta["n_paired"] == N
     assert found["flips"]["accuracy"][runs[1]] == {"fixed": fixed, "broken": broken}
 
-    exported = evalq(stack.server.url, "results", runs[1], "--with-input")
+    exported = evalq_in_process(stack.server.url, "results", runs[1], "--with-input")
     assert exported.returncode == 0, exported.stderr
     lines = [json.loads(line) for line in exported.stdout.splitlines()]
     assert [r["input"]["label"] for r in lines] == labels  # viewable: labels included
     assert all(r["input"]["text"].startswith(f"item-{r['sample_id']} ") for r in lines)
 
-    other_split = evalq(stack.server.url, "compare", runs[0], runs[2])
+    other_split = evalq_in_process(stack.server.url, "compare", runs[0], runs[2])
     assert other_split.returncode == 2
     assert "do not pair" in other_split.stderr
 
@@ -279,10 +280,10 @@ def test_a_non_viewable_split_releases_no_exact_error_bar_and_no_pairs(
     assert view.aggregate is not None
     assert (stat.mean, stat.stderr, stat.ci95) == (view.aggregate["accuracy"], None, None)
     assert stat.method.startswith("released (ladder")
-    refused = evalq(stack.server.url, "compare", *runs)
+    refused = evalq_in_process(stack.server.url, "compare", *runs)
     assert refused.returncode == 3
     assert "tier refused" in refused.stderr
-    admin = evalq(stack.server.url, "compare", *runs, "--admin", "--json")
+    admin = evalq_in_process(stack.server.url, "compare", *runs, "--admin", "--json")
     assert admin.returncode == 0, admin.stderr
 
 
@@ -319,7 +320,7 @@ def test_a_sweep_is_the_grid_of_its_values_and_bad_sweeps_are_one_line_errors(
 def test_a_swept_grid_is_listed_and_compared_as_one_sweep(stack: Stack, tmp_path: Path) -> None:
     dataset = _board(stack, tmp_path)
     labels = [(i * 5) % 3 % 2 for i in range(N)]
-    submitted = evalq(
+    submitted = evalq_in_process(
         stack.server.url, "submit", "guess", "--dataset", dataset, "--split", "validation",
         "--sweep", "base=0,1", "--sweep", "flip=item-1,item-2", "--tag", "nightly", "--json",
     )  # fmt: skip
@@ -328,7 +329,7 @@ def test_a_swept_grid_is_listed_and_compared_as_one_sweep(stack: Stack, tmp_path
     assert len(found["run_ids"]) == 4
     for run_id in found["run_ids"]:
         wait_completed(stack.client, run_id)
-    listed = evalq(stack.server.url, "runs", "--sweep", found["sweep"], "--json")
+    listed = evalq_in_process(stack.server.url, "runs", "--sweep", found["sweep"], "--json")
     views = json.loads(listed.stdout)
     assert {v["run_id"] for v in views} == set(found["run_ids"])
     assert all(v["sweep"] == found["sweep"] and v["tags"] == ["nightly"] for v in views)
@@ -336,14 +337,19 @@ def test_a_swept_grid_is_listed_and_compared_as_one_sweep(stack: Stack, tmp_path
         base, flipped = int(view["params"]["base"]), int(view["params"]["flip"].split("-")[1])
         right = sum((base if i != flipped else 1 - base) == y for i, y in enumerate(labels))
         assert view["stats"]["accuracy"]["mean"] == pytest.approx(right / N)
+    # The tables need their width: a subprocess, whose console reads COLUMNS at start (in an
+    # xdist worker COLUMNS=80 and LINES=24 are set when the CLI's console is made in process,
+    # and fix its size)
     table = evalq(
         stack.server.url, "runs", "--sweep", found["sweep"], "--tag", "nightly", COLUMNS="250"
     )
     assert "base=0 flip=item-1" in table.stdout
     assert "accuracy" in table.stdout
-    other_tag = evalq(stack.server.url, "runs", "--sweep", found["sweep"], "--tag", "x", "--json")
+    other_tag = evalq_in_process(
+        stack.server.url, "runs", "--sweep", found["sweep"], "--tag", "x", "--json"
+    )
     assert json.loads(other_tag.stdout) == []
-    compared = evalq(stack.server.url, "compare", "--sweep", found["sweep"], "--json")
+    compared = evalq_in_process(stack.server.url, "compare", "--sweep", found["sweep"], "--json")
     assert compared.returncode == 0, compared.stderr
     result = json.loads(compared.stdout)
     assert result["baseline"] == found["run_ids"][0]
@@ -358,7 +364,7 @@ def test_a_swept_grid_is_listed_and_compared_as_one_sweep(stack: Stack, tmp_path
         assert f"{stat['mean']:.4f}" in line
         assert f"{low:.4f} to {high:.4f}, n {N}" in line
     page = tmp_path / "sweep.html"
-    reported = evalq(stack.server.url, "report", *found["run_ids"], "--out", str(page))
+    reported = evalq_in_process(stack.server.url, "report", *found["run_ids"], "--out", str(page))
     assert reported.returncode == 0, reported.stderr
     html = page.read_text()
     for stat in own.values():
@@ -379,7 +385,7 @@ def test_rescore_scores_stored_outputs_without_inference(stack: Stack, tmp_path:
     calls = tmp_path / "infer-calls"
     wait_completed(stack.client, source.run_id)
 
-    done = evalq(stack.server.url, "rescore", source.run_id, "--eval", "spy_close",
+    done = evalq_in_process(stack.server.url, "rescore", source.run_id, "--eval", "spy_close",
                  "--param", f"calls={calls}", "--json")  # fmt: skip
     assert done.returncode == 0, done.stderr
     rescored = json.loads(done.stdout)["run_id"]
@@ -391,7 +397,7 @@ def test_rescore_scores_stored_outputs_without_inference(stack: Stack, tmp_path:
     close = [float(abs(predict(str(r["text"])) - int(str(r["label"]))) <= 1) for r in rows]
     assert view.aggregate == pytest.approx({"close": sum(close) / len(close)})
 
-    other_kind = evalq(stack.server.url, "rescore", source.run_id, "--eval", "guess")
+    other_kind = evalq_in_process(stack.server.url, "rescore", source.run_id, "--eval", "guess")
     assert other_kind.returncode == 2
     assert "output kinds" in other_kind.stderr
 
