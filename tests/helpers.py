@@ -257,11 +257,17 @@ def gateway(
     redis_url: str, log: Path, **settings: str
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """``evalq serve`` on a free port with the test plugins and ``settings`` (``EVALQ_*``; none
-    inherited from the test's environment), until the block ends; yields its base URL once it
+    inherited from the test's environment; its runs archived beside ``log`` unless
+    ``EVALQ_ARCHIVE_URL`` is given), until the block ends; yields its base URL once it
     answers, and its process."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("EVALQ_")}
     env.update(
-        {"EVALQ_REDIS_URL": redis_url, "EVALQ_PLUGINS": "tests.plugins", "PYTHONPATH": str(REPO)}
+        {
+            "EVALQ_REDIS_URL": redis_url,
+            "EVALQ_PLUGINS": "tests.plugins",
+            "PYTHONPATH": str(REPO),
+            "EVALQ_ARCHIVE_URL": str(log.parent / "archive"),
+        }
     )
     env.update(settings)
     port = free_port()
