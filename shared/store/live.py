@@ -25,7 +25,7 @@ from evalq.shared.store.aggregate import error_kinds
 from evalq.shared.store.archive import Chunk
 from evalq.shared.store.runs import RunStore
 from evalq.shared.store.spill import Spill
-from evalq.shared.store.wire import SPAN_MAX, error_kind, scores_of, spans
+from evalq.shared.store.wire import SPAN_MAX, error_kind, scores_of, span_bounds, spans
 
 __all__ = ["COLUMNS", "SCAN_COUNT", "LiveResults", "Present", "Sealed", "settled_ids"]
 
@@ -39,7 +39,8 @@ their bits read one by one."""
 _SPANNED = frozenset({"outputs", "scores"})
 """The columns whose hashes hold spans as well as single samples."""
 _STABLE_TRIES = 5
-"""Reads of a going run's error counts before one no spill overlapped is given up on."""
+"""Reads of a going run before one nothing overlapped is given up on: of its error counts (a
+spill), of its texts (a span or hash that came meanwhile)."""
 
 
 class Sealed(Exception):
@@ -94,8 +95,8 @@ def _holding(fields: list[str], ordered: list[int]) -> tuple[list[str], set[int]
     holding: list[str] = []
     covered: set[int] = set()
     for field in fields:
-        lo, _, hi = field.partition("-")
-        first, last = bisect_left(ordered, int(lo)), bisect_right(ordered, int(hi))
+        lo, hi = span_bounds(field) or (0, -1)
+        first, last = bisect_left(ordered, lo), bisect_right(ordered, hi)
         if first < last:
             holding.append(field)
             covered.update(ordered[first:last])
@@ -321,17 +322,17 @@ class LiveResults:
     def _scan_texts(self, key: str) -> Iterator[tuple[int, str]]:
         """(sample id, text) of every sample the hash ``key`` holds, one by one or in spans."""
         for field, text in self._scan(key):
-            if "-" in field:
-                yield from spans([field], [text])
-            else:
+            if span_bounds(field) is None:
                 yield int(field), text
+            else:
+                yield from spans([field], [text])
 
 
 def settled_ids(fields: Any) -> list[int]:
     """The sample ids of one entry of a run's settled stream (written by ``settle.lua``: ids
     separated by commas, or a span's ``lo-hi``)."""
     listed = str(fields["ids"])
-    lo, span, hi = listed.partition("-")
-    if span:
-        return list(range(int(lo), int(hi) + 1))
+    bounds = span_bounds(listed)
+    if bounds is not None:
+        return list(range(bounds[0], bounds[1] + 1))
     return [int(i) for i in listed.split(",")]

@@ -23,7 +23,7 @@ from evalq.shared.store.aggregate import error_kinds
 from evalq.shared.store.archive import Chunk, inside, read_part
 from evalq.shared.store.runs import RunStore
 from evalq.shared.store.scripts import flatten, register
-from evalq.shared.store.wire import SPAN_MAX
+from evalq.shared.store.wire import SPAN_MAX, consecutive
 
 __all__ = ["Spill", "SpillOutcome", "Spiller"]
 
@@ -143,10 +143,7 @@ class Spill:
 def _listed(sample_ids: list[int]) -> list[int]:
     """A segment's ids as ``spill.lua`` takes them: ``-n, lo`` for the samples lo, lo + 1, ...,
     else each."""
-    n = len(sample_ids)
-    if n and sample_ids == list(range(sample_ids[0], sample_ids[0] + n)):
-        return [-n, sample_ids[0]]
-    return sample_ids
+    return [-len(sample_ids), sample_ids[0]] if consecutive(sample_ids) else sample_ids
 
 
 class Spiller:

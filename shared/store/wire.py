@@ -8,7 +8,7 @@ gives exactly the text a result's line gives.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 from evalq.shared.models import (
     GRADE_PREFIX,
@@ -29,11 +29,13 @@ __all__ = [
     "SPAN_MAX",
     "as_chunks",
     "chunk_lines",
+    "consecutive",
     "error_kind",
     "result_line",
     "result_of",
     "results_of",
     "scores_of",
+    "span_bounds",
     "span_of",
     "spans",
     "text_line",
@@ -164,19 +166,32 @@ def span_of(texts: dict[int, str], prefix: str) -> tuple[int, str] | None:
     n = len(texts)
     if n < 2 or n > SPAN_MAX:
         return None
-    lo = next(iter(texts))
-    if list(texts) != list(range(lo, lo + n)):
+    ids = list(texts)
+    if not consecutive(ids):
         return None
     joined = "\n".join(texts.values())
     if joined.count("\n") != n - 1 or prefix in joined:
         return None
-    return lo, joined
+    return ids[0], joined
+
+
+def consecutive(ids: Sequence[int]) -> bool:
+    """``ids`` are ``lo``, ``lo + 1``, ... (one at least): a span's samples, or a message's
+    that travels as ``-n, lo``."""
+    return bool(ids) and list(ids) == list(range(ids[0], ids[0] + len(ids)))
+
+
+def span_bounds(field: str) -> tuple[int, int] | None:
+    """The first and last sample of the span ``field`` (``lo-hi``, as a span's field and a
+    settled-stream entry name it); None for a single sample's id."""
+    lo, dash, hi = field.partition("-")
+    return (int(lo), int(hi)) if dash else None
 
 
 def spans(fields: Iterable[str], texts: Iterable[str | None]) -> Iterator[tuple[int, str]]:
     """(sample id, text) of every sample of the spans named by ``fields`` (``lo-hi``), whose
     ``texts`` were read with them (None: gone meanwhile, spilled)."""
     for field, joined in zip(fields, texts, strict=True):
-        if joined is not None:
-            lo = int(field.partition("-")[0])
-            yield from enumerate(joined.split("\n"), lo)
+        bounds = span_bounds(field)
+        if joined is not None and bounds is not None:
+            yield from enumerate(joined.split("\n"), bounds[0])

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import redis
+from redis.commands.core import Script
 
 from evalq.shared.evaluation import Evaluation
 from evalq.shared.keys import UNSENT, RunKeys
@@ -29,7 +31,7 @@ from evalq.shared.store.aggregate import Clusters, Finished, conclude
 from evalq.shared.store.reader import ResultReader
 from evalq.shared.store.runs import RunStore
 from evalq.shared.store.scripts import flatten, register
-from evalq.shared.store.wire import span_of
+from evalq.shared.store.wire import consecutive, span_of
 
 __all__ = ["Delivery", "ResultWriter", "Settled"]
 
@@ -72,7 +74,7 @@ def _messages(deliveries: list[Delivery]) -> list[str | int]:
     args: list[str | int] = []
     for delivery in deliveries:
         ids = delivery.sample_ids
-        if len(ids) > 1 and ids == list(range(ids[0], ids[0] + len(ids))):
+        if len(ids) > 1 and consecutive(ids):
             args += [delivery.key, int(delivery.solo), -len(ids), ids[0]]
         elif ids:
             args += [delivery.key, int(delivery.solo), len(ids), *ids]
@@ -91,6 +93,19 @@ def _messages_of(deliveries: list[Delivery], ids: list[int]) -> list[str | int]:
         if delivery.sample_ids:
             args += [delivery.key, int(delivery.solo), len(delivery.sample_ids)]
     return args
+
+
+def _span_or_each(
+    script: Script, keys: list[str], as_span: list[Any] | None, each: list[Any]
+) -> list[Any]:
+    """``script``'s reply to the samples as one span (``as_span``), or, when they are not one
+    or some of them has its result already (the script answers -1 and writes nothing), one by
+    one (``each``)."""
+    if as_span is not None:
+        reply = script(keys=keys, args=as_span)
+        if int(reply[0]) >= 0:
+            return list(reply)
+    return list(script(keys=keys, args=each))
 
 
 def _counts(deliveries: list[Delivery], counts: list[int]) -> dict[int, int]:
@@ -178,7 +193,7 @@ class ResultWriter:
             return 0, None
         keys = RunKeys(run_id)
         span = span_of(outputs, USAGE_PREFIX)
-        given = [USAGE_PREFIX, len(outputs), *(("~", *span) if span else flatten(outputs))]
+        head = [USAGE_PREFIX, len(outputs)]
         script_keys = [
             keys.out,
             keys.progress,
@@ -190,10 +205,12 @@ class ResultWriter:
             keys.ranges_of("outputs"),
         ]
         attempt = _messages_of(scoring, list(outputs)) if scoring else []
-        reply = self._record_outputs(keys=script_keys, args=[*given, *attempt])
-        if int(reply[0]) < 0:  # a span some of whose samples have an output: one by one
-            given = [USAGE_PREFIX, len(outputs), *flatten(outputs)]
-            reply = self._record_outputs(keys=script_keys, args=[*given, *attempt])
+        reply = _span_or_each(
+            self._record_outputs,
+            script_keys,
+            None if span is None else [*head, "~", *span, *attempt],
+            [*head, *flatten(outputs), *attempt],
+        )
         written, *counts = (int(c) for c in reply)
         if written != len(outputs) or not any(d.sample_ids for d in scoring):
             return written, None
@@ -258,15 +275,12 @@ class ResultWriter:
             int(counted_alone),
         ]
         span = span_of(values, GRADE_PREFIX) if kind == "score" else None
-        reply = None
-        if span:
-            lo, joined = span
-            reply = self._settle_script(
-                keys=script_keys, args=[*head, "~", lo, len(values), joined]
-            )
-        if reply is None or int(reply[0]) < 0:  # a span some of whose samples are settled
-            reply = self._settle_script(keys=script_keys, args=[*head, *flatten(values)])
-        written, finalize, settled = reply
+        written, finalize, settled = _span_or_each(
+            self._settle_script,
+            script_keys,
+            None if span is None else [*head, "~", span[0], len(values), span[1]],
+            [*head, *flatten(values)],
+        )
         return Settled(bool(finalize), int(written), int(settled))
 
     def finalize(

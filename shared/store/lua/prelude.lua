@@ -137,11 +137,19 @@ local function span_ids(lo, n)
   return ids
 end
 -- Write a span of samples (the texts of ``lo`` to ``hi``, every one, joined by newlines) to
--- the hash ``key`` as the field ``lo-hi``, listed in the sorted set ``ranges`` by ``lo``.
-local function write_span(key, ranges, lo, hi, texts)
+-- the hash ``key`` as the field ``lo-hi``, listed in the sorted set ``ranges`` by ``lo``, and
+-- set their bits in the bitmap ``bits``; only when none of them is set in ``bits`` or in
+-- ``spilled`` (one BITCOUNT each): false, and nothing written, otherwise.
+local function write_span(key, ranges, bits, spilled, lo, hi, texts)
+  if redis.call('BITCOUNT', bits, lo, hi, 'BIT') > 0
+    or redis.call('BITCOUNT', spilled, lo, hi, 'BIT') > 0 then
+    return false
+  end
   local field = lo .. '-' .. hi
   redis.call('HSET', key, field, texts)
   redis.call('ZADD', ranges, lo, field)
+  set_range(bits, lo, hi)
+  return true
 end
 
 -- Count one more attempt of each sample the messages from ARGV[at] on bring, at one stage

@@ -38,12 +38,9 @@ local written = 0
 if ARGV[3] == '~' then -- ids: the span's first, lo (count_attempts makes the others if needed)
   local lo = tonumber(ARGV[4])
   ids, at = lo, 6
-  if redis.call('BITCOUNT', KEYS[7], lo, lo + n - 1, 'BIT') > 0
-    or redis.call('BITCOUNT', KEYS[4], lo, lo + n - 1, 'BIT') > 0 then
+  if not write_span(KEYS[1], KEYS[8], KEYS[7], KEYS[4], lo, lo + n - 1, ARGV[5]) then
     return {-1}
   end
-  write_span(KEYS[1], KEYS[8], lo, lo + n - 1, ARGV[5])
-  set_range(KEYS[7], lo, lo + n - 1)
   written = n
 else
   for i = 3, 2 + 2 * n, 2 do ids[#ids + 1] = ARGV[i] end

@@ -43,12 +43,9 @@ local graded, read, wrote = ARGV[4], 0, 0
 if ARGV[6] == '~' then
   local lo, n = tonumber(ARGV[7]), tonumber(ARGV[8])
   local hi = lo + n - 1
-  if redis.call('BITCOUNT', KEYS[9], lo, hi, 'BIT') > 0
-    or redis.call('BITCOUNT', KEYS[8], lo, hi, 'BIT') > 0 then
+  if not write_span(KEYS[1], KEYS[10], KEYS[9], KEYS[8], lo, hi, ARGV[9]) then
     return {-1, 0, 0}
   end
-  write_span(KEYS[1], KEYS[10], lo, hi, ARGV[9])
-  set_range(KEYS[9], lo, hi)
   written, listed = n, lo .. '-' .. hi
   if ARGV[5] == '1' then given = span_ids(lo, n) end
 else
