@@ -78,11 +78,12 @@ def measure(root: Path, samples: int, spill: bool) -> Measured:
             run_id=uuid.uuid4().hex[:16], eval="null", spec=spec.fingerprint, dataset_id="bench",
             split="validation", n=samples, status=RunStatus.QUEUED, created=time.time(),
         )  # fmt: skip
-        RunStore(client).create(meta, list(range(samples)), str(root / "archive"))
+        ids = list(range(samples))
+        RunStore(client).create(meta, ids, str(root / "archive"))
         runtimes = RuntimePool("cpu", max_models=1)
 
         def spill_now(run_id: str) -> None:
-            spill_run(client, run_id, ROWS)
+            spill_run(client, run_id, ROWS, ids)
 
         res = Resources(
             runs=RunStore(client), reader=ResultReader(client), writer=ResultWriter(client),

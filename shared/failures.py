@@ -95,12 +95,12 @@ class Counted:
 
 
 def metric_samples(
-    scores: Mapping[int, Mapping[str, float]], failures: Mapping[int, str], rule: FailureRule
+    scores: Mapping[int, dict[str, float]], failures: Mapping[int, str], rule: FailureRule
 ) -> Counted:
     """The metric samples of a run whose scored samples are ``scores`` (sample id -> metrics)
     and whose failed ones are ``failures`` (sample id -> ``stage/kind``), under ``rule``; a
     failed sample that was also scored counts as scored."""
-    counted = {i: {name: float(v) for name, v in s.items()} for i, s in scores.items()}
+    counted = dict(scores)
     unsent = [i for i in failures if i not in counted and _unsent(failures[i])]
     failures = {i: kind for i, kind in failures.items() if not _unsent(kind)}
     failed_ids = [i for i in sorted(failures) if i not in counted]

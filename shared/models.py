@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -28,6 +29,7 @@ __all__ = [
     "Stage",
     "WorkerProvenance",
     "from_json",
+    "scores_values",
     "to_json",
 ]
 
@@ -358,6 +360,19 @@ def split_grade(value: Any, text: str) -> tuple[dict[str, float], Grade | None]:
 def scores_value(text: str) -> dict[str, float]:
     """The metrics of stored scores' JSON ``text``, without their grade."""
     return split_grade(from_json(text), text)[0]
+
+
+def scores_values(texts: Sequence[str]) -> list[dict[str, float]]:
+    """:func:`scores_value` of each of ``texts``, parsed as one JSON array: one call of the
+    JSON parser for all of them, not one each (a stored text is one JSON value, as
+    :func:`to_json` wrote it; a text that is not makes the count differ, and that raises)."""
+    if not texts:
+        return []
+    values = from_json(f"[{','.join(texts)}]")
+    return [
+        dict(value["scores"]) if text.startswith(GRADE_PREFIX) else value
+        for text, value in zip(texts, values, strict=True)
+    ]
 
 
 class SampleResult(BaseModel):

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from statistics import fmean, stdev
+from statistics import fmean
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, computed_field
@@ -150,10 +150,11 @@ def _stat(
 
 
 def _analytic(values: list[float], span: Range | None = None) -> Stat:
+    array = np.asarray(values, dtype=float)
     mean = fmean(values)
-    stderr = stdev(values) / math.sqrt(len(values)) if len(values) > 1 else None
-    if _binary(values):
-        low, high = wilson(int(sum(values)), len(values))
+    stderr = float(array.std(ddof=1)) / math.sqrt(len(values)) if len(values) > 1 else None
+    if _binary(array):
+        low, high = wilson(int(array.sum()), len(values))
         interval: Interval | None = Interval(method="wilson", low=low, high=high)
     else:
         interval = _clipped(_interval(mean, stderr), span)

@@ -32,7 +32,9 @@ from evalq.shared.models import (
     SampleResult,
     Stage,
     Usage,
+    scores_values,
     to_json,
+    with_grade,
     with_usage,
 )
 from evalq.shared.queue.celery_app import create_app
@@ -285,6 +287,28 @@ def test_a_graded_result_reads_the_same_from_its_texts_and_its_table() -> None:
     ]  # fmt: skip
     assert table.column("grade.verdict").to_pylist() == ["GRADE: C", None]
     assert flatten(graded)["grade.verdict"] == "GRADE: C"
+
+
+def test_stored_scores_parse_together_as_each_alone() -> None:
+    """Scores are parsed as one JSON array (finalizing reads every one of them): the same
+    metrics as parsing each text, a grade taken apart, and a text that is not one JSON value
+    refused, not shifting its neighbours' values."""
+    usage = Usage(prompt_tokens=3, completion_tokens=1)
+    grade = Grade(grader="openai/judge", prompt="p", verdict="GRADE: I", usage=usage)
+    texts = [
+        to_json({"acc": 1.0, "f1": 0.5}),
+        None,
+        to_json(with_grade({"model_graded": 0.0}, grade)),
+        to_json({"acc": -2.5e-07}),
+    ]
+    assert scores_of([7, 8, 9, 10], texts) == {
+        7: {"acc": 1.0, "f1": 0.5},
+        9: {"model_graded": 0.0},
+        10: {"acc": -2.5e-07},
+    }
+    assert scores_values([]) == []
+    with pytest.raises(ValueError, match="zip"):
+        scores_values(['{"acc":1.0},{"acc":0.0}', '{"acc":1.0}'])
 
 
 def test_only_a_batch_of_consecutive_plain_texts_travels_as_one_span() -> None:

@@ -347,3 +347,25 @@ def test_verification_refuses_altered_routing_and_passes_honest_specs(
         # refused at the first attempt, never retried
         assert not any("(attempt 2" in e.message or "(attempt 3" in e.message for e in errors if e)
     fresh_stack.wait_logged("cannot verify the kmeans routing")
+
+
+def test_rows_come_back_as_datasets_reads_them_in_any_order(
+    redis_only: RedisServer, tmp_path: Path
+) -> None:
+    """Rows taken from a shard's Arrow table equal those ``datasets`` gives, nested values,
+    nulls and floats included, for ids in any order and across shards."""
+    records = [
+        {
+            "text": f"t{i}",
+            "tags": [f"a{i}", None][: 1 + i % 2],
+            "meta": {"x": i / 3, "y": None if i % 3 else [i, i + 1]},
+            "label": i % 4,
+        }
+        for i in range(120)
+    ]
+    (tmp_path / "validation.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    client = connect(redis_only.url)
+    spec, rows = build_spec(str(tmp_path), "validation", sharding=Sharding(shards=3))
+    fingerprint = publish_spec(client, spec)
+    ids = [117, 3, 60, 4, 59, 0, 118, 61, 2]
+    assert ShardCache(client, capacity=3).rows(fingerprint, ids) == [rows[i] for i in ids]

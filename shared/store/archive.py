@@ -35,7 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from evalq.shared.errors import ArchiveUnreadableError, first_line
-from evalq.shared.models import from_json, scores_value, to_json
+from evalq.shared.models import from_json, scores_values, to_json
 
 __all__ = [
     "MANIFEST",
@@ -191,7 +191,8 @@ class Chunk:
         """The chunk as a table of the store's columns (texts) and one float64 column per
         metric found in this chunk: what a part holds, once its outputs are typed
         (:func:`typed_table`, when it is written)."""
-        parsed = [None if s is None else scores_value(s) for s in self.scores]
+        parsed_ones = iter(scores_values([s for s in self.scores if s is not None]))
+        parsed = [None if s is None else next(parsed_ones) for s in self.scores]
         metrics = sorted({m for s in parsed if s for m in s})
         columns: dict[str, Any] = {
             "sample_id": pa.array(self.sample_ids, pa.int64()),

@@ -20,7 +20,6 @@ from redis.client import NEVER_DECODE, Pipeline
 
 from evalq.shared.errors import UnknownRunError
 from evalq.shared.keys import RunKeys
-from evalq.shared.models import scores_value
 from evalq.shared.store.aggregate import error_kinds
 from evalq.shared.store.archive import Chunk
 from evalq.shared.store.runs import RunStore
@@ -259,7 +258,8 @@ class LiveResults:
 
     def scores(self, run_id: str) -> dict[int, dict[str, float]]:
         """Every scored sample's metrics, by sample id."""
-        scores = {i: scores_value(v) for i, v in self._scan_texts(RunKeys(run_id).score)}
+        pairs = list(self._scan_texts(RunKeys(run_id).score))
+        scores = scores_of([i for i, _ in pairs], [text for _, text in pairs])
         spill = Spill.read(self._client, run_id)  # after the scan: what spilled during it is here
         for index in spill.parts:
             chunk = spill.column(index, "scores")

@@ -16,7 +16,7 @@ from evalq.shared.models import (
     ErrorRecord,
     SampleResult,
     from_json,
-    scores_value,
+    scores_values,
     split_grade,
     split_usage,
     to_json,
@@ -147,9 +147,9 @@ def _texts(results: list[SampleResult]) -> Chunk:
 
 def scores_of(sample_ids: list[int], texts: list[str | None]) -> dict[int, dict[str, float]]:
     """The metrics of the scored ones of ``sample_ids``, from their scores' JSON ``texts``."""
-    return {
-        i: scores_value(text) for i, text in zip(sample_ids, texts, strict=True) if text is not None
-    }
+    scored = [(i, text) for i, text in zip(sample_ids, texts, strict=True) if text is not None]
+    values = scores_values([text for _, text in scored])
+    return {i: value for (i, _), value in zip(scored, values, strict=True)}
 
 
 def error_kind(raw: str) -> str:
