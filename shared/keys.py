@@ -132,6 +132,12 @@ class FairKeys:
         return f"{self.prefix}model"
 
     @property
+    def pace(self) -> str:
+        """Hash: model -> seconds per sample its inference messages took lately (workers
+        write it, ``submit`` sizes messages by it: :mod:`evalq.shared.queue.pace`)."""
+        return f"{self.prefix}pace"
+
+    @property
     def depth(self) -> str:
         """String with an expiry: a batch's worth of messages per live worker process that
         consumes the queue (the janitor counts them), which is how deep the dispatcher keeps

@@ -3,6 +3,8 @@ fed, and the heap settings of its pool processes."""
 
 from __future__ import annotations
 
+import base64
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -12,12 +14,19 @@ import pytest
 from kombu.transport.redis import Channel
 
 from evalq.producer.client import Client
+from evalq.producer.redis_server import RedisServer
 from evalq.producer.submit import SubmitRequest, submit
 from evalq.producer.workers import LocalWorkers
+from evalq.shared.connection import connect
+from evalq.shared.evaluation import model_key
+from evalq.shared.keys import FAIR
+from evalq.shared.models import MAX_MESSAGE_SAMPLES
 from evalq.shared.queue.backlog import Backlog
 from evalq.shared.queue.celery_app import INFER_QUEUE
+from evalq.shared.queue.pace import Pace, PaceMeter
 from evalq.shared.queue.sizing import (
     MESSAGE_SAMPLES,
+    MESSAGE_SECONDS,
     MIN_MESSAGE_SAMPLES,
     MIN_MESSAGES,
     message_size,
@@ -49,6 +58,69 @@ def test_message_sizes_spread_a_run_and_stay_whole_powers_of_two(samples: int) -
         assert size == MESSAGE_SAMPLES or 2 * size * MIN_MESSAGES > samples
     else:
         assert size == MIN_MESSAGE_SAMPLES
+
+
+@pytest.mark.parametrize(
+    ("pace", "most"),
+    [
+        (None, MESSAGE_SAMPLES),  # not measured yet
+        (1e-6, MAX_MESSAGE_SAMPLES),  # a null model: as large as a message may be
+        (MESSAGE_SECONDS / 300, 256),
+        (1.0, MIN_MESSAGE_SAMPLES),  # a generative model
+        (0.0, MESSAGE_SAMPLES),
+        (-1.0, MESSAGE_SAMPLES),
+    ],
+)
+def test_a_model_s_pace_sizes_its_big_runs_messages(pace: float | None, most: int) -> None:
+    assert message_size(10**6, pace) == most
+    assert message_size(100, pace) == MIN_MESSAGE_SAMPLES  # a small run still spreads
+
+
+def test_a_worker_writes_each_model_s_pace_at_most_every_few_seconds(
+    redis_only: RedisServer,
+) -> None:
+    client = connect(redis_only.url)
+    pace, now = Pace(client), [100.0]
+    meter = PaceMeter(pace, every=5.0, clock=lambda: now[0])
+    meter.add({"a": 300, "b": 100}, 0.4)  # the first: written at once, time shared by samples
+    assert [pace.of("a"), pace.of("b")] == pytest.approx([0.001, 0.001])
+    meter.add({"a": 100}, 1.0)
+    now[0] += 4.9
+    meter.add({"a": 100}, 1.0)
+    assert pace.of("a") == pytest.approx(0.001)  # within five seconds of the last write
+    now[0] += 0.2
+    meter.add({"a": 200}, 1.0)
+    assert pace.of("a") == pytest.approx(3.0 / 400)  # the window since the last write
+    for garbage in ("nan", "-1", "0", "fast"):
+        client.hset(FAIR.pace, "c", garbage)
+        assert pace.of("c") is None
+    assert pace.of("unknown") is None
+
+
+def test_submit_sizes_messages_by_the_pace_the_workers_measured(
+    fresh_stack: Stack, tmp_path: Path
+) -> None:
+    """A model measured slow gets small messages; the workers then measure it as it is."""
+    stack = fresh_stack
+    n = MIN_MESSAGES * MESSAGE_SAMPLES  # a run of 256-sample messages by default
+    write_rows(tmp_path, "validation", labelled_rows(n))
+    name = list_splits(stack.client, str(tmp_path), "validation")
+    model = model_key("null", {})
+    Pace(stack.client).set(model, 1.0)
+    request = SubmitRequest(eval="null", dataset=name, split="validation")
+    meta = submit(
+        stack.client, stack.app, request, principal="tests", archive=stack.settings.archive_url
+    )
+    sizes = set()
+    for message in Backlog(stack.client).messages(meta.run_id):
+        _, kwargs, _ = json.loads(base64.b64decode(json.loads(message)["body"]))
+        sizes.add(len(kwargs["sample_ids"]))
+    assert sizes == {MIN_MESSAGE_SAMPLES}
+    stack.start_workers()
+    wait_completed(stack.client, meta.run_id)
+    measured = Pace(stack.client).of(model)
+    assert measured is not None
+    assert measured < 0.1
 
 
 def test_one_worker_reserves_two_batches_and_leaves_the_rest_queued(

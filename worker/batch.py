@@ -28,6 +28,7 @@ import redis
 from evalq.shared.errors import PermanentError, StoreError, UnknownRunError, first_line
 from evalq.shared.evaluation import Evaluation
 from evalq.shared.models import ErrorRecord, RunMeta, RunStatus, SampleTask, Stage, from_json
+from evalq.shared.queue.pace import PaceMeter
 from evalq.shared.queue.sizing import split
 from evalq.shared.store.provenance import ProvenanceStore, of_worker
 from evalq.shared.store.reader import ResultReader
@@ -100,6 +101,9 @@ class Resources:
     """Where this process records what it ran each run's inference with."""
     recorded: LRU[str, bool] = field(default_factory=lambda: LRU(256))
     """Recent runs whose provenance this process has recorded."""
+    pace: PaceMeter | None = None
+    """Measures the pace of the models this process infers with (sizes their next runs'
+    messages)."""
 
     def record_provenance(self, run_id: str, evaluation: Evaluation) -> None:
         """Record, once per run in this process, what its inference ran with."""

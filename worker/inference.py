@@ -13,12 +13,14 @@ ends the sample with its terminal error record; the batch goes on (see :mod:`eva
 from __future__ import annotations
 
 import logging
+import time
 from collections import defaultdict
 from typing import Any
 
 from evalq.shared.errors import PermanentError, first_line
 from evalq.shared.evaluation import scrub
 from evalq.shared.models import SampleTask, Stage, to_json
+from evalq.shared.queue.backlog import run_model
 from evalq.shared.queue.celery_app import INFER_TASK
 from evalq.worker.batch import KEPT, Batch, Resources, RunShare, error_record
 from evalq.worker.runtime_pool import Infer
@@ -126,6 +128,7 @@ def _infer_all(res: Resources, items: list[Item]) -> None:
 def infer_batch(res: Resources, tasks: list[SampleTask]) -> set[str]:
     """Run inference for a batch of messages, any mix of runs and evaluations; return the runs
     whose messages must go back to the queue."""
+    started = time.perf_counter()
     batch = Batch.read(res, tasks, Stage.INFER)
     inferred: dict[str, set[int]] = {}
     by_evaluation: dict[int, list[Item]] = defaultdict(list)
@@ -164,4 +167,10 @@ def infer_batch(res: Resources, tasks: list[SampleTask]) -> set[str]:
     batch.each(store)
     # Scored here, in the same job: their messages go back if Redis fails while scoring, and
     # come back as inferred, so to scoring.
-    return batch.requeue | (score_all(res, Batch(scoring)) if scoring else set())
+    requeue = batch.requeue | (score_all(res, Batch(scoring)) if scoring else set())
+    if res.pace is not None:
+        samples: dict[str, int] = defaultdict(int)
+        for run in batch.runs:
+            samples[run_model(run.meta)] += len(run.ids)
+        res.pace.add(samples, time.perf_counter() - started)
+    return requeue

@@ -17,6 +17,7 @@ from evalq.shared.errors import first_line
 from evalq.shared.models import RunMeta, SampleTask
 from evalq.shared.queue.backlog import Backlog, Capturer
 from evalq.shared.queue.celery_app import SCORE_QUEUE, send_archive
+from evalq.shared.queue.pace import Pace, PaceMeter
 from evalq.shared.queue.sizing import publish
 from evalq.shared.settings import Settings
 from evalq.shared.store.provenance import ProvenanceStore
@@ -79,6 +80,7 @@ class WorkerState:
                 stall_after=self._settings.stall_after,
                 fuse=SCORE_QUEUE in self._consumed(),
                 provenance=ProvenanceStore(client),
+                pace=PaceMeter(Pace(client)),
             )
         return self._resources
 

@@ -59,6 +59,7 @@ from evalq.shared.keys import FAIR, FAIR_SCORE, FairKeys, RunKeys
 from evalq.shared.lm.run import LanguageRun
 from evalq.shared.models import RunMeta, SampleTask, Stage
 from evalq.shared.queue.celery_app import INFER_QUEUE, INFER_TASK, SCORE_QUEUE, SCORE_TASK
+from evalq.shared.queue.pace import Pace
 from evalq.shared.queue.sizing import message_size, split
 from evalq.shared.queue.standing import Standing
 from evalq.shared.store.scripts import register
@@ -267,10 +268,12 @@ class Backlog:
     ) -> int:
         """Stage ``lane``'s work (inference, or scoring for ``rescore``) on ``sample_ids`` of
         ``meta``'s run in its backlog, in messages of :func:`evalq.shared.queue.sizing.message_size`
-        samples, and move one message to the queue's head; return the samples staged."""
+        samples (inference's by its model's pace), and move one message to the queue's head;
+        return the samples staged."""
         if not sample_ids:
             return 0
-        size = message_size(len(sample_ids))
+        pace = Pace(self._client).of(run_model(meta)) if lane is INFER_LANE else None
+        size = message_size(len(sample_ids), pace)
         messages = capture(app, lane.task, split(meta, sample_ids, size=size))
         return self.stage(meta, messages, lane, refill=1, at_least=1)
 

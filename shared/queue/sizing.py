@@ -17,10 +17,11 @@ from typing import Any
 from celery import Celery
 from kombu import Queue
 
-from evalq.shared.models import RunMeta, SampleTask
+from evalq.shared.models import MAX_MESSAGE_SAMPLES, RunMeta, SampleTask
 
 __all__ = [
     "MESSAGE_SAMPLES",
+    "MESSAGE_SECONDS",
     "MIN_MESSAGE_SAMPLES",
     "enqueue",
     "message_size",
@@ -29,7 +30,11 @@ __all__ = [
 ]
 
 MESSAGE_SAMPLES = 256
-"""Most sample ids in one message."""
+"""Most sample ids in one message of a model whose pace is not known yet."""
+MESSAGE_SECONDS = 0.25
+"""Work one message holds at most, by its model's pace (:mod:`evalq.shared.queue.pace`):
+long enough that a message's own costs are a few percent of it, short enough that a run
+dispatched now waits little behind the messages workers reserved."""
 MIN_MESSAGE_SAMPLES = 64
 """Fewest sample ids in one message (unless the run, or a ``solo`` retry, is smaller): a whole
 batch of the default ``EVALQ_MAX_BATCH``, so a worker's two reserved messages are at least two
@@ -39,14 +44,27 @@ MIN_MESSAGES = 64
 PIPELINE_SIZE = 1000
 
 
-def message_size(samples: int) -> int:
-    """Samples per message for a run of ``samples``: the power of two nearest below
-    ``samples / MIN_MESSAGES``, within ``[MIN_MESSAGE_SAMPLES, MESSAGE_SAMPLES]``.
+def _power_below(value: float) -> int:
+    """The largest power of two not above ``value`` (1 below 2)."""
+    return 1 << (max(1, int(value)).bit_length() - 1)
+
+
+def message_size(samples: int, pace: float | None = None) -> int:
+    """Samples per message for a run of ``samples`` of a model taking ``pace`` seconds per
+    sample (None: not known): the power of two nearest below ``samples / MIN_MESSAGES``,
+    within ``[MIN_MESSAGE_SAMPLES, most]``, where ``most`` is what the model does in
+    :data:`MESSAGE_SECONDS` (within ``[MIN_MESSAGE_SAMPLES, MAX_MESSAGE_SAMPLES]``), or
+    :data:`MESSAGE_SAMPLES` when its pace is not known.
 
     Powers of two keep a message a whole number of a worker's (usually power-of-two) batches.
     """
-    share = max(1, samples // MIN_MESSAGES)
-    return max(MIN_MESSAGE_SAMPLES, min(MESSAGE_SAMPLES, 1 << (share.bit_length() - 1)))
+    most = MESSAGE_SAMPLES
+    if pace is not None and pace > 0:
+        most = max(
+            MIN_MESSAGE_SAMPLES, min(MAX_MESSAGE_SAMPLES, _power_below(MESSAGE_SECONDS / pace))
+        )
+    share = _power_below(samples / MIN_MESSAGES)
+    return max(MIN_MESSAGE_SAMPLES, min(most, share))
 
 
 def split(
