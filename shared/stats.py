@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from statistics import fmean
+from statistics import fmean, stdev
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, computed_field
@@ -149,10 +149,18 @@ def _stat(
     return Stat(mean=mean, stderr=stderr, ci95=ci, n=n, method=method, interval=interval)
 
 
+def _stdev(array: np.ndarray, mean: float) -> float:
+    """The sample standard deviation about ``mean`` (the exact mean: equal values give 0),
+    by numpy; ``statistics.stdev``'s exact sums where float64 squares overflow."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        spread = math.sqrt(float(np.square(array - mean).sum()) / (len(array) - 1))
+    return spread if math.isfinite(spread) else stdev(array.tolist())
+
+
 def _analytic(values: list[float], span: Range | None = None) -> Stat:
     array = np.asarray(values, dtype=float)
     mean = fmean(values)
-    stderr = float(array.std(ddof=1)) / math.sqrt(len(values)) if len(values) > 1 else None
+    stderr = _stdev(array, mean) / math.sqrt(len(values)) if len(values) > 1 else None
     if _binary(array):
         low, high = wilson(int(array.sum()), len(values))
         interval: Interval | None = Interval(method="wilson", low=low, high=high)

@@ -57,6 +57,16 @@ def test_a_mean_has_the_analytic_standard_error_and_interval() -> None:
     assert describe(_scores([1]))["acc"].stderr is None  # one sample: no spread to estimate
 
 
+def test_equal_values_have_no_spread_and_huge_ones_still_have_a_finite_one() -> None:
+    """The standard error is numpy's, about the exact mean: equal values give exactly 0 (a
+    mean from numpy's sum would not), and values whose squares overflow float64 fall back to
+    ``statistics``' exact sums (an infinite one would leave the run without error bars)."""
+    equal = describe(_scores([0.1] * 7))["acc"]
+    assert (equal.stderr, equal.ci95) == (0.0, (0.1, 0.1))
+    huge = describe(_scores([1e200, -1e200, 0.0]))["acc"]
+    assert huge.stderr == pytest.approx(1e200 / math.sqrt(3))
+
+
 def test_clustered_samples_get_the_cluster_robust_standard_error() -> None:
     """Samples of one cluster move together: the Liang-Zeger standard error (small-sample
     factor G/(G-1)), computed here directly, is wider than the independent one."""

@@ -69,6 +69,9 @@ def test_message_sizes_spread_a_run_and_stay_whole_powers_of_two(samples: int) -
         (1.0, MIN_MESSAGE_SAMPLES),  # a generative model
         (0.0, MESSAGE_SAMPLES),
         (-1.0, MESSAGE_SAMPLES),
+        (5e-324, MAX_MESSAGE_SAMPLES),  # MESSAGE_SECONDS / pace is inf: still a size
+        (float("inf"), MIN_MESSAGE_SAMPLES),
+        (float("nan"), MESSAGE_SAMPLES),
     ],
 )
 def test_a_model_s_pace_sizes_its_big_runs_messages(pace: float | None, most: int) -> None:

@@ -22,6 +22,7 @@ from evalq.shared.evaluation import scrub
 from evalq.shared.models import SampleTask, Stage, to_json
 from evalq.shared.queue.backlog import run_model
 from evalq.shared.queue.celery_app import INFER_TASK
+from evalq.shared.queue.pace import PaceMeter
 from evalq.worker.batch import KEPT, Batch, Resources, RunShare, error_record
 from evalq.worker.runtime_pool import Infer
 from evalq.worker.scoring import score_all
@@ -121,14 +122,28 @@ def _infer_all(res: Resources, items: list[Item]) -> None:
             _failed(run, sample_id, exc, res.max_attempts)
         return
     size = evaluation.rows_per_call or res.max_batch
+    started = time.perf_counter()
     for start in range(0, len(items), size):
         _infer(infer, items[start : start + size], res.max_attempts)
+    if res.pace is not None:
+        _paced(res.pace, items, time.perf_counter() - started)
+
+
+def _paced(pace: PaceMeter, items: list[Item], seconds: float) -> None:
+    """Count ``seconds`` of the model's calls toward its pace, over the samples that got an
+    output (an outage that fails samples fast must not make the model look fast); a
+    failure here is logged, never the batch's."""
+    done = sum(1 for run, sample_id, _ in items if sample_id in run.outputs)
+    try:
+        if done:
+            pace.add({run_model(items[0][0].meta): done}, seconds)
+    except Exception:
+        log.exception("could not measure the pace of %s", items[0][0].meta.eval)
 
 
 def infer_batch(res: Resources, tasks: list[SampleTask]) -> set[str]:
     """Run inference for a batch of messages, any mix of runs and evaluations; return the runs
     whose messages must go back to the queue."""
-    started = time.perf_counter()
     batch = Batch.read(res, tasks, Stage.INFER)
     inferred: dict[str, set[int]] = {}
     by_evaluation: dict[int, list[Item]] = defaultdict(list)
@@ -167,10 +182,4 @@ def infer_batch(res: Resources, tasks: list[SampleTask]) -> set[str]:
     batch.each(store)
     # Scored here, in the same job: their messages go back if Redis fails while scoring, and
     # come back as inferred, so to scoring.
-    requeue = batch.requeue | (score_all(res, Batch(scoring)) if scoring else set())
-    if res.pace is not None:
-        samples: dict[str, int] = defaultdict(int)
-        for run in batch.runs:
-            samples[run_model(run.meta)] += len(run.ids)
-        res.pace.add(samples, time.perf_counter() - started)
-    return requeue
+    return batch.requeue | (score_all(res, Batch(scoring)) if scoring else set())

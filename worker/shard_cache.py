@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import pyarrow as pa
 import redis
 
 from evalq.shared.data.loading import load_rows, refit_routing, shard_of_rows
@@ -58,12 +59,17 @@ def _rows_at(shard: Dataset, local: np.ndarray) -> list[dict[str, Any]]:
     Arrow table by pyarrow (``Table.take``, ``to_pylist``), unless a column needs decoding
     (an image, audio), which ``datasets``' own formatting does. Both give the same values
     (``datasets`` formats a batch with the same ``to_pydict`` and decodes only such columns),
-    the first ten times faster."""
+    the first ten times faster. A column of more than one chunk (one that holds more than 2 GiB
+    of text: a ``take`` across its chunks would overflow its offsets) also goes through
+    ``datasets``, which reads it row by row."""
     from datasets.features.features import require_decoding
 
-    if any(require_decoding(feature) for feature in shard.features.values()):
+    table = shard.data.table
+    if any(column.num_chunks > 1 for column in table.columns) or any(
+        require_decoding(feature) for feature in shard.features.values()
+    ):
         return _as_rows(shard[local.tolist()])
-    rows: list[dict[str, Any]] = shard.data.table.take(local).to_pylist()
+    rows: list[dict[str, Any]] = table.take(local).to_pylist()
     return rows
 
 
@@ -158,14 +164,19 @@ class ShardCache:
         )
 
     def _build(self, fingerprint: str, plan: _Plan, index: int) -> Dataset:
-        """The shard's rows in memory, each column one Arrow chunk (a ``take`` across the
-        thousand-row chunks ``flatten_indices`` writes costs five times more)."""
+        """The shard's rows in memory, each column one Arrow chunk where it fits (a ``take``
+        across the thousand-row chunks ``flatten_indices`` writes costs five times more),
+        named by its spec and index (``datasets`` would otherwise hash every row to name it)."""
         from datasets import Dataset
         from datasets.table import InMemoryTable
 
         rows = plan.split.select(plan.members[index]).flatten_indices(keep_in_memory=True)
-        table = InMemoryTable(rows.data.table.combine_chunks())
-        shard = Dataset(table, info=rows.info, split=rows.split)
+        try:
+            table = InMemoryTable(rows.data.table.combine_chunks())
+        except pa.ArrowInvalid:  # a nested column too large for one chunk: kept as it is
+            table = rows.data
+        name = hashlib.sha256(f"{fingerprint}:{index}".encode()).hexdigest()[:16]
+        shard = Dataset(table, info=rows.info, split=rows.split, fingerprint=name)
         digest = rows_digest(shard)
         key = shard_digests_key(fingerprint)
         self._client.hsetnx(key, str(index), digest)

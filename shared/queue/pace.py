@@ -1,5 +1,5 @@
-"""Each model's pace: the seconds per sample its inference messages took on the workers lately,
-by which the messages of its next runs are sized (:func:`evalq.shared.queue.sizing.message_size`).
+"""Each model's pace: the seconds per sample its calls took on the workers lately, by which
+the messages of its next runs are sized (:func:`evalq.shared.queue.sizing.message_size`).
 
 A message is the unit of everything a worker does per message (the broker's pop and
 acknowledgement, a pool job, evalq's own Redis calls), of what a newly dispatched run waits
@@ -55,10 +55,10 @@ class Pace:
 
 
 class PaceMeter:
-    """A worker process's measure of its models' pace: the wall time of its inference
-    messages (their scoring too, on a worker that scores them in the same job) over their
-    samples, written at most every ``every`` seconds per model; a write Redis refuses is
-    logged and left for the next."""
+    """A worker process's measure of its models' pace: the time of a batch's calls of the
+    model (not its load, nor Redis) over the samples they gave an output, written at most
+    every ``every`` seconds per model; a write Redis refuses is logged and left for the
+    next."""
 
     def __init__(
         self, pace: Pace, every: float = PACE_EVERY, clock: Callable[[], float] = time.monotonic
@@ -70,8 +70,8 @@ class PaceMeter:
         """model -> (seconds, samples) since its last write, and when that was."""
 
     def add(self, samples: Mapping[str, int], seconds: float) -> None:
-        """A job took ``seconds`` for ``samples`` (model -> samples of it), its time shared
-        among its models by their samples."""
+        """Calls took ``seconds`` for ``samples`` (model -> samples of it), the time shared
+        among the models by their samples."""
         total = sum(samples.values())
         if total <= 0:
             return

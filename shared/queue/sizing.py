@@ -61,7 +61,7 @@ def message_size(samples: int, pace: float | None = None) -> int:
     most = MESSAGE_SAMPLES
     if pace is not None and pace > 0:
         most = max(
-            MIN_MESSAGE_SAMPLES, min(MAX_MESSAGE_SAMPLES, _power_below(MESSAGE_SECONDS / pace))
+            MIN_MESSAGE_SAMPLES, _power_below(min(MESSAGE_SECONDS / pace, MAX_MESSAGE_SAMPLES))
         )
     share = _power_below(samples / MIN_MESSAGES)
     return max(MIN_MESSAGE_SAMPLES, min(most, share))
