@@ -280,7 +280,7 @@ class Backlog:
     def stage_scoring(self, capturer: Capturer, meta: RunMeta, sample_ids: Sequence[int]) -> int:
         """Stage the scoring of ``sample_ids`` of ``meta``'s run, just inferred by an
         inference-only worker, in its score backlog (messages of up to
-        :data:`evalq.shared.queue.sizing.MESSAGE_SAMPLES`: one per run and batch), and refill
+        :data:`evalq.shared.queue.sizing.MESSAGE_SAMPLES`), and refill
         ``score`` to its depth, in one call; return the samples staged."""
         if not sample_ids:
             return 0
