@@ -58,10 +58,9 @@ browser:
 	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null || \
 	  echo "could not install chromium: the report screenshot test will be skipped"; }
 
-# Two pytest processes (pytest-xdist), each running whole test files: most of the suite's time
-# is spent waiting on real worker processes and Redis, so two files at once use both cores.
+# Two pytest processes, each running whole test files (pyproject.toml's addopts).
 test: lint browser
-	$(BIN)/python -m pytest -n 2 --dist loadfile
+	$(BIN)/python -m pytest
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache evalq-demo

@@ -128,7 +128,9 @@ class Stage(StrEnum):
     SCORE = "score"
 
 
-MAX_MESSAGE_SAMPLES = 1024
+MAX_MESSAGE_SAMPLES = 2048
+"""Most sample ids one message may carry (a fast model's, :mod:`evalq.shared.queue.pace`): at
+the largest ids, its body stays within the worker's limit (``evalq.worker.intake``)."""
 MAX_SAMPLE_ID = 2**53
 """Sample ids are row indices; this bound keeps them exact in Lua's doubles."""
 

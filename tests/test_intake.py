@@ -11,8 +11,10 @@ from typing import Any
 
 import pytest
 from kombu.message import Message
+from kombu.utils.json import dumps
 
 from evalq.shared.errors import PayloadError
+from evalq.shared.models import MAX_MESSAGE_SAMPLES, MAX_SAMPLE_ID
 from evalq.worker.intake import MAX_BODY_BYTES, admit
 
 FP = "a" * 64
@@ -98,6 +100,15 @@ def test_other_content_types_are_refused_without_being_decoded(tmp_path: Path) -
         with pytest.raises(PayloadError, match="is not application/json"):
             admit(_message(payload, content_type))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_largest_payload_a_producer_sends_fits_the_body_limit() -> None:
+    """A message of the most ids a message may carry, each as large as an id may be, as the
+    producer encodes it (Celery's task protocol through kombu's JSON), passes the gate."""
+    ids = list(range(MAX_SAMPLE_ID - MAX_MESSAGE_SAMPLES, MAX_SAMPLE_ID))
+    kwargs = {"run_id": "r" * 64, "eval": "e" * 64, "spec": FP, "sample_ids": ids}
+    body = dumps([[], kwargs, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}])
+    assert admit(_message(body.encode())).sample_ids == ids
 
 
 def test_a_huge_or_undecodable_body_is_refused() -> None:

@@ -19,7 +19,8 @@ __all__ = ["MAX_BODY_BYTES", "admit"]
 
 JSON = "application/json"
 MAX_BODY_BYTES = 64 * 1024
-"""Largest body accepted; an evalq payload of the most ids a message may carry is ~12 KiB."""
+"""Largest body accepted; an evalq payload of the most ids a message may carry, each as large
+as an id may be, is about 37 KiB."""
 REFUSED_HEADERS = ("eta", "expires", "compression")
 """Headers evalq never sends: a delayed, expiring or compressed message is not one of ours."""
 WORKFLOW = ("callbacks", "errbacks", "chain", "chord")
