@@ -214,8 +214,8 @@ class Evaluation(ABC):
 
     def aggregate(self, scores: list[dict[str, float]]) -> dict[str, float]:
         """Reduce per-sample metrics to run metrics; by default the mean of each metric."""
-        names = sorted({name for sample in scores for name in sample})
-        return {n: fmean(s[n] for s in scores if n in s) for n in names}
+        names = sorted(set[str]().union(*scores))
+        return {n: fmean([s[n] for s in scores if n in s]) for n in names}
 
 
 def model_key(name: str, params: Mapping[str, str]) -> str:

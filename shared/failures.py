@@ -23,6 +23,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+import numpy as np
+
 from evalq.shared.stats import Stat
 
 __all__ = ["UNSENT", "Counted", "FailurePolicy", "FailureRule", "metric_samples"]
@@ -57,7 +59,9 @@ class FailureRule:
         declared = self.ranges.get(metric)
         if declared is not None:
             return declared
-        return (0.0, 1.0) if values and all(v in (0.0, 1.0) for v in values) else None
+        array = np.asarray(values, dtype=float)
+        binary = array.size > 0 and bool(np.all((array == 0.0) | (array == 1.0)))
+        return (0.0, 1.0) if binary else None
 
     def worst(self, metric: str, values: list[float]) -> float:
         """The metric's worst value: its range's end on its bad side, else the worst of the
@@ -105,7 +109,7 @@ def metric_samples(
     failures = {i: kind for i, kind in failures.items() if not _unsent(kind)}
     failed_ids = [i for i in sorted(failures) if i not in counted]
     kinds = Counter(failures[i] for i in failed_ids)
-    names = sorted({name for s in counted.values() for name in s})
+    names = sorted(set[str]().union(*counted.values()))
     values = {name: [s[name] for s in counted.values() if name in s] for name in names}
     ranges = {name: r for name in names if (r := rule.range_of(name, values[name])) is not None}
     worst: dict[str, float] = {}

@@ -370,7 +370,12 @@ def scores_values(texts: Sequence[str]) -> list[dict[str, float]]:
     :func:`to_json` wrote it; a text that is not makes the count differ, and that raises)."""
     if not texts:
         return []
-    values = from_json(f"[{','.join(texts)}]")
+    joined = ",".join(texts)
+    values = from_json(f"[{joined}]")
+    if len(values) != len(texts):
+        raise ValueError(f"{len(texts)} stored scores read as {len(values)} values")
+    if GRADE_PREFIX not in joined:  # no grade anywhere: none to take apart
+        return list(values)
     return [
         dict(value["scores"]) if text.startswith(GRADE_PREFIX) else value
         for text, value in zip(texts, values, strict=True)

@@ -248,7 +248,7 @@ def describe(
     ids = sorted(scores)
     if aggregate is not None:
         return _bootstrap([scores[i] for i in ids], aggregate)
-    names = sorted({name for i in ids for name in scores[i]})
+    names = sorted(set[str]().union(*scores.values()))
     stats = {}
     for name in names:
         scored = [i for i in ids if name in scores[i]]

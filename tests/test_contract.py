@@ -307,7 +307,7 @@ def test_stored_scores_parse_together_as_each_alone() -> None:
         10: {"acc": -2.5e-07},
     }
     assert scores_values([]) == []
-    with pytest.raises(ValueError, match="zip"):
+    with pytest.raises(ValueError, match="read as 3 values"):
         scores_values(['{"acc":1.0},{"acc":0.0}', '{"acc":1.0}'])
 
 

@@ -9,6 +9,7 @@ gives exactly the text a result's line gives.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
+from typing import cast
 
 from evalq.shared.models import (
     GRADE_PREFIX,
@@ -147,6 +148,10 @@ def _texts(results: list[SampleResult]) -> Chunk:
 
 def scores_of(sample_ids: list[int], texts: list[str | None]) -> dict[int, dict[str, float]]:
     """The metrics of the scored ones of ``sample_ids``, from their scores' JSON ``texts``."""
+    if len(sample_ids) != len(texts):
+        raise ValueError(f"{len(sample_ids)} sample ids for {len(texts)} texts")
+    if None not in texts:
+        return dict(zip(sample_ids, scores_values(cast(list[str], texts)), strict=True))
     scored = [(i, text) for i, text in zip(sample_ids, texts, strict=True) if text is not None]
     values = scores_values([text for _, text in scored])
     return {i: value for (i, _), value in zip(scored, values, strict=True)}
