@@ -4,11 +4,13 @@ free port, and the ``evalq`` CLI holding only a token (its ``EVALQ_REDIS_URL`` p
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
 import sys
 import urllib.request
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +35,7 @@ from evalq.shared.store.reader import ResultReader
 from tests.helpers import (
     REPO,
     audit_entries,
+    cli_in_process,
     labelled_rows,
     serving,
     wait_for,
@@ -68,10 +71,7 @@ class Door:
     def redis(self, user: str) -> redis.Redis:
         return connect(self.url(user), retries=0)
 
-    def cli(
-        self, token: str, *args: str, home: Path | None = None
-    ) -> subprocess.CompletedProcess[str]:
-        """``evalq ARGS`` through the gateway, holding ``token`` and no Redis URL that works."""
+    def _env(self, token: str, home: Path | None = None) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("EVALQ_")}
         env.update(
             PYTHONPATH=str(REPO),
@@ -81,10 +81,29 @@ class Door:
             HF_HOME=str(home or self.root / "caller-hf"),
             HF_DATASETS_CACHE=str((home or self.root / "caller-hf") / "datasets"),
         )
+        return env
+
+    def cli(
+        self, token: str, *args: str, home: Path | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """``evalq ARGS`` through the gateway, holding ``token`` and no Redis URL that works."""
         return subprocess.run(
             [sys.executable, "-c", "from evalq.shared.cli import main; main()", *args],
-            env=env, cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
+            env=self._env(token, home), cwd=REPO, capture_output=True, text=True, timeout=120,
+            check=False,
         )  # fmt: skip
+
+    def cli_here(self, token: str, *args: str) -> subprocess.CompletedProcess[str]:
+        """:meth:`cli` run in this process (:func:`tests.helpers.cli_in_process`): the same
+        environment, exit status and output without an interpreter's start-up, for what a
+        command answers. A refused command leaves its connection to the gateway for its
+        process's exit to close; here that socket is collected at once, its ResourceWarning
+        dropped (a subprocess's exit would not report it either)."""
+        result = cli_in_process(self._env(token), *args)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ResourceWarning)
+            gc.collect()
+        return result
 
 
 def _url(server: RedisServer, user: str) -> str:
@@ -190,12 +209,14 @@ def test_refusals_exit_3_change_nothing_and_are_audited(door: Door, tmp_path: Pa
         ("status", mine),
         ("results", mine),
     ]
-    for args in refused:
-        result = door.cli(door.alice, *args)
+    for i, args in enumerate(refused):
+        # the first in its own process (nothing but the one line on stderr, from start-up to
+        # exit), the others in this one: the same command, environment, status and output
+        result = (door.cli if i == 0 else door.cli_here)(door.alice, *args)
         assert result.returncode == 3, (args, result.stderr)
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
         assert result.stderr.startswith(("error: forbidden: ", "error: tier refused: ")), args
-    unknown = door.cli(door.alice, "submit", "spy", "--dataset", "nope", "--split", "test")
+    unknown = door.cli_here(door.alice, "submit", "spy", "--dataset", "nope", "--split", "test")
     assert (unknown.returncode, unknown.stderr.strip()) == (2, "error: unknown dataset 'nope'")
     bad = door.cli("evalq_not-a-token", "runs")
     assert (bad.returncode, bad.stderr.strip()) == (
@@ -209,7 +230,7 @@ def test_refusals_exit_3_change_nothing_and_are_audited(door: Door, tmp_path: Pa
     assert [e["who"] for e in refusals] == ["alice"] * len(refused) + ["anonymous"]
     assert all(json.loads(e["after"])["reason"] for e in refusals)
     # a missing split is named as such (exit 2), not as a tier refusal
-    typo = door.cli(door.alice, "submit", "spy", "--dataset", "ds", "--split", "valdation")
+    typo = door.cli_here(door.alice, "submit", "spy", "--dataset", "ds", "--split", "valdation")
     assert typo.returncode == 2
     assert typo.stderr.strip() == (
         "error: dataset 'ds' has no split 'valdation' (splits: hidden, test, validation)"
