@@ -524,7 +524,7 @@ def test_a_user_does_not_choose_or_see_a_non_viewable_runs_samples(door: Door) -
         assert all(0 <= i < 20 for i in ids)
         drawn.append(ids)
         for args in (("status", run_id, "--json"), ("runs", "--json")):
-            shown = door.cli(door.alice, *args).stdout
+            shown = door.cli_here(door.alice, *args).stdout
             assert "sample_ids" not in shown
             assert json.dumps(ids) not in shown
     assert drawn != [list(range(6))] * 3  # not the split's head (odds of that: ~1e-12)
@@ -537,23 +537,27 @@ def test_a_user_sweeps_compares_and_rescores_its_own_runs_only(door: Door, tmp_p
     assert swept.returncode == 0, swept.stderr
     found = json.loads(swept.stdout)
     for run_id in found["run_ids"]:
-        assert door.cli(door.alice, "watch", run_id).returncode == 0
-    listed = json.loads(door.cli(door.alice, "runs", "--sweep", found["sweep"], "--json").stdout)
+        assert door.cli_here(door.alice, "watch", run_id).returncode == 0
+    listed = json.loads(
+        door.cli_here(door.alice, "runs", "--sweep", found["sweep"], "--json").stdout
+    )
     assert sorted(v["run_id"] for v in listed) == sorted(found["run_ids"])
-    compared = door.cli(door.alice, "compare", "--sweep", found["sweep"], "--json")
+    compared = door.cli_here(door.alice, "compare", "--sweep", found["sweep"], "--json")
     assert compared.returncode == 0, compared.stderr
     assert json.loads(compared.stdout)["baseline"] == found["run_ids"][0]
-    refused = door.cli(door.bob, "compare", *found["run_ids"])
+    refused = door.cli_here(door.bob, "compare", *found["run_ids"])
     assert refused.returncode == 3
     assert "belongs to another principal" in refused.stderr
-    assert json.loads(door.cli(door.bob, "runs", "--sweep", found["sweep"], "--json").stdout) == []
+    bobs = door.cli_here(door.bob, "runs", "--sweep", found["sweep"], "--json").stdout
+    assert json.loads(bobs) == []
     calls = tmp_path / "calls"
     rescored = door.cli(door.alice, "rescore", found["run_ids"][0], "--eval", "spy_close",
                         "--param", f"calls={calls}", "--follow", "--json")  # fmt: skip
     assert rescored.returncode == 0, rescored.stderr
     assert json.loads(rescored.stdout.splitlines()[-1])["status"] == "completed"
     assert not calls.exists()
-    assert door.cli(door.bob, "rescore", found["run_ids"][0], "--eval", "spy_close").returncode == 3
+    refused = door.cli_here(door.bob, "rescore", found["run_ids"][0], "--eval", "spy_close")
+    assert refused.returncode == 3
 
 
 def test_a_user_sees_no_spec_fingerprint_and_no_data_path(door: Door, tmp_path: Path) -> None:
