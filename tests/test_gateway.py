@@ -165,18 +165,18 @@ def test_a_user_token_submits_watches_and_streams_results(door: Door, tmp_path: 
     run_id = _run_id(followed)
     last = json.loads(followed.stdout.splitlines()[-1])
     assert (last["status"], set(last["aggregate"])) == ("completed", {"correct", "saw_label"})
-    rows = door.cli(door.alice, "results", run_id).stdout.splitlines()
+    rows = door.cli_here(door.alice, "results", run_id).stdout.splitlines()
     assert sorted(json.loads(r)["sample_id"] for r in rows) == list(range(20))
     assert all("scores" in json.loads(r) for r in rows)
-    streamed = door.cli(door.alice, "results", run_id, "--follow")
+    streamed = door.cli_here(door.alice, "results", run_id, "--follow")
     assert streamed.returncode == 0
     assert len(streamed.stdout.splitlines()) == 20
-    status = json.loads(door.cli(door.alice, "status", run_id, "--json").stdout)
+    status = json.loads(door.cli_here(door.alice, "status", run_id, "--json").stdout)
     assert (status["principal"], status["tier"]) == ("alice", "viewable")
-    listed = json.loads(door.cli(door.alice, "runs", "--json").stdout)
+    listed = json.loads(door.cli_here(door.alice, "runs", "--json").stdout)
     assert {r["principal"] for r in listed} == {"alice"}
     report = tmp_path / "r.html"
-    assert door.cli(door.alice, "report", run_id, "--out", str(report)).returncode == 0
+    assert door.cli_here(door.alice, "report", run_id, "--out", str(report)).returncode == 0
     assert "<html" in report.read_text()
     # the principal comes from the token, whatever the caller's environment says
     assert door.operator.status(run_id).meta.principal == "alice"
@@ -570,14 +570,14 @@ def test_a_user_sees_no_spec_fingerprint_and_no_data_path(door: Door, tmp_path: 
     door.operator.set_tier("gone", "validation", Tier.VIEWABLE)
     run_id = _run_id(door.cli(door.alice, "submit", "spy", "--dataset", "gone", "--split",
                               "validation", "--follow", "--json"))  # fmt: skip
-    mine = json.loads(door.cli(door.alice, "status", run_id, "--json").stdout)
+    mine = json.loads(door.cli_here(door.alice, "status", run_id, "--json").stdout)
     assert (mine["spec"], mine["provenance"]["spec"]) == ("", "")
-    root = json.loads(door.cli(door.admin_token, "status", run_id, "--json").stdout)
+    root = json.loads(door.cli_here(door.admin_token, "status", run_id, "--json").stdout)
     assert len(root["spec"]) == 64
-    assert root["spec"] not in door.cli(door.alice, "runs", "--json").stdout
+    assert root["spec"] not in door.cli_here(door.alice, "runs", "--json").stdout
     for file in data.iterdir():
         file.unlink()
-    missing = door.cli(door.alice, "results", run_id, "--with-input")
+    missing = door.cli_here(door.alice, "results", run_id, "--with-input")
     assert missing.returncode != 0
     assert "<path>" in missing.stderr
     assert str(data) not in missing.stderr
