@@ -96,12 +96,12 @@ class Door:
     def cli_here(self, token: str, *args: str) -> subprocess.CompletedProcess[str]:
         """:meth:`cli` run in this process (:func:`tests.helpers.cli_in_process`): the same
         environment, exit status and output without an interpreter's start-up, for what a
-        command answers. A refused command leaves its connection to the gateway for its
-        process's exit to close; here that socket is collected at once, its ResourceWarning
-        dropped (a subprocess's exit would not report it either)."""
-        result = cli_in_process(self._env(token), *args)
+        command answers. A command leaves its gateway client for its process's exit to close;
+        a subprocess ignores the ResourceWarning of that socket (Python's default filters), and
+        so does this process while the command runs and when what it left is collected."""
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ResourceWarning)
+            result = cli_in_process(self._env(token), *args)
             gc.collect()
         return result
 
