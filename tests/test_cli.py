@@ -16,7 +16,15 @@ from evalq.producer.submit import PARAMS_CHARS
 from evalq.shared.keys import RUNS
 from evalq.shared.queue.celery_app import INFER_QUEUE
 from tests.conftest import Stack
-from tests.helpers import REPO, cli_env, evalq, labelled_rows, list_splits, write_rows
+from tests.helpers import (
+    REPO,
+    cli_env,
+    evalq,
+    evalq_in_process,
+    labelled_rows,
+    list_splits,
+    write_rows,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -93,6 +101,8 @@ def test_submit_follow_status_runs_results(stack: Stack, tmp_path: Path) -> None
     data = str(tmp_path / "data")
     name = list_splits(stack.client, data, "validation")
     url = stack.server.url
+    # the submission, the plain watch, the narrow table and the CSV (written past sys.stdout)
+    # in their own processes; what the other commands answer, in this one
     followed = evalq(url, "submit", "spy", "--dataset", name, "--split", "validation",
                      "--limit", "30", "--shards", "3", "--routing", "kmeans",
                      "--router-sample", "40", "--follow", "--json")  # fmt: skip
@@ -103,7 +113,7 @@ def test_submit_follow_status_runs_results(stack: Stack, tmp_path: Path) -> None
     assert last["status"] == "completed"
     assert set(last["aggregate"]) == {"correct", "saw_label"}
 
-    status = json.loads(evalq(url, "status", run_id, "--json").stdout)
+    status = json.loads(evalq_in_process(url, "status", run_id, "--json").stdout)
     assert status["progress"] == {
         "inferred": 30, "scored": 30, "failed": 0, "recovered": 0,
         "prompt_tokens": 0, "completion_tokens": 0,  # a language model's, counted as stored
@@ -124,16 +134,18 @@ def test_submit_follow_status_runs_results(stack: Stack, tmp_path: Path) -> None
     assert "━" not in watched.stdout
     assert f"{run_id} completed" in watched.stdout
     assert "correct:" in watched.stdout
-    assert json.loads(evalq(url, "watch", run_id, "--json").stdout)["status"] == "completed"
+    assert (
+        json.loads(evalq_in_process(url, "watch", run_id, "--json").stdout)["status"] == "completed"
+    )
 
-    listed = json.loads(evalq(url, "runs", "--json").stdout)
+    listed = json.loads(evalq_in_process(url, "runs", "--json").stdout)
     assert run_id in [r["run_id"] for r in listed]
     table = evalq(url, "runs", COLUMNS="60")
     assert run_id in table.stdout.split()  # whole, copyable, however narrow the output
     assert "serves evaluations: " in stack.worker_log()
     assert "spy" in stack.worker_log().split("serves evaluations: ")[1].splitlines()[0]
 
-    jsonl = evalq(url, "results", run_id).stdout.splitlines()
+    jsonl = evalq_in_process(url, "results", run_id).stdout.splitlines()
     assert [json.loads(line)["sample_id"] for line in jsonl] == list(range(30))
 
     rows = list(
@@ -143,11 +155,11 @@ def test_submit_follow_status_runs_results(stack: Stack, tmp_path: Path) -> None
     assert {"sample_id", "output", "score.correct", "score.saw_label"} <= set(rows[0])
 
     path = tmp_path / "out.parquet"
-    written = evalq(url, "results", run_id, "--format", "parquet", "--out", str(path))
+    written = evalq_in_process(url, "results", run_id, "--format", "parquet", "--out", str(path))
     assert written.returncode == 0, written.stderr
     assert pq.read_table(path).num_rows == 30
 
-    bad = evalq(url, "results", run_id, "--format", "xml")
+    bad = evalq_in_process(url, "results", run_id, "--format", "xml")
     assert bad.returncode == 2
     assert "'xml' is not one of" in bad.stderr
 

@@ -361,7 +361,9 @@ def test_a_partition_between_worker_and_redis_heals(
             lambda: client.status(meta.run_id).stalled, GONE_AFTER + 5, "status to say why"
         )
         assert stalled == "no live worker (start one: evalq worker)"
-        time.sleep(15)  # the partition itself, not a wait for something
+        # the partition itself, not a wait for something: with the worker already counted gone,
+        # it lasts twice the janitor's delay more (15 s at the defaults, as it always did)
+        time.sleep(min(15.0, 2 * TIMING.stall_after))
         proxy.restore()
         _complete(stack, meta)
         stack.stop_workers()  # while the proxy still lets their warm shutdown through
