@@ -23,9 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-import numpy as np
-
-from evalq.shared.stats import Stat
+from evalq.shared.stats import Stat, binary
 
 __all__ = ["UNSENT", "Counted", "FailurePolicy", "FailureRule", "metric_samples"]
 
@@ -59,9 +57,7 @@ class FailureRule:
         declared = self.ranges.get(metric)
         if declared is not None:
             return declared
-        array = np.asarray(values, dtype=float)
-        binary = array.size > 0 and bool(np.all((array == 0.0) | (array == 1.0)))
-        return (0.0, 1.0) if binary else None
+        return (0.0, 1.0) if values and binary(values) else None
 
     def worst(self, metric: str, values: list[float]) -> float:
         """The metric's worst value: its range's end on its bad side, else the worst of the

@@ -27,7 +27,7 @@ from statistics import fmean, stdev
 import numpy as np
 from pydantic import BaseModel, ConfigDict, computed_field
 
-__all__ = ["Delta", "Interval", "Stat", "describe", "holm", "paired", "wilson"]
+__all__ = ["Delta", "Interval", "Stat", "binary", "describe", "holm", "paired", "wilson"]
 
 Z95 = 1.959963984540054
 """The standard normal's 97.5% quantile."""
@@ -123,7 +123,8 @@ def wilson(right: int, n: int) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def _binary(values: np.ndarray | list[float]) -> bool:
+def binary(values: np.ndarray | list[float]) -> bool:
+    """Whether every value is 0 or 1 (True for none)."""
     return bool(np.all((np.asarray(values) == 0) | (np.asarray(values) == 1)))
 
 
@@ -161,7 +162,7 @@ def _analytic(values: list[float], span: Range | None = None) -> Stat:
     array = np.asarray(values, dtype=float)
     mean = fmean(values)
     stderr = _stdev(array, mean) / math.sqrt(len(values)) if len(values) > 1 else None
-    if _binary(array):
+    if binary(array):
         low, high = wilson(int(array.sum()), len(values))
         interval: Interval | None = Interval(method="wilson", low=low, high=high)
     else:
@@ -180,7 +181,7 @@ def _clustered(values: list[float], clusters: list[str], span: Range | None = No
     if groups > 1:
         spread = sum(s * s for s in sums.values()) * groups / (groups - 1)
         stderr = math.sqrt(spread) / len(values)
-    if span is None and _binary(values):
+    if span is None and binary(values):
         span = (0.0, 1.0)
     interval = _clipped(_interval(mean, stderr), span)
     return _stat(mean, stderr, len(values), f"clustered ({groups} clusters)", interval)
@@ -287,7 +288,7 @@ def paired(baseline: Mapping[int, float], other: Mapping[int, float]) -> Delta |
         low, high = np.percentile(means, [2.5, 97.5])
         ci = (float(low), float(high))
     p_value, flips = None, (0, 0)
-    if _binary(a) and _binary(b):
+    if binary(a) and binary(b):
         if ci is not None:  # a difference of 0/1 values lies in [-1, 1]
             ci = (max(-1.0, ci[0]), min(1.0, ci[1]))
         up = int(np.sum((a == 0) & (b == 1)))
