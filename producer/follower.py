@@ -20,9 +20,6 @@ from evalq.shared.store.runs import RunStore
 
 __all__ = ["Follower"]
 
-TAIL_ROWS = 1000
-"""Results a step returns at most once the run is read from its archive."""
-
 
 class Follower:
     """One reader's pass over a run's results as they settle: the settled stream while the run
@@ -35,8 +32,13 @@ class Follower:
         runs: RunStore,
         run_id: str,
         with_input: Callable[[SampleResult], SampleResult] | None = None,
+        rows: int = 1000,
     ) -> None:
+        """``rows``: results a step reads and returns at most (those settled beyond wait for
+        the next steps), so that a step holds a bounded number of outputs."""
         self.run_id = run_id
+        self._rows = rows
+        self._pending: list[int] = []
         self._results = results
         self._runs = runs
         self._with_input = with_input
@@ -61,8 +63,11 @@ class Follower:
         if self._tail is None:
             if self._results.archive_url(self.run_id) is None:
                 ended = not self._runs.get(self.run_id).status.active
-                wait = None if ended else block_ms
-                self._cursor, ids = self._results.settled_since(self.run_id, self._cursor, wait)
+                if not self._pending:
+                    wait = None if ended else block_ms
+                    got = self._results.settled_since(self.run_id, self._cursor, wait)
+                    self._cursor, self._pending = got
+                ids, self._pending = self._pending[: self._rows], self._pending[self._rows :]
                 found = self._results.fetch_live(self.run_id, ids)
                 if found is not None:
                     self._seen.update(ids)
@@ -74,7 +79,7 @@ class Follower:
                 for result in self._results.results(self.run_id)
                 if result.sample_id not in self._seen and result.state is not SampleState.PENDING
             )
-        rest = list(islice(self._tail, TAIL_ROWS))
+        rest = list(islice(self._tail, self._rows))
         return self._added(rest) if rest else None
 
     def waiting(self, block_ms: int) -> Iterator[SampleResult]:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from evalq.producer.direct import Direct
 from evalq.producer.follower import Follower
-from evalq.producer.views import LINE_ROWS, SamplePage, SampleQuery
+from evalq.producer.views import SamplePage, SampleQuery, rows_per_read
 from evalq.shared.data.spec import DatasetSpec
 from evalq.shared.errors import TierRefusedError
 from evalq.shared.models import SampleResult, SampleState
@@ -52,7 +52,8 @@ class Samples:
         """Per-sample results as JSON lines (:func:`evalq.shared.store.wire.text_line`), straight
         from the stored texts; refused as :meth:`results` is."""
         self._direct.readable(run_id)
-        chunks = self._direct.results.chunks(run_id, LINE_ROWS)
+        rows = rows_per_read(self._direct.settings.max_output_bytes)
+        chunks = self._direct.results.chunks(run_id, rows)
         return (line for chunk in chunks for line in chunk_lines(chunk))
 
     def result_tables(self, run_id: str) -> Iterator[pa.Table]:
@@ -102,7 +103,8 @@ class Samples:
         here, before anything is read (or a file opened for it)."""
         self._direct.readable(run_id)
         adder = self._input_adder(run_id) if with_input else None
-        return Follower(self._direct.results, self._direct.runs, run_id, adder)
+        rows = rows_per_read(self._direct.settings.max_output_bytes)
+        return Follower(self._direct.results, self._direct.runs, run_id, adder, rows)
 
     def rows(self, run_id: str, sample_ids: Iterable[int]) -> dict[int, dict[str, Any]]:
         """Those samples' rows, labels included, read from the run's data where this runs (the

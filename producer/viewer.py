@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from evalq.producer.direct import Direct
 from evalq.producer.views import EndpointCounts, RunView, check_ended
+from evalq.shared.access.disclosure import Stall
 from evalq.shared.connection import server_time
 from evalq.shared.evals.language import language_run
 from evalq.shared.evaluation import source
@@ -62,45 +63,46 @@ class Viewer:
         return self._direct.outward(check_ended(self._direct.runs.get(run_id)))
 
     def stalled(self, meta: RunMeta, progress: Progress) -> str | None:
-        """Why nothing moves a going run: no live worker serves its evaluation (or consumes
-        the queue its samples wait in), or it made no progress for ``stall_after`` seconds;
-        None when it is moving or has ended."""
-        waiting = self._direct.backlog.standing(meta.run_id) if meta.status.active else None
-        return self._stalled(meta, progress, self._direct.presence.live(), waiting)
+        """Why nothing moves a going run, as this reader may be told
+        (:meth:`evalq.shared.access.disclosure.Disclosure.stalled`): no live worker serves its
+        evaluation (or consumes the queue its samples wait in), or it made no progress for
+        ``stall_after`` seconds; None when it is moving or has ended."""
+        direct = self._direct
+        waiting = direct.backlog.standing(meta.run_id) if meta.status.active else None
+        stall = self._stall(meta, progress, direct.presence.live(), waiting)
+        return direct.disclosure.stalled(direct.disclosure.reader(meta), meta, stall)
 
-    def _stalled(
+    def _stall(
         self,
         meta: RunMeta,
         progress: Progress,
         workers: list[WorkerBeat],
         waiting: Standing | None,
-    ) -> str | None:
-        if not meta.status.active:
-            return None
+    ) -> Stall:
+        provider = None if meta.model is None else meta.model.split("/", 1)[0]
+        unserved = absence(workers, meta.eval, [], provider)
+        if not meta.status.active or unserved:
+            return Stall(unserved=unserved)
         queues = []
         if progress.inferred + progress.failed < meta.n:
             queues.append(INFER_QUEUE)
         if progress.inferred > progress.scored:
             queues.append(SCORE_QUEUE)
-        provider = None if meta.model is None else meta.model.split("/", 1)[0]
         missing = absence(workers, meta.eval, queues, provider)
-        if missing:
-            return missing
-        if waiting is not None:
-            return None  # waiting its turn in the dispatcher, which says why: not stalled
+        if missing or waiting is not None:
+            # waiting its turn in the dispatcher, which says why: not stalled
+            return Stall(queue=missing)
         idle = server_time(self._direct.redis) - (progress.touched or meta.created)
-        if idle >= self._direct.settings.stall_after:
-            return f"no progress for {idle:.0f}s"
-        return None
+        return Stall(idle=idle if idle >= self._direct.settings.stall_after else None)
 
     def _view(self, meta: RunMeta, workers: list[WorkerBeat]) -> RunView:
         direct = self._direct
         progress = direct.results.progress(meta.run_id)
         now = server_time(direct.redis)
         waiting = direct.backlog.standing(meta.run_id) if meta.status.active else None
-        stalled = self._stalled(meta, progress, workers, waiting)
+        stall = self._stall(meta, progress, workers, waiting)
         direct.runs.saw_end(meta)
-        seen = direct.disclosure.status(meta, progress, now, stalled=stalled, waiting=waiting)
+        seen = direct.disclosure.status(meta, progress, now, stall=stall, waiting=waiting)
         return RunView(
             meta=seen.meta,
             progress=seen.progress,

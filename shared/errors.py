@@ -22,6 +22,7 @@ __all__ = [
     "GraderError",
     "InputError",
     "ModelHostError",
+    "OutputTooLarge",
     "ParamError",
     "PayloadError",
     "PermanentError",
@@ -255,6 +256,11 @@ class ThrottledError(EvalqError):
         super().__init__(message)
         self.retry_after = retry_after
         """Seconds after which the same request would be admitted (None: unknown)."""
+
+
+class OutputTooLarge(PermanentError):
+    """A sample's output (or a grader's grade) is larger than a worker stores
+    (``EVALQ_MAX_OUTPUT_BYTES``)."""
 
 
 class TokensExhausted(PermanentError):

@@ -151,6 +151,13 @@ class Settings(BaseSettings):
     """Worker-local: tries per sample (counted when it starts, so a sample that kills its
     worker counts too) before it ends as a terminal error."""
 
+    max_output_bytes: int = Field(default=262_144, ge=1024)
+    """Worker-local: the most bytes one sample's stored output (its JSON text) or a grader's
+    grade may take in Redis; a larger one ends its sample ``infer/OutputTooLarge`` (or
+    ``score/OutputTooLarge`` for a grade), so that no run's outputs crowd Redis, which every
+    run and caller shares (the attack review's endpoint answered 4 MB a request and another
+    user's submits were answered 503)."""
+
     cache_ttl: int = Field(default=7 * 24 * 3600, ge=1)
     """Worker-local: seconds an endpoint's cached response is kept (``submit --cache``)."""
     cache_max_bytes: int = Field(default=65_536, ge=256)

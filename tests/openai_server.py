@@ -45,6 +45,7 @@ class _State:
             "stall": False,
             "delay": 0.0,
             "version": "1",
+            "pad": 0,
         }
         self.arrivals: list[float] = []
         self.models: list[str] = []
@@ -152,6 +153,8 @@ def make_app(key: str | None = None, generate: Any = None) -> FastAPI:
         else:
             made = _fake_answer(model, text)
             prompt_tokens, completion_tokens = _words(text), _words(made)
+        if state.control["pad"]:  # an answer of that many more bytes, claimed one token
+            made, completion_tokens = made + "x" * int(state.control["pad"]), 1
         reply = _reply(model, made, chat, prompt_tokens, completion_tokens)
         return _count(state, "ok", JSONResponse(reply))
 

@@ -23,6 +23,7 @@ import redis
 from evalq.producer.client import Client
 from evalq.producer.direct import Direct
 from evalq.producer.redis_server import RedisServer
+from evalq.shared.access.disclosure import Stall
 from evalq.shared.access.policy import Tier
 from evalq.shared.access.tiers import TierRegistry
 from evalq.shared.connection import connect
@@ -387,7 +388,7 @@ def test_a_run_read_as_going_shows_no_aggregate_and_error_kinds_need_full_access
         )
         progress = direct.results.progress(meta.run_id)
         now = time.time()
-        seen = direct.disclosure.status(seen_going, progress, now, stalled=None, waiting=None)
+        seen = direct.disclosure.status(seen_going, progress, now, stall=Stall(), waiting=None)
         assert seen.aggregate is None
         assert ended_view(reader, meta.run_id).errors == {"score": 4}
         assert admin.status(meta.run_id).errors == {"score/ValueError": 4}

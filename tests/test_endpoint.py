@@ -24,9 +24,11 @@ import pytest
 from evalq.producer.client import Client
 from evalq.producer.policy_file import PolicyFile
 from evalq.producer.redis_server import free_port
+from evalq.producer.remote import RemoteClient
 from evalq.producer.submit import SubmitRequest
 from evalq.shared.access.budget import Budget
 from evalq.shared.access.policy import Tier
+from evalq.shared.access.roles import Role
 from evalq.shared.errors import InputError, TierRefusedError
 from evalq.shared.keys import HOLDS
 from evalq.shared.models import RunMeta, RunStatus
@@ -35,6 +37,7 @@ from tests.helpers import (
     REPO,
     assert_settled_once,
     cli_env,
+    gateway,
     list_splits,
     wait_ended,
     wait_for,
@@ -577,3 +580,87 @@ def _result_lines(stack: Stack, run_id: str) -> list[str]:
         check=True,
     )  # fmt: skip
     return shown.stdout.splitlines()
+
+
+def test_one_caller_s_huge_outputs_crowd_neither_redis_nor_another_caller(
+    fresh_stack: Stack, tmp_path: Path
+) -> None:
+    """The attack review's endpoint answered each request with about 4 MB of text claiming one
+    token, and every output was stored whole in Redis: another user's submits were answered
+    503 and their 20-sample runs took up to 60 s. An output over ``EVALQ_MAX_OUTPUT_BYTES``
+    now ends its sample ``infer/OutputTooLarge`` and is never stored."""
+    stack = fresh_stack
+    noisy, quiet = Server(tmp_path / "noisy.log", key=None), Server(tmp_path / "quiet.log", None)
+    try:
+        noisy.control(pad=4_000_000)
+        stack.start_workers()
+        listed: dict[str, Any] = {noisy.base: {}, quiet.base: {}}
+        agent, dataset = _place(stack, tmp_path / "data", 20, listed)
+        token = Client(stack.settings).create_token("bob", Role.USER)
+        before = int(stack.client.info("memory")["used_memory"])
+        flood = [_submit(agent, dataset, noisy.base) for _ in range(3)]
+        with gateway(stack.server.url, tmp_path / "gateway.log") as (api, _):
+            bob = RemoteClient(api, token)
+            took = []
+            for _ in range(5):  # RemoteClient raises on any 503
+                started = time.monotonic()
+                meta = _submit(bob, dataset, quiet.base)  # type: ignore[arg-type]
+                assert wait_ended(stack.client, meta.run_id, 120) is RunStatus.COMPLETED
+                took.append(time.monotonic() - started)
+            bob.close()
+        for meta in flood:
+            assert _ended(stack, meta) is RunStatus.FAILED
+            errors = Client(stack.settings, admin=True).status(meta.run_id).errors
+            assert errors == {"infer/OutputTooLarge": 20}
+        peak = int(stack.client.info("memory")["used_memory_peak"]) - before
+        print(f"another caller's runs took {sorted(took)} s; Redis grew {peak / 2**20:.1f} MiB")
+        assert noisy.stats()["answers"]["ok"] == 60  # every answer came, 4 MB each
+        assert peak < 64 * 2**20  # 60 outputs of 4 MB would be 240 MB
+    finally:
+        noisy.stop()
+        quiet.stop()
+
+
+def _peak_rss(pid: int) -> int:
+    """A process's peak resident memory so far, in bytes (``VmHWM``)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("VmHWM")).split()[1])
+
+
+def test_unread_results_streams_of_large_outputs_hold_little_of_the_gateway(
+    fresh_stack: Stack, tmp_path: Path
+) -> None:
+    """The attack review opened 8 results streams (a user's cap) on a run of ~4 MB outputs and
+    read none: the gateway went from 247 MB to a 9,728 MB peak, reading 10,000 results at a
+    time and joining 1,000 lines into one chunk. A stream now reads about
+    :data:`evalq.producer.views.READ_BYTES` at a time, and holds one such chunk unread."""
+    stack = fresh_stack
+    big = Server(tmp_path / "big.log", key=None)
+    try:
+        big.control(pad=250_000)  # under EVALQ_MAX_OUTPUT_BYTES: stored, 50 MB in all
+        stack.start_workers()
+        agent, dataset = _place(stack, tmp_path / "data", 200, {big.base: {}})
+        meta = _submit(agent, dataset, big.base)
+        assert _ended(stack, meta) is RunStatus.COMPLETED
+        token = Client(stack.settings).create_token("agent", Role.USER)
+        with gateway(stack.server.url, tmp_path / "gateway.log") as (api, process):
+            url = f"{api}/v1/runs/{meta.run_id}/results"
+            headers = {"Authorization": f"Bearer {token}"}
+            with httpx.Client(timeout=60) as http:
+                # one stream read whole first: what a read imports and caches is not growth
+                assert len(http.get(url, headers=headers).text.splitlines()) == 200
+                before = _peak_rss(process.pid)
+                streams = [http.stream("GET", url, headers=headers) for _ in range(8)]
+                opened = [stream.__enter__() for stream in streams]
+                for answer in opened:  # each stream made its first chunk; none read further
+                    assert answer.status_code == 200
+                    assert next(answer.iter_raw(1))
+                grown = (_peak_rss(process.pid) - before) / 1024
+                print(f"8 unread streams: the gateway's peak grew {grown:.0f} MiB")
+                # bounded by the reads' sizes, not the run's: each stream held less than one
+                # copy of the run's 50 MB (it read all of it at once, then joined it: 2.4 GB)
+                assert grown < 8 * 48
+                for stream in streams:
+                    stream.__exit__(None, None, None)
+    finally:
+        big.stop()

@@ -27,14 +27,17 @@ from evalq.producer.report import gather
 from evalq.producer.rescore import RescoreRequest
 from evalq.producer.submit import SubmitRequest
 from evalq.producer.views import Resumption
-from evalq.shared.access.policy import TIMING_GRAIN, Tier, coarse_timing
+from evalq.shared.access.disclosure import Disclosure, Stall
+from evalq.shared.access.policy import TIMING_GRAIN, Access, Reader, Tier, coarse_timing
 from evalq.shared.access.tiers import TierRegistry
 from evalq.shared.connection import connect, server_time
 from evalq.shared.errors import InputError, TierRefusedError
 from evalq.shared.evaluation import create, load_plugins
 from evalq.shared.keys import RunKeys
 from evalq.shared.models import ErrorRecord, Progress, RunMeta, RunStatus, Stage
+from evalq.shared.queue.celery_app import INFER_QUEUE, SCORE_QUEUE
 from evalq.shared.settings import Settings
+from evalq.shared.store.presence import Presence, WorkerBeat
 from evalq.shared.store.runs import RunFilter
 from evalq.shared.store.writer import ResultWriter
 from tests.helpers import labelled_rows, list_splits, record_run, wilson, write_rows
@@ -108,6 +111,114 @@ def test_a_slow_scorer_s_timing_tells_a_user_nothing_of_the_labels(
     # an admin, who may read per-sample results, reads the timing too: the channel is real
     seen = [_guess(admin, _run(admin, label)) for label in labels[:20]]
     assert sum(g == y for g, y in zip(seen, labels[:20], strict=True)) >= 18
+
+
+QUIET = 0.2
+"""``EVALQ_STALL_AFTER`` in the stall-onset attack: seconds without a write before a run
+counts as stalled."""
+
+
+def _pair(client: Client, label: int) -> tuple[str, str]:
+    """Two runs of five samples on one held-out sample whose label is ``label``: the first
+    answers it 1, the second 0. In each, three samples fail at once, one is held (the run
+    stays going) and the kept one is scored: at once when its answer is right, 50 ms later
+    when it is wrong (the operator's exact match, else a judge's call)."""
+    store = connect(client.settings.redis_url)
+    writer = ResultWriter(store)
+    failed = ErrorRecord(stage=Stage.INFER, kind="ValueError", message="refused")
+    runs = []
+    for _ in (1, 0):
+        meta = RunMeta(
+            run_id=uuid.uuid4().hex[:16], eval="spy", spec="0" * 64, dataset_id="ds",
+            split="held", n=5, status=RunStatus.QUEUED, created=server_time(store),
+            principal="agent",
+        )  # fmt: skip
+        record_run(store, meta, list(range(5)))
+        runs.append(meta.run_id)
+    for run_id, answer in zip(runs, (1, 0), strict=True):
+        writer.record_outputs(run_id, {3: f'{{"pred": {answer}}}'})
+        writer.record_errors(run_id, {i: failed for i in range(3)})
+    right, wrong = runs if label == 1 else runs[::-1]
+    writer.record_scores(right, {3: {"correct": 1.0}})
+    time.sleep(SLOWER)  # the judge's call on the wrong answer: the channel itself
+    writer.record_scores(wrong, {3: {"correct": 0.0}})
+    store.close()
+    return runs[0], runs[1]
+
+
+def _onset_guess(user: Client, runs: tuple[str, str]) -> int:
+    """The attack: read both runs' ``status`` in a burst and note when each first says it is
+    stalled; the run that went quiet sooner holds the right answer. With no onset seen, the
+    guess is 1 (a coin that knows nothing)."""
+    onset: dict[str, float] = {}
+    deadline = time.monotonic() + QUIET + 0.15
+    while len(onset) < 2 and time.monotonic() < deadline:
+        for run_id in runs:
+            if run_id not in onset and user.status(run_id).stalled:
+                onset[run_id] = time.monotonic()
+    if len(onset) < 2:
+        return 1
+    return int(onset[runs[0]] <= onset[runs[1]])
+
+
+def _stall_attack(user: Client, pairs: int) -> tuple[float, float, float]:
+    labels = [0] * (pairs // 2) + [1] * (pairs - pairs // 2)
+    random.Random(50).shuffle(labels)
+    right = sum(_onset_guess(user, _pair(user, label)) == label for label in labels)
+    return wilson(right, pairs)
+
+
+@pytest.mark.integration  # 200 runs: an attack's replay, not a unit of behaviour
+def test_the_onset_of_stalled_tells_a_user_nothing_of_the_labels(
+    board: tuple[Client, Client], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The attack review's fourth timing channel: ``stalled`` appears a fixed delay after a
+    run's last write, so of two runs answering one held-out sample "yes" and "no", the one
+    that went quiet sooner was right (19 of 20 labels). A reader without per-sample access is
+    told only that no live worker serves a going run, never that it went quiet."""
+    agent, _ = board
+    user = Client(agent.settings.model_copy(update={"stall_after": QUIET}))
+    beat = WorkerBeat(
+        hostname="w@attack", pid=1, evaluations=["spy"], queues=[INFER_QUEUE, SCORE_QUEUE]
+    )
+    Presence(connect(user.settings.redis_url)).beat(beat, interval=600)
+    right, low, high = _stall_attack(user, RUNS // 2)
+    print(f"stall-onset attack: {right:.3f} of {RUNS // 2} labels right ({low:.3f}-{high:.3f})")
+    assert low <= 0.5 <= high
+    # the rule switched off (the reader told why a run is stalled as one who sees its timing
+    # is): the same attack reads the labels
+    rule = Disclosure.stalled
+    told = staticmethod(lambda reader, meta, stall: rule(timed(reader), meta, stall))
+    monkeypatch.setattr(Disclosure, "stalled", told)
+    right, low, _ = _stall_attack(user, 20)
+    print(f"with the rule off: {right:.3f} of 20 labels right (from {low:.3f})")
+    assert right >= 0.9
+    user.close()
+
+
+def timed(reader: Reader) -> Reader:
+    """``reader`` as one with per-sample access (an admin reading the same split)."""
+    return Reader(reader.where, reader.tier, Access.FULL, admin=True)
+
+
+def test_a_held_out_run_is_told_stalled_only_when_no_worker_serves_it() -> None:
+    """What a reader without the run's timing is told while it goes: that no live worker
+    serves it (a fact of the fleet), never which queue it waits in nor that it went quiet."""
+    going = RunMeta(
+        run_id="r", eval="e", spec="0" * 64, dataset_id="d", split="s", n=5,
+        status=RunStatus.RUNNING, created=100.0,
+    )  # fmt: skip
+    held = Reader("d/s", Tier.NON_VIEWABLE, Access.AGGREGATE)
+    quiet, unserved = Stall(idle=75.0), Stall(unserved="no live worker (start one)")
+    waits = Stall(queue="no live worker serving 'e' consumes queue 'score'")
+    assert [Disclosure.stalled(held, going, s) for s in (quiet, waits, unserved)] == [
+        None, None, "no live worker (start one)",
+    ]  # fmt: skip
+    assert [Disclosure.stalled(timed(held), going, s) for s in (quiet, waits)] == [
+        "no progress for 75s", "no live worker serving 'e' consumes queue 'score'",
+    ]  # fmt: skip
+    ended = going.model_copy(update={"status": RunStatus.COMPLETED, "finished": 110.0})
+    assert Disclosure.stalled(timed(held), ended, unserved) is None
 
 
 def test_a_user_reads_a_held_out_run_s_times_only_as_a_whole(

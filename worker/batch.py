@@ -25,7 +25,13 @@ from typing import Any
 
 import redis
 
-from evalq.shared.errors import PermanentError, StoreError, UnknownRunError, first_line
+from evalq.shared.errors import (
+    OutputTooLarge,
+    PermanentError,
+    StoreError,
+    UnknownRunError,
+    first_line,
+)
 from evalq.shared.evaluation import Evaluation
 from evalq.shared.models import ErrorRecord, RunMeta, RunStatus, SampleTask, Stage, from_json
 from evalq.shared.queue.pace import PaceMeter
@@ -38,7 +44,7 @@ from evalq.worker.lru import LRU
 from evalq.worker.runtime_pool import RuntimePool
 from evalq.worker.shard_cache import ShardCache
 
-__all__ = ["STORE_ERRORS", "Batch", "Resources", "RunShare", "error_record"]
+__all__ = ["STORE_ERRORS", "Batch", "Resources", "RunShare", "bounded", "error_record"]
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +90,8 @@ class Resources:
     fair dispatcher hands it to the scoring workers (an inference-only worker)."""
     max_batch: int
     max_attempts: int
+    max_output_bytes: int = 262_144
+    """The most bytes a sample's stored output (or grade) may take (:func:`bounded`)."""
     stall_after: float = 60.0
     """A claim to finalize a run older than this may be taken over (its finalizer died)."""
     fuse: bool = False
@@ -131,6 +139,17 @@ KEPT = frozenset({str, int, float, bool, type(None)})
 """Types of the outputs a worker keeps as ``infer()`` returned them, to score in the same job
 without reading them back (:attr:`RunShare.values`): their JSON text reads back as an equal
 value of the same type."""
+
+
+def bounded(text: str, limit: int, what: str) -> str:
+    """``text`` (a value's JSON, to be stored in Redis), or :class:`OutputTooLarge` when its
+    UTF-8 takes more than ``limit`` bytes (``EVALQ_MAX_OUTPUT_BYTES``)."""
+    size = len(text.encode()) if len(text) * 4 > limit else len(text)
+    if size > limit:
+        raise OutputTooLarge(
+            f"{what} of {size} bytes is over the {limit} a worker stores (EVALQ_MAX_OUTPUT_BYTES)"
+        )
+    return text
 
 
 def error_record(stage: Stage, exc: BaseException) -> ErrorRecord:

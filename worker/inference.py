@@ -17,13 +17,13 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from evalq.shared.errors import PermanentError, first_line
+from evalq.shared.errors import OutputTooLarge, PermanentError, first_line
 from evalq.shared.evaluation import scrub
 from evalq.shared.models import SampleTask, Stage, to_json
 from evalq.shared.queue.backlog import run_model
 from evalq.shared.queue.celery_app import INFER_TASK
 from evalq.shared.queue.pace import PaceMeter
-from evalq.worker.batch import KEPT, Batch, Resources, RunShare, error_record
+from evalq.worker.batch import KEPT, Batch, Resources, RunShare, bounded, error_record
 from evalq.worker.runtime_pool import Infer
 from evalq.worker.scoring import score_all
 
@@ -57,8 +57,9 @@ def _failed(run: RunShare, sample_id: int, exc: BaseException, max_attempts: int
     run.errors[sample_id] = record.model_copy(update={"message": record.message + note})
 
 
-def _infer(infer: Infer, items: list[Item], max_attempts: int) -> None:
-    """Give each item an output, a retry or an error; if a batch raises, rows go alone."""
+def _infer(infer: Infer, items: list[Item], max_attempts: int, limit: int) -> None:
+    """Give each item an output, a retry or an error; if a batch raises, rows go alone. An
+    output whose JSON takes more than ``limit`` bytes ends its sample ``OutputTooLarge``."""
     try:
         rows = [row for *_, row in items]
         samples = [(run.run_id, sample_id) for run, sample_id, _ in items]
@@ -69,17 +70,22 @@ def _infer(infer: Infer, items: list[Item], max_attempts: int) -> None:
             _failed(run, sample_id, exc, max_attempts)
         else:
             for item in items:
-                _infer(infer, [item], max_attempts)
+                _infer(infer, [item], max_attempts, limit)
         return
     for (run, sample_id, _), output in zip(items, outputs, strict=True):
         if isinstance(output, Exception):  # this sample's own failure (an endpoint's)
             _failed(run, sample_id, output, max_attempts)
             continue
         try:
-            run.outputs[sample_id] = to_json(output)
+            text = to_json(output)
         except (TypeError, ValueError) as exc:
             refused = PermanentError(f"output not JSON: {exc}")
             run.errors[sample_id] = error_record(Stage.INFER, refused)
+            continue
+        try:
+            run.outputs[sample_id] = bounded(text, limit, "an output")
+        except OutputTooLarge as exc:
+            run.errors[sample_id] = error_record(Stage.INFER, exc)
             continue
         if type(output) in KEPT:
             run.values[sample_id] = output
@@ -124,7 +130,7 @@ def _infer_all(res: Resources, items: list[Item]) -> None:
     size = evaluation.rows_per_call or res.max_batch
     started = time.perf_counter()
     for start in range(0, len(items), size):
-        _infer(infer, items[start : start + size], res.max_attempts)
+        _infer(infer, items[start : start + size], res.max_attempts, res.max_output_bytes)
     if res.pace is not None:
         _paced(res.pace, items, time.perf_counter() - started)
 

@@ -16,7 +16,7 @@ from evalq.shared.errors import PermanentError, ScriptError
 from evalq.shared.models import Grade, SampleTask, Stage
 from evalq.shared.queue.celery_app import SCORE_TASK
 from evalq.shared.scorer import ScriptCall
-from evalq.worker.batch import Batch, Resources, RunShare, error_record
+from evalq.worker.batch import Batch, Resources, RunShare, bounded, error_record
 
 __all__ = ["score_all", "score_batch"]
 
@@ -82,7 +82,9 @@ def _score(
                 got = graded[sample_id]
                 if isinstance(got, Exception):
                     raise got
-                raw, grades[sample_id] = got
+                raw, grade = got
+                bounded(grade.model_dump_json(), res.max_output_bytes, "a grade")
+                grades[sample_id] = grade
             elif evaluation.scorer is None:
                 raw = evaluation.score(row, outputs[sample_id])
             else:

@@ -122,10 +122,13 @@ def serve(
     undumpable()  # its Redis credential is the strongest there is: not readable through /proc
     gateway = create_gateway(get_settings())
     err.print(f"evalq gateway on http://{host}:{port} (OpenAPI schema at /openapi.json)")
-    # the peer address as it is: a caller must not pick its own anonymous bucket by a header
+    # the peer address as it is: a caller must not pick its own anonymous bucket by a header;
+    # no Date header: an answer carries no server time (a held-out run's reader is told its
+    # times on the run's grain only, docs/trust-model.md)
     uvicorn.run(
-        gateway, host=host, port=port, log_level="info", access_log=True, proxy_headers=False
-    )
+        gateway, host=host, port=port, log_level="info", access_log=True, proxy_headers=False,
+        date_header=False,
+    )  # fmt: skip
 
 
 def acl(

@@ -25,6 +25,7 @@ from starlette.types import Receive, Scope, Send
 
 from evalq.producer.follower import Follower
 from evalq.producer.gateway.limits import StreamSlots
+from evalq.producer.views import READ_BYTES
 from evalq.shared.errors import UnauthorizedError
 from evalq.shared.models import to_json
 from evalq.shared.store.wire import result_line
@@ -53,7 +54,7 @@ IDLE_WAIT_MS = 4000
 """...doubling while nothing settles, up to this: an idle follow (a queued or stalled run) costs
 one look every 4 s, not every second (400 idle follows took 35% of a core at 1 s)."""
 LINES = 1000
-"""Lines read and sent at a time."""
+"""Lines read and sent at a time, at most..."""
 
 
 class ResultStream(StreamingResponse):
@@ -92,10 +93,17 @@ class Streams:
         return await to_thread.run_sync(read, limiter=self._threads)
 
     async def lines(self, lines: Iterator[str]) -> AsyncIterator[str]:
-        """``lines``, read on the stream threads :data:`LINES` at a time."""
+        """``lines``, read on the stream threads :data:`LINES` at a time, or fewer once they
+        take :data:`evalq.producer.views.READ_BYTES`: an unread stream holds one such chunk."""
 
         def batch() -> str:
-            return "".join(islice(lines, LINES))
+            taken, size = [], 0
+            for line in islice(lines, LINES):
+                taken.append(line)
+                size += len(line)
+                if size >= READ_BYTES:
+                    break
+            return "".join(taken)
 
         while chunk := await self.run(batch):
             yield chunk

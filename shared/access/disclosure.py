@@ -22,7 +22,7 @@ from evalq.shared.stats import Stat
 from evalq.shared.store.provenance import ProvenanceStore
 from evalq.shared.store.reader import ResultReader
 
-__all__ = ["Disclosed", "Disclosure"]
+__all__ = ["Disclosed", "Disclosure", "Stall"]
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,27 @@ class Disclosed:
     timing)."""
 
 
+@dataclass(frozen=True)
+class Stall:
+    """What the queue says of why nothing moves a going run, before a reader's rules apply."""
+
+    unserved: str | None = None
+    """Why no live worker serves the run at all (its evaluation, or its model's provider): a
+    fact of the fleet, the same whatever the run's samples did."""
+    queue: str | None = None
+    """Why no live worker consumes the queue its samples wait in now (which queue follows
+    how many of them were inferred and scored)."""
+    idle: float | None = None
+    """Seconds since the run's last write, once that passed ``EVALQ_STALL_AFTER`` (when its
+    last sample settled)."""
+
+    def why(self) -> str | None:
+        """The whole reason, as a reader who sees the run's timing reads it."""
+        if self.unserved or self.queue:
+            return self.unserved or self.queue
+        return None if self.idle is None else f"no progress for {self.idle:.0f}s"
+
+
 def _by_stage(errors: dict[str, int]) -> dict[str, int]:
     """``stage/kind`` counts summed by stage."""
     stages: dict[str, int] = {}
@@ -66,11 +87,6 @@ def _by_stage(errors: dict[str, int]) -> dict[str, int]:
         stage = key.split("/", 1)[0]
         stages[stage] = stages.get(stage, 0) + count
     return stages
-
-
-def _untimed(stalled: str) -> str:
-    """Why a run is stalled, without the exact idle time (a time of its last write)."""
-    return "no progress lately" if stalled.startswith("no progress for") else stalled
 
 
 class Disclosure:
@@ -136,26 +152,37 @@ class Disclosure:
             return meta
         return coarse_timing(meta, Progress(), now)[0]
 
+    @staticmethod
+    def stalled(reader: Reader, meta: RunMeta, stall: Stall) -> str | None:
+        """Why nothing moves the run (``meta`` as ``reader`` reads it), as ``reader`` may be
+        told. A reader who does not see the run's timing is told only what no sample of the
+        run moves: that no live worker serves it at all. The moment the run went quiet is its
+        last sample's settling (the attack review timed the onset of ``no progress`` with a
+        scorer slower on a wrong answer: 19 of 20 labels), and which queue it waits in follows
+        how many samples were inferred and scored; both are per-sample data."""
+        if not meta.status.active:
+            return None
+        return stall.why() if reader.sees_timing else stall.unserved
+
     def status(
         self,
         meta: RunMeta,
         progress: Progress,
         now: float,
         *,
-        stalled: str | None,
+        stall: Stall,
         waiting: Standing | None,
     ) -> Disclosed:
         """Everything this reader may see of the run at ``now``, given its record, counters,
         why it is stalled and where it waits; a first read of a released aggregate takes the
         run's Ladder round, fixed and recorded here (:meth:`ReleaseStore.settle`)."""
         meta, progress, reader = self.as_read(meta, progress, now)
+        stalled = self.stalled(reader, meta, stall)
         provenance = None
         if reader.sees_timing or not meta.status.active:
             provenance = self._provenance.of_run(meta.run_id, self.outward(meta).spec)
         else:
             waiting = None
-        if not reader.sees_timing and stalled:
-            stalled = _untimed(stalled)
         withheld = reader.withheld
         # only a completed run has an aggregate, and only then is the floor's count final (a
         # run read as going may complete before its aggregate is read)

@@ -60,7 +60,10 @@ __all__ = [
 
 MANIFEST = "manifest.json"
 PART_ROWS = 131_072
-"""Rows per Parquet file (one row group each): what an archiver holds in memory at once."""
+"""Rows per Parquet file: what an archiver holds in memory at once."""
+GROUP_BYTES = 4 * 2**20
+"""Bytes of a part's row group, about: what a reader of the part holds at once (a part of
+200 outputs of 250 KB in one row group was read whole by each results stream)."""
 READ_ROWS = 65_536
 """Rows per batch when a reader streams an archive."""
 RAW_COLUMNS = ("sample_id", "output", "scores", "error")
@@ -163,9 +166,12 @@ def _reading(url: str, run_id: str) -> Iterator[None]:
 
 
 def _write(fs: Any, path: str, table: pa.Table) -> None:
-    """Write a chunk's table as a part: its outputs typed where they can be."""
+    """Write a chunk's table as a part: its outputs typed where they can be, in row groups of
+    about :data:`GROUP_BYTES` (a reader holds a row group's columns whole)."""
+    typed = typed_table(table)
+    rows = max(1, min(typed.num_rows, typed.num_rows * GROUP_BYTES // max(1, typed.nbytes)))
     with fs.open(path, "wb") as handle:
-        pq.write_table(typed_table(table), handle, compression="zstd")
+        pq.write_table(typed, handle, compression="zstd", row_group_size=rows)
 
 
 @dataclass
@@ -351,16 +357,17 @@ class ArchiveReader:
         prefix = "" if protocol == "file" else f"{protocol}://"
         return [f"{prefix}{self._path}/{part['file']}" for part in self.manifest["parts"]]
 
-    def batches(self, columns: tuple[str, ...] = RAW_COLUMNS) -> Iterator[pa.RecordBatch]:
-        """The rows, ``READ_ROWS`` at a time, in submission order, as the store held them
-        (outputs as JSON text, in either layout; missing metric columns of a part read as
-        nulls)."""
+    def batches(
+        self, columns: tuple[str, ...] = RAW_COLUMNS, rows: int = READ_ROWS
+    ) -> Iterator[pa.RecordBatch]:
+        """The rows, ``rows`` at a time, in submission order, as the store held them (outputs
+        as JSON text, in either layout; missing metric columns of a part read as nulls)."""
         for part in self.manifest["parts"]:
             with self._reading(), self._fs.open(f"{self._path}/{part['file']}", "rb") as handle:
                 parquet = pq.ParquetFile(handle)
                 schema = parquet.schema_arrow
                 present = [c for c in columns if c in schema.names]
-                for batch in parquet.iter_batches(batch_size=READ_ROWS, columns=present):
+                for batch in parquet.iter_batches(batch_size=rows, columns=present):
                     arrays = [
                         pa.array(_output_texts(batch, schema), pa.string())
                         if c == "output"

@@ -101,7 +101,7 @@ class ResultReader:
             return
         except (Sealed, ArchiveUnreadableError) as exc:
             self._overtaken(run_id, exc)
-        for batch in self._sealed_archive(run_id).batches():
+        for batch in self._sealed_archive(run_id).batches(rows=size):
             rows = batch.num_rows
             if done >= rows:
                 done -= rows

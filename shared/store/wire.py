@@ -157,6 +157,12 @@ def scores_of(sample_ids: list[int], texts: list[str | None]) -> dict[int, dict[
     return {i: value for (i, _), value in zip(scored, values, strict=True)}
 
 
+SPAN_BYTES = 2**20
+"""The most characters a span's joined texts take: a reader of one sample of a span reads the
+whole span, so large outputs go one by one (a results stream reading 16 outputs of 250 KB
+read their 50 MB span each time: the gateway's 8 unread streams grew it by 2.4 GB)."""
+
+
 def error_kind(raw: str) -> str:
     """An error record's (JSON) stage and exception class, e.g. ``infer/RuntimeError``."""
     error = ErrorRecord.model_validate_json(raw)
@@ -166,8 +172,9 @@ def error_kind(raw: str) -> str:
 def span_of(texts: dict[int, str], prefix: str) -> tuple[int, str] | None:
     """``texts`` (sample id -> JSON text, in id order) as one span (its first id, its texts
     joined), when they are the samples ``lo`` to ``lo + n - 1`` (2 to :data:`SPAN_MAX` of
-    them), none holds a newline and none begins with ``prefix`` (those the store's scripts
-    read: outputs with their usage, scores with a grade); else None: they go one by one."""
+    them), none holds a newline, none begins with ``prefix`` (those the store's scripts
+    read: outputs with their usage, scores with a grade) and they take at most
+    :data:`SPAN_BYTES`; else None: they go one by one."""
     n = len(texts)
     if n < 2 or n > SPAN_MAX:
         return None
@@ -175,7 +182,7 @@ def span_of(texts: dict[int, str], prefix: str) -> tuple[int, str] | None:
     if not consecutive(ids):
         return None
     joined = "\n".join(texts.values())
-    if joined.count("\n") != n - 1 or prefix in joined:
+    if len(joined) > SPAN_BYTES or joined.count("\n") != n - 1 or prefix in joined:
         return None
     return ids[0], joined
 
