@@ -24,6 +24,7 @@ from evalq.shared.errors import EvalqError
 from evalq.shared.keys import RUNS, RunKeys, budget_key
 from evalq.shared.models import RunStatus
 from tests.helpers import gateway, wait_for, write_rows
+from tests.test_endpoint import SUM, Server
 from tests.test_gateway import Door, _run_id, door  # noqa: F401
 
 pytestmark = pytest.mark.integration
@@ -145,3 +146,45 @@ def test_a_gateway_killed_during_submits_leaves_the_ledger_balanced(
     for run_id in mine:  # their samples are not this module's other tests' business
         with contextlib.suppress(EvalqError):
             door.operator.cancel(run_id)
+
+
+def test_a_user_s_metered_endpoint_run_completes_under_the_acl_file(
+    door: Door,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """Issue #50 (3): every sample of a user's endpoint run on a split with a token budget
+    ended ``infer/NoPermissionError: … may not EVALSHA evalq:holds … evalq:budget:sums:…``:
+    the token script named the budgets, which the ``worker`` user may only read, among its
+    keys. Set up as an operator would, through the gateway with the admin token."""
+    server = Server(tmp_path / "server.log", key=None)  # the workers here hold no key
+    try:
+        rows = [{"a": i, "b": 2 * i, "answer": str(3 * i)} for i in range(12)]
+        write_rows(tmp_path / "sums", "validation", rows)
+        (tmp_path / "sum.yaml").write_text(SUM.replace("CHAT", "true"))
+        (tmp_path / "policy.yaml").write_text(f"endpoints:\n  {server.base}: {{}}\n")
+        for step in (
+            ["datasets", "add", "sums", "--data", str(tmp_path / "sums")],
+            ["tiers", "set", "sums", "validation", "viewable"],
+            ["tasks", "add", "sum-chat", "--file", str(tmp_path / "sum.yaml")],
+            ["policy", "apply", str(tmp_path / "policy.yaml")],
+            ["budget", "set", "sums", "validation", "--tokens", "100000"],
+            ["budget", "set", "sums", "validation", "--tokens", "50000", "--principal", "alice"],
+        ):
+            done = door.cli(door.admin_token, *step)
+            assert done.returncode == 0, (step, done.stderr)
+        followed = door.cli(
+            door.alice, "submit", "sum-chat", "--dataset", "sums", "--split", "validation",
+            "--model", "openai/served", "--model-arg", f"base_url={server.base}", "--follow",
+            "--json",
+        )  # fmt: skip
+        run_id = _run_id(followed)
+        status = json.loads(door.cli(door.alice, "status", run_id, "--json").stdout)
+        assert status["errors"] == {}, status["errors"]
+        assert status["status"] == "completed"
+        assert status["stats"]["exact_match"]["mean"] == 1.0
+        shown = json.loads(door.cli(door.alice, "budget", "show", "--json").stdout)
+        used = {(b["dataset"], b["caller"]): b["tokens_used"] for b in shown}
+        # 12 samples of 11 tokens each (10 words asked, 1 answered), on both budgets
+        assert used[("sums", None)] == used[("sums", "alice")] == 12 * 11
+    finally:
+        server.stop()
