@@ -16,6 +16,14 @@ A refused hold waits while other requests hold enough that their return could ma
 ends its sample :class:`evalq.shared.errors.TokensExhausted` otherwise (``used + worst > total``:
 nothing in flight can change that): unsent, never charged.
 
+A split's token budget is shared by everyone who runs on it, so one principal's holds on it are
+bounded by a fair share of what is left (``spend.lua``): once it holds anything there, all it
+holds stays within ``(total - used) / (holders + 1)``, ``holders`` being the principals holding
+(one alone: half), and a principal holding nothing may always hold one request that fits. The
+security review's 50 slow requests of one user held 5,390 of a split's 5,480 tokens, and another
+user's run waited 360 s for them and ended unsent; now another user always finds part of what is
+left free. A principal's own budget is its own: no share applies there.
+
 The totals are the gateway's (``tokens_total`` in each :func:`evalq.shared.keys.budget_key`, which
 the ``worker`` ACL user only reads); ``used`` and ``reserved`` are the workers'
 (:func:`evalq.shared.keys.spend_key`), since only they see the usage an endpoint reports. Each step
@@ -103,8 +111,8 @@ class TokenSpend:
         self, scope: Scope, tokens: int, seconds: float, ticket: str | None = None
     ) -> str | tuple[str, int, int, int]:
         """Hold ``tokens`` for ``seconds`` at most: the hold's ticket (``ticket``, or a new
-        one), or the refusal (``'split'`` or ``'principal'``, its total, used, reserved),
-        nothing held."""
+        one), or the refusal (``'split'``, ``'principal'`` or ``'share'`` (past the principal's
+        fair share of the split's), its total, used, reserved), nothing held."""
         ticket = ticket or uuid.uuid4().hex
         record = {
             "tokens": tokens, "worker": self._worker, "dataset": scope.dataset,
@@ -112,7 +120,9 @@ class TokenSpend:
         }  # fmt: skip
         millis = max(1, int(seconds * 1000))
         totals = scope.totals(self._client)
-        args: list[str | int] = ["hold", ticket, *totals, tokens, json.dumps(record), millis]
+        args: list[str | int] = [
+            "hold", ticket, *totals, tokens, json.dumps(record), millis, scope.principal or "",
+        ]  # fmt: skip
         reply = self._script(keys=scope.keys, args=args)
         if int(reply[0]) == 1:
             return ticket
