@@ -242,7 +242,7 @@ def endpoint_model(spec: ModelSpec, cache: bool = False) -> EndpointModel:
     settings = get_settings()
     client = connect(settings.redis)
     rate = RateLimit(client, url, EndpointLimits())
-    refused = rate.refresh(spec.args.api_key_env)
+    refused = rate.refresh(spec.args)
     if refused is not None:
         raise PermanentError(refused)
     key = os.environ.get(rate.limits.api_key_env) or None

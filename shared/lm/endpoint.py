@@ -43,7 +43,7 @@ from evalq.shared.lm.request import (
     Prompt,
     cut_at_stop,
 )
-from evalq.shared.lm.spec import ModelSpec
+from evalq.shared.lm.spec import ModelArgs, ModelSpec
 
 __all__ = [
     "BadResponse",
@@ -125,7 +125,7 @@ class Refused(EndpointError):
 class Limiter(Protocol):
     """The fleet-wide rate limit of an endpoint (:class:`evalq.shared.store.rate.RateLimit`)."""
 
-    def refresh(self, api_key_env: str) -> str | None: ...
+    def refresh(self, args: ModelArgs) -> str | None: ...
     def take(self, tokens: int) -> float: ...
     def adjust(self, tokens: int) -> None: ...
     def pause(self, seconds: float) -> None: ...
@@ -229,7 +229,7 @@ class EndpointModel:
         metered by its run's token budget (``meters``: None, none); every request refused
         when the endpoint is no longer listed as the run named it (the policy's limits are
         read again for each batch)."""
-        refused = self.rate.refresh(self.spec.args.api_key_env)
+        refused = self.rate.refresh(self.spec.args)
         if refused is not None:
             return [Refused(refused) for _ in requests]
         return asyncio.run(self._generate_all(requests, meters or [None] * len(requests)))
