@@ -267,8 +267,10 @@ def test_a_token_budget_is_charged_what_a_try_may_have_cost_never_past_its_hold(
     ledger = Ledger(client)
     ledger.set("d", "s", runs=None, samples=None, max_samples_per_run=None, who="t", tokens=100)
     meter = RunMeter(TokenSpend(client), Scope("d", "s", None))
-    model = _model(fleet(url, EndpointLimits()), url, None, timeout="0.5")
-    (out,) = model.generate([REQUEST], [meter])
+    given = {"base_url": url, "max_retries": "0", "timeout": "0.5"}
+    spec = ModelSpec.parse("openai/m", given)
+    model = EndpointModel(spec, fleet(url, EndpointLimits()), None, meters={"r": meter}.get)
+    (out,) = model.generate([REQUEST], ["r"])
     assert isinstance(out, Generation) == (answer == "ok")
     if answer == "over-reported":
         assert isinstance(out, OverReported)

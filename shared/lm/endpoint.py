@@ -148,11 +148,16 @@ class Responses(Protocol):
     def release(self, digest: str) -> None: ...
 
 
-def request_digest(endpoint: str, body: dict[str, Any], served: str | None = None) -> str:
+def request_digest(
+    endpoint: str, body: dict[str, Any], served: str | None = None, principal: str = ""
+) -> str:
     """The response cache's key for a request ``body`` (which names its model) to ``endpoint``,
-    whose ``/models`` said the model is ``served`` (its weights' ``root``, when it says):
-    whatever decides the answer, nothing else."""
-    key = {"endpoint": endpoint, "body": body, "served": served}
+    whose ``/models`` said the model is ``served`` (its weights' ``root``, when it says), asked
+    for a run of ``principal``: whatever decides the answer, and whose cache it is. A hit says
+    that the same prompt was asked before, so one principal's hits must never come from
+    another's requests (the security review read another user's 30 chosen sample ids off
+    ``usage.cached``); each principal has a cache of its own."""
+    key = {"endpoint": endpoint, "body": body, "served": served, "principal": principal}
     text = json.dumps(key, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -182,7 +187,9 @@ class EndpointModel:
         rate: Limiter,
         key: str | None,
         cache: Responses | None = None,
+        *,
         meters: Callable[[str], Meter | None] | None = None,
+        owners: Callable[[str], str] | None = None,
     ) -> None:
         if spec.endpoint is None:
             raise PermanentError(f"model {spec}: not an endpoint model")
@@ -201,6 +208,7 @@ class EndpointModel:
         self.cache = cache
         """Where answers are shared (``submit --cache``); None: every request is made."""
         self._meters = meters
+        self._owners = owners
         self._silent: float | None = None
         """When :meth:`_served` last heard no version (None: it heard one)."""
 
@@ -213,6 +221,11 @@ class EndpointModel:
         """The token budget run ``run_id``'s requests are charged to (None: not metered)."""
         return self._meters(run_id) if self._meters is not None and run_id else None
 
+    def owner(self, run_id: str) -> str:
+        """The principal of run ``run_id``, whose response cache its requests use ("": none
+        known)."""
+        return self._owners(run_id) if self._owners is not None and run_id else ""
+
     def render(self, prompt: str, *, chat: bool, system: str | None = None) -> Prompt:
         """What is sent: ``prompt`` as text (after ``system`` and a blank line) for
         ``/completions``, or as chat messages for ``/chat/completions`` (the server applies
@@ -223,26 +236,27 @@ class EndpointModel:
         return (("system", system), *messages) if system is not None else messages
 
     def generate(
-        self, requests: Sequence[GenerationRequest], meters: Sequence[Meter | None] | None = None
+        self, requests: Sequence[GenerationRequest], runs: Sequence[str] | None = None
     ) -> list[Generation | Failure]:
         """Each request's generation, or the error its retries ended with, in order, each
-        metered by its run's token budget (``meters``: None, none); every request refused
+        metered by its run's token budget and answered from its run's principal's response
+        cache (``runs``: each request's run; None: no run, neither); every request refused
         when the endpoint is no longer listed as the run named it (the policy's limits are
         read again for each batch)."""
         refused = self.rate.refresh(self.spec.args)
         if refused is not None:
             return [Refused(refused) for _ in requests]
-        return asyncio.run(self._generate_all(requests, meters or [None] * len(requests)))
+        return asyncio.run(self._generate_all(requests, runs or [""] * len(requests)))
 
     async def _generate_all(
-        self, requests: Sequence[GenerationRequest], meters: Sequence[Meter | None]
+        self, requests: Sequence[GenerationRequest], runs: Sequence[str]
     ) -> list[Generation | Failure]:
         self.gate.opened()
         limits = httpx.Limits(max_connections=self.spec.args.concurrency)
         timeout = httpx.Timeout(self.spec.args.timeout)
         async with httpx.AsyncClient(limits=limits, timeout=timeout) as http:
             served = await self._served(http) if self.cache is not None else None
-            asked = (self._one(http, r, m, served) for r, m in zip(requests, meters, strict=True))
+            asked = (self._one(http, r, run, served) for r, run in zip(requests, runs, strict=True))
             return list(await asyncio.gather(*asked))
 
     async def _served(self, http: httpx.AsyncClient) -> str | None:
@@ -274,14 +288,15 @@ class EndpointModel:
         self,
         http: httpx.AsyncClient,
         request: GenerationRequest,
-        meter: Meter | None,
+        run: str,
         served: str | None = None,
     ) -> Generation | Failure:
-        """The request's answer: from the cache when it holds it (charged nothing), else asked
-        (once for all the identical requests in flight) and kept."""
+        """The request's answer: from its run's principal's cache when that holds it (charged
+        nothing), else asked (once for all the identical requests in flight) and kept."""
+        meter = self.meter(run)
         if self.cache is None:
             return await self._asked(http, request, meter)
-        digest = request_digest(self.url, self._body(request), served)
+        digest = request_digest(self.url, self._body(request), served, self.owner(run))
         retries = self.spec.args.max_retries
         patience = self.spec.args.timeout * (retries + 1) + BACKOFF_CAP * retries
         deadline = time.monotonic() + patience
