@@ -228,7 +228,7 @@ def main() -> None:
         }  # fmt: skip
         for workers in [int(w) for w in args.workers.split(",")]:
             console.print(f"[bold]evalq, {workers} worker(s)[/]")
-            with stack(workers, url, {}) as here:
+            with stack(workers, url, {"max_concurrency": args.concurrency}) as here:
                 evalq_run(here, url, name, args.concurrency, limit=8 * workers)  # warm
                 results, seconds = evalq_run(here, url, name, args.concurrency)
             texts = [str(r.output) for r in results]

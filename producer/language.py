@@ -109,10 +109,11 @@ def rescorer(
 
 
 def _admit(client: redis.Redis, spec: ModelSpec) -> None:
-    """Refuse an endpoint model whose server the policy does not list (with its key)."""
+    """Refuse an endpoint model whose server the policy does not list (with its key), or asks
+    more of it than its entry allows."""
     if spec.endpoint is not None:
         listed = EndpointRegistry(client).get(spec.endpoint)
-        admit_endpoint(spec.endpoint, spec.args.api_key_env, listed)
+        admit_endpoint(spec.endpoint, spec.args, listed)
 
 
 def _admit_grader(client: redis.Redis, task: TaskSpec) -> None:

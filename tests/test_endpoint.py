@@ -242,6 +242,39 @@ def test_the_response_cache_answers_a_rerun_and_never_another_model(
     user.close()
 
 
+def test_the_response_cache_tells_no_user_which_prompts_another_asked(
+    fresh_stack: Stack, server: Server, tmp_path: Path
+) -> None:
+    """Issue #50 (7): another user's rerun with ``--cache`` read ``usage.cached`` on exactly
+    the 30 ids a first user had chosen. Each principal's requests use a cache of their own."""
+    stack = fresh_stack
+    stack.start_workers(OPENAI_API_KEY=KEY)
+    user, dataset = _place(stack, tmp_path / "data", 60, {server.base: {}})
+    chosen = tuple(range(0, 60, 2))
+    first = user.submit(
+        SubmitRequest.model_validate(
+            {
+                "eval": "sum-chat", "dataset": dataset, "split": "validation", "cache": True,
+                "model": "openai/served", "model_args": {"base_url": server.base},
+                "ids": chosen,
+            }
+        )
+    )  # fmt: skip
+    assert _ended(stack, first) is RunStatus.COMPLETED
+    prober = Client(stack.settings.model_copy(update={"principal": "mallory"}))
+    probe = _submit(prober, dataset, server.base, cache=True)
+    assert _ended(stack, probe) is RunStatus.COMPLETED
+    hits = sorted(r.sample_id for r in prober.results(probe.run_id) if r.usage and r.usage.cached)
+    assert hits == []  # was: the first user's 30 ids
+    assert len(server.stats()["arrivals"]) == 30 + 60
+    again = _submit(prober, dataset, server.base, cache=True)  # its own cache still answers
+    assert _ended(stack, again) is RunStatus.COMPLETED
+    assert prober.status(again.run_id).progress.cached == 60
+    assert len(server.stats()["arrivals"]) == 30 + 60
+    prober.close()
+    user.close()
+
+
 def test_identical_requests_in_flight_share_one_call(
     fresh_stack: Stack, server: Server, tmp_path: Path
 ) -> None:

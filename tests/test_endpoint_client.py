@@ -19,7 +19,13 @@ from evalq.shared.access.ledger import Ledger
 from evalq.shared.connection import connect
 from evalq.shared.errors import GraderError, PermanentError
 from evalq.shared.evals.language import LanguageEvaluation
-from evalq.shared.lm.endpoint import MAX_BODY, EndpointError, EndpointModel
+from evalq.shared.lm.endpoint import (
+    MAX_BODY,
+    BadResponse,
+    EndpointError,
+    EndpointModel,
+    OverReported,
+)
 from evalq.shared.lm.limits import EndpointLimits
 from evalq.shared.lm.request import Generation, GenerationRequest
 from evalq.shared.lm.run import LanguageRun
@@ -149,7 +155,7 @@ def test_a_malformed_answer_is_a_bad_response_of_its_sample(
 ) -> None:
     url = serve(lambda h: _reply(h, 200, body))
     (out,) = _model(fleet(url, EndpointLimits()), url, "sk-abcdef").generate([REQUEST])
-    assert type(out).__name__ == "BadResponse", out
+    assert isinstance(out, BadResponse), out  # OverReported for a count past the request's
     assert len(str(out)) < 400
 
 
@@ -229,7 +235,10 @@ def test_a_delisted_endpoint_gets_no_more_requests(
 @pytest.mark.parametrize(
     ("answer", "charged"),
     [
-        ("over-reported", "worst"),  # was: 4008 charged against a hold of 57, the total passed
+        # was: 4008 charged against a hold of 57, the total passed; then the answer kept with
+        # its 4008 tokens while the hold's 57 were charged (issue #50: 25,219 reported, 2,923
+        # charged): now the hold is charged and the answer is not kept
+        ("over-reported", "worst"),
         ("slow", "worst"),  # was: 0, however many times it was sent and served
         ("429", 0),
         ("ok", 2),
@@ -258,9 +267,14 @@ def test_a_token_budget_is_charged_what_a_try_may_have_cost_never_past_its_hold(
     ledger = Ledger(client)
     ledger.set("d", "s", runs=None, samples=None, max_samples_per_run=None, who="t", tokens=100)
     meter = RunMeter(TokenSpend(client), Scope("d", "s", None))
-    model = _model(fleet(url, EndpointLimits()), url, None, timeout="0.5")
-    (out,) = model.generate([REQUEST], [meter])
-    assert isinstance(out, Generation) == (answer in ("ok", "over-reported"))
+    given = {"base_url": url, "max_retries": "0", "timeout": "0.5"}
+    spec = ModelSpec.parse("openai/m", given)
+    model = EndpointModel(spec, fleet(url, EndpointLimits()), None, meters={"r": meter}.get)
+    (out,) = model.generate([REQUEST], ["r"])
+    assert isinstance(out, Generation) == (answer == "ok")
+    if answer == "over-reported":
+        assert isinstance(out, OverReported)
+        assert "reported 4000 prompt tokens; this request can use at most 49" in str(out)
     budget = ledger.get("d", "s")
     expected = REQUEST.worst_tokens() if charged == "worst" else charged
     assert (budget.tokens_used, budget.tokens_reserved) == (expected, 0)

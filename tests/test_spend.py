@@ -41,8 +41,10 @@ def _ledger(server: RedisServer, tokens: int | None, caller: str | None = None) 
 
 
 def test_racing_holds_never_take_a_budget_past_its_total(redis_only: RedisServer) -> None:
-    ledger = _ledger(redis_only, tokens=1000)
-    _ledger(redis_only, tokens=10_000, caller="agent")
+    """On the principal's own budget, which it fills alone (on a split's, shared, one principal
+    holds at most half of what is left: below)."""
+    ledger = _ledger(redis_only, tokens=None)
+    _ledger(redis_only, tokens=1000, caller="agent")
     spend = TokenSpend(connect(redis_only.url))
     scope = Scope("d", "s", "agent")
     start = threading.Barrier(8)
@@ -55,13 +57,13 @@ def test_racing_holds_never_take_a_budget_past_its_total(redis_only: RedisServer
     with ThreadPoolExecutor(8) as threads:
         tickets = [t for held in threads.map(race, range(8)) for t in held]
     assert len(tickets) == 1000 // 30  # 160 asked, 33 fit
-    budget = ledger.get("d", "s")
+    budget = ledger.get("d", "s", "agent")
     assert (budget.tokens_reserved, budget.tokens_used, budget.tokens_left) == (990, 0, 10)
     for ticket in tickets:
         spend.charge(scope, ticket, 7)  # each used less than it held
-    budget = ledger.get("d", "s")
+    budget = ledger.get("d", "s", "agent")
     assert (budget.tokens_reserved, budget.tokens_used) == (0, 33 * 7)
-    assert ledger.get("d", "s", "agent").tokens_used == 33 * 7  # the principal's too
+    assert ledger.get("d", "s").tokens_used == 33 * 7  # the split's too
     assert set(connect(redis_only.url).hvals(HOLDS)) == {"charged"}  # kept for retries
 
 
@@ -100,9 +102,9 @@ def test_the_janitor_lets_go_of_holds_past_their_deadline(redis_only: RedisServe
     ledger = _ledger(redis_only, tokens=100)
     client = connect(redis_only.url)
     spend = TokenSpend(client)
-    scope = Scope("d", "s", None)
+    scope, theirs = Scope("d", "s", None), Scope("d", "s", "b")  # two: each may hold half
     gone = spend.hold(scope, 40, 0.2)  # its worker died mid-try
-    live = spend.hold(scope, 50, 600)
+    live = spend.hold(theirs, 50, 600)
     assert isinstance(gone, str)
     assert isinstance(live, str)
     # its request may have been served: charged whole, never given back to be spent again
@@ -110,13 +112,13 @@ def test_the_janitor_lets_go_of_holds_past_their_deadline(redis_only: RedisServe
     budget = ledger.get("d", "s")
     assert (budget.tokens_reserved, budget.tokens_used) == (50, 40)
     assert spend.charge(scope, gone, 12) == 0  # a late return: charged already
-    assert spend.charge(scope, live, 20) == 20
-    assert spend.charge(scope, live, 20) == 0  # sent again (its reply lost): once
+    assert spend.charge(theirs, live, 20) == 20
+    assert spend.charge(theirs, live, 20) == 0  # sent again (its reply lost): once
     budget = ledger.get("d", "s")
     assert (budget.tokens_reserved, budget.tokens_used) == (0, 60)
     assert spend.expire() == 0
     client.hdel(HOLDS, gone, live)  # forgotten, as a minute after their charge
-    assert spend.charge(scope, live, 90) == 40  # later still: never past the total
+    assert spend.charge(theirs, live, 90) == 40  # later still: never past the total
     assert ledger.get("d", "s").tokens_used == 100
 
 
@@ -178,3 +180,32 @@ def test_budget_set_tokens_and_show_json_carry_tokens_total_and_used(
     assert "tokens 0/30 left (40 used)" in changed.stdout  # what was used is kept
     refused = evalq_in_process(url, "budget", "set", "d", "s", "--tokens", "-1")
     assert refused.returncode == 2
+
+
+def test_one_principal_s_holds_leave_another_its_part_of_a_shared_budget(
+    redis_only: RedisServer,
+) -> None:
+    """Issue #50 (7): one user's 50 slow requests held 5,390 of a split's 5,480 tokens while 90
+    were used, and another user's run waited for them and ended unsent. A principal's holds
+    on a shared budget now stay within a fair share of what is left."""
+    ledger = _ledger(redis_only, tokens=5480)
+    spend = TokenSpend(connect(redis_only.url))
+    slow, other = Scope("d", "s", "mallory"), Scope("d", "s", "alice")
+    spent = spend.hold(slow, 90, 600)
+    assert isinstance(spent, str)
+    spend.charge(slow, spent, 90)
+    held = [spend.hold(slow, 107, 600) for _ in range(50)]
+    tickets = [t for t in held if isinstance(t, str)]
+    assert 107 * len(tickets) <= (5480 - 90) // 2 + 107  # half of what is left (the first free)
+    assert held[-1] == ("share", 5480, 90, 107 * len(tickets))  # refused: wait for its own
+    # another principal finds room, up to its own share beside the first's holds
+    mine = [spend.hold(other, 107, 600) for _ in range(50)]
+    assert isinstance(mine[0], str)
+    assert 0 < sum(isinstance(t, str) for t in mine) * 107 <= (5480 - 90) // 3 + 107
+    budget = ledger.get("d", "s")
+    assert budget.tokens_reserved + budget.tokens_used <= 5480
+    for ticket in tickets:  # its requests return: the shares are counted again
+        spend.charge(slow, ticket, 0)
+    assert isinstance(spend.hold(slow, 107, 600), str)
+    client = connect(redis_only.url)
+    assert client.hget("evalq:spend:d:s", "holders") == "2"

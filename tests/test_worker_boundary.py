@@ -10,8 +10,9 @@ from __future__ import annotations
 import contextlib
 import json
 import random
+import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from evalq.shared.errors import EvalqError
 from evalq.shared.keys import RUNS, RunKeys, budget_key
 from evalq.shared.models import RunStatus
 from tests.helpers import gateway, wait_for, write_rows
+from tests.test_endpoint import SUM, Server
 from tests.test_gateway import Door, _run_id, door  # noqa: F401
 
 pytestmark = pytest.mark.integration
@@ -145,3 +147,77 @@ def test_a_gateway_killed_during_submits_leaves_the_ledger_balanced(
     for run_id in mine:  # their samples are not this module's other tests' business
         with contextlib.suppress(EvalqError):
             door.operator.cancel(run_id)
+
+
+@pytest.fixture(scope="module")
+def endpoint(door: Door, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:  # noqa: F811
+    """The scripted OpenAI-compatible server, listed in the policy; the ``sum-chat`` task and
+    a viewable split of 12 sums with token budgets (100,000 for the split, 50,000 for alice),
+    set up as an operator would, through the gateway with the admin token."""
+    root = tmp_path_factory.mktemp("endpoint")
+    server = Server(root / "server.log", key=None)  # the workers here hold no key
+    try:
+        rows = [{"a": i, "b": 2 * i, "answer": str(3 * i)} for i in range(12)]
+        write_rows(root / "sums", "validation", rows)
+        (root / "sum.yaml").write_text(SUM.replace("CHAT", "true"))
+        (root / "policy.yaml").write_text(f"endpoints:\n  {server.base}: {{}}\n")
+        for step in (
+            ["datasets", "add", "sums", "--data", str(root / "sums")],
+            ["tiers", "set", "sums", "validation", "viewable"],
+            ["tasks", "add", "sum-chat", "--file", str(root / "sum.yaml")],
+            ["policy", "apply", str(root / "policy.yaml")],
+            ["budget", "set", "sums", "validation", "--tokens", "100000"],
+            ["budget", "set", "sums", "validation", "--tokens", "50000", "--principal", "alice"],
+        ):
+            done = door.cli(door.admin_token, *step)
+            assert done.returncode == 0, (step, done.stderr)
+        yield server
+    finally:
+        server.stop()
+
+
+def _submit_sums(door: Door, server: Server, *args: str) -> subprocess.CompletedProcess[str]:  # noqa: F811
+    return door.cli(
+        door.alice, "submit", "sum-chat", "--dataset", "sums", "--split", "validation",
+        "--model", "openai/served", "--model-arg", f"base_url={server.base}", *args,
+    )  # fmt: skip
+
+
+def test_a_user_s_metered_endpoint_run_completes_under_the_acl_file(
+    door: Door,  # noqa: F811
+    endpoint: Server,
+) -> None:
+    """Issue #50 (3): every sample of a user's endpoint run on a split with a token budget
+    ended ``infer/NoPermissionError: … may not EVALSHA evalq:holds … evalq:budget:sums:…``:
+    the token script named the budgets, which the ``worker`` user may only read, among its
+    keys."""
+    followed = _submit_sums(door, endpoint, "--follow", "--json")
+    run_id = _run_id(followed)
+    status = json.loads(door.cli(door.alice, "status", run_id, "--json").stdout)
+    assert status["errors"] == {}, status["errors"]
+    assert status["status"] == "completed"
+    assert status["stats"]["exact_match"]["mean"] == 1.0
+    shown = json.loads(door.cli(door.alice, "budget", "show", "--json").stdout)
+    used = {(b["dataset"], b["caller"]): b["tokens_used"] for b in shown}
+    # 12 samples of 11 tokens each (10 words asked, 1 answered), on both budgets
+    assert used[("sums", None)] == used[("sums", "alice")] == 12 * 11
+
+
+def test_a_user_may_ask_an_endpoint_no_longer_timeout_nor_more_concurrency_than_listed(
+    door: Door,  # noqa: F811
+    endpoint: Server,
+) -> None:
+    """Issue #50 (7): ``--model-arg timeout=3600 concurrency=256`` against a server answering
+    after 120 s held every worker process and the split's token budget. The endpoint's entry
+    bounds both (defaults 120 s and 16); a run asking more is refused at submit, exit 3."""
+    for arg, line in (
+        ("timeout=3600", "allows timeout=120 at most, not 3600 (its max_timeout"),
+        ("concurrency=256", "allows concurrency=16 at most, not 256 (its max_concurrency"),
+    ):
+        refused = _submit_sums(door, endpoint, "--model-arg", arg)
+        assert refused.returncode == 3, refused.stdout
+        assert refused.stderr.startswith("error: model refused: endpoint ")  # one line:
+        assert refused.stderr.endswith(f" {line} in the policy's endpoints:)\n")
+        assert refused.stderr.count("\n") == 1
+    allowed = _submit_sums(door, endpoint, "--model-arg", "timeout=120", "--follow")
+    assert allowed.returncode == 0, allowed.stderr

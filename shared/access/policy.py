@@ -21,6 +21,7 @@ from pathlib import Path
 
 from evalq.shared.errors import PolicyError, TierRefusedError
 from evalq.shared.lm.limits import EndpointLimits
+from evalq.shared.lm.spec import ModelArgs
 from evalq.shared.models import Progress, RunMeta, RunStatus
 
 __all__ = [
@@ -151,20 +152,20 @@ def admit_model(name: str, admin: bool, roots: Sequence[Path]) -> None:
         )
 
 
-def admit_endpoint(url: str, api_key_env: str, listed: EndpointLimits | None) -> None:
+def admit_endpoint(url: str, args: ModelArgs, listed: EndpointLimits | None) -> None:
     """An endpoint model calls only a server the operator listed in the policy's
-    ``endpoints:``, with the key variable its entry names, whoever asks (admins too: the
-    workers would send that server their API key)."""
+    ``endpoints:``, with the key variable its entry names and no longer ``timeout`` or higher
+    ``concurrency`` than it allows, whoever asks (admins too: the workers would send that
+    server their API key, and a slow server's requests hold worker processes and token
+    budgets)."""
     if listed is None:
         raise TierRefusedError(
             f"model refused: endpoint {url} is not listed in the policy's endpoints: "
             "(an operator lists it with evalq policy apply)"
         )
-    if api_key_env != listed.api_key_env:
-        raise TierRefusedError(
-            f"model refused: endpoint {url} takes its key from {listed.api_key_env}, "
-            f"not {api_key_env}"
-        )
+    refused = listed.refusal(url, args)
+    if refused is not None:
+        raise TierRefusedError(f"model refused: {refused}")
 
 
 def server_draws(tier: Tier, admin: bool) -> bool:

@@ -145,7 +145,7 @@ class LanguageEvaluation(Evaluation):
     ) -> list[Generation | Exception]:
         """The model's generations; an endpoint's each metered by its run's token budget."""
         if isinstance(model, EndpointModel):
-            return list(model.generate(requests, [model.meter(run_id) for run_id in runs]))
+            return list(model.generate(requests, runs))
         return list(model.generate(requests))
 
     def prompt(self, model: HFModel | EndpointModel, row: dict[str, Any], sample_id: int) -> Prompt:
@@ -199,7 +199,7 @@ class LanguageEvaluation(Evaluation):
         ]
         try:  # the grader delisted, Redis gone, ...: every sample of the batch says why
             model = self._grader()
-            answers = model.generate(requests, [model.meter(run_id)] * len(requests))
+            answers = model.generate(requests, [run_id] * len(requests))
         except Exception as exc:
             failed = GraderError(f"grader {grader.model}: {first_line(exc)}")
             return graded | dict.fromkeys(prompts, failed)
@@ -242,22 +242,26 @@ def endpoint_model(spec: ModelSpec, cache: bool = False) -> EndpointModel:
     settings = get_settings()
     client = connect(settings.redis)
     rate = RateLimit(client, url, EndpointLimits())
-    refused = rate.refresh(spec.args.api_key_env)
+    refused = rate.refresh(spec.args)
     if refused is not None:
         raise PermanentError(refused)
     key = os.environ.get(rate.limits.api_key_env) or None
     responses = ResponseCache(client, settings.cache_ttl, settings.cache_max_bytes)
     spend, runs = TokenSpend(client), RunStore(client)
-    meters: dict[str, RunMeter | None] = {}
+    known: dict[str, tuple[RunMeter | None, str]] = {}
 
-    def meter(run_id: str) -> RunMeter | None:
-        if run_id not in meters:  # what a run is charged to never changes
-            if len(meters) >= _METERS:
-                del meters[next(iter(meters))]
-            meters[run_id] = spend.meter(runs.get(run_id))
-        return meters[run_id]
+    def of(run_id: str) -> tuple[RunMeter | None, str]:
+        if run_id not in known:  # what a run is charged to, and whose it is, never change
+            if len(known) >= _METERS:
+                del known[next(iter(known))]
+            meta = runs.get(run_id)
+            known[run_id] = (spend.meter(meta), meta.principal)
+        return known[run_id]
 
-    return EndpointModel(spec, rate, key, responses if cache else None, meter)
+    return EndpointModel(
+        spec, rate, key, responses if cache else None,
+        meters=lambda r: of(r)[0], owners=lambda r: of(r)[1],
+    )  # fmt: skip
 
 
 def evaluation_of(meta: RunMeta) -> Evaluation:

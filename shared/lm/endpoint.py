@@ -36,8 +36,14 @@ import httpx
 
 from evalq.shared.errors import PermanentError, TokensExhausted, first_line
 from evalq.shared.lm.backoff import BACKOFF_CAP, Gate, backoff, retry_after
-from evalq.shared.lm.request import Generation, GenerationRequest, Prompt, cut_at_stop
-from evalq.shared.lm.spec import ModelSpec
+from evalq.shared.lm.request import (
+    PROMPT_OVERHEAD,
+    Generation,
+    GenerationRequest,
+    Prompt,
+    cut_at_stop,
+)
+from evalq.shared.lm.spec import ModelArgs, ModelSpec
 
 __all__ = [
     "BadResponse",
@@ -45,6 +51,7 @@ __all__ = [
     "EndpointModel",
     "Limiter",
     "Meter",
+    "OverReported",
     "RateLimited",
     "Refused",
     "Responses",
@@ -57,11 +64,6 @@ __all__ = [
 _SNIPPET = 160
 MAX_BODY = 4 << 20
 """The largest answer read (bytes): a longer one is a bad response, never held whole."""
-TEMPLATE_TOKENS = 4096
-"""Tokens a server may add to a prompt (its chat template, a system prompt): an answer that
-reports more prompt tokens than the prompt's bytes plus these, or more completion tokens than
-were asked for, is a bad response (its count would move the fleet's token limit by days, or
-overflow the counters)."""
 _SHORTEST_SECRET = 4
 """Keys shorter than this (``EMPTY``-like placeholders aside) are not looked for in text."""
 _HEADER_SAFE = re.compile(r"^[\x21-\x7e]+$")
@@ -103,6 +105,17 @@ class BadResponse(EndpointError):
     """An answer that is not the API's JSON (no text, no usage of the right shape)."""
 
 
+class OverReported(BadResponse):
+    """An answer reporting more tokens than its request can use: more prompt tokens than
+    :meth:`GenerationRequest.most_prompt_tokens` or more completion tokens than were asked
+    for. A token budget held the request's worst case and is charged that (the request was
+    served), never the count reported; the output is not kept, since its usage would say what
+    no budget was charged (the review read 25,219 prompt tokens on a sample charged 2,923).
+    Not retried: a server that counts so counts so again."""
+
+    retryable = False
+
+
 class Refused(EndpointError):
     """A 4xx other than 429: the request or the key is wrong; not retried."""
 
@@ -112,7 +125,7 @@ class Refused(EndpointError):
 class Limiter(Protocol):
     """The fleet-wide rate limit of an endpoint (:class:`evalq.shared.store.rate.RateLimit`)."""
 
-    def refresh(self, api_key_env: str) -> str | None: ...
+    def refresh(self, args: ModelArgs) -> str | None: ...
     def take(self, tokens: int) -> float: ...
     def adjust(self, tokens: int) -> None: ...
     def pause(self, seconds: float) -> None: ...
@@ -135,11 +148,16 @@ class Responses(Protocol):
     def release(self, digest: str) -> None: ...
 
 
-def request_digest(endpoint: str, body: dict[str, Any], served: str | None = None) -> str:
+def request_digest(
+    endpoint: str, body: dict[str, Any], served: str | None = None, principal: str = ""
+) -> str:
     """The response cache's key for a request ``body`` (which names its model) to ``endpoint``,
-    whose ``/models`` said the model is ``served`` (its weights' ``root``, when it says):
-    whatever decides the answer, nothing else."""
-    key = {"endpoint": endpoint, "body": body, "served": served}
+    whose ``/models`` said the model is ``served`` (its weights' ``root``, when it says), asked
+    for a run of ``principal``: whatever decides the answer, and whose cache it is. A hit says
+    that the same prompt was asked before, so one principal's hits must never come from
+    another's requests (the security review read another user's 30 chosen sample ids off
+    ``usage.cached``); each principal has a cache of its own."""
+    key = {"endpoint": endpoint, "body": body, "served": served, "principal": principal}
     text = json.dumps(key, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -169,7 +187,9 @@ class EndpointModel:
         rate: Limiter,
         key: str | None,
         cache: Responses | None = None,
+        *,
         meters: Callable[[str], Meter | None] | None = None,
+        owners: Callable[[str], str] | None = None,
     ) -> None:
         if spec.endpoint is None:
             raise PermanentError(f"model {spec}: not an endpoint model")
@@ -188,6 +208,7 @@ class EndpointModel:
         self.cache = cache
         """Where answers are shared (``submit --cache``); None: every request is made."""
         self._meters = meters
+        self._owners = owners
         self._silent: float | None = None
         """When :meth:`_served` last heard no version (None: it heard one)."""
 
@@ -200,6 +221,11 @@ class EndpointModel:
         """The token budget run ``run_id``'s requests are charged to (None: not metered)."""
         return self._meters(run_id) if self._meters is not None and run_id else None
 
+    def owner(self, run_id: str) -> str:
+        """The principal of run ``run_id``, whose response cache its requests use ("": none
+        known)."""
+        return self._owners(run_id) if self._owners is not None and run_id else ""
+
     def render(self, prompt: str, *, chat: bool, system: str | None = None) -> Prompt:
         """What is sent: ``prompt`` as text (after ``system`` and a blank line) for
         ``/completions``, or as chat messages for ``/chat/completions`` (the server applies
@@ -210,26 +236,27 @@ class EndpointModel:
         return (("system", system), *messages) if system is not None else messages
 
     def generate(
-        self, requests: Sequence[GenerationRequest], meters: Sequence[Meter | None] | None = None
+        self, requests: Sequence[GenerationRequest], runs: Sequence[str] | None = None
     ) -> list[Generation | Failure]:
         """Each request's generation, or the error its retries ended with, in order, each
-        metered by its run's token budget (``meters``: None, none); every request refused
+        metered by its run's token budget and answered from its run's principal's response
+        cache (``runs``: each request's run; None: no run, neither); every request refused
         when the endpoint is no longer listed as the run named it (the policy's limits are
         read again for each batch)."""
-        refused = self.rate.refresh(self.spec.args.api_key_env)
+        refused = self.rate.refresh(self.spec.args)
         if refused is not None:
             return [Refused(refused) for _ in requests]
-        return asyncio.run(self._generate_all(requests, meters or [None] * len(requests)))
+        return asyncio.run(self._generate_all(requests, runs or [""] * len(requests)))
 
     async def _generate_all(
-        self, requests: Sequence[GenerationRequest], meters: Sequence[Meter | None]
+        self, requests: Sequence[GenerationRequest], runs: Sequence[str]
     ) -> list[Generation | Failure]:
         self.gate.opened()
         limits = httpx.Limits(max_connections=self.spec.args.concurrency)
         timeout = httpx.Timeout(self.spec.args.timeout)
         async with httpx.AsyncClient(limits=limits, timeout=timeout) as http:
             served = await self._served(http) if self.cache is not None else None
-            asked = (self._one(http, r, m, served) for r, m in zip(requests, meters, strict=True))
+            asked = (self._one(http, r, run, served) for r, run in zip(requests, runs, strict=True))
             return list(await asyncio.gather(*asked))
 
     async def _served(self, http: httpx.AsyncClient) -> str | None:
@@ -261,14 +288,15 @@ class EndpointModel:
         self,
         http: httpx.AsyncClient,
         request: GenerationRequest,
-        meter: Meter | None,
+        run: str,
         served: str | None = None,
     ) -> Generation | Failure:
-        """The request's answer: from the cache when it holds it (charged nothing), else asked
-        (once for all the identical requests in flight) and kept."""
+        """The request's answer: from its run's principal's cache when that holds it (charged
+        nothing), else asked (once for all the identical requests in flight) and kept."""
+        meter = self.meter(run)
         if self.cache is None:
             return await self._asked(http, request, meter)
-        digest = request_digest(self.url, self._body(request), served)
+        digest = request_digest(self.url, self._body(request), served, self.owner(run))
         retries = self.spec.args.max_retries
         patience = self.spec.args.timeout * (retries + 1) + BACKOFF_CAP * retries
         deadline = time.monotonic() + patience
@@ -445,14 +473,24 @@ class EndpointModel:
             if not isinstance(text, str):
                 raise TypeError("the text is not a string")
             text.encode("utf-8")  # a lone surrogate could not be stored
-            most = (request.prompt_bytes + TEMPLATE_TOKENS, request.max_new_tokens)
-            for count, bound in zip((prompt_tokens, completion_tokens), most, strict=True):
-                if type(count) is not int or not 0 <= count <= bound:
-                    raise TypeError(f"a token count of {count!r}, not one of 0 to {bound}")
+            for count in (prompt_tokens, completion_tokens):
+                if type(count) is not int or count < 0:
+                    raise TypeError(f"a token count of {count!r}, not a count")
         except Exception as exc:  # RecursionError, UnicodeError, …: whatever the answer holds
             problem = self._clean(first_line(exc), _SNIPPET)
             error = BadResponse(f"{self.url}: an unreadable answer ({problem})")
             return _Try(error=error, unanswered=True)
+        most = (request.most_prompt_tokens(), request.max_new_tokens)
+        for what, count, bound in zip(
+            ("prompt", "completion"), (prompt_tokens, completion_tokens), most, strict=True
+        ):
+            if count > bound:
+                over = OverReported(
+                    f"{self.url} reported {count} {what} tokens; this request can use at most "
+                    f"{bound} (its prompt's bytes and {PROMPT_OVERHEAD} a message, or its "
+                    "max_new_tokens)"
+                )
+                return _Try(error=over, unanswered=True)
         text = cut_at_stop(text, request.stop)
         return _Try(generation=Generation(text, prompt_tokens, completion_tokens))
 

@@ -59,12 +59,18 @@ class GenerationRequest:
             return len(self.prompt.encode())
         return sum(len(content.encode()) for _, content in self.prompt)
 
-    def worst_tokens(self) -> int:
-        """The most tokens the request can use, as a token budget holds it: its prompt's
-        bytes, :data:`PROMPT_OVERHEAD` for the prompt and each message, and all it may
-        generate."""
+    def most_prompt_tokens(self) -> int:
+        """The most prompt tokens the request can use: its prompt's bytes and
+        :data:`PROMPT_OVERHEAD` for the prompt and each message. An answer that reports more is
+        not believed (:class:`evalq.shared.lm.endpoint.OverReported`): a token budget held no
+        more."""
         messages = 0 if isinstance(self.prompt, str) else len(self.prompt)
-        return self.prompt_bytes + PROMPT_OVERHEAD * (messages + 1) + self.max_new_tokens
+        return self.prompt_bytes + PROMPT_OVERHEAD * (messages + 1)
+
+    def worst_tokens(self) -> int:
+        """The most tokens the request can use, as a token budget holds it: its
+        :meth:`most_prompt_tokens` and all it may generate."""
+        return self.most_prompt_tokens() + self.max_new_tokens
 
     def estimated_tokens(self) -> int:
         """The request's tokens before it is sent, for a rate limit: its prompt's bytes over

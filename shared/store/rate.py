@@ -22,6 +22,7 @@ import redis
 
 from evalq.shared.keys import rate_key, rate_minute_key
 from evalq.shared.lm.limits import EndpointLimits
+from evalq.shared.lm.spec import ModelArgs
 from evalq.shared.store.endpoints import EndpointRegistry
 from evalq.shared.store.scripts import register
 
@@ -52,15 +53,16 @@ class RateLimit:
         rpm, tpm = self.limits.requests_per_minute, self.limits.tokens_per_minute
         return ["" if rpm is None else str(rpm), "" if tpm is None else str(tpm)]
 
-    def refresh(self, api_key_env: str) -> str | None:
+    def refresh(self, args: ModelArgs) -> str | None:
         """Read the endpoint's listing again (a policy may have changed its limits, or
-        delisted it): None when it is still listed with the key variable ``api_key_env``,
-        else why no request may go to it."""
+        delisted it): None when it is still listed and allows a run with ``args``
+        (:meth:`EndpointLimits.refusal`), else why no request may go to it."""
         listed = EndpointRegistry(self._client).get(self.endpoint)
         if listed is None:
             return f"endpoint {self.endpoint} is not listed in the policy's endpoints: any more"
-        if listed.api_key_env != api_key_env:
-            return f"endpoint {self.endpoint} takes its key from {listed.api_key_env} now"
+        refused = listed.refusal(self.endpoint, args)
+        if refused is not None:
+            return f"{refused} now"
         self.limits = listed
         return None
 

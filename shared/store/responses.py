@@ -4,7 +4,8 @@ request, shared by every worker.
 A request's key is the digest of what decides its answer
 (:func:`evalq.shared.lm.endpoint.request_digest`): the endpoint, the model name and the whole
 request body (prompt or messages, generation settings, the seed when it samples), so another model
-or another prompt never gets a hit. Identical requests in flight at once share
+or another prompt never gets a hit, and the run's principal, so no principal's hit tells it what
+another asked. Identical requests in flight at once share
 one call: the first takes ``<key>:lock`` (``SET NX`` with an expiry) and the others wait for
 its answer, or for the lock to lapse (its worker died) and then ask themselves. Entries are
 bounded by age (``EVALQ_CACHE_TTL``) and size (``EVALQ_CACHE_MAX_BYTES``: a longer answer is

@@ -16,9 +16,21 @@ A refused hold waits while other requests hold enough that their return could ma
 ends its sample :class:`evalq.shared.errors.TokensExhausted` otherwise (``used + worst > total``:
 nothing in flight can change that): unsent, never charged.
 
+A split's token budget is shared by everyone who runs on it, so one principal's holds on it are
+bounded by a fair share of what is left (``spend.lua``): once it holds anything there, all it
+holds stays within ``(total - used) / (holders + 1)``, ``holders`` being the principals holding
+(one alone: half), and a principal holding nothing may always hold one request that fits. The
+security review's 50 slow requests of one user held 5,390 of a split's 5,480 tokens, and another
+user's run waited 360 s for them and ended unsent; now another user always finds part of what is
+left free. A principal's own budget is its own: no share applies there.
+
 The totals are the gateway's (``tokens_total`` in each :func:`evalq.shared.keys.budget_key`, which
 the ``worker`` ACL user only reads); ``used`` and ``reserved`` are the workers'
-(:func:`evalq.shared.keys.spend_key`), since only they see the usage an endpoint reports. An admin's
+(:func:`evalq.shared.keys.spend_key`), since only they see the usage an endpoint reports. Each step
+reads the totals just before its script and passes them as arguments (:meth:`Scope.totals`):
+Redis's ACL asks for write access to every key an ``EVALSHA`` names, so a budget key among the
+script's keys refused every metered request of a worker holding the ``worker`` user (the
+security review's finding, on the ACL file ``evalq acl`` writes). An admin's
 run (not charged) is not metered; a principal's own token budget counts from when it is set.
 """
 
@@ -46,6 +58,8 @@ _SWEEP = 10_000
 """Holds the janitor looks at in one sweep, at most."""
 _CHARGED = "charged"
 """A hold's record once it was charged (``spend.lua``)."""
+_TOTAL = "tokens_total"
+"""The field of a budget holding its token total (absent: unlimited)."""
 
 
 @dataclass(frozen=True)
@@ -58,13 +72,20 @@ class Scope:
 
     @property
     def keys(self) -> list[str]:
+        """The keys ``spend.lua`` writes: the holds and the split's (and principal's) ledger;
+        never a budget (the ``worker`` ACL user only reads those)."""
         callers = [None, self.principal] if self.principal else [None]
-        pairs = [
-            key(self.dataset, self.split, caller)
-            for caller in callers
-            for key in (budget_key, spend_key)
-        ]
-        return [HOLDS, HOLD_DEADLINES, *pairs]
+        return [HOLDS, HOLD_DEADLINES, *(spend_key(self.dataset, self.split, c) for c in callers)]
+
+    def totals(self, client: redis.Redis) -> list[str]:
+        """The split's and the principal's ``tokens_total`` as they are now (``''``: none), in
+        one round trip, for ``spend.lua``'s ARGV."""
+        with client.pipeline(transaction=False) as pipe:
+            pipe.hget(budget_key(self.dataset, self.split), _TOTAL)
+            if self.principal:
+                pipe.hget(budget_key(self.dataset, self.split, self.principal), _TOTAL)
+            read = pipe.execute()
+        return ["" if total is None else str(total) for total in [*read, None][:2]]
 
     def where(self, which: str) -> str:
         where = f"{self.dataset}/{self.split}"
@@ -90,17 +111,19 @@ class TokenSpend:
         self, scope: Scope, tokens: int, seconds: float, ticket: str | None = None
     ) -> str | tuple[str, int, int, int]:
         """Hold ``tokens`` for ``seconds`` at most: the hold's ticket (``ticket``, or a new
-        one), or the refusal (``'split'`` or ``'principal'``, its total, used, reserved),
-        nothing held."""
+        one), or the refusal (``'split'``, ``'principal'`` or ``'share'`` (past the principal's
+        fair share of the split's), its total, used, reserved), nothing held."""
         ticket = ticket or uuid.uuid4().hex
         record = {
             "tokens": tokens, "worker": self._worker, "dataset": scope.dataset,
             "split": scope.split, "principal": scope.principal or "",
         }  # fmt: skip
         millis = max(1, int(seconds * 1000))
-        reply = self._script(
-            keys=scope.keys, args=["hold", ticket, tokens, json.dumps(record), millis]
-        )
+        totals = scope.totals(self._client)
+        args: list[str | int] = [
+            "hold", ticket, *totals, tokens, json.dumps(record), millis, scope.principal or "",
+        ]  # fmt: skip
+        reply = self._script(keys=scope.keys, args=args)
         if int(reply[0]) == 1:
             return ticket
         return str(reply[1]), int(reply[2]), int(reply[3]), int(reply[4])
@@ -108,7 +131,8 @@ class TokenSpend:
     def charge(self, scope: Scope, ticket: str, used: int) -> int:
         """Let go of a hold and charge ``used`` tokens (at most the hold; nothing more when it
         was charged already); return what was charged."""
-        return int(self._script(keys=scope.keys, args=["charge", ticket, max(0, used)]))
+        args: list[str | int] = ["charge", ticket, *scope.totals(self._client), max(0, used)]
+        return int(self._script(keys=scope.keys, args=args))
 
     def expire(self) -> int:
         """Charge whole every hold past its deadline (its worker died mid-try: the request
@@ -123,7 +147,8 @@ class TokenSpend:
             if raw is not None and raw != _CHARGED:
                 record = json.loads(raw)
                 keys = Scope(record["dataset"], record["split"], record["principal"] or None).keys
-            charged += int(self._script(keys=keys, args=["expire", ticket]))
+            # a held hold is charged whole, whatever the totals: none is read
+            charged += int(self._script(keys=keys, args=["expire", ticket, "", ""]))
         return charged
 
 
