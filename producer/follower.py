@@ -76,7 +76,7 @@ class Follower:
                     return self._added(found)
             self._tail = (
                 result
-                for result in self._results.results(self.run_id)
+                for result in self._results.results(self.run_id, self._rows)
                 if result.sample_id not in self._seen and result.state is not SampleState.PENDING
             )
         rest = list(islice(self._tail, self._rows))

@@ -45,7 +45,8 @@ class Samples:
         """Per-sample results (each with its row when ``with_input``: the run's data must be
         readable here); refused unless the policy gives this reader full access."""
         self._direct.readable(run_id)
-        found = self._direct.results.results(run_id)
+        rows = rows_per_read(self._direct.settings.max_output_bytes)
+        found = self._direct.results.results(run_id, rows)
         return map(self._input_adder(run_id), found) if with_input else found
 
     def result_lines(self, run_id: str) -> Iterator[str]:

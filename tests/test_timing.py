@@ -221,6 +221,23 @@ def test_a_held_out_run_is_told_stalled_only_when_no_worker_serves_it() -> None:
     assert Disclosure.stalled(timed(held), ended, unserved) is None
 
 
+def test_whether_an_aggregate_is_withheld_shows_no_sooner_than_the_run_s_end(
+    board: tuple[Client, Client],
+) -> None:
+    """The attack review's read: a run of 5 with one sample scored read ``withheld: fewer
+    than 5 samples`` the moment it truly ended, while its status still said ``running``."""
+    user, admin = board
+    run_id = _run(user, 0)  # four samples failed, one scored: under the floor once it ends
+    store = connect(user.settings.redis_url)
+    store.hset(RunKeys(run_id).meta, "finished", server_time(store) + 60)
+    seen = user.status(run_id)
+    assert (seen.meta.status, seen.withheld) == (RunStatus.RUNNING, None)
+    assert admin.status(run_id).meta.status is RunStatus.COMPLETED
+    store.hset(RunKeys(run_id).meta, "finished", server_time(store) - 2)
+    assert user.status(run_id).withheld == "fewer than 5 samples of a non_viewable split"
+    store.close()
+
+
 def test_a_user_reads_a_held_out_run_s_times_only_as_a_whole(
     board: tuple[Client, Client],
 ) -> None:

@@ -141,7 +141,10 @@ class Disclosure:
         it may read (an ended run's floor counts its scored samples)."""
         reader = self.reader(meta, None if meta.status.active else progress.scored)
         if not reader.sees_timing:
+            # the floor too counts as the run reads: its scored samples only once its end
+            # shows (``withheld`` changed at the true end, to the millisecond)
             meta, progress = coarse_timing(meta, progress, now)
+            reader = self.reader(meta, None if meta.status.active else progress.scored)
         return meta, progress, reader
 
     def listed(self, meta: RunMeta, now: float) -> RunMeta:

@@ -127,9 +127,9 @@ class ResultReader:
         for batch in archive.batches((*RAW_COLUMNS, *metrics)):
             yield pa.Table.from_batches([batch])
 
-    def results(self, run_id: str) -> Iterator[SampleResult]:
-        """Every sample's stored result, in submission order."""
-        for chunk in self.chunks(run_id):
+    def results(self, run_id: str, size: int = SCAN_COUNT) -> Iterator[SampleResult]:
+        """Every sample's stored result, in submission order, read ``size`` at a time."""
+        for chunk in self.chunks(run_id, size):
             yield from results_of(chunk)
 
     def live_chunk(self, run_id: str, sample_ids: list[int]) -> Chunk | None:
