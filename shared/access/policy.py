@@ -151,19 +151,19 @@ def admit_model(name: str, admin: bool, roots: Sequence[Path]) -> None:
         )
 
 
-def admit_endpoint(url: str, api_key_env: str, listed: EndpointLimits | None) -> None:
+def admit_endpoint(url: str, api_key_env: str | None, listed: EndpointLimits | None) -> None:
     """An endpoint model calls only a server the operator listed in the policy's
-    ``endpoints:``, with the key variable its entry names, whoever asks (admins too: the
-    workers would send that server their API key)."""
+    ``endpoints:``, whoever asks (admins too: the workers would send that server their API
+    key). Which key goes with its requests is the entry's alone (none unless it names
+    ``api_key_env``); a caller's ``api_key_env`` is a check that must name the same variable."""
     if listed is None:
         raise TierRefusedError(
             f"model refused: endpoint {url} is not listed in the policy's endpoints: "
             "(an operator lists it with evalq policy apply)"
         )
-    if api_key_env != listed.api_key_env:
+    if not listed.admits_key(api_key_env):
         raise TierRefusedError(
-            f"model refused: endpoint {url} takes its key from {listed.api_key_env}, "
-            f"not {api_key_env}"
+            f"model refused: endpoint {url} {listed.key_text()}, not {api_key_env}"
         )
 
 

@@ -52,15 +52,16 @@ class RateLimit:
         rpm, tpm = self.limits.requests_per_minute, self.limits.tokens_per_minute
         return ["" if rpm is None else str(rpm), "" if tpm is None else str(tpm)]
 
-    def refresh(self, api_key_env: str) -> str | None:
-        """Read the endpoint's listing again (a policy may have changed its limits, or
-        delisted it): None when it is still listed with the key variable ``api_key_env``,
-        else why no request may go to it."""
+    def refresh(self, api_key_env: str | None) -> str | None:
+        """Read the endpoint's listing again (a policy may have changed its limits, its key
+        variable, or delisted it): None when it is still listed and admits a model that names
+        ``api_key_env`` (:meth:`EndpointLimits.admits_key`), else why no request may go to
+        it. :attr:`limits` is then the entry, whose ``api_key_env`` says which key to send."""
         listed = EndpointRegistry(self._client).get(self.endpoint)
         if listed is None:
             return f"endpoint {self.endpoint} is not listed in the policy's endpoints: any more"
-        if listed.api_key_env != api_key_env:
-            return f"endpoint {self.endpoint} takes its key from {listed.api_key_env} now"
+        if not listed.admits_key(api_key_env):
+            return f"endpoint {self.endpoint} {listed.key_text()} now, not {api_key_env}"
         self.limits = listed
         return None
 
