@@ -1,7 +1,8 @@
 """A small OpenAI-compatible server for tests and benchmarks: ``/v1/completions`` and
 ``/v1/chat/completions`` on uvicorn, answering with real ``usage``, and told by ``POST
 /control`` to answer a share of requests with 429 + ``Retry-After``, with a 5xx or with
-malformed JSON, or to stall, or (``echo_key``) to answer every request with the key it was sent
+malformed JSON, or to stall, or to answer with the prompt it was sent (``echo_prompt``), or
+(``echo_key``) to answer every request with the key it was sent
 transformed, as a hostile server would to get it into an error line. ``GET /stats`` says what it
 received (arrival times, models, the keys that came, ``""`` for a request without one, how many
 answers of each kind, and with a ``delay`` the most requests it held at once).
@@ -48,6 +49,7 @@ class _State:
             "delay": 0.0,
             "version": "1",
             "echo_key": False,
+            "echo_prompt": False,
         }
         self.arrivals: list[float] = []
         self.models: list[str] = []
@@ -154,6 +156,8 @@ def make_app(key: str | None = None, generate: Any = None) -> FastAPI:
                 made, prompt_tokens, completion_tokens = await asyncio.to_thread(
                     generate, text, max_tokens
                 )
+        elif state.control["echo_prompt"]:  # what a caller's own server does with a prompt
+            made = text
         else:
             made = _fake_answer(model, text)
             prompt_tokens, completion_tokens = _words(text), _words(made)

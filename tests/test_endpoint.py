@@ -28,14 +28,16 @@ from evalq.producer.redis_server import free_port
 from evalq.producer.submit import SubmitRequest
 from evalq.shared.access.budget import Budget
 from evalq.shared.access.policy import Tier
-from evalq.shared.errors import InputError, TierRefusedError
-from evalq.shared.keys import HOLDS
+from evalq.shared.access.roles import Role
+from evalq.shared.errors import InputError, LabelRefusedError, TierRefusedError
+from evalq.shared.keys import HOLDS, RUNS
 from evalq.shared.models import RunMeta, RunStatus
 from tests.conftest import Stack
 from tests.helpers import (
     REPO,
     assert_settled_once,
     cli_env,
+    gateway,
     list_splits,
     wait_ended,
     wait_for,
@@ -268,6 +270,64 @@ def test_a_key_a_server_echoes_transformed_reaches_no_error_line_status_or_resul
         user.close()
     finally:
         echo.stop()
+
+
+RATE = """
+prompt: "What was asked: {a} plus {b}. What was answered: {answer}. How hard, 1 to 5?"
+chat: true
+target: difficulty
+generate: {max_new_tokens: 32}
+scorer: exact_match
+"""
+"""Issue #50 (5)'s second task: its prompt shows ``sum-chat``'s target."""
+
+
+def test_a_task_that_shows_another_task_s_label_is_refused_before_anything_is_sent(
+    fresh_stack: Stack, tmp_path: Path
+) -> None:
+    """Issue #50 (5): with ``sum-chat`` (target ``answer``) and ``rate`` (its prompt shows
+    ``{answer}``, target ``difficulty``) registered, a user token ran ``rate`` on a
+    ``non_viewable`` split against its own listed server, which answered each prompt back:
+    100 of 100 answers read. Was: only the running task's label fields were scrubbed. Now the
+    submit is refused through the gateway (exit 3, one line), before any run or charge, and
+    the server is asked nothing; an admin is refused too (the workers would scrub it)."""
+    stack = fresh_stack
+    stack.start_workers()
+    own = Server(tmp_path / "own.log", key=None)
+    try:
+        own.control(echo_prompt=True)
+        _place(stack, tmp_path / "data", 1, {own.base: {}})
+        rows = [
+            {"a": i, "b": 2 * i, "answer": str(3 * i), "difficulty": str(i % 5 + 1)}
+            for i in range(100)
+        ]
+        write_rows(tmp_path / "held", "validation", rows)
+        held = list_splits(stack.client, tmp_path / "held", "validation", tier="non_viewable")
+        admin = Client(stack.settings.model_copy(update={"principal": "ops"}), admin=True)
+        admin.add_task("rate", RATE)
+        token = admin.create_token("agent", Role.USER)
+        submit = [
+            "submit", "rate", "--dataset", held, "--split", "validation",
+            "--model", "openai/served", "--model-arg", f"base_url={own.base}", "--json",
+        ]  # fmt: skip
+        with gateway(stack.server.url, tmp_path / "gw.log") as (api, _):
+            env = cli_env("redis://must-not-be-read.invalid:1/0", EVALQ_API_URL=api)
+            done = subprocess.run(
+                [sys.executable, "-c", "from evalq.shared.cli import main; main()", *submit],
+                env={**env, "EVALQ_TOKEN": token}, cwd=REPO, capture_output=True, text=True,
+                timeout=120, check=False,
+            )  # fmt: skip
+        assert done.returncode == 3, done.stderr
+        said = done.stderr.strip()
+        assert "'rate' shows the model field 'answer'" in said
+        assert len(said.splitlines()) == 1
+        with pytest.raises(LabelRefusedError, match="field 'answer'"):
+            _submit(admin, held, own.base, task="rate")
+        admin.close()
+        assert stack.client.zcard(RUNS) == 0  # no run recorded, nothing charged
+        assert own.stats()["arrivals"] == []
+    finally:
+        own.stop()
 
 
 def test_the_response_cache_answers_a_rerun_and_never_another_model(

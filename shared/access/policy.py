@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from evalq.shared.errors import PolicyError, TierRefusedError
+from evalq.shared.errors import LabelRefusedError, PolicyError, TierRefusedError
 from evalq.shared.lm.limits import EndpointLimits
+from evalq.shared.lm.task import TaskSpec
 from evalq.shared.models import Progress, RunMeta, RunStatus
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "Tier",
     "admit_fewshot",
     "admit_model",
+    "admit_prompt",
     "admit_run",
     "admit_sample_choice",
     "admit_source",
@@ -165,6 +167,22 @@ def admit_endpoint(url: str, api_key_env: str | None, listed: EndpointLimits | N
         raise TierRefusedError(
             f"model refused: endpoint {url} {listed.key_text()}, not {api_key_env}"
         )
+
+
+def admit_prompt(name: str, task: TaskSpec, labels: frozenset[str]) -> None:
+    """A task shows the model each field its prompt and its ``choices`` name; none may be in
+    ``labels``, the label fields of every registered task and loaded evaluation
+    (:class:`evalq.shared.store.labels.LabelFields`): a split's label fields reach no prompt,
+    whichever task names them (``rate`` showing ``{answer}`` read ``solve``'s held-out
+    answers). On every split and for every caller, admins too: the workers scrub the same set
+    from rows before inference, so such a run could only fail sample by sample."""
+    shown = (*task.fields, *(() if task.choices is None else (task.choices,)))
+    for field in shown:
+        if field in labels:
+            raise LabelRefusedError(
+                f"task refused: '{name}' shows the model field '{field}', a label field of a "
+                "registered task or evaluation (label fields reach no prompt)"
+            )
 
 
 def server_draws(tier: Tier, admin: bool) -> bool:
