@@ -32,6 +32,7 @@ from evalq.shared.data.loading import build_spec
 from evalq.shared.data.spec import publish_spec
 from evalq.shared.models import RunMeta, RunStatus, SampleTask
 from evalq.shared.queue.sizing import MESSAGE_SAMPLES
+from evalq.shared.store.labels import LabelFields
 from evalq.shared.store.reader import ResultReader
 from evalq.shared.store.runs import RunStore
 from evalq.shared.store.writer import ResultWriter
@@ -89,7 +90,7 @@ def measure(root: Path, samples: int, spill: bool) -> Measured:
             runs=RunStore(client), reader=ResultReader(client), writer=ResultWriter(client),
             shards=ShardCache(client, capacity=4), runtimes=runtimes,
             publish=lambda _name, tasks: len(tasks), stage_scoring=lambda _meta, _ids: 0,
-            max_batch=64, max_attempts=3, fuse=True,
+            labels=LabelFields(client), max_batch=64, max_attempts=3, fuse=True,
             spill=spill_now if spill else None,
             spill_rows=ROWS,
         )  # fmt: skip

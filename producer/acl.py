@@ -9,7 +9,9 @@ gateway's can change what the policy rests on.
   endpoints read only, their rate limiters (``evalq:rate:*``) and the response cache, the
   budgets read only (a token budget's total) and the token ledger beside them
   (``evalq:spend:*``, the holds, the runs whose unsent samples are owed back: only workers see
-  an endpoint's usage); no tier, token, registry, priority or audit key, and no budget write.
+  an endpoint's usage), the task registry read only (``evalq:tasks``: every registered task's
+  label fields are scrubbed from rows before inference, whichever task runs); no tier, token,
+  dataset registry, priority or audit key, and no budget or task write.
 - ``monitor``: what Flower and ``evalq metrics`` read (queues, run records and counters,
   budgets and tokens spent, heartbeats, the dispatcher's state, the endpoints' counts), the
   broker's control
@@ -57,6 +59,7 @@ from evalq.shared.keys import (
     RUN_KEYS,
     RUNS,
     SPEND,
+    TASKS,
     UNSENT,
     RunKeys,
     budget_key,
@@ -102,7 +105,7 @@ ROLES: dict[str, tuple[str, ...]] = {
         *_write(RUN_KEYS),
         *_read(_ANY_RUN.facts),
         *_write(worker_key(ANY), JANITOR, ACTIVE, f"{FAIR.prefix}{ANY}"),
-        *_read(spec_key(ANY), ENDPOINTS, budget_key(ANY, ANY)),
+        *_read(spec_key(ANY), ENDPOINTS, budget_key(ANY, ANY), TASKS),
         *_write(shard_digests_key(ANY), f"{RATE}{ANY}", f"{CACHE}{ANY}"),
         *_write(f"{SPEND}{ANY}", HOLDS, HOLD_DEADLINES, UNSENT),
         "&*",

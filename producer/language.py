@@ -14,7 +14,7 @@ from typing import Any
 
 import redis
 
-from evalq.shared.access.policy import admit_endpoint, admit_fewshot, admit_model
+from evalq.shared.access.policy import admit_endpoint, admit_fewshot, admit_model, admit_prompt
 from evalq.shared.access.registry import DatasetRegistry
 from evalq.shared.access.task import RegisteredTask
 from evalq.shared.access.tasks import TaskRegistry
@@ -29,6 +29,7 @@ from evalq.shared.lm.task import TaskSpec, fewshot_indices
 from evalq.shared.models import RunMeta
 from evalq.shared.names import PLUGIN_NAME
 from evalq.shared.store.endpoints import EndpointRegistry
+from evalq.shared.store.labels import LabelFields
 
 __all__ = ["Resolved", "check_rows", "rescorer", "resolve", "with_examples"]
 
@@ -37,10 +38,14 @@ Resolved = tuple[Evaluation, LanguageRun | None]
 
 
 def _task(client: redis.Redis, name: str) -> RegisteredTask:
+    """The registered task ``name``, refused when what it shows the model names a label field
+    of any registered task or loaded evaluation (:func:`admit_prompt`), before anything else
+    is read or charged."""
     tasks = TaskRegistry(client)
     found = tasks.get(name) if PLUGIN_NAME.match(name) else None
     if found is None:
         raise UnknownEvalError(name, [*registered(), *(t.name for t in tasks.all())])
+    admit_prompt(name, found.spec, LabelFields(client).all())
     return found
 
 

@@ -23,6 +23,7 @@ JSON file, reconciled.
     endpoints:                             # the only servers endpoint models may call
       http://vllm.internal:8000/v1: {requests_per_minute: 600, tokens_per_minute: 200000}
       https://api.openai.com/v1: {requests_per_minute: 60, api_key_env: OPENAI_API_KEY}
+      # vllm.internal's requests carry no key; only api.openai.com's carry OPENAI_API_KEY
 
 Reconciliation is :func:`evalq.shared.access.policy.budgeted_tier`'s: a budgeted split with no tier
 (in the file or already stored) becomes ``non_viewable``; a budgeted ``no_access`` split is an
@@ -30,8 +31,9 @@ error; a budgeted ``viewable`` split is allowed with a warning. Budgets keep wha
 ``release:`` rule (see :class:`evalq.shared.access.ladder.Release`) applies to ``non_viewable``
 splits; one given to a ``viewable`` split is kept but warned about (viewable runs are always
 released exactly). An ``endpoints:`` entry lists a server endpoint models may call, its limits
-across the whole fleet (absent: unlimited) and the worker variable its API key is read from (default
-``OPENAI_API_KEY``); a file with an ``endpoints:`` section lists them all (a server it leaves
+across the whole fleet (absent: unlimited) and the worker variable its API key is read from
+(absent: its requests carry no key; there is no default, so a provider's key never goes to
+another listed server); a file with an ``endpoints:`` section lists them all (a server it leaves
 out is delisted, with a warning), a file without one leaves the list as it is.
 A ``priority:`` (per split, or per principal under ``principals:``) is
 the default priority of a run, and the most a non-admin may ask for

@@ -201,6 +201,11 @@ class TierRefusedError(PolicyRefusedError):
     """The split's tier does not allow this (``no_access``, aggregates only, too few samples)."""
 
 
+class LabelRefusedError(PolicyRefusedError):
+    """A task would show the model a field that a registered task or a loaded evaluation calls
+    a label (label fields belong to the split, not to the task that names them)."""
+
+
 class UnauthorizedError(PolicyRefusedError):
     """The gateway was given no token, or one it does not know (revoked, mistyped)."""
 

@@ -30,6 +30,7 @@ __all__ = [
     "Graded",
     "Parameters",
     "create",
+    "every_label_field",
     "failure_rule",
     "label_fields",
     "load_plugins",
@@ -278,6 +279,13 @@ def label_fields(name: str) -> tuple[str, ...]:
     name)."""
     cls = _registry.get(name)
     return cls.label_fields if cls is not None else ()
+
+
+def every_label_field() -> frozenset[str]:
+    """Every label field of every evaluation this process loaded: a field one evaluation calls
+    a label is a label of any split it is in, whichever evaluation runs
+    (:class:`evalq.shared.store.labels.LabelFields`)."""
+    return frozenset(field for cls in _registry.values() for field in cls.label_fields)
 
 
 def source(name: str) -> SourceFile | None:

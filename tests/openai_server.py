@@ -1,9 +1,11 @@
 """A small OpenAI-compatible server for tests and benchmarks: ``/v1/completions`` and
 ``/v1/chat/completions`` on uvicorn, answering with real ``usage``, and told by ``POST
 /control`` to answer a share of requests with 429 + ``Retry-After``, with a 5xx or with
-malformed JSON, or to stall. ``GET /stats`` says what it received (arrival times, models,
-whether a key came, how many answers of each kind, and with a ``delay`` the most requests
-it held at once).
+malformed JSON, or to stall, or to answer with the prompt it was sent (``echo_prompt``), or
+(``echo_key``) to answer every request with the key it was sent
+transformed, as a hostile server would to get it into an error line. ``GET /stats`` says what it
+received (arrival times, models, the keys that came, ``""`` for a request without one, how many
+answers of each kind, and with a ``delay`` the most requests it held at once).
 
 The model is a fake at the outer edge: it answers "What is A plus B?" with the sum (wrong on
 purpose for the models named ``wrong-*``), a grader's prompt (evalq's default, with its expert
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import random
 import re
 import threading
@@ -46,6 +49,8 @@ class _State:
             "delay": 0.0,
             "version": "1",
             "pad": 0,
+            "echo_key": False,
+            "echo_prompt": False,
         }
         self.arrivals: list[float] = []
         self.models: list[str] = []
@@ -145,11 +150,15 @@ def make_app(key: str | None = None, generate: Any = None) -> FastAPI:
         else:
             text = str(body.get("prompt", ""))
         max_tokens = int(body.get("max_tokens") or 16)
+        if state.control["echo_key"]:
+            return _count(state, "echoed", _echo(given.removeprefix("Bearer "), text, chat))
         if generate is not None:
             async with serial:
                 made, prompt_tokens, completion_tokens = await asyncio.to_thread(
                     generate, text, max_tokens
                 )
+        elif state.control["echo_prompt"]:  # what a caller's own server does with a prompt
+            made = text
         else:
             made = _fake_answer(model, text)
             prompt_tokens, completion_tokens = _words(text), _words(made)
@@ -182,6 +191,44 @@ def _fault(state: _State, draw: float) -> Response | None:
     if draw < control["malformed_share"]:
         return _count(state, "malformed", PlainTextResponse("{not json", 200))
     return None
+
+
+ECHOES = 6
+"""How many ways :func:`_echo` sends a key back: the sample ``What is A plus …`` gets way
+``A % ECHOES``."""
+
+
+def echoed(key: str) -> list[str]:
+    """Every text :func:`_echo` hides ``key`` in: what no error line may hold."""
+    escaped = "".join(f"\\u{ord(c):04x}" for c in key)
+    half = len(key) // 2
+    return [
+        base64.b64encode(key.encode()).decode(), key[::-1], key[:half], key[half:],
+        key.lower(), escaped, key,
+    ]  # fmt: skip
+
+
+def _echo(key: str, text: str, chat: bool) -> Response:
+    """An answer that carries ``key`` back, transformed by the sample's way: in a 401's body
+    (base64, reversed, split across two fields, lower-cased, JSON-escaped) or, the sixth way,
+    reversed where a 200's token count should be."""
+    found = _SUM.search(text)
+    way = int(found.group(1)) % ECHOES if found is not None else 0
+    b64, backwards, first, second, lower, escaped, _ = echoed(key)
+    said = "Incorrect API key provided: "
+    bodies = [
+        {"error": {"message": said + b64}},
+        {"error": {"message": said + backwards}},
+        {"error": {"code": first, "param": second}},
+        {"error": {"message": said.lower() + lower}},
+    ]
+    if way < len(bodies):
+        return JSONResponse(bodies[way], 401)
+    if way == len(bodies):
+        return Response('{"error": "' + escaped + '"}', 401, media_type="application/json")
+    reply = _reply("m", "ok", chat, 1, 1)
+    reply["usage"]["prompt_tokens"] = backwards
+    return JSONResponse(reply)
 
 
 def _reply(

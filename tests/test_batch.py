@@ -25,16 +25,18 @@ from evalq.producer.direct import Direct
 from evalq.producer.redis_server import RedisServer
 from evalq.shared.access.disclosure import Stall
 from evalq.shared.access.policy import Tier
+from evalq.shared.access.tasks import TaskRegistry
 from evalq.shared.access.tiers import TierRegistry
 from evalq.shared.connection import connect
 from evalq.shared.data.loading import build_spec
 from evalq.shared.data.spec import publish_spec
 from evalq.shared.evaluation import Evaluation, load_plugins, register
-from evalq.shared.keys import RunKeys, tiers_key
+from evalq.shared.keys import TASKS, RunKeys, tiers_key
 from evalq.shared.models import ErrorRecord, RunMeta, RunStatus, SampleTask, Stage
 from evalq.shared.queue.celery_app import INFER_TASK, SCORE_TASK
 from evalq.shared.queue.sizing import split
 from evalq.shared.settings import Settings
+from evalq.shared.store.labels import LabelFields
 from evalq.shared.store.reader import ResultReader
 from evalq.shared.store.runs import RunStore
 from evalq.shared.store.writer import Delivery, ResultWriter
@@ -130,6 +132,7 @@ def bench(server: RedisServer, tmp_path: Path) -> Iterator[Bench]:
         runtimes=runtimes,
         publish=sent,
         stage_scoring=sent.stage_scoring,
+        labels=LabelFields(client),
         max_batch=16,
         max_attempts=MAX_ATTEMPTS,
     )
@@ -152,6 +155,31 @@ def test_outputs_are_stored_once_without_labels_and_sent_on_to_scoring(bench: Be
     # the message was counted once: a third delivery finds it delivered once before
     again = Delivery(task(meta, list(range(20))).delivery, False, [0])
     assert bench.res.writer.attempt(meta.run_id, [again]) == {0: -1}
+
+
+SOLVE = """
+prompt: "Solve {text}"
+target: solution
+generate: {max_new_tokens: 8}
+scorer: exact_match
+"""
+
+
+def test_every_registered_label_field_is_scrubbed_whichever_evaluation_runs(bench: Bench) -> None:
+    """Issue #50 (5), the worker's own line: rows reach ``infer()`` without any field that a
+    registered task calls a label (``solution``, ``solve``'s target) or that another loaded
+    evaluation declares (``answer``, the built-in ``arithmetic``'s), though the running
+    evaluation (``spy``: ``label``, ``secret``) declares neither; the worker reads them from the
+    task registry itself. Was: only the running evaluation's label fields were scrubbed."""
+    TaskRegistry(bench.client).add("solve", SOLVE, who="tests")
+    try:
+        rows = [{**row, "solution": f"s{i}", "answer": i} for i, row in enumerate(labelled_rows(6))]
+        meta = bench.run("spy", rows)
+        infer_batch(bench.res, [task(meta, list(range(6)))])
+        outputs = bench.res.reader.outputs(meta.run_id, list(range(6)))
+        assert [o["fields"] for o in outputs.values()] == [["text"]] * 6
+    finally:
+        bench.client.hdel(TASKS, "solve")
 
 
 def test_scoring_settles_every_sample_and_the_last_write_finalizes(bench: Bench) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -29,8 +30,8 @@ from evalq.producer.submit import SubmitRequest
 from evalq.shared.access.budget import Budget
 from evalq.shared.access.policy import Tier
 from evalq.shared.access.roles import Role
-from evalq.shared.errors import InputError, TierRefusedError
-from evalq.shared.keys import HOLDS
+from evalq.shared.errors import InputError, LabelRefusedError, TierRefusedError
+from evalq.shared.keys import HOLDS, RUNS
 from evalq.shared.models import RunMeta, RunStatus
 from tests.conftest import Stack
 from tests.helpers import (
@@ -43,10 +44,14 @@ from tests.helpers import (
     wait_for,
     write_rows,
 )
+from tests.openai_server import echoed
 
 pytestmark = pytest.mark.integration
 
 KEY = "sk-evalq-test-4f1d2c9a8b7e"
+KEYED = {"api_key_env": "OPENAI_API_KEY"}
+"""A policy entry whose requests carry the worker's OPENAI_API_KEY (named: there is no
+default)."""
 SUM = """
 prompt: "What is {a} plus {b}? Answer with only the number."
 chat: CHAT
@@ -156,7 +161,7 @@ def test_an_endpoint_model_answers_with_its_usage_and_the_key_stays_secret(
 ) -> None:
     stack = fresh_stack
     stack.start_workers(OPENAI_API_KEY=KEY)
-    user, dataset = _place(stack, tmp_path / "data", 24, {server.base: {}})
+    user, dataset = _place(stack, tmp_path / "data", 24, {server.base: KEYED})
     chat = _submit(user, dataset, server.base)
     text = _submit(user, dataset, server.base, task="sum-text", model="wrong-model")
     assert _ended(stack, chat) is RunStatus.COMPLETED
@@ -184,7 +189,7 @@ def test_what_a_caller_may_not_name_is_refused_in_one_line(
     fresh_stack: Stack, server: Server, tmp_path: Path
 ) -> None:
     stack = fresh_stack
-    user, dataset = _place(stack, tmp_path / "data", 4, {server.base: {}})
+    user, dataset = _place(stack, tmp_path / "data", 4, {server.base: KEYED})
     with pytest.raises(TierRefusedError, match="not listed in the policy's endpoints"):
         _submit(user, dataset, "http://169.254.169.254/v1")
     with pytest.raises(TierRefusedError, match="takes its key from OPENAI_API_KEY"):
@@ -206,12 +211,132 @@ def test_what_a_caller_may_not_name_is_refused_in_one_line(
     user.close()
 
 
+def test_a_key_goes_only_to_a_server_whose_entry_names_it(
+    fresh_stack: Stack, tmp_path: Path
+) -> None:
+    """Issue #50 (4): the operator lists a user's own server beside the provider, its entry
+    naming no ``api_key_env``, and the workers hold ``OPENAI_API_KEY``. Was: the entry
+    defaulted to ``OPENAI_API_KEY`` and the user's server got ``Authorization: Bearer <key>``
+    on 5 of 5 requests; a user naming ``api_key_env=OPENAI_API_KEY`` was admitted."""
+    stack = fresh_stack
+    stack.start_workers(OPENAI_API_KEY=KEY)
+    own = Server(tmp_path / "own.log", key=None)  # the user's: answers whoever asks
+    try:
+        listing = {own.base: {}, "https://api.openai.com/v1": KEYED}
+        user, dataset = _place(stack, tmp_path / "data", 5, listing)
+        with pytest.raises(TierRefusedError, match="sends no key"):
+            _submit(user, dataset, own.base, api_key_env="OPENAI_API_KEY")
+        meta = _submit(user, dataset, own.base)
+        assert _ended(stack, meta) is RunStatus.COMPLETED
+        seen = own.stats()
+        assert len(seen["arrivals"]) == 5
+        assert seen["keys"] == [""]  # not one request with an Authorization header
+        user.close()
+    finally:
+        own.stop()
+
+
+ECHO_KEY = "sk-Proj-Echo-7Q2wX9zK4mR1vT"
+"""A key with upper-case letters, so that lower-casing it is a transform."""
+
+
+def test_a_key_a_server_echoes_transformed_reaches_no_error_line_status_or_result(
+    fresh_stack: Stack, tmp_path: Path
+) -> None:
+    """Issue #50 (4): a server given the key answers with it transformed (base64, reversed,
+    split, lower-cased, JSON-escaped in a 401's body; reversed where a token count should
+    be). Was: each transform in its sample's error line, which cut out only the key as sent.
+    Error lines now hold the status and evalq's own words, nothing of the server's."""
+    stack = fresh_stack
+    stack.start_workers(OPENAI_API_KEY=ECHO_KEY)
+    echo = Server(tmp_path / "echo.log", key=None)
+    try:
+        echo.control(echo_key=True)
+        user, dataset = _place(stack, tmp_path / "data", 12, {echo.base: KEYED})
+        meta = _submit(user, dataset, echo.base, max_retries="0")
+        assert _ended(stack, meta) is RunStatus.FAILED
+        assert echo.stats()["keys"] == [ECHO_KEY]  # its entry names the key: it was sent
+        results = list(user.results(meta.run_id))
+        assert len(results) == 12
+        lines = [r.error.message for r in results if r.error is not None]
+        refused = re.escape(f"{echo.base} answered 401 Unauthorized")
+        unreadable = re.escape(f"{echo.base}: an unreadable answer (a token count that is not")
+        fixed = re.compile(rf"{refused}|{unreadable} one of 0 to \d+\) \(after 1 tries\)")
+        assert len(lines) == 12
+        assert all(fixed.fullmatch(line) for line in lines), lines
+        shown = [r.model_dump_json() for r in results]
+        shown.append(user.status(meta.run_id).model_dump_json())
+        for text in echoed(ECHO_KEY):
+            assert not any(text in line for line in shown), text
+        user.close()
+    finally:
+        echo.stop()
+
+
+RATE = """
+prompt: "What was asked: {a} plus {b}. What was answered: {answer}. How hard, 1 to 5?"
+chat: true
+target: difficulty
+generate: {max_new_tokens: 32}
+scorer: exact_match
+"""
+"""Issue #50 (5)'s second task: its prompt shows ``sum-chat``'s target."""
+
+
+def test_a_task_that_shows_another_task_s_label_is_refused_before_anything_is_sent(
+    fresh_stack: Stack, tmp_path: Path
+) -> None:
+    """Issue #50 (5): with ``sum-chat`` (target ``answer``) and ``rate`` (its prompt shows
+    ``{answer}``, target ``difficulty``) registered, a user token ran ``rate`` on a
+    ``non_viewable`` split against its own listed server, which answered each prompt back:
+    100 of 100 answers read. Was: only the running task's label fields were scrubbed. Now the
+    submit is refused through the gateway (exit 3, one line), before any run or charge, and
+    the server is asked nothing; an admin is refused too (the workers would scrub it)."""
+    stack = fresh_stack
+    stack.start_workers()
+    own = Server(tmp_path / "own.log", key=None)
+    try:
+        own.control(echo_prompt=True)
+        _place(stack, tmp_path / "data", 1, {own.base: {}})
+        rows = [
+            {"a": i, "b": 2 * i, "answer": str(3 * i), "difficulty": str(i % 5 + 1)}
+            for i in range(100)
+        ]
+        write_rows(tmp_path / "held", "validation", rows)
+        held = list_splits(stack.client, tmp_path / "held", "validation", tier="non_viewable")
+        admin = Client(stack.settings.model_copy(update={"principal": "ops"}), admin=True)
+        admin.add_task("rate", RATE)
+        token = admin.create_token("agent", Role.USER)
+        submit = [
+            "submit", "rate", "--dataset", held, "--split", "validation",
+            "--model", "openai/served", "--model-arg", f"base_url={own.base}", "--json",
+        ]  # fmt: skip
+        with gateway(stack.server.url, tmp_path / "gw.log") as (api, _):
+            env = cli_env("redis://must-not-be-read.invalid:1/0", EVALQ_API_URL=api)
+            done = subprocess.run(
+                [sys.executable, "-c", "from evalq.shared.cli import main; main()", *submit],
+                env={**env, "EVALQ_TOKEN": token}, cwd=REPO, capture_output=True, text=True,
+                timeout=120, check=False,
+            )  # fmt: skip
+        assert done.returncode == 3, done.stderr
+        said = done.stderr.strip()
+        assert "'rate' shows the model field 'answer'" in said
+        assert len(said.splitlines()) == 1
+        with pytest.raises(LabelRefusedError, match="field 'answer'"):
+            _submit(admin, held, own.base, task="rate")
+        admin.close()
+        assert stack.client.zcard(RUNS) == 0  # no run recorded, nothing charged
+        assert own.stats()["arrivals"] == []
+    finally:
+        own.stop()
+
+
 def test_the_response_cache_answers_a_rerun_and_never_another_model(
     fresh_stack: Stack, server: Server, tmp_path: Path
 ) -> None:
     stack = fresh_stack
     stack.start_workers(OPENAI_API_KEY=KEY)
-    user, dataset = _place(stack, tmp_path / "data", 24, {server.base: {}})
+    user, dataset = _place(stack, tmp_path / "data", 24, {server.base: KEYED})
 
     def requests() -> int:
         return len(server.stats()["arrivals"])
@@ -280,7 +405,7 @@ def test_identical_requests_in_flight_share_one_call(
 ) -> None:
     stack = fresh_stack
     stack.start_workers(OPENAI_API_KEY=KEY)
-    user, dataset = _place(stack, tmp_path / "data", 1, {server.base: {}})
+    user, dataset = _place(stack, tmp_path / "data", 1, {server.base: KEYED})
     rows = [{"a": 4, "b": 5, "answer": "9"}] * 16  # one prompt, sixteen times
     write_rows(tmp_path / "same", "validation", rows)
     same = list_splits(stack.client, tmp_path / "same", "validation")
@@ -300,7 +425,7 @@ def test_a_batch_s_requests_go_out_together_beyond_the_workers_batch_size(
 ) -> None:
     stack = fresh_stack
     stack.start_workers(OPENAI_API_KEY=KEY, EVALQ_MAX_BATCH="4")
-    user, dataset = _place(stack, tmp_path / "data", 16, {server.base: {}})
+    user, dataset = _place(stack, tmp_path / "data", 16, {server.base: KEYED})
     server.control(delay=0.5)
     meta = _submit(user, dataset, server.base, concurrency="8")
     assert _ended(stack, meta) is RunStatus.COMPLETED
@@ -317,7 +442,7 @@ def test_two_workers_keep_the_fleet_rate_limit_while_the_server_answers_429(
     for _ in range(2):
         stack.start_workers(OPENAI_API_KEY=KEY, EVALQ_MAX_BATCH="16")
     user, dataset = _place(
-        stack, tmp_path / "data", 90, {server.base: {"requests_per_minute": rpm}}
+        stack, tmp_path / "data", 90, {server.base: {**KEYED, "requests_per_minute": rpm}}
     )
     # Retry-After: 0, so that the fleet's limit is what holds the requests back (a pause
     # after each 429 would hold them back by itself)
@@ -366,7 +491,7 @@ def test_an_endpoint_that_fails_ends_each_sample_once_with_its_reason(
 ) -> None:
     stack = fresh_stack
     stack.start_workers(OPENAI_API_KEY=KEY)
-    user, dataset = _place(stack, tmp_path / "data", 12, {server.base: {}})
+    user, dataset = _place(stack, tmp_path / "data", 12, {server.base: KEYED})
     if fault == "gone":
         server.stop()
     else:
@@ -429,7 +554,7 @@ def test_a_token_budget_that_runs_out_midway_is_never_overshot_by_two_workers(
     stack = fresh_stack
     for _ in range(2):
         stack.start_workers(OPENAI_API_KEY=KEY)
-    user, dataset = _place(stack, tmp_path / "data", 1000, {server.base: {}})
+    user, dataset = _place(stack, tmp_path / "data", 1000, {server.base: KEYED})
     total = 5000  # each sample uses 11 tokens (10 words asked, 1 answered): about 450 fit
     _set_tokens(stack, dataset, total, samples=3000)
     meta = _submit(user, dataset, server.base)
@@ -462,7 +587,7 @@ def test_a_worker_killed_mid_request_leaves_no_token_held_and_the_cache_recomput
     stack.crashes_expected = True
     fast = {"OPENAI_API_KEY": KEY, "EVALQ_STALL_AFTER": "8"}
     victim = stack.start_workers(**fast)
-    user, dataset = _place(stack, tmp_path / "data", 96, {server.base: {}})
+    user, dataset = _place(stack, tmp_path / "data", 96, {server.base: KEYED})
     _set_tokens(stack, dataset, 100_000)
     server.control(delay=1.0)
     concurrency = 4
@@ -520,7 +645,7 @@ def test_a_run_that_can_send_nothing_is_given_back_cancelled_or_ended(
 ) -> None:
     stack = fresh_stack
     stack.start_workers(OPENAI_API_KEY=KEY)
-    user, dataset = _place(stack, tmp_path / "data", 1500, {server.base: {}})
+    user, dataset = _place(stack, tmp_path / "data", 1500, {server.base: KEYED})
     _set_tokens(stack, dataset, 0, samples=100_000)
     meta = _submit(user, dataset, server.base)
     wait_for(
@@ -553,7 +678,7 @@ def test_a_grader_model_grades_each_output_and_its_tokens_count_apart(
 ) -> None:
     stack = fresh_stack
     stack.start_workers(OPENAI_API_KEY=KEY)
-    user, dataset = _place(stack, tmp_path / "data", 12, {server.base: {}})
+    user, dataset = _place(stack, tmp_path / "data", 12, {server.base: KEYED})
     admin = Client(stack.settings.model_copy(update={"principal": "ops"}), admin=True)
     admin.add_task("sum-graded", GRADED.replace("URL", server.base))
     admin.add_task("sum-graded-elsewhere", GRADED.replace("URL", "http://10.0.0.1:9/v1"))

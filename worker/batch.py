@@ -36,6 +36,7 @@ from evalq.shared.evaluation import Evaluation
 from evalq.shared.models import ErrorRecord, RunMeta, RunStatus, SampleTask, Stage, from_json
 from evalq.shared.queue.pace import PaceMeter
 from evalq.shared.queue.sizing import split
+from evalq.shared.store.labels import LabelFields
 from evalq.shared.store.provenance import ProvenanceStore, of_worker
 from evalq.shared.store.reader import ResultReader
 from evalq.shared.store.runs import RunStore
@@ -88,6 +89,9 @@ class Resources:
     stage_scoring: Stager
     """Stages the scoring of a run's inferred samples in its score backlog, from which the
     fair dispatcher hands it to the scoring workers (an inference-only worker)."""
+    labels: LabelFields
+    """Every registered task's and loaded evaluation's label fields, scrubbed from every row
+    before inference whichever evaluation runs (read from the registry, never a message)."""
     max_batch: int
     max_attempts: int
     max_output_bytes: int = 262_144

@@ -1,9 +1,11 @@
 """Inference of a batch of messages, any mix of runs and evaluations.
 
 Skip samples already inferred (redeliveries), rebuild rows from each run's spec, remove label
-fields, and run each evaluation's warm model on batches of at most ``max_batch`` rows drawn
-from every run in the batch that uses it; store each output once and stage its scoring in the
-run's score backlog, for the fair dispatcher to hand to the scoring workers
+fields (the run's evaluation's, and every other registered task's and loaded evaluation's: a
+split's labels are no task's alone, :class:`evalq.shared.store.labels.LabelFields`), and run
+each evaluation's warm model on batches of at most ``max_batch`` rows drawn from every run in
+the batch that uses it; store each output once and stage its scoring in the run's score
+backlog, for the fair dispatcher to hand to the scoring workers
 (:mod:`evalq.shared.queue.backlog`), or, on a worker that consumes the ``score`` queue too, score
 them in the same job (``fuse``): a small run is not sent back to wait behind the work this worker
 reserved. An attempt that raises is tried again later, alone, until the last attempt, which
@@ -23,6 +25,7 @@ from evalq.shared.models import SampleTask, Stage, to_json
 from evalq.shared.queue.backlog import run_model
 from evalq.shared.queue.celery_app import INFER_TASK
 from evalq.shared.queue.pace import PaceMeter
+from evalq.shared.store.labels import LabelFields
 from evalq.worker.batch import KEPT, Batch, Resources, RunShare, bounded, error_record
 from evalq.worker.runtime_pool import Infer
 from evalq.worker.scoring import score_all
@@ -91,9 +94,11 @@ def _infer(infer: Infer, items: list[Item], max_attempts: int, limit: int) -> No
             run.values[sample_id] = output
 
 
-def _pending(run: RunShare, done: set[int]) -> list[Item]:
+def _pending(run: RunShare, done: set[int], labels: LabelFields) -> list[Item]:
     """The run's samples to infer now, those not ``done`` (with an output, or settled with an
-    error): each counted as one more attempt, label-free. A
+    error): each counted as one more attempt, without any field that its evaluation or any
+    other in ``labels`` calls a label (when those cannot be read, the samples end at the
+    ``data`` stage rather than go to the model with a label). A
     rescored run has no inference: a sample of it without a copied output (its producer died
     mid-copy; a forged message) ends as a terminal error, never as another model's output."""
     missing = [i for i in run.ids if i not in done]
@@ -106,10 +111,18 @@ def _pending(run: RunShare, done: set[int]) -> list[Item]:
             run.errors[sample_id] = error_record(Stage.INFER, refused)
         return []
     todo = run.counted(Stage.INFER, missing)
+    if not todo:
+        return []
+    try:
+        hidden = labels.all() | set(run.evaluation.label_fields)
+    except PermanentError as exc:
+        for sample_id in todo:
+            run.errors[sample_id] = error_record(Stage.DATA, exc)
+        return []
     items: list[Item] = []
-    for sample_id, row in run.rows(todo, Stage.DATA).items() if todo else ():
+    for sample_id, row in run.rows(todo, Stage.DATA).items():
         try:
-            items.append((run, sample_id, scrub(row, run.evaluation.label_fields)))
+            items.append((run, sample_id, scrub(row, hidden)))
         except PermanentError as exc:
             run.errors[sample_id] = error_record(Stage.DATA, exc)
     return items
@@ -156,7 +169,7 @@ def infer_batch(res: Resources, tasks: list[SampleTask]) -> set[str]:
 
     def prepare(run: RunShare) -> None:
         inferred[run.run_id], failed = res.reader.produced(run.run_id, run.ids)
-        pending = _pending(run, inferred[run.run_id] | failed)
+        pending = _pending(run, inferred[run.run_id] | failed, res.labels)
         if pending:
             by_evaluation[id(run.evaluation)].extend(pending)
 

@@ -20,6 +20,7 @@ from evalq.shared.queue.celery_app import SCORE_QUEUE, send_archive
 from evalq.shared.queue.pace import Pace, PaceMeter
 from evalq.shared.queue.sizing import publish
 from evalq.shared.settings import Settings
+from evalq.shared.store.labels import LabelFields
 from evalq.shared.store.provenance import ProvenanceStore
 from evalq.shared.store.reader import ResultReader
 from evalq.shared.store.runs import RunStore
@@ -72,6 +73,7 @@ class WorkerState:
                 ),
                 publish=self._publish,
                 stage_scoring=self._stage_scoring,
+                labels=LabelFields(client),
                 archive=self._archive if self._settings.archive_after == 0 else None,
                 spill=self._spill if self._settings.spill_rows else None,
                 spill_rows=self._settings.spill_rows,

@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from evalq.shared.errors import PolicyError, TierRefusedError
+from evalq.shared.errors import LabelRefusedError, PolicyError, TierRefusedError
 from evalq.shared.lm.limits import EndpointLimits
 from evalq.shared.lm.spec import ModelArgs
+from evalq.shared.lm.task import TaskSpec
 from evalq.shared.models import Progress, RunMeta, RunStatus
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "Tier",
     "admit_fewshot",
     "admit_model",
+    "admit_prompt",
     "admit_run",
     "admit_sample_choice",
     "admit_source",
@@ -154,10 +156,11 @@ def admit_model(name: str, admin: bool, roots: Sequence[Path]) -> None:
 
 def admit_endpoint(url: str, args: ModelArgs, listed: EndpointLimits | None) -> None:
     """An endpoint model calls only a server the operator listed in the policy's
-    ``endpoints:``, with the key variable its entry names and no longer ``timeout`` or higher
-    ``concurrency`` than it allows, whoever asks (admins too: the workers would send that
-    server their API key, and a slow server's requests hold worker processes and token
-    budgets)."""
+    ``endpoints:``, with no longer ``timeout`` or higher ``concurrency`` than it allows,
+    whoever asks (admins too: the workers would send that server their API key, and a slow
+    server's requests hold worker processes and token budgets). Which key goes with its
+    requests is the entry's alone (none unless it names ``api_key_env``); a caller's
+    ``api_key_env`` is a check that must name the same variable."""
     if listed is None:
         raise TierRefusedError(
             f"model refused: endpoint {url} is not listed in the policy's endpoints: "
@@ -166,6 +169,22 @@ def admit_endpoint(url: str, args: ModelArgs, listed: EndpointLimits | None) -> 
     refused = listed.refusal(url, args)
     if refused is not None:
         raise TierRefusedError(f"model refused: {refused}")
+
+
+def admit_prompt(name: str, task: TaskSpec, labels: frozenset[str]) -> None:
+    """A task shows the model each field its prompt and its ``choices`` name; none may be in
+    ``labels``, the label fields of every registered task and loaded evaluation
+    (:class:`evalq.shared.store.labels.LabelFields`): a split's label fields reach no prompt,
+    whichever task names them (``rate`` showing ``{answer}`` read ``solve``'s held-out
+    answers). On every split and for every caller, admins too: the workers scrub the same set
+    from rows before inference, so such a run could only fail sample by sample."""
+    shown = (*task.fields, *(() if task.choices is None else (task.choices,)))
+    for field in shown:
+        if field in labels:
+            raise LabelRefusedError(
+                f"task refused: '{name}' shows the model field '{field}', a label field of a "
+                "registered task or evaluation (label fields reach no prompt)"
+            )
 
 
 def server_draws(tier: Tier, admin: bool) -> bool:

@@ -232,10 +232,12 @@ class LanguageEvaluation(Evaluation):
 
 def endpoint_model(spec: ModelSpec, cache: bool = False) -> EndpointModel:
     """The endpoint model ``spec`` names, on this worker: its server must be listed in the
-    policy with the key variable the spec names (checked again here: the listing may have
-    changed since the run was submitted); the key is this process's variable (unset: no
-    ``Authorization`` header), the rate limit the fleet's, in Redis, and so is the response
-    cache when the run asked for it (``cache``)."""
+    policy, with the key variable the spec names when it names one (checked again here: the
+    listing may have changed since the run was submitted); the key is this process's value of
+    the variable the entry names, and nothing when the entry names none or the variable is
+    unset (no ``Authorization`` header; never a default variable: a key goes only where the
+    operator said). The rate limit is the fleet's, in Redis, and so is the response cache when
+    the run asked for it (``cache``)."""
     url = spec.endpoint
     if url is None:
         raise PermanentError(f"model {spec}: not an endpoint model")
@@ -245,7 +247,8 @@ def endpoint_model(spec: ModelSpec, cache: bool = False) -> EndpointModel:
     refused = rate.refresh(spec.args)
     if refused is not None:
         raise PermanentError(refused)
-    key = os.environ.get(rate.limits.api_key_env) or None
+    variable = rate.limits.api_key_env
+    key = (os.environ.get(variable) or None) if variable is not None else None
     responses = ResponseCache(client, settings.cache_ttl, settings.cache_max_bytes)
     spend, runs = TokenSpend(client), RunStore(client)
     known: dict[str, tuple[RunMeter | None, str]] = {}

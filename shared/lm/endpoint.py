@@ -14,10 +14,13 @@ budget holds each try's worst case before it is sent and is charged its usage wh
 :class:`evalq.shared.errors.TokensExhausted`, unsent.
 
 The API key is read from the worker's environment variable the endpoint's policy entry names
-(:class:`evalq.shared.store.endpoints.EndpointLimits`), sent in the ``Authorization`` header and
-nowhere else: error lines carry status codes and the server's words with the key cut out.
-The limiter and the key come from the caller (:func:`evalq.shared.evals.language.endpoint_model`),
-so this module needs no store.
+(:class:`evalq.shared.lm.limits.EndpointLimits`; none when it names none), sent in the
+``Authorization`` header and nowhere else. Error lines hold no text the server chose: its status
+code and phrase, or a fixed reason (:data:`_UNREADABLE`, an exception's class name), never its
+body or an exception message built from its bytes. A server can echo the key transformed
+(base64, reversed, split across fields, lower-cased, JSON-escaped), which no scrubbing of the key
+can catch, so what it says is not passed on at all. The limiter and the key come from the caller
+(:func:`evalq.shared.evals.language.endpoint_model`), so this module needs no store.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any, ClassVar, Protocol
 
 import httpx
@@ -61,11 +65,8 @@ __all__ = [
     "request_digest",
 ]
 
-_SNIPPET = 160
 MAX_BODY = 4 << 20
 """The largest answer read (bytes): a longer one is a bad response, never held whole."""
-_SHORTEST_SECRET = 4
-"""Keys shorter than this (``EMPTY``-like placeholders aside) are not looked for in text."""
 _HEADER_SAFE = re.compile(r"^[\x21-\x7e]+$")
 _WAIT_FOR_ANSWER = 0.05
 """Seconds between two looks for an answer another request for the same prompt is getting."""
@@ -196,8 +197,8 @@ class EndpointModel:
         key = key.strip() if key else None
         if key and not _HEADER_SAFE.match(key):
             raise PermanentError(
-                f"the key in {spec.args.api_key_env} holds characters an HTTP header cannot "
-                "carry (spaces, control characters or non-ASCII)"
+                f"the key of {spec.endpoint} holds characters an HTTP header cannot carry "
+                "(spaces, control characters or non-ASCII)"
             )
         self.spec = spec
         self.url = spec.endpoint
@@ -418,14 +419,14 @@ class EndpointModel:
                     status, retry = got.status_code, got.headers.get("retry-after")
                     raw = await _read(got)
         except httpx.ConnectError as exc:  # never sent
-            return _Try(error=Unreachable(f"{self.url}: {self._clean(first_line(exc))}"))
+            return _Try(error=Unreachable(f"{self.url}: could not connect ({_kind(exc)})"))
         except (TimeoutError, httpx.TimeoutException) as exc:
             waited = self.spec.args.timeout
             sent = not isinstance(exc, httpx.ConnectTimeout)
             late = Timeout(f"no answer from {self.url} within {waited}s")
             return _Try(error=late, unanswered=sent)
-        except httpx.HTTPError as exc:
-            lost = Unreachable(f"{self.url}: {self._clean(first_line(exc))}")
+        except httpx.HTTPError as exc:  # its message may quote the server's bytes
+            lost = Unreachable(f"{self.url}: the connection failed ({_kind(exc)})")
             return _Try(error=lost, unanswered=True)
         if status == 429:
             return _Try(
@@ -436,9 +437,8 @@ class EndpointModel:
             return _Try(error=ServerError(f"{self.url} answered {status}"), retry_after=wait)
         if 300 <= status < 400:
             return _Try(error=Refused(f"{self.url} answered {status}: redirects are not followed"))
-        if status >= 400:
-            said = self._clean(raw.decode("utf-8", "replace"), _SNIPPET).replace("\n", " ")
-            return _Try(error=Refused(f"{self.url} answered {status}: {said}"))
+        if status >= 400:  # the body is the server's to choose: not passed on
+            return _Try(error=Refused(f"{self.url} answered {_status(status)}"))
         if len(raw) > MAX_BODY:
             big = BadResponse(f"{self.url}: an answer over {MAX_BODY} bytes")
             return _Try(error=big, unanswered=True)
@@ -475,10 +475,9 @@ class EndpointModel:
             text.encode("utf-8")  # a lone surrogate could not be stored
             for count in (prompt_tokens, completion_tokens):
                 if type(count) is not int or count < 0:
-                    raise TypeError(f"a token count of {count!r}, not a count")
+                    raise _Unreadable("a token count that is not a count")
         except Exception as exc:  # RecursionError, UnicodeError, …: whatever the answer holds
-            problem = self._clean(first_line(exc), _SNIPPET)
-            error = BadResponse(f"{self.url}: an unreadable answer ({problem})")
+            error = BadResponse(f"{self.url}: an unreadable answer ({_unreadable(exc)})")
             return _Try(error=error, unanswered=True)
         most = (request.most_prompt_tokens(), request.max_new_tokens)
         for what, count, bound in zip(
@@ -494,20 +493,44 @@ class EndpointModel:
         text = cut_at_stop(text, request.stop)
         return _Try(generation=Generation(text, prompt_tokens, completion_tokens))
 
-    def _clean(self, text: str, limit: int | None = None) -> str:
-        """``text`` with the API key cut out (a server may echo it back), then cut to
-        ``limit`` characters, never ending in the key's first characters."""
-        key = self._key if self._key and len(self._key) >= _SHORTEST_SECRET else None
-        if key is not None:
-            text = text.replace(key, "[key]")
-        if limit is None or len(text) <= limit:
-            return text
-        text = text[:limit]
-        if key is not None:
-            for size in range(min(len(key), len(text)), _SHORTEST_SECRET - 1, -1):
-                if text.endswith(key[:size]):
-                    return text[:-size] + "[key]"
-        return text
+
+class _Unreadable(ValueError):
+    """An answer of the right shape whose values are not: its message is evalq's own."""
+
+
+_UNREADABLE: dict[type[BaseException], str] = {
+    json.JSONDecodeError: "not JSON",
+    RecursionError: "nested too deep",
+    UnicodeError: "text that is not UTF-8",
+    KeyError: "not the API's shape",
+    IndexError: "not the API's shape",
+    TypeError: "not the API's shape",
+}
+"""Why an answer is unreadable, by what reading it raised (most specific first): the reason
+an error line gives, never the exception's message (``TypeError`` and ``KeyError`` messages
+quote the server's values)."""
+
+
+def _unreadable(exc: BaseException) -> str:
+    if isinstance(exc, _Unreadable):
+        return str(exc)
+    for kind, reason in _UNREADABLE.items():
+        if isinstance(exc, kind):
+            return reason
+    return f"not the API's JSON: {_kind(exc)}"
+
+
+def _kind(exc: BaseException) -> str:
+    """An exception as an error line may name it: its class's name, never its message."""
+    return type(exc).__name__
+
+
+def _status(code: int) -> str:
+    """A status code with its standard phrase (``401 Unauthorized``), never the server's."""
+    try:
+        return f"{code} {HTTPStatus(code).phrase}"
+    except ValueError:
+        return str(code)
 
 
 async def _read(answer: httpx.Response) -> bytes:

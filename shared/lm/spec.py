@@ -23,6 +23,7 @@ from evalq.shared.errors import InputError, first_line
 
 __all__ = [
     "ENDPOINT_ARGS",
+    "KEY_VARIABLE",
     "LOCAL_ARGS",
     "ModelArgs",
     "ModelSpec",
@@ -34,7 +35,8 @@ __all__ = [
 ]
 
 PROVIDERS = ("hf", "openai")
-DEFAULT_API_KEY_ENV = "OPENAI_API_KEY"
+KEY_VARIABLE = r"^[A-Z][A-Z0-9_]{0,63}$"
+"""An environment variable that may hold an endpoint's key (upper-case, digits, ``_``)."""
 URL_PATTERN = r"^https?://[^\s/?#@]+(/[^\s?#]*)?$"
 """An endpoint's base URL: http(s), a host, a path; no query, fragment or credentials."""
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
@@ -71,9 +73,10 @@ class ModelArgs(BaseModel):
     base_url: str | None = Field(default=None, pattern=URL_PATTERN)
     """An endpoint model's server, up to ``/v1`` (``http(s)://host[:port]/v1``); it must be
     listed in the policy's ``endpoints:``."""
-    api_key_env: str = Field(default=DEFAULT_API_KEY_ENV, pattern=r"^[A-Z][A-Z0-9_]{0,63}$")
-    """The worker's environment variable holding the endpoint's API key (the key itself is
-    never in a spec, a message, a record or a log)."""
+    api_key_env: str | None = Field(default=None, pattern=KEY_VARIABLE)
+    """The worker's environment variable holding the endpoint's API key, as a check: given, it
+    must be the one the endpoint's policy entry names (the entry alone decides which key, if
+    any, is sent). The key itself is never in a spec, a message, a record or a log."""
     concurrency: int = Field(default=8, ge=1, le=256)
     """An endpoint model's most requests in flight per worker process (lowered on 429s)."""
     timeout: float = Field(default=60.0, gt=0, le=3600)

@@ -54,9 +54,10 @@ class RateLimit:
         return ["" if rpm is None else str(rpm), "" if tpm is None else str(tpm)]
 
     def refresh(self, args: ModelArgs) -> str | None:
-        """Read the endpoint's listing again (a policy may have changed its limits, or
-        delisted it): None when it is still listed and allows a run with ``args``
-        (:meth:`EndpointLimits.refusal`), else why no request may go to it."""
+        """Read the endpoint's listing again (a policy may have changed its limits, its key
+        variable, or delisted it): None when it is still listed and allows a run with ``args``
+        (:meth:`EndpointLimits.refusal`), else why no request may go to it. :attr:`limits` is
+        then the entry, whose ``api_key_env`` says which key to send."""
         listed = EndpointRegistry(self._client).get(self.endpoint)
         if listed is None:
             return f"endpoint {self.endpoint} is not listed in the policy's endpoints: any more"
