@@ -33,6 +33,7 @@ __all__ = [
     "RetryableError",
     "RoutingError",
     "RunNotCompletedError",
+    "RunTooLarge",
     "SampleIdError",
     "ScriptError",
     "ShardMismatchError",
@@ -266,6 +267,11 @@ class ThrottledError(EvalqError):
 class OutputTooLarge(PermanentError):
     """A sample's output (or a grader's grade) is larger than a worker stores
     (``EVALQ_MAX_OUTPUT_BYTES``)."""
+
+
+class RunTooLarge(PermanentError):
+    """A going run's outputs would take more of Redis than a worker lets one run hold
+    (``EVALQ_MAX_RUN_BYTES``)."""
 
 
 class TokensExhausted(PermanentError):

@@ -22,6 +22,7 @@ __all__ = [
     "FAIR",
     "FAIR_SCORE",
     "JANITOR",
+    "LIVE_BYTES",
     "PRIORITIES",
     "RATE",
     "RETENTION",
@@ -237,6 +238,10 @@ HOLDS = "evalq:holds"
 
 HOLD_DEADLINES = "evalq:holds:deadlines"
 """Zset: ticket -> the time (ms, Redis's clock) after which the janitor releases its hold."""
+
+LIVE_BYTES = "live_bytes"
+"""The field of a run's progress hash (:attr:`RunKeys.progress`) counting the bytes of outputs
+it holds in Redis: what workers stored, less what spilled (``EVALQ_MAX_RUN_BYTES``)."""
 
 UNSENT = "evalq:unsent"
 """Set: runs that ended with samples a token budget kept from being sent; the gateway gives

@@ -158,6 +158,12 @@ class Settings(BaseSettings):
     run and caller shares (the attack review's endpoint answered 4 MB a request and another
     user's submits were answered 503)."""
 
+    max_run_bytes: int = Field(default=512 * 2**20, ge=2**20)
+    """Worker-local: the most bytes of outputs one going run holds in Redis (what workers
+    stored, less what spilled): a batch whose outputs would pass it ends its samples
+    ``infer/RunTooLarge``, stored nowhere, so that no run fills the Redis every run shares
+    (with ``EVALQ_SPILL_ROWS``, a run's settled segments leave Redis and make room)."""
+
     cache_ttl: int = Field(default=7 * 24 * 3600, ge=1)
     """Worker-local: seconds an endpoint's cached response is kept (``submit --cache``)."""
     cache_max_bytes: int = Field(default=65_536, ge=256)

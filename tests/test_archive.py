@@ -469,10 +469,15 @@ def test_a_going_run_spills_its_complete_segments_and_reads_the_same(
     run_id = _going_run(client, tmp_path / "archive")
     keys = RunKeys(run_id)
     before = _store_reads(results, run_id)
+    writer.live_bytes(run_id, 10**6)  # what workers counted as they stored the outputs
+    first = results.live_chunk(run_id, list(range(32)))
+    assert first is not None
+    freed = sum(len(text) for text in first.outputs if text is not None)
     progress = results.progress(run_id)
     assert spill_run(client, run_id, 16) == 2
     assert sorted(Spill.read(client, run_id).parts) == [0, 1]
     assert spill_run(client, run_id, 16) == 0  # once
+    assert writer.live_bytes(run_id, 0) == 10**6 - freed > 0  # the spilled outputs left
     assert _held(client, keys.out) == 18
     assert _held(client, keys.score) + _held(client, keys.err) == 13
     assert client.bitcount(keys.spilled) == 32

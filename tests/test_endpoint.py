@@ -824,3 +824,27 @@ def test_unread_results_streams_of_large_outputs_hold_little_of_the_gateway(
                     stream.__exit__(None, None, None)
     finally:
         big.stop()
+
+
+def test_a_run_holds_no_more_of_redis_than_the_run_bytes_cap(
+    fresh_stack: Stack, tmp_path: Path
+) -> None:
+    """Outputs each under ``EVALQ_MAX_OUTPUT_BYTES`` still add up: a run of 20 answers of
+    200 KB holds 4 MB. Over ``EVALQ_MAX_RUN_BYTES`` (here 1 MiB) a batch's outputs are stored
+    nowhere and end ``infer/RunTooLarge``; a run within it completes."""
+    stack = fresh_stack
+    big = Server(tmp_path / "big.log", key=None)
+    try:
+        big.control(pad=200_000)
+        stack.start_workers(EVALQ_MAX_RUN_BYTES=str(2**20))
+        agent, dataset = _place(stack, tmp_path / "data", 20, {big.base: {}})
+        meta = _submit(agent, dataset, big.base)
+        assert _ended(stack, meta) is RunStatus.FAILED
+        admin = Client(stack.settings, admin=True)
+        assert admin.status(meta.run_id).errors == {"infer/RunTooLarge": 20}
+        big.control(pad=20_000)  # 400 KB in all
+        small = _submit(agent, dataset, big.base)
+        assert _ended(stack, small) is RunStatus.COMPLETED
+        admin.close()
+    finally:
+        big.stop()

@@ -96,6 +96,8 @@ class Resources:
     max_attempts: int
     max_output_bytes: int = 262_144
     """The most bytes a sample's stored output (or grade) may take (:func:`bounded`)."""
+    max_run_bytes: int = 512 * 2**20
+    """The most bytes of outputs a going run may hold in Redis (``EVALQ_MAX_RUN_BYTES``)."""
     stall_after: float = 60.0
     """A claim to finalize a run older than this may be taken over (its finalizer died)."""
     fuse: bool = False

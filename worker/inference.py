@@ -19,7 +19,7 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from evalq.shared.errors import OutputTooLarge, PermanentError, first_line
+from evalq.shared.errors import OutputTooLarge, PermanentError, RunTooLarge, first_line
 from evalq.shared.evaluation import scrub
 from evalq.shared.models import SampleTask, Stage, to_json
 from evalq.shared.queue.backlog import run_model
@@ -160,6 +160,27 @@ def _paced(pace: PaceMeter, items: list[Item], seconds: float) -> None:
         log.exception("could not measure the pace of %s", items[0][0].meta.eval)
 
 
+def _within_run_bytes(res: Resources, run: RunShare) -> None:
+    """Count the batch's outputs into what the run holds in Redis; if that would pass
+    ``EVALQ_MAX_RUN_BYTES``, none of them is stored: each ends its sample
+    ``infer/RunTooLarge``."""
+    size = sum(map(len, run.outputs.values()))
+    if not size:
+        return
+    held = res.writer.live_bytes(run.run_id, size)
+    if held <= res.max_run_bytes:
+        return
+    res.writer.live_bytes(run.run_id, -size)
+    refused = RunTooLarge(
+        f"the run would hold {held} bytes of outputs in Redis, over the {res.max_run_bytes} "
+        "a worker lets one run hold (EVALQ_MAX_RUN_BYTES)"
+    )
+    for sample_id in run.outputs:
+        run.errors[sample_id] = error_record(Stage.INFER, refused)
+    run.outputs.clear()
+    run.values.clear()
+
+
 def infer_batch(res: Resources, tasks: list[SampleTask]) -> set[str]:
     """Run inference for a batch of messages, any mix of runs and evaluations; return the runs
     whose messages must go back to the queue."""
@@ -176,6 +197,7 @@ def infer_batch(res: Resources, tasks: list[SampleTask]) -> set[str]:
     scoring: list[RunShare] = []
 
     def store(run: RunShare) -> None:
+        _within_run_bytes(res, run)
         ready = [i for i in run.ids if i in inferred[run.run_id] or i in run.outputs]
         # Fused, with every ready sample's output this worker's: the attempt at scoring them is
         # counted by the call that stores the outputs (when all of them are new), not by one more.

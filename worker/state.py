@@ -80,6 +80,7 @@ class WorkerState:
                 max_batch=self._settings.max_batch,
                 max_attempts=self._settings.max_attempts,
                 max_output_bytes=self._settings.max_output_bytes,
+                max_run_bytes=self._settings.max_run_bytes,
                 stall_after=self._settings.stall_after,
                 fuse=SCORE_QUEUE in self._consumed(),
                 provenance=ProvenanceStore(client),

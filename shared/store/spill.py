@@ -18,7 +18,7 @@ from typing import Any
 import redis
 
 from evalq.shared.errors import ArchiveUnreadableError, UnknownRunError
-from evalq.shared.keys import RunKeys
+from evalq.shared.keys import LIVE_BYTES, RunKeys
 from evalq.shared.store.aggregate import error_kinds
 from evalq.shared.store.archive import Chunk, inside, read_part
 from evalq.shared.store.runs import RunStore
@@ -150,6 +150,7 @@ class Spiller:
     """Names a written part as its segment's, once (owns ``spill.lua``)."""
 
     def __init__(self, client: redis.Redis) -> None:
+        self._client = client
         self._spill = register(client, "evalq.shared.store", "spill")
 
     def spill(self, run_id: str, segment: int, rows: int, url: str, chunk: Chunk) -> SpillOutcome:
@@ -159,7 +160,7 @@ class Spiller:
         keys = RunKeys(run_id)
         kinds = flatten(error_kinds(e for e in chunk.errors if e is not None))
         bare = [i for i, o in zip(chunk.sample_ids, chunk.outputs, strict=True) if o is None]
-        return SpillOutcome(
+        outcome = SpillOutcome(
             self._spill(
                 keys=[
                     keys.meta, keys.spill, keys.spilled, keys.out, keys.score, keys.err,
@@ -172,3 +173,7 @@ class Spiller:
                 ],
             )
         )  # fmt: skip
+        if outcome is SpillOutcome.SPILLED:  # its outputs left Redis (a lost reply: counted on)
+            freed = sum(len(o) for o in chunk.outputs if o is not None)
+            self._client.hincrby(keys.progress, LIVE_BYTES, -freed)
+        return outcome

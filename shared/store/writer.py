@@ -17,7 +17,7 @@ import redis
 from redis.commands.core import Script
 
 from evalq.shared.evaluation import Evaluation
-from evalq.shared.keys import UNSENT, RunKeys
+from evalq.shared.keys import LIVE_BYTES, UNSENT, RunKeys
 from evalq.shared.models import (
     GRADE_PREFIX,
     USAGE_PREFIX,
@@ -181,6 +181,12 @@ class ResultWriter:
         """Write each output (JSON text, see :func:`to_json`) unless one exists, counting the
         tokens of those stored with their usage; return how many were new."""
         return self.record_outputs_scoring(run_id, outputs, [])[0]
+
+    def live_bytes(self, run_id: str, change: int) -> int:
+        """Add ``change`` to the bytes of outputs the run holds in Redis (what workers stored,
+        less what spilled: ``live_bytes`` in its progress hash, which the archive removes with
+        it) and return the new count."""
+        return int(self._client.hincrby(RunKeys(run_id).progress, LIVE_BYTES, change))
 
     def record_outputs_scoring(
         self, run_id: str, outputs: dict[int, str], scoring: list[Delivery]
