@@ -848,3 +848,21 @@ def test_outputs_without_one_exact_type_stay_json_text(tmp_path: Path) -> None:
     url = write_part(f"{tmp_path}/typed.parquet", typed)
     assert pq.read_table(url.removeprefix("file://")).column("output").to_pylist() == ["a", None]
     assert read_part(url) == typed
+
+
+def test_a_spilled_part_of_large_outputs_is_read_a_row_group_at_a_time(tmp_path: Path) -> None:
+    """A stream over spilled segments read each part whole (up to ``EVALQ_SPILL_ROWS`` outputs
+    of 256 KiB: 4 GiB) for each few samples it sent. Parts are written in row groups of about
+    ``GROUP_BYTES``, and a reader of a sample holds its group only."""
+    texts = [to_json("x" * 1_000_000 + str(i)) for i in range(12)]
+    chunk = Chunk(list(range(12)), list[str | None](texts), ['{"acc": 1.0}'] * 12, [None] * 12)
+    folder = f"{tmp_path}/run/spill"
+    url = write_part(f"{folder}/segment-0-{'0' * 8}.parquet", chunk)
+    groups = pq.ParquetFile(url.removeprefix("file://")).metadata.num_row_groups
+    assert groups >= 3  # 12 MB of outputs in groups of about 4 MiB
+    spill = Spill("run", folder, rows=12, parts={0: url})
+    assert [spill.texts(i)[0] for i in range(12)] == texts
+    held = spill._last
+    assert held is not None
+    assert len(held[2].sample_ids) <= 12 // groups + 1
+    assert spill.by_id([11, 0, 5]) == {i: (texts[i], '{"acc": 1.0}', None) for i in (11, 0, 5)}

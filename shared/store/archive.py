@@ -47,6 +47,7 @@ __all__ = [
     "Chunk",
     "inside",
     "read_part",
+    "read_part_group",
     "remove_others",
     "remove_part",
     "remove_run",
@@ -295,6 +296,28 @@ def read_part(url: str, run_id: str = "", columns: tuple[str, ...] = RAW_COLUMNS
         fs, path = fsspec.core.url_to_fs(url)
         with fs.open(path, "rb") as handle:
             table = pq.read_table(handle, columns=list(dict.fromkeys(("sample_id", *columns))))
+    return _chunk_of(table, columns)
+
+
+def read_part_group(url: str, run_id: str, row: int) -> tuple[int, Chunk]:
+    """The row group of a spilled segment's part that holds its row ``row``: the group's first
+    row and its texts (a reader of a few samples holds one group, about :data:`GROUP_BYTES`,
+    not the part)."""
+    with _reading(url, run_id):
+        fs, path = fsspec.core.url_to_fs(url)
+        with fs.open(path, "rb") as handle:
+            parquet = pq.ParquetFile(handle)
+            first = 0
+            for group in range(parquet.metadata.num_row_groups):
+                size = parquet.metadata.row_group(group).num_rows
+                if row < first + size:
+                    return first, _chunk_of(parquet.read_row_group(group), RAW_COLUMNS)
+                first += size
+    raise ArchiveUnreadableError(f"run {run_id}: its spilled part {url} has no row {row}")
+
+
+def _chunk_of(table: pa.Table, columns: tuple[str, ...]) -> Chunk:
+    """A part's rows as the store's texts (the columns not in ``columns``: nulls)."""
     texts: list[list[str | None]] = [
         (_output_texts(table, table.schema) if c == "output" else table.column(c).to_pylist())
         if c in columns

@@ -20,7 +20,7 @@ import redis
 from evalq.shared.errors import ArchiveUnreadableError, UnknownRunError
 from evalq.shared.keys import LIVE_BYTES, RunKeys
 from evalq.shared.store.aggregate import error_kinds
-from evalq.shared.store.archive import Chunk, inside, read_part
+from evalq.shared.store.archive import Chunk, inside, read_part, read_part_group
 from evalq.shared.store.runs import RunStore
 from evalq.shared.store.scripts import flatten, register
 from evalq.shared.store.wire import SPAN_MAX, consecutive
@@ -65,7 +65,8 @@ class Spill:
     """Samples spilled."""
     parts: dict[int, str] = field(default_factory=dict)
     """Segment index -> its part's URL."""
-    _last: tuple[int, Chunk] | None = None
+    _last: tuple[int, int, Chunk] | None = None
+    """The row group read last: its segment, its first row in the segment, its texts."""
 
     @classmethod
     def of(cls, client: redis.Redis, run_id: str) -> Spill:
@@ -108,11 +109,15 @@ class Spill:
             )
         return url
 
-    def part(self, index: int) -> Chunk:
-        """Segment ``index``'s texts, read back from its part."""
-        if self._last is None or self._last[0] != index:
-            self._last = (index, read_part(self.url(index), self.run_id))
-        return self._last[1]
+    def _row(self, index: int, row: int) -> tuple[str | None, str | None, str | None]:
+        """The texts of row ``row`` of segment ``index``'s part, read by row group (the group
+        read last is kept: readers go through a segment in order)."""
+        last = self._last
+        if last is None or last[0] != index or not 0 <= row - last[1] < len(last[2].sample_ids):
+            first, chunk = read_part_group(self.url(index), self.run_id, row)
+            last = self._last = (index, first, chunk)
+        chunk, at = last[2], row - last[1]
+        return chunk.outputs[at], chunk.scores[at], chunk.errors[at]
 
     def column(self, index: int, name: str) -> Chunk:
         """Segment ``index``'s part with only the column ``name`` (``scores``, ``error``)
@@ -123,8 +128,7 @@ class Spill:
         """The texts of the sample at ``position`` (in a spilled segment)."""
         index = self.segment(position)
         assert index is not None
-        chunk, row = self.part(index), position - index * self.rows
-        return chunk.outputs[row], chunk.scores[row], chunk.errors[row]
+        return self._row(index, position - index * self.rows)
 
     def by_id(self, sample_ids: Iterable[int]) -> dict[int, tuple[str | None, ...]]:
         """The texts of spilled samples known by id only, looked for part by part."""
@@ -132,11 +136,10 @@ class Spill:
         for index in sorted(self.parts):
             if len(found) == len(wanted):
                 break
-            if self._last is None or self._last[0] != index:  # its ids first: they are small
-                ids = read_part(self.url(index), self.run_id, ()).sample_ids
-                if wanted.isdisjoint(ids):
-                    continue
-            found.update(self.part(index).texts_of(wanted))
+            ids = read_part(self.url(index), self.run_id, ()).sample_ids  # small: ids only
+            for row, sample_id in enumerate(ids):
+                if sample_id in wanted:
+                    found[sample_id] = self._row(index, row)
         return found
 
 
