@@ -84,7 +84,8 @@ class Samples:
             failed=query.failed, q=query.q, sort=query.sort,
             ids=None if query.ids is None else tuple(query.ids),
         )  # fmt: skip
-        total, chunk = PageReader(self._direct.redis).page(
+        rows = rows_per_read(self._direct.settings.max_output_bytes)
+        total, chunk = PageReader(self._direct.redis, rows).page(
             run_id, query.offset, query.limit, wanted
         )
         found = list(results_of(chunk))

@@ -39,6 +39,7 @@ from evalq.shared.store.archive import (
     typed_output,
     write_part,
 )
+from evalq.shared.store.pages import PageQuery, PageReader
 from evalq.shared.store.reader import ResultReader
 from evalq.shared.store.retention import archive_due, parse_age, purge
 from evalq.shared.store.runs import RunStore
@@ -866,3 +867,29 @@ def test_a_spilled_part_of_large_outputs_is_read_a_row_group_at_a_time(tmp_path:
     assert held is not None
     assert len(held[2].sample_ids) <= 12 // groups + 1
     assert spill.by_id([11, 0, 5]) == {i: (texts[i], '{"acc": 1.0}', None) for i in (11, 0, 5)}
+
+
+def test_a_filtered_page_of_a_live_run_reads_it_a_few_samples_at_a_time(
+    redis_only: RedisServer, tmp_path: Path
+) -> None:
+    """A filtered, searched or sorted page of a live run held the whole run's outputs (8 pages
+    in flight over a run of large outputs: gigabytes); it now reads ``rows`` at a time and
+    keeps only what picks the rows, and answers as before, live, spilled or archived."""
+    client = connect(redis_only.url)
+    run_id = _going_run(client, tmp_path / "archive")
+    queries = [
+        PageQuery(failed=True), PageQuery(q='"pred": 2'), PageQuery(sort="-acc"),
+        PageQuery(failed=True, sort="acc", q="pred"), PageQuery(ids=(3, 14, 40), sort="acc"),
+    ]  # fmt: skip
+    live = [PageReader(client, rows=3).page(run_id, 1, 9, q) for q in queries]
+    assert live[1][0] == 11  # 2, 20-29
+    assert live[0][1].sample_ids == [7, 14, 21, 28, 35, 42]  # 0, 7, ...: from the second
+    assert spill_run(client, run_id, 16) == 2
+    assert [PageReader(client, rows=3).page(run_id, 1, 9, q) for q in queries] == live
+    writer = ResultWriter(client)
+    assert writer.record_scores(run_id, {i: {"acc": 1.0} for i in range(45, 50)}).finalize
+    live = [PageReader(client, rows=3).page(run_id, 1, 9, q) for q in queries]
+    finished = writer.finalize(run_id, create("spy", {}))
+    assert finished is not None
+    assert archive_run(client, run_id).sealed is SealOutcome.SEALED
+    assert [PageReader(client, rows=3).page(run_id, 1, 9, q) for q in queries] == live

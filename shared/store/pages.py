@@ -13,7 +13,7 @@ may see per-sample results at all is not decided here: the caller asks the polic
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -70,16 +70,17 @@ class PageQuery:
             needed.append(f"score.{self.metric}")
         return tuple(needed)
 
-    def positions(self, table: pa.Table) -> list[int]:
+    def positions(self, table: pa.Table, held: pa.ChunkedArray | None = None) -> list[int]:
         """The places (in ``table``, the run's rows in submission order) of the rows that
-        match, in the page's order."""
+        match, in the page's order (``held``: which rows' texts hold ``q``, when already
+        known; else ``table`` has the searched texts)."""
         keep = pa.array([True] * table.num_rows, pa.bool_())
         if self.ids is not None:
             keep = pc.and_(keep, pc.is_in(table["sample_id"], pa.array(self.ids, pa.int64())))
         if self.failed:
             keep = pc.and_(keep, pc.is_valid(table["error"]))
         if self.q:
-            keep = pc.and_(keep, _holds(table, self.q))
+            keep = pc.and_(keep, _holds(table, self.q) if held is None else held)
         found = pc.indices_nonzero(keep)
         if self.metric is None:
             return [int(i) for i in found.to_pylist()]
@@ -118,9 +119,12 @@ def _holds(table: pa.Table, text: str) -> pa.ChunkedArray:
 class PageReader:
     """Pages of runs' per-sample results; see the module."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: redis.Redis, rows: int = PAGE_STEP) -> None:
+        """``rows``: samples a filtered or sorted page of a live run reads at a time (it
+        keeps of them only what picks the rows)."""
         self._results = ResultReader(client)
         self._runs = RunStore(client)
+        self._rows = rows
 
     def page(self, run_id: str, offset: int, limit: int, query: PageQuery) -> tuple[int, Chunk]:
         """How many of the run's samples match ``query``, and the stored texts of those from
@@ -149,22 +153,17 @@ class PageReader:
                 ids = [i for i in ids if i in wanted]
             chunk = _capped(partial(self._results.live_chunk, run_id), ids[offset : offset + limit])
             return None if chunk is None else (len(ids), chunk)
-        tables = list(self._results.tables(run_id))  # the whole run: a live run is bounded
-        table = pa.concat_tables(tables, promote_options="default") if tables else None
-        if table is None:
+        try:
+            tables = (chunk.table() for chunk in self._results.chunks(run_id, self._rows))
+            picked = _picked(tables, query)
+        except UnknownRunError:
+            return None
+        if picked is None:
             return 0, Chunk([], [], [], [])
-        positions = query.positions(table)
-
-        def take(places: Sequence[int]) -> Chunk:
-            taken = table.take(places)
-            return Chunk(
-                taken["sample_id"].to_pylist(), taken["output"].to_pylist(),
-                taken["scores"].to_pylist(), taken["error"].to_pylist(),
-            )  # fmt: skip
-
-        found = _capped(take, positions[offset : offset + limit])
-        assert found is not None
-        return len(positions), found
+        table, positions = picked
+        ids = table["sample_id"].take(positions[offset : offset + limit]).to_pylist()
+        found = _capped(partial(self._results.live_chunk, run_id), ids)
+        return None if found is None else (len(positions), found)
 
     def _archived(
         self, archive: ArchiveReader, offset: int, limit: int, query: PageQuery
@@ -177,13 +176,31 @@ class PageReader:
             )
             assert found is not None
             return total, found
-        batches = list(archive.batches(query.columns()))
-        if not batches:
+        batches = archive.batches(query.columns(), self._rows)
+        picked = _picked((pa.Table.from_batches([b]) for b in batches), query)
+        if picked is None:
             return 0, Chunk([], [], [], [])
-        positions = query.positions(pa.Table.from_batches(batches))
+        positions = picked[1]
         found = _capped(archive.rows, step=limit, keys=positions[offset : offset + limit])
         assert found is not None
         return len(positions), found
+
+
+def _picked(tables: Iterable[pa.Table], query: PageQuery) -> tuple[pa.Table, list[int]] | None:
+    """The run's rows (``tables``, in submission order) that ``query`` picks: the table of
+    what picks them (the searched texts replaced by whether they hold ``q``: a page held the
+    whole run's outputs to search them) and the picked rows' places in it, in the page's
+    order; None for a run with no rows."""
+    picking, held = [], []
+    for table in tables:
+        if query.q:
+            held.append(_holds(table, query.q))
+        kept = [c for c in query.columns() if c in table.column_names and c not in SEARCHED]
+        picking.append(table.select([*kept, *(["error"] if query.failed else [])]))
+    if not picking:
+        return None
+    table = pa.concat_tables(picking, promote_options="default")
+    return table, query.positions(table, pa.chunked_array(held) if query.q else None)
 
 
 def _capped(
