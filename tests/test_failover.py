@@ -21,6 +21,7 @@ import redis
 from celery import Celery
 
 from evalq.producer.client import Client
+from evalq.producer.redis_server import RedisServer
 from evalq.producer.submit import SubmitRequest
 from evalq.producer.workers import LocalWorkers
 from evalq.shared.access.ledger import Ledger
@@ -32,6 +33,7 @@ from evalq.shared.models import RunMeta, RunStatus
 from evalq.shared.queue.celery_app import create_app
 from evalq.shared.settings import Settings
 from evalq.shared.store.reader import ResultReader
+from evalq.shared.store.scripts import register
 from tests.helpers import (
     assert_settled_once,
     audit_entries,
@@ -243,3 +245,33 @@ def test_the_master_killed_while_a_run_is_archived_keeps_the_run(fleet: Fleet) -
     view = fleet.client().status(meta.run_id)
     assert view.meta.status is RunStatus.COMPLETED
     assert len(list(ResultReader(fleet.store).results(meta.run_id))) == meta.n
+
+
+class _LoadsElsewhere(redis.Redis):
+    """A client whose ``SCRIPT LOAD`` reaches a server that is not the one its next
+    ``EVALSHA`` reaches (a failover between the two: here the script is flushed right after
+    it was loaded, as a freshly promoted master would lack it)."""
+
+    def script_load(self, script: Any) -> str:
+        sha = str(super().script_load(script))
+        self.script_flush()
+        return sha
+
+
+def test_a_script_runs_when_a_failover_comes_between_its_load_and_its_call(
+    redis_only: RedisServer,
+) -> None:
+    """The clean clone's failover test raised ``NoScriptError: No matching script`` inside
+    ``backlog.stage``: redis-py answers a missing script with ``SCRIPT LOAD`` then a second
+    ``EVALSHA``, and a failover sent them to different servers. A second miss runs the script
+    with ``EVAL``, its source in the same command."""
+    client = _LoadsElsewhere.from_url(redis_only.url, decode_responses=True)
+    script = register(client, "evalq.shared.store", "lead")
+    client.script_flush()
+    holder = f"tests-{uuid.uuid4().hex[:6]}"
+    assert script(keys=["evalq:tests:lead"], args=[holder, 5000, ""]) == 1
+    assert client.get("evalq:tests:lead") == holder
+    confirmed = register(client, "evalq.shared.store", "lead", confirmed=True)
+    client.script_flush()
+    assert confirmed(keys=["evalq:tests:lead"], args=["another", 5000, ""]) == 0
+    client.close()

@@ -21,7 +21,9 @@ from importlib import resources
 from typing import Any, cast
 
 import redis
+from redis.client import Pipeline
 from redis.commands.core import Script
+from redis.exceptions import NoScriptError
 
 from evalq.shared.connection import confirmed
 
@@ -37,7 +39,25 @@ def _source(package: str, name: str) -> str:
     return _read("evalq.shared.store", "prelude") + "\n" + _read(package, name)
 
 
-class _Confirmed(Script):
+class _Script(Script):
+    """A script that runs on whichever server a call reaches: redis-py answers a server that
+    lacks it (``NoScriptError``: a promoted replica, a restart) with ``SCRIPT LOAD`` and a
+    second ``EVALSHA``, which a failover between the two can send to different servers (a
+    burst of submits near a failover failed with a raw ``NoScriptError``); a second miss runs
+    it with ``EVAL``, its source in the same command, which also loads it there."""
+
+    def __call__(self, keys: Any = None, args: Any = None, client: Any = None) -> Any:
+        try:
+            return super().__call__(keys, args, client)
+        except NoScriptError:
+            if isinstance(client, Pipeline):  # queued: its caller's pipeline loads it again
+                raise
+            target = self.registered_client if client is None else client
+            keys, args = list(keys or []), list(args or [])
+            return target.eval(cast(str, self.script), len(keys), *keys, *args)
+
+
+class _Confirmed(_Script):
     """A script whose calls return once :func:`confirm` has waited for its replicas."""
 
     def __call__(self, keys: Any = None, args: Any = None, client: Any = None) -> Any:
@@ -57,7 +77,7 @@ def register(client: redis.Redis, package: str, name: str, *, confirmed: bool = 
     the client's replicas (see the module)."""
     if confirmed:
         return _Confirmed(client, _source(package, name))
-    return client.register_script(_source(package, name))
+    return _Script(client, _source(package, name))
 
 
 def flatten(values: Mapping[Any, str | int]) -> list[Any]:
