@@ -89,8 +89,9 @@ class Viewer:
         if progress.inferred > progress.scored:
             queues.append(SCORE_QUEUE)
         missing = absence(workers, meta.eval, queues, provider)
-        if missing or waiting is not None:
-            # waiting its turn in the dispatcher, which says why: not stalled
+        if missing or waiting is not None or any(meta.run_id in w.runs for w in workers):
+            # waiting its turn in the dispatcher, which says why, or in a live worker's hands
+            # (a model generating a batch writes nothing until it ends): not stalled
             return Stall(queue=missing)
         idle = server_time(self._direct.redis) - (progress.touched or meta.created)
         return Stall(idle=idle if idle >= self._direct.settings.stall_after else None)

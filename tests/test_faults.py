@@ -25,11 +25,12 @@ import pytest
 
 from evalq.producer.client import Client
 from evalq.producer.submit import SubmitRequest
+from evalq.shared.connection import server_time
 from evalq.shared.models import RunMeta, RunStatus
 from evalq.shared.queue.backlog import Backlog
 from evalq.shared.queue.celery_app import INFER_QUEUE, SCORE_QUEUE
 from evalq.shared.settings import Settings
-from evalq.shared.store.presence import HEARTBEAT_MISSES
+from evalq.shared.store.presence import HEARTBEAT_MISSES, Presence
 from tests.conftest import Stack
 from tests.helpers import (
     REPO,
@@ -38,6 +39,7 @@ from tests.helpers import (
     evalq,
     labelled_rows,
     list_splits,
+    wait_completed,
     wait_ended,
     wait_for,
     write_rows,
@@ -462,3 +464,31 @@ def test_watch_rides_out_a_redis_restart(fresh_stack: Stack, tmp_path: Path) -> 
             watcher.kill()
             watcher.wait()
         watcher.stdout.close()
+
+
+def test_a_run_a_worker_is_working_on_is_not_called_stalled(
+    fresh_stack: Stack, tmp_path: Path
+) -> None:
+    """A new user's demo-lm printed ``stalled: no progress for 549s`` for 13 minutes while the
+    worker generated the whole time: a batch's samples settle only when the whole batch ends,
+    and "stalled" was judged by settled samples. A run whose message a live worker holds is
+    moving, however long since its last write."""
+    stack = fresh_stack
+    stack.start_workers()
+    gate = tmp_path / "gate"
+    write_rows(tmp_path / "data", "validation", labelled_rows(8))
+    name = list_splits(stack.client, tmp_path / "data", "validation")
+    client = Client(stack.settings.model_copy(update={"stall_after": 0.5}))
+    params = {"gate": str(gate), "open_until": "0"}  # the model works until the gate opens
+    meta = client.submit(
+        SubmitRequest(eval="slow", dataset=name, split="validation", params=params)
+    )
+    presence = Presence(stack.client)
+    wait_for(lambda: any(meta.run_id in w.runs for w in presence.live()), 60, "a worker on it")
+    # nothing written for longer than stall_after: the old rule called it stalled from here on
+    wait_for(lambda: server_time(stack.client) - meta.created > 1.0, 10, "a second to pass")
+    assert client.status(meta.run_id).stalled is None
+    assert client.status(meta.run_id).meta.status is RunStatus.QUEUED  # no write yet
+    gate.touch()
+    wait_completed(stack.client, meta.run_id)
+    client.close()

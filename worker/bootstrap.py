@@ -92,9 +92,14 @@ def create_worker_app(settings: Settings) -> Celery:
         evaluations = ", ".join(registered()) or "none (set EVALQ_PLUGINS)"
         log.info("%s serves evaluations: %s; queues: %s", sender, evaluations, queues)
 
+    def batches() -> list[SampleBatches]:
+        return [t for t in app.tasks.values() if isinstance(t, SampleBatches)]
+
     def held() -> list[str]:
-        batches = [t for t in app.tasks.values() if isinstance(t, SampleBatches)]
-        return sorted(tag for task in batches for tag in task.held.snapshot())
+        return sorted(tag for task in batches() for tag in task.held.snapshot())
+
+    def holding() -> list[str]:
+        return sorted({run for task in batches() for run in task.held.runs()})
 
     def start_presence(sender: Any, **_: Any) -> None:
         queues = sorted(sender.app.amqp.queues.consume_from or ())
@@ -104,6 +109,7 @@ def create_worker_app(settings: Settings) -> Celery:
             hostname=sender.hostname,
             queues=queues,
             held=held,
+            holding=holding,
             prefetch=app.conf.worker_prefetch_multiplier
             * (getattr(getattr(sender, "controller", None), "concurrency", 1) or 1),
         )

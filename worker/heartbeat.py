@@ -47,6 +47,7 @@ class PresenceThread(threading.Thread):
         hostname: str,
         queues: list[str],
         held: Callable[[], list[str]],
+        holding: Callable[[], list[str]] = list,
         prefetch: int = 2,
     ) -> None:
         super().__init__(name="evalq-presence", daemon=True)
@@ -55,6 +56,7 @@ class PresenceThread(threading.Thread):
         self._hostname = hostname
         self._queues = queues
         self._held = held
+        self._holding = holding
         self._prefetch = prefetch
         self._stopping = threading.Event()
         self._guard = Guard(log, "presence").run
@@ -109,5 +111,6 @@ class PresenceThread(threading.Thread):
             code=code,
             queues=self._queues,
             held=self._held(),
+            runs=self._holding(),
             prefetch=self._prefetch,
         )

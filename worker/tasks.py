@@ -76,23 +76,28 @@ UNSERVED_LOG_EVERY = 60.0
 
 class Held:
     """Delivery tags of the messages a worker holds unacknowledged (buffered, in a running
-    batch, or waiting to go back); read by the heartbeat thread."""
+    batch, or waiting to go back), and the run of each; read by the heartbeat thread."""
 
     def __init__(self) -> None:
-        self._tags: set[str] = set()
+        self._tags: dict[str, str] = {}
         self._lock = threading.Lock()
 
-    def add(self, tag: str) -> None:
+    def add(self, tag: str, run_id: str) -> None:
         with self._lock:
-            self._tags.add(tag)
+            self._tags[tag] = run_id
 
     def discard(self, tag: str) -> None:
         with self._lock:
-            self._tags.discard(tag)
+            self._tags.pop(tag, None)
 
     def snapshot(self) -> list[str]:
         with self._lock:
             return sorted(self._tags)
+
+    def runs(self) -> set[str]:
+        """The runs whose messages are held."""
+        with self._lock:
+            return set(self._tags.values())
 
     def __len__(self) -> int:
         with self._lock:
@@ -182,7 +187,7 @@ class SampleBatches(Batches):  # type: ignore[misc]
             unserved = payload.eval not in served and payload.eval not in self._languages
             if unserved and not self._forward(app, message, payload):
                 return
-            self.held.add(message.delivery_tag)
+            self.held.add(message.delivery_tag, payload.run_id)
             try:
                 if payload.solo and self._buffered_samples:
                     self._do_flush()  # a solo message runs in a batch (a pool job) of its own

@@ -52,6 +52,9 @@ class WorkerBeat(BaseModel):
     """Queues it consumes."""
     held: list[str] = []
     """Delivery tags of the messages it holds unacknowledged."""
+    runs: list[str] = []
+    """The runs those messages are of: a run one of them is working on (a model generating
+    for minutes) is moving, however long since its last write."""
     prefetch: int = 2
     """Messages it reserves at most (Celery's prefetch multiplier times its processes)."""
     code: dict[str, str] = {}
