@@ -24,6 +24,7 @@ from evalq.shared.access.policy import Tier
 from evalq.shared.errors import EvalqError
 from evalq.shared.models import RunMeta, RunStatus
 from evalq.shared.settings import Settings
+from evalq.shared.stats import Stat
 
 __all__ = ["DEMO_DATASET", "DemoSummary", "run_demo"]
 
@@ -37,6 +38,8 @@ class DemoSummary:
 
     run: RunMeta
     aggregate: dict[str, float]
+    stats: dict[str, Stat]
+    """Each metric's mean with its 95% interval."""
     scored: int
     failed: int
     seconds: float
@@ -84,6 +87,7 @@ def run_demo(samples: int, workers: int, out_dir: Path, console: Console) -> Dem
             return DemoSummary(
                 run=final,
                 aggregate=view.aggregate or {},
+                stats=view.stats or {},
                 scored=counts.scored,
                 failed=counts.failed,
                 seconds=seconds,

@@ -80,7 +80,10 @@ def rescore(
         raise InputError(f"run {run_id} is {source.status}; only a completed run is rescored")
     before = evaluation_of(source)
     after, language = rescorer(client, source, eval_name, params)
-    if before.output_kind is None or before.output_kind != after.output_kind:
+    # its own evaluation scores its outputs (a scorer fixed since, other parameters); another
+    # one only if both declare the same kind of output
+    same = eval_name == source.eval
+    if not same and (before.output_kind is None or before.output_kind != after.output_kind):
         raise InputError(
             f"'{eval_name}' cannot score the outputs of '{source.eval}': their output kinds "
             f"({after.output_kind or 'undeclared'} and {before.output_kind or 'undeclared'}) "

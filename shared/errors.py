@@ -12,10 +12,12 @@ from __future__ import annotations
 from typing import ClassVar
 
 __all__ = [
+    "BadResponse",
     "BudgetExhaustedError",
     "ComparisonError",
     "DataError",
     "DetachedError",
+    "EndpointError",
     "EvalqError",
     "ForbiddenError",
     "GatewayUnreachableError",
@@ -23,12 +25,15 @@ __all__ = [
     "InputError",
     "ModelHostError",
     "OutputTooLarge",
+    "OverReported",
     "ParamError",
     "PayloadError",
     "PermanentError",
     "PluginError",
     "PolicyError",
     "PolicyRefusedError",
+    "RateLimited",
+    "Refused",
     "RemoteError",
     "RetryableError",
     "RoutingError",
@@ -36,6 +41,7 @@ __all__ = [
     "RunTooLarge",
     "SampleIdError",
     "ScriptError",
+    "ServerError",
     "ShardMismatchError",
     "SourceUnreachableError",
     "SpecError",
@@ -43,11 +49,14 @@ __all__ = [
     "StoreError",
     "ThrottledError",
     "TierRefusedError",
+    "Timeout",
     "TokensExhausted",
+    "TooLarge",
     "UnauthorizedError",
     "UnknownDatasetError",
     "UnknownEvalError",
     "UnknownRunError",
+    "Unreachable",
     "first_line",
 ]
 
@@ -281,3 +290,56 @@ class TokensExhausted(PermanentError):
     its charge given back)."""
 
     stage: ClassVar[str] = "budget"
+
+
+class EndpointError(PermanentError):
+    """A request that could not be answered after its retries: its sample's terminal error,
+    recorded at the ``endpoint`` stage with the class's name as its kind."""
+
+    stage: ClassVar[str] = "endpoint"
+    retryable: ClassVar[bool] = True
+
+
+class RateLimited(EndpointError):
+    """429 Too Many Requests, every try."""
+
+
+class Timeout(EndpointError):
+    """No answer within the timeout, every try."""
+
+
+class ServerError(EndpointError):
+    """5xx, every try."""
+
+
+class Unreachable(EndpointError):
+    """The server could not be reached (refused, reset, DNS), every try."""
+
+
+class BadResponse(EndpointError):
+    """An answer that is not the API's JSON (no text, no usage of the right shape)."""
+
+
+class OverReported(BadResponse):
+    """An answer reporting more tokens than its request can use: more prompt tokens than
+    :meth:`GenerationRequest.most_prompt_tokens` or more completion tokens than were asked
+    for. A token budget held the request's worst case and is charged that (the request was
+    served), never the count reported; the output is not kept, since its usage would say what
+    no budget was charged (the review read 25,219 prompt tokens on a sample charged 2,923).
+    Not retried: a server that counts so counts so again."""
+
+    retryable = False
+
+
+class TooLarge(BadResponse):
+    """An answer longer than a worker reads: more than an output may take
+    (``EVALQ_MAX_OUTPUT_BYTES``) and the answer's envelope. Read no further than that, never
+    stored; not retried (the attack review's server answered 4 MB a request, every time)."""
+
+    retryable = False
+
+
+class Refused(EndpointError):
+    """A 4xx other than 429: the request or the key is wrong; not retried."""
+
+    retryable = False

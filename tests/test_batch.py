@@ -508,3 +508,26 @@ def test_scoring_in_the_same_job_leaves_no_count_for_a_sample_settled_meanwhile(
     keys = RunKeys(meta.run_id)
     assert bench.client.exists(keys.attempts_of(Stage.INFER), keys.attempts_of(Stage.SCORE)) == 0
     assert bench.client.exists(keys.deliveries_of(Stage.INFER)) == 0
+
+
+def test_an_output_over_the_limit_ends_its_sample_and_is_never_stored(bench: Bench) -> None:
+    """``EVALQ_MAX_OUTPUT_BYTES``: whatever made the output (a Python evaluation here, an
+    endpoint or a local model alike), one over it ends its sample ``infer/OutputTooLarge``."""
+    meta = bench.run("spy", labelled_rows(6))
+    small = dataclasses.replace(bench.res, max_output_bytes=16)  # a spy output: ~40 bytes
+    infer_batch(small, [task(meta, list(range(6)))])
+    assert bench.res.reader.outputs(meta.run_id, list(range(6))) == {}
+    assert bench.res.reader.errors_by_kind(meta.run_id) == {"infer/OutputTooLarge": 6}
+
+
+def test_a_batch_that_would_pass_the_run_s_bytes_is_stored_nowhere(bench: Bench) -> None:
+    """``EVALQ_MAX_RUN_BYTES``: the first batch fits, the second would pass the run's bound."""
+    meta = bench.run("spy", labelled_rows(8))
+    capped = dataclasses.replace(bench.res, max_run_bytes=200)
+    infer_batch(capped, [task(meta, list(range(4)))])
+    held = bench.res.writer.live_bytes(meta.run_id, 0)
+    assert 0 < held <= 200
+    infer_batch(capped, [task(meta, list(range(4, 8)))])
+    assert sorted(bench.res.reader.outputs(meta.run_id, list(range(8)))) == [0, 1, 2, 3]
+    assert bench.res.reader.errors_by_kind(meta.run_id) == {"infer/RunTooLarge": 4}
+    assert bench.res.writer.live_bytes(meta.run_id, 0) == held  # the refused ones uncounted

@@ -87,6 +87,8 @@ def test_demo_prints_accuracy_over_a_thousand_samples(tmp_path: Path) -> None:
     assert summary["scored"] == 1000
     assert summary["failed"] == 0
     assert summary["aggregate"]["accuracy"] > 0.9
+    low, high = summary["stats"]["accuracy"]["ci95"]  # the 95% interval the README promises
+    assert low < summary["aggregate"]["accuracy"] < high
     lines = Path(summary["results"]).read_text().splitlines()
     assert len(lines) == 1000
     assert json.loads(lines[0])["output"]["label"]

@@ -49,6 +49,7 @@ def demo(  # noqa: PLR0917 - a typer command: its options are its parameters
             {
                 "run_id": summary.run.run_id,
                 "aggregate": summary.aggregate,
+                "stats": {k: v.model_dump(mode="json") for k, v in summary.stats.items()},
                 "scored": summary.scored,
                 "failed": summary.failed,
                 "seconds": round(summary.seconds, 3),
@@ -57,9 +58,11 @@ def demo(  # noqa: PLR0917 - a typer command: its options are its parameters
         )
         return
     accuracy = summary.aggregate.get("accuracy", float("nan"))
+    stat = summary.stats.get("accuracy")
+    low, high = (stat.ci95 if stat is not None else None) or (float("nan"), float("nan"))
     out.print(
         Text(f"accuracy {accuracy:.4f}", style="bold green"),
-        f"over {summary.scored} samples "
+        f"(95% CI {low:.4f}-{high:.4f}) over {summary.scored} samples "
         f"({summary.failed} failed) in {summary.seconds:.1f}s "
         f"({summary.samples_per_second:.0f} samples/s)",
     )

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from evalq.shared.connection import connect
 from evalq.shared.errors import GraderError, PermanentError, first_line
 from evalq.shared.evaluation import Evaluation, Graded, create
-from evalq.shared.lm.endpoint import EndpointModel
+from evalq.shared.lm.endpoint import ENVELOPE_BYTES, EndpointModel
 from evalq.shared.lm.limits import EndpointLimits
 from evalq.shared.lm.request import GenerationRequest, Prompt
 from evalq.shared.lm.run import LanguageRun
@@ -264,6 +264,7 @@ def endpoint_model(spec: ModelSpec, cache: bool = False) -> EndpointModel:
     return EndpointModel(
         spec, rate, key, responses if cache else None,
         meters=lambda r: of(r)[0], owners=lambda r: of(r)[1],
+        max_body=settings.max_output_bytes + ENVELOPE_BYTES,
     )  # fmt: skip
 
 

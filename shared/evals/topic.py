@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import Field
+
 from evalq.shared.evaluation import Evaluation, Parameters, register
 
 __all__ = ["DEFAULT_TOPICS", "TopicClassification"]
@@ -25,6 +27,9 @@ class TopicClassification(Evaluation):
         """The topics, comma-separated."""
         text_field: str = "text"
         """The row field holding the text."""
+        threshold: float = Field(default=-1.0, ge=-1.0, le=1.0)
+        """The least cosine similarity to name a topic: a text whose nearest topic is less
+        similar than this is labelled ``none`` (-1: always the nearest)."""
 
     args: Params
     label_fields = ("label",)
@@ -62,9 +67,9 @@ class TopicClassification(Evaluation):
             similarity = embedded @ anchors.T
             best = similarity.argmax(dim=1).tolist()
             confidence = similarity.max(dim=1).values.tolist()
-        topics = self.topics
+        topics, threshold = self.topics, self.args.threshold
         return [
-            {"label": topics[i], "similarity": round(c, 6)}
+            {"label": topics[i] if c >= threshold else "none", "similarity": round(c, 6)}
             for i, c in zip(best, confidence, strict=True)
         ]
 

@@ -33,12 +33,25 @@ import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from http import HTTPStatus
-from typing import Any, ClassVar, Protocol
+from typing import Any, Protocol
 
 import httpx
 
-from evalq.shared.errors import PermanentError, TokensExhausted, first_line
+from evalq.shared.errors import (
+    BadResponse,
+    EndpointError,
+    OverReported,
+    PermanentError,
+    RateLimited,
+    Refused,
+    ServerError,
+    Timeout,
+    TokensExhausted,
+    TooLarge,
+    Unreachable,
+    first_line,
+)
+from evalq.shared.lm.answer import Unreadable, error_kind, read_body, status_line, unreadable
 from evalq.shared.lm.backoff import BACKOFF_CAP, Gate, backoff, retry_after
 from evalq.shared.lm.request import (
     PROMPT_OVERHEAD,
@@ -50,6 +63,7 @@ from evalq.shared.lm.request import (
 from evalq.shared.lm.spec import ModelArgs, ModelSpec
 
 __all__ = [
+    "ENVELOPE_BYTES",
     "BadResponse",
     "EndpointError",
     "EndpointModel",
@@ -61,12 +75,16 @@ __all__ = [
     "Responses",
     "ServerError",
     "Timeout",
+    "TooLarge",
     "Unreachable",
     "request_digest",
 ]
 
 MAX_BODY = 4 << 20
 """The largest answer read (bytes): a longer one is a bad response, never held whole."""
+ENVELOPE_BYTES = 64 << 10
+"""What an answer may hold beyond its text (its JSON, usage, ids): an answer longer than an
+output may be plus this is :class:`TooLarge`."""
 _HEADER_SAFE = re.compile(r"^[\x21-\x7e]+$")
 _WAIT_FOR_ANSWER = 0.05
 """Seconds between two looks for an answer another request for the same prompt is getting."""
@@ -76,51 +94,6 @@ _SILENT_FOR = 60.0
 """Seconds a server whose ``/models`` said nothing is not asked again (per process)."""
 _WAIT_FOR_TOKENS = 0.2
 """Seconds between two asks for tokens that requests in flight hold."""
-
-
-class EndpointError(PermanentError):
-    """A request that could not be answered after its retries: its sample's terminal error,
-    recorded at the ``endpoint`` stage with the class's name as its kind."""
-
-    stage: ClassVar[str] = "endpoint"
-    retryable: ClassVar[bool] = True
-
-
-class RateLimited(EndpointError):
-    """429 Too Many Requests, every try."""
-
-
-class Timeout(EndpointError):
-    """No answer within the timeout, every try."""
-
-
-class ServerError(EndpointError):
-    """5xx, every try."""
-
-
-class Unreachable(EndpointError):
-    """The server could not be reached (refused, reset, DNS), every try."""
-
-
-class BadResponse(EndpointError):
-    """An answer that is not the API's JSON (no text, no usage of the right shape)."""
-
-
-class OverReported(BadResponse):
-    """An answer reporting more tokens than its request can use: more prompt tokens than
-    :meth:`GenerationRequest.most_prompt_tokens` or more completion tokens than were asked
-    for. A token budget held the request's worst case and is charged that (the request was
-    served), never the count reported; the output is not kept, since its usage would say what
-    no budget was charged (the review read 25,219 prompt tokens on a sample charged 2,923).
-    Not retried: a server that counts so counts so again."""
-
-    retryable = False
-
-
-class Refused(EndpointError):
-    """A 4xx other than 429: the request or the key is wrong; not retried."""
-
-    retryable = False
 
 
 class Limiter(Protocol):
@@ -191,7 +164,9 @@ class EndpointModel:
         *,
         meters: Callable[[str], Meter | None] | None = None,
         owners: Callable[[str], str] | None = None,
+        max_body: int = MAX_BODY,
     ) -> None:
+        """``max_body``: the longest answer read (bytes; a longer one is :class:`TooLarge`)."""
         if spec.endpoint is None:
             raise PermanentError(f"model {spec}: not an endpoint model")
         key = key.strip() if key else None
@@ -202,6 +177,7 @@ class EndpointModel:
             )
         self.spec = spec
         self.url = spec.endpoint
+        self._max_body = min(max_body, MAX_BODY)
         self.rate = rate
         self.gate = Gate(spec.args.concurrency)
         self._key = key or None
@@ -273,7 +249,7 @@ class EndpointModel:
         try:
             async with asyncio.timeout(min(_ASK_MODELS, self.spec.args.timeout)):
                 async with http.stream("GET", self.url + "/models", headers=self._headers) as got:
-                    raw = await _read(got)
+                    raw = await read_body(got, MAX_BODY)
             if len(raw) > MAX_BODY:
                 raise ValueError("an answer too long")
             entries = json.loads(raw).get("data", []) if got.status_code == 200 else []
@@ -417,16 +393,16 @@ class EndpointModel:
                 posted = http.stream("POST", self.url + path, json=body, headers=self._headers)
                 async with posted as got:
                     status, retry = got.status_code, got.headers.get("retry-after")
-                    raw = await _read(got)
+                    raw = await read_body(got, self._max_body)
         except httpx.ConnectError as exc:  # never sent
-            return _Try(error=Unreachable(f"{self.url}: could not connect ({_kind(exc)})"))
+            return _Try(error=Unreachable(f"{self.url}: could not connect ({error_kind(exc)})"))
         except (TimeoutError, httpx.TimeoutException) as exc:
             waited = self.spec.args.timeout
             sent = not isinstance(exc, httpx.ConnectTimeout)
             late = Timeout(f"no answer from {self.url} within {waited}s")
             return _Try(error=late, unanswered=sent)
         except httpx.HTTPError as exc:  # its message may quote the server's bytes
-            lost = Unreachable(f"{self.url}: the connection failed ({_kind(exc)})")
+            lost = Unreachable(f"{self.url}: the connection failed ({error_kind(exc)})")
             return _Try(error=lost, unanswered=True)
         if status == 429:
             return _Try(
@@ -438,9 +414,12 @@ class EndpointModel:
         if 300 <= status < 400:
             return _Try(error=Refused(f"{self.url} answered {status}: redirects are not followed"))
         if status >= 400:  # the body is the server's to choose: not passed on
-            return _Try(error=Refused(f"{self.url} answered {_status(status)}"))
-        if len(raw) > MAX_BODY:
-            big = BadResponse(f"{self.url}: an answer over {MAX_BODY} bytes")
+            return _Try(error=Refused(f"{self.url} answered {status_line(status)}"))
+        if len(raw) > self._max_body:
+            big = TooLarge(
+                f"{self.url}: an answer over {self._max_body} bytes, longer than an output may "
+                "be (EVALQ_MAX_OUTPUT_BYTES)"
+            )
             return _Try(error=big, unanswered=True)
         return self._read(raw, request, chat)
 
@@ -475,9 +454,9 @@ class EndpointModel:
             text.encode("utf-8")  # a lone surrogate could not be stored
             for count in (prompt_tokens, completion_tokens):
                 if type(count) is not int or count < 0:
-                    raise _Unreadable("a token count that is not a count")
+                    raise Unreadable("a token count that is not a count")
         except Exception as exc:  # RecursionError, UnicodeError, …: whatever the answer holds
-            error = BadResponse(f"{self.url}: an unreadable answer ({_unreadable(exc)})")
+            error = BadResponse(f"{self.url}: an unreadable answer ({unreadable(exc)})")
             return _Try(error=error, unanswered=True)
         most = (request.most_prompt_tokens(), request.max_new_tokens)
         for what, count, bound in zip(
@@ -492,53 +471,3 @@ class EndpointModel:
                 return _Try(error=over, unanswered=True)
         text = cut_at_stop(text, request.stop)
         return _Try(generation=Generation(text, prompt_tokens, completion_tokens))
-
-
-class _Unreadable(ValueError):
-    """An answer of the right shape whose values are not: its message is evalq's own."""
-
-
-_UNREADABLE: dict[type[BaseException], str] = {
-    json.JSONDecodeError: "not JSON",
-    RecursionError: "nested too deep",
-    UnicodeError: "text that is not UTF-8",
-    KeyError: "not the API's shape",
-    IndexError: "not the API's shape",
-    TypeError: "not the API's shape",
-}
-"""Why an answer is unreadable, by what reading it raised (most specific first): the reason
-an error line gives, never the exception's message (``TypeError`` and ``KeyError`` messages
-quote the server's values)."""
-
-
-def _unreadable(exc: BaseException) -> str:
-    if isinstance(exc, _Unreadable):
-        return str(exc)
-    for kind, reason in _UNREADABLE.items():
-        if isinstance(exc, kind):
-            return reason
-    return f"not the API's JSON: {_kind(exc)}"
-
-
-def _kind(exc: BaseException) -> str:
-    """An exception as an error line may name it: its class's name, never its message."""
-    return type(exc).__name__
-
-
-def _status(code: int) -> str:
-    """A status code with its standard phrase (``401 Unauthorized``), never the server's."""
-    try:
-        return f"{code} {HTTPStatus(code).phrase}"
-    except ValueError:
-        return str(code)
-
-
-async def _read(answer: httpx.Response) -> bytes:
-    """An answer's body, read no further than :data:`MAX_BODY` bytes and one chunk (a longer
-    one is never held whole: its caller sees it is over the bound)."""
-    raw = b""
-    async for chunk in answer.aiter_bytes():
-        raw += chunk
-        if len(raw) > MAX_BODY:
-            break
-    return raw
