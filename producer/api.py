@@ -135,8 +135,12 @@ class Api(Protocol):
         """Every registered dataset."""
         ...
 
-    def add_task(self, name: str, text: str) -> RegisteredTask:
-        """Register the language task file ``text`` (YAML) as ``name`` (admin; audited)."""
+    def add_task(
+        self, name: str, text: str, *, dataset: str | None = None, split: str | None = None
+    ) -> RegisteredTask:
+        """Register the language task file ``text`` (YAML) as ``name`` (admin; audited), with
+        the scorers of the process that registers it; with ``dataset`` and ``split``, checked
+        first against that registered split's rows."""
         ...
 
     def tasks(self) -> list[RegisteredTask]:

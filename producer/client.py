@@ -28,7 +28,7 @@ from celery import Celery
 
 from evalq.producer.comparison import Comparison, check_pairable, compare
 from evalq.producer.direct import Direct
-from evalq.producer.language import resolve
+from evalq.producer.language import check_split, resolve
 from evalq.producer.policy_file import PolicyFile, apply_policy
 from evalq.producer.rescore import RescoreRequest, rescore
 from evalq.producer.resume import resume
@@ -38,13 +38,14 @@ from evalq.producer.viewer import Viewer
 from evalq.producer.views import Cancellation, Resumption, RunView, SamplePage, SampleQuery
 from evalq.shared.access.budget import Budget
 from evalq.shared.access.dataset import RegisteredDataset
-from evalq.shared.access.policy import Tier, suggests_datasets
+from evalq.shared.access.policy import Tier, stored_tier, suggests_datasets
 from evalq.shared.access.roles import Role, TokenRecord
 from evalq.shared.access.task import RegisteredTask
 from evalq.shared.access.tasks import TaskRegistry
 from evalq.shared.connection import server_time
 from evalq.shared.errors import EvalqError, InputError
 from evalq.shared.evaluation import failure_rule, load_plugins
+from evalq.shared.lm.task import TaskSpec
 from evalq.shared.models import Progress, RunMeta, RunStatus, SampleResult
 from evalq.shared.settings import Settings, get_settings
 from evalq.shared.store.audit import recent, record
@@ -254,22 +255,44 @@ class Client:
         """Every registered dataset."""
         return self._direct.registry.all()
 
-    def add_task(self, name: str, text: str) -> RegisteredTask:
-        """Register the language task file ``text`` (YAML) as ``name`` (audited)."""
+    def add_task(
+        self, name: str, text: str, *, dataset: str | None = None, split: str | None = None
+    ) -> RegisteredTask:
+        """Register the language task file ``text`` (YAML) as ``name`` (audited), its scorer
+        checked against this process's plugins; with ``dataset`` and ``split``, checked first
+        against that registered split's rows (:func:`evalq.producer.language.check_split`)."""
         load_plugins(self.settings.plugins)  # a task may not take a Python evaluation's name
-        return TaskRegistry(self._direct.redis).add(name, text, who=self.principal)[0]
+        if (dataset is None) != (split is None):
+            raise InputError("a task is checked against a split: give both --dataset and --split")
+        redis_ = self._direct.redis
+
+        def against(spec: TaskSpec) -> None:
+            if dataset is not None and split is not None:
+                check_split(redis_, spec, dataset, split)
+
+        return TaskRegistry(redis_).add(name, text, who=self.principal, check=against)[0]
 
     def tasks(self) -> list[RegisteredTask]:
         """Every registered language task."""
         return TaskRegistry(self._direct.redis).all()
 
     def set_tier(self, dataset: str, split: str, tier: Tier) -> Tier | None:
-        """Set a split's tier (audited); return the one before (None if unlisted)."""
-        return self._direct.tiers.set(dataset, split, tier, who=self.principal)
+        """Set a registered split's tier (audited); return the one before (None if unlisted,
+        which reads ``no_access``). A dataset or split nobody registered is refused (exit 2)."""
+        direct = self._direct
+        direct.registry.check_split(dataset, split, suggest=True)
+        return direct.tiers.set(dataset, split, tier, who=self.principal)
 
     def tiers(self) -> dict[str, dict[str, Tier]]:
-        """Every listed split's tier, by dataset (unlisted splits are ``no_access``)."""
-        return self._direct.tiers.listed()
+        """Every registered split's tier, by dataset (one no tier was set for reads
+        ``no_access``, as every path reads it), and any other listed tier."""
+        direct = self._direct
+        found = direct.tiers.listed()
+        for dataset in direct.registry.all():
+            listed = found.setdefault(dataset.name, {})
+            for split in dataset.splits:
+                listed.setdefault(split, stored_tier(None))
+        return {d: dict(sorted(found[d].items())) for d in sorted(found)}
 
     def set_budget(
         self,
@@ -282,8 +305,10 @@ class Client:
         caller: str | None = None,
         tokens: int | None = None,
     ) -> Budget:
-        """Replace a split's budget totals, or ``caller``'s own on it (None = unlimited), keep
-        what was used (audited)."""
+        """Replace a registered split's budget totals, or ``caller``'s own on it (None =
+        unlimited), keep what was used (audited). A dataset or split nobody registered is
+        refused (exit 2)."""
+        self._direct.registry.check_split(dataset, split, suggest=True)
         return self._direct.ledger.set(
             dataset, split, runs=runs, samples=samples, max_samples_per_run=max_samples_per_run,
             who=self.principal, caller=caller, tokens=tokens,

@@ -31,7 +31,7 @@ from evalq.shared.names import PLUGIN_NAME
 from evalq.shared.store.endpoints import EndpointRegistry
 from evalq.shared.store.labels import LabelFields
 
-__all__ = ["Resolved", "check_rows", "rescorer", "resolve", "with_examples"]
+__all__ = ["Resolved", "check_rows", "check_split", "rescorer", "resolve", "with_examples"]
 
 Resolved = tuple[Evaluation, LanguageRun | None]
 """The evaluation a request names, and its language run when it is a registered task."""
@@ -46,6 +46,7 @@ def _task(client: redis.Redis, name: str) -> RegisteredTask:
     if found is None:
         raise UnknownEvalError(name, [*registered(), *(t.name for t in tasks.all())])
     admit_prompt(name, found.spec, LabelFields(client).all())
+    found.spec.check_scorer()  # with this process's scorers, which may have changed since
     return found
 
 
@@ -159,12 +160,48 @@ def with_examples(
     return run.model_copy(update={"examples": examples, "same_split": same})
 
 
-def check_rows(run: LanguageRun, first: Mapping[str, Any]) -> None:
-    """Refuse, before anything is charged, a task whose prompt or choices need a field the
-    evaluated split's rows lack (one line naming it), checked on its first row."""
-    task = run.task
+def check_split(client: redis.Redis, task: TaskSpec, dataset: str, split: str) -> None:
+    """Refuse (exit 2, one line) a task that ``dataset/split``, a registered split, cannot
+    feed or score, on every row (:func:`check_rows`), and a few-shot split the dataset lacks:
+    what ``evalq tasks add --dataset D --split S`` checks before registering (admins only:
+    the values at fault are shown)."""
+    record = DatasetRegistry(client).named(dataset, suggest=True)
+    _, rows = spec_of(record.source(split), split)
+    check_rows(task, rows, range(len(rows)), shown=True)
+    if task.fewshot is not None:
+        record.source(task.fewshot.split)
+
+
+def check_rows(
+    task: TaskSpec, rows: Sequence[Mapping[str, Any]], sample_ids: Sequence[int], *, shown: bool
+) -> None:
+    """Refuse, before anything is charged or run, a task the split cannot feed or score: a
+    field its prompt or choices need that the split's rows lack (checked on its first row),
+    and a sample whose target its scorer cannot score (:meth:`TaskSpec.target_problem`, on
+    every sample of ``sample_ids``: ``numeric`` needs a number). One line; the value at
+    fault and which sample holds it only when ``shown`` (the caller may read the rows)."""
+    if not sample_ids:
+        return
+    first = rows[0]
     label_free = {k: v for k, v in first.items() if k not in task.label_fields}
     task.fill(label_free, "the split's rows")
-    if task.choices is not None:
-        task.choice_texts(first)
+    if task.choices is not None and task.choices not in first:
+        raise InputError(f"the split's rows have no choices field '{task.choices}'")
     task.label(first)
+    bad: list[tuple[int, str, Any]] = []
+    for i in sample_ids:
+        found = task.target_problem(rows[i])
+        if found is not None:
+            bad.append((i, *found))
+    if not bad:
+        return
+    i, problem, value = bad[0]
+    if shown:
+        more = f" (and {len(bad) - 1} more of the run's samples)" if len(bad) > 1 else ""
+        raise InputError(f"sample {i}: {problem}: {_short(value)}{more}")
+    raise InputError(f"{len(bad)} of the run's {len(sample_ids)} samples: {problem}")
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -57,7 +57,7 @@ from evalq.shared.access.policy import Tier, budgeted_tier
 from evalq.shared.access.priorities import PriorityStore
 from evalq.shared.access.release import ReleaseStore
 from evalq.shared.access.tiers import TierRegistry
-from evalq.shared.errors import PolicyError, first_line
+from evalq.shared.errors import PolicyError, SplitNotFoundError, UnknownDatasetError, first_line
 from evalq.shared.lm.limits import EndpointLimits
 from evalq.shared.lm.spec import URL_PATTERN
 from evalq.shared.models import Priority
@@ -171,8 +171,13 @@ def _reconcile(
                 tier = made or tier
                 if warning:
                     warnings.append(warning)
-            if split not in registered.get(dataset, ()):
-                warnings.append(f"{dataset}/{split}: not a registered split (nothing runs on it)")
+            if dataset not in registered:
+                raise UnknownDatasetError(f"unknown dataset '{dataset}' (evalq datasets list)")
+            if split not in registered[dataset]:
+                have = ", ".join(sorted(registered[dataset]))
+                raise SplitNotFoundError(
+                    f"dataset '{dataset}' has no split '{split}' (splits: {have})"
+                )
             if entry.release is not None:
                 now = tier or tiers.lookup(dataset, split)
                 warnings += _release_warnings(f"{dataset}/{split}", now)

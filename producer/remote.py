@@ -241,9 +241,12 @@ class RemoteClient:
         """Every registered dataset."""
         return _DATASETS.validate_python(self._call("GET", "/v1/datasets"))
 
-    def add_task(self, name: str, text: str) -> RegisteredTask:
-        """Register a language task file (admin)."""
-        body = {"name": name, "text": text}
+    def add_task(
+        self, name: str, text: str, *, dataset: str | None = None, split: str | None = None
+    ) -> RegisteredTask:
+        """Register a language task file (admin), checked by the gateway (its scorers; with
+        ``dataset`` and ``split``, that split's rows)."""
+        body = {"name": name, "text": text, "dataset": dataset, "split": split}
         return RegisteredTask.model_validate(self._call("POST", "/v1/tasks", body))
 
     def tasks(self) -> list[RegisteredTask]:

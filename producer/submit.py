@@ -14,7 +14,6 @@ bypasses tier and budget; the bypass is audited.
 
 from __future__ import annotations
 
-import difflib
 import secrets
 import uuid
 from collections.abc import Callable, Sequence
@@ -28,12 +27,14 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from evalq.producer.language import check_rows, resolve, with_examples
 from evalq.shared.access.ledger import Ledger
 from evalq.shared.access.policy import (
+    Access,
     Tier,
     admit_grader,
     admit_run,
     admit_sample_choice,
     admit_source,
     admit_split,
+    read_access,
     server_draws,
 )
 from evalq.shared.access.priorities import PriorityStore, admit_priority
@@ -43,9 +44,8 @@ from evalq.shared.connection import server_time
 from evalq.shared.data.loading import Sharding, resolve_source, shard_order, spec_of
 from evalq.shared.data.routing import RoutingKind
 from evalq.shared.data.spec import Source, publish_spec
-from evalq.shared.errors import InputError, SampleIdError, UnknownDatasetError
+from evalq.shared.errors import InputError, SampleIdError
 from evalq.shared.models import Priority, RunMeta, RunStatus
-from evalq.shared.names import is_name
 from evalq.shared.queue.backlog import Backlog
 from evalq.shared.store.audit import audit_admin
 from evalq.shared.store.runs import RunStore
@@ -206,15 +206,7 @@ def _locate(
             Tier.NO_ACCESS
         )
     name = str(request.dataset)
-    registry = DatasetRegistry(client)
-    record = registry.get(name) if is_name(name) else None
-    if record is None:
-        hint = ""
-        if suggest:
-            close = difflib.get_close_matches(name, registry.names(), n=1)
-            hint = f"; did you mean '{close[0]}'?" if close else " (evalq datasets list)"
-        raise UnknownDatasetError(f"unknown dataset '{name}'{hint}")
-    source = record.source(request.split)
+    source = DatasetRegistry(client).named(name, suggest=suggest).source(request.split)
     return source, TierRegistry(client).resolve(name, request.split)
 
 
@@ -268,7 +260,8 @@ def submit(
     admit_run(where, tier, admin, len(sample_ids))
     dataset = request.dataset or str(request.data)
     if language is not None:
-        check_rows(language, rows[0])
+        shown = read_access(where, tier, admin, len(sample_ids)).access is Access.FULL
+        check_rows(language.task, rows, sample_ids, shown=shown)
         language = with_examples(
             client, language, dataset=dataset, split=request.split,
             registered=request.dataset is not None,

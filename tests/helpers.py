@@ -161,6 +161,14 @@ def list_splits(client: object, folder: str | Path, *splits: str, tier: str = "v
     return name
 
 
+def register_splits(client: object, root: Path, name: str, *splits: str) -> None:
+    """Register a dataset ``name`` with ``splits`` (a few rows each, written under ``root``):
+    tiers, budgets and policies attach only to registered splits."""
+    for split in splits:
+        write_rows(root / name, split, labelled_rows(3))
+    DatasetRegistry(client).add(name, str(root / name), who="tests")  # type: ignore[arg-type]
+
+
 def audit_entries(client: object, run_id: str | None = None) -> list[dict[str, str]]:
     """The audit stream's entries, oldest first (only those of ``run_id`` when given)."""
     raw = client.xrange("evalq:audit") or []  # type: ignore[attr-defined]

@@ -38,6 +38,7 @@ from tests.helpers import (
     evalq_in_process,
     labelled_rows,
     list_splits,
+    register_splits,
     wait_completed,
     wait_for,
     write_rows,
@@ -302,6 +303,7 @@ def test_non_viewable_runs_are_aggregate_only(stack: Stack, tmp_path: Path) -> N
 def test_budget_survives_a_redis_restart_and_reapplying_policy_never_refunds(
     server: RedisServer, tmp_path: Path
 ) -> None:
+    register_splits(connect(server.url), tmp_path, "demo", "validation")
     policy = tmp_path / "policy.yaml"
     policy.write_text(
         "datasets:\n"
@@ -336,6 +338,7 @@ def test_budget_survives_a_redis_restart_and_reapplying_policy_never_refunds(
 
 
 def test_policy_reconciliation(server: RedisServer, tmp_path: Path) -> None:
+    register_splits(connect(server.url), tmp_path, "d", "a", "b", "unlisted", "open")
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"datasets": {"d": {
         "a": {"tier": "viewable"},
@@ -354,7 +357,7 @@ def test_policy_reconciliation(server: RedisServer, tmp_path: Path) -> None:
     )
     applied = evalq_in_process(server.url, "policy", "apply", str(good))
     assert applied.returncode == 0, applied.stderr
-    assert "d/unlisted: budgeted but unlisted, made non_viewable" in applied.stderr
+    assert "d/unlisted: budgeted with no tier set (no_access), made non_viewable" in applied.stderr
     assert "d/open: budgeted but viewable" in applied.stderr
     tiers = TierRegistry(connect(server.url))
     assert tiers.resolve("d", "unlisted") is Tier.NON_VIEWABLE

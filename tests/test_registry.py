@@ -97,7 +97,7 @@ def test_callers_on_one_split_are_metered_apart(redis_only: RedisServer, tmp_pat
     warnings = apply_policy(
         load_policy(policy), client, registered={"ds": ["validation"]}, who="op"
     )
-    assert warnings == ["ds/validation: budgeted but unlisted, made non_viewable"]
+    assert warnings == ["ds/validation: budgeted with no tier set (no_access), made non_viewable"]
     charge_run(client, "ds", "validation", "r1", 10, "agent-a")
     with pytest.raises(BudgetExhaustedError, match="ds/validation for agent-a has no runs left"):
         charge_run(client, "ds", "validation", "r2", 10, "agent-a")

@@ -26,7 +26,7 @@ from evalq.shared.access.policy import Access, Reader, Tier
 from evalq.shared.access.release import ReleaseStore
 from evalq.shared.access.tiers import TierRegistry
 from evalq.shared.connection import connect
-from evalq.shared.errors import PolicyError
+from evalq.shared.errors import PolicyError, SplitNotFoundError
 from evalq.shared.models import RunMeta
 
 LADDER = ReleaseRule(Mechanism.LADDER)
@@ -237,5 +237,6 @@ def test_rules_for_splits_that_cannot_use_them_are_warned_about(
         "d/open: a release rule on a viewable split (released exactly while viewable)",
         "d/shut: a release rule on a no_access split (nothing is released)",
     ]
-    warnings = apply_policy(load_policy(path), client, registered={"d": ["open"]}, who="op")
-    assert "d/held: not a registered split (nothing runs on it)" in warnings
+    unregistered = r"dataset 'd' has no split 'shut' \(splits: open\)"
+    with pytest.raises(SplitNotFoundError, match=unregistered):
+        apply_policy(load_policy(path), client, registered={"d": ["open"]}, who="op")

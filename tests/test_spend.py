@@ -18,7 +18,7 @@ from evalq.shared.errors import TokensExhausted
 from evalq.shared.keys import HOLDS, UNSENT
 from evalq.shared.models import RunMeta
 from evalq.shared.store.spend import RunMeter, Scope, TokenSpend
-from tests.helpers import evalq_in_process, wait_for
+from tests.helpers import evalq_in_process, register_splits, wait_for
 
 
 def _meta(principal: str = "agent", charged: bool = True) -> RunMeta:
@@ -164,6 +164,7 @@ def test_budget_set_tokens_and_show_json_carry_tokens_total_and_used(
     redis_only: RedisServer, tmp_path: Path
 ) -> None:
     url = redis_only.url
+    register_splits(connect(url), tmp_path, "d", "s")
     policy = tmp_path / "policy.yaml"
     policy.write_text("datasets:\n  d:\n    s:\n      budget: {samples: 10, tokens: 300}\n")
     assert evalq_in_process(url, "policy", "apply", str(policy)).returncode == 0

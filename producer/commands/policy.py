@@ -14,7 +14,7 @@ from rich.text import Text
 
 from evalq.producer.api import open_api
 from evalq.shared.access.budget import Budget
-from evalq.shared.access.policy import Tier
+from evalq.shared.access.policy import Tier, stored_tier
 from evalq.shared.access.roles import Role
 from evalq.shared.cli import JsonFlag, err, out, print_json
 from evalq.shared.names import NAME_RULE
@@ -128,14 +128,15 @@ def tiers_set(
     split: Annotated[str, typer.Argument()],
     tier: Annotated[Tier, typer.Argument(case_sensitive=False)],
 ) -> None:
-    """Set a split's tier (audited)."""
+    """Set a registered split's tier (audited); a dataset or split nobody registered is
+    refused."""
     before = open_api().set_tier(dataset, split, tier)
-    out.print(f"{dataset}/{split}: {before or 'unlisted'} -> {tier}")
+    out.print(f"{dataset}/{split}: {stored_tier(before)} -> {tier}")
 
 
 @tiers_app.command("list")
 def tiers_list(as_json: JsonFlag = False) -> None:
-    """List every listed split's tier (unlisted splits are no_access)."""
+    """List every registered split's tier (no_access until one is set)."""
     listed = open_api().tiers()
     if as_json:
         print_json({d: {s: t.value for s, t in splits.items()} for d, splits in listed.items()})

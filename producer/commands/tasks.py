@@ -22,15 +22,26 @@ tasks_app = typer.Typer(help="Language tasks (YAML): a prompt template, a target
 def tasks_add(
     name: Annotated[str, typer.Argument(help="Task name (what evalq submit NAME names).")],
     file: Annotated[Path, typer.Option("--file", help="The task's YAML file.")],
+    dataset: Annotated[
+        str | None,
+        typer.Option(help="A registered dataset whose --split the task is checked against."),
+    ] = None,
+    split: Annotated[
+        str | None,
+        typer.Option(help="The split: its columns feed the prompt, its targets the scorer."),
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Register the task in FILE under NAME (or replace it; runs keep the task they began
-    with); audited."""
+    with); audited. Its scorer and options are checked where it is registered (the gateway,
+    or here in direct mode); with --dataset and --split, also every row of that split: the
+    prompt's and choices' fields, and each target against the scorer (a number for
+    numeric). A submit checks the same on the split it runs on, before charging anything."""
     try:
         text = file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"cannot read task file {file}: {exc}") from None
-    added = open_api().add_task(name, text)
+    added = open_api().add_task(name, text, dataset=dataset, split=split)
     if as_json:
         print_json(added.model_dump(mode="json"))
         return

@@ -18,6 +18,9 @@ class TaskAdd(BaseModel):
 
     name: str = Field(max_length=128)
     text: str = Field(min_length=1, max_length=65536)
+    dataset: str | None = Field(None, max_length=64)
+    """With ``split``: a registered split the task is checked against before it is stored."""
+    split: str | None = Field(None, max_length=64)
 
 
 @router.get("/v1/tasks", response_model=list[RegisteredTask])
@@ -29,4 +32,5 @@ def tasks(act: Act) -> list[RegisteredTask]:
 @router.post("/v1/tasks", response_model=RegisteredTask)
 def add_task(body: TaskAdd, act: Act) -> RegisteredTask:
     """Register (or replace) a language task (admin)."""
-    return act.admin("tasks add").add_task(body.name, body.text)
+    client = act.admin("tasks add")
+    return client.add_task(body.name, body.text, dataset=body.dataset, split=body.split)

@@ -323,11 +323,13 @@ def budgeted_tier(where: str, listed: Tier | None) -> tuple[Tier | None, str | N
     """Reconcile a budget with the split's tier (``None`` = unlisted) when a policy file gives
     the split a budget: return the tier to set (None = leave it) and a warning, if any.
 
-    Unlisted becomes ``non_viewable``; ``no_access`` cannot be budgeted; ``viewable`` is
-    allowed with a warning (a budget meters compute, not information).
+    A split no tier was set for (``no_access`` by default) becomes ``non_viewable``; one set
+    ``no_access`` cannot be budgeted; ``viewable`` is allowed with a warning (a budget meters
+    compute, not information).
     """
     if listed is None:
-        return Tier.NON_VIEWABLE, f"{where}: budgeted but unlisted, made non_viewable"
+        made = "budgeted with no tier set (no_access), made non_viewable"
+        return Tier.NON_VIEWABLE, f"{where}: {made}"
     if listed is Tier.NO_ACCESS:
         raise PolicyError(f"{where}: a no_access split cannot have a budget")
     if listed is Tier.VIEWABLE:

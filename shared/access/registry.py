@@ -11,6 +11,7 @@ second name can give a held-out split's rows another tier.
 
 from __future__ import annotations
 
+import difflib
 import time
 
 import redis
@@ -22,10 +23,11 @@ from evalq.shared.data.spec import HubSource, Source
 from evalq.shared.errors import (
     DataError,
     SourceUnreachableError,
+    UnknownDatasetError,
     first_line,
 )
 from evalq.shared.keys import AUDIT, DATASET_FILES, DATASETS
-from evalq.shared.names import check_name
+from evalq.shared.names import check_name, is_name
 from evalq.shared.store.scripts import register
 
 __all__ = ["DatasetRegistry"]
@@ -111,6 +113,24 @@ class DatasetRegistry:
         """The record of ``name``, or None when no dataset of that name is registered."""
         raw = self._client.hget(DATASETS, name)
         return None if raw is None else RegisteredDataset.model_validate_json(raw)
+
+    def named(self, name: str, *, suggest: bool = False) -> RegisteredDataset:
+        """The record of ``name``; :class:`UnknownDatasetError` (exit 2) when none is registered,
+        with the closest registered name when ``suggest`` (an admin's or an operator's error:
+        :func:`evalq.shared.access.policy.suggests_datasets`)."""
+        record = self.get(name) if is_name(name) else None
+        if record is None:
+            hint = ""
+            if suggest:
+                close = difflib.get_close_matches(name, self.names(), n=1)
+                hint = f"; did you mean '{close[0]}'?" if close else " (evalq datasets list)"
+            raise UnknownDatasetError(f"unknown dataset '{name}'{hint}")
+        return record
+
+    def check_split(self, name: str, split: str, *, suggest: bool = False) -> None:
+        """Refuse (exit 2, one line) a dataset or a split nobody registered: tiers, budgets and
+        policies attach only to registered splits."""
+        self.named(name, suggest=suggest).source(split)  # one line naming its splits
 
     def names(self) -> list[str]:
         """Every registered dataset's name."""

@@ -10,6 +10,7 @@ task as it was at submission (in its record), so replacing a task changes no run
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import redis
 
@@ -32,11 +33,18 @@ class TaskRegistry:
         self._add = register(client, "evalq.shared.access", "add_task", confirmed=True)
 
     def add(
-        self, name: str, text: str, *, who: str
+        self,
+        name: str,
+        text: str,
+        *,
+        who: str,
+        check: Callable[[TaskSpec], None] | None = None,
     ) -> tuple[RegisteredTask, RegisteredTask | None]:
         """Register the task file ``text`` (YAML) as ``name`` (or replace it), audited; return
         the record and the one it replaced. :class:`InputError` (exit 2), one line, for a bad
-        name, a Python evaluation's name or a bad file."""
+        name, a Python evaluation's name or a bad file (its scorer checked against this
+        process's: :meth:`TaskSpec.check_scorer`), or what ``check`` refuses of the task
+        (a split it is checked against), before anything is stored."""
         if not PLUGIN_NAME.match(name):
             raise InputError(
                 f"invalid task name {name!r}: 1-128 lower-case letters, digits, '_', '-' or "
@@ -45,6 +53,8 @@ class TaskRegistry:
         if name in registered():
             raise InputError(f"'{name}' is a Python evaluation's name: choose another task name")
         spec = TaskSpec.from_yaml(text)
+        if check is not None:
+            check(spec)
         record = RegisteredTask(
             name=name, spec=spec, digest=spec.digest, who=who, added=time.time()
         )

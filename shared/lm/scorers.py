@@ -26,6 +26,7 @@ __all__ = [
     "OPTIONS",
     "ScoreFn",
     "Scorer",
+    "TargetCheck",
     "last_number",
     "model_graded",
     "register_scorer",
@@ -34,6 +35,10 @@ __all__ = [
 ]
 
 ScoreFn = Callable[[Any, Mapping[str, Any], "TaskSpec"], dict[str, float]]
+TargetCheck = Callable[[Mapping[str, Any], "TaskSpec"], str | None]
+"""A scorer's declared check of a full row's target, run on every sample before a run starts
+(:meth:`evalq.shared.lm.task.TaskSpec.target_problem`): what is wrong with the target for this
+scorer (``"is not a number"``), or None when it can be scored."""
 F = TypeVar("F", bound=ScoreFn)
 
 OPTIONS = frozenset({"pattern", "tolerance"})
@@ -56,6 +61,9 @@ class Scorer:
     """The options (of :data:`OPTIONS`) a task may set for it."""
     needs: frozenset[str] = frozenset()
     """The options a task must set for it."""
+    target: TargetCheck | None = None
+    """What it needs of a row's target beyond its presence (a number, a choice), checked on
+    every sample before any work (None: any value present)."""
 
 
 _registry: dict[str, Scorer] = {}
@@ -68,10 +76,13 @@ def register_scorer(
     metrics: Mapping[str, tuple[float, float]] | None = None,
     options: Iterable[str] = (),
     needs: Iterable[str] = (),
+    target: TargetCheck | None = None,
 ) -> Callable[[F], F]:
     """Decorator: make ``fn(output, row, task) -> dict[str, float]`` the scorer ``name``
     (named like an evaluation). ``choices`` marks a scorer of multiple-choice log-likelihoods;
-    ``options``/``needs`` are the task keys it may/must set."""
+    ``options``/``needs`` are the task keys it may/must set; ``target`` checks a row's target
+    before a run starts (:data:`TargetCheck`), so a target it cannot score is refused at
+    submit instead of failing every sample after inference."""
     if not PLUGIN_NAME.match(name):
         raise PluginError(f"invalid scorer name {name!r}")
     allowed, required = frozenset(options), frozenset(needs)
@@ -84,7 +95,7 @@ def register_scorer(
         if current is not None and current.fn.__qualname__ != fn.__qualname__:
             raise PluginError(f"scorer {name!r} is registered twice")
         _registry[name] = Scorer(
-            name, fn, choices, dict(metrics or {}), allowed | required, required
+            name, fn, choices, dict(metrics or {}), allowed | required, required, target
         )
         return fn
 
@@ -127,7 +138,11 @@ def exact_match(output: Any, row: Mapping[str, Any], task: TaskSpec) -> dict[str
     return {"exact_match": float(text in _golds(row, task))}
 
 
-@register_scorer("includes", metrics={"includes": _UNIT})
+def _not_empty(row: Mapping[str, Any], task: TaskSpec) -> str | None:
+    return "is empty (it is in every output)" if "" in _golds(row, task) else None
+
+
+@register_scorer("includes", metrics={"includes": _UNIT}, target=_not_empty)
 def includes(output: Any, row: Mapping[str, Any], task: TaskSpec) -> dict[str, float]:
     """1 when the target text appears in the output; an empty target is refused (it would
     be in every output)."""
@@ -165,7 +180,13 @@ def last_number(text: str) -> float | None:
     return value if math.isfinite(value) else None
 
 
-@register_scorer("numeric", metrics={"numeric": _UNIT}, options={"tolerance"})
+def _a_number(row: Mapping[str, Any], task: TaskSpec) -> str | None:
+    if any(_NUMBER.fullmatch(gold) is None for gold in _golds(row, task)):
+        return "is not a number"
+    return None
+
+
+@register_scorer("numeric", metrics={"numeric": _UNIT}, options={"tolerance"}, target=_a_number)
 def numeric(output: Any, row: Mapping[str, Any], task: TaskSpec) -> dict[str, float]:
     """1 when the last number in the output is within the task's ``tolerance`` (absolute,
     default 1e-6) of the target; an output without a number scores 0."""
@@ -174,7 +195,7 @@ def numeric(output: Any, row: Mapping[str, Any], task: TaskSpec) -> dict[str, fl
     targets = []
     for gold in _golds(row, task):
         target = last_number(gold)
-        if target is None or _NUMBER.fullmatch(gold) is None:
+        if target is None or _a_number(row, task) is not None:
             raise InputError(f"label field '{task.target}' is not a number: {gold!r}")
         targets.append(target)
     hit = answer is not None and any(abs(answer - t) <= tolerance for t in targets)
@@ -198,7 +219,21 @@ def _argmax(values: Sequence[float]) -> int:
     return max(range(len(values)), key=values.__getitem__)
 
 
-@register_scorer("accuracy", choices=True, metrics={"accuracy": _UNIT, "accuracy_norm": _UNIT})
+def _a_choice(row: Mapping[str, Any], task: TaskSpec) -> str | None:
+    choices = task.choice_texts(row)
+    try:
+        task.gold_index(row)
+    except InputError:  # its words hold the target's value: the caller shows it or not
+        return f"is not a choice index (0 to {len(choices) - 1}) nor a choice"
+    return None
+
+
+@register_scorer(
+    "accuracy",
+    choices=True,
+    metrics={"accuracy": _UNIT, "accuracy_norm": _UNIT},
+    target=_a_choice,
+)
 def accuracy(output: Any, row: Mapping[str, Any], task: TaskSpec) -> dict[str, float]:
     """lm-eval's ``acc`` and ``acc_norm``: whether the choice of highest log-likelihood is
     the target, and the same with each log-likelihood divided by its choice's length in

@@ -170,16 +170,6 @@ class TaskSpec(_Spec):
             raise InputError("'grader' goes with scorer 'model_graded', and only with it")
         if (self.generate is None) == (self.choices is None):
             raise InputError("a task has either 'generate' or 'choices' (not both, not neither)")
-        found = scorer(self.scorer)
-        if found.choices and self.choices is None:
-            raise InputError(f"scorer '{self.scorer}' scores choices: it needs 'choices'")
-        if not found.choices and self.generate is None:
-            raise InputError(f"scorer '{self.scorer}' scores generated text: it needs 'generate'")
-        for option in sorted(OPTIONS):
-            if getattr(self, option) is not None and option not in found.options:
-                raise InputError(f"'{option}' is not an option of scorer '{self.scorer}'")
-            if getattr(self, option) is None and option in found.needs:
-                raise InputError(f"scorer '{self.scorer}' needs '{option}'")
         if self.pattern is not None:
             _compile(self.pattern)
         for name in fields:
@@ -194,17 +184,40 @@ class TaskSpec(_Spec):
             raise InputError(f"invalid fewshot split {self.fewshot.split!r}: use {NAME_RULE}")
         return self
 
+    def check_scorer(self) -> Self:
+        """The task, checked against the scorers this process registered: its scorer exists,
+        scores what the task produces (choices or generated text) and gets the options it
+        takes and needs; :class:`InputError` in one line otherwise.
+
+        Validating a task (:meth:`model_validate`) checks only what the task itself says: a
+        task read back from Redis or from the gateway is data, whatever plugins the reading
+        process loaded. Where a task is registered (:meth:`load`) or a run of it is submitted,
+        this check runs with the plugins of that process."""
+        found = scorer(self.scorer)
+        if found.choices and self.choices is None:
+            raise InputError(f"scorer '{self.scorer}' scores choices: it needs 'choices'")
+        if not found.choices and self.generate is None:
+            raise InputError(f"scorer '{self.scorer}' scores generated text: it needs 'generate'")
+        for option in sorted(OPTIONS):
+            if getattr(self, option) is not None and option not in found.options:
+                raise InputError(f"'{option}' is not an option of scorer '{self.scorer}'")
+            if getattr(self, option) is None and option in found.needs:
+                raise InputError(f"scorer '{self.scorer}' needs '{option}'")
+        return self
+
     @classmethod
     def load(cls, data: object) -> TaskSpec:
-        """A task from its parsed file; :class:`InputError` in one line naming the problem."""
+        """A task from its parsed file, checked against the registered scorers
+        (:meth:`check_scorer`); :class:`InputError` in one line naming the problem."""
         if not isinstance(data, Mapping):
             raise InputError(
                 f"a task is a mapping of keys (prompt, target, ...), got {type(data).__name__}"
             )
         try:
-            return cls.model_validate(dict(data))
+            spec = cls.model_validate(dict(data))
         except ValidationError as exc:
             raise InputError(_problem(exc)) from None
+        return spec.check_scorer()
 
     @classmethod
     def from_yaml(cls, text: str) -> TaskSpec:
@@ -287,6 +300,28 @@ class TaskSpec(_Spec):
         if self.target not in row:
             raise InputError(f"the row has no label field '{self.target}'")
         return row[self.target]
+
+    def target_problem(self, row: Mapping[str, Any]) -> tuple[str, Any] | None:
+        """What keeps a full row from being scored, before any work is done: its choices field
+        (a ``choices`` task), its target's presence, and the scorer's declared target check
+        (:attr:`evalq.shared.lm.scorers.Scorer.target`: ``numeric`` needs a number). None when
+        it can be scored; else the problem, in words that hold no value of the row, and the
+        value at fault (the caller shows it only to whoever may read the row)."""
+        if self.choices is not None:
+            try:
+                self.choice_texts(row)
+            except InputError:
+                return (
+                    f"choices field '{self.choices}' is not a list of non-empty strings",
+                    row.get(self.choices),
+                )
+        if self.target not in row:
+            return f"has no label field '{self.target}'", None
+        check = self.scorer_spec.target
+        problem = None if check is None else check(row, self)
+        if problem is None:
+            return None
+        return f"label field '{self.target}' {problem} (scorer '{self.scorer}')", row[self.target]
 
     def answer(self, row: Mapping[str, Any]) -> str:
         """A full row's answer as a few-shot example shows it: the target's text (the first
