@@ -106,8 +106,8 @@ def compare(
     rows: list[tuple[str, ...]] = []
     for name, deltas in found.metrics.items():
         own = found.stats.get(name, {})
-        rows.append((name, found.baseline, *shown(own.get(found.baseline)), "", "", "", "",
-                     "baseline"))  # fmt: skip
+        rows.append((name, found.baseline, *shown(own.get(found.baseline)), "baseline", "", "",
+                     "", ""))  # fmt: skip
         for run_id, delta in deltas.items():
             ci = "" if delta.ci95 is None else f"{delta.ci95[0]:+.4f} to {delta.ci95[1]:+.4f}"
             p = "" if delta.p_value is None else f"{delta.p_value:.3g}"
