@@ -15,7 +15,6 @@ if TYPE_CHECKING:
 
 from evalq.shared.errors import InputError
 from evalq.shared.models import ErrorRecord, SampleResult, split_grade, to_json
-from evalq.shared.store.wire import result_line
 
 __all__ = ["ExportFormat", "csv_output", "flatten", "write_lines", "write_results"]
 
@@ -51,6 +50,8 @@ def flatten(result: SampleResult) -> dict[str, Any]:
 
 
 def _write_jsonl(results: Iterable[SampleResult], handle: IO[str]) -> int:
+    from evalq.shared.store.wire import result_line  # pyarrow: not for `evalq --help`
+
     count = 0
     for result in results:
         handle.write(result_line(result))

@@ -156,3 +156,23 @@ def test_a_csv_cell_keeps_other_outputs_as_json_text() -> None:
     for text in ('{"b":1,"a":2}', "[1,2]", "3", "0.5", "true", "null"):
         assert csv_output(text) == text
     assert csv_output(None) is None
+
+
+HEAVY = ("torch", "datasets", "celery", "pyarrow", "numpy", "scipy", "redis", "transformers")
+
+
+@pytest.mark.parametrize("args", [["--help"], ["status", "not a run!"], ["compare", "--bad"]])
+def test_help_and_usage_errors_import_no_heavy_library(args: list[str]) -> None:
+    """``evalq --help`` and a usage error load none of torch, datasets, Celery, pyarrow,
+    numpy, scipy or redis (each imported by the commands that use it): the CLI answers them
+    in a fraction of the two seconds it took."""
+    script = (
+        "import sys; from evalq.shared.cli import main\n"
+        "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+        f"print(sorted(m for m in {HEAVY!r} if m in sys.modules), file=sys.stderr)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, *args], env=cli_env("redis://127.0.0.1:1/0"),
+        cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.stderr.strip().splitlines()[-1] == "[]", done.stderr
