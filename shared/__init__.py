@@ -3,8 +3,9 @@ stores, dataset specs, the Evaluation plugin API and the Celery app factory."""
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from evalq.shared.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from evalq.shared.errors import EvalqError, PermanentError, RetryableError
@@ -47,13 +48,4 @@ _WHERE = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _WHERE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_WHERE[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE)
