@@ -15,9 +15,8 @@ if TYPE_CHECKING:
 
 from evalq.shared.errors import InputError
 from evalq.shared.models import ErrorRecord, SampleResult, split_grade, to_json
-from evalq.shared.store.wire import result_line
 
-__all__ = ["ExportFormat", "flatten", "write_lines", "write_results"]
+__all__ = ["ExportFormat", "csv_output", "flatten", "write_lines", "write_results"]
 
 
 class ExportFormat(StrEnum):
@@ -30,7 +29,7 @@ class ExportFormat(StrEnum):
 
 def flatten(result: SampleResult) -> dict[str, Any]:
     """One flat record: ``sample_id``, ``output`` (JSON text, as stored; Parquet types it,
-    :func:`evalq.shared.store.archive.typed_table`), ``error``
+    :func:`evalq.shared.store.archive.typed_table`, and CSV writes :func:`csv_output`), ``error``
     (``kind: message``), ``score.<metric>``, ``grade.verdict`` and ``grade.prompt`` for a
     graded sample, and ``input.<field>`` with ``--with-input`` (JSON text when not a
     scalar)."""
@@ -51,6 +50,8 @@ def flatten(result: SampleResult) -> dict[str, Any]:
 
 
 def _write_jsonl(results: Iterable[SampleResult], handle: IO[str]) -> int:
+    from evalq.shared.store.wire import result_line  # pyarrow: not for `evalq --help`
+
     count = 0
     for result in results:
         handle.write(result_line(result))
@@ -77,8 +78,23 @@ def _copy_lines(lines: Iterable[str], handle: IO[str]) -> int:
     return count
 
 
+def csv_output(text: str | None) -> str | None:
+    """What a CSV ``output`` cell holds for an output stored as the JSON ``text``: a string
+    output is its own text (the JSON ``"positive"`` is the cell ``positive``, where the JSON
+    text came out quoted three times over); any other output its JSON text (``{"a":1}``,
+    ``3``, ``true``), so a string that reads as JSON reads as such in CSV."""
+    if text is not None and text.startswith('"'):
+        value = json.loads(text)
+        if isinstance(value, str):
+            return value
+    return text
+
+
 def _write_csv(results: Iterable[SampleResult], handle: IO[str]) -> int:
-    return _csv([flatten(r) for r in results], handle)
+    records = [flatten(r) for r in results]
+    for record in records:
+        record["output"] = csv_output(record["output"])
+    return _csv(records, handle)
 
 
 def _csv(records: list[dict[str, Any]], handle: IO[str]) -> int:
@@ -164,8 +180,9 @@ def _csv_table(table: pa.Table | None, handle: IO[str]) -> int:
     writer = csv.writer(handle)
     writer.writerow(table.column_names)
     for batch in table.to_batches(max_chunksize=10_000):
-        columns = batch.to_pydict().values()
-        writer.writerows(zip(*columns, strict=True))
+        columns = batch.to_pydict()
+        columns["output"] = [csv_output(text) for text in columns["output"]]
+        writer.writerows(zip(*columns.values(), strict=True))
     return int(table.num_rows)
 
 

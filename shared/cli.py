@@ -18,13 +18,11 @@ from collections.abc import Sequence
 from importlib.metadata import entry_points
 from typing import Annotated, Any, NoReturn
 
-import redis
 import typer
 from pydantic import ValidationError
 from rich.console import Console
 from rich.text import Text
 
-from evalq.shared.connection import redact
 from evalq.shared.errors import DetachedError, EvalqError
 from evalq.shared.settings import get_settings
 
@@ -108,9 +106,21 @@ def run(app: typer.Typer, argv: Sequence[str] | None = None) -> None:
         if exc.title == "Settings":
             _fail(_setting_problem(exc), 2)
         _fail(_input_problem(exc), 2)
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
+    except Exception as exc:
+        if not _redis_unreachable(exc):
+            raise
+        from evalq.shared.connection import redact
+
         url = redact(get_settings().redis_url)
         _fail(f"cannot reach Redis at {url} (set EVALQ_REDIS_URL): {exc}", 1)
+
+
+def _redis_unreachable(exc: Exception) -> bool:
+    """Whether ``exc`` is redis-py's connection error or timeout. redis is imported by the
+    commands that talk to it, never here (a command through the gateway, ``--help`` and a usage
+    error load none of it): an error cannot be redis's when redis was never imported."""
+    found = sys.modules.get("redis")
+    return found is not None and isinstance(exc, (found.ConnectionError, found.TimeoutError))
 
 
 def main(argv: Sequence[str] | None = None) -> None:

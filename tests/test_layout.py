@@ -4,9 +4,11 @@ public import path is shared's own objects, and no product module outgrows one s
 from __future__ import annotations
 
 import importlib
+import shutil
 import subprocess
 import sys
 import tomllib
+import zipfile
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
@@ -85,3 +87,35 @@ def test_modules_named_like_the_repositorys_folders_never_stand_in(tmp_path: Pat
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "submit" in result.stdout
+
+
+def test_the_wheel_builds_without_warnings_and_holds_every_data_file(tmp_path: Path) -> None:
+    """``pip install .`` printed a "Package ... is absent from the `packages` configuration"
+    block for each folder of data files (lua/, web/); the wheel now builds without one and holds
+    each of those files, the arithmetic task's scorer script among them."""
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
+    for package in ("shared", "producer", "worker"):
+        shutil.copytree(
+            REPO / package, source / package, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
+         "-v", "-w", str(tmp_path / "wheel"), str(source)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stderr
+    assert "absent from the `packages` configuration" not in built.stdout + built.stderr
+    (wheel,) = (tmp_path / "wheel").glob("evalq-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    data = {
+        f"evalq/{path.relative_to(REPO)}"
+        for package in ("shared", "producer", "worker")
+        for path in (REPO / package).rglob("*")
+        if path.is_file() and (path.suffix not in (".py", ".pyc") or path.parent.name == "scripts")
+    }
+    data = {name.replace("evalq/shared/public/", "evalq/") for name in data}
+    assert data, "no data files found"
+    assert data <= names, sorted(data - names)

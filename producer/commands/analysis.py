@@ -7,11 +7,11 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from evalq.producer.api import open_api
 from evalq.producer.commands.arguments import RunArg, check_run_ids
 from evalq.producer.commands.outcome import follow_and_report
+from evalq.producer.commands.tables import Col, print_table
 from evalq.producer.sweep import MAX_GRID
 from evalq.shared.cli import AdminFlag, JsonFlag, out, print_json
 from evalq.shared.errors import InputError
@@ -103,22 +103,20 @@ def compare(
     if as_json:
         print_json(found.model_dump(mode="json"))
         return
-    table = Table(title=f"against {found.baseline}")
-    for column in ("metric", "run", "mean", "its 95% CI", "delta", "95% CI", "p (McNemar)",
-                   "paired", "flips"):  # fmt: skip
-        table.add_column(column, justify="left" if column in ("metric", "run") else "right")
+    rows: list[tuple[str, ...]] = []
     for name, deltas in found.metrics.items():
         own = found.stats.get(name, {})
-        table.add_row(name, found.baseline, *shown(own.get(found.baseline)), "baseline")
+        rows.append((name, found.baseline, *shown(own.get(found.baseline)), "baseline", "", "",
+                     "", ""))  # fmt: skip
         for run_id, delta in deltas.items():
             ci = "" if delta.ci95 is None else f"{delta.ci95[0]:+.4f} to {delta.ci95[1]:+.4f}"
             p = "" if delta.p_value is None else f"{delta.p_value:.3g}"
             moved = f"+{delta.flips[0]} / -{delta.flips[1]}" if delta.p_value is not None else ""
-            table.add_row(
+            rows.append((
                 name, run_id, *shown(own.get(run_id)), f"{delta.delta:+.4f}", ci, p,
                 str(delta.n_paired), moved,
-            )  # fmt: skip
-    out.print(table)
+            ))  # fmt: skip
+    print_table(COMPARE_COLUMNS, rows, title=f"against {found.baseline}")
     for run_id, settings in found.runs.items():
         if settings:
             out.print(f"{run_id}: {settings}", highlight=False)
@@ -127,3 +125,14 @@ def compare(
             if flipped.fixed or flipped.broken:
                 fixed, broken = flipped.fixed or "-", flipped.broken or "-"
                 out.print(f"{name} {run_id}: fixed {fixed}, broken {broken}", highlight=False)
+
+
+COMPARE_COLUMNS = (
+    Col("metric"), Col("run"), Col("mean", justify="right"),
+    Col("its 95% CI", "text", "right", drop=1), Col("delta", justify="right"),
+    Col("95% CI", "text", "right", drop=3), Col("p (McNemar)", justify="right"),
+    Col("paired", justify="right", drop=2), Col("flips", justify="right", drop=4),
+)  # fmt: skip
+"""``compare``'s columns: metric names, ids, means, deltas, p-values and counts whole; the
+intervals wrap between their numbers; a run's own interval, then the paired count, then the
+delta's interval, then the flips are left out of an output too narrow for them."""

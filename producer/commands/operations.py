@@ -13,7 +13,6 @@ from evalq.producer.api import open_api
 from evalq.shared.cli import JsonFlag, err, out, print_json
 from evalq.shared.errors import InputError
 from evalq.shared.settings import get_settings
-from evalq.shared.store.retention import parse_age
 
 __all__ = ["acl", "demo", "metrics", "purge", "retention", "serve", "up"]
 
@@ -159,6 +158,8 @@ def purge(
     as_json: JsonFlag = False,
 ) -> None:
     """Remove ended runs wholly: record, results and archive (admins; audited)."""
+    from evalq.shared.store.retention import parse_age
+
     age = None if older_than is None else parse_age(older_than)
     purged = open_api().purge(run or [], age)
     if as_json:

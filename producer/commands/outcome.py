@@ -4,10 +4,14 @@ and how it was released."""
 
 from __future__ import annotations
 
-from evalq.producer.api import Api
-from evalq.producer.views import RunView
+from typing import TYPE_CHECKING
+
 from evalq.shared.cli import err, out, print_json
 from evalq.shared.errors import DetachedError
+
+if TYPE_CHECKING:  # the views load numpy and scipy (their intervals): only a command that shows one
+    from evalq.producer.api import Api
+    from evalq.producer.views import RunView
 
 __all__ = ["follow_and_report", "metric_text"]
 

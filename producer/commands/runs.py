@@ -8,11 +8,12 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Column, Table
+from rich.table import Table
 
 from evalq.producer.api import open_api
 from evalq.producer.commands.arguments import RunArg
 from evalq.producer.commands.outcome import follow_and_report, metric_text
+from evalq.producer.commands.tables import Col, print_table
 from evalq.producer.export import ExportFormat
 from evalq.shared.cli import AdminFlag, JsonFlag, err, out, print_json
 from evalq.shared.errors import InputError
@@ -131,44 +132,16 @@ def runs(  # noqa: PLR0913, PLR0917 - a typer command: its options are its param
                 m.settings_shown, " ".join(m.tags),
             )
         )  # fmt: skip
-    widths = _fit(rows, out.width)
-    table = Table(
-        *(
-            Column(header, width=width, min_width=width, no_wrap=True, overflow="ellipsis")
-            for header, width in zip(RUNS_COLUMNS, widths, strict=True)
-        ),
-        box=None,
-        pad_edge=False,
-        collapse_padding=True,
-    )
-    for row in rows:
-        table.add_row(*row)
-    out.print(table)
+    print_table(RUNS_COLUMNS, rows)
 
 
-RUNS_COLUMNS = ("run", "eval", "data", "status", "done/n", "metric", "params", "tags")
-SHRINK = (
-    ("tags", 4), ("data", 8), ("params", 8), ("eval", 6), ("metric", 8),
-    ("tags", 1), ("params", 1), ("data", 1), ("eval", 1), ("metric", 1), ("status", 1),
-    ("done/n", 1),
+RUNS_COLUMNS = (
+    Col("run"), Col("eval", "text"), Col("data", "text", drop=3), Col("status"), Col("done/n"),
+    Col("metric", "text"), Col("params", "text", drop=2), Col("tags", "text", drop=1),
 )  # fmt: skip
-"""Which ``runs`` columns give up width first when the output is narrow, down to how much (an
-id is never shortened: it is what the other commands take)."""
-
-
-def _fit(rows: list[tuple[str, ...]], available: int) -> list[int]:
-    """Each ``runs`` column's width, so that a row is one line of at most ``available``
-    characters where it can be (cells cut with an ellipsis, as :data:`SHRINK` says)."""
-    widths = [
-        max([len(header), *(len(row[i]) for row in rows)]) for i, header in enumerate(RUNS_COLUMNS)
-    ]
-    for header, floor in SHRINK:
-        excess = sum(widths) + len(widths) - 1 - available
-        if excess <= 0:
-            break
-        i = RUNS_COLUMNS.index(header)
-        widths[i] -= min(excess, max(0, widths[i] - floor))
-    return widths
+"""``runs``' columns: an id is never shortened (it is what the other commands take), nor a
+count; a metric wraps between its name and its value; tags, then params, then the data are left
+out of an output too narrow for them wrapped."""
 
 
 def results(  # noqa: PLR0917 - a typer command: its options are its parameters

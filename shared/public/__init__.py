@@ -5,12 +5,19 @@ pyproject.toml), so a plugin imports what it needs from one name that is evalq's
 objects are those of ``shared`` itself (the same classes, the same registry), re-exported.
 """
 
-from evalq.shared.errors import EvalqError, PermanentError, RetryableError
-from evalq.shared.evaluation import Evaluation, Parameters, register
-from evalq.shared.failures import FailurePolicy
-from evalq.shared.models import RunMeta, RunStatus, SampleResult
-from evalq.shared.scorer import ScriptCall, ScriptScorer
-from evalq.shared.settings import Settings
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from evalq.shared.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from evalq.shared.errors import EvalqError, PermanentError, RetryableError
+    from evalq.shared.evaluation import Evaluation, Parameters, register
+    from evalq.shared.failures import FailurePolicy
+    from evalq.shared.models import RunMeta, RunStatus, SampleResult
+    from evalq.shared.scorer import ScriptCall, ScriptScorer
+    from evalq.shared.settings import Settings
 
 __all__ = [
     "EvalqError",
@@ -27,3 +34,25 @@ __all__ = [
     "Settings",
     "register",
 ]
+
+# Each name is imported where it lives the first time it is read (PEP 562): importing this
+# package, which every ``evalq.*`` import does, loads none of them (``evalq --help`` and a read
+# through the gateway need neither numpy nor Celery).
+_WHERE = {
+    "EvalqError": "evalq.shared.errors",
+    "PermanentError": "evalq.shared.errors",
+    "RetryableError": "evalq.shared.errors",
+    "Evaluation": "evalq.shared.evaluation",
+    "Parameters": "evalq.shared.evaluation",
+    "register": "evalq.shared.evaluation",
+    "FailurePolicy": "evalq.shared.failures",
+    "RunMeta": "evalq.shared.models",
+    "RunStatus": "evalq.shared.models",
+    "SampleResult": "evalq.shared.models",
+    "ScriptCall": "evalq.shared.scorer",
+    "ScriptScorer": "evalq.shared.scorer",
+    "Settings": "evalq.shared.settings",
+}
+
+
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE)

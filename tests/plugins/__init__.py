@@ -66,6 +66,27 @@ class Flaky(Evaluation):
         return {"correct": float(output["pred"] == row["label"])}
 
 
+WORDS = ("zero", "one", "two")
+
+
+@register("worded")
+class Worded(Evaluation):
+    """The spy's prediction as a word: an output that is a string (``"two"``), scored
+    ``exact_match`` (its params change nothing: they are what a listing shows)."""
+
+    label_fields = LABELS
+
+    class Params(Parameters):
+        prompt: str = "plain"
+        temperature: float = 0.0
+
+    def infer(self, model: Any, rows: list[dict[str, Any]]) -> list[Any]:
+        return [WORDS[predict(row["text"])] for row in rows]
+
+    def score(self, row: dict[str, Any], output: Any) -> dict[str, float]:
+        return {"exact_match": float(output == WORDS[row["label"]])}
+
+
 @register("spy_close")
 class SpyClose(Spy):
     """Scores the spy's outputs more leniently (within one of the label); its ``infer()``

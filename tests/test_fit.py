@@ -1,0 +1,178 @@
+"""Output that fits (#44, findings 8 and 10): ``runs`` and ``compare`` at 80 columns and into a
+pipe show every number whole, ``evalq --help`` imports none of the heavy libraries, a CSV cell
+holds a string output as its text."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from evalq.producer.client import Client
+from evalq.producer.submit import SubmitRequest
+from tests.conftest import Stack
+from tests.helpers import (
+    REPO,
+    cli_env,
+    evalq_in_process,
+    labelled_rows,
+    list_splits,
+    wait_completed,
+    write_rows,
+)
+from tests.plugins import WORDS, predict
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def board(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[str]]:
+    """Three completed runs on one split, newest last: the spy, and the worded evaluation
+    twice, with params and tags as a sweep's runs carry them."""
+    folder = tmp_path_factory.mktemp("fit")
+    write_rows(folder, "validation", labelled_rows(120))
+    name = list_splits(stack.client, str(folder), "validation")
+    client = Client(stack.settings)
+    requests = [
+        SubmitRequest(eval="worded", dataset=name, split="validation"),
+        SubmitRequest(
+            eval="worded", dataset=name, split="validation", tags=("sweep-a", "nightly"),
+            params={"prompt": "few-shot-with-reasons", "temperature": "0.7"},
+        ),
+        SubmitRequest(eval="worded", dataset=name, split="validation", limit=100,
+                      params={"prompt": "zero-shot"}),
+    ]  # fmt: skip
+    run_ids = []
+    for request in requests:
+        run_ids.append(client.submit(request).run_id)
+        wait_completed(stack.client, run_ids[-1])
+    return name, run_ids
+
+
+def _cli(url: str, *args: str, **env: str) -> str:
+    """The real ``evalq`` in a subprocess, its stdout a pipe (no ``COLUMNS`` unless given)."""
+    environment = cli_env(url, **env)
+    if "COLUMNS" not in env:
+        environment.pop("COLUMNS", None)
+    done = subprocess.run(
+        [sys.executable, "-c", "from evalq.shared.cli import main; main()", *args],
+        env=environment, cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+NUMBER = re.compile(r"(?<![\w.])[+-]?\d+(?:\.\d+)?(?:e[+-]\d+)?(?![\w])")
+
+
+def _numbers(text: str, *known: str) -> list[str]:
+    """Every number printed in ``text``, once the ``known`` strings (ids, names) are out."""
+    for word in sorted(known, key=len, reverse=True):
+        text = text.replace(word, " ")
+    return NUMBER.findall(text.replace("95%", " "))
+
+
+def test_runs_and_compare_show_every_number_whole(stack: Stack, board: tuple[str, list[str]]):
+    """At ``COLUMNS=80`` and into a pipe: no cell cut with an ellipsis, and every number
+    printed is one of the JSON output's, whole; the ids and the numbers that matter most (done
+    and n, each metric's value, mean, delta, p) are all there."""
+    url = stack.server.url
+    name, run_ids = board
+    listed = json.loads(evalq_in_process(url, "runs", "--limit", "3", "--json").stdout)
+    assert [r["run_id"] for r in listed] == run_ids[::-1]
+    params = {str(v) for r in listed for v in r["params"].values() if NUMBER.fullmatch(str(v))}
+    runs_numbers = set(params)
+    for r in listed:
+        runs_numbers |= {str(r["n"]), str(r["progress"]["inferred"])}
+        runs_numbers |= {f"{v:.4f}" for v in r["aggregate"].values()}
+    compared = json.loads(evalq_in_process(url, "compare", *run_ids, "--json").stdout)
+    compare_numbers = set(params)
+    essential: set[str] = set()
+    for metric, runs in compared["stats"].items():
+        for stat in runs.values():
+            essential.add(f"{stat['mean']:.4f}")
+            compare_numbers |= {f"{stat['mean']:.4f}", str(stat["n"])}
+            compare_numbers |= {f"{x:.4f}" for x in stat.get("ci95") or ()}
+        for delta in compared["metrics"][metric].values():
+            essential |= {f"{delta['delta']:+.4f}", f"{delta['p_value']:.3g}"}
+            compare_numbers |= {f"{delta['delta']:+.4f}", f"{delta['p_value']:.3g}"}
+            compare_numbers |= {f"{x:+.4f}" for x in delta["ci95"] or ()}
+            compare_numbers |= {str(delta["n_paired"]), f"+{delta['flips'][0]}"}
+            compare_numbers.add(f"-{delta['flips'][1]}")
+    known = [*run_ids, name, "worded", "exact_match", "sweep-a", "nightly", "few-shot-with-reasons"]
+    known += ["zero-shot"]
+    for env in ({"COLUMNS": "80"}, {}):
+        shown = _cli(url, "runs", "--limit", "3", **env)
+        assert "…" not in shown, shown
+        lines = shown.splitlines()
+        for r in listed:  # each run's id, status, counts and metric on its first line
+            (line,) = [line for line in lines if line.startswith(r["run_id"])]
+            assert f"{r['progress']['inferred']}/{r['n']}" in line.split(), shown
+        printed = _numbers(shown, *known)
+        assert set(printed) <= runs_numbers, (printed, runs_numbers, shown)
+        assert {f"{r['aggregate']['exact_match']:.4f}" for r in listed} <= set(printed), shown
+
+        shown = _cli(url, "compare", *run_ids, **env)
+        assert "…" not in shown, shown
+        printed = _numbers(shown, *known)
+        assert set(printed) <= compare_numbers, (printed, compare_numbers, shown)
+        assert essential <= set(printed), (essential, shown)
+        if not env:  # a pipe without COLUMNS: one line a row, nothing left out
+            assert len(shown.splitlines()) == 2 + 3 + 2, shown  # title, header, rows, params
+            assert compare_numbers <= set(printed), shown
+        else:
+            assert max(len(line) for line in shown.splitlines()) <= 80, shown
+
+
+def test_a_csv_cell_holds_a_string_output_as_its_text(stack: Stack, board: tuple[str, list[str]]):
+    """A string output is its text in CSV (``two``, where it came out ``\"\"\"two\"\"\"``),
+    from the store's tables and from the results with their inputs alike."""
+    url = stack.server.url
+    run_id = board[1][0]
+    lines = evalq_in_process(url, "results", run_id).stdout.splitlines()
+    outputs = {str(line["sample_id"]): line["output"] for line in map(json.loads, lines)}
+    assert len(outputs) == 120
+    assert set(outputs.values()) <= set(WORDS)
+    for flags in ((), ("--with-input",)):
+        text = _cli(url, "results", run_id, "--format", "csv", *flags)
+        assert '"' not in text, text[:300]
+        rows = list(csv.DictReader(io.StringIO(text)))
+        assert {row["sample_id"]: row["output"] for row in rows} == outputs
+        if flags:
+            assert all(row["output"] == WORDS[predict(row["input.text"])] for row in rows)
+
+
+def test_a_csv_cell_keeps_other_outputs_as_json_text() -> None:
+    from evalq.producer.export import csv_output
+
+    assert csv_output('"two"') == "two"
+    assert csv_output('"[1, 2]"') == "[1, 2]"  # a string that reads as JSON reads as such
+    assert csv_output('"say \\"hi\\"\\n"') == 'say "hi"\n'
+    for text in ('{"b":1,"a":2}', "[1,2]", "3", "0.5", "true", "null"):
+        assert csv_output(text) == text
+    assert csv_output(None) is None
+
+
+HEAVY = ("torch", "datasets", "celery", "pyarrow", "numpy", "scipy", "redis", "transformers")
+
+
+@pytest.mark.parametrize("args", [["--help"], ["status", "not a run!"], ["compare", "--bad"]])
+def test_help_and_usage_errors_import_no_heavy_library(args: list[str]) -> None:
+    """``evalq --help`` and a usage error load none of torch, datasets, Celery, pyarrow,
+    numpy, scipy or redis (each imported by the commands that use it): the CLI answers them
+    in a fraction of the two seconds it took."""
+    script = (
+        "import sys; from evalq.shared.cli import main\n"
+        "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+        f"print(sorted(m for m in {HEAVY!r} if m in sys.modules), file=sys.stderr)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, *args], env=cli_env("redis://127.0.0.1:1/0"),
+        cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.stderr.strip().splitlines()[-1] == "[]", done.stderr
