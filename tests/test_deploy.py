@@ -433,13 +433,13 @@ def test_evalq_up_restarts_a_killed_worker_and_gateway_and_keeps_one_admin_token
 ) -> None:
     env = _up_env(EVALQ_STALL_AFTER="2", EVALQ_MAX_BATCH="16")
     data, gate = tmp_path / "data", tmp_path / "gate"
-    write_rows(data, "validation", labelled_rows(48))
+    write_rows(data, "validation", labelled_rows(128))
     with _evalq_up(tmp_path, env, "--workers", "1") as up:
         admin = up.admin_token()
         assert up.cli(admin, "datasets", "add", "ds", "--data", str(data)).returncode == 0
         assert up.cli(admin, "tiers", "set", "ds", "validation", "viewable").returncode == 0
         submit = ("submit", "slow", "--dataset", "ds", "--split", "validation", "--param",
-                  f"gate={gate}", "--param", "open_until=16", "--json")  # fmt: skip
+                  f"gate={gate}", "--param", "open_until=64", "--json")  # fmt: skip
         run = _run_id(up.cli(admin, *submit))
 
         def status() -> Any:
@@ -447,7 +447,7 @@ def test_evalq_up_restarts_a_killed_worker_and_gateway_and_keeps_one_admin_token
             assert shown.returncode == 0, shown.stderr
             return json.loads(shown.stdout)
 
-        wait_for(lambda: status()["progress"]["inferred"] >= 16, 120, "the open samples")
+        wait_for(lambda: status()["progress"]["inferred"] >= 64, 120, "the open samples")
         worker, gateway = _child(up, "evalq.worker"), _child(up, "serve")
         assert worker is not None
         assert gateway is not None
@@ -462,7 +462,7 @@ def test_evalq_up_restarts_a_killed_worker_and_gateway_and_keeps_one_admin_token
         wait_for(lambda: _answers(f"{up.api}/openapi.json"), 120, "the new gateway to answer")
         gate.touch()
         wait_for(lambda: status()["status"] == "completed", 180, "the run to complete")
-        assert status()["progress"]["scored"] == 48
+        assert status()["progress"]["scored"] == 128
         printed = up.printed.read_text()
         assert "worker 0 exited with status -9" in printed
         assert "the gateway exited with status -9" in printed
