@@ -413,16 +413,19 @@ def _answers(url: str) -> bool:
         return False
 
 
-def _child(up: Up, argument: str) -> int | None:
-    """The pid of ``evalq up``'s own child whose command line has ``argument`` (``serve``,
-    ``evalq.worker``), or None when it has none."""
+def _child(up: Up, name: str) -> int | None:
+    """The pid of ``evalq up``'s own child whose command line has the argument ``name``
+    (``serve``, ``evalq.worker``, ``flower``) or whose command is ``name`` (``redis-server``),
+    or None when it has none."""
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
             argv = (stat.parent / "cmdline").read_bytes().split(b"\0")
+            command = (stat.parent / "comm").read_text().strip()
         except OSError:
             continue
-        if parent == up.process.pid and argument.encode() in argv and _alive(int(stat.parent.name)):
+        named = name.encode() in argv or command == name
+        if parent == up.process.pid and named and _alive(int(stat.parent.name)):
             return int(stat.parent.name)
     return None
 
@@ -460,6 +463,10 @@ def test_evalq_up_restarts_a_killed_worker_and_gateway_and_keeps_one_admin_token
 
         wait_for(back, 10, "a new worker and a new gateway")
         wait_for(lambda: _answers(f"{up.api}/openapi.json"), 120, "the new gateway to answer")
+        redis_pid = _child(up, "redis-server")
+        assert redis_pid is not None
+        os.kill(redis_pid, signal.SIGKILL)
+        wait_for(lambda: _child(up, "redis-server") not in {None, redis_pid}, 10, "a new Redis")
         gate.touch()
         wait_for(lambda: status()["status"] == "completed", 180, "the run to complete")
         assert status()["progress"]["scored"] == 128
@@ -468,6 +475,8 @@ def test_evalq_up_restarts_a_killed_worker_and_gateway_and_keeps_one_admin_token
         assert "the gateway exited with status -9" in printed
         assert "worker 0 restarted" in printed
         assert "the gateway restarted" in printed
+        assert "redis-server exited with status -9" in printed
+        assert "redis-server restarted" in printed
         assert "stopping the rest" not in printed
     with _evalq_up(tmp_path, env, "--workers", "1") as again:  # the same folder
         assert again.admin_token() == admin
