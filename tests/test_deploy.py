@@ -42,7 +42,7 @@ from evalq.shared.store.endpoints import EndpointRegistry
 from evalq.shared.store.rate import RateLimit, minute_counts
 from evalq.shared.store.retention import retain
 from evalq.worker.janitor import Janitor
-from tests.helpers import REPO, cli_in_process, labelled_rows, wait_for, write_rows
+from tests.helpers import REPO, answers, cli_in_process, labelled_rows, wait_for, write_rows
 
 PASSWORDS = {password_variable(role): f"{role}-password-0123" for role in ("gateway", "worker",
              "monitor")}  # fmt: skip
@@ -405,14 +405,6 @@ def test_ctrl_c_stops_every_process_evalq_up_started(up: Up) -> None:
     assert up.printed.read_text().rstrip().endswith("stopped")
 
 
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return bool(response.status == 200)
-    except OSError:
-        return False
-
-
 def _child(up: Up, name: str) -> int | None:
     """The pid of ``evalq up``'s own child whose command line has the argument ``name``
     (``serve``, ``evalq.worker``, ``flower``) or whose command is ``name`` (``redis-server``),
@@ -462,7 +454,7 @@ def test_evalq_up_restarts_a_killed_worker_and_gateway_and_keeps_one_admin_token
             return None not in again and not {worker, gateway} & set(again)
 
         wait_for(back, 10, "a new worker and a new gateway")
-        wait_for(lambda: _answers(f"{up.api}/openapi.json"), 120, "the new gateway to answer")
+        wait_for(lambda: answers(f"{up.api}/openapi.json"), 120, "the new gateway to answer")
         redis_pid = _child(up, "redis-server")
         assert redis_pid is not None
         os.kill(redis_pid, signal.SIGKILL)
