@@ -3,15 +3,17 @@
 It checks for a ``redis-server`` of 7.0 or newer (the ACL file needs it), generates the three
 ACL users' passwords, writes the ACL file (:mod:`evalq.producer.acl`) and each user's Redis URL
 into a file of its own (mode 600, so no password is in any process's environment or command line),
-starts Redis (AOF, ``noeviction``, the ACL file), creates an admin token, then starts the
-gateway (user ``gateway``), the workers (user ``worker``), Flower (basic auth, its password in
-a file of mode 600) and ``evalq metrics`` (user ``monitor``, both on loopback), and prints
-where each listens and the admin token. It stops them all on Ctrl-C
-(or SIGTERM), and when any of them exits on its own it says which and stops the rest.
+starts Redis (AOF, ``noeviction``, the ACL file), creates an admin token once (kept in
+``secrets/admin.token``, the same at every start on the folder), then starts the gateway (user
+``gateway``), the workers (user ``worker``), Flower (basic auth, its password in a file of mode
+600) and ``evalq metrics`` (user ``monitor``, both on loopback), and prints where each listens
+and the admin token. It supervises them (:mod:`evalq.producer.supervise`): one that exits on its
+own is started again after a back-off (Redis from its AOF, with the same passwords), one that
+keeps exiting is left down; only Ctrl-C (or SIGTERM) stops them all.
 
 Everything lives under one folder (``--dir``): ``redis/`` (data, AOF, ``redis.log``),
-``users.acl``, ``secrets/`` (mode 700: the URL files, ``flower.auth``), ``archive/`` (unless
-``EVALQ_ARCHIVE_URL`` is set), and ``logs/`` (one file per process).
+``users.acl``, ``secrets/`` (mode 700: the URL files, ``flower.auth``, ``admin.token``),
+``archive/`` (unless ``EVALQ_ARCHIVE_URL`` is set), and ``logs/`` (one file per process).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import time
 import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from types import FrameType
 
@@ -33,6 +36,7 @@ from rich.console import Console
 from evalq.producer.acl import ROLES, password_variable, write_acl
 from evalq.producer.client import Client
 from evalq.producer.redis_server import RedisServer, find_acl_redis_server, refuse_taken, version
+from evalq.producer.supervise import Supervisor, Unit, kill_group
 from evalq.producer.workers import LocalWorkers
 from evalq.shared.access.roles import Role
 from evalq.shared.cli import python
@@ -45,6 +49,13 @@ ADMIN = "admin"
 """The principal of the admin token ``evalq up`` creates."""
 
 _EVALQ = tuple(python("-c", "from evalq.shared.cli import main; main()"))
+_FLOWER = tuple(
+    python("-c", "import evalq.worker.celery; from celery.__main__ import main; main()")
+)
+"""Celery's command line with evalq's app (and so its plugins) imported first: loading the
+``-A`` app, Celery puts the working directory first on ``sys.path`` (``cwd_in_path``), where
+a folder named ``evalq`` (a clone) would stand in for evalq and fail every plugin's ``from
+evalq import ...``; imported before, the app is found in ``sys.modules``."""
 _STOP_WAIT = 30.0
 _READY_WAIT = 90.0
 _CREDENTIALS = (
@@ -81,11 +92,24 @@ class _Child:
     def __init__(self, name: str, command: list[str], env: Mapping[str, str], log: Path) -> None:
         self.name = name
         self.log = log
-        with log.open("ab") as out:
-            self.process = subprocess.Popen(
-                command, env=dict(env), stdin=subprocess.DEVNULL, stdout=out,
+        self._command = command
+        self._env = dict(env)
+        self.process = self._spawn()
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        with self.log.open("ab") as out:
+            return subprocess.Popen(
+                self._command, env=self._env, stdin=subprocess.DEVNULL, stdout=out,
                 stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
+
+    def exited(self) -> int | None:
+        """Its exit status once it has exited (:func:`_ended`)."""
+        return _ended(self.process)
+
+    def restart(self) -> None:
+        """Start it again, once it has exited."""
+        self.process = self._spawn()
 
     def stop(self) -> None:
         """SIGTERM its process group; SIGKILL what is left after a while."""
@@ -96,6 +120,19 @@ class _Child:
         except subprocess.TimeoutExpired:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
+
+
+def _ended(process: subprocess.Popen[bytes]) -> int | None:
+    """``process``'s exit status once it has exited, what is left of its session killed then
+    (a worker's pool processes outlive a SIGKILLed worker); None while it runs."""
+    code = process.poll()
+    if code is not None:
+        kill_group(process.pid)
+    return code
+
+
+def _worker_exited(pool: LocalWorkers, index: int) -> int | None:
+    return _ended(pool.processes[index])
 
 
 def _answers(url: str) -> bool:
@@ -122,8 +159,9 @@ class Stack:
         self._server: RedisServer | None = None
 
     def run(self, redis_server: str | None, console: Console) -> int:
-        """Start everything, print where it listens, and wait for Ctrl-C (exit status 0) or
-        for a process to exit on its own (1); everything started is stopped either way."""
+        """Start everything, print where it listens, and supervise it until Ctrl-C; everything
+        started is stopped then. Exit status 0, or 1 when a process was left down (or the
+        start failed)."""
         try:
             binary = find_acl_redis_server(redis_server)
         except EvalqError as exc:
@@ -182,11 +220,25 @@ class Stack:
         operator = Settings(redis_url_file=files["gateway"], redis_url="", principal="evalq-up")
         client = Client(operator)
         try:
-            token = client.create_token(ADMIN, Role.ADMIN)
+            token = self._admin_token(client)
             self._start_services(base, files, client, flower_auth)
         finally:
             client.close()
         self._print(console, files, token)
+
+    def _admin_token(self, client: Client) -> str:
+        """The admin token kept in ``secrets/admin.token`` while Redis knows it; otherwise a
+        new one, kept there, the principal's earlier tokens revoked (they were in no file)."""
+        kept = self.root / "secrets" / "admin.token"
+        if kept.exists():
+            token = kept.read_text(encoding="utf-8").strip()
+            caller = client.token_caller(token)
+            if caller is not None and caller.principal == ADMIN and caller.role is Role.ADMIN:
+                return token
+        client.revoke_tokens(ADMIN)
+        token = client.create_token(ADMIN, Role.ADMIN)
+        self._secret("admin.token", token)
+        return token
 
     def _start_services(
         self, base: Mapping[str, str], files: Mapping[str, Path], client: Client, flower_auth: str
@@ -208,7 +260,7 @@ class Stack:
         self._pool.start(client.app, timeout=_READY_WAIT)
         # after the workers: its first inspection finds them
         flower = [
-            *python("-m", "celery", "-A", "evalq.worker.celery", "flower"),
+            *_FLOWER, "-A", "evalq.worker.celery", "flower",
             f"--port={self.ports.flower}", "--address=127.0.0.1", "--persistent=False",
         ]  # fmt: skip
         flower_env = {**as_user["monitor"], "FLOWER_BASIC_AUTH": flower_auth}
@@ -270,35 +322,38 @@ class Stack:
             f"metrics   http://127.0.0.1:{self.ports.metrics}/metrics  (user monitor; loopback)",
             f"logs      {self.root / 'logs'}",
             f"operator  EVALQ_REDIS_URL_FILE={files['gateway']} evalq ...  (direct mode)",
-            f"admin token (shown once): {token}",
+            f"admin token: {token}  (kept in {self.root / 'secrets' / 'admin.token'})",
             f"  EVALQ_API_URL={gateway} EVALQ_TOKEN=<token> evalq tokens create alice --role user",
         ]
         for line in lines:
             console.print(line, highlight=False, soft_wrap=True)
 
     def _watch(self, console: Console) -> int:
-        """Wait until a process exits on its own; say which (exit status 1)."""
+        """Supervise until Ctrl-C: a process that exits is started again (1 if one was left
+        down by then, else 0)."""
+        supervisor = Supervisor(self._units(), time.monotonic())
         pause = threading.Event()
-        while (exited := self._exited()) is None:
-            pause.wait(0.5)
-        name, code, log = exited
-        console.print(
-            f"error: {name} exited with status {code} (its log: {log}); stopping the rest",
-            highlight=False,
-        )
-        return 1
+        try:
+            while True:
+                for line in supervisor.check(time.monotonic()):
+                    console.print(line, highlight=False, soft_wrap=True)
+                pause.wait(0.5)
+        except (KeyboardInterrupt, _Stopped):
+            return 1 if supervisor.left_down else 0
 
-    def _exited(self) -> tuple[str, int, Path] | None:
-        """The first process found to have exited: its name, status and log."""
-        if self._server is not None and (code := self._server.exited()) is not None:
-            return "redis-server", code, self._server.data_dir / "redis.log"
-        for child in self._children:
-            if (code := child.process.poll()) is not None:
-                return child.name, code, child.log
-        for index, process in enumerate(self._pool.processes if self._pool else []):
-            if (code := process.poll()) is not None:
-                return f"worker {index}", code, self.root / "logs" / f"worker-{index}.log"
-        return None
+    def _units(self) -> list[Unit]:
+        """Redis, the gateway, metrics, Flower and each worker, as the supervisor sees them."""
+        server, pool = self._server, self._pool
+        assert server is not None  # both set by _start
+        assert pool is not None
+        units = [Unit("redis-server", server.data_dir / "redis.log", server.exited, server.start)]
+        units += [Unit(c.name, c.log, c.exited, c.restart) for c in self._children]
+        units += [
+            Unit(f"worker {index}", self.root / "logs" / f"worker-{index}.log",
+                 partial(_worker_exited, pool, index), partial(pool.restart, index))
+            for index in range(len(pool.processes))
+        ]  # fmt: skip
+        return units
 
     def _stop(self) -> None:
         for child in reversed(self._children):

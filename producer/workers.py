@@ -14,6 +14,7 @@ from celery import Celery
 from kombu.exceptions import OperationalError
 from redis import RedisError
 
+from evalq.producer.supervise import kill_group
 from evalq.shared.cli import python
 from evalq.shared.errors import EvalqError
 from evalq.shared.settings import Settings
@@ -50,6 +51,7 @@ class LocalWorkers:
         self.launcher = list(launcher)
         self.cwd = cwd
         self.processes: list[subprocess.Popen[bytes]] = []
+        self._env: dict[str, str] = {}
 
     def start(self, app: Celery, timeout: float = 60.0) -> LocalWorkers:
         """Start the processes and wait until each answers a ping."""
@@ -61,31 +63,39 @@ class LocalWorkers:
         share = Settings(redis_url=self.redis_url).for_processes(self.count * self.concurrency)
         if share.torch_threads is not None:
             env.setdefault("EVALQ_TORCH_THREADS", str(share.torch_threads))
+        self._env = env
         for index in range(self.count):
-            command = [
-                *self.launcher,
-                *python("-m", "evalq.worker"),
-                "--queues", self.queues,
-                "--concurrency", str(self.concurrency),
-            ]  # fmt: skip
-            with self._log(index) as log:
-                self.processes.append(
-                    subprocess.Popen(
-                        command,
-                        env=env,
-                        cwd=self.cwd,
-                        stdin=subprocess.DEVNULL,
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                        start_new_session=True,
-                    )
-                )
+            self.processes.append(self._spawn(index))
         try:
             self.wait_ready(app, timeout)
         except BaseException:
             self.stop()  # none is left running when start-up fails, however it fails
             raise
         return self
+
+    def _spawn(self, index: int) -> subprocess.Popen[bytes]:
+        command = [
+            *self.launcher,
+            *python("-m", "evalq.worker"),
+            "--queues", self.queues,
+            "--concurrency", str(self.concurrency),
+        ]  # fmt: skip
+        with self._log(index) as log:
+            return subprocess.Popen(
+                command, env=self._env, cwd=self.cwd, stdin=subprocess.DEVNULL, stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+
+    def restart(self, index: int) -> subprocess.Popen[bytes]:
+        """Start worker ``index`` again, as :meth:`start` started it, once its process has
+        exited (what it left of its session, its pool processes, is killed first); it is not
+        waited for."""
+        old = self.processes[index]
+        if old.poll() is None:
+            raise EvalqError(f"worker {index} (pid {old.pid}) is still running")
+        kill_group(old.pid)
+        self.processes[index] = self._spawn(index)
+        return self.processes[index]
 
     def _log(self, index: int) -> IO[bytes]:
         if self.log_dir is None:

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,8 +29,9 @@ import redis
 
 from evalq.producer.acl import password_variable, write_acl
 from evalq.producer.redis_server import RedisServer, free_port
+from evalq.producer.supervise import Supervisor, Unit
 from evalq.shared.connection import connect
-from evalq.shared.errors import PortInUseError
+from evalq.shared.errors import EvalqError, PortInUseError
 from evalq.shared.guard import Guard
 from evalq.shared.keys import AUDIT, RUNS, RunKeys
 from evalq.shared.lm.limits import EndpointLimits
@@ -40,7 +42,7 @@ from evalq.shared.store.endpoints import EndpointRegistry
 from evalq.shared.store.rate import RateLimit, minute_counts
 from evalq.shared.store.retention import retain
 from evalq.worker.janitor import Janitor
-from tests.helpers import REPO, cli_in_process, labelled_rows, wait_for, write_rows
+from tests.helpers import REPO, answers, cli_in_process, labelled_rows, wait_for, write_rows
 
 PASSWORDS = {password_variable(role): f"{role}-password-0123" for role in ("gateway", "worker",
              "monitor")}  # fmt: skip
@@ -138,7 +140,7 @@ class Up:
     metrics: str
 
     def admin_token(self) -> str:
-        found = re.search(r"admin token \(shown once\): (\S+)", self.printed.read_text())
+        found = re.search(r"admin token: (\S+)", self.printed.read_text())
         assert found is not None, self.printed.read_text()
         return found.group(1)
 
@@ -164,6 +166,67 @@ class Up:
     def logs(self) -> dict[Path, str]:
         files = [*sorted((self.root / "logs").glob("*.log")), self.root / "redis" / "redis.log"]
         return {path: path.read_text(errors="replace") for path in files}
+
+
+def test_a_process_that_keeps_exiting_is_restarted_after_a_doubling_delay_then_left_down(
+    tmp_path: Path,
+) -> None:
+    """The supervisor's clock is the caller's: each check is given its time."""
+    starts: list[float] = []
+    running = False
+
+    def start() -> None:
+        nonlocal running
+        if len(starts) == 2:
+            starts.append(-1.0)
+            raise EvalqError("port 1 (redis) is in use")
+        starts.append(0.0)
+        running = True
+
+    def poll() -> int | None:
+        nonlocal running
+        was, running = running, False
+        return 3 if was else None
+
+    running = True
+    log = tmp_path / "worker-0.log"
+    supervisor = Supervisor([Unit("worker 0", log, poll, start)], now=0.0)
+    times = (1.0, 1.5, 2.0, 2.5, 4.5, 5.0, 9.0, 17.0, 17.5, 18.0, 200.0)
+    said = {t: supervisor.check(t) for t in times}
+    exited = f"worker 0 exited with status 3 (its log: {log})"
+    assert said == {
+        1.0: [f"{exited}; restarting it in 1s"],
+        1.5: [],
+        2.0: ["worker 0 restarted"],
+        2.5: [f"{exited}; restarting it in 2s"],
+        4.5: ["worker 0 restarted"],
+        5.0: [f"{exited}; restarting it in 4s"],
+        9.0: [
+            f"worker 0 did not start: port 1 (redis) is in use (its log: {log}); "
+            "restarting it in 8s"
+        ],
+        17.0: ["worker 0 restarted"],
+        17.5: [f"error: {exited}; it exited 5 times within 60s: left down (Ctrl-C stops the rest)"],
+        18.0: [],
+        200.0: [],  # never started again
+    }
+    assert len(starts) == 4
+    assert supervisor.left_down == ["worker 0"]
+
+
+def test_a_process_that_ran_a_minute_is_restarted_after_a_second(tmp_path: Path) -> None:
+    codes = iter([1, None, None, 1])
+    unit = Unit("metrics", tmp_path / "m.log", lambda: next(codes), lambda: None)
+    supervisor = Supervisor([unit], now=0.0)
+    assert supervisor.check(0.5) == [
+        f"metrics exited with status 1 (its log: {unit.log}); restarting it in 1s"
+    ]
+    assert supervisor.check(1.5) == ["metrics restarted"]
+    assert supervisor.check(30.0) == []
+    assert supervisor.check(61.5) == []
+    assert supervisor.check(70.0) == [
+        f"metrics exited with status 1 (its log: {unit.log}); restarting it in 1s"
+    ]
 
 
 @pytest.fixture
@@ -223,24 +286,26 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-@pytest.fixture(scope="module")
-def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
-    """``evalq up`` with the test plugins, free ports, the janitor's (and retainer's) interval
-    at 0.5 s, runs kept a day and audit entries 8.6 s."""
-    root = tmp_path_factory.mktemp("up")
-    ports = {name: free_port() for name in ("port", "flower-port", "metrics-port")}
+def _up_env(**settings: str) -> dict[str, str]:
+    """This environment without its ``EVALQ_`` settings, the repository on ``PYTHONPATH``,
+    the test plugins and ``settings``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("EVALQ_")}
-    env.update(
-        PYTHONPATH=str(REPO), EVALQ_PLUGINS="tests.plugins", EVALQ_STALL_AFTER="2",
-        EVALQ_KEEP_RUNS_DAYS="1", EVALQ_AUDIT_DAYS="0.0001", EVALQ_MAX_BATCH="16",
-    )  # fmt: skip
-    printed = root / "up.out"
+    env.update(PYTHONPATH=str(REPO), EVALQ_PLUGINS="tests.plugins", **settings)
+    return env
+
+
+@contextmanager
+def _evalq_up(root: Path, env: dict[str, str], *args: str, cwd: Path = REPO) -> Iterator[Up]:
+    """``evalq up --dir root/stack`` on free ports, started from ``cwd``, once it says it has
+    started everything; Ctrl-C after (when it still runs), which must end it with status 0."""
+    ports = {name: free_port() for name in ("port", "flower-port", "metrics-port")}
+    printed = root / f"up-{len(list(root.glob('up-*.out')))}.out"
     with printed.open("wb") as out:
         process = subprocess.Popen(
             [sys.executable, "-c", "from evalq.shared.cli import main; main()", "up",
-             "--dir", str(root / "stack"), "--workers", "2",
+             "--dir", str(root / "stack"), *args,
              *(f"--{name}={port}" for name, port in ports.items())],
-            env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+            env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
     stack = Up(
         process, root / "stack", printed, f"http://127.0.0.1:{ports['port']}",
@@ -257,7 +322,19 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGINT)
-            process.wait(120)
+            assert process.wait(120) == 0, printed.read_text()
+
+
+@pytest.fixture(scope="module")
+def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
+    """``evalq up`` with the test plugins, free ports, the janitor's (and retainer's) interval
+    at 0.5 s, runs kept a day and audit entries 8.6 s."""
+    env = _up_env(
+        EVALQ_STALL_AFTER="2", EVALQ_KEEP_RUNS_DAYS="1", EVALQ_AUDIT_DAYS="0.0001",
+        EVALQ_MAX_BATCH="16",
+    )  # fmt: skip
+    with _evalq_up(tmp_path_factory.mktemp("up"), env, "--workers", "2") as stack:
+        yield stack
 
 
 def _run_id(result: subprocess.CompletedProcess[str]) -> str:
@@ -326,3 +403,99 @@ def test_ctrl_c_stops_every_process_evalq_up_started(up: Up) -> None:
     assert up.process.wait(120) == 0
     wait_for(lambda: not any(_alive(pid) for pid in children), 60, "every child to be gone")
     assert up.printed.read_text().rstrip().endswith("stopped")
+
+
+def _child(up: Up, name: str) -> int | None:
+    """The pid of ``evalq up``'s own child whose command line has the argument ``name``
+    (``serve``, ``evalq.worker``, ``flower``) or whose command is ``name`` (``redis-server``),
+    or None when it has none."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            argv = (stat.parent / "cmdline").read_bytes().split(b"\0")
+            command = (stat.parent / "comm").read_text().strip()
+        except OSError:
+            continue
+        named = name.encode() in argv or command == name
+        if parent == up.process.pid and named and _alive(int(stat.parent.name)):
+            return int(stat.parent.name)
+    return None
+
+
+@pytest.mark.integration
+def test_evalq_up_restarts_a_killed_worker_and_gateway_and_keeps_one_admin_token(
+    tmp_path: Path,
+) -> None:
+    env = _up_env(EVALQ_STALL_AFTER="2", EVALQ_MAX_BATCH="16")
+    data, gate = tmp_path / "data", tmp_path / "gate"
+    write_rows(data, "validation", labelled_rows(128))
+    with _evalq_up(tmp_path, env, "--workers", "1") as up:
+        admin = up.admin_token()
+        assert up.cli(admin, "datasets", "add", "ds", "--data", str(data)).returncode == 0
+        assert up.cli(admin, "tiers", "set", "ds", "validation", "viewable").returncode == 0
+        submit = ("submit", "slow", "--dataset", "ds", "--split", "validation", "--param",
+                  f"gate={gate}", "--param", "open_until=64", "--json")  # fmt: skip
+        run = _run_id(up.cli(admin, *submit))
+
+        def status() -> Any:
+            shown = up.cli(admin, "status", run, "--json")
+            assert shown.returncode == 0, shown.stderr
+            return json.loads(shown.stdout)
+
+        wait_for(lambda: status()["progress"]["inferred"] >= 64, 120, "the open samples")
+        worker, gateway = _child(up, "evalq.worker"), _child(up, "serve")
+        assert worker is not None
+        assert gateway is not None
+        os.kill(worker, signal.SIGKILL)  # held at the gate: its samples are taken, not done
+        os.kill(gateway, signal.SIGKILL)
+
+        def back() -> bool:
+            again = _child(up, "evalq.worker"), _child(up, "serve")
+            return None not in again and not {worker, gateway} & set(again)
+
+        wait_for(back, 10, "a new worker and a new gateway")
+        wait_for(lambda: answers(f"{up.api}/openapi.json"), 120, "the new gateway to answer")
+        redis_pid = _child(up, "redis-server")
+        assert redis_pid is not None
+        os.kill(redis_pid, signal.SIGKILL)
+        wait_for(lambda: _child(up, "redis-server") not in {None, redis_pid}, 10, "a new Redis")
+        gate.touch()
+        wait_for(lambda: status()["status"] == "completed", 180, "the run to complete")
+        assert status()["progress"]["scored"] == 128
+        printed = up.printed.read_text()
+        assert "worker 0 exited with status -9" in printed
+        assert "the gateway exited with status -9" in printed
+        assert "worker 0 restarted" in printed
+        assert "the gateway restarted" in printed
+        assert "redis-server exited with status -9" in printed
+        assert "redis-server restarted" in printed
+        assert "stopping the rest" not in printed
+    with _evalq_up(tmp_path, env, "--workers", "1") as again:  # the same folder
+        assert again.admin_token() == admin
+        listed = again.cli(admin, "tokens", "list", "--json")
+        assert listed.returncode == 0, listed.stderr
+        assert [t["principal"] for t in json.loads(listed.stdout)] == ["admin"]
+    kept = tmp_path / "stack" / "secrets" / "admin.token"
+    assert kept.stat().st_mode & 0o777 == 0o600
+
+
+@pytest.mark.integration
+def test_evalq_up_beside_a_folder_named_evalq_loads_a_plugin_that_imports_evalq(
+    tmp_path: Path,
+) -> None:
+    """A clone named ``evalq`` in the folder ``evalq up`` starts from shadowed the installed
+    package in Flower (Celery puts the working directory on ``sys.path`` to load its app):
+    ``cannot import name 'Evaluation' from 'evalq'``, Flower exited 2 and ``evalq up`` 1."""
+    here, plugins = tmp_path / "here", tmp_path / "plugins"
+    (here / "evalq").mkdir(parents=True)
+    (here / "evalq" / "__init__.py").write_text("")
+    plugins.mkdir()
+    (plugins / "shadow_eval.py").write_text("from evalq import Evaluation\n\nBASE = Evaluation\n")
+    env = _up_env()
+    env.update(PYTHONPATH=f"{REPO}{os.pathsep}{plugins}", EVALQ_PLUGINS="shadow_eval")
+    with _evalq_up(tmp_path, env, cwd=here) as up:
+        workers = up.flower_get("/api/workers?refresh=1")
+        assert len([w for w in workers if w.startswith("evalq-")]) == 1
+        assert _child(up, "flower") is not None
+    for path, text in up.logs().items():
+        assert "cannot import" not in text, (path, text[-2000:])

@@ -171,9 +171,7 @@ def test_an_isolated_model_cannot_read_its_workers_environment_or_memory(
     seen = ResultReader(stack.client).outputs(meta.run_id, [0])[0]
     assert seen["ancestors_read"] == []  # the worker's /proc environ and mem: refused
     assert seen["evalq_env"] == []
-    assert seen["fields"] == [
-        "text"
-    ]  # label fields scrubbed: its own and every other's (spy's secret)
+    assert seen["fields"] == ["text"]  # every loaded evaluation's label fields scrubbed
 
 
 def test_a_child_gets_only_the_allowlisted_environment(tmp_path: Path) -> None:

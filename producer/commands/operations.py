@@ -207,7 +207,8 @@ def up(  # noqa: PLR0913, PLR0917 - a typer command: its options are its paramet
     ] = Path("evalq-up"),
 ) -> None:
     """Run a one-machine deployment until Ctrl-C: Redis with the ACL file, the gateway, workers,
-    Flower and metrics, each under its own Redis user; prints an admin token."""
+    Flower and metrics, each under its own Redis user, each started again when it exits; prints
+    the admin token."""
     from evalq.producer.stack import Stack, StackPorts
 
     ports = StackPorts(gateway=port, flower=flower_port, metrics=metrics_port, redis=redis_port)
