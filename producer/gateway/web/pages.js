@@ -116,7 +116,7 @@ function runsTable(views, admin, chosen, compare) {
       h('td', {}, pick),
       h('td', { class: 'id' }, link(['runs', m.run_id], m.run_id)),
       h('td', {}, m.eval), h('td', { class: 'model' }, modelName(m.model)),
-      h('td', {}, `${m.dataset_id}/${m.split}`), h('td', {}, badge(v.tier)),
+      h('td', { class: 'wrap' }, `${m.dataset_id}/${m.split}`), h('td', {}, badge(v.tier)),
       h('td', {}, badge(m.status)),
       h('td', { class: 'num' }, `${count(done(v))}/${count(m.n)}`),
       h('td', { class: 'num metric' }, metric ? `${metric.name} ${num(metric.mean)}` : (v.withheld ? 'withheld' : ''),
@@ -124,8 +124,8 @@ function runsTable(views, admin, chosen, compare) {
       h('td', { class: 'num' }, tokens(v.progress)),
       admin ? h('td', { class: 'principal' }, m.principal) : null,
       h('td', { class: 'when' }, when(m.created)),
-      h('td', {}, Object.entries(m.params).map(([k, val]) => `${k}=${val}`).join(' ')),
-      h('td', {}, m.tags.join(' '), m.sweep ? [' ', sweepLink(m, `sweep ${m.sweep}`)] : null));
+      h('td', { class: 'wrap' }, Object.entries(m.params).map(([k, val]) => `${k}=${val}`).join(' ')),
+      h('td', { class: 'wrap' }, m.tags.join(' '), m.sweep ? [' ', sweepLink(m, `sweep ${m.sweep}`)] : null));
   });
   return h('table', { class: 'rows', 'data-table': 'runs' },
     h('thead', {}, h('tr', {}, head.map((c) => h('th', {}, c)))), h('tbody', {}, rows));
@@ -182,7 +182,7 @@ export async function runPage(app, runId, signal) {
 
 /** Where a backlogged run stands: "waiting its turn" only when other principals' work is served
  * before it; a run alone (or next in turn) is being dispatched as fast as the workers take it. */
-function waitingText(w) {
+export function waitingText(w) {
   if (!w.ahead) {
     const others = w.principals > 1 ? `, shared with ${w.principals - 1} other principal(s), next in turn` : '';
     return `${count(w.waiting)} samples queued for the workers, ${num(100 * w.share, 0)}% of them${others}`;
