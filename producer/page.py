@@ -130,8 +130,7 @@ def render_comparison(found: Comparison, views: list[RunView]) -> str:
 
     def named(run_id: str) -> str:
         """A run with its task and model: runs of two tasks on one model told apart."""
-        said = [found.tasks.get(run_id), shown_model.get(run_id)]
-        said = [s for s in said if s]
+        said = [s for s in (found.tasks.get(run_id), shown_model.get(run_id)) if s]
         return f"{run_id} ({', '.join(said)})" if said else run_id
 
     runs = [
