@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from evalq.producer.direct import Direct
 from evalq.producer.follower import Follower
-from evalq.producer.views import PageSample, SamplePage, SampleQuery, rows_per_read
+from evalq.producer.views import SamplePage, SampleQuery, rows_per_read
 from evalq.shared.data.spec import DatasetSpec
 from evalq.shared.errors import EvalqError, TierRefusedError
 from evalq.shared.evals.language import language_run
@@ -90,7 +90,7 @@ class Samples:
         total, chunk = PageReader(self._direct.redis, rows).page(
             run_id, query.offset, query.limit, wanted
         )
-        found = [PageSample(**dict(r)) for r in results_of(chunk)]
+        found = list(results_of(chunk))
         if query.with_input and found:  # asked once above: one check, one audit entry
             row_of = self._row_reader(run_id)
             meta = self._direct.runs.get(run_id)
@@ -183,7 +183,7 @@ def target_of(meta: RunMeta, row: dict[str, Any]) -> Any:
     return {name: row.get(name) for name in labels}
 
 
-def _shown(meta: RunMeta, result: PageSample, row: dict[str, Any]) -> PageSample:
+def _shown(meta: RunMeta, result: SampleResult, row: dict[str, Any]) -> SampleResult:
     """``result`` with its row, target and (a language task's) prompt: per-sample reads."""
     run, prompt = language_run(meta), None
     if run is not None:

@@ -15,14 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field
 from evalq.shared.access.ladder import Released
 from evalq.shared.access.policy import Tier
 from evalq.shared.errors import RunNotCompletedError
-from evalq.shared.models import (
-    JSONValue,
-    Progress,
-    RunMeta,
-    RunProvenance,
-    RunStatus,
-    SampleResult,
-)
+from evalq.shared.models import Progress, RunMeta, RunProvenance, RunStatus, SampleResult
 from evalq.shared.queue.standing import Standing
 from evalq.shared.stats import Stat
 
@@ -31,7 +24,6 @@ __all__ = [
     "MAX_PAGE",
     "READ_BYTES",
     "Cancellation",
-    "PageSample",
     "Resumption",
     "RunView",
     "SamplePage",
@@ -172,19 +164,6 @@ class SampleQuery(BaseModel):
     """Each sample's row, labels included (the reader's data is read for this page only)."""
 
 
-class PageSample(SampleResult):
-    """One sample of a page: its result, and with ``with_input`` (per-sample access only, as
-    its row) its target and what the model read."""
-
-    target: JSONValue = None
-    """The row's target: a language task's target field, a Python evaluation's one label field
-    (its label fields' values when it has several); with ``with_input`` only."""
-    prompt: str | list[dict[str, str]] | None = None
-    """A language task's sample: the prompt text with its few-shot examples as the model read
-    it, or for a ``chat`` task the messages its chat template was applied to; with
-    ``with_input`` only."""
-
-
 class SamplePage(BaseModel):
     """One page of a run's per-sample results and how many match in all."""
 
@@ -192,7 +171,7 @@ class SamplePage(BaseModel):
     total: int
     """Samples that match the query (the page is ``offset`` to ``offset + len(samples)``)."""
     offset: int
-    samples: list[PageSample]
+    samples: list[SampleResult]
 
 
 @dataclass(frozen=True)

@@ -415,6 +415,13 @@ class SampleResult(BaseModel):
     input: dict[str, JSONValue] | None = None
     """The sample's row, labels included (``results --with-input``: readers with per-sample
     access only)."""
+    target: JSONValue = None
+    """A page's sample read with its row (``with_input``): the row's target (a language task's
+    target field; a Python evaluation's one label field, or its label fields' values)."""
+    prompt: str | list[dict[str, str]] | None = None
+    """A page's language-task sample read with its row (``with_input``): the prompt with its
+    few-shot examples as the model read it, or a ``chat`` task's messages, which its chat
+    template is applied to."""
 
     @property
     def state(self) -> SampleState:

@@ -14,10 +14,11 @@ import pytest
 from evalq.producer.client import Client
 from evalq.producer.remote import RemoteClient
 from evalq.producer.submit import SubmitRequest
-from evalq.producer.views import PageSample, SamplePage, SampleQuery
+from evalq.producer.views import SamplePage, SampleQuery
 from evalq.shared.access.policy import Tier
 from evalq.shared.access.tiers import TierRegistry
 from evalq.shared.errors import ArchiveUnreadableError, RemoteError, TierRefusedError
+from evalq.shared.models import SampleResult
 from evalq.shared.settings import Settings
 from evalq.shared.store.archive import ArchiveReader, ArchiveWriter, Chunk
 from evalq.shared.store.pages import PageQuery
@@ -37,7 +38,7 @@ def _rows(n: int) -> list[dict[str, object]]:
 
 def _all_pages(client: Client | RemoteClient, run_id: str, **query: object) -> SamplePage:
     """Every page of a query, 7 samples at a time, joined."""
-    found: list[PageSample] = []
+    found: list[SampleResult] = []
     total = None
     while total is None or len(found) < total:
         page = client.sample_page(
