@@ -213,7 +213,12 @@ class Client:
         ]
         stats = [self.status(meta.run_id).stats for meta in metas]
         found = compare([m.run_id for m in metas], scores, flips, stats)
-        return found.model_copy(update={"runs": {m.run_id: m.settings_shown for m in metas}})
+        return found.model_copy(
+            update={
+                "runs": {m.run_id: m.settings_shown for m in metas},
+                "tasks": {m.run_id: m.eval for m in metas},
+            }
+        )
 
     def report(self, run_id: str) -> str:
         """The run's self-contained HTML report (charts as its split's tier allows)."""

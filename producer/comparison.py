@@ -44,6 +44,9 @@ class Comparison(BaseModel):
     over all its samples, as ``status`` gives them), the baseline's first."""
     runs: dict[str, str] = {}
     """Run -> what it ran with: its model (a language task's) and parameters, ``k=v`` each."""
+    tasks: dict[str, str] = {}
+    """Run -> its evaluation (a registered task's name), so that runs of two tasks on one
+    model are told apart."""
 
 
 def shown(stat: Stat | None) -> tuple[str, str]:

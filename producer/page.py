@@ -6,7 +6,6 @@ from __future__ import annotations
 import html
 import json
 import time
-from typing import Any
 
 from evalq.producer.charts import (
     aggregates_chart,
@@ -57,25 +56,43 @@ def _cut(value: object) -> str:
     return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 1] + "…"
 
 
-def _target(row: dict[str, Any], labels: tuple[str, ...]) -> object:
-    """A row's target: its label field's value, or its label fields' when there are several."""
-    if len(labels) == 1:
-        return row.get(labels[0])
-    return {name: row.get(name) for name in labels}
+def _text(value: object) -> str:
+    """``value`` as text: a string as it is (a model's generated text), anything else as
+    compact JSON; cut to :data:`SHOWN_CHARS` (an ellipsis says so)."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        return _cut(value)
+    return value if len(value) <= SHOWN_CHARS else value[: SHOWN_CHARS - 1] + "…"
+
+
+def _prompt(value: object) -> str:
+    """What a language model read: the prompt's text, or a chat task's messages as
+    ``role: content`` lines."""
+    if isinstance(value, list):
+        value = "\n".join(f"{m.get('role')}: {m.get('content')}" for m in value)
+    return _text(value)
 
 
 def _worst(report: Report) -> str:
-    """The lowest-scoring samples, each with its input and target beside its output where its
-    row was read."""
+    """The lowest-scoring samples, each with its input (a language task's prompt as the model
+    read it) and target beside its output where its row was read."""
     rows = report.rows
     if rows is None:
         headers = ["sample", "score", "output"]
-        cells = [[str(r.sample_id), f"{v:.4g}", _cut(r.output)] for v, r in report.worst]
+        cells = [[str(r.sample_id), f"{v:.4g}", _text(r.output)] for v, r in report.worst]
+    elif report.prompts:
+        headers = ["sample", "score", "prompt", "target", "output"]
+        cells = [
+            [str(r.sample_id), f"{v:.4g}", _prompt(report.prompts.get(r.sample_id)),
+             _text(report.targets.get(r.sample_id)), _text(r.output)]
+            for v, r in report.worst
+        ]  # fmt: skip
     else:
         headers = ["sample", "score", "input", "target", "output"]
         cells = [
             [str(r.sample_id), f"{v:.4g}", _cut(scrub(rows[r.sample_id], report.labels)),
-             _cut(_target(rows[r.sample_id], report.labels)), _cut(r.output)]
+             _text(report.targets.get(r.sample_id)), _text(r.output)]
             for v, r in report.worst
         ]  # fmt: skip
     caption = f"lowest-scoring samples by their first metric (the {LISTED} lowest)"
@@ -109,14 +126,22 @@ def render_comparison(found: Comparison, views: list[RunView]) -> str:
     (mean, 95% interval, count), a forest plot of the differences from the baseline, and each
     difference's numbers beside the run's own value, and its flipped samples."""
     names = list(found.metrics)
+    shown_model = {v.meta.run_id: v.meta.model_shown for v in views}
+
+    def named(run_id: str) -> str:
+        """A run with its task and model: runs of two tasks on one model told apart."""
+        said = [s for s in (found.tasks.get(run_id), shown_model.get(run_id)) if s]
+        return f"{run_id} ({', '.join(said)})" if said else run_id
+
     runs = [
-        [v.meta.run_id, v.meta.eval, v.meta.settings_shown,
+        [v.meta.run_id, v.meta.eval,
+         v.meta.settings_shown.replace(f"model={v.meta.model}", f"model={v.meta.model_shown}"),
          v.meta.status.value,
          *(" ".join(shown(found.stats.get(n, {}).get(v.meta.run_id))) for n in names)]
         for v in views
     ]  # fmt: skip
     numbers = [
-        [name, run_id, f"{d.delta:+.4f}",
+        [name, named(run_id), f"{d.delta:+.4f}",
          "" if d.ci95 is None else f"{d.ci95[0]:+.4f} to {d.ci95[1]:+.4f}",
          "" if d.p_value is None else f"{d.p_value:.3g}", str(d.n_paired),
          *shown(found.stats.get(name, {}).get(run_id))]
@@ -124,7 +149,12 @@ def render_comparison(found: Comparison, views: list[RunView]) -> str:
         for run_id, d in deltas.items()
     ]  # fmt: skip
     flips = [
-        [name, run_id, ", ".join(map(str, f.fixed)) or "-", ", ".join(map(str, f.broken)) or "-"]
+        [
+            name,
+            named(run_id),
+            ", ".join(map(str, f.fixed)) or "-",
+            ", ".join(map(str, f.broken)) or "-",
+        ]
         for name, flipped in found.flips.items()
         for run_id, f in flipped.items()
     ]
@@ -193,7 +223,7 @@ def render(report: Report) -> str:
     facts = {
         "run": meta.run_id,
         "evaluation": meta.eval,
-        **({"model": meta.model} if meta.model is not None else {}),
+        **({"model": meta.model_shown} if meta.model_shown is not None else {}),
         "data": f"{meta.dataset_id} / {meta.split} ({view.tier.value})",
         "status": meta.status.value,
         "samples": f"{meta.n:,}",

@@ -18,12 +18,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from evalq.producer.samples import Samples
+from evalq.producer.samples import Samples, labels_of, target_of
 from evalq.producer.views import RunView
 from evalq.shared.data.loading import load_rows, shard_of_rows
 from evalq.shared.data.routing import KMeans
 from evalq.shared.errors import EvalqError, TierRefusedError
-from evalq.shared.evaluation import label_fields
+from evalq.shared.evals.language import language_run
 from evalq.shared.models import SampleResult, SampleState, scores_value
 from evalq.shared.store.wire import result_of
 
@@ -63,7 +63,13 @@ class Report:
     access only); None when they could not be read (``rows_note`` says why)."""
     rows_note: str | None = None
     labels: tuple[str, ...] = ()
-    """The evaluation's label fields: a row's target."""
+    """The evaluation's label fields (a language task's target first): scrubbed from the
+    input shown."""
+    targets: dict[int, Any] = field(default_factory=dict)
+    """The target of each row read (:func:`evalq.producer.samples.target_of`)."""
+    prompts: dict[int, Any] = field(default_factory=dict)
+    """A language task's samples among the rows read: what the model read (the prompt with its
+    few-shot examples, or a chat task's messages)."""
     generated: float = field(default_factory=time.time)
 
 
@@ -109,15 +115,36 @@ def gather(view: RunView, samples: Samples) -> Report:
         timeline = []  # per-sample timing: the run's status shows it as a whole
     worst = lowest.lowest()
     rows, rows_note = None, None
+    targets: dict[int, Any] = {}
+    prompts: dict[int, Any] = {}
     if withheld is None and worst:
         try:
             rows = samples.rows(run_id, [r.sample_id for _, r in worst])
         except EvalqError as exc:
             rows_note = f"inputs and targets need the run's data on this machine: {exc}"
+        else:
+            targets, prompts = _targets(view, rows)
     return Report(
         view, scores, withheld, timeline, shards, note, failures=lowest.failures, worst=worst,
-        rows=rows, rows_note=rows_note, labels=label_fields(view.meta.eval),
+        rows=rows, rows_note=rows_note, labels=labels_of(view.meta), targets=targets,
+        prompts=prompts,
     )  # fmt: skip
+
+
+def _targets(
+    view: RunView, rows: dict[int, dict[str, Any]]
+) -> tuple[dict[int, Any], dict[int, Any]]:
+    """Each read row's target, and a language task's prompts."""
+    run = language_run(view.meta)
+    targets = {i: target_of(view.meta, row) for i, row in rows.items()}
+    prompts: dict[int, Any] = {}
+    if run is not None:
+        for i, row in rows.items():
+            try:
+                prompts[i] = run.shown_prompt(row, i)
+            except EvalqError:  # a row the task cannot fill: the sample failed for it
+                continue
+    return targets, prompts
 
 
 States = Iterator[tuple["np.ndarray", "np.ndarray", "np.ndarray"]]

@@ -18,8 +18,10 @@ from evalq.producer.direct import Direct
 from evalq.producer.follower import Follower
 from evalq.producer.views import SamplePage, SampleQuery, rows_per_read
 from evalq.shared.data.spec import DatasetSpec
-from evalq.shared.errors import TierRefusedError
-from evalq.shared.models import SampleResult, SampleState
+from evalq.shared.errors import EvalqError, TierRefusedError
+from evalq.shared.evals.language import language_run
+from evalq.shared.evaluation import label_fields
+from evalq.shared.models import RunMeta, SampleResult, SampleState
 from evalq.shared.store.archive import PART_ROWS, table_of
 from evalq.shared.store.pages import PageQuery, PageReader
 from evalq.shared.store.wire import chunk_lines, results_of
@@ -28,7 +30,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from datasets import Dataset
 
-__all__ = ["FOLLOW_BLOCK_MS", "Samples"]
+__all__ = ["FOLLOW_BLOCK_MS", "Samples", "labels_of", "target_of"]
 
 FOLLOW_BLOCK_MS = 500
 """How long each step of ``follow_results`` waits for a new result before it looks again
@@ -91,7 +93,8 @@ class Samples:
         found = list(results_of(chunk))
         if query.with_input and found:  # asked once above: one check, one audit entry
             row_of = self._row_reader(run_id)
-            found = [r.model_copy(update={"input": row_of(r.sample_id)}) for r in found]
+            meta = self._direct.runs.get(run_id)
+            found = [_shown(meta, r, row_of(r.sample_id)) for r in found]
         return SamplePage(run_id=run_id, total=total, offset=query.offset, samples=found)
 
     def follow(self, run_id: str, with_input: bool = False) -> Iterator[SampleResult]:
@@ -157,3 +160,36 @@ class Samples:
             return result.model_copy(update={"input": row_of(result.sample_id)})
 
         return added
+
+
+def labels_of(meta: RunMeta) -> tuple[str, ...]:
+    """The label fields of the run's evaluation, its target first: a language task's as its
+    record keeps them, a Python evaluation's as this process loaded it (none when it did not)."""
+    run = language_run(meta)
+    return run.task.label_fields if run is not None else label_fields(meta.eval)
+
+
+def target_of(meta: RunMeta, row: dict[str, Any]) -> Any:
+    """A full row's target: a language task's target field; a Python evaluation's label field,
+    or its label fields' values when it has several (None when it declares none)."""
+    run = language_run(meta)
+    if run is not None:
+        return row.get(run.task.target)
+    labels = label_fields(meta.eval)
+    if not labels:
+        return None
+    if len(labels) == 1:
+        return row.get(labels[0])
+    return {name: row.get(name) for name in labels}
+
+
+def _shown(meta: RunMeta, result: SampleResult, row: dict[str, Any]) -> SampleResult:
+    """``result`` with its row, target and (a language task's) prompt: per-sample reads."""
+    run, prompt = language_run(meta), None
+    if run is not None:
+        try:
+            prompt = run.shown_prompt(row, result.sample_id)
+        except EvalqError:  # a row the task cannot fill: the sample failed for it
+            prompt = None
+    update = {"input": row, "target": target_of(meta, row), "prompt": prompt}
+    return result.model_copy(update=update)

@@ -165,6 +165,12 @@ class Evaluation(ABC):
         task's spec); None: its class's source file is (:func:`source`)."""
         return None
 
+    def described(self) -> str:
+        """What provenance names this evaluation by: its class, module and name (a registered
+        task says which task)."""
+        cls = type(self)
+        return f"{cls.__module__}.{cls.__qualname__}"
+
     def model_key(self) -> str:
         """What identifies this evaluation's loaded model in a worker's pool of warm models:
         by default its name and parameters (:func:`model_key`); evaluations that run one

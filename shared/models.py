@@ -30,6 +30,7 @@ __all__ = [
     "WorkerProvenance",
     "from_json",
     "scores_values",
+    "shown_model",
     "to_json",
 ]
 
@@ -236,6 +237,12 @@ class RunMeta(BaseModel):
     """Unix time its per-sample results moved to the archive (:mod:`evalq.shared.store.archive`)."""
 
     @property
+    def model_shown(self) -> str | None:
+        """The model as pages print it: a local folder's absolute path after its provider and
+        a colon (``hf:/models/x``), not the canonical ``hf//models/x``."""
+        return None if self.model is None else shown_model(self.model)
+
+    @property
     def settings_shown(self) -> str:
         """What the run ran with, as listings show it: its model first (a language task's),
         then its parameters, ``k=v`` each."""
@@ -245,6 +252,13 @@ class RunMeta(BaseModel):
     ended_seen: bool = Field(default=False, exclude=True)
     """A producer read the run ended and wrote so in its facts, where no worker can undo it:
     nothing is refunded after that, whatever its state (which workers write) says later."""
+
+
+def shown_model(model: str) -> str:
+    """A canonical model spec as pages print it: ``hf//models/x`` (a folder's absolute path
+    after ``hf/``) as ``hf:/models/x``; anything else as it is."""
+    provider, sep, rest = model.partition("/")
+    return f"{provider}:{rest}" if sep and rest.startswith("/") else model
 
 
 class Progress(BaseModel):
@@ -401,6 +415,13 @@ class SampleResult(BaseModel):
     input: dict[str, JSONValue] | None = None
     """The sample's row, labels included (``results --with-input``: readers with per-sample
     access only)."""
+    target: JSONValue = None
+    """A page's sample read with its row (``with_input``): the row's target (a language task's
+    target field; a Python evaluation's one label field, or its label fields' values)."""
+    prompt: str | list[dict[str, str]] | None = None
+    """A page's language-task sample read with its row (``with_input``): the prompt with its
+    few-shot examples as the model read it, or a ``chat`` task's messages, which its chat
+    template is applied to."""
 
     @property
     def state(self) -> SampleState:
@@ -421,7 +442,7 @@ class WorkerProvenance(BaseModel):
     packages: dict[str, str]
     """Package -> version (``not installed`` when absent)."""
     evaluation: str
-    """The evaluation class's module and name."""
+    """The evaluation: its class's module and name, or `task NAME` for a registered task."""
     source_sha256: str
     """sha256 of the evaluation's source file as the worker loaded it: the code it ran
     (``unknown`` when it has none); for a registered language task, its spec's digest."""

@@ -31,7 +31,7 @@ from evalq.shared.lm.request import ChoiceRequest, ChoiceScore
 from evalq.shared.lm.run import LanguageRun
 from evalq.shared.lm.spec import ModelSpec, canonical, folder, identity, is_local
 from evalq.shared.lm.task import TaskSpec
-from evalq.shared.models import Usage, to_json, with_usage
+from evalq.shared.models import Usage, shown_model, to_json, with_usage
 from evalq.shared.store.wire import result_line, result_of, text_line
 from tests.conftest import Stack
 from tests.helpers import REPO, cli_env, gateway, list_splits, wait_completed, write_rows
@@ -305,7 +305,8 @@ def test_runs_of_one_task_on_two_models_compare_side_by_side(
     listed = {v.meta.run_id: v.meta.settings_shown for v in user.recent()}
     assert listed[metas[1].run_id] == f"model={models[1]}"
     page = render(gather(user.status(metas[1].run_id), user.samples))
-    assert f"<th>model</th><td>{models[1]}</td>" in page
+    assert f"<th>model</th><td>{shown_model(models[1])}</td>" in page
+    assert "hf//" not in page  # a folder's path after hf:, not the canonical double slash
 
 
 def test_a_language_run_is_rescored_by_another_task_without_inference(

@@ -614,7 +614,7 @@ def test_a_hidden_tab_reads_the_list_again_once_shown_and_a_revoked_token_signs_
 ) -> None:
     from playwright.sync_api import expect
 
-    write_rows(tmp_path / "data", "validation", labelled_rows(8))
+    write_rows(tmp_path / "data", "validation", labelled_rows(128))
     data = list_splits(site.stack.client, tmp_path / "data", "validation")
     gate = tmp_path / "gate"
     operator = Client(site.stack.settings)
@@ -659,3 +659,81 @@ def test_a_hidden_tab_reads_the_list_again_once_shown_and_a_revoked_token_signs_
         wait_completed(site.stack.client, run_id)
         carol.close()
         operator.close()
+
+
+def test_a_run_page_says_what_failed_and_offers_resume_only_when_it_helps(
+    site: Site, tab: Tab, tmp_path: Path
+) -> None:
+    """#44's finding 9: a finished run's errors with their first message (a per-sample reader's
+    only), Resume disabled on a run that goes, "waiting its turn" only behind other principals,
+    the samples' target column and outputs as text, one-line timestamps in a runs table that
+    fits 1,400 px, and a comparison that names each run's task."""
+    from playwright.sync_api import expect
+
+    _sign_in(tab, site.api, site.alice, f"#/runs/{site.viewable}")
+    page = tab.page
+    row = page.locator("#errors tr[data-kind='score/ValueError']")
+    expect(row.locator("td.message")).to_contain_text("cannot score a bust")
+    expect(page.locator("#run .actions button", has_text="Resume")).to_have_count(0)  # completed
+    # the held-out reader's errors by stage only, and no message read for it
+    page.goto(f"{site.api}/#/runs/{site.hidden}")
+    expect(page.locator("#run-status")).to_have_attribute("data-status", "completed")
+    assert page.locator("#errors td.message:not(:empty)").count() == 0
+
+    alone = {"waiting": 808, "share": 1.0, "principals": 1, "runs": 1, "ahead": 0}
+    behind = {**alone, "principals": 2, "ahead": 1}
+    said = page.evaluate(
+        "async ([a, b]) => { const m = await import('/viewer/pages.js');"
+        " return [m.waitingText(a), m.waitingText(b)]; }",
+        [alone, behind],
+    )
+    assert "waiting its turn" not in said[0]
+    assert "808 samples" in said[0]
+    assert said[1].startswith("waiting its turn")
+    assert "1 principal(s) served first" in said[1]
+
+    write_rows(tmp_path / "data", "validation", labelled_rows(128))
+    data = list_splits(site.stack.client, tmp_path / "data", "validation")
+    gate = tmp_path / "gate"
+    alice = site.remote(site.alice)
+    run_id = _submit(alice, data, "validation", eval="slow",
+                     params={"gate": str(gate), "open_until": "64"})  # fmt: skip
+    try:
+        wait_for(lambda: alice.status(run_id).progress.done >= 64, 60, "the first 64 samples")
+        page.goto(f"{site.api}/#/runs/{run_id}")
+        expect(page.locator("#run-status")).to_have_attribute("data-status", "running")
+        expect(page.locator("#run .actions button", has_text="Resume")).to_be_disabled()
+        tab.shot("run-live-resume")
+    finally:
+        gate.touch()
+    expect(page.locator("#run-status")).to_have_attribute("data-status", "completed")
+
+    page.goto(f"{site.api}/#/runs/{site.viewable}/samples?inputs=1")
+    rows = page.locator("table[data-table=samples] tbody tr")
+    expect(rows).to_have_count(50)
+    expected = (
+        site.remote(site.alice)
+        .sample_page(site.viewable, SampleQuery(limit=50, with_input=True))
+        .samples
+    )
+    shown = rows.evaluate_all("rows => rows.map(r => r.querySelector('.target').textContent)")
+    assert shown == [str(r.input["label"]) for r in expected if r.input is not None]
+    assert [r.target for r in expected] == [r.input["label"] for r in expected if r.input]
+
+    page.set_viewport_size({"width": 1400, "height": 900})
+    page.goto(f"{site.api}/#/runs")
+    _listed(tab)
+    fits = page.evaluate(
+        "() => { const box = document.querySelector('#runs');"
+        " const cell = document.querySelector('table[data-table=runs] td.when');"
+        " const text = document.createRange(); text.selectNodeContents(cell);"
+        " const lines = new Set([...text.getClientRects()].map((r) => Math.round(r.top)));"
+        " return [box.scrollWidth <= box.clientWidth, lines.size === 1]; }"
+    )
+    tab.shot("runs-1400")
+    assert fits == [True, True]
+
+    base, other = site.swept[0], site.flipped
+    page.goto(f"{site.api}/#/compare?runs={base},{other}")
+    cell = page.locator(f"table[data-table=deltas-accuracy] tr[data-run='{other}'] td").first
+    expect(cell).to_contain_text(f"{other} (guess")

@@ -95,6 +95,9 @@ class LanguageEvaluation(Evaluation):
     def definition(self) -> str:
         return self.run.task.digest
 
+    def described(self) -> str:
+        return f"task {self.name}"
+
     def load(self, device: str) -> HFModel | EndpointModel:
         if self.run.model.endpoint is not None:
             return endpoint_model(self.run.model, self.run.cache)

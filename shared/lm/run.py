@@ -56,3 +56,15 @@ class LanguageRun(BaseModel):
         n = self.task.fewshot.n if self.task.fewshot is not None else 0
         rows = [e.row for e in self.examples if not (self.same_split and e.row_id == sample_id)]
         return rows[:n]
+
+    def shown_prompt(self, row: dict[str, Any], sample_id: int) -> str | list[dict[str, str]]:
+        """What the model read for sample ``sample_id`` (its full ``row``, scrubbed here): the
+        prompt text with its few-shot examples, exactly as sent; for a ``chat`` task the chat
+        messages the model's chat template is applied to (an endpoint's server applies it, a
+        local model's tokenizer does, on the worker)."""
+        hidden = set(self.task.label_fields)
+        scrubbed = {k: v for k, v in row.items() if k not in hidden}
+        examples = self.examples_for(sample_id)
+        if self.task.chat:
+            return self.task.messages(scrubbed, examples)
+        return self.task.text(scrubbed, examples)

@@ -51,7 +51,7 @@ def of_worker(evaluation: Evaluation, device: str) -> WorkerProvenance:
         device=device,
         python=platform.python_version(),
         packages=dict(_packages()),
-        evaluation=f"{cls.__module__}.{cls.__qualname__}",
+        evaluation=evaluation.described(),
         source_sha256=defined or ("unknown" if found is None else found.loaded),
         source_now=None if found is None or defined else found.changed(),
         weights=evaluation.weights(),

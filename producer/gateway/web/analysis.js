@@ -1,7 +1,7 @@
 // A sweep's metric against its parameter, and the paired comparison of runs.
 import { api, session } from './api.js';
 import { forestPlot, intervalChart } from './charts.js';
-import { count, h, interval, link, notice, num, put } from './dom.js';
+import { count, h, interval, link, modelName, notice, num, put } from './dom.js';
 
 function settings(meta) {
   return { ...(meta.model ? { model: meta.model } : {}), ...meta.params };
@@ -96,9 +96,12 @@ export async function comparePage(app, query, signal) {
     return;
   }
   const base = found.baseline;
-  const named = (run) => `${run}${found.runs?.[run] ? ` (${found.runs[run]})` : ''}`;
+  // each run by its task and what it ran with (two tasks' runs on one model told apart)
+  const about = (run) => [found.tasks?.[run], (found.runs?.[run] || '').replace(/model=\S+/, (m) => `model=${modelName(m.slice(6))}`)]
+    .filter(Boolean).join(' · ');
+  const named = (run) => `${run}${about(run) ? ` (${about(run)})` : ''}`;
   const sections = [h('p', {}, 'Each run against the baseline ', link(['runs', base], base),
-    found.runs?.[base] ? ` (${found.runs[base]})` : '', ', sample by sample: the mean paired difference with its 95% interval.')];
+    about(base) ? ` (${about(base)})` : '', ', sample by sample: the mean paired difference with its 95% interval.')];
   for (const [metric, deltas] of Object.entries(found.metrics)) {
     const rows = Object.entries(deltas).map(([run, d]) => ({ label: run, delta: d.delta, low: d.ci95?.[0], high: d.ci95?.[1], d }));
     sections.push(h('section', { class: 'metric', 'data-metric': metric },
@@ -118,12 +121,12 @@ export async function comparePage(app, query, signal) {
             h('td', { class: 'num' }, count(d.flips?.[0])), h('td', { class: 'num' }, count(d.flips?.[1])),
             h('td', { class: 'num' }, own ? num(own.mean) : ''), h('td', { class: 'num' }, own?.ci95 ? interval(own.ci95) : ''));
         }))),
-      flipsTable(base, metric, found.flips?.[metric] || {})));
+      flipsTable(base, metric, found.flips?.[metric] || {}, named)));
   }
   put(body, sections);
 }
 
-function flipsTable(base, metric, flips) {
+function flipsTable(base, metric, flips, named) {
   const rows = [];
   for (const [run, f] of Object.entries(flips)) {
     for (const [kind, ids] of [['fixed', f.fixed], ['broken', f.broken]]) {
@@ -131,7 +134,7 @@ function flipsTable(base, metric, flips) {
         rows.push(h('tr', { 'data-sample': id, 'data-kind': kind, 'data-run': run },
           h('td', {}, kind), h('td', { class: 'num' }, String(id)),
           h('td', {}, link(['runs', base, 'samples', id], `baseline ${base}`)),
-          h('td', {}, link(['runs', run, 'samples', id], run))));
+          h('td', {}, link(['runs', run, 'samples', id], named(run)))));
       }
     }
   }

@@ -70,6 +70,14 @@ export function duration(seconds) {
   return `${(seconds / 3600).toFixed(1)} h`;
 }
 
+/** A model spec as pages print it: a local folder's absolute path after its provider and a
+ * colon (hf:/models/x), not the canonical hf//models/x. */
+export function modelName(model) {
+  if (!model) return '';
+  const cut = model.indexOf('/');
+  return cut > 0 && model[cut + 1] === '/' ? `${model.slice(0, cut)}:${model.slice(cut + 1)}` : model;
+}
+
 /** A JSON value as short text (strings as they are). */
 export function brief(value, max = 160) {
   if (value === null || value === undefined) return '';

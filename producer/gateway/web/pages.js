@@ -1,6 +1,6 @@
 // Runs, one run (live), its samples and one sample.
 import { ApiError, api, events, session, unauthorized } from './api.js';
-import { brief, count, duration, h, interval, link, notice, num, pretty, put, when } from './dom.js';
+import { brief, count, duration, h, interval, link, modelName, notice, num, pretty, put, when } from './dom.js';
 
 const STATUSES = ['', 'queued', 'running', 'completed', 'failed', 'cancelled'];
 const FILTERS = ['eval', 'model', 'dataset', 'split', 'sweep', 'tag'];
@@ -115,17 +115,17 @@ function runsTable(views, admin, chosen, compare) {
     return h('tr', { 'data-run': m.run_id, 'data-status': m.status },
       h('td', {}, pick),
       h('td', { class: 'id' }, link(['runs', m.run_id], m.run_id)),
-      h('td', {}, m.eval), h('td', {}, m.model || ''),
-      h('td', {}, `${m.dataset_id}/${m.split}`), h('td', {}, badge(v.tier)),
+      h('td', {}, m.eval), h('td', { class: 'model' }, modelName(m.model)),
+      h('td', { class: 'wrap' }, `${m.dataset_id}/${m.split}`), h('td', {}, badge(v.tier)),
       h('td', {}, badge(m.status)),
       h('td', { class: 'num' }, `${count(done(v))}/${count(m.n)}`),
       h('td', { class: 'num metric' }, metric ? `${metric.name} ${num(metric.mean)}` : (v.withheld ? 'withheld' : ''),
         metric?.ci ? h('span', { class: 'ci' }, ` (${interval(metric.ci)})`) : null),
       h('td', { class: 'num' }, tokens(v.progress)),
       admin ? h('td', { class: 'principal' }, m.principal) : null,
-      h('td', {}, when(m.created)),
-      h('td', {}, Object.entries(m.params).map(([k, val]) => `${k}=${val}`).join(' ')),
-      h('td', {}, m.tags.join(' '), m.sweep ? [' ', sweepLink(m, `sweep ${m.sweep}`)] : null));
+      h('td', { class: 'when' }, when(m.created)),
+      h('td', { class: 'wrap' }, Object.entries(m.params).map(([k, val]) => `${k}=${val}`).join(' ')),
+      h('td', { class: 'wrap' }, m.tags.join(' '), m.sweep ? [' ', sweepLink(m, `sweep ${m.sweep}`)] : null));
   });
   return h('table', { class: 'rows', 'data-table': 'runs' },
     h('thead', {}, h('tr', {}, head.map((c) => h('th', {}, c)))), h('tbody', {}, rows));
@@ -180,7 +180,13 @@ export async function runPage(app, runId, signal) {
   }
 }
 
-function waitingText(w) {
+/** Where a backlogged run stands: "waiting its turn" only when other principals' work is served
+ * before it; a run alone (or next in turn) is being dispatched as fast as the workers take it. */
+export function waitingText(w) {
+  if (!w.ahead) {
+    const others = w.principals > 1 ? `, shared with ${w.principals - 1} other principal(s), next in turn` : '';
+    return `${count(w.waiting)} samples queued for the workers, ${num(100 * w.share, 0)}% of them${others}`;
+  }
   const shared = [];
   if (w.principals > 1) shared.push(`${w.principals - 1} other principal(s)`);
   if (w.runs > 1) shared.push(`${w.runs - 1} other run(s) of its principal`);
@@ -198,7 +204,7 @@ function renderRun(body, view) {
   const settled = done(view);
   const facts = h('dl', { class: 'facts' },
     field('evaluation', m.eval),
-    m.model ? field('model', m.model) : null,
+    m.model ? field('model', modelName(m.model)) : null,
     field('data', `${m.dataset_id}/${m.split}`),
     field('tier', badge(view.tier)),
     field('status', h('span', { id: 'run-status', 'data-status': m.status }, badge(m.status)), m.reason ? ` ${m.reason}` : ''),
@@ -212,6 +218,9 @@ function renderRun(body, view) {
     m.rescored_from ? field('rescored from', link(['runs', m.rescored_from], m.rescored_from)) : null);
   const why = view.stalled ? `stalled: ${view.stalled}` :
     view.waiting ? waitingText(view.waiting) : '';
+  // resume re-enqueues what a run lost: for a run that failed, was cancelled or stalled; a
+  // going run that moves has nothing to resume (and a completed one nothing left)
+  const resumable = ['failed', 'cancelled'].includes(m.status) || Boolean(view.stalled);
   const progress = h('section', { id: 'progress' },
     h('h2', {}, 'Progress'),
     h('progress', { max: m.n || 1, value: settled }),
@@ -229,12 +238,39 @@ function renderRun(body, view) {
   const actions = h('p', { class: 'actions' },
     link(['runs', m.run_id, 'samples'], 'Samples', null, { id: 'samples-link' }),
     ['queued', 'running'].includes(m.status) ? button('Cancel', `/v1/runs/${encodeURIComponent(m.run_id)}/cancel`, body) : null,
-    m.status !== 'completed' ? button('Resume', `/v1/runs/${encodeURIComponent(m.run_id)}/resume`, body) : null);
-  put(body, facts, actions, progress, aggregates(view), errors(view), modelSpec(m), provenance(view));
+    m.status !== 'completed' ? button('Resume', `/v1/runs/${encodeURIComponent(m.run_id)}/resume`, body, !resumable,
+      'Resume is for a run that failed, was cancelled or stalled') : null);
+  const failures = errors(view);
+  put(body, facts, actions, progress, aggregates(view), failures, modelSpec(m), provenance(view));
+  if (failures && !['queued', 'running'].includes(m.status)) errorMessages(failures, m.run_id);
 }
 
-function button(label, path, body) {
-  const b = h('button', { type: 'button', class: 'action' }, label);
+/** A run that ended with failed samples: the first message of each error kind, read from its
+ * failed samples, which the API gives only a reader with per-sample access (a held-out reader
+ * sees the stages and their counts, nothing more). */
+async function errorMessages(section, runId) {
+  let page;
+  try {
+    page = await api(`/v1/runs/${encodeURIComponent(runId)}/samples`, { failed: true, limit: 50 });
+  } catch (error) {
+    if (error instanceof ApiError && error.status === 403) return; // no per-sample access: stages only
+    throw error;
+  }
+  const first = new Map();
+  for (const r of page.samples) {
+    const kind = r.error ? `${r.error.stage}/${r.error.kind}` : null;
+    if (kind && !first.has(kind)) first.set(kind, r);
+  }
+  for (const row of section.querySelectorAll('tr[data-kind]')) {
+    const r = first.get(row.dataset.kind);
+    if (!r) continue;
+    row.querySelector('td.message').append(r.error.message, ' ',
+      link(['runs', runId, 'samples', r.sample_id], `(sample ${r.sample_id})`));
+  }
+}
+
+function button(label, path, body, disabled = false, why = null) {
+  const b = h('button', { type: 'button', class: 'action', disabled, title: disabled ? why : null }, label);
   b.addEventListener('click', async () => {
     b.disabled = true;
     try {
@@ -280,8 +316,9 @@ function errors(view) {
   if (!kinds.length) return null;
   return h('section', { id: 'errors' }, h('h2', {}, 'Errors'),
     h('table', { class: 'rows', 'data-table': 'errors' },
-      h('thead', {}, h('tr', {}, h('th', {}, 'stage/kind'), h('th', {}, 'samples'))),
-      h('tbody', {}, kinds.map(([k, n]) => h('tr', {}, h('td', {}, k), h('td', { class: 'num' }, count(n)))))));
+      h('thead', {}, h('tr', {}, h('th', {}, 'stage/kind'), h('th', {}, 'samples'), h('th', {}, 'first message'))),
+      h('tbody', {}, kinds.map(([k, n]) => h('tr', { 'data-kind': k }, h('td', {}, k), h('td', { class: 'num' }, count(n)),
+        h('td', { class: 'text message' }))))));
 }
 
 function modelSpec(m) {
@@ -415,11 +452,17 @@ function errorText(error) {
   return error ? `${error.stage}/${error.kind}: ${error.message}` : '';
 }
 
+/** What the model read, as text: the prompt, or a chat task's messages as "role: content". */
+function promptText(prompt) {
+  return Array.isArray(prompt) ? prompt.map((m) => `${m.role}: ${m.content}`).join('\n') : prompt;
+}
+
 function sampleTable(runId, samples, withInput) {
-  const head = ['sample', ...(withInput ? ['input'] : []), 'output', 'scores', 'error', 'tokens', 'grader'];
+  const head = ['sample', ...(withInput ? ['input', 'target'] : []), 'output', 'scores', 'error', 'tokens', 'grader'];
   const rows = samples.map((r) => h('tr', { 'data-sample': r.sample_id, class: r.error ? 'failed' : (r.scores ? '' : 'pending') },
     h('td', { class: 'num' }, link(['runs', runId, 'samples', r.sample_id], String(r.sample_id))),
-    withInput ? h('td', { class: 'text' }, brief(r.input)) : null,
+    withInput ? h('td', { class: 'text input' }, r.prompt ? brief(promptText(r.prompt)) : brief(r.input)) : null,
+    withInput ? h('td', { class: 'text target' }, brief(r.target)) : null,
     h('td', { class: 'text output' }, r.scores || r.output !== null ? brief(r.output) : (r.error ? '' : 'pending')),
     h('td', { class: 'scores' }, scoresText(r.scores)),
     h('td', { class: 'text error' }, errorText(r.error)),
@@ -447,7 +490,10 @@ export async function samplePage(app, runId, sampleId, signal) {
     h('section', { id }, h('h2', {}, label), h('pre', {}, pretty(value)));
   put(body,
     h('p', {}, link(['runs', runId, 'samples'], '← all samples')),
+    r.prompt ? block('Prompt (what the model read: few-shot examples included; a chat task\'s messages, which its chat template is applied to)',
+      promptText(r.prompt), 'sample-prompt') : null,
     block('Input (the row, labels included)', r.input, 'sample-input'),
+    block('Target', r.target, 'sample-target'),
     block('Output', r.output, 'sample-output'),
     block('Scores', r.scores, 'sample-scores'),
     block('Error', r.error ? errorText(r.error) : null, 'sample-error'),
