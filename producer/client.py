@@ -39,7 +39,7 @@ from evalq.producer.views import Cancellation, Resumption, RunView, SamplePage, 
 from evalq.shared.access.budget import Budget
 from evalq.shared.access.dataset import RegisteredDataset
 from evalq.shared.access.policy import Tier, stored_tier, suggests_datasets
-from evalq.shared.access.roles import Caller, Role, TokenRecord
+from evalq.shared.access.roles import Role, TokenRecord
 from evalq.shared.access.task import RegisteredTask
 from evalq.shared.access.tasks import TaskRegistry
 from evalq.shared.connection import server_time
@@ -335,10 +335,6 @@ class Client:
     def create_token(self, principal: str, role: Role) -> str:
         """A new API token for ``principal`` (shown once; stored as a digest; audited)."""
         return self._direct.tokens.create(principal, role, who=self.principal)
-
-    def token_caller(self, token: str) -> Caller | None:
-        """Who ``token`` stands for, or None when it is unknown or revoked."""
-        return self._direct.tokens.caller(token)
 
     def tokens(self) -> list[TokenRecord]:
         """Every live token's principal, role and creation (never the token)."""

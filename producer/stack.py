@@ -39,7 +39,9 @@ from evalq.producer.redis_server import RedisServer, find_acl_redis_server, refu
 from evalq.producer.supervise import Supervisor, Unit, kill_group
 from evalq.producer.workers import LocalWorkers
 from evalq.shared.access.roles import Role
+from evalq.shared.access.tokens import TokenStore
 from evalq.shared.cli import python
+from evalq.shared.connection import connect
 from evalq.shared.errors import EvalqError
 from evalq.shared.settings import Settings
 
@@ -220,19 +222,19 @@ class Stack:
         operator = Settings(redis_url_file=files["gateway"], redis_url="", principal="evalq-up")
         client = Client(operator)
         try:
-            token = self._admin_token(client)
+            token = self._admin_token(client, TokenStore(connect(operator.redis)))
             self._start_services(base, files, client, flower_auth)
         finally:
             client.close()
         self._print(console, files, token)
 
-    def _admin_token(self, client: Client) -> str:
+    def _admin_token(self, client: Client, tokens: TokenStore) -> str:
         """The admin token kept in ``secrets/admin.token`` while Redis knows it; otherwise a
         new one, kept there, the principal's earlier tokens revoked (they were in no file)."""
         kept = self.root / "secrets" / "admin.token"
         if kept.exists():
             token = kept.read_text(encoding="utf-8").strip()
-            caller = client.token_caller(token)
+            caller = tokens.caller(token)
             if caller is not None and caller.principal == ADMIN and caller.role is Role.ADMIN:
                 return token
         client.revoke_tokens(ADMIN)

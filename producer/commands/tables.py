@@ -2,11 +2,12 @@
 
 A column is either *whole* (an id, a count, a metric value: never narrower than its longest
 cell, so nothing in it is ever cut) or *text* (wrapped, down to where each of its cells takes
-at most two lines). When even that is too wide, the columns with a ``drop`` rank are left out,
-the least important first; when the whole columns alone are wider than the output, the lines are
-longer than it rather than cut. On a terminal the table fits the terminal; into a pipe or a
-file it fits ``COLUMNS`` when that is set, and is as wide as its widest row otherwise (one line
-a row, for grep and awk). No cell is ever shortened with an ellipsis.
+at most two lines). A row that is too wide first loses the columns with a ``drop`` rank, the
+least important first, while that keeps it on one line; then its text columns wrap; when the
+whole columns alone are wider than the output, the lines are longer than it rather than cut.
+On a terminal the table fits the terminal; into a pipe or a file it fits ``COLUMNS`` when that
+is set, and is as wide as its widest row otherwise (one line a row, for grep and awk). No cell
+is ever shortened with an ellipsis.
 """
 
 from __future__ import annotations
@@ -90,17 +91,22 @@ def fit(columns: Sequence[Col], rows: Sequence[Sequence[str]], available: int | 
         (i for i, c in enumerate(columns) if c.drop is not None),
         key=lambda i: columns[i].drop or 0,
     )
-    while True:
-        widths = [natural[i] if i in kept else 0 for i in range(len(columns))]
-        excess = sum(widths) + len(kept) - 1 - available
-        # the columns give up width from the right, a whole one only as far as its header wraps
-        for i in reversed(kept):
-            give = min(max(excess, 0), widths[i] - floors[i])
-            widths[i] -= give
-            excess -= give
-        if excess <= 0 or not dropping:
-            return widths
+
+    def excess_of(widths: list[int]) -> int:
+        return sum(widths) + len(kept) - 1 - available
+
+    # one line a row while leaving out the least important columns can make it so
+    while dropping and excess_of([natural[i] for i in kept]) > 0:
         kept.remove(dropping.pop(0))
+    widths = [natural[i] if i in kept else 0 for i in range(len(columns))]
+    excess = excess_of(widths)
+    # then the columns give up width from the right, a whole one only as far as its header
+    # wraps, a text one down to two lines a cell
+    for i in reversed(kept):
+        give = min(max(excess, 0), widths[i] - floors[i])
+        widths[i] -= give
+        excess -= give
+    return widths
 
 
 def width_of_output() -> int | None:
