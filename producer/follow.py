@@ -4,10 +4,8 @@ lines when the output is a file or a pipe, where a bar would be cut to pieces.""
 
 from __future__ import annotations
 
-import contextlib
 import time
 
-import redis
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import (
@@ -21,6 +19,7 @@ from rich.progress import (
 )
 
 from evalq.producer.api import Api
+from evalq.shared.cli import redis_unreachable
 from evalq.shared.errors import GatewayUnreachableError
 from evalq.shared.models import Progress as Counts
 from evalq.shared.models import RunMeta
@@ -33,10 +32,15 @@ LINE_EVERY = 2.0
 
 REDIS_RETRY = 1.0
 """Seconds between two tries to reach Redis while it is down."""
-UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, GatewayUnreachableError)
-"""What an outage of Redis, or of the gateway, raises while a run is followed."""
+
 STALL_EVERY = 2.0
 """Seconds between two looks at whether the run is stalled (no live worker, no progress)."""
+
+
+def _unreachable(exc: Exception) -> bool:
+    """Whether ``exc`` is an outage of Redis, or of the gateway (redis is not imported for
+    it: following through the gateway loads none of it)."""
+    return isinstance(exc, GatewayUnreachableError) or redis_unreachable(exc)
 
 
 def progress_line(meta: RunMeta, counts: Counts, stalled: str | None = None) -> str:
@@ -65,9 +69,12 @@ class _Stall:
             self.reason = None
         elif time.monotonic() - self._asked >= STALL_EVERY:
             self._asked = time.monotonic()
-            # through an outage (said by _progress) the reason stays what it was
-            with contextlib.suppress(*UNREACHABLE):
+            try:
                 self.reason = self._client.stalled(meta, counts)
+            except Exception as exc:
+                if not _unreachable(exc):
+                    raise
+                # through an outage (said by _progress) the reason stays what it was
         return self.reason
 
 
@@ -91,7 +98,9 @@ def _progress(client: Api, run_id: str, console: Console) -> tuple[RunMeta, Coun
     while True:
         try:
             return client.progress(run_id)
-        except UNREACHABLE as exc:
+        except Exception as exc:
+            if not _unreachable(exc):
+                raise
             if not waiting:
                 what = "the gateway" if isinstance(exc, GatewayUnreachableError) else "Redis"
                 console.print(f"{what} is unreachable; still watching", highlight=False)

@@ -158,21 +158,40 @@ def test_a_csv_cell_keeps_other_outputs_as_json_text() -> None:
     assert csv_output(None) is None
 
 
-HEAVY = ("torch", "datasets", "celery", "pyarrow", "numpy", "scipy", "redis", "transformers")
+HEAVY = (
+    "torch", "datasets", "celery", "pyarrow", "numpy", "scipy", "redis", "transformers", "yaml",
+)  # fmt: skip
+GATEWAY = {"EVALQ_API_URL": "http://127.0.0.1:1", "EVALQ_TOKEN": "not-a-token"}
+"""A gateway nothing listens on: the read fails only once the command has asked it."""
 
 
-@pytest.mark.parametrize("args", [["--help"], ["status", "not a run!"], ["compare", "--bad"]])
-def test_help_and_usage_errors_import_no_heavy_library(args: list[str]) -> None:
-    """``evalq --help`` and a usage error load none of torch, datasets, Celery, pyarrow,
-    numpy, scipy or redis (each imported by the commands that use it): the CLI answers them
-    in a fraction of the two seconds it took."""
+@pytest.mark.parametrize(
+    ("args", "env"),
+    [
+        (["--help"], {}),
+        (["status", "not a run!"], {}),
+        (["compare", "--bad"], {}),
+        (["status", "0123456789abcdef"], GATEWAY),
+        (["runs"], GATEWAY),
+        (["compare", "0123", "4567"], GATEWAY),
+    ],
+)
+def test_help_usage_errors_and_gateway_reads_import_no_heavy_library(
+    args: list[str], env: dict[str, str]
+) -> None:
+    """``evalq --help``, a usage error and a read through the gateway load none of torch,
+    datasets, Celery, pyarrow, numpy, scipy, redis or yaml (each imported by the commands, or
+    the functions, that use it): the CLI answers them in a fraction of the two seconds it
+    took. The gateway reads ask one nothing listens on, and say so."""
     script = (
         "import sys; from evalq.shared.cli import main\n"
         "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
         f"print(sorted(m for m in {HEAVY!r} if m in sys.modules), file=sys.stderr)"
     )
     done = subprocess.run(
-        [sys.executable, "-c", script, *args], env=cli_env("redis://127.0.0.1:1/0"),
+        [sys.executable, "-c", script, *args], env=cli_env("redis://127.0.0.1:1/0", **env),
         cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert done.stderr.strip().splitlines()[-1] == "[]", done.stderr
+    if env:
+        assert "cannot reach the gateway at http://127.0.0.1:1" in done.stderr, done.stderr
