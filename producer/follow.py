@@ -24,7 +24,7 @@ from evalq.shared.errors import GatewayUnreachableError
 from evalq.shared.models import Progress as Counts
 from evalq.shared.models import RunMeta
 
-__all__ = ["follow", "progress_line"]
+__all__ = ["RunBar", "follow", "progress_line"]
 
 LINE_EVERY = 2.0
 """Seconds between plain progress lines (a line is printed only when the counts moved)."""
@@ -137,37 +137,51 @@ def _lines(
         time.sleep(interval)
 
 
+class RunBar(Progress):
+    """The live bar of one run: its name, the bar, samples settled of all, the share, inferred
+    and failed, samples/s since submission, elapsed and remaining time, and why it is stalled."""
+
+    def __init__(self, meta: RunMeta, console: Console) -> None:
+        super().__init__(
+            TextColumn(f"[bold]{escape(meta.eval)}[/] {escape(meta.split)}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TaskProgressColumn(),
+            TextColumn("inferred {task.fields[inferred]}  failed {task.fields[failed]}"),
+            TextColumn("{task.fields[rate]:,.1f} samples/s"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            TextColumn("{task.fields[stalled]}", style="yellow", markup=False),
+            console=console,
+            transient=False,
+        )
+        self._task = self.add_task("run", total=meta.n, failed=0, inferred=0, rate=0.0, stalled="")
+
+    def show(
+        self, meta: RunMeta, counts: Counts, stalled: str | None, now: float | None = None
+    ) -> None:
+        """Show ``counts`` (and the rate since the run was submitted, at ``now``)."""
+        elapsed = max((time.time() if now is None else now) - meta.created, 1e-9)
+        self.update(
+            self._task,
+            completed=counts.done,
+            failed=counts.failed,
+            inferred=counts.inferred,
+            rate=counts.done / elapsed,
+            stalled=f"stalled: {stalled}" if stalled else "",
+        )
+
+
 def _bar(
     client: Api, run_id: str, console: Console, interval: float, timeout: float | None
 ) -> RunMeta:
     meta, _ = _progress(client, run_id, console)
     deadline = _deadline(timeout)
-    columns = (
-        TextColumn(f"[bold]{escape(meta.eval)}[/] {escape(meta.split)}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TaskProgressColumn(),
-        TextColumn("inferred {task.fields[inferred]}  failed {task.fields[failed]}"),
-        TextColumn("{task.fields[rate]:,.1f} samples/s"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        TextColumn("{task.fields[stalled]}", style="yellow", markup=False),
-    )
     stall = _Stall(client)
-    with Progress(*columns, console=console, transient=False) as bar:
-        task = bar.add_task("run", total=meta.n, failed=0, inferred=0, rate=0.0, stalled="")
+    with RunBar(meta, console) as bar:
         while True:
             meta, counts = _progress(client, run_id, console)
-            elapsed = max(time.time() - meta.created, 1e-9)
-            stalled = stall.update(meta, counts)
-            bar.update(
-                task,
-                completed=counts.done,
-                failed=counts.failed,
-                inferred=counts.inferred,
-                rate=counts.done / elapsed,
-                stalled=f"stalled: {stalled}" if stalled else "",
-            )
+            bar.show(meta, counts, stall.update(meta, counts))
             if _ended(meta, deadline):
                 return meta
             time.sleep(interval)
