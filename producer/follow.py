@@ -5,18 +5,24 @@ lines when the output is a file or a pipe, where a bar would be cut to pieces.""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.markup import escape
+from rich.measure import Measurement
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    ProgressColumn,
+    Task,
     TaskProgressColumn,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+from rich.table import Column, Table
+from rich.text import Text
 
 from evalq.producer.api import Api
 from evalq.shared.cli import redis_unreachable
@@ -137,24 +143,30 @@ def _lines(
         time.sleep(interval)
 
 
+BAR_WIDTH = (10, 40)
+"""The bar's graphic: shown only where this many columns are left for it, at most this many."""
+
+
 class RunBar(Progress):
-    """The live bar of one run: its name, the bar, samples settled of all, the share, inferred
-    and failed, samples/s since submission, elapsed and remaining time, and why it is stalled."""
+    """The live bar of one run, made to fit the terminal at every refresh: samples settled of
+    all, inferred and failed, samples/s since submission, then as far as they fit the run's
+    eval and split, the share, elapsed and remaining time and the bar's graphic (what does not
+    fit is left out, never cut: a number shows whole or not at all). Where even the counts and
+    the rate do not fit one line, they wrap, word by word. Why the run is stalled goes on a
+    line of its own."""
 
     def __init__(self, meta: RunMeta, console: Console) -> None:
-        super().__init__(
-            TextColumn(f"[bold]{escape(meta.eval)}[/] {escape(meta.split)}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TaskProgressColumn(),
-            TextColumn("inferred {task.fields[inferred]}  failed {task.fields[failed]}"),
-            TextColumn("{task.fields[rate]:,.1f} samples/s"),
-            TimeElapsedColumn(),
-            TimeRemainingColumn(),
-            TextColumn("{task.fields[stalled]}", style="yellow", markup=False),
-            console=console,
-            transient=False,
-        )
+        # most important first; each shown whole or left out
+        self._parts: dict[str, ProgressColumn] = {
+            "counts": MofNCompleteColumn(),
+            "failed": TextColumn("inferred {task.fields[inferred]}  failed {task.fields[failed]}"),
+            "rate": TextColumn("{task.fields[rate]:,.1f} samples/s"),
+            "name": TextColumn(f"[bold]{escape(meta.eval)}[/] {escape(meta.split)}"),
+            "share": TaskProgressColumn(),
+            "elapsed": TimeElapsedColumn(),
+            "remaining": TimeRemainingColumn(),
+        }
+        super().__init__(console=console, transient=False)
         self._task = self.add_task("run", total=meta.n, failed=0, inferred=0, rate=0.0, stalled="")
 
     def show(
@@ -170,6 +182,56 @@ class RunBar(Progress):
             rate=counts.done / elapsed,
             stalled=f"stalled: {stalled}" if stalled else "",
         )
+
+    def get_renderables(self) -> Iterable[RenderableType]:
+        tasks = [task for task in self.tasks if task.visible]
+        if not tasks:  # rich asks once before the task is added
+            return
+        yield self._table(tasks, self.console.width)
+        for task in tasks:
+            if task.fields.get("stalled"):
+                yield Text(task.fields["stalled"], style="yellow")
+
+    def _table(self, tasks: list[Task], width: int) -> Table:
+        """One row a task, of the parts that fit ``width`` (columns one apart), in the order
+        name, bar, counts, share, inferred and failed, rate, elapsed, remaining."""
+        needed = {
+            key: max((self._width(column(task)) for task in tasks), default=0)
+            for key, column in self._parts.items()
+        }
+        shown: list[str] = []
+        used = -1  # no space before the first column
+        for key in self._parts:
+            if used + 1 + needed[key] > width:
+                break
+            shown.append(key)
+            used += 1 + needed[key]
+        if len(shown) < 3:  # not even the counts and the rate on one line: wrap them
+            return self._wrapped(tasks)
+        columns: list[ProgressColumn] = [self._parts[key] for key in _ORDER if key in shown]
+        room = min(BAR_WIDTH[1], width - used - 1)
+        if len(shown) == len(self._parts) and room >= BAR_WIDTH[0]:  # the first part left out
+            columns.insert(1, BarColumn(bar_width=room))
+        table = Table.grid(
+            *(column.get_table_column().copy() for column in columns), padding=(0, 1)
+        )
+        for task in tasks:
+            table.add_row(*(column(task) for column in columns))
+        return table
+
+    def _wrapped(self, tasks: list[Task]) -> Table:
+        table = Table.grid(Column(overflow="fold"))
+        for task in tasks:
+            parts = [self._parts[key](task) for key in ("counts", "failed", "rate")]
+            table.add_row(Text(" ").join(p for p in parts if isinstance(p, Text)))
+        return table
+
+    def _width(self, renderable: RenderableType) -> int:
+        return Measurement.get(self.console, self.console.options, renderable).maximum
+
+
+_ORDER = ("name", "counts", "share", "failed", "rate", "elapsed", "remaining")
+"""The order the parts of :class:`RunBar` that fit are shown in (the bar after the name)."""
 
 
 def _bar(
