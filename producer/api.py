@@ -31,8 +31,7 @@ if TYPE_CHECKING:
     from evalq.shared.access.policy import Tier
     from evalq.shared.access.roles import Role, TokenRecord
     from evalq.shared.access.task import RegisteredTask
-    from evalq.shared.models import Progress, RunMeta, SampleResult
-    from evalq.shared.store.runs import RunFilter
+    from evalq.shared.models import Progress, RunFilter, RunMeta, SampleResult
 
 __all__ = ["Api", "open_api"]
 

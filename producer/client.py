@@ -46,11 +46,10 @@ from evalq.shared.connection import server_time
 from evalq.shared.errors import EvalqError, InputError
 from evalq.shared.evaluation import failure_rule, load_plugins
 from evalq.shared.lm.task import TaskSpec
-from evalq.shared.models import Progress, RunMeta, RunStatus, SampleResult
+from evalq.shared.models import Progress, RunFilter, RunMeta, RunStatus, SampleResult
 from evalq.shared.settings import Settings, get_settings
 from evalq.shared.store.audit import recent, record
 from evalq.shared.store.retention import expired, purge
-from evalq.shared.store.runs import RunFilter
 
 if TYPE_CHECKING:
     import pyarrow as pa

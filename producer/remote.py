@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from evalq.producer.rescore import RescoreRequest
     from evalq.producer.submit import SubmitRequest
     from evalq.shared.access.roles import Role
-    from evalq.shared.store.runs import RunFilter
+    from evalq.shared.models import RunFilter
 
 __all__ = ["RemoteClient"]
 

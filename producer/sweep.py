@@ -9,8 +9,6 @@ import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import yaml
-
 from evalq.shared.errors import InputError
 
 __all__ = ["MAX_GRID", "grid", "new_sweep_id", "parse_sweeps", "read_sweep_file"]
@@ -37,6 +35,8 @@ def parse_sweeps(pairs: Sequence[str]) -> dict[str, list[str]]:
 def read_sweep_file(path: Path) -> dict[str, list[str]]:
     """A YAML (or JSON) mapping of parameter -> list of values (or one value), every value
     as written."""
+    import yaml  # here: the CLI imports this module (for MAX_GRID) at every start
+
     try:  # BaseLoader: every scalar stays the text written (007, off, 12:30 are not cast)
         loaded = yaml.load(path.read_text(encoding="utf-8"), Loader=yaml.BaseLoader)
     except (OSError, yaml.YAMLError) as exc:

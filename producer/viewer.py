@@ -14,12 +14,11 @@ from evalq.shared.access.disclosure import Stall
 from evalq.shared.connection import server_time
 from evalq.shared.evals.language import language_run
 from evalq.shared.evaluation import source
-from evalq.shared.models import Progress, RunMeta
+from evalq.shared.models import Progress, RunFilter, RunMeta
 from evalq.shared.queue.celery_app import INFER_QUEUE, SCORE_QUEUE
 from evalq.shared.queue.standing import Standing
 from evalq.shared.store.presence import WorkerBeat, absence, stale_code
 from evalq.shared.store.rate import minute_counts
-from evalq.shared.store.runs import RunFilter
 
 __all__ = ["Viewer"]
 

@@ -27,7 +27,8 @@ from evalq.shared.errors import DetachedError, EvalqError
 from evalq.shared.settings import get_settings
 
 __all__ = [
-    "COMMANDS_GROUP", "AdminFlag", "JsonFlag", "create_cli", "err", "main", "out", "python", "run",
+    "COMMANDS_GROUP", "AdminFlag", "JsonFlag", "create_cli", "err", "main", "out", "python",
+    "redis_unreachable", "run",
 ]  # fmt: skip
 
 COMMANDS_GROUP = "evalq.commands"
@@ -107,7 +108,7 @@ def run(app: typer.Typer, argv: Sequence[str] | None = None) -> None:
             _fail(_setting_problem(exc), 2)
         _fail(_input_problem(exc), 2)
     except Exception as exc:
-        if not _redis_unreachable(exc):
+        if not redis_unreachable(exc):
             raise
         from evalq.shared.connection import redact
 
@@ -115,7 +116,7 @@ def run(app: typer.Typer, argv: Sequence[str] | None = None) -> None:
         _fail(f"cannot reach Redis at {url} (set EVALQ_REDIS_URL): {exc}", 1)
 
 
-def _redis_unreachable(exc: Exception) -> bool:
+def redis_unreachable(exc: BaseException) -> bool:
     """Whether ``exc`` is redis-py's connection error or timeout. redis is imported by the
     commands that talk to it, never here (a command through the gateway, ``--help`` and a usage
     error load none of it): an error cannot be redis's when redis was never imported."""

@@ -20,6 +20,7 @@ __all__ = [
     "ErrorRecord",
     "Priority",
     "Progress",
+    "RunFilter",
     "RunMeta",
     "RunProvenance",
     "RunStatus",
@@ -259,6 +260,37 @@ def shown_model(model: str) -> str:
     after ``hf/``) as ``hf:/models/x``; anything else as it is."""
     provider, sep, rest = model.partition("/")
     return f"{provider}:{rest}" if sep and rest.startswith("/") else model
+
+
+class RunFilter(BaseModel):
+    """Which runs ``runs`` lists: every condition given must hold (a plain model, here and not in
+    the run store, so that a client of the gateway filters without importing redis)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    eval: str | None = None
+    dataset: str | None = None
+    sweep: str | None = None
+    tag: str | None = None
+    status: RunStatus | None = None
+    model: str | None = None
+    """The model spec a language task's run names (as canonical, e.g. ``hf/org/name``)."""
+    split: str | None = None
+    principal: str | None = None
+    """Who submitted it (a user lists only its own runs whatever this says)."""
+
+    def matches(self, meta: RunMeta) -> bool:
+        """Whether ``meta`` passes every condition given."""
+        return (
+            (self.eval is None or meta.eval == self.eval)
+            and (self.dataset is None or meta.dataset_id == self.dataset)
+            and (self.sweep is None or meta.sweep == self.sweep)
+            and (self.tag is None or self.tag in meta.tags)
+            and (self.status is None or meta.status is self.status)
+            and (self.model is None or meta.model == self.model)
+            and (self.split is None or meta.split == self.split)
+            and (self.principal is None or meta.principal == self.principal)
+        )
 
 
 class Progress(BaseModel):

@@ -14,7 +14,9 @@
   discordant pairs, :func:`scipy.stats.binomtest`). Several runs against one baseline are
   corrected with Holm's step-down (:func:`holm`).
 
-Seeds are fixed, so the same scores always give the same numbers.
+Seeds are fixed, so the same scores always give the same numbers. numpy is imported by the
+functions that compute, not with the module: the models (:class:`Stat`, :class:`Delta`) are read
+by every client, a gateway read included, which computes nothing.
 """
 
 from __future__ import annotations
@@ -23,9 +25,12 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from statistics import fmean, stdev
+from typing import TYPE_CHECKING
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, computed_field
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["Delta", "Interval", "Stat", "binary", "describe", "holm", "paired", "wilson"]
 
@@ -125,6 +130,8 @@ def wilson(right: int, n: int) -> tuple[float, float]:
 
 def binary(values: np.ndarray | list[float]) -> bool:
     """Whether every value is 0 or 1 (True for none)."""
+    import numpy as np
+
     return bool(np.all((np.asarray(values) == 0) | (np.asarray(values) == 1)))
 
 
@@ -153,12 +160,16 @@ def _stat(
 def _stdev(array: np.ndarray, mean: float) -> float:
     """The sample standard deviation about ``mean`` (the exact mean: equal values give 0),
     by numpy; ``statistics.stdev``'s exact sums where float64 squares overflow."""
+    import numpy as np
+
     with np.errstate(over="ignore", invalid="ignore"):
         spread = math.sqrt(float(np.square(array - mean).sum()) / (len(array) - 1))
     return spread if math.isfinite(spread) else stdev(array.tolist())
 
 
 def _analytic(values: list[float], span: Range | None = None) -> Stat:
+    import numpy as np
+
     array = np.asarray(values, dtype=float)
     mean = fmean(values)
     stderr = _stdev(array, mean) / math.sqrt(len(values)) if len(values) > 1 else None
@@ -203,6 +214,8 @@ def _bootstrap(
     metric with fewer than :data:`MIN_RESAMPLES` finite values over the resamples (too large a
     run, too slow an aggregate, one that fails or is not finite on resamples) gets no error
     bar; the others keep theirs."""
+    import numpy as np
+
     full = {str(k): float(v) for k, v in aggregate([dict(s) for s in samples]).items()}
     rng = np.random.default_rng(SEED)
     n = len(samples)
@@ -265,6 +278,8 @@ def describe(
 def paired(baseline: Mapping[int, float], other: Mapping[int, float]) -> Delta | None:
     """``other`` against ``baseline`` (sample id -> one metric's score) over the samples both
     scored; None when they share none."""
+    import numpy as np
+
     common = sorted(baseline.keys() & other.keys())
     if not common:
         return None

@@ -1,6 +1,7 @@
 """Output that fits (#44, findings 8 and 10): ``runs`` and ``compare`` at 80 columns and into a
-pipe show every number whole, ``evalq --help`` imports none of the heavy libraries, a CSV cell
-holds a string output as its text."""
+pipe, and ``--follow``'s live bar and plain lines, show every number whole; ``evalq --help``, a
+usage error and a read through the gateway import none of the heavy libraries; a CSV cell holds
+a string output as its text."""
 
 from __future__ import annotations
 
@@ -12,9 +13,12 @@ import subprocess
 import sys
 
 import pytest
+from rich.console import Console
 
 from evalq.producer.client import Client
+from evalq.producer.follow import RunBar, follow
 from evalq.producer.submit import SubmitRequest
+from evalq.shared.models import Progress, RunMeta, RunStatus
 from tests.conftest import Stack
 from tests.helpers import (
     REPO,
@@ -129,6 +133,51 @@ def test_runs_and_compare_show_every_number_whole(stack: Stack, board: tuple[str
             assert max(len(line) for line in shown.splitlines()) <= 80, shown
 
 
+@pytest.mark.parametrize("width", [80, 60, 40])
+@pytest.mark.parametrize("stalled", [None, "no live worker for 12 s"])
+def test_the_live_bar_shows_every_number_whole(width: int, stalled: str | None) -> None:
+    """``--follow``'s bar on a terminal of ``width`` columns, for a run of 1000/1000 with
+    failures and a rate: the counts, inferred, failed and the rate each whole (no ellipsis, no
+    line past the width); what does not fit (the bar's graphic first) is left out, not cut."""
+    meta = RunMeta(
+        run_id="0123abcd", eval="worded", spec="spec", dataset_id="data", split="validation",
+        n=1000, status=RunStatus.RUNNING, created=1_000_000.0,
+    )  # fmt: skip
+    console = Console(width=width, file=io.StringIO(), force_terminal=True, record=True)
+    bar = RunBar(meta, console)
+    bar.show(meta, Progress(inferred=1000, scored=963, failed=37), stalled, now=meta.created + 0.8)
+    console.print(bar.get_renderable())
+    shown = console.export_text()
+    assert "…" not in shown, shown
+    assert max(len(line) for line in shown.splitlines()) <= width, shown
+    words = shown.split()
+    for number in ("1000/1000", "1000", "37", "1,250.0"):  # 1000 in 0.8 s: 1,250.0 samples/s
+        assert number in words, (number, shown)
+    if stalled:
+        assert f"stalled: {stalled}" in " ".join(words), shown
+
+
+def test_the_plain_progress_lines_are_never_cut(stack: Stack, board: tuple[str, list[str]]):
+    """Into a file or a pipe, ``--follow`` prints its plain line whole however narrow the
+    console: one line, every number in it."""
+    _, run_ids = board
+    client = Client(stack.settings)
+    view = client.status(run_ids[0])
+    n, counts = view.meta.n, view.progress
+    for width in (40, 80):
+        console = Console(width=width, file=io.StringIO())
+        follow(client, run_ids[0], console)
+        shown = console.file.getvalue()  # type: ignore[attr-defined]
+        assert "…" not in shown, shown
+        (line,) = shown.splitlines()
+        assert re.fullmatch(
+            rf"{run_ids[0]} worded validation: {counts.done}/{n} settled \(100%\), "
+            rf"inferred {counts.inferred}, failed {counts.failed}, [\d,]+\.\d samples/s, "
+            "completed",
+            line,
+        ), line
+
+
 def test_a_csv_cell_holds_a_string_output_as_its_text(stack: Stack, board: tuple[str, list[str]]):
     """A string output is its text in CSV (``two``, where it came out ``\"\"\"two\"\"\"``),
     from the store's tables and from the results with their inputs alike."""
@@ -158,21 +207,40 @@ def test_a_csv_cell_keeps_other_outputs_as_json_text() -> None:
     assert csv_output(None) is None
 
 
-HEAVY = ("torch", "datasets", "celery", "pyarrow", "numpy", "scipy", "redis", "transformers")
+HEAVY = (
+    "torch", "datasets", "celery", "pyarrow", "numpy", "scipy", "redis", "transformers", "yaml",
+)  # fmt: skip
+GATEWAY = {"EVALQ_API_URL": "http://127.0.0.1:1", "EVALQ_TOKEN": "not-a-token"}
+"""A gateway nothing listens on: the read fails only once the command has asked it."""
 
 
-@pytest.mark.parametrize("args", [["--help"], ["status", "not a run!"], ["compare", "--bad"]])
-def test_help_and_usage_errors_import_no_heavy_library(args: list[str]) -> None:
-    """``evalq --help`` and a usage error load none of torch, datasets, Celery, pyarrow,
-    numpy, scipy or redis (each imported by the commands that use it): the CLI answers them
-    in a fraction of the two seconds it took."""
+@pytest.mark.parametrize(
+    ("args", "env"),
+    [
+        (["--help"], {}),
+        (["status", "not a run!"], {}),
+        (["compare", "--bad"], {}),
+        (["status", "0123456789abcdef"], GATEWAY),
+        (["runs"], GATEWAY),
+        (["compare", "0123", "4567"], GATEWAY),
+    ],
+)
+def test_help_usage_errors_and_gateway_reads_import_no_heavy_library(
+    args: list[str], env: dict[str, str]
+) -> None:
+    """``evalq --help``, a usage error and a read through the gateway load none of torch,
+    datasets, Celery, pyarrow, numpy, scipy, redis or yaml (each imported by the commands, or
+    the functions, that use it): the CLI answers them in a fraction of the two seconds it
+    took. The gateway reads ask one nothing listens on, and say so."""
     script = (
         "import sys; from evalq.shared.cli import main\n"
         "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
         f"print(sorted(m for m in {HEAVY!r} if m in sys.modules), file=sys.stderr)"
     )
     done = subprocess.run(
-        [sys.executable, "-c", script, *args], env=cli_env("redis://127.0.0.1:1/0"),
+        [sys.executable, "-c", script, *args], env=cli_env("redis://127.0.0.1:1/0", **env),
         cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert done.stderr.strip().splitlines()[-1] == "[]", done.stderr
+    if env:
+        assert "cannot reach the gateway at http://127.0.0.1:1" in done.stderr, done.stderr

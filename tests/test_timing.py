@@ -34,11 +34,10 @@ from evalq.shared.connection import connect, server_time
 from evalq.shared.errors import InputError, TierRefusedError
 from evalq.shared.evaluation import create, load_plugins
 from evalq.shared.keys import RunKeys
-from evalq.shared.models import ErrorRecord, Progress, RunMeta, RunStatus, Stage
+from evalq.shared.models import ErrorRecord, Progress, RunFilter, RunMeta, RunStatus, Stage
 from evalq.shared.queue.celery_app import INFER_QUEUE, SCORE_QUEUE
 from evalq.shared.settings import Settings
 from evalq.shared.store.presence import Presence, WorkerBeat
-from evalq.shared.store.runs import RunFilter
 from evalq.shared.store.writer import ResultWriter
 from tests.helpers import labelled_rows, list_splits, record_run, wilson, write_rows
 

@@ -29,7 +29,7 @@ from evalq.producer.views import SampleQuery
 from evalq.shared.access.policy import Tier
 from evalq.shared.access.roles import Role
 from evalq.shared.access.tiers import TierRegistry
-from evalq.shared.store.runs import RunFilter
+from evalq.shared.models import RunFilter
 from tests.browser import colored_pixels, launched
 from tests.conftest import NOWHERE, Door, Stack
 from tests.helpers import (

@@ -17,7 +17,7 @@ from evalq.producer.commands.tables import Col, print_table
 from evalq.producer.export import ExportFormat
 from evalq.shared.cli import AdminFlag, JsonFlag, err, out, print_json
 from evalq.shared.errors import InputError
-from evalq.shared.models import RunStatus
+from evalq.shared.models import RunFilter, RunStatus
 
 __all__ = ["cancel", "results", "resume", "runs", "status", "watch"]
 
@@ -108,8 +108,6 @@ def runs(  # noqa: PLR0913, PLR0917 - a typer command: its options are its param
     as_json: JsonFlag = False,
 ) -> None:
     """List recent runs, newest first, with their params, tags and first metric."""
-    from evalq.shared.store.runs import RunFilter
-
     only = RunFilter(
         eval=eval_name, dataset=dataset, sweep=sweep, tag=tag, status=status_is, model=model,
         split=split, principal=principal,

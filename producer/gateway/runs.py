@@ -13,8 +13,7 @@ from evalq.producer.submit import SubmitRequest
 from evalq.producer.sweep import MAX_GRID
 from evalq.producer.views import Cancellation, Resumption, RunView
 from evalq.shared.access.roles import Role
-from evalq.shared.models import Progress, RunMeta
-from evalq.shared.store.runs import RunFilter
+from evalq.shared.models import Progress, RunFilter, RunMeta
 
 __all__ = ["router"]
 

@@ -23,9 +23,8 @@ import re
 import string
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
-from typing import Annotated, Any, Self
+from typing import TYPE_CHECKING, Annotated, Any, Self
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -41,6 +40,9 @@ from pydantic import (
 from evalq.shared.errors import InputError, first_line
 from evalq.shared.lm.scorers import OPTIONS, Scorer, scorer
 from evalq.shared.names import NAME_RULE, is_name
+
+if TYPE_CHECKING:
+    import yaml
 
 __all__ = [
     "DEFAULT_GRADER_PROMPT",
@@ -222,6 +224,8 @@ class TaskSpec(_Spec):
     @classmethod
     def from_yaml(cls, text: str) -> TaskSpec:
         """A task from the text of its YAML file (``yaml.safe_load``: no tags, no objects)."""
+        import yaml  # here, not with the module: the access rules import TaskSpec, every CLI start
+
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as exc:

@@ -7,16 +7,15 @@ from collections.abc import Callable
 from typing import Any
 
 import redis
-from pydantic import BaseModel, ConfigDict
 from redis.typing import EncodableT, FieldT
 
 from evalq.shared.errors import UnknownRunError
 from evalq.shared.keys import ACTIVE, RUNS, RunKeys
-from evalq.shared.models import RunMeta, RunStatus
+from evalq.shared.models import RunFilter, RunMeta
 from evalq.shared.store.archive import run_folder
 from evalq.shared.store.scripts import register
 
-__all__ = ["RunFilter", "RunStore"]
+__all__ = ["RunStore"]
 
 
 STATE = ("status", "finished", "reason", "archived")
@@ -52,36 +51,6 @@ def _decode(run_id: str, facts: dict[Any, Any], state: dict[Any, Any]) -> RunMet
             "ended_seen": "ended" in facts,
         }
     )  # fmt: skip
-
-
-class RunFilter(BaseModel):
-    """Which runs ``runs`` lists: every condition given must hold."""
-
-    model_config = ConfigDict(frozen=True)
-
-    eval: str | None = None
-    dataset: str | None = None
-    sweep: str | None = None
-    tag: str | None = None
-    status: RunStatus | None = None
-    model: str | None = None
-    """The model spec a language task's run names (as canonical, e.g. ``hf/org/name``)."""
-    split: str | None = None
-    principal: str | None = None
-    """Who submitted it (a user lists only its own runs whatever this says)."""
-
-    def matches(self, meta: RunMeta) -> bool:
-        """Whether ``meta`` passes every condition given."""
-        return (
-            (self.eval is None or meta.eval == self.eval)
-            and (self.dataset is None or meta.dataset_id == self.dataset)
-            and (self.sweep is None or meta.sweep == self.sweep)
-            and (self.tag is None or self.tag in meta.tags)
-            and (self.status is None or meta.status is self.status)
-            and (self.model is None or meta.model == self.model)
-            and (self.split is None or meta.split == self.split)
-            and (self.principal is None or meta.principal == self.principal)
-        )
 
 
 class RunStore:
