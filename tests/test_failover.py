@@ -275,3 +275,19 @@ def test_a_script_runs_when_a_failover_comes_between_its_load_and_its_call(
     client.script_flush()
     assert confirmed(keys=["evalq:tests:lead"], args=["another", 5000, ""]) == 0
     client.close()
+
+
+def test_reading_datasets_in_threads_keeps_tqdm_s_lock() -> None:
+    """tqdm's ``thread_map`` deletes a class lock it created itself; two dataset reads at once
+    (a burst of submits) raced on that delete. The class keeps a lock of its own from the first
+    read on, so no read makes or deletes one."""
+    from datasets.utils.tqdm import tqdm
+    from tqdm.contrib.concurrent import ensure_lock  # type: ignore[import-untyped]
+
+    from evalq.shared.data.loading import _quiet_datasets
+
+    with _quiet_datasets():
+        pass
+    with ensure_lock(tqdm), ensure_lock(tqdm):  # two readers: the inner one used to delete it
+        pass
+    assert hasattr(tqdm, "_lock")

@@ -153,8 +153,14 @@ def _looks_like_path(data: str) -> bool:
 @contextmanager
 def _quiet_datasets() -> Iterator[None]:
     import datasets
+    from datasets.utils.tqdm import tqdm
 
     datasets.disable_progress_bars()
+    # a lock kept on the class: tqdm's thread_map (which datasets uses to read files) makes one
+    # when the class has none and deletes it after, and two reads at once in a process's
+    # threads raced on that delete (a burst of submits: "type object 'tqdm' has no attribute
+    # '_lock'", one run in six under two CPU burners)
+    tqdm.get_lock()
     previous = datasets.logging.get_verbosity()
     datasets.logging.set_verbosity_error()
     logging.getLogger("huggingface_hub").setLevel(logging.ERROR)
