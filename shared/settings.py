@@ -164,6 +164,12 @@ class Settings(BaseSettings):
     ``infer/RunTooLarge``, stored nowhere, so that no run fills the Redis every run shares
     (with ``EVALQ_SPILL_ROWS``, a run's settled segments leave Redis and make room)."""
 
+    endpoint_threads: int = Field(default=4, ge=0, le=256)
+    """Worker-local: threads of a worker's endpoint lane, which runs the messages of runs on
+    endpoint models outside its pool processes; one principal runs at most half of them at
+    once (rounded up), its further messages going back to their backlogs. 0: no lane (such
+    messages run in the pool, where a slow server holds a process as long as it takes)."""
+
     cache_ttl: int = Field(default=7 * 24 * 3600, ge=1)
     """Worker-local: seconds an endpoint's cached response is kept (``submit --cache``)."""
     cache_max_bytes: int = Field(default=65_536, ge=256)

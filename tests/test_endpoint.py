@@ -781,6 +781,37 @@ def test_one_caller_s_huge_outputs_crowd_neither_redis_nor_another_caller(
         quiet.stop()
 
 
+def test_one_caller_s_stalled_endpoint_holds_no_worker_another_caller_needs(
+    fresh_stack: Stack, tmp_path: Path
+) -> None:
+    """The attack review's server held every request (answering after 120 s): the user's
+    runs on it held every worker process, and another user's 5-sample run took 120.0 s
+    instead of 0.6 s. A worker runs endpoint models' messages in its endpoint lane (threads,
+    not its pool processes), where one principal runs at most half of the lane: another
+    caller's runs complete while every request of the first is still held by its server."""
+    stack = fresh_stack
+    stalled, quiet = Server(tmp_path / "stalled.log", key=None), Server(tmp_path / "q.log", None)
+    try:
+        stalled.control(stall=True)
+        stack.start_workers()
+        listed: dict[str, Any] = {stalled.base: {}, quiet.base: {}}
+        agent, dataset = _place(stack, tmp_path / "data", 20, listed)
+        flood = [_submit(agent, dataset, stalled.base) for _ in range(4)]
+        wait_for(lambda: len(stalled.stats()["arrivals"]) > 0, 60, "the flood's first request")
+        bob = Client(stack.settings.model_copy(update={"principal": "bob"}))
+        for _ in range(3):
+            meta = _submit(bob, dataset, quiet.base)
+            assert _ended(stack, meta) is RunStatus.COMPLETED
+        bob.close()
+        assert stalled.stats()["answers"] == {}  # every request of the flood still held
+        stalled.control(stall=False)
+        for meta in flood:
+            assert _ended(stack, meta) is RunStatus.COMPLETED
+    finally:
+        stalled.stop()
+        quiet.stop()
+
+
 def _peak_rss(pid: int) -> int:
     """A process's peak resident memory so far, in bytes (``VmHWM``)."""
     status = Path(f"/proc/{pid}/status").read_text()

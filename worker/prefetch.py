@@ -10,7 +10,9 @@ worker holds Celery's prefetch (two batches' worth, ``evalq.shared.queue.celery_
 recent batches all took under :data:`LONG_BATCH` seconds, and half of it (one batch's worth) once
 one of its last :data:`RECENT` batches took longer. The target is set, not stepped, on the
 consumer's prefetch (kombu's ``QoS``, under its lock, as Celery's own prefetch updates do), so
-it cannot drift from Celery's value; Celery's event loop applies it.
+it cannot drift from Celery's value; Celery's event loop applies it. A message the endpoint lane
+holds (:mod:`evalq.worker.lane`) is lent a place on top of that target (:meth:`Reserve.lend`)
+until it is acknowledged: the lane's messages never take the places of the pool's batches.
 
 A buffer that waits for more messages while the worker already holds all it may reserve would
 wait for its flush timer with the pool idle: no message can join it before one is acknowledged.
@@ -21,6 +23,7 @@ as a batch returns (when the prefetch may just have been lowered below what is h
 from __future__ import annotations
 
 import logging
+import threading
 import weakref
 from collections import deque
 from typing import Any, Protocol
@@ -57,6 +60,9 @@ class Reserve:
         self._qos: Any = None
         self._recent: deque[float] = deque(maxlen=RECENT)
         self._buffers: list[Buffer] = []
+        self._lent = 0
+        """Places lent to the endpoint lane on the current connection's QoS."""
+        self._lock = threading.Lock()
 
     @classmethod
     def of(cls, consumer: Any) -> Reserve:
@@ -84,20 +90,49 @@ class Reserve:
     def finished(self, seconds: float) -> None:
         """A batch ran for ``seconds``: set the prefetch it calls for. Called in the worker's
         main process, as the pool returns the batch."""
-        qos = self._consumer.qos
-        if qos is not self._qos:  # a new connection: Celery's prefetch again, no history
-            self._qos = qos
-            self._recent.clear()
-        self._recent.append(seconds)
-        target = self.target()
+        qos = self._current()
+        with self._lock:
+            self._recent.append(seconds)
+            target = self.target() + self._lent
         if qos.value != target:
             with qos._mutex:
                 qos.value = target
 
+    def _current(self) -> Any:
+        """The consumer's QoS; on a new connection, Celery's prefetch again: no history and
+        no loans."""
+        qos = self._consumer.qos
+        with self._lock:
+            if qos is not self._qos:
+                self._qos = qos
+                self._recent.clear()
+                self._lent = 0
+        return qos
+
+    def lend(self) -> Any:
+        """One more place, for a message the endpoint lane holds; return the QoS it was lent
+        on, for :meth:`repay`. Called in the worker's main process as the message arrives."""
+        qos = self._current()
+        with self._lock:
+            self._lent += 1
+        qos.increment_eventually()
+        return qos
+
+    def repay(self, qos: Any) -> None:
+        """Give back a place :meth:`lend` lent on ``qos`` (from a lane thread); a place lent on
+        a connection since closed was never counted in the new one's prefetch."""
+        with self._lock:
+            if qos is not self._qos or self._lent <= 0:
+                return
+            self._lent -= 1
+        qos.decrement_eventually()
+
     def full(self) -> bool:
         """Whether the consumer holds all the messages it may reserve."""
         limit = self._consumer.qos.value
-        return bool(limit) and sum(b.held_messages() for b in self._buffers) >= limit
+        with self._lock:
+            lent = self._lent
+        return bool(limit) and sum(b.held_messages() for b in self._buffers) >= limit - lent
 
     def flush_if_full(self) -> None:
         """Run every buffer now if no message can join them before one is acknowledged."""

@@ -1,12 +1,15 @@
 """Per-process worker state: the Redis client, stores, shard cache and runtime pool.
 
 Nothing is opened at import or in the parent process: a prefork child opens its own on first
-use after the fork, and frees models when it exits.
+use after the fork, and frees models when it exits. The state is per thread too (a
+``threading.local``): each thread of the endpoint lane (:mod:`evalq.worker.lane`), in the
+worker's main process, opens and frees its own.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 
 import redis
 from billiard.process import current_process
@@ -34,8 +37,8 @@ __all__ = ["WorkerState"]
 log = logging.getLogger(__name__)
 
 
-class WorkerState:
-    """Lazily opened :class:`Resources` of the current process."""
+class WorkerState(threading.local):
+    """Lazily opened :class:`Resources` of the current process (and thread)."""
 
     def __init__(self, app: Celery, settings: Settings) -> None:
         self._app = app

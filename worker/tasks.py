@@ -29,10 +29,12 @@ here, not from the library's private ``_pool``.
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from array import array
 from collections.abc import Callable, Collection, Sequence
+from functools import partial
 from typing import Any
 
 from celery import Celery
@@ -44,8 +46,9 @@ from kombu.transport.virtual import QoS as VirtualQoS
 from evalq.shared.connection import Target, connect, server_time
 from evalq.shared.errors import PayloadError, UnknownRunError, first_line
 from evalq.shared.evaluation import registered
-from evalq.shared.models import SampleTask
+from evalq.shared.models import RunMeta, SampleTask
 from evalq.shared.names import is_name
+from evalq.shared.queue.backlog import Backlog, Capturer, lane_of, on_endpoint
 from evalq.shared.queue.celery_app import (
     ARCHIVE_TASK,
     INFER_TASK,
@@ -62,6 +65,7 @@ from evalq.worker.archiver import archive_run, spill_run
 from evalq.worker.batch import Resources
 from evalq.worker.inference import infer_batch
 from evalq.worker.intake import admit
+from evalq.worker.lane import EndpointLane
 from evalq.worker.lru import LRU
 from evalq.worker.prefetch import Reserve
 from evalq.worker.scoring import score_batch
@@ -148,6 +152,10 @@ class SampleBatches(Batches):  # type: ignore[misc]
     A message may carry one sample or dozens; counting samples makes ``flush_samples`` the
     batch size the model sees, whatever the submitter chose. A ``solo`` message is flushed on
     its own, so if its sample kills the worker process, only its own message is redelivered.
+
+    A message of a run on an endpoint model is not buffered: it runs alone in the worker's
+    endpoint lane (:mod:`evalq.worker.lane`), or, when its principal holds its share of the lane
+    already, goes back to its run's backlog.
     """
 
     abstract = True
@@ -155,6 +163,11 @@ class SampleBatches(Batches):  # type: ignore[misc]
     flush_every = 1 << 30  # the base class's message count never triggers; samples do
     redis = Target("")  # set by register_tasks: where to look a forwarded message's run up
     runs: RunStore | None = None
+    lane_threads = 0
+    """Threads of the endpoint lane (``EVALQ_ENDPOINT_THREADS``); 0: endpoint models' messages
+    run in the pool as any other."""
+    close_thread: Callable[[], None] = staticmethod(lambda: None)
+    """Frees the calling thread's worker resources (an endpoint thread's, as it stops)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -169,12 +182,26 @@ class SampleBatches(Batches):  # type: ignore[misc]
         self._flushes = 0
         self._unstarted: dict[int, Collection[Request]] = {}
         """Batches handed to the pool that no pool process has started yet, by flush."""
+        self._lane: EndpointLane | None = None
+        self._laned: queue.SimpleQueue[Request] = queue.SimpleQueue()
+        """Where celery-batches puts the request it builds of an endpoint run's message."""
+        self._in_lane: set[str] = set()
+        """Delivery tags of the messages in the endpoint lane (held, but not the pool's)."""
+        self._facts: LRU[str, RunMeta] = LRU(256)
+        """Recent runs' facts, read once: whose run, on which model."""
+        self._returns: tuple[Backlog, Capturer] | None = None
 
     def Strategy(self, task: Batches, app: Celery, consumer: Any) -> Callable[..., None]:
         buffer_message = super().Strategy(task, app, consumer)
+        buffer = self._buffer  # type: ignore[has-type]  # celery-batches leaves it untyped
+        self._buffer = self._laned
+        lane_message = super().Strategy(task, app, consumer)  # builds requests into _laned
+        self._buffer = buffer
         self._worker_pool = consumer.pool
         self._reserve = Reserve.of(consumer)
         self._reserve.add(self)
+        if self.lane_threads and self._lane is None:
+            self._lane = EndpointLane(self.lane_threads, self.close_thread)
         served = frozenset(registered())
 
         def handle(message: Any, *args: Any, **kwargs: Any) -> None:
@@ -186,6 +213,11 @@ class SampleBatches(Batches):  # type: ignore[misc]
                 return
             unserved = payload.eval not in served and payload.eval not in self._languages
             if unserved and not self._forward(app, message, payload):
+                return
+            meta = self._endpoint_run(payload)
+            if meta is not None:
+                build = partial(lane_message, message, *args, **kwargs)
+                self._to_lane(app, message, payload, meta, build)
                 return
             self.held.add(message.delivery_tag, payload.run_id)
             try:
@@ -205,9 +237,78 @@ class SampleBatches(Batches):  # type: ignore[misc]
 
         return handle
 
+    def _endpoint_run(self, payload: SampleTask) -> RunMeta | None:
+        """The facts of ``payload``'s run if it goes to the endpoint lane: the lane is on and
+        the run is on an endpoint model. None when its facts cannot be read: the message goes
+        to the pool, whose batch settles what is wrong with it."""
+        if self._lane is None:
+            return None
+        try:
+            if self.runs is None:
+                self.runs = RunStore(connect(self.redis))
+            runs = self.runs
+            meta = self._facts.get_or_create(payload.run_id, lambda: runs.get(payload.run_id))
+        except Exception:
+            return None
+        return meta if on_endpoint(meta) else None
+
+    def _to_lane(
+        self,
+        app: Celery,
+        message: Any,
+        payload: SampleTask,
+        meta: RunMeta,
+        build: Callable[[], Any],
+    ) -> None:
+        """Run an endpoint run's message alone in the lane, in a place of its own on the
+        worker's prefetch; or, when its principal holds its share of the lane, give it back to
+        its run's backlog (acknowledged once staged there; requeued if Redis refuses)."""
+        assert self._lane is not None
+        assert self._reserve is not None
+        if not self._lane.take(meta.principal):
+            self._give_back(app, message, payload, meta)
+            return
+        tag = message.delivery_tag
+        self.held.add(tag, payload.run_id)
+        self._in_lane.add(tag)
+        loan = self._reserve.lend()
+
+        def done(_seconds: float | None) -> None:
+            self._in_lane.discard(tag)
+            assert self._reserve is not None
+            self._reserve.repay(loan)
+
+        try:
+            build()
+            request = self._laned.get_nowait()
+        except Exception as exc:
+            self._lane.release(meta.principal)
+            done(None)
+            self.held.discard(tag)
+            log.error("dropping an %s message: %s", self.name, first_line(exc))
+            _ack_or_requeue(message, requeue=False)
+            return
+        self._run([request], partial(self._lane.apply_async, principal=meta.principal), done)
+
+    def _give_back(self, app: Celery, message: Any, payload: SampleTask, meta: RunMeta) -> None:
+        try:
+            if self._returns is None:
+                self._returns = (Backlog(connect(self.redis)), Capturer(app))
+            backlog, capture = self._returns
+            backlog.stage(meta, capture(self.name, [payload]), lane_of(self.name))
+        except Exception as exc:
+            log.warning(
+                "cannot give a message back to its run's backlog (%s); it goes back to its "
+                "queue", first_line(exc)
+            )  # fmt: skip
+            _ack_or_requeue(message, requeue=True)
+            return
+        _ack_or_requeue(message, requeue=False)
+
     def held_messages(self) -> int:
-        """Messages this task holds: buffered, or in a pool job not yet returned."""
-        return len(self.held)
+        """Messages this task holds for its pool: buffered, or in a pool job not yet
+        returned (not the endpoint lane's, which hold places of their own)."""
+        return len(self.held) - len(self._in_lane)
 
     def flush_buffer(self) -> None:
         """Run the buffered messages now, if any."""
@@ -316,11 +417,37 @@ class SampleBatches(Batches):  # type: ignore[misc]
         messages acknowledged with their samples unfinished.
         """
         self._buffered_samples = 0  # every buffered request is flushed here, by size or timer
-        batch = ([SimpleRequest.from_request(r) for r in requests],)
         self._flushes += 1
         job = self._flushes
         self._unstarted[job] = requests
-        started = time.monotonic()
+
+        def started() -> None:
+            self._unstarted.pop(job, None)
+
+        def done(seconds: float | None) -> None:
+            started()
+            self._reserve_full(seconds)
+
+        return self._run(
+            requests,
+            partial(self._worker_pool.apply_async, timeout=self.time_limit),
+            done,
+            started,
+        )
+
+    def _run(
+        self,
+        requests: Collection[Request],
+        submit: Callable[..., Any],
+        done: Callable[[float | None], None],
+        started: Callable[[], None] = lambda: None,
+    ) -> Any:
+        """Hand ``requests`` to ``submit`` (a pool's ``apply_async``) as one batch job, with
+        the callbacks that acknowledge or requeue each message as the job returns; ``started``
+        runs as a process (or thread) takes the job, ``done`` after every message was
+        settled, with the job's seconds (None if it was lost)."""
+        batch = ([SimpleRequest.from_request(r) for r in requests],)
+        started_at = time.monotonic()
         for request in requests:
             _announce(request)
 
@@ -330,13 +457,13 @@ class SampleBatches(Batches):  # type: ignore[misc]
             if requeue:
                 request.send_event("task-rejected", requeue=True)
             else:
-                runtime = time.monotonic() - started
+                runtime = time.monotonic() - started_at
                 request.send_event("task-succeeded", result="None", runtime=runtime)
 
         accepted: list[float] = []
 
         def on_accepted(_pid: int, time_accepted: float) -> None:
-            self._unstarted.pop(job, None)
+            started()
             accepted.append(time_accepted)
 
         def on_return(requeue: object) -> None:
@@ -344,25 +471,23 @@ class SampleBatches(Batches):  # type: ignore[misc]
             # means it raised (celery-batches logged it): requeue them all, the per-sample
             # attempt counters bound the retries.
             again = set(requeue) if isinstance(requeue, list) else None
-            self._unstarted.pop(job, None)
             for request in requests:
                 finish(request, again is None or request.id in again)
-            self._reserve_full(time.monotonic() - accepted[0] if accepted else None)
+            done(time.monotonic() - accepted[0] if accepted else None)
 
         def on_error(_failure: Any) -> None:
             # apply_batches_task catches what the task raises, so an error here means the job
             # itself was lost: requeue.
-            self._unstarted.pop(job, None)
             for request in requests:
                 finish(request, requeue=True)
+            done(None)
 
-        return self._worker_pool.apply_async(
+        return submit(
             apply_batches_task,
             (self, batch, 0, None),
             accept_callback=on_accepted,
             callback=on_return,
             error_callback=on_error,
-            timeout=self.time_limit,
         )
 
 
@@ -402,6 +527,8 @@ def register_tasks(app: Celery, state: WorkerState, settings: Settings) -> None:
             time_limit=settings.task_time_limit,
             acks_late=True,
             redis=settings.redis,
+            lane_threads=settings.endpoint_threads,
+            close_thread=state.close,
         )(handle)
 
     batch_task(INFER_TASK, infer_batch)

@@ -1,15 +1,19 @@
 """Pacing requests to a server that pushes back: how long to wait before a retry (exponential
 backoff with full jitter, or the server's ``Retry-After``), and how many requests one worker
-process keeps in flight (:class:`Gate`: additive increase, multiplicative decrease on each
-429). The fleet-wide limit is :mod:`evalq.shared.store.rate`'s."""
+process keeps in flight for one principal (:class:`Gate`: additive increase, multiplicative
+decrease on each 429). The fleet-wide limit is :mod:`evalq.shared.store.rate`'s."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import email.utils
 import math
+import os
 import random
+import threading
 import time
+from typing import ClassVar
 
 __all__ = ["BACKOFF_BASE", "BACKOFF_CAP", "Gate", "backoff", "retry_after"]
 
@@ -20,45 +24,65 @@ BACKOFF_CAP = 30.0
 
 
 class Gate:
-    """How many requests one worker process has in flight to an endpoint: at most ``limit``,
-    which grows by ``1 / limit`` with each success (one more per round of successes) and halves
-    with each 429 (additive increase, multiplicative decrease), between 1 and ``ceiling``. The
-    limit outlives a batch; the waiting is per batch (:meth:`opened`, in its event loop)."""
+    """How many requests one worker process has in flight to an endpoint for one principal: at
+    most ``limit``, which grows by ``1 / limit`` with each success (one more per round of
+    successes) and halves with each 429 (additive increase, multiplicative decrease), between
+    1 and ``ceiling``. One gate per endpoint, ``ceiling`` and principal in a process
+    (:meth:`of`), shared by its threads (the endpoint lane's run their batches at once, each in
+    an event loop of its own): counted under a lock, a request at the limit waits in its own
+    loop until one in flight ends anywhere in the process."""
+
+    _gates: ClassVar[dict[tuple[str, ...], Gate]] = {}
+    _made = threading.Lock()
 
     def __init__(self, ceiling: int) -> None:
         self.ceiling = ceiling
         self.limit = float(ceiling)
         self._busy = 0
-        self._changed: asyncio.Condition | None = None
+        self._lock = threading.Lock()
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
 
-    def opened(self) -> Gate:
-        """Ready for a new batch's event loop (nothing in flight)."""
-        self._busy = 0
-        self._changed = asyncio.Condition()
-        return self
+    @classmethod
+    def of(cls, ceiling: int, *key: str) -> Gate:
+        """The process's gate for ``key`` (endpoint, model, principal) at ``ceiling``."""
+        with cls._made:
+            return cls._gates.setdefault((str(ceiling), *key), cls(ceiling))
 
-    @property
-    def _condition(self) -> asyncio.Condition:
-        if self._changed is None:
-            raise RuntimeError("a gate is entered only after opened(), in the batch's loop")
-        return self._changed
+    @classmethod
+    def forget_all(cls) -> None:
+        """Drop every gate (in a child right after fork: what the parent's threads had in
+        flight is not the child's)."""
+        cls._gates = {}
+        cls._made = threading.Lock()
 
     async def __aenter__(self) -> Gate:
-        async with self._condition:
-            await self._condition.wait_for(lambda: self._busy < max(1, math.floor(self.limit)))
-            self._busy += 1
-        return self
+        while True:
+            with self._lock:
+                if self._busy < max(1, math.floor(self.limit)):
+                    self._busy += 1
+                    return self
+                woken = asyncio.Event()
+                self._waiters.append((asyncio.get_running_loop(), woken))
+            await woken.wait()
 
     async def __aexit__(self, *_: object) -> None:
-        async with self._condition:
+        with self._lock:
             self._busy -= 1
-            self._condition.notify_all()
+            waiters, self._waiters = self._waiters, []
+        for loop, woken in waiters:
+            with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits there now
+                loop.call_soon_threadsafe(woken.set)
 
     def succeeded(self) -> None:
-        self.limit = min(float(self.ceiling), self.limit + 1.0 / self.limit)
+        with self._lock:
+            self.limit = min(float(self.ceiling), self.limit + 1.0 / self.limit)
 
     def throttled(self) -> None:
-        self.limit = max(1.0, self.limit / 2.0)
+        with self._lock:
+            self.limit = max(1.0, self.limit / 2.0)
+
+
+os.register_at_fork(after_in_child=Gate.forget_all)
 
 
 def retry_after(value: str | None, now: float | None = None) -> float | None:

@@ -179,7 +179,6 @@ class EndpointModel:
         self.url = spec.endpoint
         self._max_body = min(max_body, MAX_BODY)
         self.rate = rate
-        self.gate = Gate(spec.args.concurrency)
         self._key = key or None
         self._rng = random.Random()
         self.cache = cache
@@ -228,7 +227,6 @@ class EndpointModel:
     async def _generate_all(
         self, requests: Sequence[GenerationRequest], runs: Sequence[str]
     ) -> list[Generation | Failure]:
-        self.gate.opened()
         limits = httpx.Limits(max_connections=self.spec.args.concurrency)
         timeout = httpx.Timeout(self.spec.args.timeout)
         async with httpx.AsyncClient(limits=limits, timeout=timeout) as http:
@@ -271,8 +269,9 @@ class EndpointModel:
         """The request's answer: from its run's principal's cache when that holds it (charged
         nothing), else asked (once for all the identical requests in flight) and kept."""
         meter = self.meter(run)
+        gate = Gate.of(self.spec.args.concurrency, self.url, self.spec.name, self.owner(run))
         if self.cache is None:
-            return await self._asked(http, request, meter)
+            return await self._asked(http, request, meter, gate)
         digest = request_digest(self.url, self._body(request), served, self.owner(run))
         retries = self.spec.args.max_retries
         patience = self.spec.args.timeout * (retries + 1) + BACKOFF_CAP * retries
@@ -291,7 +290,7 @@ class EndpointModel:
                 break
             await asyncio.sleep(_WAIT_FOR_ANSWER)
         try:
-            made = await self._asked(http, request, meter)
+            made = await self._asked(http, request, meter, gate)
         except BaseException:
             if claimed:  # a waiter asks for itself rather than wait for the lock to lapse
                 self.cache.release(digest)
@@ -307,13 +306,13 @@ class EndpointModel:
         return made
 
     async def _asked(
-        self, http: httpx.AsyncClient, request: GenerationRequest, meter: Meter | None
+        self, http: httpx.AsyncClient, request: GenerationRequest, meter: Meter | None, gate: Gate
     ) -> Generation | Failure:
-        """The request made, with retries, under the fleet's limit, this worker's gate and its
-        run's token budget."""
+        """The request made, with retries, under the fleet's limit, this worker's ``gate`` (its
+        principal's) and its run's token budget."""
         attempt = 0
         while True:
-            async with self.gate:
+            async with gate:
                 estimate = request.estimated_tokens()
                 await self._admitted(estimate)
                 try:
@@ -321,7 +320,7 @@ class EndpointModel:
                 except TokensExhausted as exc:
                     return exc
             if tried.generation is not None:
-                self.gate.succeeded()
+                gate.succeeded()
                 used = tried.generation.prompt_tokens + tried.generation.completion_tokens
                 self.rate.adjust(used - estimate)
                 self.rate.count(requests=1, tokens=used)
@@ -329,7 +328,7 @@ class EndpointModel:
             error = tried.error or BadResponse("no answer")
             throttled = isinstance(error, RateLimited)
             if throttled:
-                self.gate.throttled()
+                gate.throttled()
             if tried.retry_after:  # the server's word holds for the whole fleet
                 self.rate.pause(tried.retry_after)
             if not error.retryable or attempt >= self.spec.args.max_retries:

@@ -76,6 +76,8 @@ __all__ = [
     "Lane",
     "Staged",
     "capture",
+    "lane_of",
+    "on_endpoint",
     "run_model",
 ]
 
@@ -90,15 +92,26 @@ Runs on the model being served interleave by virtual time within the turn."""
 
 
 @lru_cache(maxsize=256)
-def _language_model(task: str) -> str:
-    return LanguageRun.model_validate_json(task).model_key()
+def _language_run(task: str) -> LanguageRun:
+    return LanguageRun.model_validate_json(task)
 
 
 def run_model(meta: RunMeta) -> str:
     """The warm model ``meta``'s run needs (what a principal's turn serves)."""
     if meta.task is not None:
-        return _language_model(meta.task)
+        return _language_run(meta.task).model_key()
     return model_key(meta.eval, meta.params)
+
+
+def on_endpoint(meta: RunMeta) -> bool:
+    """Whether ``meta``'s run is on an endpoint model: its work waits on a server (a worker
+    runs it in its endpoint lane, :mod:`evalq.worker.lane`)."""
+    return meta.task is not None and _language_run(meta.task).model.endpoint is not None
+
+
+def lane_of(task: str) -> Lane:
+    """The lane whose messages run ``task`` (``evalq.infer``, ``evalq.score``)."""
+    return next(lane for lane in LANES if lane.task == task)
 
 
 class _CapturingChannel(RedisChannel):
