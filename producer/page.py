@@ -67,8 +67,8 @@ def _text(value: object) -> str:
 
 
 def _prompt(value: object) -> str:
-    """What a language model read: the prompt's text, or a chat task's messages as
-    ``role: content`` lines."""
+    """What a language model read: the prompt's text (a local model's chat template
+    applied), or the messages an endpoint chat task sent, as ``role: content`` lines."""
     if isinstance(value, list):
         value = "\n".join(f"{m.get('role')}: {m.get('content')}" for m in value)
     return _text(value)

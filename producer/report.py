@@ -68,8 +68,9 @@ class Report:
     targets: dict[int, Any] = field(default_factory=dict)
     """The target of each row read (:func:`evalq.producer.samples.target_of`)."""
     prompts: dict[int, Any] = field(default_factory=dict)
-    """A language task's samples among the rows read: what the model read (the prompt with its
-    few-shot examples, or a chat task's messages)."""
+    """A language task's samples among the rows read: what the model read
+    (:meth:`evalq.shared.lm.run.LanguageRun.shown_prompt`: the prompt with its few-shot
+    examples, a local model's chat template applied, or an endpoint chat task's messages)."""
     generated: float = field(default_factory=time.time)
 
 

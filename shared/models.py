@@ -452,8 +452,9 @@ class SampleResult(BaseModel):
     target field; a Python evaluation's one label field, or its label fields' values)."""
     prompt: str | list[dict[str, str]] | None = None
     """A page's language-task sample read with its row (``with_input``): the prompt with its
-    few-shot examples as the model read it, or a ``chat`` task's messages, which its chat
-    template is applied to."""
+    few-shot examples as the model read it (a ``chat`` task on an ``hf/`` model: the text its
+    tokenizer's chat template made), or the messages an endpoint ``chat`` task sent
+    (:meth:`evalq.shared.lm.run.LanguageRun.shown_prompt`)."""
 
     @property
     def state(self) -> SampleState:

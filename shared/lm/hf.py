@@ -43,10 +43,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from jinja2.exceptions import TemplateError
 from transformers import (
     AutoModelForCausalLM,
-    AutoTokenizer,
     LogitsProcessor,
     LogitsProcessorList,
     PreTrainedTokenizerBase,
@@ -63,6 +61,7 @@ from evalq.shared.lm.request import (
     cut_at_stop,
 )
 from evalq.shared.lm.spec import ModelSpec, folder
+from evalq.shared.lm.template import ChatTemplate, load_tokenizer
 
 __all__ = ["HFModel"]
 
@@ -84,6 +83,7 @@ class HFModel:
         self.spec = spec
         self.model = model
         self.tokenizer = tokenizer
+        self.template = ChatTemplate(spec, tokenizer)
         self.device = device
         limit = _resolve_max_length(model.config, tokenizer)
         self.max_length = min(spec.args.max_length or limit, limit)
@@ -116,7 +116,7 @@ class HFModel:
             "trust_remote_code": False,
         }
         try:
-            tokenizer = AutoTokenizer.from_pretrained(source, **common)
+            tokenizer = load_tokenizer(source)
             model: Any = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **common)
         except (OSError, ValueError) as exc:
             raise InputError(f"model {spec}: cannot be loaded: {first_line(exc)}") from None
@@ -142,24 +142,9 @@ class HFModel:
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
     def render(self, prompt: str, *, chat: bool, system: str | None = None) -> str:
-        """The text fed to the model: ``prompt`` itself (after ``system`` and a blank line,
-        lm-eval's description delimiter), or with ``chat`` the tokenizer's chat template."""
-        if not chat:
-            return prompt if system is None else f"{system}\n\n{prompt}"
-        if not getattr(self.tokenizer, "chat_template", None):
-            raise InputError(f"model {self.spec}: chat was asked but its tokenizer has no template")
-        messages = [{"role": "user", "content": prompt}]
-        if system is not None:
-            messages.insert(0, {"role": "system", "content": system})
-        try:
-            text = self.tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=True
-            )
-        except TemplateError as exc:
-            raise InputError(
-                f"model {self.spec}: its chat template failed: {first_line(exc)}"
-            ) from None
-        return str(text)
+        """The text fed to the model (:meth:`evalq.shared.lm.template.ChatTemplate.render`:
+        the one rendering the views show, too)."""
+        return self.template.render(prompt, chat=chat, system=system)
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         """Continue every prompt; batches of ``batch_size`` prompts of similar token length,

@@ -14,8 +14,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from evalq.shared.lm.request import Prompt
 from evalq.shared.lm.spec import ModelSpec
 from evalq.shared.lm.task import TaskSpec
+from evalq.shared.lm.template import Messages, Renderer, local_template
 
 __all__ = ["Example", "LanguageRun"]
 
@@ -57,14 +59,31 @@ class LanguageRun(BaseModel):
         rows = [e.row for e in self.examples if not (self.same_split and e.row_id == sample_id)]
         return rows[:n]
 
+    def prompt(self, row: dict[str, Any], sample_id: int, model: Renderer) -> Prompt:
+        """What ``model`` reads for sample ``sample_id`` (its ``row``, label-free): the
+        prompt text with its few-shot examples, or for a ``chat`` task that text as
+        ``model`` renders it (:mod:`evalq.shared.lm.template`). The worker sends this and
+        the views show it (:meth:`shown_prompt`)."""
+        task = self.task
+        examples = self.examples_for(sample_id)
+        if task.chat:
+            return model.render(task.render(row, examples), chat=True, system=task.system)
+        return task.text(row, examples)
+
     def shown_prompt(self, row: dict[str, Any], sample_id: int) -> str | list[dict[str, str]]:
-        """What the model read for sample ``sample_id`` (its full ``row``, scrubbed here): the
-        prompt text with its few-shot examples, exactly as sent; for a ``chat`` task the chat
-        messages the model's chat template is applied to (an endpoint's server applies it, a
-        local model's tokenizer does, on the worker)."""
+        """What the model read for sample ``sample_id`` (its full ``row``, scrubbed here),
+        rendered as the worker rendered it (:meth:`prompt`; why it is rendered again, not
+        recorded: :mod:`evalq.shared.lm.template`): the prompt text with its few-shot
+        examples; for a ``chat`` task on an ``hf/`` model, the text its tokenizer's chat
+        template made of them, and on an endpoint the messages as sent (``role`` and
+        ``content``, the request body's). An ``hf/`` model whose tokenizer is not on this
+        machine shows the messages its template was applied to."""
         hidden = set(self.task.label_fields)
         scrubbed = {k: v for k, v in row.items() if k not in hidden}
-        examples = self.examples_for(sample_id)
-        if self.task.chat:
-            return self.task.messages(scrubbed, examples)
-        return self.task.text(scrubbed, examples)
+        renderer: Renderer = Messages()
+        if self.task.chat and self.model.endpoint is None:
+            renderer = local_template(self.model) or renderer
+        shown = self.prompt(scrubbed, sample_id, renderer)
+        if isinstance(shown, str):
+            return shown
+        return [{"role": role, "content": content} for role, content in shown]

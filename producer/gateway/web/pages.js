@@ -452,7 +452,7 @@ function errorText(error) {
   return error ? `${error.stage}/${error.kind}: ${error.message}` : '';
 }
 
-/** What the model read, as text: the prompt, or a chat task's messages as "role: content". */
+/** What the model read, as text: the prompt (a local model's chat template applied), or the messages an endpoint chat task sent, as "role: content". */
 function promptText(prompt) {
   return Array.isArray(prompt) ? prompt.map((m) => `${m.role}: ${m.content}`).join('\n') : prompt;
 }
@@ -490,7 +490,9 @@ export async function samplePage(app, runId, sampleId, signal) {
     h('section', { id }, h('h2', {}, label), h('pre', {}, pretty(value)));
   put(body,
     h('p', {}, link(['runs', runId, 'samples'], '← all samples')),
-    r.prompt ? block('Prompt (what the model read: few-shot examples included; a chat task\'s messages, which its chat template is applied to)',
+    r.prompt ? block(Array.isArray(r.prompt)
+      ? 'Prompt (the messages the model was sent, few-shot examples included; its server applied its chat template)'
+      : 'Prompt (the text the model read: few-shot examples included, a local model\'s chat template applied)',
       promptText(r.prompt), 'sample-prompt') : null,
     block('Input (the row, labels included)', r.input, 'sample-input'),
     block('Target', r.target, 'sample-target'),
