@@ -50,7 +50,7 @@ from evalq.shared.store.wire import (
     spans,
 )
 from evalq.worker.lru import LRU
-from evalq.worker.tasks import parse_requests
+from evalq.worker.messages import parse_requests
 from tests.helpers import labelled_rows, write_rows
 
 FP = "a" * 64

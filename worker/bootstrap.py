@@ -23,11 +23,12 @@ from evalq.shared.evaluation import load_plugins, registered
 from evalq.shared.isolation.privilege import undumpable
 from evalq.shared.queue.celery_app import STAGE_QUEUES, create_app, evaluation_queue
 from evalq.shared.settings import Settings
+from evalq.worker.buffer import SampleBatches
 from evalq.worker.heap import keep_freed_memory
 from evalq.worker.heartbeat import PresenceThread
 from evalq.worker.remote_control import lock_down
 from evalq.worker.state import WorkerState
-from evalq.worker.tasks import SampleBatches, register_tasks
+from evalq.worker.tasks import register_tasks
 
 __all__ = ["create_worker_app", "run_worker"]
 
@@ -119,6 +120,8 @@ def create_worker_app(settings: Settings) -> Celery:
     def stop_presence(**_: Any) -> None:
         while presence:
             presence.pop().stop()
+        for task in batches():
+            task.close_lane()
 
     worker_init.connect(before_pool, weak=False)
     worker_ready.connect(start_presence, weak=False)

@@ -22,7 +22,7 @@ from celery.worker.consumer import Consumer
 from vine import promise
 
 from evalq.shared.errors import first_line
-from evalq.worker.tasks import SampleBatches
+from evalq.worker.buffer import SampleBatches
 
 __all__ = ["GuardedConsumer"]
 

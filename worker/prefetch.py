@@ -43,7 +43,7 @@ _RESERVES: weakref.WeakKeyDictionary[Any, Reserve] = weakref.WeakKeyDictionary()
 
 
 class Buffer(Protocol):
-    """A batch buffer of the consumer (:class:`evalq.worker.tasks.SampleBatches`)."""
+    """A batch buffer of the consumer (:class:`evalq.worker.buffer.SampleBatches`)."""
 
     def held_messages(self) -> int:
         """Messages it holds: buffered, or in a pool job not yet returned."""

@@ -1,0 +1,105 @@
+"""A worker's messages as its main process handles them: which it holds unacknowledged
+(:class:`Held`, read by the heartbeat), acknowledging or requeueing one, reporting one to event
+monitors (Flower) as a task of its own, and a batch's requests read back into payloads."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from celery.worker.request import Request
+from celery_batches import SimpleRequest
+from kombu.transport.virtual import QoS as VirtualQoS
+
+from evalq.shared.errors import PayloadError, first_line
+from evalq.shared.models import SampleTask
+
+__all__ = ["Held", "ack_or_requeue", "announce", "parse_requests"]
+
+log = logging.getLogger(__name__)
+
+
+class Held:
+    """Delivery tags of the messages a worker holds unacknowledged (buffered, in a running
+    batch, or waiting to go back), and the run of each; read by the heartbeat thread."""
+
+    def __init__(self) -> None:
+        self._tags: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def add(self, tag: str, run_id: str) -> None:
+        with self._lock:
+            self._tags[tag] = run_id
+
+    def discard(self, tag: str) -> None:
+        with self._lock:
+            self._tags.pop(tag, None)
+
+    def snapshot(self) -> list[str]:
+        with self._lock:
+            return sorted(self._tags)
+
+    def runs(self) -> set[str]:
+        """The runs whose messages are held."""
+        with self._lock:
+            return set(self._tags.values())
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._tags)
+
+
+def announce(request: Request) -> None:
+    request.send_event(
+        "task-received",
+        name=request.name,
+        args=request.argsrepr,
+        kwargs=request.kwargsrepr,
+        root_id=request.root_id,
+        parent_id=request.parent_id,
+        retries=request.request_dict.get("retries", 0),
+        eta=None,
+        expires=None,
+    )
+    request.send_event("task-started")
+
+
+def ack_or_requeue(message: Any, requeue: bool) -> bool:
+    """Acknowledge a message, or put it back in its queue; False (logged) when Redis refuses.
+
+    A refused message stays in the broker's unacknowledged hash, where the janitor finds it
+    (no live worker holds it) and puts it back. Its prefetch slot here is released all the
+    same, through the virtual transport's own bookkeeping (``kombu.transport.virtual.QoS.ack``,
+    which touches no Redis key): a slot kept would stop this worker from taking any more work.
+    """
+    try:
+        if requeue:
+            message.reject(requeue=True)
+        else:
+            message.ack()
+    except Exception as exc:
+        action = "requeue" if requeue else "acknowledge"
+        log.warning("could not %s a message (%s); the janitor restores it", action, first_line(exc))
+        qos = getattr(message.channel, "qos", None)
+        if isinstance(qos, VirtualQoS):
+            VirtualQoS.ack(qos, message.delivery_tag)
+        return False
+    return True
+
+
+def parse_requests(requests: Sequence[SimpleRequest]) -> list[tuple[str, SampleTask]]:
+    """(request id, payload) of the valid payloads among ``requests``; the rest are logged and
+    dropped (the main process admitted them already: this is the pool's own check)."""
+    tasks: list[tuple[str, SampleTask]] = []
+    for request in requests:
+        try:
+            if request.args:
+                raise PayloadError("positional arguments are not accepted")
+            tasks.append((request.id, SampleTask.parse(request.kwargs).delivered_as(request.id)))
+        except (PayloadError, ValueError, TypeError) as exc:
+            log.error(
+                "dropping malformed %s message %s: %s", request.name, request.id, first_line(exc)
+            )
+    return tasks
