@@ -4,6 +4,7 @@ public import path is shared's own objects, and no product module outgrows one s
 from __future__ import annotations
 
 import importlib
+import re
 import shutil
 import subprocess
 import sys
@@ -119,3 +120,44 @@ def test_the_wheel_builds_without_warnings_and_holds_every_data_file(tmp_path: P
     data = {name.replace("evalq/shared/public/", "evalq/") for name in data}
     assert data, "no data files found"
     assert data <= names, sorted(data - names)
+
+
+def _layout_names() -> dict[str, set[str]]:
+    """The modules ``docs/architecture.md``'s layout block names, by folder (``shared/store``,
+    ``producer/gateway``, ...): a line starting a folder (``worker/``, or ``  store/`` under
+    ``shared/``) opens it, and every ``name.py`` up to the next folder is in it."""
+    text = (REPO / "docs" / "architecture.md").read_text()
+    block = text[text.index("```\nshared/") + 4 :]
+    block = block[: block.index("```")]
+    named: dict[str, set[str]] = {}
+    top = folder = ""
+    for line in block.splitlines():
+        head = re.match(r"^( {0,2})([a-z_]+)/\s", line)
+        if head is not None:
+            if head.group(1):
+                folder = f"{top}/{head.group(2)}"
+            else:
+                top = folder = head.group(2)
+        for prefix, name in re.findall(r"(?:\b([a-z_]+)/)?\b([a-z_0-9]+)\.py\b", line):
+            named.setdefault(f"{folder}/{prefix}".rstrip("/") if prefix else folder, set()).add(
+                name
+            )
+    return named
+
+
+def test_the_architecture_layout_names_every_product_module() -> None:
+    """Every module of ``shared/``, ``producer/`` and ``worker/`` (and their sub-packages)
+    is named in the layout of ``docs/architecture.md`` under its folder, and nothing is named
+    there that does not exist."""
+    named = _layout_names()
+    present: dict[str, set[str]] = {}
+    for top in ("shared", "producer", "worker"):
+        for path in (REPO / top).rglob("*.py"):
+            if path.name == "__init__.py" or "web" in path.parts:
+                continue
+            folder = str(path.parent.relative_to(REPO))
+            present.setdefault(folder, set()).add(path.stem)
+    missing = {f: sorted(m - named.get(f, set())) for f, m in present.items()}
+    assert {f: m for f, m in missing.items() if m} == {}
+    stale = {f: sorted(n - present.get(f, set())) for f, n in named.items()}
+    assert {f: n for f, n in stale.items() if n} == {}
