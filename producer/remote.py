@@ -6,7 +6,10 @@ With ``EVALQ_API_URL`` and ``EVALQ_TOKEN`` set, the CLI uses this instead of Red
 data: the gateway resolves sample ids and counts. An error the gateway answers becomes a
 :class:`evalq.shared.errors.RemoteError` with the gateway's one line and the direct-mode exit code.
 Importing it loads no Celery, kombu, Redis or pyarrow (``tests/test_api.py`` checks): the types
-it only names are imported for type checking, and pyarrow when a table is asked for.
+it only names are imported for type checking, and pyarrow when a table is asked for. The admin
+answers' models (datasets, tasks, budgets, tokens) and the comparison are imported by the
+methods that read them, so a read of a run loads none of the language task or dataset spec
+models (``tests/test_layout.py`` checks).
 
 ::
 
