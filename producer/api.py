@@ -15,8 +15,6 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from evalq.shared.settings import Settings, get_settings
-
 if TYPE_CHECKING:
     import pyarrow as pa
     from datasets import Dataset
@@ -32,6 +30,7 @@ if TYPE_CHECKING:
     from evalq.shared.access.roles import Role, TokenRecord
     from evalq.shared.access.task import RegisteredTask
     from evalq.shared.models import Progress, RunFilter, RunMeta, SampleResult
+    from evalq.shared.settings import Settings
 
 __all__ = ["Api", "open_api"]
 
@@ -204,6 +203,8 @@ class Api(Protocol):
 def open_api(settings: Settings | None = None, admin: bool = False) -> Api:
     """A :class:`evalq.producer.remote.RemoteClient` of the gateway when ``api_url`` is set
     (``redis_url`` is then never read), else a direct :class:`evalq.producer.client.Client`."""
+    from evalq.shared.settings import get_settings
+
     settings = settings or get_settings()
     if settings.api_url:
         from evalq.producer.remote import RemoteClient

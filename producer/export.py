@@ -6,25 +6,17 @@ import csv
 import json
 import sys
 from collections.abc import Iterable
-from enum import StrEnum
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
+from evalq.shared.choices import ExportFormat
 from evalq.shared.errors import InputError
 from evalq.shared.models import ErrorRecord, SampleResult, split_grade, to_json
 
 __all__ = ["ExportFormat", "csv_output", "flatten", "write_lines", "write_results"]
-
-
-class ExportFormat(StrEnum):
-    """Formats of ``evalq results``."""
-
-    JSONL = "jsonl"
-    CSV = "csv"
-    PARQUET = "parquet"
 
 
 def flatten(result: SampleResult) -> dict[str, Any]:

@@ -6,7 +6,10 @@ With ``EVALQ_API_URL`` and ``EVALQ_TOKEN`` set, the CLI uses this instead of Red
 data: the gateway resolves sample ids and counts. An error the gateway answers becomes a
 :class:`evalq.shared.errors.RemoteError` with the gateway's one line and the direct-mode exit code.
 Importing it loads no Celery, kombu, Redis or pyarrow (``tests/test_api.py`` checks): the types
-it only names are imported for type checking, and pyarrow when a table is asked for.
+it only names are imported for type checking, and pyarrow when a table is asked for. The admin
+answers' models (datasets, tasks, budgets, tokens) and the comparison are imported by the
+methods that read them, so a read of a run loads none of the language task or dataset spec
+models (``tests/test_layout.py`` checks).
 
 ::
 
@@ -29,7 +32,6 @@ from urllib.parse import quote
 import httpx
 from pydantic import TypeAdapter
 
-from evalq.producer.comparison import Comparison
 from evalq.producer.views import (
     LINE_ROWS,
     Cancellation,
@@ -39,11 +41,7 @@ from evalq.producer.views import (
     SampleQuery,
     check_ended,
 )
-from evalq.shared.access.budget import Budget
-from evalq.shared.access.dataset import RegisteredDataset
-from evalq.shared.access.policy import Tier
-from evalq.shared.access.roles import TokenRecord
-from evalq.shared.access.task import RegisteredTask
+from evalq.shared.choices import Tier
 from evalq.shared.errors import GatewayUnreachableError, InputError, RemoteError, first_line
 from evalq.shared.models import Progress, RunMeta, SampleResult
 
@@ -51,10 +49,14 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from datasets import Dataset
 
+    from evalq.producer.comparison import Comparison
     from evalq.producer.policy_file import PolicyFile
     from evalq.producer.rescore import RescoreRequest
     from evalq.producer.submit import SubmitRequest
-    from evalq.shared.access.roles import Role
+    from evalq.shared.access.budget import Budget
+    from evalq.shared.access.dataset import RegisteredDataset
+    from evalq.shared.access.roles import Role, TokenRecord
+    from evalq.shared.access.task import RegisteredTask
     from evalq.shared.models import RunFilter
 
 __all__ = ["RemoteClient"]
@@ -207,6 +209,8 @@ class RemoteClient:
 
     def compare(self, run_ids: Sequence[str], flips: int = 10) -> Comparison:
         """Each run against the first, as the gateway's policy allows (own runs only)."""
+        from evalq.producer.comparison import Comparison
+
         found = self._call("GET", "/v1/compare", run=list(run_ids), flips=flips, **self._flag())
         return Comparison.model_validate(found)
 
@@ -234,24 +238,33 @@ class RemoteClient:
         self, name: str, data: str, *, revision: str | None = None, config: str | None = None
     ) -> RegisteredDataset:
         """Register a dataset the gateway's machine can read (admin)."""
+        from evalq.shared.access.dataset import RegisteredDataset
+
         body = {"name": name, "data": data, "revision": revision, "config": config}
         return RegisteredDataset.model_validate(self._call("POST", "/v1/datasets", body))
 
     def datasets(self) -> list[RegisteredDataset]:
         """Every registered dataset."""
-        return _DATASETS.validate_python(self._call("GET", "/v1/datasets"))
+        from evalq.shared.access.dataset import RegisteredDataset
+
+        found = self._call("GET", "/v1/datasets")
+        return TypeAdapter(list[RegisteredDataset]).validate_python(found)
 
     def add_task(
         self, name: str, text: str, *, dataset: str | None = None, split: str | None = None
     ) -> RegisteredTask:
         """Register a language task file (admin), checked by the gateway (its scorers; with
         ``dataset`` and ``split``, that split's rows)."""
+        from evalq.shared.access.task import RegisteredTask
+
         body = {"name": name, "text": text, "dataset": dataset, "split": split}
         return RegisteredTask.model_validate(self._call("POST", "/v1/tasks", body))
 
     def tasks(self) -> list[RegisteredTask]:
         """Every registered language task."""
-        return _TASKS.validate_python(self._call("GET", "/v1/tasks"))
+        from evalq.shared.access.task import RegisteredTask
+
+        return TypeAdapter(list[RegisteredTask]).validate_python(self._call("GET", "/v1/tasks"))
 
     def set_tier(self, dataset: str, split: str, tier: Tier) -> Tier | None:
         """Set a split's tier (admin); return the one before."""
@@ -260,7 +273,8 @@ class RemoteClient:
 
     def tiers(self) -> dict[str, dict[str, Tier]]:
         """Every listed split's tier, by dataset."""
-        return _TIERS.validate_python(self._call("GET", "/v1/tiers"))
+        found = self._call("GET", "/v1/tiers")
+        return TypeAdapter(dict[str, dict[str, Tier]]).validate_python(found)
 
     def set_budget(
         self,
@@ -274,6 +288,8 @@ class RemoteClient:
         tokens: int | None = None,
     ) -> Budget:
         """Set a split's budget totals, or ``caller``'s own on it (admin)."""
+        from evalq.shared.access.budget import Budget
+
         body = {
             "runs": runs, "samples": samples, "max_samples_per_run": max_samples_per_run,
             "tokens": tokens,
@@ -283,7 +299,9 @@ class RemoteClient:
 
     def budgets(self) -> list[Budget]:
         """Every stored budget."""
-        return _BUDGETS.validate_python(self._call("GET", "/v1/budgets"))
+        from evalq.shared.access.budget import Budget
+
+        return TypeAdapter(list[Budget]).validate_python(self._call("GET", "/v1/budgets"))
 
     def apply_policy(self, policy: PolicyFile) -> list[str]:
         """Apply a policy file (admin); return its warnings."""
@@ -296,7 +314,9 @@ class RemoteClient:
 
     def tokens(self) -> list[TokenRecord]:
         """Every live token's record (admin)."""
-        return _TOKENS.validate_python(self._call("GET", "/v1/tokens"))
+        from evalq.shared.access.roles import TokenRecord
+
+        return TypeAdapter(list[TokenRecord]).validate_python(self._call("GET", "/v1/tokens"))
 
     def revoke_tokens(self, principal: str) -> int:
         """Revoke every token of ``principal`` (admin)."""
@@ -330,13 +350,6 @@ class RemoteClient:
     def close(self) -> None:
         """Close the HTTP connection pool."""
         self._http.close()
-
-
-_DATASETS = TypeAdapter(list[RegisteredDataset])
-_TASKS = TypeAdapter(list[RegisteredTask])
-_TIERS = TypeAdapter(dict[str, dict[str, Tier]])
-_BUDGETS = TypeAdapter(list[Budget])
-_TOKENS = TypeAdapter(list[TokenRecord])
 
 
 def _seg(part: str) -> str:

@@ -13,7 +13,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from evalq.shared.access.ladder import Released
-from evalq.shared.access.policy import Tier
+from evalq.shared.choices import Tier
 from evalq.shared.errors import RunNotCompletedError
 from evalq.shared.models import Progress, RunMeta, RunProvenance, RunStatus, SampleResult
 from evalq.shared.queue.standing import Standing

@@ -16,15 +16,16 @@ import json
 import sys
 from collections.abc import Sequence
 from importlib.metadata import entry_points
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
-from pydantic import ValidationError
 from rich.console import Console
 from rich.text import Text
 
 from evalq.shared.errors import DetachedError, EvalqError
-from evalq.shared.settings import get_settings
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 __all__ = [
     "COMMANDS_GROUP", "AdminFlag", "JsonFlag", "create_cli", "err", "main", "out", "python",
@@ -103,17 +104,28 @@ def run(app: typer.Typer, argv: Sequence[str] | None = None) -> None:
         raise SystemExit(exc.exit_code) from None
     except EvalqError as exc:
         _fail(str(exc), exc.exit_code)
-    except ValidationError as exc:
-        if exc.title == "Settings":
-            _fail(_setting_problem(exc), 2)
-        _fail(_input_problem(exc), 2)
     except Exception as exc:
+        problem = _invalid_input(exc)
+        if problem is not None:
+            _fail(problem, 2)
         if not redis_unreachable(exc):
             raise
         from evalq.shared.connection import redact
+        from evalq.shared.settings import get_settings
 
         url = redact(get_settings().redis_url)
         _fail(f"cannot reach Redis at {url} (set EVALQ_REDIS_URL): {exc}", 1)
+
+
+def _invalid_input(exc: BaseException) -> str | None:
+    """The one line for pydantic's validation error (a bad setting, or a request the CLI built
+    from bad options), None for any other error. pydantic is imported by the settings and the
+    models a command uses, never here (``--help`` and a usage error load none of it): an error
+    cannot be pydantic's when pydantic_core was never imported."""
+    found = sys.modules.get("pydantic_core")
+    if found is None or not isinstance(exc, found.ValidationError):
+        return None
+    return _setting_problem(exc) if exc.title == "Settings" else _input_problem(exc)
 
 
 def redis_unreachable(exc: BaseException) -> bool:

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
+from evalq.shared.choices import Priority, RunStatus
 from evalq.shared.source import stale_note
 
 __all__ = [
@@ -79,41 +80,6 @@ def from_json(text: str) -> Any:
         if end == len(text):
             return value
     return json.loads(text)
-
-
-class RunStatus(StrEnum):
-    """Where a run is in its life."""
-
-    QUEUED = "queued"
-    RUNNING = "running"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-    @property
-    def active(self) -> bool:
-        """Queued or running: its samples may still change."""
-        return self in (RunStatus.QUEUED, RunStatus.RUNNING)
-
-
-class Priority(StrEnum):
-    """How much of the workers a run asks for, against the other runs of its principal and,
-    through its principal, against other principals (``submit --priority``)."""
-
-    LOW = "low"
-    NORMAL = "normal"
-    HIGH = "high"
-
-    @property
-    def weight(self) -> int:
-        """The run's weight in the fair dispatcher: ``high`` gets twice ``normal``'s share,
-        ``normal`` twice ``low``'s, and no weight is zero, so ``low`` is never starved."""
-        return {Priority.LOW: 1, Priority.NORMAL: 2, Priority.HIGH: 4}[self]
-
-    @property
-    def rank(self) -> int:
-        """Order of the levels: low < normal < high."""
-        return list(Priority).index(self)
 
 
 class Stage(StrEnum):

@@ -1,7 +1,7 @@
 """Output that fits (#44, findings 8 and 10): ``runs`` and ``compare`` at 80 columns and into a
-pipe, and ``--follow``'s live bar and plain lines, show every number whole; ``evalq --help``, a
-usage error and a read through the gateway import none of the heavy libraries; a CSV cell holds
-a string output as its text."""
+pipe, and ``--follow``'s live bar and plain lines, show every number whole; a CSV cell holds a
+string output as its text. (What ``evalq --help``, a usage error and a read through the gateway
+import is ``tests/test_layout.py``'s, which needs no Redis.)"""
 
 from __future__ import annotations
 
@@ -205,42 +205,3 @@ def test_a_csv_cell_keeps_other_outputs_as_json_text() -> None:
     for text in ('{"b":1,"a":2}', "[1,2]", "3", "0.5", "true", "null"):
         assert csv_output(text) == text
     assert csv_output(None) is None
-
-
-HEAVY = (
-    "torch", "datasets", "celery", "pyarrow", "numpy", "scipy", "redis", "transformers", "yaml",
-)  # fmt: skip
-GATEWAY = {"EVALQ_API_URL": "http://127.0.0.1:1", "EVALQ_TOKEN": "not-a-token"}
-"""A gateway nothing listens on: the read fails only once the command has asked it."""
-
-
-@pytest.mark.parametrize(
-    ("args", "env"),
-    [
-        (["--help"], {}),
-        (["status", "not a run!"], {}),
-        (["compare", "--bad"], {}),
-        (["status", "0123456789abcdef"], GATEWAY),
-        (["runs"], GATEWAY),
-        (["compare", "0123", "4567"], GATEWAY),
-    ],
-)
-def test_help_usage_errors_and_gateway_reads_import_no_heavy_library(
-    args: list[str], env: dict[str, str]
-) -> None:
-    """``evalq --help``, a usage error and a read through the gateway load none of torch,
-    datasets, Celery, pyarrow, numpy, scipy, redis or yaml (each imported by the commands, or
-    the functions, that use it): the CLI answers them in a fraction of the two seconds it
-    took. The gateway reads ask one nothing listens on, and say so."""
-    script = (
-        "import sys; from evalq.shared.cli import main\n"
-        "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
-        f"print(sorted(m for m in {HEAVY!r} if m in sys.modules), file=sys.stderr)"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", script, *args], env=cli_env("redis://127.0.0.1:1/0", **env),
-        cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-    assert done.stderr.strip().splitlines()[-1] == "[]", done.stderr
-    if env:
-        assert "cannot reach the gateway at http://127.0.0.1:1" in done.stderr, done.stderr

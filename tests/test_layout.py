@@ -1,5 +1,7 @@
 """The code's shape: every package is in the wheel under the one top-level name ``evalq``, the
-public import path is shared's own objects, and no product module outgrows one sitting."""
+public import path is shared's own objects, no product module outgrows one sitting, and the
+CLI's quick answers (``--help``, a usage error, a read through the gateway) import only what
+they use."""
 
 from __future__ import annotations
 
@@ -14,10 +16,11 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
+import pytest
 from setuptools import find_packages
 
 from evalq import shared as evalq_shared
-from tests.helpers import REPO
+from tests.helpers import REPO, cli_env
 
 
 def _setuptools() -> dict[str, Any]:
@@ -124,24 +127,22 @@ def test_the_wheel_builds_without_warnings_and_holds_every_data_file(tmp_path: P
 
 def _layout_names() -> dict[str, set[str]]:
     """The modules ``docs/architecture.md``'s layout block names, by folder (``shared/store``,
-    ``producer/gateway``, ...): a line starting a folder (``worker/``, or ``  store/`` under
-    ``shared/``) opens it, and every ``name.py`` up to the next folder is in it."""
+    ``producer/gateway``, ...): a line starting a folder (``worker/``, ``  store/`` under
+    ``shared/``, two spaces a level) opens it, and every ``name.py`` up to the next folder is
+    in it."""
     text = (REPO / "docs" / "architecture.md").read_text()
     block = text[text.index("```\nshared/") + 4 :]
     block = block[: block.index("```")]
     named: dict[str, set[str]] = {}
-    top = folder = ""
+    folders: list[str] = []
     for line in block.splitlines():
-        head = re.match(r"^( {0,2})([a-z_]+)/\s", line)
+        head = re.match(r"^( *)([a-z_]+)/\s", line)
         if head is not None:
-            if head.group(1):
-                folder = f"{top}/{head.group(2)}"
-            else:
-                top = folder = head.group(2)
-        for prefix, name in re.findall(r"(?:\b([a-z_]+)/)?\b([a-z_0-9]+)\.py\b", line):
-            named.setdefault(f"{folder}/{prefix}".rstrip("/") if prefix else folder, set()).add(
-                name
-            )
+            depth = len(head.group(1)) // 2
+            folders = [*folders[:depth], head.group(2)]
+        folder = "/".join(folders)
+        for name in re.findall(r"\b([a-z_0-9]+)\.py\b", line):
+            named.setdefault(folder, set()).add(name)
     return named
 
 
@@ -161,3 +162,52 @@ def test_the_architecture_layout_names_every_product_module() -> None:
     assert {f: m for f, m in missing.items() if m} == {}
     stale = {f: sorted(n - present.get(f, set())) for f, n in named.items()}
     assert {f: n for f, n in stale.items() if n} == {}
+
+
+HEAVY = (
+    "torch", "datasets", "celery", "pyarrow", "numpy", "scipy", "redis", "transformers", "yaml",
+    "evalq.shared.lm.task", "evalq.shared.lm.spec", "evalq.shared.data.spec",
+    "evalq.shared.access.dataset",
+)  # fmt: skip
+"""What none of the CLI's quick answers imports: the heavy libraries, and evalq's models of
+language tasks and dataset specs (dozens of pydantic models, built as they are imported)."""
+LOCAL = ("pydantic_settings", "evalq.shared.settings", "evalq.shared.models")
+"""What an answer that asks no gateway imports neither: the settings (pydantic-settings, which
+imports asyncio) and the run models. The options' choices are :mod:`evalq.shared.choices`'."""
+GATEWAY = {"EVALQ_API_URL": "http://127.0.0.1:1", "EVALQ_TOKEN": "not-a-token"}
+"""A gateway nothing listens on: the read fails only once the command has asked it."""
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "absent"),
+    [
+        (["--help"], {}, (*LOCAL, "pydantic")),
+        (["submit", "--help"], {}, LOCAL),
+        (["status", "not a run!"], {}, LOCAL),
+        (["compare", "--bad"], {}, LOCAL),
+        (["status", "0123456789abcdef"], GATEWAY, ()),
+        (["runs"], GATEWAY, ()),
+        (["compare", "0123", "4567"], GATEWAY, ()),
+    ],
+)
+def test_help_usage_errors_and_gateway_reads_import_no_heavy_library(
+    args: list[str], env: dict[str, str], absent: tuple[str, ...]
+) -> None:
+    """``evalq --help``, a usage error and a read through the gateway load none of torch,
+    datasets, Celery, pyarrow, numpy, scipy, redis or yaml, nor the language task and dataset
+    spec models (each imported by the commands, or the functions, that use it); without a
+    gateway, none of the settings or the run models either, and ``evalq --help`` no pydantic at
+    all (typer imports it to convert a command's options; the app's own help converts none).
+    The gateway reads ask one nothing listens on, and say so."""
+    script = (
+        "import sys; from evalq.shared.cli import main\n"
+        "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+        f"print(sorted(m for m in {(*HEAVY, *absent)!r} if m in sys.modules), file=sys.stderr)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, *args], env=cli_env("redis://127.0.0.1:1/0", **env),
+        cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.stderr.strip().splitlines()[-1] == "[]", done.stderr
+    if env:
+        assert "cannot reach the gateway at http://127.0.0.1:1" in done.stderr, done.stderr

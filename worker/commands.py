@@ -8,7 +8,6 @@ from typing import Annotated
 import typer
 
 from evalq.shared.cli import run
-from evalq.shared.settings import get_settings
 
 __all__ = ["main", "register"]
 
@@ -22,6 +21,7 @@ def worker(
 ) -> None:
     """Run a Celery worker (what `celery -A evalq.worker.celery worker` runs, with evalq's
     options)."""
+    from evalq.shared.settings import get_settings
     from evalq.worker.bootstrap import run_worker
 
     run_worker(get_settings(), queues=queues, concurrency=concurrency, loglevel=loglevel)

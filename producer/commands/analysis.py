@@ -15,7 +15,6 @@ from evalq.producer.commands.tables import Col, print_table
 from evalq.producer.sweep import MAX_GRID
 from evalq.shared.cli import AdminFlag, JsonFlag, out, print_json
 from evalq.shared.errors import InputError
-from evalq.shared.models import RunFilter
 
 __all__ = ["compare", "report", "rescore"]
 
@@ -89,6 +88,7 @@ def compare(
     """Compare runs sample by sample: each against the first (same dataset, split and spec),
     beside each run's own mean and interval."""
     from evalq.producer.comparison import shown
+    from evalq.shared.models import RunFilter
 
     client = open_api(admin=admin)
     if (sweep is None) == (not run_ids):

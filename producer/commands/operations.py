@@ -12,7 +12,6 @@ from rich.text import Text
 from evalq.producer.api import open_api
 from evalq.shared.cli import JsonFlag, err, out, print_json
 from evalq.shared.errors import InputError
-from evalq.shared.settings import get_settings
 
 __all__ = ["acl", "demo", "metrics", "purge", "retention", "serve", "up"]
 
@@ -105,6 +104,7 @@ def metrics(
     """Serve Prometheus metrics: per-run samples, queue depths, budgets left (until Ctrl-C)."""
     from evalq.producer.metrics import serve
     from evalq.shared.connection import connect
+    from evalq.shared.settings import get_settings
 
     server = serve(connect(get_settings().redis), address, port, runs_shown)
     err.print(f"serving metrics on http://{address}:{server.port}/metrics")
@@ -120,6 +120,7 @@ def serve(
 
     from evalq.producer.gateway.app import create_gateway
     from evalq.shared.isolation.privilege import undumpable
+    from evalq.shared.settings import get_settings
 
     undumpable()  # its Redis credential is the strongest there is: not readable through /proc
     gateway = create_gateway(get_settings())
@@ -173,6 +174,7 @@ def retention(as_json: JsonFlag = False) -> None:
     runs older than EVALQ_KEEP_RUNS_DAYS (operators, direct mode; `evalq serve` does it on its
     own)."""
     from evalq.shared.connection import connect
+    from evalq.shared.settings import get_settings
     from evalq.shared.store.retention import retain
 
     done = retain(connect(get_settings().redis), get_settings())

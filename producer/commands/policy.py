@@ -6,18 +6,19 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
 from rich.text import Text
 
 from evalq.producer.api import open_api
-from evalq.shared.access.budget import Budget
-from evalq.shared.access.policy import Tier, stored_tier
-from evalq.shared.access.roles import Role
+from evalq.shared.choices import Role, Tier
 from evalq.shared.cli import JsonFlag, err, out, print_json
 from evalq.shared.names import NAME_RULE
+
+if TYPE_CHECKING:
+    from evalq.shared.access.budget import Budget
 
 __all__ = ["register"]
 
@@ -130,6 +131,8 @@ def tiers_set(
 ) -> None:
     """Set a registered split's tier (audited); a dataset or split nobody registered is
     refused."""
+    from evalq.shared.access.policy import stored_tier
+
     before = open_api().set_tier(dataset, split, tier)
     out.print(f"{dataset}/{split}: {stored_tier(before)} -> {tier}")
 

@@ -14,10 +14,9 @@ from evalq.producer.api import open_api
 from evalq.producer.commands.arguments import RunArg
 from evalq.producer.commands.outcome import follow_and_report, metric_text
 from evalq.producer.commands.tables import Col, print_table
-from evalq.producer.export import ExportFormat
+from evalq.shared.choices import ExportFormat, RunStatus
 from evalq.shared.cli import AdminFlag, JsonFlag, err, out, print_json
 from evalq.shared.errors import InputError
-from evalq.shared.models import RunFilter, RunStatus
 
 __all__ = ["cancel", "results", "resume", "runs", "status", "watch"]
 
@@ -108,6 +107,8 @@ def runs(  # noqa: PLR0913, PLR0917 - a typer command: its options are its param
     as_json: JsonFlag = False,
 ) -> None:
     """List recent runs, newest first, with their params, tags and first metric."""
+    from evalq.shared.models import RunFilter
+
     only = RunFilter(
         eval=eval_name, dataset=dataset, sweep=sweep, tag=tag, status=status_is, model=model,
         split=split, principal=principal,

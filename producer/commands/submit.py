@@ -10,11 +10,9 @@ import typer
 
 from evalq.producer.api import Api, open_api
 from evalq.producer.commands.outcome import follow_and_report
+from evalq.shared.choices import MAX_SPEC_SHARDS, Priority, RoutingKind
 from evalq.shared.cli import AdminFlag, JsonFlag, err, out, print_json
-from evalq.shared.data.routing import RoutingKind
-from evalq.shared.data.spec import MAX_SPEC_SHARDS
 from evalq.shared.errors import EvalqError, InputError
-from evalq.shared.models import Priority, Progress
 
 if TYPE_CHECKING:
     from evalq.producer.submit import SubmitRequest
@@ -92,6 +90,7 @@ def submit_command(  # noqa: PLR0913, PLR0917 - a typer command: its options are
     from evalq.producer.submit import SubmitRequest, parse_ids, parse_params
     from evalq.producer.sweep import grid, new_sweep_id, parse_sweeps, read_sweep_file
     from evalq.shared.data.loading import Sharding
+    from evalq.shared.models import Progress
 
     sweeps = parse_sweeps(sweep or [])
     if sweep_file is not None:

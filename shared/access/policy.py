@@ -18,12 +18,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from evalq.shared.choices import Tier
 from evalq.shared.errors import LabelRefusedError, PolicyError, TierRefusedError
-from evalq.shared.lm.limits import EndpointLimits
-from evalq.shared.lm.spec import ModelArgs
-from evalq.shared.lm.task import TaskSpec
 from evalq.shared.models import Progress, RunMeta, RunStatus
+
+if TYPE_CHECKING:
+    from evalq.shared.lm.limits import EndpointLimits
+    from evalq.shared.lm.spec import ModelArgs
+    from evalq.shared.lm.task import TaskSpec
 
 __all__ = [
     "MIN_AGGREGATE_SAMPLES",
@@ -50,14 +54,6 @@ __all__ = [
 MIN_AGGREGATE_SAMPLES = 5
 """k-anonymity floor: a non-admin never evaluates, nor sees an aggregate over, fewer samples of
 a ``non_viewable`` split (single-sample evals would reveal labels)."""
-
-
-class Tier(StrEnum):
-    """Visibility of a (dataset, split)."""
-
-    VIEWABLE = "viewable"
-    NON_VIEWABLE = "non_viewable"
-    NO_ACCESS = "no_access"
 
 
 class Access(StrEnum):

@@ -6,10 +6,10 @@ sources, budgets, ownership of runs). What a tier allows is :mod:`evalq.shared.a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
+from evalq.shared.choices import Role
 from evalq.shared.errors import ForbiddenError
 
 __all__ = [
@@ -22,15 +22,6 @@ __all__ = [
     "sees_budget",
     "sees_sources",
 ]
-
-
-class Role(StrEnum):
-    """What a token's holder may do through the gateway."""
-
-    ADMIN = "admin"
-    """Datasets, tiers, budgets, policy, tokens, audit; ``--admin`` submits and reads; any run."""
-    USER = "user"
-    """Submit and read within the tiers; see, cancel and resume its own runs only."""
 
 
 @dataclass(frozen=True)

@@ -17,10 +17,11 @@ import hashlib
 import itertools
 import re
 from collections.abc import Iterable, Iterator, Sequence
-from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from evalq.shared.choices import RoutingKind
 
 if TYPE_CHECKING:
     import numpy as np
@@ -45,14 +46,6 @@ CENTROID_TOLERANCE = 1e-3
 verifies (k-means is not bit-identical across BLAS builds)."""
 _TOKEN = re.compile(r"[a-z0-9]+")
 _CHUNK = 1024
-
-
-class RoutingKind(StrEnum):
-    """The routings a spec can use."""
-
-    CONTIGUOUS = "contiguous"
-    ROUND_ROBIN = "round_robin"
-    KMEANS = "kmeans"
 
 
 class Contiguous(BaseModel):

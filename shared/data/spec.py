@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from evalq.shared.choices import MAX_SPEC_SHARDS
 from evalq.shared.data.routing import Contiguous, KMeans, Routing
 from evalq.shared.errors import SpecError
 from evalq.shared.keys import spec_key
@@ -33,8 +34,6 @@ __all__ = [
     "fetch_spec",
     "publish_spec",
 ]
-
-MAX_SPEC_SHARDS = 1024
 
 LocalFormat = Literal["parquet", "json", "csv", "arrow"]
 
