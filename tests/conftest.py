@@ -79,15 +79,46 @@ class Stack:
             assert not re.search(r"ForkPoolWorker-\d+\] Error: ", self.worker_log())
 
 
-WORKER_FIXTURES = frozenset({"stack", "fresh_stack"})
+REDIS_FIXTURES = frozenset({"stack", "fresh_stack", "redis_only", "served", "door"})
+"""Fixtures that start a redis-server (and some, workers)."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """A test that takes a fixture with worker processes is an integration test, so that
-    ``-m "not integration"`` never starts a worker, whatever a module forgot to mark."""
+    """A test that takes a fixture with a redis-server is an integration test, so that
+    ``-m "not integration"`` never starts one, whatever a module forgot to mark."""
     for item in items:
-        if WORKER_FIXTURES & set(getattr(item, "fixturenames", ())):
+        if REDIS_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
+
+
+class _FastLayer:
+    """Whether the test being set up or run is of the fast layer (not ``integration``)."""
+
+    now = False
+
+
+_start = RedisServer.start
+
+
+def _guarded_start(self: RedisServer, timeout: float = 10.0) -> RedisServer:
+    if _FastLayer.now:
+        raise AssertionError(
+            "this test starts a redis-server: mark it integration (the fast layer starts none)"
+        )
+    return _start(self, timeout)
+
+
+RedisServer.start = _guarded_start  # type: ignore[method-assign]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A fast-layer test that starts a redis-server, itself or through a fixture, fails."""
+    _FastLayer.now = item.get_closest_marker("integration") is None
+
+
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    _FastLayer.now = False
 
 
 @pytest.hookimpl(wrapper=True)

@@ -50,6 +50,7 @@ def test_the_interface_is_an_admin_flag_and_methods() -> None:
     assert _methods(Api)  # the comparisons above compare something
 
 
+@pytest.mark.integration
 def test_the_http_client_loads_no_broker_store_or_arrow_library() -> None:
     code = (
         "import sys, producer.remote, producer.api, producer.views; "
@@ -62,6 +63,7 @@ def test_the_http_client_loads_no_broker_store_or_arrow_library() -> None:
     assert done.stdout.strip() == "", f"importing producer.remote loaded {done.stdout.strip()}"
 
 
+@pytest.mark.integration
 def test_a_gateway_url_with_a_password_is_refused_without_showing_it() -> None:
     """``EVALQ_API_URL=http://u:SECRETPW@host`` was echoed whole in the unreachable-gateway
     error, and its user and password (sent as basic auth) replaced the token's header."""

@@ -47,6 +47,8 @@ from evalq.worker.scoring import score_batch
 from evalq.worker.shard_cache import ShardCache
 from tests.helpers import ended_view, labelled_rows, record_run, write_rows
 
+pytestmark = pytest.mark.integration
+
 MAX_ATTEMPTS = 3
 
 

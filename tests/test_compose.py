@@ -169,10 +169,12 @@ def _evalq_command(argv: list[str]) -> None:
 @pytest.mark.parametrize(
     "service", ["acl", "gateway", "worker-gpu", "worker-cpu", "producer", "metrics"]
 )
+@pytest.mark.integration
 def test_every_evalq_command_exists_with_its_options(service: str) -> None:
     _evalq_command(_words(SERVICES[service]["command"]))
 
 
+@pytest.mark.integration
 def test_the_flower_entry_point_and_options_exist() -> None:
     from flower.options import options
 

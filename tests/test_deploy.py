@@ -62,6 +62,7 @@ def _url(server: RedisServer, role: str) -> str:
     return f"redis://{role}:{PASSWORDS[password_variable(role)]}@127.0.0.1:{server.port}/0"
 
 
+@pytest.mark.integration
 def test_the_janitor_sweeps_and_flower_inspects_under_their_own_users(
     acl_server: RedisServer,
 ) -> None:
@@ -80,6 +81,7 @@ def test_the_janitor_sweeps_and_flower_inspects_under_their_own_users(
         connect(_url(acl_server, "monitor"), retries=0).lpush("infer", "forged")
 
 
+@pytest.mark.integration
 def test_a_worker_limits_endpoint_calls_but_cannot_list_an_endpoint(
     acl_server: RedisServer,
 ) -> None:
@@ -100,6 +102,7 @@ def test_a_worker_limits_endpoint_calls_but_cannot_list_an_endpoint(
         EndpointRegistry(worker).set(url, EndpointLimits(), who="worker")
 
 
+@pytest.mark.integration
 def test_a_refused_step_names_its_user_and_keys_every_time(
     acl_server: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -238,11 +241,13 @@ def taken() -> Iterator[int]:
         yield int(sock.getsockname()[1])
 
 
+@pytest.mark.integration
 def test_a_redis_server_is_not_started_on_a_taken_port(taken: int, tmp_path: Path) -> None:
     with pytest.raises(PortInUseError, match=f"port {taken} \\(redis\\) is in use"):
         RedisServer(tmp_path, port=taken).start()
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("flag", ["port", "flower-port", "metrics-port", "redis-port"])
 def test_evalq_up_refuses_a_taken_port_before_it_starts_anything(
     flag: str, taken: int, tmp_path: Path

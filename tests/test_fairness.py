@@ -211,6 +211,7 @@ def test_a_cancelled_runs_scoring_is_withdrawn(redis_only: RedisServer) -> None:
     assert not score.backlog.withdraw("gone")
 
 
+@pytest.mark.integration
 def test_an_inference_only_workers_scoring_goes_through_the_dispatcher(
     bench: Bench,  # noqa: F811
     server: RedisServer,  # noqa: F811

@@ -60,6 +60,7 @@ def _proxy(**params: str) -> ModelProxy:
     )
 
 
+@pytest.mark.integration
 @pytest.mark.usefixtures("host_env")
 def test_an_isolated_model_runs_elsewhere_without_the_workers_secrets_or_modules() -> None:
     proxy = _proxy().start()
@@ -75,6 +76,7 @@ def test_an_isolated_model_runs_elsewhere_without_the_workers_secrets_or_modules
     assert seen[0]["fields"] == ["text"]
 
 
+@pytest.mark.integration
 @pytest.mark.usefixtures("host_env")
 def test_a_failing_infer_is_an_error_and_a_dead_host_is_replaced() -> None:
     raising = _proxy(fail="raise")
@@ -93,6 +95,7 @@ def test_a_failing_infer_is_an_error_and_a_dead_host_is_replaced() -> None:
     exiting.close()
 
 
+@pytest.mark.integration
 @pytest.mark.usefixtures("host_env")
 def test_what_is_not_json_is_a_permanent_error() -> None:
     nonjson = _proxy(fail="nonjson")
@@ -103,6 +106,7 @@ def test_what_is_not_json_is_a_permanent_error() -> None:
     nonjson.close()
 
 
+@pytest.mark.integration
 @pytest.mark.usefixtures("host_env")
 def test_a_model_that_cannot_load_says_why() -> None:
     missing = ModelProxy(
@@ -112,6 +116,7 @@ def test_a_model_that_cannot_load_says_why() -> None:
         missing.start()
 
 
+@pytest.mark.integration
 @pytest.mark.usefixtures("host_env")
 def test_the_runtime_pool_isolates_on_request_and_stops_evicted_hosts() -> None:
     pool = RuntimePool("cpu", max_models=1, isolate=True, plugins=["tests.plugins"])

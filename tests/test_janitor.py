@@ -39,6 +39,8 @@ from evalq.worker.scoring import score_batch
 from tests.helpers import labelled_rows, wait_for
 from tests.test_batch import Bench, bench, server, task  # noqa: F401 - fixtures
 
+pytestmark = pytest.mark.integration
+
 STALL = 0.05
 
 

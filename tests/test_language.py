@@ -249,6 +249,7 @@ def test_what_a_caller_may_not_name_is_refused_in_one_line(
     assert json.loads(json.dumps([t.name for t in user.tasks()]))  # listed, JSON-able
 
 
+@pytest.mark.integration
 def test_a_redelivered_sample_generates_the_same_text_in_any_batch(model_root: Path) -> None:
     """Sampled generation draws each sample's tokens from a seed of its run and id alone: a
     sample sent again (alone, or with other samples) writes what it wrote the first time."""

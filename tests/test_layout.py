@@ -78,6 +78,7 @@ def test_no_product_module_is_over_500_lines() -> None:
     assert {path: n for path, n in sizes.items() if n > 500} == {}
 
 
+@pytest.mark.integration
 def test_modules_named_like_the_repositorys_folders_never_stand_in(tmp_path: Path) -> None:
     """A user's ``worker.py``, ``shared.py`` and ``producer.py`` first on ``sys.path`` (each
     fails loudly if imported): evalq imports its own packages, which are ``evalq.*``."""
@@ -93,6 +94,7 @@ def test_modules_named_like_the_repositorys_folders_never_stand_in(tmp_path: Pat
     assert "submit" in result.stdout
 
 
+@pytest.mark.integration
 def test_the_wheel_builds_without_warnings_and_holds_every_data_file(tmp_path: Path) -> None:
     """``pip install .`` printed a "Package ... is absent from the `packages` configuration"
     block for each folder of data files (lua/, web/); the wheel now builds without one and holds
@@ -190,6 +192,7 @@ GATEWAY = {"EVALQ_API_URL": "http://127.0.0.1:1", "EVALQ_TOKEN": "not-a-token"}
         (["compare", "0123", "4567"], GATEWAY, ()),
     ],
 )
+@pytest.mark.integration
 def test_help_usage_errors_and_gateway_reads_import_no_heavy_library(
     args: list[str], env: dict[str, str], absent: tuple[str, ...]
 ) -> None:

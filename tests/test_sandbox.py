@@ -96,11 +96,13 @@ def _run(setup: str, tmp_path: Path, port: int) -> dict[str, Any]:
     return dict(json.loads(done.stdout))
 
 
+@pytest.mark.integration
 def test_nothing_applied_everything_is_reachable(tmp_path: Path, listener: int) -> None:
     seen = _run("", tmp_path, listener)
     assert (seen["data"], seen["folder"], seen["tcp"]) == ("allowed",) * 3
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(landlock.abi() < 6, reason="needs Landlock ABI 6 (Linux 6.12+)")
 def test_the_sandbox_keeps_python_and_its_own_folder_and_nothing_else(
     tmp_path: Path, listener: int
@@ -124,6 +126,7 @@ def test_the_sandbox_keeps_python_and_its_own_folder_and_nothing_else(
     }
 
 
+@pytest.mark.integration
 def test_seccomp_alone_takes_every_socket_but_keeps_socketpairs(
     tmp_path: Path, listener: int
 ) -> None:
@@ -132,6 +135,7 @@ def test_seccomp_alone_takes_every_socket_but_keeps_socketpairs(
     assert seen["data"] == "allowed"
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(landlock.abi() < 4, reason="needs Landlock ABI 4 (Linux 6.7+)")
 def test_landlock_alone_refuses_files_and_tcp(tmp_path: Path, listener: int) -> None:
     setup = (
@@ -160,6 +164,7 @@ def _user_namespaces() -> bool:
     return done.returncode == 0
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(not _user_namespaces(), reason="needs unprivileged user namespaces")
 def test_the_namespace_fallback_leaves_only_a_loopback_that_is_down(
     tmp_path: Path, listener: int

@@ -60,6 +60,7 @@ def test_the_callers_env_is_seen_and_does_not_leak_into_the_next_call(pool: Scri
     ],
     ids=["timeout", "crash", "sys.exit", "cpu"],
 )
+@pytest.mark.integration
 def test_a_failure_is_one_clear_error_and_the_next_call_gets_a_fresh_subprocess(
     argv: tuple[str, ...], message: str, timeout: float
 ) -> None:
@@ -77,6 +78,7 @@ def test_a_failure_is_one_clear_error_and_the_next_call_gets_a_fresh_subprocess(
         pool.close()
 
 
+@pytest.mark.integration
 def test_the_cpu_limit_is_per_call_not_per_subprocess(pool: ScriptPool) -> None:
     first = pool.call(_call("pid"))
     for _ in range(4):  # 4 x 0.6 CPU seconds in one subprocess (a 1 s budget runs at most 2);
@@ -116,6 +118,7 @@ def test_the_pool_is_bounded_and_closing_it_stops_every_subprocess() -> None:
             os.kill(int(str(pid)), 0)
 
 
+@pytest.mark.integration
 def test_warm_and_cold_answers_are_identical() -> None:
     evaluation = Arithmetic(tolerance="1e-3")
     rows = arithmetic_rows(4, seed=3)  # -, / of a fraction, +, / of a whole number

@@ -205,6 +205,7 @@ def built_twice(
 
 
 @pytest.mark.parametrize("sharding", ROUTINGS, ids=lambda s: s.routing.value)
+@pytest.mark.integration
 def test_two_worker_processes_build_identical_shards(
     built_twice: tuple[redis.Redis, dict[str, DatasetSpec], list[dict[str, list[str]]]],
     sharding: Sharding,

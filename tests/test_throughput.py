@@ -218,6 +218,7 @@ def _faults(churn: subprocess.Popen[str]) -> int:
     return int(out.split()[-1])
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc")
 def test_kept_heap_memory_is_reused_instead_of_faulted_in_again() -> None:
     """glibc gives a freed heap top back to the kernel and the next batch faults it in again
