@@ -214,3 +214,19 @@ def test_help_usage_errors_and_gateway_reads_import_no_heavy_library(
     assert done.stderr.strip().splitlines()[-1] == "[]", done.stderr
     if env:
         assert "cannot reach the gateway at http://127.0.0.1:1" in done.stderr, done.stderr
+
+
+def test_no_lua_script_spells_a_run_status_or_a_fair_dispatcher_function_outside_its_room() -> None:
+    """Run statuses reach the scripts as ``STATUS`` (generated from ``RunStatus``): no
+    script's code spells one; and the fair dispatcher's functions live in the queue package's
+    prelude, not in the store's, which every script carries."""
+    from evalq.shared.choices import RunStatus
+
+    for path in REPO.glob("shared/*/lua/*.lua"):
+        code = "\n".join(line.split("--", 1)[0] for line in path.read_text().splitlines())
+        for status in RunStatus:
+            assert f"'{status.value}'" not in code or status is RunStatus.FAILED, (path, status)
+        assert "'queued'" not in code, path
+    store = (REPO / "shared/store/lua/prelude.lua").read_text()
+    assert "local function fair_" not in store
+    assert "local function fair_dispatch" in (REPO / "shared/queue/lua/prelude.lua").read_text()

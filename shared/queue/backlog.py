@@ -150,7 +150,7 @@ class Lane:
 
     def round_keys(self) -> list[str]:
         """The keys of the lane's round, as the Lua scripts take them (``fair_round`` in
-        ``prelude.lua``)."""
+        ``shared/queue/lua/prelude.lua``)."""
         fair = self.fair
         return [
             fair.principals, fair.clock, fair.finish, fair.owner, fair.weight, fair.waiting,
@@ -160,7 +160,7 @@ class Lane:
     def round_args(self) -> list[str]:
         """The keys a script of the lane's round names as it goes, as templates: the prefix
         and suffix around a principal of its runs and weights keys, and around a run id of its
-        backlog (``fair_round`` in ``prelude.lua``)."""
+        backlog (``fair_round`` in ``shared/queue/lua/prelude.lua``)."""
         return [*_around(self.fair.runs), *_around(self.fair.weights), *_around(self.backlog)]
 
 

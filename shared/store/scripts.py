@@ -5,9 +5,13 @@ A script lives beside the code that owns it, in ``<package>/lua/<name>.lua`` (th
 and registry's in ``shared/access/lua/``), and opens with a header naming exactly the keys and
 arguments its caller passes. Key names are spelled in :mod:`evalq.shared.keys` only: a script gets
 its keys from its caller, and one that names keys as it goes (the fair dispatcher, for each
-principal and run it serves) gets their templates. ``shared/store/lua/prelude.lua`` holds the
-helper functions more than one script needs; it is put in front of every script, so a rule
-such as "a run's first write moves it from queued to running" is written once.
+principal and run it serves) gets their templates; run statuses are spelled in
+:class:`evalq.shared.choices.RunStatus` only, put in front of every script as the table
+``STATUS``. ``shared/store/lua/prelude.lua`` holds the helper functions more than one script
+needs; it is put in front of every script, so a rule such as "a run's first write moves it from
+queued to running" is written once; a package's own ``lua/prelude.lua`` (the fair dispatcher's,
+in ``shared/queue/lua/``) goes in front of that package's scripts only. How a run and a sample
+move between their states is drawn in ``docs/states.md``.
 
 A script whose writes must survive a failover is registered ``confirmed``: each call returns
 only once a replica holds its effects (:func:`evalq.shared.connection.confirmed`).
@@ -25,18 +29,31 @@ from redis.client import Pipeline
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
+from evalq.shared.choices import RunStatus
 from evalq.shared.connection import confirmed
 
 __all__ = ["flatten", "register"]
+
+STORE = "evalq.shared.store"
 
 
 def _read(package: str, name: str) -> str:
     return resources.files(package).joinpath("lua", f"{name}.lua").read_text(encoding="utf-8")
 
 
+def _statuses() -> str:
+    """The Lua table ``STATUS`` of the run statuses, from :class:`RunStatus`: a script spells
+    ``STATUS.RUNNING``, never ``'running'``."""
+    members = ", ".join(f"{status.name} = '{status.value}'" for status in RunStatus)
+    return f"local STATUS = {{{members}}}\n"
+
+
 @cache
 def _source(package: str, name: str) -> str:
-    return _read("evalq.shared.store", "prelude") + "\n" + _read(package, name)
+    parts = [_statuses(), _read(STORE, "prelude")]
+    if package != STORE and resources.files(package).joinpath("lua", "prelude.lua").is_file():
+        parts.append(_read(package, "prelude"))
+    return "\n".join([*parts, _read(package, name)])
 
 
 class _Script(Script):

@@ -2,9 +2,9 @@
 -- backlogs (cancel.lua deleted its inference backlog already; its scoring backlog goes here).
 -- For round i, with k = 9 * (i - 1) and a = 6 * (i - 1) + 1:
 -- KEYS[k + 1] = the run's backlog in round i (RunKeys.backlog_of(stage))
--- KEYS[k + 2 .. k + 9] = round i's keys (fair_round in prelude.lua)
+-- KEYS[k + 2 .. k + 9] = round i's keys (fair_round in the queue's prelude.lua)
 -- ARGV[1] = run id
--- ARGV[a + 1 .. a + 6] = round i's key templates (fair_round in prelude.lua)
+-- ARGV[a + 1 .. a + 6] = round i's key templates (fair_round in the queue's prelude.lua)
 -- Returns: 1 if the run was in a round, 0 if not.
 local run, found = ARGV[1], 0
 for i = 1, #KEYS / 9 do

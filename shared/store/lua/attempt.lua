@@ -24,7 +24,7 @@
 -- that count is written for the sample, to go on from alone.
 local counts = {}
 local status = redis.call('HGET', KEYS[2], 'status')
-local going = status == 'queued' or status == 'running'
+local going = going(status)
 if ARGV[1] == 'carry' then
   if not going then return counts end
   local ids = {}

@@ -12,12 +12,12 @@
 -- -1 the run had already finished (nothing changes). unproduced: samples with neither an
 -- output nor an error; stable once the run is cancelled, since writes then stop.
 local status = redis.call('HGET', KEYS[1], 'status')
-if status == 'completed' or status == 'failed' or redis.call('HEXISTS', KEYS[6], 'ended') == 1 then
+if status == STATUS.COMPLETED or status == STATUS.FAILED or redis.call('HEXISTS', KEYS[6], 'ended') == 1 then
   return {-1, 0}
 end
 local state = 0
-if status ~= 'cancelled' then
-  redis.call('HSET', KEYS[1], 'status', 'cancelled', 'finished', string.format('%.6f', now()))
+if status ~= STATUS.CANCELLED then
+  redis.call('HSET', KEYS[1], 'status', STATUS.CANCELLED, 'finished', string.format('%.6f', now()))
   state = 1
 end
 redis.call('DEL', KEYS[4])

@@ -10,7 +10,7 @@
 --           samples from being sent ('' = none did)
 -- Returns: 1 if this call ended the run, 0 if it had ended (completed, failed or cancelled).
 local status = redis.call('HGET', KEYS[1], 'status')
-if status ~= 'queued' and status ~= 'running' then return 0 end
+if not going(status) then return 0 end
 redis.call('SET', KEYS[2], ARGV[2])
 if ARGV[4] ~= '' then redis.call('SET', KEYS[3], ARGV[4]) end
 redis.call('HSET', KEYS[1], 'status', ARGV[1], 'finished', string.format('%.6f', now()))

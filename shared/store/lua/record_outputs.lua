@@ -30,7 +30,7 @@
 -- attempt.lua returns them); otherwise nothing is counted (the caller counts as it scores).
 -- Calls: a few per batch, not per sample (a span: a BITCOUNT, one HSET, a ZADD, the bits).
 local status = redis.call('HGET', KEYS[3], 'status')
-if status ~= 'queued' and status ~= 'running' then return {0} end
+if not going(status) then return {0} end
 local n = tonumber(ARGV[2])
 local ids, writes, at = {}, {}, 3 + 2 * n
 local read, wrote, cached = 0, 0, 0

@@ -13,7 +13,7 @@
 -- no record); -2 the attempt's counts disagree with the run's (it read the store while another
 -- attempt was freeing it): it must not win.
 local status = redis.call('HGET', KEYS[1], 'status')
-if status == false or status == 'queued' or status == 'running' then return -1 end
+if status == false or going(status) then return -1 end
 local sealed = redis.call('HGET', KEYS[1], 'archive_url')
 if sealed == ARGV[1] then return 2 end
 if sealed then return 0 end

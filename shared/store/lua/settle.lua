@@ -35,7 +35,7 @@
 -- settled first (or that takes over a dead claim), and 0 for everyone else; settled = the run's
 -- samples settled so far.
 local status = redis.call('HGET', KEYS[4], 'status')
-if status ~= 'queued' and status ~= 'running' then return {0, 0, 0} end
+if not going(status) then return {0, 0, 0} end
 local target, counter = KEYS[1], 'scored'
 if ARGV[1] == 'err' then target, counter = KEYS[2], 'failed' end
 local written, listed, given = 0, '', {}

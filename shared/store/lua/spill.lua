@@ -22,7 +22,7 @@
 -- the part holds no output for has one now (a late attempt's), or the segment size is not
 -- the run's.
 local status = redis.call('HGET', KEYS[1], 'status')
-if (status ~= 'queued' and status ~= 'running')
+if (not going(status))
   or redis.call('HEXISTS', KEYS[1], 'finalizing') == 1 then
   return -1
 end
