@@ -73,7 +73,8 @@ class FairKeys:
     """The fair dispatcher's keys for one broker queue (:mod:`evalq.shared.queue.backlog`): which
     runs have a backlog for it, whose they are, their weights, and where each stands in its
     weighted round. The Lua scripts get these names from their callers, those of a principal's
-    keys as the prefix and suffix around the principal (``fair_round`` in ``shared/queue/lua/prelude.lua``)."""
+    keys as the prefix and suffix around the principal (``fair_round`` in
+    ``shared/queue/lua/prelude.lua``)."""
 
     prefix: str = "evalq:fair:"
 
