@@ -165,9 +165,10 @@ class Settings(BaseSettings):
     (with ``EVALQ_SPILL_ROWS``, a run's settled segments leave Redis and make room)."""
 
     endpoint_threads: int = Field(default=4, ge=0, le=256)
-    """Worker-local: threads of a worker's endpoint lane, which runs the messages of runs on
-    endpoint models outside its pool processes; one principal runs at most half of them at
-    once (rounded up), its further messages going back to their backlogs. 0: no lane (such
+    """Worker-local: threads of a worker's endpoint lane (one for inference and scoring), which
+    runs the messages of runs on endpoint models outside its pool processes; one principal runs
+    at most half of them at once (rounded down, at least one) and a second only while another
+    stays free; a message that finds no place goes back to its backlog. 0: no lane (such
     messages run in the pool, where a slow server holds a process as long as it takes)."""
 
     cache_ttl: int = Field(default=7 * 24 * 3600, ge=1)

@@ -781,14 +781,16 @@ def test_one_caller_s_huge_outputs_crowd_neither_redis_nor_another_caller(
         quiet.stop()
 
 
-def test_one_caller_s_stalled_endpoint_holds_no_worker_another_caller_needs(
+def test_stalled_endpoints_of_two_callers_hold_no_worker_a_third_caller_needs(
     fresh_stack: Stack, tmp_path: Path
 ) -> None:
     """The attack review's server held every request (answering after 120 s): the user's
     runs on it held every worker process, and another user's 5-sample run took 120.0 s
     instead of 0.6 s. A worker runs endpoint models' messages in its endpoint lane (threads,
-    not its pool processes), where one principal runs at most half of the lane: another
-    caller's runs complete while every request of the first is still held by its server."""
+    not its pool processes), where one principal runs at most half of the lane and a second
+    message only while a place stays free; the review of that lane then filled it with two
+    stalled principals and starved a third. Now a third caller's runs complete while every
+    request of the two is still held by their server."""
     stack = fresh_stack
     stalled, quiet = Server(tmp_path / "stalled.log", key=None), Server(tmp_path / "q.log", None)
     try:
@@ -796,20 +798,67 @@ def test_one_caller_s_stalled_endpoint_holds_no_worker_another_caller_needs(
         stack.start_workers()
         listed: dict[str, Any] = {stalled.base: {}, quiet.base: {}}
         agent, dataset = _place(stack, tmp_path / "data", 20, listed)
-        flood = [_submit(agent, dataset, stalled.base) for _ in range(4)]
-        wait_for(lambda: len(stalled.stats()["arrivals"]) > 0, 60, "the flood's first request")
+        carol = Client(stack.settings.model_copy(update={"principal": "carol"}))
+        flood = [_submit(caller, dataset, stalled.base) for caller in (agent, carol) * 3]
+        wait_for(lambda: len(stalled.stats()["arrivals"]) >= 16, 60, "both floods' requests")
         bob = Client(stack.settings.model_copy(update={"principal": "bob"}))
         for _ in range(3):
             meta = _submit(bob, dataset, quiet.base)
             assert _ended(stack, meta) is RunStatus.COMPLETED
         bob.close()
-        assert stalled.stats()["answers"] == {}  # every request of the flood still held
+        carol.close()
+        assert stalled.stats()["answers"] == {}  # every request of the floods still held
         stalled.control(stall=False)
         for meta in flood:
             assert _ended(stack, meta) is RunStatus.COMPLETED
     finally:
         stalled.stop()
         quiet.stop()
+
+
+def test_a_caller_s_runs_on_one_endpoint_keep_within_the_highest_concurrency_together(
+    fresh_stack: Stack, tmp_path: Path
+) -> None:
+    """The lane's review submitted two runs asking ``concurrency`` 4 and 3 of an endpoint whose
+    ``max_concurrency`` is 4: the two ran at once in one worker and held 7 requests in flight.
+    A worker process keeps one principal's requests to one endpoint within the highest
+    ``concurrency`` its runs there ask (one gate per endpoint and principal)."""
+    stack = fresh_stack
+    slow = Server(tmp_path / "slow.log", key=None)
+    try:
+        slow.control(delay=1.0)
+        stack.start_workers()
+        user, dataset = _place(stack, tmp_path / "data", 12, {slow.base: {"max_concurrency": 4}})
+        runs = [_submit(user, dataset, slow.base, concurrency=c) for c in ("4", "3")]
+        for meta in runs:
+            assert _ended(stack, meta) is RunStatus.COMPLETED
+        assert 3 <= slow.stats()["most_inflight"] <= 4
+    finally:
+        slow.stop()
+
+
+def test_a_warm_shutdown_lets_the_endpoint_lane_s_jobs_end_and_asks_nothing_twice(
+    fresh_stack: Stack, tmp_path: Path
+) -> None:
+    """The lane's review: lane threads were daemons nobody waited for, so a warm shutdown cut
+    their requests, whose messages came back and were asked again (paid twice). As the
+    consumer shuts down, the lane takes nothing more and its running jobs end first."""
+    stack = fresh_stack
+    slow = Server(tmp_path / "slow.log", key=None)
+    try:
+        slow.control(delay=3.0)
+        workers = stack.start_workers()
+        user, dataset = _place(stack, tmp_path / "data", 8, {slow.base: {}})
+        meta = _submit(user, dataset, slow.base)
+        wait_for(lambda: len(slow.stats()["arrivals"]) == 8, 60, "every request in flight")
+        workers.stop(timeout=60)  # SIGTERM: a warm shutdown
+        stack.workers.remove(workers)
+        assert slow.stats()["answers"] == {"ok": 8}
+        stack.start_workers()
+        assert _ended(stack, meta) is RunStatus.COMPLETED
+        assert len(slow.stats()["arrivals"]) == 8  # none asked again
+    finally:
+        slow.stop()
 
 
 def _peak_rss(pid: int) -> int:

@@ -47,8 +47,8 @@ def create_worker_app(settings: Settings) -> Celery:
     scheduling stays: each batch goes to an idle process. A batch written to a process that
     dies before starting it goes to the replacement process, so crash safety is the same.
 
-    Hugging Face progress bars are off (unless the operator set ``HF_HUB_DISABLE_PROGRESS_BARS``
-    himself): Celery logs a worker's stderr as WARNING lines, and a model's "Loading weights"
+    httpx logs only warnings (not a line per request). Hugging Face progress bars are off
+    (unless the operator set ``HF_HUB_DISABLE_PROGRESS_BARS`` himself): Celery logs a worker's stderr as WARNING lines, and a model's "Loading weights"
     bar would land there as a screenful of warnings.
 
     Remote-control commands that change or stop a worker are refused unless
@@ -59,6 +59,11 @@ def create_worker_app(settings: Settings) -> Celery:
     environment or memory through ``/proc``.
     """
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    # One INFO line per HTTP request is noise in a worker's log, and the endpoint lane's threads
+    # would write one at any moment: a pool process forked to replace a dead one while a thread
+    # holds the stream's lock would hang on its first line (the attack review: 23 of 30 forks).
+    for name in ("httpx", "httpcore"):
+        logging.getLogger(name).setLevel(logging.WARNING)
     import datasets  # noqa: F401
 
     undumpable()  # no process of this user reads the Redis password or rows from /proc
@@ -120,8 +125,6 @@ def create_worker_app(settings: Settings) -> Celery:
     def stop_presence(**_: Any) -> None:
         while presence:
             presence.pop().stop()
-        for task in batches():
-            task.close_lane()
 
     worker_init.connect(before_pool, weak=False)
     worker_ready.connect(start_presence, weak=False)

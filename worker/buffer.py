@@ -119,8 +119,8 @@ class SampleBatches(Batches):  # type: ignore[misc]
         self._worker_pool = consumer.pool
         self._reserve = Reserve.of(consumer)
         self._reserve.add(self)
-        if self.lane_threads and self._lane is None:
-            self._lane = EndpointLane(self.lane_threads, self.close_thread)
+        if self.lane_threads:
+            self._lane = EndpointLane.of(consumer, self.lane_threads, self.close_thread)
         served = frozenset(registered())
 
         def handle(message: Any, *args: Any, **kwargs: Any) -> None:
@@ -133,7 +133,12 @@ class SampleBatches(Batches):  # type: ignore[misc]
             unserved = payload.eval not in served and payload.eval not in self._languages
             if unserved and not self._forward(app, message, payload):
                 return
-            meta = self._endpoint_run(payload)
+            try:
+                meta = self._endpoint_run(payload)
+            except Exception as exc:  # its run's facts cannot be read now: try again later
+                log.warning("cannot read a message's run (%s); it goes back", first_line(exc))
+                ack_or_requeue(message, requeue=True)
+                return
             if meta is not None:
                 build = partial(lane_message, message, *args, **kwargs)
                 self._to_lane(app, message, payload, meta, build)
@@ -158,16 +163,17 @@ class SampleBatches(Batches):  # type: ignore[misc]
 
     def _endpoint_run(self, payload: SampleTask) -> RunMeta | None:
         """The facts of ``payload``'s run if it goes to the endpoint lane: the lane is on and
-        the run is on an endpoint model. None when its facts cannot be read: the message goes
-        to the pool, whose batch settles what is wrong with it."""
+        the run is on an endpoint model. None for a run that does not exist (the pool's batch
+        drops its message); a Redis error is raised (the message goes back, rather than to a
+        pool process it could hold)."""
         if self._lane is None:
             return None
+        if self.runs is None:
+            self.runs = RunStore(connect(self.redis))
+        runs = self.runs
         try:
-            if self.runs is None:
-                self.runs = RunStore(connect(self.redis))
-            runs = self.runs
             meta = self._facts.get_or_create(payload.run_id, lambda: runs.get(payload.run_id))
-        except Exception:
+        except UnknownRunError:
             return None
         return meta if on_endpoint(meta) else None
 
@@ -180,34 +186,47 @@ class SampleBatches(Batches):  # type: ignore[misc]
         build: Callable[[], Any],
     ) -> None:
         """Run an endpoint run's message alone in the lane, in a place of its own on the
-        worker's prefetch; or, when its principal holds its share of the lane, give it back to
-        its run's backlog (acknowledged once staged there; requeued if Redis refuses)."""
-        assert self._lane is not None
-        assert self._reserve is not None
-        if not self._lane.take(meta.principal):
+        worker's prefetch; or, when the lane has no place for its principal, give it back to
+        its run's backlog (acknowledged once staged there; requeued if Redis refuses). If it
+        cannot be handed to the lane, everything it took is given back and so is the message."""
+        lane, reserve = self._lane, self._reserve
+        assert lane is not None
+        assert reserve is not None
+        if not lane.take(meta.principal):
             self._give_back(app, message, payload, meta)
             return
         tag = message.delivery_tag
-        self.held.add(tag, payload.run_id)
         self._in_lane.add(tag)
-        loan = self._reserve.lend()
+        self.held.add(tag, payload.run_id)
+        loan = reserve.lend()
 
         def done(_seconds: float | None) -> None:
             self._in_lane.discard(tag)
-            assert self._reserve is not None
-            self._reserve.repay(loan)
+            reserve.repay(loan)
 
         try:
             build()
             request = self._laned.get_nowait()
-        except Exception as exc:
-            self._lane.release(meta.principal)
-            done(None)
-            self.held.discard(tag)
+        except Exception as exc:  # not a request celery-batches can build: dropped, as a buffer's
+            self._unlane(tag, meta.principal, done)
             log.error("dropping an %s message: %s", self.name, first_line(exc))
             ack_or_requeue(message, requeue=False)
             return
-        self._run([request], partial(self._lane.apply_async, principal=meta.principal), done)
+        try:
+            self._run([request], partial(lane.apply_async, principal=meta.principal), done)
+        except Exception as exc:
+            self._unlane(tag, meta.principal, done)
+            log.error(
+                "cannot hand a message to the endpoint lane (%s); it goes back", first_line(exc)
+            )
+            ack_or_requeue(message, requeue=True)
+
+    def _unlane(self, tag: str, principal: str, done: Callable[[float | None], None]) -> None:
+        """Give back what a message took on its way to the lane: its place, its tag, its loan."""
+        assert self._lane is not None
+        self._lane.release(principal)
+        self.held.discard(tag)
+        done(None)
 
     def _give_back(self, app: Celery, message: Any, payload: SampleTask, meta: RunMeta) -> None:
         try:
@@ -225,14 +244,17 @@ class SampleBatches(Batches):  # type: ignore[misc]
         ack_or_requeue(message, requeue=False)
 
     def close_lane(self) -> None:
-        """Stop the endpoint lane's threads once their jobs ran (the worker is stopping)."""
-        if self._lane is not None:
-            self._lane.close()
+        """Take no more endpoint messages and wait for the lane's running jobs, at most the
+        time a pool job may take (a warm shutdown, before the connection closes)."""
+        if self._lane is not None and (left := self._lane.close(float(self.time_limit or 0))):
+            log.warning(
+                "%d endpoint job(s) still running at shutdown: their messages go back", left
+            )
 
     def held_messages(self) -> int:
         """Messages this task holds for its pool: buffered, or in a pool job not yet
         returned (not the endpoint lane's, which hold places of their own)."""
-        return len(self.held) - len(self._in_lane)
+        return sum(1 for tag in self.held.snapshot() if tag not in self._in_lane)
 
     def flush_buffer(self) -> None:
         """Run the buffered messages now, if any."""

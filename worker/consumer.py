@@ -10,6 +10,10 @@ message is logged and dropped; connection errors still go to Celery, which recon
 When the connection closes (before Celery reconnects), the batch buffers forget the messages of
 that connection, as Celery's consumer forgets its own: otherwise they would wait in a buffer
 whose flush timer is gone, fill the prefetch window, and stop the worker taking any work.
+
+As the consumer shuts down (a warm shutdown, once the pool has drained and before the
+connection closes), the endpoint lane takes no more messages and its running jobs end, so that
+their messages are acknowledged rather than asked again by another worker.
 """
 
 from __future__ import annotations
@@ -51,9 +55,18 @@ class GuardedConsumer(Consumer):
 
         return on_task_received
 
+    def shutdown(self) -> None:
+        for task in self._batches():
+            task.close_lane()
+        super().shutdown()
+
+    def _batches(self) -> list[SampleBatches]:
+        app: Any = getattr(self, "app", None)
+        tasks = app.tasks.values() if app is not None else ()
+        return [task for task in tasks if isinstance(task, SampleBatches)]
+
     def on_close(self) -> None:
         super().on_close()
-        app: Any = getattr(self, "app", None)
-        for task in app.tasks.values() if app is not None else ():
-            if isinstance(task, SampleBatches) and task.forget():
+        for task in self._batches():
+            if task.forget():
                 log.info("forgot the buffered %s messages of the closed connection", task.name)

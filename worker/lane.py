@@ -7,29 +7,33 @@ answered after 120 s, and its user's runs held every process while another user'
 waited 120 s instead of 0.6 s. So a worker runs such messages here instead, one message per job,
 on threads of its main process, each thread with its own Redis client and runtimes
 (:class:`evalq.worker.state.WorkerState` is per thread); its pool processes stay with local models.
+One lane per worker (consumer), for inference and scoring alike.
 
-The lane is shared by principals: one runs at most :attr:`EndpointLane.share` messages at once
-on a worker (half of its threads, rounded up). A message of a principal already at its share is
-not kept waiting here, where it would take one of the worker's prefetch places and so keep
-another principal's message from reaching the worker: the caller gives it back to its run's
-backlog (:mod:`evalq.shared.queue.backlog`), where the fair dispatcher orders it behind the other
-principals' work. A message taken here is lent a prefetch place of its own
-(:meth:`evalq.worker.prefetch.Reserve.lend`): what the lane holds never delays the pool's
-batches.
+The lane is shared by principals (:meth:`EndpointLane.take`): one runs at most
+:attr:`EndpointLane.share` messages at once (half of the threads, rounded down, at least one),
+and takes a second place only while another stays free, so a principal that runs nothing here
+finds a thread whoever else is stalled, until as many principals as there are threads each hold
+one. A message that finds no place is not kept waiting here, where it would take one of the
+worker's prefetch places and so keep another principal's message from reaching the worker: the
+caller gives it back to its run's backlog (:mod:`evalq.shared.queue.backlog`), where the fair
+dispatcher orders it behind the other principals' work. A message taken here is lent a prefetch
+place of its own (:meth:`evalq.worker.prefetch.Reserve.lend`): what the lane holds never delays
+the pool's batches.
 
 A thread cannot be killed as a pool process is past ``EVALQ_TASK_TIME_LIMIT``; a job ends when
 its requests do, each bounded by its endpoint's ``timeout`` (at most the policy's
-``max_timeout``) and its tries.
+``max_timeout``) and its tries. A warm shutdown waits for the running jobs (:meth:`close`), as
+it waits for the pool's, at most that time limit.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import os
 import queue
 import threading
 import time
+import weakref
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -39,6 +43,8 @@ __all__ = ["EndpointLane"]
 log = logging.getLogger(__name__)
 
 Job = Callable[[], None]
+
+_LANES: weakref.WeakKeyDictionary[Any, EndpointLane] = weakref.WeakKeyDictionary()
 
 
 class EndpointLane:
@@ -52,17 +58,31 @@ class EndpointLane:
         self._running: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._started: list[threading.Thread] = []
+        self._closed = False
+
+    @classmethod
+    def of(cls, consumer: Any, threads: int, on_exit: Callable[[], None]) -> EndpointLane:
+        """The lane of ``consumer`` (Celery's worker consumer), made on first use."""
+        lane = _LANES.get(consumer)
+        if lane is None:
+            lane = _LANES[consumer] = cls(threads, on_exit)
+        return lane
 
     @property
     def share(self) -> int:
         """The most messages one principal runs here at once."""
-        return max(1, math.ceil(self.threads / 2))
+        return max(1, self.threads // 2)
 
     def take(self, principal: str) -> bool:
-        """Hold a place for a message of ``principal``; False when it holds its share already
-        (the message goes back to its run's backlog)."""
+        """Hold a place for a message of ``principal``; False (the message goes back to its
+        run's backlog) when the lane is closing or full, when ``principal`` holds its share, or
+        when it holds a place already and this one would leave none free for a principal that
+        holds none."""
         with self._lock:
-            if self._running[principal] >= self.share:
+            held, total = self._running[principal], self._running.total()
+            if self._closed or total >= self.threads or held >= self.share:
+                return False
+            if held and total + 1 >= self.threads:
                 return False
             self._running[principal] += 1
             return True
@@ -92,10 +112,12 @@ class EndpointLane:
             try:
                 accept_callback(os.getpid(), time.monotonic())
                 result = target(*args)
-            except Exception as exc:
+            except BaseException as exc:
                 self.release(principal)
                 log.exception("an endpoint job raised")
                 error_callback(exc)
+                if not isinstance(exc, Exception):
+                    raise
             else:
                 self.release(principal)
                 callback(result)
@@ -105,6 +127,7 @@ class EndpointLane:
 
     def _start(self) -> None:
         with self._lock:
+            self._started = [thread for thread in self._started if thread.is_alive()]
             while len(self._started) < self.threads:
                 thread = threading.Thread(
                     target=self._serve, name=f"evalq-endpoint-{len(self._started)}", daemon=True
@@ -125,10 +148,17 @@ class EndpointLane:
             except Exception:
                 log.exception("could not free an endpoint thread's resources")
 
-    def close(self) -> None:
-        """Stop the threads once the jobs already queued ran (the worker is stopping; a
-        message whose job did not end goes back to its queue with the connection)."""
+    def close(self, timeout: float) -> int:
+        """Take no more messages, and wait at most ``timeout`` seconds for the jobs already
+        taken to run (a warm shutdown, before the connection closes: their messages are
+        acknowledged as they end); return how many threads were still running one. A message
+        whose job did not end goes back to its queue with the connection."""
         with self._lock:
-            started = len(self._started)
-        for _ in range(started):
+            self._closed = True
+            started = list(self._started)
+        for _ in started:
             self._jobs.put(None)
+        deadline = time.monotonic() + timeout
+        for thread in started:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return sum(1 for thread in started if thread.is_alive())

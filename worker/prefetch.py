@@ -91,12 +91,12 @@ class Reserve:
         """A batch ran for ``seconds``: set the prefetch it calls for. Called in the worker's
         main process, as the pool returns the batch."""
         qos = self._current()
-        with self._lock:
+        with self._lock:  # the loans counted and the value set in one step (repay does both)
             self._recent.append(seconds)
             target = self.target() + self._lent
-        if qos.value != target:
-            with qos._mutex:
-                qos.value = target
+            if qos.value != target:
+                with qos._mutex:
+                    qos.value = target
 
     def _current(self) -> Any:
         """The consumer's QoS; on a new connection, Celery's prefetch again: no history and
@@ -115,7 +115,7 @@ class Reserve:
         qos = self._current()
         with self._lock:
             self._lent += 1
-        qos.increment_eventually()
+            qos.increment_eventually()
         return qos
 
     def repay(self, qos: Any) -> None:
@@ -125,7 +125,7 @@ class Reserve:
             if qos is not self._qos or self._lent <= 0:
                 return
             self._lent -= 1
-        qos.decrement_eventually()
+            qos.decrement_eventually()
 
     def full(self) -> bool:
         """Whether the consumer holds all the messages it may reserve."""

@@ -27,12 +27,12 @@ class Gate:
     """How many requests one worker process has in flight to an endpoint for one principal: at
     most ``limit``, which grows by ``1 / limit`` with each success (one more per round of
     successes) and halves with each 429 (additive increase, multiplicative decrease), between
-    1 and ``ceiling``. One gate per endpoint, ``ceiling`` and principal in a process
-    (:meth:`of`), shared by its threads (the endpoint lane's run their batches at once, each in
+    1 and ``ceiling``. One gate per endpoint and principal in a process (:meth:`of`), shared
+    by its threads (the endpoint lane's run their batches at once, each in
     an event loop of its own): counted under a lock, a request at the limit waits in its own
     loop until one in flight ends anywhere in the process."""
 
-    _gates: ClassVar[dict[tuple[str, ...], Gate]] = {}
+    _gates: ClassVar[dict[tuple[str, str], Gate]] = {}
     _made = threading.Lock()
 
     def __init__(self, ceiling: int) -> None:
@@ -43,10 +43,20 @@ class Gate:
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
 
     @classmethod
-    def of(cls, ceiling: int, *key: str) -> Gate:
-        """The process's gate for ``key`` (endpoint, model, principal) at ``ceiling``."""
+    def of(cls, ceiling: int, endpoint: str, principal: str) -> Gate:
+        """The process's gate for ``principal``'s requests to ``endpoint``, whatever the run or
+        model: its ceiling the highest ``concurrency`` its runs there asked (each within the
+        endpoint's ``max_concurrency``), so that runs asking 4 and 3 hold 4 in flight between
+        them, not 7 (the attack review's); each run's own requests stay within its own
+        ``concurrency`` (its job's connection limit). One gate per endpoint and principal a
+        process has served, each a few hundred bytes."""
         with cls._made:
-            return cls._gates.setdefault((str(ceiling), *key), cls(ceiling))
+            gate = cls._gates.setdefault((endpoint, principal), cls(ceiling))
+            if ceiling > gate.ceiling:
+                with gate._lock:
+                    gate.limit += ceiling - gate.ceiling
+                    gate.ceiling = ceiling
+            return gate
 
     @classmethod
     def forget_all(cls) -> None:

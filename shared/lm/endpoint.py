@@ -268,7 +268,7 @@ class EndpointModel:
         """The request's answer: from its run's principal's cache when that holds it (charged
         nothing), else asked (once for all the identical requests in flight) and kept."""
         meter = self.meter(run)
-        gate = Gate.of(self.spec.args.concurrency, self.url, self.spec.name, self.owner(run))
+        gate = Gate.of(self.spec.args.concurrency, self.url, self.owner(run))
         if self.cache is None:
             return await self._asked(http, request, meter, gate)
         digest = request_digest(self.url, self._body(request), served, self.owner(run))
