@@ -48,8 +48,9 @@ def create_worker_app(settings: Settings) -> Celery:
     dies before starting it goes to the replacement process, so crash safety is the same.
 
     httpx logs only warnings (not a line per request). Hugging Face progress bars are off
-    (unless the operator set ``HF_HUB_DISABLE_PROGRESS_BARS`` himself): Celery logs a worker's stderr as WARNING lines, and a model's "Loading weights"
-    bar would land there as a screenful of warnings.
+    (unless the operator set ``HF_HUB_DISABLE_PROGRESS_BARS`` himself): Celery logs a worker's
+    stderr as WARNING lines, and a model's "Loading weights" bar would land there as a
+    screenful of warnings.
 
     Remote-control commands that change or stop a worker are refused unless
     ``EVALQ_REMOTE_CONTROL`` is on (:mod:`evalq.worker.remote_control`). Once the worker is ready,
