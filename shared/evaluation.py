@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping
 from statistics import fmean
@@ -15,7 +16,13 @@ from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from evalq.shared.errors import ParamError, PayloadError, PluginError, UnknownEvalError
+from evalq.shared.errors import (
+    ParamError,
+    PayloadError,
+    PermanentError,
+    PluginError,
+    UnknownEvalError,
+)
 from evalq.shared.failures import FailurePolicy, FailureRule
 from evalq.shared.models import Grade
 from evalq.shared.names import PLUGIN_NAME
@@ -29,6 +36,7 @@ __all__ = [
     "Evaluation",
     "Graded",
     "Parameters",
+    "checked_scores",
     "create",
     "every_label_field",
     "failure_rule",
@@ -223,6 +231,31 @@ class Evaluation(ABC):
         """Reduce per-sample metrics to run metrics; by default the mean of each metric."""
         names = sorted(set[str]().union(*scores))
         return {n: fmean([s[n] for s in scores if n in s]) for n in names}
+
+
+def checked_scores(scores: object, ranges: Mapping[str, tuple[float, float]]) -> dict[str, float]:
+    """``score()``'s answer as metric -> float; :class:`PermanentError` (a failed sample) for
+    anything else, for a value that is not finite, or one outside its declared range
+    (``Evaluation.metric_ranges``: the interval is clipped to it)."""
+    if not isinstance(scores, dict) or not scores:
+        raise PermanentError(f"score() returned {type(scores).__name__}, not a dict of metrics")
+    checked: dict[str, float] = {}
+    for name, value in scores.items():
+        if (
+            not isinstance(name, str)
+            or isinstance(value, bool)
+            or not isinstance(value, int | float)
+        ):
+            raise PermanentError(f"score() metric {name!r} is not a number")
+        if not math.isfinite(value):
+            raise PermanentError(f"score() metric {name!r} is {value}")
+        low, high = ranges.get(name, (-math.inf, math.inf))
+        if not low <= value <= high:
+            raise PermanentError(
+                f"score() metric {name!r} is {value}, outside its declared range [{low}, {high}]"
+            )
+        checked[name] = float(value)
+    return checked
 
 
 def model_key(name: str, params: Mapping[str, str]) -> str:

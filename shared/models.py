@@ -14,6 +14,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from evalq.shared.choices import Priority, RunStatus
+from evalq.shared.errors import first_line
 from evalq.shared.source import stale_note
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "SampleTask",
     "Stage",
     "WorkerProvenance",
+    "error_record",
     "from_json",
     "scores_values",
     "shown_model",
@@ -299,6 +301,19 @@ class ErrorRecord(BaseModel):
     """Exception class name."""
     message: str
     """One line for a person."""
+
+    @property
+    def stage_kind(self) -> str:
+        """Its stage and exception class, e.g. ``infer/RuntimeError``: how failures count."""
+        return f"{self.stage.value}/{self.kind}"
+
+
+def error_record(stage: Stage, exc: BaseException) -> ErrorRecord:
+    """A sample's terminal error record at ``stage`` (or the stage the error names: an
+    endpoint's), from what was raised."""
+    named = getattr(exc, "stage", None)
+    where = Stage(named) if named in set(Stage) else stage
+    return ErrorRecord(stage=where, kind=type(exc).__name__, message=first_line(exc))
 
 
 class SampleState(StrEnum):

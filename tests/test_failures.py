@@ -15,10 +15,10 @@ from evalq.producer.submit import SubmitRequest
 from evalq.shared.access.ladder import Mechanism, Release
 from evalq.shared.access.release import ReleaseStore
 from evalq.shared.errors import PermanentError
+from evalq.shared.evaluation import checked_scores
 from evalq.shared.failures import FailurePolicy, FailureRule, metric_samples
 from evalq.shared.settings import Settings
 from evalq.shared.stats import Z95, describe, paired
-from evalq.worker.scoring import _checked_scores
 from tests.conftest import Stack
 from tests.helpers import ended_view, evalq, list_splits, wait_completed, write_rows
 
@@ -83,9 +83,9 @@ def test_other_intervals_are_clipped_to_the_metrics_range() -> None:
 @pytest.mark.parametrize("value", [1.5, -0.01, float("nan"), float("inf")])
 def test_a_score_outside_its_declared_range_fails_the_sample(value: float) -> None:
     ranges = {"f": (0.0, 1.0)}
-    assert _checked_scores({"f": 1, "g": 7.5}, ranges) == {"f": 1.0, "g": 7.5}
+    assert checked_scores({"f": 1, "g": 7.5}, ranges) == {"f": 1.0, "g": 7.5}
     with pytest.raises(PermanentError, match="score\\(\\) metric 'f' is"):
-        _checked_scores({"f": value}, ranges)
+        checked_scores({"f": value}, ranges)
 
 
 def test_a_paired_difference_of_0_1_metrics_stays_within_minus_one_to_one(

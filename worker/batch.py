@@ -33,7 +33,15 @@ from evalq.shared.errors import (
     first_line,
 )
 from evalq.shared.evaluation import Evaluation
-from evalq.shared.models import ErrorRecord, RunMeta, RunStatus, SampleTask, Stage, from_json
+from evalq.shared.models import (
+    ErrorRecord,
+    RunMeta,
+    RunStatus,
+    SampleTask,
+    Stage,
+    error_record,
+    from_json,
+)
 from evalq.shared.queue.pace import PaceMeter
 from evalq.shared.queue.sizing import split
 from evalq.shared.store.labels import LabelFields
@@ -45,7 +53,7 @@ from evalq.worker.lru import LRU
 from evalq.worker.runtime_pool import RuntimePool
 from evalq.worker.shard_cache import ShardCache
 
-__all__ = ["STORE_ERRORS", "Batch", "Resources", "RunShare", "bounded", "error_record"]
+__all__ = ["STORE_ERRORS", "Batch", "Resources", "RunShare", "bounded"]
 
 log = logging.getLogger(__name__)
 
@@ -156,14 +164,6 @@ def bounded(text: str, limit: int, what: str) -> str:
             f"{what} of {size} bytes is over the {limit} a worker stores (EVALQ_MAX_OUTPUT_BYTES)"
         )
     return text
-
-
-def error_record(stage: Stage, exc: BaseException) -> ErrorRecord:
-    """A sample's terminal error record at ``stage`` (or the stage the error names: an
-    endpoint's), from what was raised."""
-    named = getattr(exc, "stage", None)
-    where = Stage(named) if named in set(Stage) else stage
-    return ErrorRecord(stage=where, kind=type(exc).__name__, message=first_line(exc))
 
 
 class RunShare:

@@ -21,12 +21,12 @@ from typing import Any
 
 from evalq.shared.errors import OutputTooLarge, PermanentError, RunTooLarge, first_line
 from evalq.shared.evaluation import scrub
-from evalq.shared.models import SampleTask, Stage, to_json
+from evalq.shared.models import SampleTask, Stage, error_record, to_json
 from evalq.shared.queue.backlog import run_model
 from evalq.shared.queue.celery_app import INFER_TASK
 from evalq.shared.queue.pace import PaceMeter
 from evalq.shared.store.labels import LabelFields
-from evalq.worker.batch import KEPT, Batch, Resources, RunShare, bounded, error_record
+from evalq.worker.batch import KEPT, Batch, Resources, RunShare, bounded
 from evalq.worker.runtime_pool import Infer
 from evalq.worker.scoring import score_all
 

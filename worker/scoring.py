@@ -8,44 +8,18 @@ terminal error record; the batch goes on (see :mod:`evalq.worker.batch`).
 from __future__ import annotations
 
 import logging
-import math
-from collections.abc import Mapping
 from typing import Any
 
-from evalq.shared.errors import PermanentError, ScriptError
-from evalq.shared.models import Grade, SampleTask, Stage
+from evalq.shared.errors import ScriptError
+from evalq.shared.evaluation import checked_scores
+from evalq.shared.models import Grade, SampleTask, Stage, error_record
 from evalq.shared.queue.celery_app import SCORE_TASK
 from evalq.shared.scorer import ScriptCall
-from evalq.worker.batch import Batch, Resources, RunShare, bounded, error_record
+from evalq.worker.batch import Batch, Resources, RunShare, bounded
 
 __all__ = ["score_all", "score_batch"]
 
 log = logging.getLogger(__name__)
-
-
-def _checked_scores(scores: object, ranges: Mapping[str, tuple[float, float]]) -> dict[str, float]:
-    """``score()``'s answer as metric -> float; :class:`PermanentError` (a failed sample) for
-    anything else, for a value that is not finite, or one outside its declared range
-    (``Evaluation.metric_ranges``: the interval is clipped to it)."""
-    if not isinstance(scores, dict) or not scores:
-        raise PermanentError(f"score() returned {type(scores).__name__}, not a dict of metrics")
-    checked: dict[str, float] = {}
-    for name, value in scores.items():
-        if (
-            not isinstance(name, str)
-            or isinstance(value, bool)
-            or not isinstance(value, int | float)
-        ):
-            raise PermanentError(f"score() metric {name!r} is not a number")
-        if not math.isfinite(value):
-            raise PermanentError(f"score() metric {name!r} is {value}")
-        low, high = ranges.get(name, (-math.inf, math.inf))
-        if not low <= value <= high:
-            raise PermanentError(
-                f"score() metric {name!r} is {value}, outside its declared range [{low}, {high}]"
-            )
-        checked[name] = float(value)
-    return checked
 
 
 def _script_answers(
@@ -92,7 +66,7 @@ def _score(
                 if isinstance(answer, ScriptError):
                     raise answer
                 raw = evaluation.script_score(answer)
-            scores[sample_id] = _checked_scores(raw, evaluation.metric_ranges)
+            scores[sample_id] = checked_scores(raw, evaluation.metric_ranges)
         except Exception as exc:
             grades.pop(sample_id, None)
             run.errors[sample_id] = error_record(Stage.SCORE, exc)

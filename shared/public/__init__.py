@@ -1,4 +1,7 @@
-"""evalq's public import path for plugin authors: ``from evalq import Evaluation, register``.
+"""evalq's public import path for plugin authors: ``from evalq import Evaluation, register``;
+``register_scorer`` for a YAML task's Python scorer; ``run`` to try an evaluation in this
+process on a handful of rows (:mod:`evalq.shared.trial`); ``open_api`` for the client a script
+drives evalq with (the gateway's, or Redis's for an operator).
 
 The wheel installs this package as the top-level ``evalq`` (``package-dir`` in
 pyproject.toml), so a plugin imports what it needs from one name that is evalq's own; the
@@ -12,12 +15,15 @@ from typing import TYPE_CHECKING
 from evalq.shared.lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from evalq.producer.api import open_api
     from evalq.shared.errors import EvalqError, PermanentError, RetryableError
     from evalq.shared.evaluation import Evaluation, Parameters, register
     from evalq.shared.failures import FailurePolicy
+    from evalq.shared.lm.scorers import register_scorer
     from evalq.shared.models import RunMeta, RunStatus, SampleResult
     from evalq.shared.scorer import ScriptCall, ScriptScorer
     from evalq.shared.settings import Settings
+    from evalq.shared.trial import Trial, run
 
 __all__ = [
     "EvalqError",
@@ -32,7 +38,11 @@ __all__ = [
     "ScriptCall",
     "ScriptScorer",
     "Settings",
+    "Trial",
+    "open_api",
     "register",
+    "register_scorer",
+    "run",
 ]
 
 # Each name is imported where it lives the first time it is read (PEP 562): importing this
@@ -52,6 +62,10 @@ _WHERE = {
     "ScriptCall": "evalq.shared.scorer",
     "ScriptScorer": "evalq.shared.scorer",
     "Settings": "evalq.shared.settings",
+    "Trial": "evalq.shared.trial",
+    "run": "evalq.shared.trial",
+    "register_scorer": "evalq.shared.lm.scorers",
+    "open_api": "evalq.producer.api",
 }
 
 

@@ -165,8 +165,7 @@ read their 50 MB span each time: the gateway's 8 unread streams grew it by 2.4 G
 
 def error_kind(raw: str) -> str:
     """An error record's (JSON) stage and exception class, e.g. ``infer/RuntimeError``."""
-    error = ErrorRecord.model_validate_json(raw)
-    return f"{error.stage.value}/{error.kind}"
+    return ErrorRecord.model_validate_json(raw).stage_kind
 
 
 def span_of(texts: dict[int, str], prefix: str) -> tuple[int, str] | None:
