@@ -1,5 +1,5 @@
 """One caller's endpoint beside another's: the second caller's run times while the first's
-server is slow, or answers with 4 MB per request, with the endpoint lane on (the default, 4
+server is slow, or answers with 4 MB per request, with the endpoint lane on (4
 threads) and off (``EVALQ_ENDPOINT_THREADS=0``: such messages run in the pool, as before), side
 by side in one run, on one worker with one pool process and the scripted server
 (``tests/openai_server.py``, its fake model).

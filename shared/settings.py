@@ -164,12 +164,14 @@ class Settings(BaseSettings):
     ``infer/RunTooLarge``, stored nowhere, so that no run fills the Redis every run shares
     (with ``EVALQ_SPILL_ROWS``, a run's settled segments leave Redis and make room)."""
 
-    endpoint_threads: int = Field(default=4, ge=0, le=256)
+    endpoint_threads: int = Field(default=8, ge=0, le=256)
     """Worker-local: threads of a worker's endpoint lane (one for inference and scoring), which
     runs the messages of runs on endpoint models outside its pool processes; one principal runs
-    at most half of them at once (rounded down, at least one) and a second only while another
-    stays free; a message that finds no place goes back to its backlog. 0: no lane (such
-    messages run in the pool, where a slow server holds a process as long as it takes)."""
+    at most half of them at once and a second only while less than half are taken, so the lane
+    is full only when ``threads - threads // 2 + 1`` principals hold places (5 with 8); a
+    message that finds no place goes back to its backlog. 0: no lane (such messages run in the
+    pool, where a slow server holds a process as long as it takes); otherwise at least 2 (one
+    thread would be one principal's)."""
 
     cache_ttl: int = Field(default=7 * 24 * 3600, ge=1)
     """Worker-local: seconds an endpoint's cached response is kept (``submit --cache``)."""
@@ -248,6 +250,13 @@ class Settings(BaseSettings):
     def _split_plugins(cls, value: object) -> object:
         if isinstance(value, str):
             return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("endpoint_threads")
+    @classmethod
+    def _a_lane_of_two(cls, value: int) -> int:
+        if value == 1:
+            raise ValueError("0 (no endpoint lane) or at least 2: one thread would be one caller's")
         return value
 
     @property

@@ -783,16 +783,17 @@ def test_one_caller_s_huge_outputs_crowd_neither_redis_nor_another_caller(
         quiet.stop()
 
 
-def test_stalled_endpoints_of_two_callers_hold_no_worker_a_third_caller_needs(
+def test_stalled_endpoints_of_three_callers_hold_no_worker_a_fourth_caller_needs(
     fresh_stack: Stack, tmp_path: Path
 ) -> None:
     """The attack review's server held every request (answering after 120 s): the user's
     runs on it held every worker process, and another user's 5-sample run took 120.0 s
     instead of 0.6 s. A worker runs endpoint models' messages in its endpoint lane (threads,
     not its pool processes), where one principal runs at most half of the lane and a second
-    message only while a place stays free; the review of that lane then filled it with two
-    stalled principals and starved a third. Now a third caller's runs complete while every
-    request of the two is still held by their server."""
+    message only while less than half the lane is taken; the reviews of that lane filled it
+    with two stalled principals, then (each flooding in turn) three, and starved the next.
+    Now a fourth caller's runs complete while every request of the three is still held by
+    their server."""
     stack = fresh_stack
     stalled, quiet = Server(tmp_path / "stalled.log", key=None), Server(tmp_path / "q.log", None)
     try:
@@ -800,15 +801,26 @@ def test_stalled_endpoints_of_two_callers_hold_no_worker_a_third_caller_needs(
         stack.start_workers()
         listed: dict[str, Any] = {stalled.base: {}, quiet.base: {}}
         agent, dataset = _place(stack, tmp_path / "data", 20, listed)
-        carol = Client(stack.settings.model_copy(update={"principal": "carol"}))
-        flood = [_submit(caller, dataset, stalled.base) for caller in (agent, carol) * 3]
-        wait_for(lambda: len(stalled.stats()["arrivals"]) >= 16, 60, "both floods' requests")
+        carol, dave = (
+            Client(stack.settings.model_copy(update={"principal": name}))
+            for name in ("carol", "dave")
+        )
+        flood = []
+        for held, caller in enumerate((agent, carol, dave), 1):  # each floods in turn
+            flood += [_submit(caller, dataset, stalled.base) for _ in range(4)]
+            held *= 8  # each principal's 8 requests (its concurrency) held
+
+            def arrived(n: int = held) -> bool:
+                return len(stalled.stats()["arrivals"]) >= n
+
+            wait_for(arrived, 60, "the flood")
         bob = Client(stack.settings.model_copy(update={"principal": "bob"}))
         for _ in range(3):
             meta = _submit(bob, dataset, quiet.base)
             assert _ended(stack, meta) is RunStatus.COMPLETED
         bob.close()
         carol.close()
+        dave.close()
         assert stalled.stats()["answers"] == {}  # every request of the floods still held
         stalled.control(stall=False)
         for meta in flood:

@@ -19,6 +19,7 @@ from evalq.shared.access.ledger import Ledger
 from evalq.shared.connection import connect
 from evalq.shared.errors import GraderError, PermanentError
 from evalq.shared.evals.language import LanguageEvaluation
+from evalq.shared.lm.backoff import BACKOFF_CAP
 from evalq.shared.lm.endpoint import (
     MAX_BODY,
     BadResponse,
@@ -341,3 +342,28 @@ def test_a_models_route_that_says_nothing_is_not_asked_again_for_a_while(
     server.shutdown()
     server.server_close()
     assert asked == ["/v1/models"]  # the second batch did not ask again
+
+
+def test_a_cache_claim_lasts_one_try_and_a_wait_not_the_whole_patience(
+    redis_only: RedisServer,
+    serve: Callable[[Handler], str],
+    fleet: Callable[[str, EndpointLimits], RateLimit],
+) -> None:
+    """The lane's second review killed a worker mid-request on a ``--cache`` run: its claims
+    lasted the whole patience (``timeout * (max_retries + 1) + 30 * max_retries``, 510 s by
+    default), and the next worker's samples waited that long, polling Redis every 50 ms each.
+    A claim now lasts one try and the longest wait before the next."""
+    url = serve(lambda handler: _reply(handler, 200, json.dumps(ANSWER).encode()))
+    claimed: list[float] = []
+
+    class Recording(ResponseCache):
+        def claim(self, digest: str, seconds: float) -> bool:
+            claimed.append(seconds)
+            return super().claim(digest, seconds)
+
+    cache = Recording(connect(redis_only.url), 3600, 65536)
+    spec = ModelSpec.parse("openai/m", {"base_url": url, "max_retries": "5", "timeout": "2"})
+    model = EndpointModel(spec, fleet(url, EndpointLimits()), None, cache)
+    (out,) = model.generate([GenerationRequest("What is 1 plus 2?", 8)])
+    assert isinstance(out, Generation)
+    assert claimed == [2 + BACKOFF_CAP]  # was 2 * 6 + 30 * 5 = 162 s

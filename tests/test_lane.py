@@ -8,32 +8,45 @@ import asyncio
 import threading
 from typing import Any
 
+import pytest
+from pydantic import ValidationError
+
 from evalq.shared.lm.backoff import Gate
+from evalq.shared.settings import Settings
 from evalq.worker.lane import EndpointLane
 from tests.helpers import wait_for
 
 
-def test_a_principal_takes_at_most_half_the_lane_and_leaves_a_place_for_one_that_holds_none() -> (
-    None
-):
-    """The attack review filled a 4-thread lane with two stalled principals (two places each)
-    and a third principal's message waited behind them: a principal now takes a second place
-    only while another stays free."""
-    lane = EndpointLane(4, on_exit=lambda: None)
-    assert lane.share == 2
-    assert lane.take("flood")
-    assert lane.take("flood")
-    assert not lane.take("flood")  # its third message goes back to its backlog
-    assert lane.take("carol")
-    assert not lane.take("carol")  # a second place would leave none free
-    assert lane.take("bob")  # the last free place: bob's, who held none
-    assert not lane.take("dave")  # full: dave's message goes back to its backlog
-    lane.release("flood")
-    assert lane.take("dave")
-    assert EndpointLane(3, on_exit=lambda: None).share == 1  # half, rounded down
-    one = EndpointLane(1, on_exit=lambda: None)
-    assert one.take("flood")
-    assert not one.take("bob")
+def test_a_principal_takes_a_second_place_only_in_the_first_half_of_the_lane() -> None:
+    """The first review filled a 4-thread lane with two stalled principals (two places each),
+    the second an 8-thread one with three (4, 3 and 1 places, each flooding in turn): a
+    principal now takes a second place only while less than half the lane is taken, so
+    ``threads - threads // 2 + 1`` principals are needed to fill it, more as it grows."""
+    lane = EndpointLane(8, on_exit=lambda: None)
+    assert lane.share == 4
+    for _ in range(4):
+        assert lane.take("agent")  # the first half: agent floods first
+    for principal in ("carol", "dave", "erin"):
+        assert lane.take(principal)
+        assert not lane.take(principal)  # a second place only in the first half
+    assert lane.take("bob")  # the last place: bob's, a fifth principal
+    assert not lane.take("frank")  # full: frank's message goes back to its backlog
+    lane.release("agent")
+    assert lane.take("frank")
+    small = EndpointLane(4, on_exit=lambda: None)
+    assert small.take("agent")
+    assert small.take("agent")
+    assert not small.take("agent")  # its share
+    assert small.take("carol")
+    assert not small.take("carol")
+    assert small.take("bob")
+    assert not small.take("dave")
+
+
+def test_a_lane_of_one_thread_is_refused() -> None:
+    with pytest.raises(ValidationError, match="at least 2"):
+        Settings(endpoint_threads=1)
+    assert Settings(endpoint_threads=0).endpoint_threads == 0
 
 
 def test_a_closing_lane_takes_nothing_and_waits_for_its_running_jobs() -> None:
@@ -100,20 +113,20 @@ def test_a_job_that_raises_reaches_the_error_callback() -> None:
 
 def test_one_gate_bounds_requests_across_threads_and_wakes_a_waiter_in_another_loop() -> None:
     """Two threads, each with its own event loop (two lane jobs), share the gate of one
-    endpoint and principal: never more than its ceiling in flight between them, and a request
-    waiting in one loop goes as soon as one ends in the other."""
-    gate = Gate.of(2, "http://server/v1", "alice-test")
-    assert Gate.of(1, "http://server/v1", "alice-test") is gate  # another run, asking less
-    assert gate.ceiling == 2
-    assert Gate.of(2, "http://server/v1", "bob-test") is not gate
+    endpoint and principal: never more than the highest ``concurrency`` asking in flight
+    between them (runs asking 2 and 1: 2), and a request waiting in one loop goes as soon as
+    one ends in the other."""
+    gate = Gate.of("http://server/v1", "alice-test")
+    assert Gate.of("http://server/v1", "alice-test") is gate
+    assert Gate.of("http://server/v1", "bob-test") is not gate
     inside = 0
     most = 0
     lock = threading.Lock()
     release = threading.Event()
 
-    async def request() -> None:
+    async def request(concurrency: int) -> None:
         nonlocal inside, most
-        async with gate:
+        async with gate.entered(concurrency):
             with lock:
                 inside += 1
                 most = max(most, inside)
@@ -121,10 +134,10 @@ def test_one_gate_bounds_requests_across_threads_and_wakes_a_waiter_in_another_l
             with lock:
                 inside -= 1
 
-    async def job() -> None:
-        await asyncio.gather(*(request() for _ in range(3)))
+    async def job(concurrency: int) -> None:
+        await asyncio.gather(*(request(concurrency) for _ in range(3)))
 
-    threads = [threading.Thread(target=asyncio.run, args=(job(),)) for _ in range(2)]
+    threads = [threading.Thread(target=asyncio.run, args=(job(c),)) for c in (2, 1)]
     for thread in threads:
         thread.start()
     wait_for(lambda: inside == 2, 10, "two requests in flight")
@@ -133,3 +146,33 @@ def test_one_gate_bounds_requests_across_threads_and_wakes_a_waiter_in_another_l
         thread.join(20)
         assert not thread.is_alive()  # every waiter was woken, whichever loop it waited in
     assert most == 2
+
+
+def test_a_gate_s_ceiling_is_the_highest_concurrency_asking_now_not_ever() -> None:
+    """The lane's second review: a run asking 8 raised the gate for good, and two runs asking
+    1 afterwards held 2 in flight. The ceiling is the highest ``concurrency`` among the
+    requests waiting or in flight."""
+    gate = Gate.of("http://server/v1", "carol-test")
+    inside = 0
+    most = 0
+
+    async def request(concurrency: int, hold: asyncio.Event) -> None:
+        nonlocal inside, most
+        async with gate.entered(concurrency):
+            inside += 1
+            most = max(most, inside)
+            await hold.wait()
+            inside -= 1
+
+    async def burst(concurrency: int, n: int) -> int:
+        nonlocal most
+        most = 0
+        hold = asyncio.Event()
+        tasks = [asyncio.create_task(request(concurrency, hold)) for _ in range(n)]
+        await asyncio.sleep(0)  # each task runs to the gate (one loop: in creation order)
+        hold.set()
+        await asyncio.gather(*tasks)
+        return most
+
+    assert asyncio.run(burst(8, 10)) == 8
+    assert asyncio.run(burst(1, 3)) == 1

@@ -10,10 +10,12 @@ on threads of its main process, each thread with its own Redis client and runtim
 One lane per worker (consumer), for inference and scoring alike.
 
 The lane is shared by principals (:meth:`EndpointLane.take`): one runs at most
-:attr:`EndpointLane.share` messages at once (half of the threads, rounded down, at least one),
-and takes a second place only while another stays free, so a principal that runs nothing here
-finds a thread whoever else is stalled, until as many principals as there are threads each hold
-one. A message that finds no place is not kept waiting here, where it would take one of the
+:attr:`EndpointLane.share` messages at once (half of the threads, rounded down), and a second
+one only while less than half the lane is taken; the other half goes one place a principal. So
+a principal that runs nothing here finds a thread whoever else is stalled, until ``threads -
+threads // 2 + 1`` principals hold places at once (3 with 4 threads, 5 with the default 8; the
+first review filled 4 threads with two principals, the second with three). A message that
+finds no place is not kept waiting here, where it would take one of the
 worker's prefetch places and so keep another principal's message from reaching the worker: the
 caller gives it back to its run's backlog (:mod:`evalq.shared.queue.backlog`), where the fair
 dispatcher orders it behind the other principals' work. A message taken here is lent a prefetch
@@ -76,13 +78,13 @@ class EndpointLane:
     def take(self, principal: str) -> bool:
         """Hold a place for a message of ``principal``; False (the message goes back to its
         run's backlog) when the lane is closing or full, when ``principal`` holds its share, or
-        when it holds a place already and this one would leave none free for a principal that
-        holds none."""
+        when it holds a place already and half the lane is taken: the other half goes one place
+        a principal."""
         with self._lock:
             held, total = self._running[principal], self._running.total()
             if self._closed or total >= self.threads or held >= self.share:
                 return False
-            if held and total + 1 >= self.threads:
+            if held and total >= self.threads // 2:  # a second place only in the first half
                 return False
             self._running[principal] += 1
             return True

@@ -13,6 +13,8 @@ import os
 import random
 import threading
 import time
+from collections import Counter
+from collections.abc import AsyncIterator
 from typing import ClassVar
 
 __all__ = ["BACKOFF_BASE", "BACKOFF_CAP", "Gate", "backoff", "retry_after"]
@@ -27,36 +29,34 @@ class Gate:
     """How many requests one worker process has in flight to an endpoint for one principal: at
     most ``limit``, which grows by ``1 / limit`` with each success (one more per round of
     successes) and halves with each 429 (additive increase, multiplicative decrease), between
-    1 and ``ceiling``. One gate per endpoint and principal in a process (:meth:`of`), shared
-    by its threads (the endpoint lane's run their batches at once, each in
-    an event loop of its own): counted under a lock, a request at the limit waits in its own
-    loop until one in flight ends anywhere in the process."""
+    1 and the highest ``concurrency`` among the requests asking now (waiting or in flight), so
+    that a principal's runs asking 4 and 3 hold 4 in flight between them, not 7, and a run
+    asking 1 after one that asked 8 has ended holds 1 (the attack reviews'). Each run's own
+    requests stay within its own ``concurrency`` besides (its job's connection limit).
+
+    One gate per endpoint and principal in a process (:meth:`of`), shared by its threads (the
+    endpoint lane's run their batches at once, each in an event loop of its own): counted under
+    a lock, a request at the limit waits in its own loop until one in flight ends anywhere in
+    the process. A process keeps one gate per endpoint and principal it has served, each a few
+    hundred bytes."""
 
     _gates: ClassVar[dict[tuple[str, str], Gate]] = {}
     _made = threading.Lock()
 
-    def __init__(self, ceiling: int) -> None:
-        self.ceiling = ceiling
-        self.limit = float(ceiling)
+    def __init__(self) -> None:
+        self.limit: float | None = None
+        """The adaptive limit; None until a request sets it to its ``concurrency``."""
         self._busy = 0
+        self._asking: Counter[int] = Counter()
+        """The ``concurrency`` of each request waiting or in flight."""
         self._lock = threading.Lock()
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
 
     @classmethod
-    def of(cls, ceiling: int, endpoint: str, principal: str) -> Gate:
-        """The process's gate for ``principal``'s requests to ``endpoint``, whatever the run or
-        model: its ceiling the highest ``concurrency`` its runs there asked (each within the
-        endpoint's ``max_concurrency``), so that runs asking 4 and 3 hold 4 in flight between
-        them, not 7 (the attack review's); each run's own requests stay within its own
-        ``concurrency`` (its job's connection limit). One gate per endpoint and principal a
-        process has served, each a few hundred bytes."""
+    def of(cls, endpoint: str, principal: str) -> Gate:
+        """The process's gate for ``principal``'s requests to ``endpoint``."""
         with cls._made:
-            gate = cls._gates.setdefault((endpoint, principal), cls(ceiling))
-            if ceiling > gate.ceiling:
-                with gate._lock:
-                    gate.limit += ceiling - gate.ceiling
-                    gate.ceiling = ceiling
-            return gate
+            return cls._gates.setdefault((endpoint, principal), cls())
 
     @classmethod
     def forget_all(cls) -> None:
@@ -65,31 +65,56 @@ class Gate:
         cls._gates = {}
         cls._made = threading.Lock()
 
-    async def __aenter__(self) -> Gate:
-        while True:
-            with self._lock:
-                if self._busy < max(1, math.floor(self.limit)):
-                    self._busy += 1
-                    return self
-                woken = asyncio.Event()
-                self._waiters.append((asyncio.get_running_loop(), woken))
-            await woken.wait()
+    def _ceiling(self) -> int:
+        return max(self._asking)
 
-    async def __aexit__(self, *_: object) -> None:
+    def _open(self) -> bool:
+        """Whether one more may go now (under the lock)."""
+        ceiling = self._ceiling()
+        limit = ceiling if self.limit is None else min(self.limit, ceiling)
+        return self._busy < max(1, math.floor(limit))
+
+    @contextlib.asynccontextmanager
+    async def entered(self, concurrency: int) -> AsyncIterator[Gate]:
+        """In flight as one request of a run asking ``concurrency``, once the gate lets it."""
         with self._lock:
-            self._busy -= 1
-            waiters, self._waiters = self._waiters, []
-        for loop, woken in waiters:
-            with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits there now
-                loop.call_soon_threadsafe(woken.set)
+            self._asking[concurrency] += 1
+        try:
+            while True:
+                with self._lock:
+                    if self._open():
+                        self._busy += 1
+                        break
+                    woken = asyncio.Event()
+                    self._waiters.append((asyncio.get_running_loop(), woken))
+                await woken.wait()
+            try:
+                yield self
+            finally:
+                with self._lock:
+                    self._busy -= 1
+        finally:
+            with self._lock:
+                self._asking[concurrency] -= 1
+                if self._asking[concurrency] <= 0:
+                    del self._asking[concurrency]
+                waiters, self._waiters = self._waiters, []
+            for loop, woken in waiters:
+                with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits there now
+                    loop.call_soon_threadsafe(woken.set)
 
     def succeeded(self) -> None:
+        """A request in flight (inside :meth:`entered`) was answered: one more per round."""
         with self._lock:
-            self.limit = min(float(self.ceiling), self.limit + 1.0 / self.limit)
+            ceiling = float(self._ceiling())
+            limit = ceiling if self.limit is None else min(self.limit, ceiling)
+            self.limit = min(ceiling, limit + 1.0 / limit)
 
     def throttled(self) -> None:
+        """A request in flight (inside :meth:`entered`) was answered 429: half as many."""
         with self._lock:
-            self.limit = max(1.0, self.limit / 2.0)
+            limit = float(self._ceiling()) if self.limit is None else self.limit
+            self.limit = max(1.0, limit / 2.0)
 
 
 os.register_at_fork(after_in_child=Gate.forget_all)

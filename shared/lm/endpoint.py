@@ -88,7 +88,10 @@ ENVELOPE_BYTES = 64 << 10
 output may be plus this is :class:`TooLarge`."""
 _HEADER_SAFE = re.compile(r"^[\x21-\x7e]+$")
 _WAIT_FOR_ANSWER = 0.05
-"""Seconds between two looks for an answer another request for the same prompt is getting."""
+"""Seconds before the first look again for an answer another request for the same prompt is
+getting; doubled after each look, up to :data:`_WAIT_CAP` (a waiting message of 64 samples
+looked 1,280 times a second at first)."""
+_WAIT_CAP = 1.0
 _ASK_MODELS = 5.0
 """Seconds a server's ``/models`` may take to answer (the cache's key waits for it)."""
 _SILENT_FOR = 60.0
@@ -266,16 +269,21 @@ class EndpointModel:
         served: str | None = None,
     ) -> Generation | Failure:
         """The request's answer: from its run's principal's cache when that holds it (charged
-        nothing), else asked (once for all the identical requests in flight) and kept."""
+        nothing), else asked (once for all the identical requests in flight) and kept. The
+        asker's claim lasts one try and the longest wait before the next (a worker killed
+        mid-request left claims of the whole patience, 510 s by default, which every waiter
+        polled out), and a waiter looks less often the longer it waits."""
         meter = self.meter(run)
-        gate = Gate.of(self.spec.args.concurrency, self.url, self.owner(run))
+        gate = Gate.of(self.url, self.owner(run))
         if self.cache is None:
             return await self._asked(http, request, meter, gate)
         digest = request_digest(self.url, self._body(request), served, self.owner(run))
         retries = self.spec.args.max_retries
         patience = self.spec.args.timeout * (retries + 1) + BACKOFF_CAP * retries
         deadline = time.monotonic() + patience
+        held_for = min(patience, self.spec.args.timeout + BACKOFF_CAP)  # one try and a wait
         claimed = False
+        wait = _WAIT_FOR_ANSWER
         while True:
             hit = self.cache.get(digest)
             if hit is not None:
@@ -284,10 +292,11 @@ class EndpointModel:
                     str(hit["text"]), int(hit["prompt_tokens"]), int(hit["completion_tokens"]),
                     cached=True,
                 )  # fmt: skip
-            claimed = self.cache.claim(digest, patience)
+            claimed = self.cache.claim(digest, held_for)
             if claimed or time.monotonic() > deadline:
                 break
-            await asyncio.sleep(_WAIT_FOR_ANSWER)
+            await asyncio.sleep(wait)
+            wait = min(_WAIT_CAP, 2 * wait)
         try:
             made = await self._asked(http, request, meter, gate)
         except BaseException:
@@ -311,23 +320,24 @@ class EndpointModel:
         principal's) and its run's token budget."""
         attempt = 0
         while True:
-            async with gate:
+            async with gate.entered(self.spec.args.concurrency):
                 estimate = request.estimated_tokens()
                 await self._admitted(estimate)
                 try:
                     tried = await self._metered(http, request, meter)
                 except TokensExhausted as exc:
                     return exc
+                if tried.generation is not None:
+                    gate.succeeded()
+                elif isinstance(tried.error, RateLimited):
+                    gate.throttled()
             if tried.generation is not None:
-                gate.succeeded()
                 used = tried.generation.prompt_tokens + tried.generation.completion_tokens
                 self.rate.adjust(used - estimate)
                 self.rate.count(requests=1, tokens=used)
                 return tried.generation
             error = tried.error or BadResponse("no answer")
             throttled = isinstance(error, RateLimited)
-            if throttled:
-                gate.throttled()
             if tried.retry_after:  # the server's word holds for the whole fleet
                 self.rate.pause(tried.retry_after)
             if not error.retryable or attempt >= self.spec.args.max_retries:
