@@ -806,11 +806,10 @@ def test_stalled_endpoints_of_three_callers_hold_no_worker_a_fourth_caller_needs
             for name in ("carol", "dave")
         )
         flood = []
-        for held, caller in enumerate((agent, carol, dave), 1):  # each floods in turn
+        for flooding, caller in enumerate((agent, carol, dave), 1):  # each floods in turn
             flood += [_submit(caller, dataset, stalled.base) for _ in range(4)]
-            held *= 8  # each principal's 8 requests (its concurrency) held
 
-            def arrived(n: int = held) -> bool:
+            def arrived(n: int = 8 * flooding) -> bool:  # each one's 8 (concurrency) held
                 return len(stalled.stats()["arrivals"]) >= n
 
             wait_for(arrived, 60, "the flood")
