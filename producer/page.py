@@ -101,7 +101,7 @@ def _worst(report: Report) -> str:
 
 def _samples(report: Report) -> str:
     failed = [
-        [str(r.sample_id), f"{r.error.stage}/{r.error.kind}", r.error.message]
+        [str(r.sample_id), r.error.stage_kind, r.error.message]
         for r in report.failures
         if r.error is not None
     ]

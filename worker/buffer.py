@@ -43,6 +43,7 @@ from celery import Celery
 from celery.worker.request import Request
 from celery_batches import Batches, SimpleRequest, consume_queue
 from celery_batches.trace import apply_batches_task
+from redis import Redis
 
 from evalq.shared.connection import Target, connect
 from evalq.shared.errors import PayloadError, UnknownRunError, first_line
@@ -73,15 +74,14 @@ class SampleBatches(Batches):  # type: ignore[misc]
     its own, so if its sample kills the worker process, only its own message is redelivered.
 
     A message of a run on an endpoint model is not buffered: it runs alone in the worker's
-    endpoint lane (:mod:`evalq.worker.lane`), or, when its principal holds its share of the lane
-    already, goes back to its run's backlog.
+    endpoint lane (:mod:`evalq.worker.lane`), or, when the lane has no place for its principal,
+    goes back to its run's backlog.
     """
 
     abstract = True
     flush_samples = 64
     flush_every = 1 << 30  # the base class's message count never triggers; samples do
-    redis = Target("")  # set by register_tasks: where to look a forwarded message's run up
-    runs: RunStore | None = None
+    redis = Target("")  # set by register_tasks: where to look a message's run up
     lane_threads = 0
     """Threads of the endpoint lane (``EVALQ_ENDPOINT_THREADS``); 0: endpoint models' messages
     run in the pool as any other."""
@@ -106,8 +106,10 @@ class SampleBatches(Batches):  # type: ignore[misc]
         """Where celery-batches puts the request it builds of an endpoint run's message."""
         self._in_lane: set[str] = set()
         """Delivery tags of the messages in the endpoint lane (held, but not the pool's)."""
+        self._client: Redis | None = None
+        """The main process's Redis client, opened on first use (runs' facts, give-backs)."""
         self._facts: LRU[str, RunMeta] = LRU(256)
-        """Recent runs' facts, read once: whose run, on which model."""
+        """Recent runs' facts, read once: whose run, of which evaluation, on which model."""
         self._returns: tuple[Backlog, Capturer] | None = None
 
     def Strategy(self, task: Batches, app: Celery, consumer: Any) -> Callable[..., None]:
@@ -168,14 +170,21 @@ class SampleBatches(Batches):  # type: ignore[misc]
         pool process it could hold)."""
         if self._lane is None:
             return None
-        if self.runs is None:
-            self.runs = RunStore(connect(self.redis))
-        runs = self.runs
         try:
-            meta = self._facts.get_or_create(payload.run_id, lambda: runs.get(payload.run_id))
+            meta = self._run_facts(payload.run_id)
         except UnknownRunError:
             return None
         return meta if on_endpoint(meta) else None
+
+    def _redis(self) -> Redis:
+        if self._client is None:
+            self._client = connect(self.redis)
+        return self._client
+
+    def _run_facts(self, run_id: str) -> RunMeta:
+        """A run's record as it was submitted (its facts never change), read once;
+        :class:`UnknownRunError` for a run that does not exist."""
+        return self._facts.get_or_create(run_id, lambda: RunStore(self._redis()).get(run_id))
 
     def _to_lane(
         self,
@@ -231,7 +240,7 @@ class SampleBatches(Batches):  # type: ignore[misc]
     def _give_back(self, app: Celery, message: Any, payload: SampleTask, meta: RunMeta) -> None:
         try:
             if self._returns is None:
-                self._returns = (Backlog(connect(self.redis)), Capturer(app))
+                self._returns = (Backlog(self._redis()), Capturer(app))
             backlog, capture = self._returns
             backlog.stage(meta, capture(self.name, [payload]), lane_of(self.name))
         except Exception as exc:
@@ -307,9 +316,7 @@ class SampleBatches(Batches):  # type: ignore[misc]
         language task's, which every worker serves."""
         queue = evaluation_queue(STAGE_QUEUES[self.name], payload.eval)
         try:
-            if self.runs is None:
-                self.runs = RunStore(connect(self.redis))
-            meta = self.runs.get(payload.run_id)
+            meta = self._run_facts(payload.run_id)
             owner, language = meta.eval, meta.task is not None
         except UnknownRunError:
             owner, language = None, False
