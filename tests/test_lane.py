@@ -23,9 +23,9 @@ def test_a_principal_takes_a_second_place_only_in_the_first_half_of_the_lane() -
     principal now takes a second place only while less than half the lane is taken, so
     ``threads - threads // 2 + 1`` principals are needed to fill it, more as it grows."""
     lane = EndpointLane(8, on_exit=lambda: None)
-    assert lane.share == 4
     for _ in range(4):
         assert lane.take("agent")  # the first half: agent floods first
+    assert not lane.take("agent")  # never more than half
     for principal in ("carol", "dave", "erin"):
         assert lane.take(principal)
         assert not lane.take(principal)  # a second place only in the first half
@@ -176,3 +176,20 @@ def test_a_gate_s_ceiling_is_the_highest_concurrency_asking_now_not_ever() -> No
 
     assert asyncio.run(burst(8, 10)) == 8
     assert asyncio.run(burst(1, 3)) == 1
+
+
+def test_a_429_halves_the_limit_in_force_not_a_bound_a_higher_run_left() -> None:
+    """After a run asking 16 has ended, a 429 to a run asking 4 halves 4 (was: 16, leaving 8,
+    above the 4 in force: no backing off at all)."""
+    gate = Gate.of("http://server/v1", "dave-test")
+
+    async def answered(concurrency: int, throttled: bool) -> None:
+        async with gate.entered(concurrency):
+            if throttled:
+                gate.throttled()
+            else:
+                gate.succeeded()
+
+    asyncio.run(answered(16, throttled=False))
+    asyncio.run(answered(4, throttled=True))
+    assert gate.limit == 2.0

@@ -65,14 +65,15 @@ class Gate:
         cls._gates = {}
         cls._made = threading.Lock()
 
-    def _ceiling(self) -> int:
-        return max(self._asking)
+    def _effective(self) -> float:
+        """The limit now (under the lock, with a request asking): the adaptive one, at most the
+        highest ``concurrency`` asking."""
+        ceiling = float(max(self._asking))
+        return ceiling if self.limit is None else min(self.limit, ceiling)
 
     def _open(self) -> bool:
         """Whether one more may go now (under the lock)."""
-        ceiling = self._ceiling()
-        limit = ceiling if self.limit is None else min(self.limit, ceiling)
-        return self._busy < max(1, math.floor(limit))
+        return self._busy < max(1, math.floor(self._effective()))
 
     @contextlib.asynccontextmanager
     async def entered(self, concurrency: int) -> AsyncIterator[Gate]:
@@ -106,15 +107,13 @@ class Gate:
     def succeeded(self) -> None:
         """A request in flight (inside :meth:`entered`) was answered: one more per round."""
         with self._lock:
-            ceiling = float(self._ceiling())
-            limit = ceiling if self.limit is None else min(self.limit, ceiling)
-            self.limit = min(ceiling, limit + 1.0 / limit)
+            limit = self._effective()
+            self.limit = min(float(max(self._asking)), limit + 1.0 / limit)
 
     def throttled(self) -> None:
         """A request in flight (inside :meth:`entered`) was answered 429: half as many."""
-        with self._lock:
-            limit = float(self._ceiling()) if self.limit is None else self.limit
-            self.limit = max(1.0, limit / 2.0)
+        with self._lock:  # half of what is in force, not of a bound a higher run left
+            self.limit = max(1.0, self._effective() / 2.0)
 
 
 os.register_at_fork(after_in_child=Gate.forget_all)

@@ -327,9 +327,10 @@ class EndpointModel:
                     tried = await self._metered(http, request, meter)
                 except TokensExhausted as exc:
                     return exc
+                throttled = isinstance(tried.error, RateLimited)
                 if tried.generation is not None:
                     gate.succeeded()
-                elif isinstance(tried.error, RateLimited):
+                elif throttled:
                     gate.throttled()
             if tried.generation is not None:
                 used = tried.generation.prompt_tokens + tried.generation.completion_tokens
@@ -337,7 +338,6 @@ class EndpointModel:
                 self.rate.count(requests=1, tokens=used)
                 return tried.generation
             error = tried.error or BadResponse("no answer")
-            throttled = isinstance(error, RateLimited)
             if tried.retry_after:  # the server's word holds for the whole fleet
                 self.rate.pause(tried.retry_after)
             if not error.retryable or attempt >= self.spec.args.max_retries:
