@@ -9,9 +9,9 @@ on threads of its main process, each thread with its own Redis client and runtim
 (:class:`evalq.worker.state.WorkerState` is per thread); its pool processes stay with local models.
 One lane per worker (consumer), for inference and scoring alike.
 
-The lane is shared by principals (:meth:`EndpointLane.take`): one runs at most
-:attr:`EndpointLane.share` messages at once (half of the threads, rounded down), and a second
-one only while less than half the lane is taken; the other half goes one place a principal. So
+The lane is shared by principals (:meth:`EndpointLane.take`): one takes a second place only
+while less than half the lane is taken, so it runs at most half of the threads (rounded down)
+at once, and the other half goes one place a principal. So
 a principal that runs nothing here finds a thread whoever else is stalled, until ``threads -
 threads // 2 + 1`` principals hold places at once (3 with 4 threads, 5 with the default 8; the
 first review filled 4 threads with two principals, the second with three). A message that
@@ -70,21 +70,14 @@ class EndpointLane:
             lane = _LANES[consumer] = cls(threads, on_exit)
         return lane
 
-    @property
-    def share(self) -> int:
-        """The most messages one principal runs here at once."""
-        return max(1, self.threads // 2)
-
     def take(self, principal: str) -> bool:
         """Hold a place for a message of ``principal``; False (the message goes back to its
-        run's backlog) when the lane is closing or full, when ``principal`` holds its share, or
-        when it holds a place already and half the lane is taken: the other half goes one place
-        a principal."""
+        run's backlog) when the lane is closing or full, or when ``principal`` holds a place
+        already and half the lane is taken: a second place only in the first half, the other
+        half one place a principal (so no principal holds more than half)."""
         with self._lock:
             held, total = self._running[principal], self._running.total()
-            if self._closed or total >= self.threads or held >= self.share:
-                return False
-            if held and total >= self.threads // 2:  # a second place only in the first half
+            if self._closed or total >= self.threads or (held and total >= self.threads // 2):
                 return False
             self._running[principal] += 1
             return True
