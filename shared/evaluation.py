@@ -36,6 +36,7 @@ __all__ = [
     "Evaluation",
     "Graded",
     "Parameters",
+    "checked_outputs",
     "checked_scores",
     "create",
     "every_label_field",
@@ -231,6 +232,15 @@ class Evaluation(ABC):
         """Reduce per-sample metrics to run metrics; by default the mean of each metric."""
         names = sorted(set[str]().union(*scores))
         return {n: fmean([s[n] for s in scores if n in s]) for n in names}
+
+
+def checked_outputs(outputs: object, expected: int) -> list[Any]:
+    """``infer()``'s answer for ``expected`` rows: a list of one output per row;
+    :class:`PermanentError` otherwise."""
+    if not isinstance(outputs, list) or len(outputs) != expected:
+        got = len(outputs) if isinstance(outputs, list) else type(outputs).__name__
+        raise PermanentError(f"infer() returned {got} outputs for {expected} rows")
+    return outputs
 
 
 def checked_scores(scores: object, ranges: Mapping[str, tuple[float, float]]) -> dict[str, float]:

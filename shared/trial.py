@@ -19,7 +19,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from evalq.shared.errors import PermanentError
-from evalq.shared.evaluation import Evaluation, checked_scores, create, every_label_field, scrub
+from evalq.shared.evaluation import (
+    Evaluation,
+    checked_outputs,
+    checked_scores,
+    create,
+    every_label_field,
+    scrub,
+)
 from evalq.shared.failures import metric_samples
 from evalq.shared.models import ErrorRecord, RunStatus, Stage, error_record, from_json, to_json
 from evalq.shared.stats import Stat
@@ -102,8 +109,7 @@ def _inferred(
     by row, and a row that raises alone (or gives what is not JSON) fails at ``infer``."""
     try:
         given = made.infer_samples(model, [rows[i] for i in ids], [(TRIAL, i) for i in ids])
-        if not isinstance(given, list) or len(given) != len(ids):
-            raise PermanentError(f"infer() returned {len(given)} outputs for {len(ids)} rows")
+        given = checked_outputs(given, len(ids))
     except Exception as exc:
         if len(ids) == 1:
             errors[ids[0]] = error_record(Stage.INFER, exc)

@@ -20,7 +20,7 @@ from collections import defaultdict
 from typing import Any
 
 from evalq.shared.errors import OutputTooLarge, PermanentError, RunTooLarge, first_line
-from evalq.shared.evaluation import scrub
+from evalq.shared.evaluation import checked_outputs, scrub
 from evalq.shared.models import SampleTask, Stage, error_record, to_json
 from evalq.shared.queue.backlog import run_model
 from evalq.shared.queue.celery_app import INFER_TASK
@@ -37,13 +37,6 @@ log = logging.getLogger(__name__)
 
 Item = tuple[RunShare, int, dict[str, Any]]
 """A sample waiting for inference: its run, its id and its label-free row."""
-
-
-def _checked_outputs(outputs: object, expected: int) -> list[Any]:
-    if not isinstance(outputs, list) or len(outputs) != expected:
-        got = len(outputs) if isinstance(outputs, list) else type(outputs).__name__
-        raise PermanentError(f"infer() returned {got} outputs for {expected} rows")
-    return outputs
 
 
 def _failed(run: RunShare, sample_id: int, exc: BaseException, max_attempts: int) -> None:
@@ -66,7 +59,7 @@ def _infer(infer: Infer, items: list[Item], max_attempts: int, limit: int) -> No
     try:
         rows = [row for *_, row in items]
         samples = [(run.run_id, sample_id) for run, sample_id, _ in items]
-        outputs = _checked_outputs(infer(rows, samples), len(items))
+        outputs = checked_outputs(infer(rows, samples), len(items))
     except Exception as exc:
         if len(items) == 1:
             run, sample_id, _ = items[0]
