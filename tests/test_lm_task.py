@@ -12,6 +12,7 @@ from evalq.shared.errors import InputError, PermanentError, PluginError
 from evalq.shared.lm import scorers
 from evalq.shared.lm.scorers import last_number, register_scorer, registered_scorers, scorer
 from evalq.shared.lm.task import TaskSpec, fewshot_indices
+from evalq.shared.lm.template import chat_messages
 
 MINIMAL = """\
 prompt: "What is {a} plus {b}? Answer with only the number."   # fields of the row
@@ -57,9 +58,9 @@ def test_the_minimal_task_file_parses() -> None:
     assert (spec.generate.temperature, spec.generate.top_p) == (0.0, 1.0)
     assert spec.choices is None
     assert spec.render({"a": 2, "b": 3}) == "What is 2 plus 3? Answer with only the number."
-    assert spec.messages({"a": 2, "b": 3}) == [
-        {"role": "user", "content": "What is 2 plus 3? Answer with only the number."}
-    ]
+    assert chat_messages(spec.render({"a": 2, "b": 3}), spec.system) == (
+        ("user", "What is 2 plus 3? Answer with only the number."),
+    )
 
 
 def test_the_multiple_choice_task_file_parses() -> None:
@@ -211,7 +212,7 @@ def test_label_fields_never_reach_the_prompt_but_few_shot_answers_do() -> None:
         for i in range(2)
     ]
     rendered = [spec.render(row, examples), spec.text(row, examples)]
-    rendered += [m["content"] for m in spec.messages(row, examples)]
+    rendered += [content for _, content in chat_messages(spec.render(row, examples), spec.system)]
     for text in rendered:
         assert set(re.findall(r"MARK-[A-Z0-9]+-[A-Z]+", text)) <= {
             "MARK-EX0-ANSWER",
@@ -239,13 +240,11 @@ def test_multiple_choice_few_shot_shows_the_right_choice_text() -> None:
 
 def test_system_prompt_is_a_message_with_chat_and_a_prefix_without() -> None:
     spec = task(system="Be brief. ")
-    assert spec.messages({"q": 1}) == [
-        {"role": "system", "content": "Be brief. "},
-        {"role": "user", "content": "Q: 1"},
-    ]
+    messages = chat_messages(spec.render({"q": 1}), spec.system)
+    assert messages == (("system", "Be brief. "), ("user", "Q: 1"))
     assert spec.text({"q": 1}) == "Be brief. Q: 1"
     assert spec.system is not None
-    assert "{" not in spec.messages({"q": 1})[0]["content"]
+    assert "{" not in messages[0][1]
 
 
 def test_a_template_field_missing_in_the_row_is_one_line() -> None:

@@ -286,14 +286,6 @@ class TaskSpec(_Spec):
         ]
         return "".join(shot + FEWSHOT_DELIMITER for shot in shots) + self.fill(row)
 
-    def messages(
-        self, row: Mapping[str, Any], examples: Sequence[Mapping[str, Any]] = ()
-    ) -> list[dict[str, str]]:
-        """The chat messages for a chat template: the system prompt when set, then one user
-        message holding :meth:`render` (lm-eval's default, few-shot not as multi-turn)."""
-        system = [{"role": "system", "content": self.system}] if self.system else []
-        return [*system, {"role": "user", "content": self.render(row, examples)}]
-
     def text(self, row: Mapping[str, Any], examples: Sequence[Mapping[str, Any]] = ()) -> str:
         """The prompt without a chat template: the system prompt, when set, directly before
         :meth:`render` (lm-eval 0.4.13 joins them with no delimiter)."""
