@@ -59,6 +59,7 @@ class Fleet:
     store: redis.Redis
     root: Path
     _supervisors: list[threading.Thread] = field(default_factory=list)
+    _failed: list[BaseException] = field(default_factory=list)
     settled_after: float | None = None
 
     def client(self) -> Client:
@@ -77,8 +78,11 @@ class Fleet:
         killed = time.time()
 
         def supervise() -> None:
-            self.group.failed_over(dead)
-            self.group.rejoin(dead)
+            try:
+                self.group.failed_over(dead)
+                self.group.rejoin(dead)
+            except BaseException as exc:  # raised in the test that failed over (healed)
+                self._failed.append(exc)
 
         thread = threading.Thread(target=supervise, daemon=True)
         thread.start()
@@ -108,9 +112,17 @@ class Fleet:
         return thread
 
     def healed(self) -> None:
+        """Wait for each failover's supervisor (its failover and rejoin: 60 s and 90 s at
+        most), and fail here if one failed: a rejoin that outlived a 60 s wait raised in
+        whichever test the module's process ran next (a clean-clone CI's setup error)."""
         for thread in self._supervisors:
-            thread.join(60)
+            thread.join(160)
+        alive = any(thread.is_alive() for thread in self._supervisors)
         self._supervisors = []
+        failed, self._failed = self._failed, []
+        if failed:
+            raise failed[0]
+        assert not alive, "a failover's supervisor did not end"
 
 
 @pytest.fixture(scope="module")
