@@ -32,6 +32,8 @@ from evalq.shared.data.loading import build_spec
 from evalq.shared.data.spec import publish_spec
 from evalq.shared.models import RunMeta, RunStatus, SampleTask
 from evalq.shared.queue.sizing import MESSAGE_SAMPLES
+from evalq.shared.services import Services
+from evalq.shared.settings import Settings
 from evalq.shared.store.labels import LabelFields
 from evalq.shared.store.reader import ResultReader
 from evalq.shared.store.runs import RunStore
@@ -81,7 +83,7 @@ def measure(root: Path, samples: int, spill: bool) -> Measured:
         )  # fmt: skip
         ids = list(range(samples))
         RunStore(client).create(meta, ids, str(root / "archive"))
-        runtimes = RuntimePool("cpu", max_models=1)
+        runtimes = RuntimePool(Services(Settings(device="cpu", max_models=1), client))
 
         def spill_now(run_id: str) -> None:
             spill_run(client, run_id, ROWS, ids)

@@ -21,8 +21,9 @@ from evalq.shared.access.tasks import TaskRegistry
 from evalq.shared.access.tiers import TierRegistry
 from evalq.shared.data.loading import spec_of
 from evalq.shared.errors import InputError, UnknownEvalError
-from evalq.shared.evals.language import LanguageEvaluation, language_run
+from evalq.shared.evals.language import LanguageTask, language_run
 from evalq.shared.evaluation import Evaluation, create, registered
+from evalq.shared.lm.providers import provider
 from evalq.shared.lm.run import Example, LanguageRun
 from evalq.shared.lm.spec import ModelSpec, canonical, present
 from evalq.shared.lm.task import TaskSpec, fewshot_indices
@@ -79,18 +80,18 @@ def resolve(
         )
     spec = canonical(ModelSpec.parse(model, model_args))
     _admit_grader(client, task.spec)
+    if task.spec.choices is not None and not provider(spec.provider).loglikelihoods:
+        raise InputError(
+            f"task '{name}' is multiple choice: it needs log-likelihoods, which evalq "
+            f"does not read from {spec.provider}/ models (they generate)"
+        )
     if spec.endpoint is not None:
         _admit(client, spec)
-        if task.spec.choices is not None:
-            raise InputError(
-                f"task '{name}' is multiple choice: it needs log-likelihoods, which evalq "
-                "reads from hf/ models only (endpoint models generate)"
-            )
     else:
         admit_model(spec.name, admin, model_roots)
         spec = present(spec)
     run = LanguageRun(task=task.spec, model=spec)
-    return LanguageEvaluation.of(name, run)(**params), run
+    return LanguageTask(name, run, params), run
 
 
 def rescorer(
@@ -111,7 +112,7 @@ def rescorer(
         )
     _admit_grader(client, task.spec)
     run = made.model_copy(update={"task": task.spec})
-    return LanguageEvaluation.of(name, run)(**params), run
+    return LanguageTask(name, run, params), run
 
 
 def _admit(client: redis.Redis, spec: ModelSpec) -> None:

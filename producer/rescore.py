@@ -32,7 +32,7 @@ from evalq.shared.access.policy import admit_grader, admit_run, admit_split, run
 from evalq.shared.access.tiers import TierRegistry
 from evalq.shared.connection import server_time
 from evalq.shared.errors import InputError
-from evalq.shared.evals.language import evaluation_of
+from evalq.shared.kinds import evaluation_of
 from evalq.shared.models import RunMeta, RunStatus
 from evalq.shared.names import RUN_ID
 from evalq.shared.queue.backlog import SCORE_LANE, Backlog

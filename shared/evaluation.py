@@ -2,6 +2,10 @@
 
 Plugins are imported by module name from ``EVALQ_PLUGINS`` at start-up, never from a message; a
 message names an evaluation only by its registered name.
+
+An :class:`Evaluation` is ``load``/``infer``/``score``/``aggregate`` and declared metadata; what a
+worker asks of an evaluation beyond that (samples' ids at inference, a grader, its warm model's
+key, provenance) is its task kind's business (:mod:`evalq.shared.kinds`).
 """
 
 from __future__ import annotations
@@ -24,17 +28,12 @@ from evalq.shared.errors import (
     UnknownEvalError,
 )
 from evalq.shared.failures import FailurePolicy, FailureRule
-from evalq.shared.models import Grade
 from evalq.shared.names import PLUGIN_NAME
 from evalq.shared.scorer import ScriptCall, ScriptScorer, run_cold
 from evalq.shared.source import SourceFile, snapshot
 
-Graded = tuple[dict[str, float], Grade]
-"""A sample's metrics and the grade they came from (:meth:`Evaluation.grade`)."""
-
 __all__ = [
     "Evaluation",
-    "Graded",
     "Parameters",
     "checked_outputs",
     "checked_scores",
@@ -89,17 +88,14 @@ class Evaluation(ABC):
     run the script in warm sandboxed subprocesses.
     """
 
-    name: ClassVar[str] = ""
-    label_fields: ClassVar[tuple[str, ...]] = ()
+    name: str = ""
+    """The registered name (set by :func:`register`)."""
+    label_fields: tuple[str, ...] = ()
     scorer: ClassVar[ScriptScorer | None] = None
     isolated: ClassVar[bool] = False
     """Run ``infer()`` in a warm subprocess of its own that only ever receives label-free rows
     (for models that run code the caller controls); ``EVALQ_ISOLATE_INFERENCE`` does it for
     every evaluation. Rows and outputs then cross a pipe as JSON."""
-    isolatable: ClassVar[bool] = True
-    """Whether the subprocess can rebuild this evaluation by its name (a plugin's class); a
-    registered language task cannot, and runs no code a caller chose (its model is loaded
-    without remote code), so it runs in the worker process even under ``isolate``."""
     model_files: ClassVar[tuple[str, ...]] = ()
     """Absolute paths (files or folders) an isolated model's sandbox may read besides the
     Python installation and the plugins: the model's weights when they live elsewhere (a
@@ -107,7 +103,7 @@ class Evaluation(ABC):
     the plugin's code, never taken from ``params``, which the caller chooses."""
     lower_is_better: ClassVar[frozenset[str]] = frozenset()
     """Metrics where less is better (a loss, an error rate); every other one, more is."""
-    metric_ranges: ClassVar[Mapping[str, tuple[float, float]]] = {}
+    metric_ranges: Mapping[str, tuple[float, float]] = {}
     """Metrics' ``(low, high)`` ranges: a failed sample scores the end on the metric's bad
     side, and error bars stay inside. An undeclared metric whose scores are all 0 or 1 is
     taken as ``(0, 1)``; any other undeclared one has no range (a failed sample then scores
@@ -117,13 +113,13 @@ class Evaluation(ABC):
     """What a failed sample counts as in every metric (:mod:`evalq.shared.failures`): its worst
     value, or ``FailurePolicy.SKIP`` to leave failed samples out (the count is then shown
     beside each metric)."""
-    output_kind: ClassVar[str | None] = None
+    output_kind: str | None = None
     """What ``infer()``'s outputs are, as a name evaluations share (``"topic-label"``): a run
     may be rescored (``evalq rescore``) with any evaluation of the same kind, and only then."""
     cluster_field: ClassVar[str | None] = None
     """A row field grouping samples that are not independent (questions about one passage):
     error bars are then cluster-robust (:mod:`evalq.shared.stats`)."""
-    rows_per_call: ClassVar[int | None] = None
+    rows_per_call: int | None = None
     """Most rows one ``infer()`` call takes; None: the worker's ``EVALQ_MAX_BATCH``. A model
     that holds nothing per row (an endpoint's requests, bounded by its own concurrency) takes
     a whole message at once, so no batch's last wave leaves requests idle."""
@@ -137,16 +133,16 @@ class Evaluation(ABC):
     def __init__(self, **params: str) -> None:
         self.params: dict[str, str] = dict(params)
         """The parameters as given (text), as the run's record keeps them."""
-        self.args = self.check(params)
+        self.args = self.check(params, self.name)
 
     @classmethod
-    def check(cls, params: Mapping[str, str]) -> Parameters:
+    def check(cls, params: Mapping[str, str], name: str | None = None) -> Parameters:
         """``params`` validated against :attr:`Params`; :class:`ParamError` (exit 2) naming
-        the first problem and the evaluation's parameters otherwise."""
+        the first problem and the evaluation (``name``, by default the class's) otherwise."""
         try:
             return cls.Params.model_validate(dict(params))
         except ValidationError as exc:
-            raise ParamError(_param_problem(cls, exc)) from None
+            raise ParamError(_param_problem(name or cls.name, cls.Params, exc)) from None
 
     def load(self, device: str) -> Any:
         """Load and return the model on ``device``; called once per worker process."""
@@ -156,49 +152,11 @@ class Evaluation(ABC):
     def infer(self, model: Any, rows: list[dict[str, Any]]) -> list[Any]:
         """Run the model on a batch of label-free rows; one JSON-able output per row."""
 
-    def infer_samples(
-        self, model: Any, rows: list[dict[str, Any]], samples: list[tuple[str, int]]
-    ) -> list[Any]:
-        """:meth:`infer` told each row's run id and sample id (what the worker calls): an
-        evaluation that derives something per sample (a sampling seed, so a redelivered
-        sample generates the same text) overrides this; by default, :meth:`infer`."""
-        return self.infer(model, rows)
-
-    def weights(self) -> str | None:
-        """What identifies the weights this evaluation's model runs (provenance): None for a
-        Python evaluation, whose model is its code's business."""
-        return None
-
-    def definition(self) -> str | None:
-        """sha256 of what defines this evaluation when it is not a source file (a registered
-        task's spec); None: its class's source file is (:func:`source`)."""
-        return None
-
-    def described(self) -> str:
-        """What provenance names this evaluation by: its class, module and name (a registered
-        task says which task)."""
-        cls = type(self)
-        return f"{cls.__module__}.{cls.__qualname__}"
-
-    def model_key(self) -> str:
-        """What identifies this evaluation's loaded model in a worker's pool of warm models:
-        by default its name and parameters (:func:`model_key`); evaluations that run one
-        model for many tasks (:mod:`evalq.shared.evals.language`) share it by the model alone."""
-        return model_key(self.name, self.params)
-
     def score(self, row: dict[str, Any], output: Any) -> dict[str, float]:
         """Score one output against its full row (for a script scorer: one cold run of it)."""
         if self.scorer is None:
             raise NotImplementedError(f"{type(self).__name__} defines neither score() nor scorer")
         return self.script_score(run_cold(self.scorer, self.script_call(row, output)))
-
-    def grade(
-        self, run_id: str, rows: Mapping[int, dict[str, Any]], outputs: Mapping[int, Any]
-    ) -> dict[int, Graded | Exception]:
-        """For an evaluation a grader model scores (a ``model_graded`` task): each sample's
-        metrics and the grade they came from, or why it has none, all samples of a batch at
-        once. Any other evaluation is scored by :meth:`score`: nothing here."""
-        return {}
 
     def script_call(self, row: dict[str, Any], output: Any) -> ScriptCall:
         """The scorer script's arguments (and extra environment) for one full row and output."""
@@ -216,11 +174,10 @@ class Evaluation(ABC):
             return None
         return {i: str(row[field]) if field in row else f"#{i}" for i, row in rows.items()}
 
-    @classmethod
-    def failure_rule(cls) -> FailureRule:
+    def failure_rule(self) -> FailureRule:
         """How this evaluation's failed samples count
         (:func:`evalq.shared.failures.metric_samples`)."""
-        return FailureRule(cls.on_failure, dict(cls.metric_ranges), cls.lower_is_better)
+        return _failure_rule(self)
 
     @classmethod
     def custom_aggregate(cls) -> bool:
@@ -273,18 +230,23 @@ def model_key(name: str, params: Mapping[str, str]) -> str:
     return f"{name}:{json.dumps(dict(params), sort_keys=True)}"
 
 
-def _param_problem(cls: type[Evaluation], exc: ValidationError) -> str:
+def _failure_rule(declared: Evaluation | type[Evaluation]) -> FailureRule:
+    """The failure rule an evaluation (or its class) declares."""
+    return FailureRule(declared.on_failure, dict(declared.metric_ranges), declared.lower_is_better)
+
+
+def _param_problem(name: str, params: type[Parameters], exc: ValidationError) -> str:
     first = exc.errors()[0]
     key = str(first["loc"][0]) if first["loc"] else ""
-    declared = cls.Params.described()
+    declared = params.described()
     if first["type"] == "extra_forbidden":
-        if not cls.Params.model_fields:
-            return f"evaluation '{cls.name}' takes no parameters, got '{key}'"
-        return f"evaluation '{cls.name}' has no parameter '{key}' (its parameters: {declared})"
+        if not params.model_fields:
+            return f"evaluation '{name}' takes no parameters, got '{key}'"
+        return f"evaluation '{name}' has no parameter '{key}' (its parameters: {declared})"
     if first["type"] == "missing":
-        return f"evaluation '{cls.name}' needs parameter '{key}' (its parameters: {declared})"
+        return f"evaluation '{name}' needs parameter '{key}' (its parameters: {declared})"
     return (
-        f"evaluation '{cls.name}' parameter '{key}' = {first.get('input')!r}: {first['msg']} "
+        f"evaluation '{name}' parameter '{key}' = {first.get('input')!r}: {first['msg']} "
         f"(its parameters: {declared})"
     )
 
@@ -353,7 +315,7 @@ def failure_rule(name: str) -> FailureRule:
     """How failed samples of evaluation ``name`` count (the default rule for an unknown
     name)."""
     cls = _registry.get(name)
-    return cls.failure_rule() if cls is not None else FailureRule()
+    return _failure_rule(cls) if cls is not None else FailureRule()
 
 
 def create(name: str, params: Mapping[str, str] | None = None) -> Evaluation:

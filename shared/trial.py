@@ -28,6 +28,7 @@ from evalq.shared.evaluation import (
     scrub,
 )
 from evalq.shared.failures import metric_samples
+from evalq.shared.kinds import runner_of
 from evalq.shared.models import ErrorRecord, RunStatus, Stage, error_record, from_json, to_json
 from evalq.shared.stats import Stat
 from evalq.shared.store.aggregate import conclude
@@ -35,7 +36,7 @@ from evalq.shared.store.aggregate import conclude
 __all__ = ["Trial", "run"]
 
 TRIAL = "trial"
-"""The run id a trial's samples are told (``infer_samples``)."""
+"""The run id a trial's samples are told (:meth:`evalq.shared.kinds.Runner.infer_samples`)."""
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,8 @@ def _inferred(
     """Each row's output through JSON, as a worker stores it; a batch that raises is tried row
     by row, and a row that raises alone (or gives what is not JSON) fails at ``infer``."""
     try:
-        given = made.infer_samples(model, [rows[i] for i in ids], [(TRIAL, i) for i in ids])
+        samples = [(TRIAL, i) for i in ids]
+        given = runner_of(made).infer_samples(model, [rows[i] for i in ids], samples)
         given = checked_outputs(given, len(ids))
     except Exception as exc:
         if len(ids) == 1:

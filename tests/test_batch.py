@@ -35,6 +35,7 @@ from evalq.shared.keys import TASKS, RunKeys, tiers_key
 from evalq.shared.models import ErrorRecord, RunMeta, RunStatus, SampleTask, Stage
 from evalq.shared.queue.celery_app import INFER_TASK, SCORE_TASK
 from evalq.shared.queue.sizing import split
+from evalq.shared.services import Services
 from evalq.shared.settings import Settings
 from evalq.shared.store.labels import LabelFields
 from evalq.shared.store.reader import ResultReader
@@ -125,7 +126,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
 def bench(server: RedisServer, tmp_path: Path) -> Iterator[Bench]:
     client = connect(server.url)
     sent = Recorder()
-    runtimes = RuntimePool("cpu", max_models=2)
+    runtimes = RuntimePool(Services(Settings(device="cpu", max_models=2), client))
     res = Resources(
         runs=RunStore(client),
         reader=ResultReader(client),

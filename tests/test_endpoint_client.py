@@ -18,7 +18,7 @@ from evalq.producer.redis_server import RedisServer
 from evalq.shared.access.ledger import Ledger
 from evalq.shared.connection import connect
 from evalq.shared.errors import GraderError, PermanentError
-from evalq.shared.evals.language import LanguageEvaluation
+from evalq.shared.evals.language import LanguageTask
 from evalq.shared.lm.backoff import BACKOFF_CAP
 from evalq.shared.lm.endpoint import (
     MAX_BODY,
@@ -32,7 +32,8 @@ from evalq.shared.lm.request import Generation, GenerationRequest
 from evalq.shared.lm.run import LanguageRun
 from evalq.shared.lm.spec import ModelSpec
 from evalq.shared.lm.task import TaskSpec
-from evalq.shared.settings import get_settings
+from evalq.shared.services import Services
+from evalq.shared.settings import Settings
 from evalq.shared.store.endpoints import EndpointRegistry
 from evalq.shared.store.rate import RateLimit
 from evalq.shared.store.responses import ResponseCache
@@ -283,12 +284,11 @@ def test_a_token_budget_is_charged_what_a_try_may_have_cost_never_past_its_hold(
 
 
 def test_a_grader_no_longer_listed_fails_each_sample_of_its_batch_with_its_reason(
-    redis_only: RedisServer, monkeypatch: pytest.MonkeyPatch
+    redis_only: RedisServer,
 ) -> None:
     """The attack review delisted a grader after its run was submitted: ``grade()`` raised out
     of the batch, whose messages were left to the janitor, and the run stalled."""
-    monkeypatch.setenv("EVALQ_REDIS_URL", redis_only.url)
-    get_settings.cache_clear()
+    settings = Settings(redis_url=redis_only.url)
     task = TaskSpec.load(
         {
             "prompt": "What is {a} plus {b}?", "target": "answer", "generate": {},
@@ -297,10 +297,10 @@ def test_a_grader_no_longer_listed_fails_each_sample_of_its_batch_with_its_reaso
         }
     )  # fmt: skip
     run = LanguageRun(task=task, model=ModelSpec.parse("hf/org/model"))
-    evaluation = LanguageEvaluation.of("graded", run)()
+    services = Services(settings, connect(settings.redis))
+    evaluation = LanguageTask("graded", run, services=services)
     rows = {i: {"a": i, "b": i, "answer": str(2 * i)} for i in range(3)}
     graded = evaluation.grade("r", rows, {i: {"output": str(2 * i)} for i in rows})
-    get_settings.cache_clear()
     assert sorted(graded) == [0, 1, 2]
     for got in graded.values():
         assert isinstance(got, GraderError)

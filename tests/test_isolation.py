@@ -25,6 +25,7 @@ from evalq.shared.isolation import landlock
 from evalq.shared.isolation.child_env import child_env
 from evalq.shared.queue.celery_app import create_app
 from evalq.shared.scorer import ScriptCall
+from evalq.shared.services import Services
 from evalq.shared.settings import Settings
 from evalq.shared.store.reader import ResultReader
 from evalq.worker.model_proxy import ModelProxy
@@ -119,7 +120,10 @@ def test_a_model_that_cannot_load_says_why() -> None:
 @pytest.mark.integration
 @pytest.mark.usefixtures("host_env")
 def test_the_runtime_pool_isolates_on_request_and_stops_evicted_hosts() -> None:
-    pool = RuntimePool("cpu", max_models=1, isolate=True, plugins=["tests.plugins"])
+    settings = Settings(
+        device="cpu", max_models=1, isolate_inference=True, plugins=("tests.plugins",)
+    )
+    pool = RuntimePool(Services(settings, connect(settings.redis)))
     first = pool.model(create("probe"))(ROWS, [])[0]["pid"]
     assert pool.model(create("probe"))(ROWS, [])[0]["pid"] == first  # warm
     pool.model(create("probe", {"fail": "none"}))  # another spec: evicts the first host

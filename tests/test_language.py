@@ -26,7 +26,8 @@ from evalq.shared.access.roles import Role
 from evalq.shared.access.tiers import TierRegistry
 from evalq.shared.cli import python
 from evalq.shared.errors import InputError, TierRefusedError, UnknownEvalError
-from evalq.shared.evals.language import LanguageEvaluation, evaluation_of
+from evalq.shared.evals.language import LanguageTask
+from evalq.shared.kinds import evaluation_of
 from evalq.shared.lm.hf import HFModel
 from evalq.shared.lm.request import ChoiceRequest, ChoiceScore
 from evalq.shared.lm.run import LanguageRun
@@ -102,7 +103,7 @@ def test_a_task_generates_what_the_model_generates_with_its_tokens(
     results = sorted(user.results(meta.run_id), key=lambda r: r.sample_id)
     # the same prompts (few-shot examples included), generated in this process
     evaluation = evaluation_of(user.status(meta.run_id).meta)
-    assert isinstance(evaluation, LanguageEvaluation)
+    assert isinstance(evaluation, LanguageTask)
     model = evaluation.load("cpu")
     assert isinstance(model, HFModel)
     rows = [{k: v for k, v in r.items() if k != "answer"} for r in _rows(8, 0)]
@@ -164,7 +165,7 @@ def test_a_multiple_choice_task_scores_the_model_s_log_likelihoods(
     meta = user.submit(_request(name, "lm-choose", model_root / "tiny"))
     wait_completed(stack.client, meta.run_id)
     evaluation = evaluation_of(user.status(meta.run_id).meta)
-    assert isinstance(evaluation, LanguageEvaluation)
+    assert isinstance(evaluation, LanguageTask)
     model = HFModel.load(evaluation.run.model, "cpu")
     right = 0
     for result in user.results(meta.run_id):
@@ -257,7 +258,7 @@ def test_a_redelivered_sample_generates_the_same_text_in_any_batch(model_root: P
         ADD.replace("max_new_tokens: 6", "max_new_tokens: 12, temperature: 1.5")
     )
     run = LanguageRun(task=spec, model=ModelSpec.parse(f"hf/{model_root / 'tiny'}"))
-    evaluation = LanguageEvaluation.of("lm-sampled", run)()
+    evaluation = LanguageTask("lm-sampled", run)
     model = evaluation.load("cpu")
     rows = [{"a": i, "b": 7 * i} for i in range(6)]
     samples = [("r1", i) for i in range(6)]

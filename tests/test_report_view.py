@@ -18,7 +18,7 @@ from evalq.producer.samples import target_of
 from evalq.producer.views import RunView
 from evalq.shared.access.policy import Tier
 from evalq.shared.errors import InputError
-from evalq.shared.evals.language import LanguageEvaluation
+from evalq.shared.evals.language import LanguageTask
 from evalq.shared.lm.hf import HFModel
 from evalq.shared.lm.local import SMOLLM2_FILE, SMOLLM2_PACKAGE, gguf_path
 from evalq.shared.lm.run import Example, LanguageRun
@@ -113,7 +113,7 @@ def test_a_chat_task_on_a_local_model_shows_the_text_its_chat_template_made(
         "<|assistant|>"
     )
     model = HFModel.load(ModelSpec.parse(f"hf/{folder}"), "cpu")
-    worker = LanguageEvaluation.of("senti-gen", run)()
+    worker = LanguageTask("senti-gen", run)
     assert worker.prompt(model, {"text": "awful"}, 0) == shown  # what the worker sends
     report = Report(_view(run), None, None, [],
                     worst=[(0.0, result_of(0, '"positive"', '{"exact_match": 0.0}', None))],
@@ -161,7 +161,7 @@ def test_a_chat_task_on_smollm2_shows_its_chat_template(tmp_path: Path) -> None:
 def test_models_print_without_the_double_slash_and_provenance_names_the_task() -> None:
     assert shown_model("hf//root/.cache/m") == "hf:/root/.cache/m"
     assert shown_model("hf/org/name@main") == "hf/org/name@main"
-    evaluation = LanguageEvaluation.of("senti-gen", _run())()
+    evaluation = LanguageTask("senti-gen", _run())
     assert evaluation.described() == "task senti-gen"
 
 

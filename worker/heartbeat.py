@@ -24,7 +24,7 @@ from celery import Celery
 from evalq.shared.connection import connect
 from evalq.shared.evaluation import registered, source
 from evalq.shared.guard import Guard
-from evalq.shared.lm.spec import PROVIDERS
+from evalq.shared.lm.providers import registered_providers
 from evalq.shared.queue.backlog import Backlog
 from evalq.shared.queue.broker import Broker
 from evalq.shared.settings import Settings
@@ -107,7 +107,7 @@ class PresenceThread(threading.Thread):
             hostname=self._hostname,
             pid=os.getpid(),
             evaluations=registered(),
-            providers=list(PROVIDERS),
+            providers=registered_providers(),
             code=code,
             queues=self._queues,
             held=self._held(),

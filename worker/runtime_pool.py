@@ -17,14 +17,15 @@ import gc
 import json
 import logging
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from evalq.shared.evals.language import evaluation_of
 from evalq.shared.evaluation import Evaluation
+from evalq.shared.kinds import evaluation_of, runner_of
 from evalq.shared.models import RunMeta
 from evalq.shared.scorer import ScriptScorer
+from evalq.shared.services import Services
 from evalq.worker.lru import LRU
 from evalq.worker.model_proxy import ModelProxy
 from evalq.worker.script_pool import ScriptPool
@@ -34,8 +35,8 @@ __all__ = ["Infer", "RuntimePool", "resolve_device"]
 log = logging.getLogger(__name__)
 
 Infer = Callable[[list[dict[str, Any]], list[tuple[str, int]]], list[Any]]
-"""An evaluation's ``infer_samples()`` bound to its loaded model: label-free rows and each
-row's run id and sample id in, outputs out."""
+"""An evaluation's ``infer_samples()`` (:class:`evalq.shared.kinds.Runner`) bound to its loaded
+model: label-free rows and each row's run id and sample id in, outputs out."""
 
 
 def _limit_cpu_threads(threads: int | None) -> None:
@@ -75,27 +76,22 @@ def _stop(_scorer: ScriptScorer, pool: ScriptPool) -> None:
 class RuntimePool:
     """Evaluations (cheap) and their loaded models (expensive), by name and parameters."""
 
-    def __init__(
-        self,
-        device: str,
-        *,
-        max_models: int,
-        cpu_threads: int | None = None,
-        process_index: int = 0,
-        scorer_procs: int = 2,
-        isolate: bool = False,
-        plugins: Sequence[str] = (),
-        isolated_timeout: float = 1800.0,
-    ) -> None:
-        """``isolate`` runs every evaluation's model in a subprocess; that subprocess imports
-        ``plugins`` and may take ``isolated_timeout`` seconds to load or answer."""
-        self._device = device
-        self._isolate = isolate
-        self._plugins = tuple(plugins)
-        self._isolated_timeout = isolated_timeout
-        self._cpu_threads = cpu_threads
+    def __init__(self, services: Services, *, process_index: int = 0) -> None:
+        """The worker's ``services`` are handed to every evaluation built here
+        (:func:`evalq.shared.kinds.evaluation_of`), and their settings size the pool: the
+        device, ``max_models``, ``torch_threads``, ``scorer_procs``; ``isolate_inference``
+        runs every evaluation's model in a subprocess, which imports ``plugins`` and may take
+        ``task_time_limit`` seconds to load or answer."""
+        settings = services.settings
+        self._device = settings.device
+        self._services = services
+        self._isolate = settings.isolate_inference
+        self._plugins = tuple(settings.plugins)
+        self._isolated_timeout = float(settings.task_time_limit)
+        self._cpu_threads = settings.torch_threads
         self._process_index = process_index
-        self._scorer_procs = scorer_procs
+        self._scorer_procs = settings.scorer_procs
+        max_models = settings.max_models
         self._evaluations: dict[str, Evaluation] = {}
         self._models: LRU[str, Any] = LRU(max_models, on_evict=self._evicted)
         self._scripts: LRU[ScriptScorer, ScriptPool] = LRU(max_models, on_evict=_stop)
@@ -111,16 +107,17 @@ class RuntimePool:
         language task its task and model)."""
         key = "\0".join((meta.eval, json.dumps(meta.params, sort_keys=True), meta.task or ""))
         if key not in self._evaluations:
-            self._evaluations[key] = evaluation_of(meta)
+            self._evaluations[key] = evaluation_of(meta, self._services)
         return self._evaluations[key]
 
     def model(self, evaluation: Evaluation) -> Infer:
         """``evaluation``'s ``infer()`` bound to its model, loading the model on first use in
         this process (in a subprocess of its own when the evaluation is isolated)."""
-        model = self._models.get_or_create(evaluation.model_key(), lambda: self._load(evaluation))
+        runner = runner_of(evaluation)
+        model = self._models.get_or_create(runner.model_key(), lambda: self._load(evaluation))
         if isinstance(model, ModelProxy):
             return partial(_proxied, model)
-        return partial(evaluation.infer_samples, model)
+        return partial(runner.infer_samples, model)
 
     def scripts(self, scorer: ScriptScorer) -> ScriptPool:
         """The warm subprocess pool of a scorer script, started on first use."""
@@ -139,7 +136,7 @@ class RuntimePool:
             )
             _free_memory()
         device = self.device
-        if evaluation.isolatable and (evaluation.isolated or self._isolate):
+        if runner_of(evaluation).isolatable and (evaluation.isolated or self._isolate):
             return ModelProxy(
                 evaluation,
                 device=device,

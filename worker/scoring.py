@@ -12,6 +12,7 @@ from typing import Any
 
 from evalq.shared.errors import ScriptError
 from evalq.shared.evaluation import checked_scores
+from evalq.shared.kinds import runner_of
 from evalq.shared.models import Grade, SampleTask, Stage, error_record
 from evalq.shared.queue.celery_app import SCORE_TASK
 from evalq.shared.scorer import ScriptCall
@@ -45,7 +46,7 @@ def _score(
     score cleanly; the others get their error record."""
     evaluation = run.evaluation
     answers = _script_answers(res, run, rows, outputs) if evaluation.scorer is not None else {}
-    graded = evaluation.grade(run.run_id, rows, outputs) if rows else {}
+    graded = runner_of(evaluation).grade(run.run_id, rows, outputs) if rows else {}
     scores: dict[int, dict[str, float]] = {}
     grades: dict[int, Grade] = {}
     for sample_id, row in rows.items():

@@ -22,6 +22,7 @@ from evalq.shared.queue.backlog import Backlog, Capturer
 from evalq.shared.queue.celery_app import SCORE_QUEUE, send_archive
 from evalq.shared.queue.pace import Pace, PaceMeter
 from evalq.shared.queue.sizing import publish
+from evalq.shared.services import Services
 from evalq.shared.settings import Settings
 from evalq.shared.store.labels import LabelFields
 from evalq.shared.store.provenance import ProvenanceStore
@@ -64,15 +65,9 @@ class WorkerState(threading.local):
                     verify_routing=self._settings.verify_routing,
                 ),
                 runtimes=RuntimePool(
-                    self._settings.device,
-                    max_models=self._settings.max_models,
-                    cpu_threads=self._settings.torch_threads,
+                    Services(self._settings, client),
                     # billiard numbers a prefork pool's processes 0..N-1: process k uses GPU k
                     process_index=getattr(current_process(), "index", 0),
-                    scorer_procs=self._settings.scorer_procs,
-                    isolate=self._settings.isolate_inference,
-                    plugins=self._settings.plugins,
-                    isolated_timeout=self._settings.task_time_limit,
                 ),
                 publish=self._publish,
                 stage_scoring=self._stage_scoring,

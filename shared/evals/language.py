@@ -3,8 +3,10 @@
 
 The run's record carries everything (:class:`evalq.shared.lm.run.LanguageRun`: the task as it was
 registered, the model spec, the few-shot examples), so a worker builds the evaluation from the
-record alone; a Python evaluation's run is built by name, as before (:func:`evaluation_of`).
-Runs of different tasks on one model share the worker's warm copy of it (:meth:`model_key`).
+record alone (this module registers the language task kind, :mod:`evalq.shared.kinds`): one
+:class:`LanguageTask` configured by the record, with the services the worker hands in. Runs of
+different tasks on one model share the worker's warm copy of it (:meth:`LanguageTask.model_key`);
+the model is loaded by its provider (:mod:`evalq.shared.lm.providers`).
 
 A generated output is stored with its token usage (:func:`evalq.shared.models.with_usage`); a
 multiple-choice output is each choice's summed log-likelihood, in the choices' order.
@@ -13,34 +15,25 @@ multiple-choice output is each choice's summed log-likelihood, in the choices' o
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, cast
 
-from evalq.shared.connection import connect
 from evalq.shared.errors import GraderError, PermanentError, first_line
-from evalq.shared.evaluation import Evaluation, Graded, create
-from evalq.shared.lm.endpoint import ENVELOPE_BYTES, EndpointModel
-from evalq.shared.lm.limits import EndpointLimits
-from evalq.shared.lm.request import GenerationRequest, Prompt
+from evalq.shared.evals.endpoints import endpoint_model
+from evalq.shared.evaluation import Evaluation
+from evalq.shared.kinds import Graded, Runner, TaskKind, register_kind
+from evalq.shared.lm.endpoint import EndpointModel
+from evalq.shared.lm.providers import ChoiceModel, LanguageModel, load_model, provider
+from evalq.shared.lm.request import ChoiceRequest, Generation, GenerationRequest, Prompt
 from evalq.shared.lm.run import LanguageRun
 from evalq.shared.lm.spec import ModelSpec, canonical, identity
 from evalq.shared.models import Grade, RunMeta, Usage, with_usage
-from evalq.shared.settings import get_settings
-from evalq.shared.store.rate import RateLimit
-from evalq.shared.store.responses import ResponseCache
-from evalq.shared.store.runs import RunStore
-from evalq.shared.store.spend import RunMeter, TokenSpend
-
-if TYPE_CHECKING:
-    from evalq.shared.lm.hf import HFModel
-    from evalq.shared.lm.request import Generation
+from evalq.shared.services import Services
 
 __all__ = [
     "ENDPOINT_ROWS_PER_CALL",
-    "LanguageEvaluation",
-    "endpoint_model",
-    "evaluation_of",
+    "LanguageKind",
+    "LanguageTask",
     "language_run",
     "sample_seed",
 ]
@@ -52,10 +45,6 @@ ENDPOINT_ROWS_PER_CALL = 256
 (``bench/endpoint.py``: 0.79 of lm-eval's rate in calls of 64 rows, 0.93-0.96 in one call)."""
 
 
-_METERS = 1024
-"""Runs whose token meter an endpoint model keeps (oldest dropped first)."""
-
-
 def sample_seed(run_id: str, sample_id: int) -> int:
     """A sample's sampling seed, from its run and its id alone: a redelivered or resumed
     sample draws the same tokens, whichever batch and worker it lands in."""
@@ -63,28 +52,30 @@ def sample_seed(run_id: str, sample_id: int) -> int:
     return int.from_bytes(digest[:8], "big") >> 1
 
 
-class LanguageEvaluation(Evaluation):
+class LanguageTask(Evaluation, Runner):
     """A registered task (:class:`evalq.shared.lm.task.TaskSpec`) on a model
-    (:class:`evalq.shared.lm.spec.ModelSpec`); one subclass per run record (:meth:`of`)."""
+    (:class:`evalq.shared.lm.spec.ModelSpec`), as a run records it (``run``); ``services``:
+    the worker's, which its model and grader are loaded with (None: it is only described)."""
 
-    run: ClassVar[LanguageRun]
-    isolatable: ClassVar[bool] = False
-    _graders: EndpointModel | None = None
+    isolatable = False
 
-    @classmethod
-    def of(cls, name: str, run: LanguageRun) -> type[LanguageEvaluation]:
-        """The evaluation of task ``name`` as ``run`` records it."""
-        scorer = run.task.scorer_spec
+    def __init__(
+        self,
+        name: str,
+        run: LanguageRun,
+        params: Mapping[str, str] | None = None,
+        services: Services | None = None,
+    ) -> None:
+        self.name = name
+        self.run = run
+        self.services = services
+        self._graders: EndpointModel | None = None
         kind = "choices" if run.task.choices is not None else "text"
-        attributes = {
-            "name": name,
-            "run": run,
-            "label_fields": run.task.label_fields,
-            "metric_ranges": dict(scorer.metrics),
-            "output_kind": f"language-{kind}",
-            "rows_per_call": ENDPOINT_ROWS_PER_CALL if run.model.endpoint is not None else None,
-        }
-        return type(f"LanguageEvaluation[{name}]", (cls,), attributes)
+        self.label_fields = run.task.label_fields
+        self.metric_ranges = dict(run.task.scorer_spec.metrics)
+        self.output_kind = f"language-{kind}"
+        self.rows_per_call = ENDPOINT_ROWS_PER_CALL if run.model.endpoint is not None else None
+        super().__init__(**dict(params or {}))
 
     def model_key(self) -> str:
         return self.run.model_key()
@@ -98,12 +89,9 @@ class LanguageEvaluation(Evaluation):
     def described(self) -> str:
         return f"task {self.name}"
 
-    def load(self, device: str) -> HFModel | EndpointModel:
-        if self.run.model.endpoint is not None:
-            return endpoint_model(self.run.model, self.run.cache)
-        from evalq.shared.lm.hf import HFModel  # torch: only where a model runs
-
-        return HFModel.load(self.run.model, device)
+    def load(self, device: str) -> LanguageModel:
+        """The model, by its provider's loader (imported here: torch only where one runs)."""
+        return load_model(self.run.model, device, self.services, self.run.cache)
 
     def infer(self, model: Any, rows: list[dict[str, Any]]) -> list[Any]:
         return self.infer_samples(model, rows, [("", -1)] * len(rows))
@@ -117,9 +105,12 @@ class LanguageEvaluation(Evaluation):
         ]
         if self.run.task.generate is None:
             texts = [p for p in prompts if isinstance(p, str)]
-            if len(texts) != len(prompts):
-                raise PermanentError("multiple-choice tasks run on hf/ models only")
-            return self._choose(model, rows, texts)
+            if len(texts) != len(prompts) or not provider(self.run.model.provider).loglikelihoods:
+                raise PermanentError(
+                    f"multiple-choice tasks need log-likelihoods, which "
+                    f"{self.run.model.provider}/ models do not read"
+                )
+            return self._choose(cast(ChoiceModel, model), rows, texts)
         config = self.run.task.generate
         requests = [
             GenerationRequest(
@@ -144,22 +135,21 @@ class LanguageEvaluation(Evaluation):
 
     @staticmethod
     def _generated(
-        model: HFModel | EndpointModel, requests: list[GenerationRequest], runs: list[str]
+        model: LanguageModel, requests: list[GenerationRequest], runs: list[str]
     ) -> list[Generation | Exception]:
-        """The model's generations; an endpoint's each metered by its run's token budget."""
-        if isinstance(model, EndpointModel):
-            return list(model.generate(requests, runs))
-        return list(model.generate(requests))
+        """The model's generations, each told its run (an endpoint meters it by the run's
+        token budget)."""
+        return list(model.generate(requests, runs))
 
-    def prompt(self, model: HFModel | EndpointModel, row: dict[str, Any], sample_id: int) -> Prompt:
+    def prompt(self, model: LanguageModel, row: dict[str, Any], sample_id: int) -> Prompt:
         """The text the model reads for ``row`` (label-free) and its few-shot examples
         (:meth:`evalq.shared.lm.run.LanguageRun.prompt`, which the views show)."""
         return self.run.prompt(row, sample_id, model)
 
-    def _choose(self, model: HFModel, rows: list[dict[str, Any]], prompts: list[str]) -> list[Any]:
+    def _choose(
+        self, model: ChoiceModel, rows: list[dict[str, Any]], prompts: list[str]
+    ) -> list[Any]:
         """Each row's choices' log-likelihoods after its prompt, all rows' in one call."""
-        from evalq.shared.lm.request import ChoiceRequest
-
         per_row = [self.run.task.continuations(row) for row in rows]
         requests = [
             ChoiceRequest(prompt, continuation)
@@ -220,8 +210,10 @@ class LanguageEvaluation(Evaluation):
         grader = self.run.task.grader
         assert grader is not None
         if self._graders is None:
+            if self.services is None:
+                raise PermanentError(f"grader {grader.model}: graded by a worker only")
             spec = canonical(ModelSpec.parse(grader.model, grader.model_args))
-            self._graders = endpoint_model(spec, self.run.cache)
+            self._graders = endpoint_model(spec, self.services, self.run.cache)
         return self._graders
 
     def score(self, row: dict[str, Any], output: Any) -> dict[str, float]:
@@ -230,54 +222,24 @@ class LanguageEvaluation(Evaluation):
         return self.run.task.score(output["output"], row)
 
 
-def endpoint_model(spec: ModelSpec, cache: bool = False) -> EndpointModel:
-    """The endpoint model ``spec`` names, on this worker: its server must be listed in the
-    policy, with the key variable the spec names when it names one (checked again here: the
-    listing may have changed since the run was submitted); the key is this process's value of
-    the variable the entry names, and nothing when the entry names none or the variable is
-    unset (no ``Authorization`` header; never a default variable: a key goes only where the
-    operator said). The rate limit is the fleet's, in Redis, and so is the response cache when
-    the run asked for it (``cache``)."""
-    url = spec.endpoint
-    if url is None:
-        raise PermanentError(f"model {spec}: not an endpoint model")
-    settings = get_settings()
-    client = connect(settings.redis)
-    rate = RateLimit(client, url, EndpointLimits())
-    refused = rate.refresh(spec.args)
-    if refused is not None:
-        raise PermanentError(refused)
-    variable = rate.limits.api_key_env
-    key = (os.environ.get(variable) or None) if variable is not None else None
-    responses = ResponseCache(client, settings.cache_ttl, settings.cache_max_bytes)
-    spend, runs = TokenSpend(client), RunStore(client)
-    known: dict[str, tuple[RunMeter | None, str]] = {}
+class LanguageKind(TaskKind):
+    """Runs of a registered task on a model: their record carries the task and the model."""
 
-    def of(run_id: str) -> tuple[RunMeter | None, str]:
-        if run_id not in known:  # what a run is charged to, and whose it is, never change
-            if len(known) >= _METERS:
-                del known[next(iter(known))]
-            meta = runs.get(run_id)
-            known[run_id] = (spend.meter(meta), meta.principal)
-        return known[run_id]
+    name = "language"
 
-    return EndpointModel(
-        spec, rate, key, responses if cache else None,
-        meters=lambda r: of(r)[0], owners=lambda r: of(r)[1],
-        max_body=settings.max_output_bytes + ENVELOPE_BYTES,
-    )  # fmt: skip
+    def claims(self, meta: RunMeta) -> bool:
+        return meta.task is not None
 
-
-def evaluation_of(meta: RunMeta) -> Evaluation:
-    """The evaluation run ``meta`` names: its language task on its model, or the Python
-    evaluation registered under its name, with its parameters."""
-    run = language_run(meta)
-    if run is None:
-        return create(meta.eval, meta.params)
-    return LanguageEvaluation.of(meta.eval, run)(**meta.params)
+    def evaluation(self, meta: RunMeta, services: Services | None) -> LanguageTask:
+        run = language_run(meta)
+        assert run is not None  # claimed: the run records a task
+        return LanguageTask(meta.eval, run, meta.params, services)
 
 
 def language_run(meta: RunMeta) -> LanguageRun | None:
     """The task, model and few-shot examples run ``meta`` records; None for a Python
     evaluation's run."""
     return None if meta.task is None else LanguageRun.model_validate_json(meta.task)
+
+
+register_kind(LanguageKind())

@@ -62,8 +62,9 @@ from evalq.shared.lm.request import (
 )
 from evalq.shared.lm.spec import ModelSpec, folder
 from evalq.shared.lm.template import ChatTemplate, load_tokenizer
+from evalq.shared.services import Services
 
-__all__ = ["HFModel"]
+__all__ = ["HFModel", "load"]
 
 DEFAULT_MAX_LENGTH = 2048
 _TOKENIZER_INFINITY = 1000000000000000019884624838656
@@ -146,9 +147,11 @@ class HFModel:
         the one rendering the views show, too)."""
         return self.template.render(prompt, chat=chat, system=system)
 
-    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+    def generate(
+        self, requests: Sequence[GenerationRequest], runs: Sequence[str] | None = None
+    ) -> list[Generation]:
         """Continue every prompt; batches of ``batch_size`` prompts of similar token length,
-        results in the order given."""
+        results in the order given (``runs`` are not needed: a local model meters nothing)."""
         prompts = [self._prompt_ids(r) for r in requests]
         results: list[Generation | None] = [None] * len(prompts)
         for chunk in self._buckets(requests, prompts):
@@ -278,6 +281,12 @@ class HFModel:
             total = float(window.gather(1, target.unsqueeze(-1)).sum())
             scores.append(ChoiceScore(logprob=total, is_greedy=greedy, tokens=len(cont)))
         return scores
+
+
+def load(spec: ModelSpec, device: str, services: Services | None, cache: bool) -> HFModel:
+    """The ``hf`` provider's loader (:mod:`evalq.shared.lm.providers`): nothing but the device
+    is needed, and a local model answers from no cache."""
+    return HFModel.load(spec, device)
 
 
 def _resolve_max_length(config: Any, tokenizer: PreTrainedTokenizerBase) -> int:

@@ -20,11 +20,10 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from evalq.shared.errors import InputError, first_line
+from evalq.shared.lm.providers import Provider, provider
 
 __all__ = [
-    "ENDPOINT_ARGS",
     "KEY_VARIABLE",
-    "LOCAL_ARGS",
     "ModelArgs",
     "ModelSpec",
     "canonical",
@@ -34,7 +33,6 @@ __all__ = [
     "present",
 ]
 
-PROVIDERS = ("hf", "openai")
 KEY_VARIABLE = r"^[A-Z][A-Z0-9_]{0,63}$"
 """An environment variable that may hold an endpoint's key (upper-case, digits, ``_``)."""
 URL_PATTERN = r"^https?://[^\s/?#@]+(/[^\s?#]*)?$"
@@ -90,23 +88,14 @@ class ModelArgs(BaseModel):
         return None if value is None else value.rstrip("/")
 
 
-LOCAL_ARGS = frozenset({"dtype", "batch_size", "max_length"})
-"""Arguments of ``hf`` models only."""
-ENDPOINT_ARGS = frozenset({"base_url", "api_key_env", "concurrency", "timeout", "max_retries"})
-"""Arguments of ``openai`` models only."""
-_DECLARED = {
-    "hf": ", ".join(sorted(LOCAL_ARGS)),
-    "openai": ", ".join(sorted(ENDPOINT_ARGS)),
-}
-
-
 class ModelSpec(BaseModel):
     """A language model as a run names it; ``str()`` is the canonical ``hf/name[@revision]``
     (:meth:`arg_items` the non-default arguments), and both round-trip through :meth:`parse`."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    provider: Literal["hf", "openai"]
+    provider: str
+    """A registered provider's name (:mod:`evalq.shared.lm.providers`)."""
     name: str = Field(min_length=1)
     """A local folder (on the worker) or a Hugging Face Hub id; an endpoint's model name."""
     revision: str | None = None
@@ -117,16 +106,17 @@ class ModelSpec(BaseModel):
     def parse(cls, text: str, args: Mapping[str, str] | None = None) -> ModelSpec:
         """``hf/<path-or-id>[@revision]`` and ``--model-arg`` pairs; :class:`InputError` (one
         line naming the problem) for anything else."""
-        provider, sep, rest = text.strip().partition("/")
-        if not sep or provider not in PROVIDERS:
-            known = ", ".join(f"{p}/" for p in PROVIDERS)
-            raise InputError(
-                f"model {text!r}: unknown provider {provider!r} (expected {known}<path or id>)"
-            )
+        name_of, sep, rest = text.strip().partition("/")
+        try:
+            found = provider(name_of)
+        except InputError as exc:
+            raise InputError(f"model {text!r}: {exc}") from None
+        if not sep:
+            raise InputError(f"model {text!r}: expected {name_of}/<name>")
         name, at, revision = rest.rpartition("@") if "@" in rest else (rest, "", "")
         name = name.rstrip("/") or name
         if not name:
-            raise InputError(f"model {text!r}: empty model name after '{provider}/'")
+            raise InputError(f"model {text!r}: empty model name after '{found.name}/'")
         if _BAD_NAME.search(name):
             raise InputError(
                 f"model {text!r}: the name holds whitespace, control or formatting characters"
@@ -135,23 +125,28 @@ class ModelSpec(BaseModel):
             raise InputError(f"model {text!r}: empty revision after '@'")
         if at and _BAD_NAME.search(revision):
             raise InputError(f"model {text!r}: the revision holds whitespace")
-        if provider == "openai":
+        if found.endpoint:
             if at:
                 raise InputError(f"model {text!r}: an endpoint model takes no @revision")
-            made = cls(provider="openai", name=rest.strip(), args=_args(provider, args or {}))
+            made = cls(provider=found.name, name=rest.strip(), args=_args(found, args or {}))
             if made.args.base_url is None:
                 raise InputError(
                     f"model {text!r}: an endpoint model needs --model-arg base_url=http(s)://…/v1"
                 )
             return made
         return cls(
-            provider="hf", name=name, revision=revision or None, args=_args(provider, args or {})
+            provider=found.name, name=name, revision=revision or None, args=_args(found, args or {})
         )
+
+    @field_validator("provider")
+    @classmethod
+    def _registered(cls, value: str) -> str:
+        return provider(value).name
 
     @property
     def endpoint(self) -> str | None:
-        """The server an ``openai`` model is called at (None for a local model)."""
-        return self.args.base_url if self.provider == "openai" else None
+        """The server an endpoint provider's model is called at (None for a local model)."""
+        return self.args.base_url if provider(self.provider).endpoint else None
 
     def arg_items(self) -> dict[str, str]:
         """The arguments that differ from their defaults, as ``--model-arg`` text."""
@@ -162,7 +157,7 @@ class ModelSpec(BaseModel):
         return f"{self.provider}/{self.name}{at}"
 
 
-def _args(provider: str, given: Mapping[str, str]) -> ModelArgs:
+def _args(found: Provider, given: Mapping[str, str]) -> ModelArgs:
     if "trust_remote_code" in given:
         raise InputError(
             "model arg 'trust_remote_code' is never accepted: evalq runs no code from a "
@@ -173,12 +168,11 @@ def _args(provider: str, given: Mapping[str, str]) -> ModelArgs:
             "model arg 'api_key' is never accepted: name the worker's environment variable "
             "that holds it with api_key_env=NAME (a key in a spec would reach Redis and logs)"
         )
-    allowed = ENDPOINT_ARGS if provider == "openai" else LOCAL_ARGS
-    unknown = sorted(set(given) - allowed)
+    unknown = sorted(set(given) - found.args)
     if unknown:
         raise InputError(
-            f"unknown model arg '{unknown[0]}' for {provider}/ models "
-            f"(declared: {_DECLARED[provider]})"
+            f"unknown model arg '{unknown[0]}' for {found.name}/ models "
+            f"(declared: {', '.join(sorted(found.args))})"
         )
     try:
         return ModelArgs.model_validate(dict(given))
@@ -195,11 +189,11 @@ def _args(provider: str, given: Mapping[str, str]) -> ModelArgs:
 
 
 def is_local(spec: ModelSpec) -> bool:
-    """Whether the name is a folder: an ``hf`` model written as a path (``/``, ``.`` or ``~``
-    first). Any other ``hf`` name is a Hub id, even where a folder of that name exists
-    (transformers would prefer the folder, relative to whichever directory the worker runs
-    in)."""
-    return spec.provider == "hf" and spec.name.startswith(("/", ".", "~"))
+    """Whether the name is a folder: a local provider's (``hf``'s) model written as a path
+    (``/``, ``.`` or ``~`` first). Any other local name is a Hub id, even where a folder of that
+    name exists (transformers would prefer the folder, relative to whichever directory the
+    worker runs in)."""
+    return spec.endpoint is None and spec.name.startswith(("/", ".", "~"))
 
 
 def canonical(spec: ModelSpec) -> ModelSpec:
@@ -251,7 +245,7 @@ def identity(spec: ModelSpec) -> str:
     folder's weight, config and tokenizer files, ``git:<commit>`` for a Hub model (the
     pinned commit, or the one the local Hugging Face cache resolves the revision to), or
     ``endpoint:<base_url>#<name>`` for an endpoint model (its server owns the weights)."""
-    if spec.provider == "openai":
+    if spec.endpoint is not None:
         return f"endpoint:{spec.args.base_url}#{spec.name}"
     if is_local(spec):
         return _folder_digest(Path(present(spec).name))

@@ -137,7 +137,7 @@ def local_template(spec: ModelSpec) -> ChatTemplate | None:
 
 
 def _load_template(spec: ModelSpec) -> ChatTemplate | None:
-    if spec.provider != "hf":
+    if spec.endpoint is not None:  # the server applies its own
         return None
     try:
         if is_local(spec):

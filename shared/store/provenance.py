@@ -22,6 +22,7 @@ import redis
 
 from evalq.shared.evaluation import Evaluation, source
 from evalq.shared.keys import RunKeys
+from evalq.shared.kinds import runner_of
 from evalq.shared.models import RunProvenance, WorkerProvenance
 
 __all__ = ["PACKAGES", "ProvenanceStore", "of_worker"]
@@ -43,18 +44,18 @@ def _packages() -> tuple[tuple[str, str], ...]:
 
 def of_worker(evaluation: Evaluation, device: str) -> WorkerProvenance:
     """This process's provenance for ``evaluation`` on ``device``."""
-    cls = type(evaluation)
-    found = source(cls.name)
-    defined = evaluation.definition()
+    runner = runner_of(evaluation)
+    found = source(evaluation.name)
+    defined = runner.definition()
     return WorkerProvenance(
         host=socket.gethostname(),
         device=device,
         python=platform.python_version(),
         packages=dict(_packages()),
-        evaluation=evaluation.described(),
+        evaluation=runner.described(),
         source_sha256=defined or ("unknown" if found is None else found.loaded),
         source_now=None if found is None or defined else found.changed(),
-        weights=evaluation.weights(),
+        weights=runner.weights(),
     )
 
 

@@ -1,0 +1,67 @@
+"""The ``openai`` provider's loader: an endpoint model wired to the fleet's stores in the
+worker's Redis (its rate limit, response cache and runs' token budgets), from the services the
+worker hands in (:class:`evalq.shared.services.Services`)."""
+
+from __future__ import annotations
+
+import os
+
+from evalq.shared.errors import PermanentError
+from evalq.shared.lm.endpoint import ENVELOPE_BYTES, EndpointModel
+from evalq.shared.lm.limits import EndpointLimits
+from evalq.shared.lm.spec import ModelSpec
+from evalq.shared.services import Services
+from evalq.shared.store.rate import RateLimit
+from evalq.shared.store.responses import ResponseCache
+from evalq.shared.store.runs import RunStore
+from evalq.shared.store.spend import RunMeter, TokenSpend
+
+__all__ = ["endpoint_model", "load"]
+
+_METERS = 1024
+"""Runs whose token meter an endpoint model keeps (oldest dropped first)."""
+
+
+def load(spec: ModelSpec, device: str, services: Services | None, cache: bool) -> EndpointModel:
+    """The ``openai`` provider's loader (:mod:`evalq.shared.lm.providers`): the device is the
+    server's business."""
+    if services is None:
+        raise PermanentError(f"model {spec}: an endpoint model is loaded by a worker only")
+    return endpoint_model(spec, services, cache)
+
+
+def endpoint_model(spec: ModelSpec, services: Services, cache: bool = False) -> EndpointModel:
+    """The endpoint model ``spec`` names, on this worker: its server must be listed in the
+    policy, with the key variable the spec names when it names one (checked again here: the
+    listing may have changed since the run was submitted); the key is this process's value of
+    the variable the entry names, and nothing when the entry names none or the variable is
+    unset (no ``Authorization`` header; never a default variable: a key goes only where the
+    operator said). The rate limit is the fleet's, in the worker's Redis, and so is the
+    response cache when the run asked for it (``cache``)."""
+    url = spec.endpoint
+    if url is None:
+        raise PermanentError(f"model {spec}: not an endpoint model")
+    settings, client = services.settings, services.client
+    rate = RateLimit(client, url, EndpointLimits())
+    refused = rate.refresh(spec.args)
+    if refused is not None:
+        raise PermanentError(refused)
+    variable = rate.limits.api_key_env
+    key = (os.environ.get(variable) or None) if variable is not None else None
+    responses = ResponseCache(client, settings.cache_ttl, settings.cache_max_bytes)
+    spend, runs = TokenSpend(client), RunStore(client)
+    known: dict[str, tuple[RunMeter | None, str]] = {}
+
+    def of(run_id: str) -> tuple[RunMeter | None, str]:
+        if run_id not in known:  # what a run is charged to, and whose it is, never change
+            if len(known) >= _METERS:
+                del known[next(iter(known))]
+            meta = runs.get(run_id)
+            known[run_id] = (spend.meter(meta), meta.principal)
+        return known[run_id]
+
+    return EndpointModel(
+        spec, rate, key, responses if cache else None,
+        meters=lambda r: of(r)[0], owners=lambda r: of(r)[1],
+        max_body=settings.max_output_bytes + ENVELOPE_BYTES,
+    )  # fmt: skip
