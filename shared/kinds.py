@@ -2,9 +2,10 @@
 of an evaluation beyond the plugin API.
 
 A kind is registered once (:func:`register_kind`) and claims the runs it builds
-(:meth:`TaskKind.claims`): the Python evaluation (a plugin's class, by its registered name and
-parameters) is built in; the YAML language task is registered by
-:mod:`evalq.shared.evals.language`, imported the first time a run is built (:data:`BUILTIN_KINDS`).
+(:meth:`TaskKind.claims`; the latest registered is asked first): the Python evaluation (a
+plugin's class, by its registered name and parameters) is built in; the YAML language task is
+registered by :mod:`evalq.shared.evals.language`, imported the first time a run is built
+(:data:`BUILTIN_KINDS`).
 A new kind (an lm-eval task, an Inspect task, an agent task) is one more registration.
 
 The worker drives every evaluation through a :class:`Runner`: a kind's evaluation that needs more
@@ -18,7 +19,7 @@ from __future__ import annotations
 import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from evalq.shared.errors import PluginError
 from evalq.shared.evaluation import Evaluation, create, model_key
@@ -41,6 +42,8 @@ __all__ = [
 
 Graded = tuple[dict[str, float], Grade]
 """A sample's metrics and the grade they came from (:meth:`Runner.grade`)."""
+
+K = TypeVar("K", bound="TaskKind")
 
 BUILTIN_KINDS = ("evalq.shared.evals.language",)
 """Modules that register the built-in kinds besides the Python evaluation's, imported the first
@@ -107,10 +110,10 @@ class PythonRunner(Runner):
     def model_key(self) -> str:
         return model_key(self.evaluation.name, self.evaluation.params)
 
-    def weights(self) -> None:
+    def weights(self) -> str | None:
         return None
 
-    def definition(self) -> None:
+    def definition(self) -> str | None:
         return None
 
     def described(self) -> str:
@@ -154,7 +157,7 @@ class PythonKind(TaskKind):
 _kinds: dict[str, TaskKind] = {}
 
 
-def register_kind(kind: TaskKind) -> TaskKind:
+def register_kind(kind: K) -> K:
     """Make ``kind`` build the runs it claims; :class:`PluginError` for a second kind under one
     name."""
     current = _kinds.get(kind.name)
@@ -171,9 +174,10 @@ def registered_kinds() -> list[str]:
 
 
 def kind_of(meta: RunMeta) -> TaskKind:
-    """The kind that claims run ``meta``; :class:`PluginError` when none does."""
+    """The kind that claims run ``meta``, the latest registered first (the Python evaluation,
+    registered first, is the last asked); :class:`PluginError` when none does."""
     _load_builtins()
-    for kind in _kinds.values():
+    for kind in reversed(_kinds.values()):
         if kind.claims(meta):
             return kind
     raise PluginError(f"run {meta.run_id}: no task kind claims it (kinds: {', '.join(_kinds)})")
