@@ -10,7 +10,14 @@ import pytest
 
 from evalq.shared.errors import InputError, PermanentError, PluginError
 from evalq.shared.lm import scorers
-from evalq.shared.lm.scorers import last_number, register_scorer, registered_scorers, scorer
+from evalq.shared.lm.scorers import (
+    NumericOptions,
+    ScorerOptions,
+    last_number,
+    register_scorer,
+    registered_scorers,
+    scorer,
+)
 from evalq.shared.lm.task import TaskSpec, fewshot_indices
 from evalq.shared.lm.template import chat_messages
 
@@ -417,9 +424,40 @@ def test_only_registered_scorers_can_be_named(monkeypatch: pytest.MonkeyPatch) -
     with pytest.raises(PluginError, match="invalid scorer name 'Bad Name'"):
         register_scorer("Bad Name")
     with pytest.raises(PluginError, match="declares unknown options: code"):
-        register_scorer("fine", options=["code"])
+        register_scorer("fine", options=_CodeOptions)
     with pytest.raises(PluginError, match="scorer 'exact_match' is registered twice"):
         register_scorer("exact_match")(length_ok)
+
+
+class _CodeOptions(ScorerOptions):
+    code: str = ""
+
+
+class _Near(ScorerOptions):
+    tolerance: float = 0.5
+
+
+def test_a_scorer_reads_its_options_typed_with_its_own_defaults(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each scorer declares its options as a model: the task's keys are validated against it
+    when the task is registered, and the scorer reads them back typed, defaults filled in."""
+    monkeypatch.setattr(scorers, "_registry", dict(scorers._registry))
+
+    @register_scorer("near", metrics={"near": (0.0, 1.0)}, options=_Near)
+    def near(output: Any, row: Any, spec: TaskSpec) -> dict[str, float]:
+        gap = abs(float(output) - float(row[spec.target]))
+        return {"near": float(gap <= spec.options(_Near).tolerance)}
+
+    assert task(scorer="near").score("1.4", {"answer": "1"}) == {"near": 1.0}
+    assert task(scorer="near", tolerance=0.1).score("1.4", {"answer": "1"}) == {"near": 0.0}
+    assert task(scorer="numeric").options(NumericOptions).tolerance == 1e-6
+    assert (
+        refusal({"prompt": "x", "target": "y", "generate": {}, "scorer": "near", "pattern": "(a)"})
+        == "'pattern' is not an option of scorer 'near'"
+    )
+    with pytest.raises(PluginError, match="scorer 'odd': options must be a ScorerOptions"):
+        register_scorer("odd", options=dict)  # type: ignore[arg-type]
 
 
 def test_every_builtin_metric_is_zero_or_one_in_a_unit_range() -> None:

@@ -4,17 +4,22 @@ A task file names its scorer and never carries code: the name is looked up here,
 nobody registered is refused (:func:`scorer`). A scorer is called as ``fn(output, row, task)``
 with the model's output (generated text, or for a ``choices`` task one log-likelihood per
 choice), the full row (labels included) and the :class:`~evalq.shared.lm.task.TaskSpec`; it returns
-``{metric: value}``. Options (``pattern``, ``tolerance``) are the task's own keys, validated
-when the task is loaded; nothing from the task is evaluated as code.
+``{metric: value}``. Options (``pattern``, ``tolerance``) are the task's own keys; each scorer
+declares the ones it takes as a pydantic model (:class:`ScorerOptions`: a field without a
+default is needed), which the task's keys are validated against when it is registered and which
+the scorer reads them through, typed and with their defaults
+(:meth:`evalq.shared.lm.task.TaskSpec.options`). Nothing from the task is evaluated as code.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictStr
 
 from evalq.shared.errors import InputError, PermanentError, PluginError
 from evalq.shared.names import PLUGIN_NAME
@@ -24,8 +29,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "OPTIONS",
+    "NumericOptions",
+    "RegexOptions",
     "ScoreFn",
     "Scorer",
+    "ScorerOptions",
     "TargetCheck",
     "last_number",
     "model_graded",
@@ -47,6 +55,25 @@ OPTIONS = frozenset({"pattern", "tolerance"})
 _UNIT = (0.0, 1.0)
 
 
+class ScorerOptions(BaseModel):
+    """The options a scorer takes (subclass it, one field per option of :data:`OPTIONS` with
+    its type, and its default unless the scorer needs it); the base takes none."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class RegexOptions(ScorerOptions):
+    """``regex``'s: the pattern (one capture group: checked with the task)."""
+
+    pattern: StrictStr
+
+
+class NumericOptions(ScorerOptions):
+    """``numeric``'s: the largest absolute difference that still scores 1."""
+
+    tolerance: StrictFloat = Field(default=1e-6, ge=0)
+
+
 @dataclass(frozen=True)
 class Scorer:
     """A registered scorer and what a task using it must look like."""
@@ -57,10 +84,9 @@ class Scorer:
     """Scores per-choice log-likelihoods (a ``choices`` task), not generated text."""
     metrics: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     """The metrics' ``(low, high)`` ranges (an Evaluation's ``metric_ranges``)."""
-    options: frozenset[str] = frozenset()
-    """The options (of :data:`OPTIONS`) a task may set for it."""
-    needs: frozenset[str] = frozenset()
-    """The options a task must set for it."""
+    options: type[ScorerOptions] = ScorerOptions
+    """The options (of :data:`OPTIONS`) a task may set for it, typed; those without a default
+    it must set."""
     target: TargetCheck | None = None
     """What it needs of a row's target beyond its presence (a number, a choice), checked on
     every sample before any work (None: any value present)."""
@@ -74,29 +100,28 @@ def register_scorer(
     *,
     choices: bool = False,
     metrics: Mapping[str, tuple[float, float]] | None = None,
-    options: Iterable[str] = (),
-    needs: Iterable[str] = (),
+    options: type[ScorerOptions] = ScorerOptions,
     target: TargetCheck | None = None,
 ) -> Callable[[F], F]:
     """Decorator: make ``fn(output, row, task) -> dict[str, float]`` the scorer ``name``
     (named like an evaluation). ``choices`` marks a scorer of multiple-choice log-likelihoods;
-    ``options``/``needs`` are the task keys it may/must set; ``target`` checks a row's target
-    before a run starts (:data:`TargetCheck`), so a target it cannot score is refused at
-    submit instead of failing every sample after inference."""
+    ``options`` is the model of the task keys it takes (:class:`ScorerOptions`), read back
+    with ``task.options(model)``; ``target`` checks a row's target before a run starts
+    (:data:`TargetCheck`), so a target it cannot score is refused at submit instead of failing
+    every sample after inference."""
     if not PLUGIN_NAME.match(name):
         raise PluginError(f"invalid scorer name {name!r}")
-    allowed, required = frozenset(options), frozenset(needs)
-    if not allowed | required <= OPTIONS:
-        unknown = ", ".join(sorted((allowed | required) - OPTIONS))
+    if not (isinstance(options, type) and issubclass(options, ScorerOptions)):
+        raise PluginError(f"scorer {name!r}: options must be a ScorerOptions subclass")
+    unknown = ", ".join(sorted(set(options.model_fields) - OPTIONS))
+    if unknown:
         raise PluginError(f"scorer {name!r} declares unknown options: {unknown}")
 
     def decorate(fn: F) -> F:
         current = _registry.get(name)
         if current is not None and current.fn.__qualname__ != fn.__qualname__:
             raise PluginError(f"scorer {name!r} is registered twice")
-        _registry[name] = Scorer(
-            name, fn, choices, dict(metrics or {}), allowed | required, required, target
-        )
+        _registry[name] = Scorer(name, fn, choices, dict(metrics or {}), options, target)
         return fn
 
     return decorate
@@ -153,7 +178,7 @@ def includes(output: Any, row: Mapping[str, Any], task: TaskSpec) -> dict[str, f
     return {"includes": float(any(gold in text for gold in golds))}
 
 
-@register_scorer("regex", metrics={"regex": _UNIT}, needs={"pattern"})
+@register_scorer("regex", metrics={"regex": _UNIT}, options=RegexOptions)
 def regex(output: Any, row: Mapping[str, Any], task: TaskSpec) -> dict[str, float]:
     """1 when the first capture group of the task's ``pattern`` at its first match in the
     output, stripped, equals the target text; no match (or an unmatched group) scores 0."""
@@ -186,12 +211,12 @@ def _a_number(row: Mapping[str, Any], task: TaskSpec) -> str | None:
     return None
 
 
-@register_scorer("numeric", metrics={"numeric": _UNIT}, options={"tolerance"}, target=_a_number)
+@register_scorer("numeric", metrics={"numeric": _UNIT}, options=NumericOptions, target=_a_number)
 def numeric(output: Any, row: Mapping[str, Any], task: TaskSpec) -> dict[str, float]:
     """1 when the last number in the output is within the task's ``tolerance`` (absolute,
     default 1e-6) of the target; an output without a number scores 0."""
     answer = last_number(_text(output, "numeric"))
-    tolerance = 1e-6 if task.tolerance is None else task.tolerance
+    tolerance = task.options(NumericOptions).tolerance
     targets = []
     for gold in _golds(row, task):
         target = last_number(gold)

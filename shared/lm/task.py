@@ -23,7 +23,7 @@ import re
 import string
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
-from typing import TYPE_CHECKING, Annotated, Any, Self
+from typing import TYPE_CHECKING, Annotated, Any, Self, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -38,7 +38,7 @@ from pydantic import (
 )
 
 from evalq.shared.errors import InputError, first_line
-from evalq.shared.lm.scorers import OPTIONS, Scorer, scorer
+from evalq.shared.lm.scorers import OPTIONS, Scorer, ScorerOptions, scorer
 from evalq.shared.names import NAME_RULE, is_name
 
 if TYPE_CHECKING:
@@ -62,6 +62,8 @@ FEWSHOT_DELIMITER = "\n\n"
 """After each few-shot example (lm-eval's ``fewshot_delimiter``)."""
 
 _FIELD = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
+OptionsT = TypeVar("OptionsT", bound=ScorerOptions)
+
 FieldName = Annotated[StrictStr, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$")]
 Stop = Annotated[StrictStr, Field(min_length=1)]
 
@@ -200,12 +202,27 @@ class TaskSpec(_Spec):
             raise InputError(f"scorer '{self.scorer}' scores choices: it needs 'choices'")
         if not found.choices and self.generate is None:
             raise InputError(f"scorer '{self.scorer}' scores generated text: it needs 'generate'")
-        for option in sorted(OPTIONS):
-            if getattr(self, option) is not None and option not in found.options:
-                raise InputError(f"'{option}' is not an option of scorer '{self.scorer}'")
-            if getattr(self, option) is None and option in found.needs:
-                raise InputError(f"scorer '{self.scorer}' needs '{option}'")
+        self.options(found.options)
         return self
+
+    def options(self, model: type[OptionsT]) -> OptionsT:
+        """The task's options (its keys of :data:`evalq.shared.lm.scorers.OPTIONS` it sets)
+        as the scorer's ``model`` types them, defaults filled in; :class:`InputError` in one
+        line for a key the scorer does not take, one it needs and the task lacks, or a value
+        that is not of its type."""
+        given = {k: getattr(self, k) for k in sorted(OPTIONS) if getattr(self, k) is not None}
+        try:
+            return model.model_validate(given)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            key = str(first["loc"][0]) if first["loc"] else "?"
+            if first["type"] == "extra_forbidden":
+                raise InputError(f"'{key}' is not an option of scorer '{self.scorer}'") from None
+            if first["type"] == "missing":
+                raise InputError(f"scorer '{self.scorer}' needs '{key}'") from None
+            raise InputError(
+                f"option '{key}' = {given.get(key)!r} of scorer '{self.scorer}': {first['msg']}"
+            ) from None
 
     @classmethod
     def load(cls, data: object) -> TaskSpec:
