@@ -1,7 +1,7 @@
 """evalq's public import path for plugin authors: ``from evalq import Evaluation, register``;
-``register_scorer`` for a YAML task's Python scorer; ``run`` to try an evaluation in this
-process on a handful of rows (:mod:`evalq.shared.trial`); ``open_api`` for the client a script
-drives evalq with (the gateway's, or Redis's for an operator).
+``register_scorer`` (with ``ScorerOptions``) for a YAML task's Python scorer; ``run`` to try an
+evaluation in this process on a handful of rows (:mod:`evalq.shared.trial`); ``open_api`` for
+the client a script drives evalq with (the gateway's, or Redis's for an operator).
 
 The wheel installs this package as the top-level ``evalq`` (``package-dir`` in
 pyproject.toml), so a plugin imports what it needs from one name that is evalq's own; the
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from evalq.shared.errors import EvalqError, PermanentError, RetryableError
     from evalq.shared.evaluation import Evaluation, Parameters, register
     from evalq.shared.failures import FailurePolicy
-    from evalq.shared.lm.scorers import register_scorer
+    from evalq.shared.lm.scorers import ScorerOptions, register_scorer
     from evalq.shared.models import RunMeta, RunStatus, SampleResult
     from evalq.shared.scorer import ScriptCall, ScriptScorer
     from evalq.shared.settings import Settings
@@ -35,6 +35,7 @@ __all__ = [
     "RunMeta",
     "RunStatus",
     "SampleResult",
+    "ScorerOptions",
     "ScriptCall",
     "ScriptScorer",
     "Settings",
@@ -65,6 +66,7 @@ _WHERE = {
     "Trial": "evalq.shared.trial",
     "run": "evalq.shared.trial",
     "register_scorer": "evalq.shared.lm.scorers",
+    "ScorerOptions": "evalq.shared.lm.scorers",
     "open_api": "evalq.producer.api",
 }
 
