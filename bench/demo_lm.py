@@ -24,6 +24,7 @@ from bench.result import save
 from evalq.producer.demo_lm import SUMS, write_language_data
 from evalq.shared.lm.local import smollm2
 from evalq.shared.lm.task import TaskSpec
+from evalq.shared.settings import get_settings
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -40,7 +41,7 @@ def loop() -> tuple[int, float]:
     with tempfile.TemporaryDirectory() as folder:
         data = write_language_data(Path(folder))["sums"] / "validation.jsonl"
         rows = [json.loads(line) for line in data.read_text().splitlines() if line]
-    model = HFModel.load(ModelSpec.parse(f"hf/{smollm2()}"), "cpu")
+    model = HFModel.load(ModelSpec.parse(f"hf/{smollm2(get_settings().models)}"), "cpu")
     requests = [
         GenerationRequest(
             model.render(task.render(row), chat=True),

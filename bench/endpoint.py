@@ -205,7 +205,7 @@ def main() -> None:
     args = parser.parse_args()
     from evalq.shared.lm.local import smollm2
 
-    model_dir = smollm2()
+    model_dir = smollm2(Settings().models)
     measured: dict[str, Any] = {"server": args.server or "tests/openai_server.py (transformers)"}
     table = Table(title="endpoint: the same 200 prompts, greedy, one server")
     for column in ("side", "seconds", "samples/s", "vs lm-eval", "texts equal"):

@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.model is None:
         from evalq.shared.lm.local import smollm2
 
-        args.model = smollm2()
+        args.model = smollm2(Settings().models)
     model_dir = args.model.resolve()
 
     console.print("[bold]lm-eval[/]")

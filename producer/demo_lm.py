@@ -109,13 +109,13 @@ class LanguageSummary:
 
 
 def run_language_demo(
-    workers: int, out_dir: Path, console: Console, model: str | None = None
+    workers: int, out_dir: Path, console: Console, model: str | None, model_cache: Path
 ) -> list[LanguageSummary]:
-    """Run both tasks on ``model`` (default: SmolLM2, prepared once) and return their
-    summaries."""
+    """Run both tasks on ``model`` (default: SmolLM2, prepared once under ``model_cache``)
+    and return their summaries."""
     if model is None:
         with console.status("preparing SmolLM2-135M-Instruct (the first time: about 30 s)..."):
-            model = f"hf/{smollm2()}"
+            model = f"hf/{smollm2(model_cache)}"
     folders = write_language_data(out_dir / "data")
     with tempfile.TemporaryDirectory(prefix="evalq-demo-") as tmp, RedisServer(Path(tmp)) as server:
         console.print(f"private redis-server on {server.url}", style="dim")

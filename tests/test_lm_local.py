@@ -113,11 +113,10 @@ def test_a_failed_conversion_leaves_no_folder(
 def test_default_cache_is_evalq_model_cache(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(local, "get_settings", Settings)  # read the environment afresh
     monkeypatch.setenv("EVALQ_MODEL_CACHE", str(tmp_path))
-    assert local.model_cache() == tmp_path
+    assert Settings().models == tmp_path
     monkeypatch.delenv("EVALQ_MODEL_CACHE")
-    assert local.model_cache() == Path.home() / ".cache" / "evalq" / "models"
+    assert Settings().models == Path.home() / ".cache" / "evalq" / "models"
 
 
 @pytest.mark.skipif(
@@ -138,9 +137,9 @@ def test_real_smollm2_is_converted_once(monkeypatch: pytest.MonkeyPatch) -> None
         convert(gguf, folder)
 
     monkeypatch.setattr(local, "_convert", spy)
-    folder = local.smollm2()
+    folder = local.smollm2(Settings().models)
     converted = len(calls)
-    assert local.smollm2() == folder
+    assert local.smollm2(Settings().models) == folder
     assert len(calls) == converted <= 1
     assert AutoConfig.from_pretrained(folder).model_type == "llama"
     assert AutoTokenizer.from_pretrained(folder).chat_template

@@ -74,8 +74,9 @@ def main() -> None:
         model = args.model.resolve()
     else:
         from evalq.shared.lm.local import smollm2
+        from evalq.shared.settings import get_settings
 
-        model = smollm2()
+        model = smollm2(get_settings().models)
     timers = _time_model_calls(HFLM)
     manager = TaskManager(include_path=str(TASKS))
     report: dict[str, Any] = {

@@ -69,8 +69,10 @@ def demo(  # noqa: PLR0917 - a typer command: its options are its parameters
 
 def _language_demo(workers: int, out_dir: Path, as_json: bool, model: str | None) -> None:
     from evalq.producer.demo_lm import run_language_demo
+    from evalq.shared.settings import get_settings
 
-    summaries = run_language_demo(workers, out_dir, err if as_json else out, model)
+    console = err if as_json else out
+    summaries = run_language_demo(workers, out_dir, console, model, get_settings().models)
     if as_json:
         print_json([
             {"task": s.task, "run_id": s.run_id, "samples": s.samples, "failed": s.failed,

