@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import enum
 import json
+import uuid
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from celery_batches import SimpleRequest
@@ -32,6 +36,7 @@ from evalq.shared.models import (
     SampleResult,
     Stage,
     Usage,
+    from_json,
     scores_values,
     to_json,
     with_grade,
@@ -54,6 +59,16 @@ from evalq.worker.messages import parse_requests
 from tests.helpers import labelled_rows, write_rows
 
 FP = "a" * 64
+
+
+class Colour(enum.Enum):
+    RED = "red"
+
+
+@dataclass
+class Point:
+    x: int
+    y: int
 
 
 def test_spec_fingerprint_is_stable_and_content_addressed(tmp_path: Path) -> None:
@@ -327,3 +342,35 @@ def test_only_a_batch_of_consecutive_plain_texts_travels_as_one_span() -> None:
     assert span_of({5: "1", 6: used}, USAGE_PREFIX) is None
     assert span_of({i: "1" for i in range(SPAN_MAX + 1)}, USAGE_PREFIX) is None
     assert list(spans(["0-1"], [None])) == []
+
+
+def test_stored_json_is_strict_and_reads_back_the_same_value() -> None:
+    """``to_json`` / ``from_json`` (orjson where it agrees with the standard library): NaN and
+    infinity refused as ``json.dumps(allow_nan=False)`` refuses them, anywhere in the value;
+    what JSON cannot hold refused with the standard library's error, also what orjson would
+    write (a UUID, an enum, a dataclass); dict keys of ints, bools and None written as the
+    standard library writes them, float keys too; integers beyond 64 bits and lone surrogates
+    written and read back exactly; non-ASCII text written as UTF-8."""
+    for bad in (float("nan"), [1.0, float("inf")], {"a": {"b": [float("-inf")]}}):
+        with pytest.raises(ValueError, match="Out of range float values are not JSON compliant"):
+            to_json(bad)
+    for unheld in (uuid.UUID(int=1), Colour.RED, Point(1, 2), {1, 2}, {"a": object()}):
+        with pytest.raises(TypeError, match="is not JSON serializable"):
+            to_json(unheld)
+    keyed = {1: "a", None: "b", False: "c", 1e-05: "d", 2.5: "e"}
+    assert to_json(keyed) == json.dumps(keyed, separators=(",", ":"))
+    huge = {"n": [2**70, -(2**64) - 1], "m": 2**63, "f": 1e300}
+    assert from_json(to_json(huge)) == huge
+    assert from_json(to_json(2**70)) == 2**70
+    assert from_json("123456789012345678901234567890") == 123456789012345678901234567890
+    assert from_json(to_json("a\ud800b")) == "a\ud800b"
+    assert to_json("é ✓") == '"é ✓"'
+    assert from_json('"\\u00e9"') == "é"
+    deep: Any = "x"
+    for _ in range(300):
+        deep = [deep]
+    assert from_json(to_json(deep)) == deep
+    values: list[Any] = ["x", 3, 0.1, -2.5e-07, 1e16, True, None, [], {}, {"a": [1, {"b": None}]}]
+    for value in values:
+        assert json.loads(to_json(value)) == value
+        assert from_json(to_json(value)) == value
