@@ -9,6 +9,7 @@ import hashlib
 import json
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -22,6 +23,8 @@ from evalq.shared.source import stale_note
 __all__ = [
     "MAX_MESSAGE_SAMPLES",
     "ErrorRecord",
+    "Grade",
+    "Metered",
     "Priority",
     "Progress",
     "RunFilter",
@@ -32,12 +35,14 @@ __all__ = [
     "SampleState",
     "SampleTask",
     "Stage",
+    "Usage",
     "WorkerProvenance",
     "error_record",
     "from_json",
     "scores_values",
     "shown_model",
     "to_json",
+    "with_usage",
 ]
 
 JSONValue = Any
@@ -382,27 +387,29 @@ class Usage(BaseModel):
     """Answered from the response cache (``submit --cache``): no request made, nothing
     charged; the counts are those of the request that was."""
 
-
-USAGE_PREFIX = '{"usage":{"prompt_tokens":'
-"""How a stored output that carries its usage begins: ``{"usage": {...}, "output": ...}``, as
-:func:`with_usage` writes it (a result's line takes both members as they are, unparsed)."""
-
-
-def with_usage(output: Any, usage: Usage) -> dict[str, Any]:
-    """An output with the tokens it took, stored as one value: a result then reads
-    ``output`` and ``usage`` apart (:func:`split_usage`)."""
-    return {"usage": usage.model_dump(exclude_defaults=True), "output": output}
+    def stored(self) -> str:
+        """The JSON text a sample's usage is stored as, apart from its output (its own field
+        and Parquet column, :mod:`evalq.shared.store`): the counts, ``cached`` only when true."""
+        return to_json(self.model_dump(exclude_defaults=True))
 
 
-def split_usage(value: Any, text: str) -> tuple[Any, Usage | None]:
-    """A stored output (``value``, parsed from ``text``) and the usage stored with it."""
-    if text.startswith(USAGE_PREFIX) and isinstance(value, dict) and len(value) == 2:
-        return value.get("output"), Usage.model_validate(value["usage"])
-    return value, None
+@dataclass(frozen=True)
+class Metered:
+    """An output with the tokens it took, as a language evaluation's ``infer()`` answers it:
+    the worker stores ``output`` and ``usage`` apart (a plain output, whatever its shape, is
+    never read as usage)."""
+
+    output: Any
+    usage: Usage
+
+
+def with_usage(output: Any, usage: Usage) -> Metered:
+    """An output with the tokens it took (see :class:`Metered`)."""
+    return Metered(output, usage)
 
 
 class Grade(BaseModel):
-    """What a grader model said of one sample's output (a ``model_graded`` task), stored with
+    """What a grader model said of one sample's output (a ``model_graded`` task), stored beside
     its scores: the grader, what it read (the row's prompt, the output and the target), its
     answer, and its tokens (apart from the model under test's)."""
 
@@ -415,31 +422,14 @@ class Grade(BaseModel):
     """The grader's answer, whose last ``GRADE: C`` or ``GRADE: I`` is the verdict."""
     usage: Usage
 
-
-GRADE_PREFIX = '{"grade":{'
-"""How stored scores that carry their grade begin: ``{"grade": {...}, "scores": {...}}``, as
-:func:`with_grade` writes them (no metric's value is an object, so plain scores never do)."""
-
-
-def with_grade(scores: dict[str, float], grade: Grade) -> dict[str, Any]:
-    """Scores with the grade they came from, stored as one value (:func:`split_grade`)."""
-    return {"grade": grade.model_dump(), "scores": scores}
-
-
-def split_grade(value: Any, text: str) -> tuple[dict[str, float], Grade | None]:
-    """Stored scores (``value``, parsed from ``text``) and the grade stored with them."""
-    if text.startswith(GRADE_PREFIX):
-        return dict(value["scores"]), Grade.model_validate(value["grade"])
-    return dict(value), None
-
-
-def scores_value(text: str) -> dict[str, float]:
-    """The metrics of stored scores' JSON ``text``, without their grade."""
-    return split_grade(from_json(text), text)[0]
+    def stored(self) -> str:
+        """The JSON text a sample's grade is stored as, apart from its scores (its own field
+        and Parquet column)."""
+        return to_json(self.model_dump())
 
 
 def scores_values(texts: Sequence[str]) -> list[dict[str, float]]:
-    """:func:`scores_value` of each of ``texts``, parsed as one JSON array: one call of the
+    """The metrics of stored scores' JSON ``texts``, parsed as one JSON array: one call of the
     JSON parser for all of them, not one each (a stored text is one JSON value, as
     :func:`to_json` wrote it; a text that is not makes the count differ, and that raises)."""
     if not texts:
@@ -448,12 +438,7 @@ def scores_values(texts: Sequence[str]) -> list[dict[str, float]]:
     values = from_json(f"[{joined}]")
     if len(values) != len(texts):
         raise ValueError(f"{len(texts)} stored scores read as {len(values)} values")
-    if GRADE_PREFIX not in joined:  # no grade anywhere: none to take apart
-        return list(values)
-    return [
-        dict(value["scores"]) if text.startswith(GRADE_PREFIX) else value
-        for text, value in zip(texts, values, strict=True)
-    ]
+    return list(values)
 
 
 class SampleResult(BaseModel):

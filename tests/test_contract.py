@@ -28,7 +28,6 @@ from evalq.shared.errors import (
 from evalq.shared.evaluation import Evaluation, create, load_plugins, register, scrub
 from evalq.shared.keys import RunKeys
 from evalq.shared.models import (
-    USAGE_PREFIX,
     ErrorRecord,
     Grade,
     RunMeta,
@@ -39,8 +38,6 @@ from evalq.shared.models import (
     from_json,
     scores_values,
     to_json,
-    with_grade,
-    with_usage,
 )
 from evalq.shared.queue.celery_app import create_app
 from evalq.shared.queue.sizing import split
@@ -277,7 +274,7 @@ def test_flatten_for_csv_and_parquet() -> None:
 
 
 def test_a_graded_result_reads_the_same_from_its_texts_and_its_table() -> None:
-    """A ``model_graded`` sample's grade is stored with its scores; every reader takes the
+    """A ``model_graded`` sample's grade is stored beside its scores; every reader keeps the
     metrics apart from it (the attack review found the archive's export without its
     columns, and the report taking ``grade`` for a metric)."""
     usage = Usage(prompt_tokens=40, completion_tokens=2)
@@ -306,14 +303,12 @@ def test_a_graded_result_reads_the_same_from_its_texts_and_its_table() -> None:
 
 def test_stored_scores_parse_together_as_each_alone() -> None:
     """Scores are parsed as one JSON array (finalizing reads every one of them): the same
-    metrics as parsing each text, a grade taken apart, and a text that is not one JSON value
-    refused, not shifting its neighbours' values."""
-    usage = Usage(prompt_tokens=3, completion_tokens=1)
-    grade = Grade(grader="openai/judge", prompt="p", verdict="GRADE: I", usage=usage)
+    metrics as parsing each text, and a text that is not one JSON value refused, not shifting
+    its neighbours' values."""
     texts = [
         to_json({"acc": 1.0, "f1": 0.5}),
         None,
-        to_json(with_grade({"model_graded": 0.0}, grade)),
+        to_json({"model_graded": 0.0}),
         to_json({"acc": -2.5e-07}),
     ]
     assert scores_of([7, 8, 9, 10], texts) == {
@@ -328,19 +323,17 @@ def test_stored_scores_parse_together_as_each_alone() -> None:
 
 def test_only_a_batch_of_consecutive_plain_texts_travels_as_one_span() -> None:
     """A span holds samples lo..hi, every one, joined by newlines: what a reader splits back
-    exactly; anything else (a gap, out of order, one sample, a newline in a text, a text the
-    scripts must read) goes one by one."""
+    exactly; anything else (a gap, out of order, one sample, a newline in a text) goes one by
+    one."""
     texts = {i: json.dumps({"pred": i, "note": "a\nb"}) for i in range(5, 9)}
-    span = span_of(texts, USAGE_PREFIX)
+    span = span_of(texts)
     assert span is not None
     assert dict(spans([f"{span[0]}-8"], [span[1]])) == texts
-    assert span_of({5: "1", 7: "1"}, USAGE_PREFIX) is None
-    assert span_of({6: "1", 5: "1"}, USAGE_PREFIX) is None
-    assert span_of({5: "1"}, USAGE_PREFIX) is None
-    assert span_of({5: "1", 6: '"a\nb"'}, USAGE_PREFIX) is None
-    used = to_json(with_usage("x", Usage(prompt_tokens=1, completion_tokens=1)))
-    assert span_of({5: "1", 6: used}, USAGE_PREFIX) is None
-    assert span_of({i: "1" for i in range(SPAN_MAX + 1)}, USAGE_PREFIX) is None
+    assert span_of({5: "1", 7: "1"}) is None
+    assert span_of({6: "1", 5: "1"}) is None
+    assert span_of({5: "1"}) is None
+    assert span_of({5: "1", 6: '"a\nb"'}) is None
+    assert span_of({i: "1" for i in range(SPAN_MAX + 1)}) is None
     assert list(spans(["0-1"], [None])) == []
 
 

@@ -6,8 +6,9 @@ registered, the model spec, the few-shot examples), so a worker builds the evalu
 record alone; a Python evaluation's run is built by name, as before (:func:`evaluation_of`).
 Runs of different tasks on one model share the worker's warm copy of it (:meth:`model_key`).
 
-A generated output is stored with its token usage (:func:`evalq.shared.models.with_usage`); a
-multiple-choice output is each choice's summed log-likelihood, in the choices' order.
+``infer()`` answers each output with its token usage (:func:`evalq.shared.models.with_usage`),
+which the worker stores beside it; a multiple-choice output is each choice's summed
+log-likelihood, in the choices' order.
 """
 
 from __future__ import annotations
@@ -188,7 +189,7 @@ class LanguageEvaluation(Evaluation):
         prompts: dict[int, str] = {}
         for sample_id, row in rows.items():
             try:
-                prompts[sample_id] = task.grader_text(row, outputs[sample_id]["output"])
+                prompts[sample_id] = task.grader_text(row, outputs[sample_id])
             except Exception as exc:
                 graded[sample_id] = exc
         if not prompts:
@@ -225,9 +226,8 @@ class LanguageEvaluation(Evaluation):
         return self._graders
 
     def score(self, row: dict[str, Any], output: Any) -> dict[str, float]:
-        """The task's scorer on the output without its usage (every output of this
-        evaluation is stored with it)."""
-        return self.run.task.score(output["output"], row)
+        """The task's scorer on the output (stored without its usage)."""
+        return self.run.task.score(output, row)
 
 
 def endpoint_model(spec: ModelSpec, cache: bool = False) -> EndpointModel:
