@@ -224,7 +224,15 @@ def test_an_archived_run_reads_exactly_as_it_did_live(fresh_stack: Stack, tmp_pa
     assert "no scored or failed sample yet" not in page
     dataset = client.results_dataset(a)
     assert dataset.num_rows == 120
-    assert dataset.column_names == ["sample_id", "output", "scores", "error", "score.correct"]
+    assert dataset.column_names == [
+        "sample_id",
+        "output",
+        "scores",
+        "error",
+        "usage",
+        "grade",
+        "score.correct",
+    ]
     refused = evalq_in_process(stack.server.url, "results", held)
     assert refused.returncode == 3
     assert "tier" in refused.stderr
