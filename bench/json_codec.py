@@ -1,4 +1,4 @@
-"""The worker's JSON encoding and decoding (``evalq.shared.models.to_json`` / ``from_json``) on
+"""The worker's JSON encoding and decoding (``evalq.shared.jsontext.to_json`` / ``from_json``) on
 the values it stores, beside the standard library's ``json.dumps`` / ``json.loads`` with the same
 options, in one process: microseconds per call, the best of several repeats.
 

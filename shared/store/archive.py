@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Container, Iterable, Iterator
+from collections.abc import Container, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +37,7 @@ import pyarrow.parquet as pq
 
 from evalq.shared.errors import ArchiveUnreadableError, first_line
 from evalq.shared.models import from_json, scores_values, to_json
+from evalq.shared.store.envelopes import enveloped_columns, opened
 
 __all__ = [
     "MANIFEST",
@@ -71,12 +72,6 @@ READ_ROWS = 65_536
 RAW_COLUMNS = ("sample_id", "output", "scores", "error", "usage", "grade")
 """The columns that give back exactly what the live store held (in :class:`Chunk`'s order)."""
 _TEXTS = RAW_COLUMNS[1:]
-_OLD_USAGE = '{"usage":{"prompt_tokens":'
-"""How an output stored with its usage began in a part written before usage had a column of
-its own (no ``usage`` column): ``{"usage": {...}, "output": ...}``, as one JSON text."""
-_OLD_GRADE = '{"grade":{'
-"""How scores stored with their grade began in such a part: ``{"grade": {...}, "scores":
-{...}}``."""
 OUTPUT_ENCODING = b"evalq.output"
 """The ``output`` field's metadata key: ``value`` (a column of the outputs' values) or
 ``json`` (their JSON text). A file without it (written before outputs were typed) holds JSON
@@ -135,20 +130,6 @@ def _output_texts(table: pa.Table | pa.RecordBatch, schema: pa.Schema) -> list[s
     return [None if v is None else to_json(v) for v in values]
 
 
-def _unwrapped(
-    text: str | None, prefix: str, inner: str, outer: str
-) -> tuple[str | None, str | None]:
-    """A text of a part written before usage and grades had columns of their own, taken apart
-    when it begins with ``prefix``: (its member ``inner`` as JSON text, its member ``outer``),
-    else (the text, None)."""
-    if text is None or not text.startswith(prefix):
-        return text, None
-    value = from_json(text)
-    if not isinstance(value, dict) or set(value) != {inner, outer}:
-        return text, None
-    return to_json(value[inner]), to_json(value[outer])
-
-
 def _texts_of(
     table: pa.Table | pa.RecordBatch, schema: pa.Schema, columns: Container[str] = _TEXTS
 ) -> dict[str, list[str | None]]:
@@ -165,30 +146,9 @@ def _texts_of(
         else [None] * rows
         for c in _TEXTS
     }
-    if "usage" in schema.names:
-        return texts
-    if "output" in read:
-        pairs = [_unwrapped(t, _OLD_USAGE, "output", "usage") for t in texts["output"]]
-        texts["output"] = [p[0] for p in pairs]
-        if "usage" in columns:
-            texts["usage"] = [p[1] for p in pairs]
-    if "scores" in read:
-        pairs = [_unwrapped(t, _OLD_GRADE, "scores", "grade") for t in texts["scores"]]
-        texts["scores"] = [p[0] for p in pairs]
-        if "grade" in columns:
-            texts["grade"] = [p[1] for p in pairs]
-    return texts
-
-
-def _present(columns: Iterable[str], schema: pa.Schema) -> list[str]:
-    """The columns to read from a part for ``columns``: those it has, and in a part without
-    a ``usage`` column, ``output`` for ``usage`` and ``scores`` for ``grade`` (they were stored
-    inside those)."""
-    wanted = set(columns)
     if "usage" not in schema.names:
-        wanted |= {"output"} if "usage" in wanted else set()
-        wanted |= {"scores"} if "grade" in wanted else set()
-    return [c for c in schema.names if c in wanted]
+        opened(texts, read, columns)
+    return texts
 
 
 def run_folder(archive_url: str, run_id: str) -> str:
@@ -395,7 +355,7 @@ def read_part(url: str, run_id: str = "", columns: tuple[str, ...] = RAW_COLUMNS
         with fs.open(path, "rb") as handle:
             parquet = pq.ParquetFile(handle)
             schema = parquet.schema_arrow
-            table = parquet.read(columns=_present(("sample_id", *columns), schema))
+            table = parquet.read(columns=enveloped_columns(("sample_id", *columns), schema))
     return _chunk_of(table, schema, columns)
 
 
@@ -485,7 +445,7 @@ class ArchiveReader:
             with self._reading(), self._fs.open(f"{self._path}/{part['file']}", "rb") as handle:
                 parquet = pq.ParquetFile(handle)
                 schema = parquet.schema_arrow
-                present = _present(columns, schema)
+                present = enveloped_columns(columns, schema)
                 for batch in parquet.iter_batches(batch_size=rows, columns=present):
                     texts = _texts_of(batch, schema, columns)
                     arrays = [
@@ -512,7 +472,7 @@ class ArchiveReader:
                 with self._reading(), self._fs.open(path, "rb") as handle:
                     parquet = pq.ParquetFile(handle)
                     schema = parquet.schema_arrow
-                    taken = parquet.read(columns=_present(RAW_COLUMNS, schema)).take(local)
+                    taken = parquet.read(columns=enveloped_columns(RAW_COLUMNS, schema)).take(local)
                     texts = _texts_of(taken, schema)
                     rows = zip(
                         taken.column("sample_id").to_pylist(),
