@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 from evalq.shared.choices import ExportFormat
 from evalq.shared.errors import InputError
-from evalq.shared.models import ErrorRecord, SampleResult, split_grade, to_json
+from evalq.shared.models import ErrorRecord, Grade, SampleResult, to_json
 
 __all__ = ["ExportFormat", "csv_output", "flatten", "write_lines", "write_results"]
 
@@ -133,8 +133,8 @@ def flat_table(table: pa.Table) -> pa.Table:
         "error": pa.array(errors, pa.string()),
     }
     columns.update({m: table.column(m) for m in metrics})
-    texts = table.column("scores").to_pylist()
-    grades = [None if t is None else split_grade(json.loads(t), t)[1] for t in texts]
+    texts = table.column("grade").to_pylist()
+    grades = [None if t is None else Grade.model_validate_json(t) for t in texts]
     if any(grades):
         for name in ("verdict", "prompt"):
             values = [None if g is None else getattr(g, name) for g in grades]

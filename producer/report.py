@@ -24,7 +24,8 @@ from evalq.shared.data.loading import load_rows, shard_of_rows
 from evalq.shared.data.routing import KMeans
 from evalq.shared.errors import EvalqError, TierRefusedError
 from evalq.shared.evals.language import language_run
-from evalq.shared.models import SampleResult, SampleState, scores_value
+from evalq.shared.models import SampleResult, SampleState, from_json
+from evalq.shared.store.archive import RAW_COLUMNS
 from evalq.shared.store.wire import result_of
 
 if TYPE_CHECKING:
@@ -223,7 +224,7 @@ class _Lowest:
             first = table.column("scores").drop_null()
             if len(first) == 0:
                 return
-            self.metric = sorted(scores_value(first[0].as_py()))[0]
+            self.metric = sorted(from_json(first[0].as_py()))[0]
         column = f"score.{self.metric}"
         if column not in table.column_names:
             return
@@ -241,5 +242,7 @@ class _Lowest:
 
 def _result(table: pa.Table, row: int) -> SampleResult:
     """One row of a results table as a result."""
-    values = [table.column(c)[int(row)].as_py() for c in ("sample_id", "output", "scores", "error")]
-    return result_of(*values)
+    sample_id, output, scores, error, usage, grade = (
+        table.column(c)[int(row)].as_py() for c in RAW_COLUMNS
+    )
+    return result_of(sample_id, output, scores, error, usage=usage, grade=grade)

@@ -321,6 +321,19 @@ class RunKeys:
         """Hash: sample id -> JSON terminal error record, written once."""
         return self._key("err")
 
+    @property
+    def usage(self) -> str:
+        """Hash: sample id -> JSON token usage of a language model's output
+        (:meth:`evalq.shared.models.Usage.stored`), written with the output in :attr:`out`;
+        none for an output without usage (a Python evaluation's)."""
+        return self._key("usage")
+
+    @property
+    def grade(self) -> str:
+        """Hash: sample id -> JSON grade of a ``model_graded`` sample
+        (:meth:`evalq.shared.models.Grade.stored`), written with its scores in :attr:`score`."""
+        return self._key("grade")
+
     def ranges_of(self, column: str) -> str:
         """Sorted set: the fields of :attr:`out` (``column`` ``outputs``) or :attr:`score`
         (``scores``) that hold a span of samples (``lo-hi``: the texts of samples ``lo`` to
@@ -379,7 +392,7 @@ class RunKeys:
         """Every key whose size grows with the run's samples: freed when the run is archived
         (``seal.lua``) or purged."""
         return [
-            self.out, self.score, self.err, self.attempts_of(Stage.INFER),
+            self.out, self.score, self.err, self.usage, self.grade, self.attempts_of(Stage.INFER),
             self.attempts_of(Stage.SCORE), self.deliveries_of(Stage.INFER),
             self.deliveries_of(Stage.SCORE), self.settled, self.ids, self.backlog,
             self.backlog_of(Stage.SCORE), self.spill, self.spilled, self.inferred, self.done,

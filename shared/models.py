@@ -6,8 +6,8 @@ rows.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -15,11 +15,14 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from evalq.shared.choices import Priority, RunStatus
 from evalq.shared.errors import first_line
+from evalq.shared.jsontext import from_json, to_json
 from evalq.shared.source import stale_note
 
 __all__ = [
     "MAX_MESSAGE_SAMPLES",
     "ErrorRecord",
+    "Grade",
+    "Metered",
     "Priority",
     "Progress",
     "RunFilter",
@@ -30,58 +33,17 @@ __all__ = [
     "SampleState",
     "SampleTask",
     "Stage",
+    "Usage",
     "WorkerProvenance",
     "error_record",
     "from_json",
     "scores_values",
     "shown_model",
     "to_json",
+    "with_usage",
 ]
 
 JSONValue = Any
-
-
-_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
-_SCALAR = frozenset({str, int, float, bool, type(None)})
-_C_ENCODER: Any = getattr(json.encoder, "c_make_encoder", None)
-_FLAT = (
-    None
-    if _C_ENCODER is None
-    else _C_ENCODER(
-        None, _ENCODER.default, json.encoder.encode_basestring_ascii, None, ":", ",",
-        False, False, False,
-    )
-)  # fmt: skip
-"""``_ENCODER``'s own C encoder without its check for circular references, made once: for a
-value that cannot hold itself (a scalar, or a dict of str keys and scalar values: scores)."""
-_DECODER: Any = json.JSONDecoder()
-_SCAN = _DECODER.scan_once  # json.scanner.make_scanner(_DECODER), made as it was made
-
-
-def to_json(value: Any) -> str:
-    """Compact, strict JSON (no NaN): how every stored value is encoded (the text of
-    ``json.dumps`` with these options, without making an encoder per call)."""
-    kind = type(value)
-    if _FLAT is not None and (
-        kind in _SCALAR
-        or (kind is dict and all(type(k) is str and type(v) in _SCALAR for k, v in value.items()))
-    ):
-        return "".join(_FLAT(value, 0))
-    return _ENCODER.encode(value)
-
-
-def from_json(text: str) -> Any:
-    """``json.loads(text)``, without its per-call checks for a text that is one JSON value
-    and nothing else (what :func:`to_json` writes); any other text (whitespace around the
-    value, bytes, not JSON) goes to ``json.loads``, which answers or raises as it does."""
-    if type(text) is str:
-        try:
-            value, end = _SCAN(text, 0)
-        except StopIteration:
-            return json.loads(text)
-        if end == len(text):
-            return value
-    return json.loads(text)
 
 
 class Stage(StrEnum):
@@ -335,27 +297,29 @@ class Usage(BaseModel):
     """Answered from the response cache (``submit --cache``): no request made, nothing
     charged; the counts are those of the request that was."""
 
-
-USAGE_PREFIX = '{"usage":{"prompt_tokens":'
-"""How a stored output that carries its usage begins: ``{"usage": {...}, "output": ...}``, as
-:func:`with_usage` writes it (a result's line takes both members as they are, unparsed)."""
-
-
-def with_usage(output: Any, usage: Usage) -> dict[str, Any]:
-    """An output with the tokens it took, stored as one value: a result then reads
-    ``output`` and ``usage`` apart (:func:`split_usage`)."""
-    return {"usage": usage.model_dump(exclude_defaults=True), "output": output}
+    def stored(self) -> str:
+        """The JSON text a sample's usage is stored as, apart from its output (its own field
+        and Parquet column, :mod:`evalq.shared.store`): the counts, ``cached`` only when true."""
+        return to_json(self.model_dump(exclude_defaults=True))
 
 
-def split_usage(value: Any, text: str) -> tuple[Any, Usage | None]:
-    """A stored output (``value``, parsed from ``text``) and the usage stored with it."""
-    if text.startswith(USAGE_PREFIX) and isinstance(value, dict) and len(value) == 2:
-        return value.get("output"), Usage.model_validate(value["usage"])
-    return value, None
+@dataclass(frozen=True)
+class Metered:
+    """An output with the tokens it took, as a language evaluation's ``infer()`` answers it:
+    the worker stores ``output`` and ``usage`` apart (a plain output, whatever its shape, is
+    never read as usage)."""
+
+    output: Any
+    usage: Usage
+
+
+def with_usage(output: Any, usage: Usage) -> Metered:
+    """An output with the tokens it took (see :class:`Metered`)."""
+    return Metered(output, usage)
 
 
 class Grade(BaseModel):
-    """What a grader model said of one sample's output (a ``model_graded`` task), stored with
+    """What a grader model said of one sample's output (a ``model_graded`` task), stored beside
     its scores: the grader, what it read (the row's prompt, the output and the target), its
     answer, and its tokens (apart from the model under test's)."""
 
@@ -368,31 +332,14 @@ class Grade(BaseModel):
     """The grader's answer, whose last ``GRADE: C`` or ``GRADE: I`` is the verdict."""
     usage: Usage
 
-
-GRADE_PREFIX = '{"grade":{'
-"""How stored scores that carry their grade begin: ``{"grade": {...}, "scores": {...}}``, as
-:func:`with_grade` writes them (no metric's value is an object, so plain scores never do)."""
-
-
-def with_grade(scores: dict[str, float], grade: Grade) -> dict[str, Any]:
-    """Scores with the grade they came from, stored as one value (:func:`split_grade`)."""
-    return {"grade": grade.model_dump(), "scores": scores}
-
-
-def split_grade(value: Any, text: str) -> tuple[dict[str, float], Grade | None]:
-    """Stored scores (``value``, parsed from ``text``) and the grade stored with them."""
-    if text.startswith(GRADE_PREFIX):
-        return dict(value["scores"]), Grade.model_validate(value["grade"])
-    return dict(value), None
-
-
-def scores_value(text: str) -> dict[str, float]:
-    """The metrics of stored scores' JSON ``text``, without their grade."""
-    return split_grade(from_json(text), text)[0]
+    def stored(self) -> str:
+        """The JSON text a sample's grade is stored as, apart from its scores (its own field
+        and Parquet column)."""
+        return to_json(self.model_dump())
 
 
 def scores_values(texts: Sequence[str]) -> list[dict[str, float]]:
-    """:func:`scores_value` of each of ``texts``, parsed as one JSON array: one call of the
+    """The metrics of stored scores' JSON ``texts``, parsed as one JSON array: one call of the
     JSON parser for all of them, not one each (a stored text is one JSON value, as
     :func:`to_json` wrote it; a text that is not makes the count differ, and that raises)."""
     if not texts:
@@ -401,12 +348,7 @@ def scores_values(texts: Sequence[str]) -> list[dict[str, float]]:
     values = from_json(f"[{joined}]")
     if len(values) != len(texts):
         raise ValueError(f"{len(texts)} stored scores read as {len(values)} values")
-    if GRADE_PREFIX not in joined:  # no grade anywhere: none to take apart
-        return list(values)
-    return [
-        dict(value["scores"]) if text.startswith(GRADE_PREFIX) else value
-        for text, value in zip(texts, values, strict=True)
-    ]
+    return list(values)
 
 
 class SampleResult(BaseModel):

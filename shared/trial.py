@@ -29,7 +29,15 @@ from evalq.shared.evaluation import (
 )
 from evalq.shared.failures import metric_samples
 from evalq.shared.kinds import runner_of
-from evalq.shared.models import ErrorRecord, RunStatus, Stage, error_record, from_json, to_json
+from evalq.shared.models import (
+    ErrorRecord,
+    Metered,
+    RunStatus,
+    Stage,
+    error_record,
+    from_json,
+    to_json,
+)
 from evalq.shared.stats import Stat
 from evalq.shared.store.aggregate import conclude
 
@@ -122,8 +130,9 @@ def _inferred(
         return found
     outputs: dict[int, Any] = {}
     for i, output in zip(ids, given, strict=True):
+        stored = output.output if isinstance(output, Metered) else output  # usage kept apart
         try:
-            outputs[i] = from_json(to_json(output))
+            outputs[i] = from_json(to_json(stored))
         except (TypeError, ValueError) as exc:
             errors[i] = error_record(Stage.INFER, PermanentError(f"output not JSON: {exc}"))
     return outputs

@@ -25,11 +25,21 @@ from evalq.shared.connection import connect
 from evalq.shared.errors import ArchiveUnreadableError, InputError
 from evalq.shared.evaluation import create
 from evalq.shared.keys import AUDIT, RUNS, RunKeys
-from evalq.shared.models import ErrorRecord, RunMeta, RunStatus, Stage, to_json
+from evalq.shared.models import (
+    ErrorRecord,
+    Grade,
+    RunMeta,
+    RunStatus,
+    SampleResult,
+    Stage,
+    Usage,
+    to_json,
+)
 from evalq.shared.settings import Settings
 from evalq.shared.store.archive import (
     MANIFEST,
     OUTPUT_ENCODING,
+    RAW_COLUMNS,
     ArchiveReader,
     ArchiveWriter,
     Chunk,
@@ -45,6 +55,7 @@ from evalq.shared.store.retention import archive_due, parse_age, purge
 from evalq.shared.store.runs import RunStore
 from evalq.shared.store.seal import Sealer, SealOutcome
 from evalq.shared.store.spill import Spill, Spiller, SpillOutcome
+from evalq.shared.store.wire import chunk_lines, result_line, results_of
 from evalq.shared.store.writer import Delivery, ResultWriter
 from evalq.worker.archiver import _abandon, archive_run, spill_run
 from tests.conftest import Stack
@@ -90,7 +101,16 @@ def test_an_archive_reads_back_its_parts_in_order_with_every_metric(tmp_path: Pa
     ids = [i for batch in reader.batches() for i in batch.column("sample_id").to_pylist()]
     assert ids == list(range(70))
     table = reader.table()
-    assert table.column_names == ["sample_id", "output", "scores", "error", "score.a", "score.b"]
+    assert table.column_names == [
+        "sample_id",
+        "output",
+        "scores",
+        "error",
+        "usage",
+        "grade",
+        "score.a",
+        "score.b",
+    ]
     assert table.column("score.a").to_pylist()[40:] == [None] * 30
     assert table.equals(table_of(iter(chunks)))
     assert pq.read_table(reader.files[0]).num_rows == 40
@@ -204,7 +224,15 @@ def test_an_archived_run_reads_exactly_as_it_did_live(fresh_stack: Stack, tmp_pa
     assert "no scored or failed sample yet" not in page
     dataset = client.results_dataset(a)
     assert dataset.num_rows == 120
-    assert dataset.column_names == ["sample_id", "output", "scores", "error", "score.correct"]
+    assert dataset.column_names == [
+        "sample_id",
+        "output",
+        "scores",
+        "error",
+        "usage",
+        "grade",
+        "score.correct",
+    ]
     refused = evalq_in_process(stack.server.url, "results", held)
     assert refused.returncode == 3
     assert "tier" in refused.stderr
@@ -866,7 +894,9 @@ def test_a_spilled_part_of_large_outputs_is_read_a_row_group_at_a_time(tmp_path:
     held = spill._last
     assert held is not None
     assert len(held[2].sample_ids) <= 12 // groups + 1
-    assert spill.by_id([11, 0, 5]) == {i: (texts[i], '{"acc": 1.0}', None) for i in (11, 0, 5)}
+    assert spill.by_id([11, 0, 5]) == {
+        i: (texts[i], '{"acc": 1.0}', None, None, None) for i in (11, 0, 5)
+    }
 
 
 def test_a_filtered_page_of_a_live_run_reads_it_a_few_samples_at_a_time(
@@ -893,3 +923,191 @@ def test_a_filtered_page_of_a_live_run_reads_it_a_few_samples_at_a_time(
     assert finished is not None
     assert archive_run(client, run_id).sealed is SealOutcome.SEALED
     assert [PageReader(client, rows=3).page(run_id, 1, 9, q) for q in queries] == live
+
+
+SHAPED = {"usage": {"prompt_tokens": 3, "completion_tokens": 1}, "output": "x"}
+"""A plugin's own output shaped exactly like the envelope outputs were once stored in (with
+their usage inside): an output like any other."""
+
+
+def test_an_output_shaped_like_usage_stays_an_output_live_spilled_and_archived(
+    redis_only: RedisServer, tmp_path: Path
+) -> None:
+    """Usage and grades are stored beside outputs and scores, never inside them: a plugin's
+    output shaped like the old usage envelope (in a span, one by one, beside real usages)
+    reads back unchanged, with no usage, live, from spilled parts and from the archive, and
+    counts no token; a score dict with metrics named ``grade`` and ``scores`` stays scores.
+    Only the real usages and grades count their tokens, each once."""
+    client = connect(redis_only.url)
+    writer, results = ResultWriter(client), ResultReader(client)
+    run_id = _new_run(client, list(range(40)), tmp_path / "archive").run_id
+    keys = RunKeys(run_id)
+    used = Usage(prompt_tokens=9, completion_tokens=2)
+    cached = Usage(prompt_tokens=5, completion_tokens=5, cached=True)
+    judged = Usage(prompt_tokens=40, completion_tokens=3)
+    grade = Grade(grader="openai/judge", prompt="p", verdict="GRADE: C", usage=judged)
+    usages = {i: cached if i == 31 else used for i in range(17, 32, 2)}
+    assert writer.record_outputs(run_id, {i: to_json(SHAPED) for i in range(16)}) == 16
+    assert _held(client, keys.out) == 16
+    assert client.hlen(keys.out) == 1  # one span
+    outputs = {i: to_json("42" if i in usages else SHAPED) for i in range(16, 40)}
+    stored = {i: u.stored() for i, u in usages.items()}
+    assert writer.record_outputs(run_id, outputs, stored) == 24
+    plain = {"grade": 1.0, "scores": 0.0}  # metrics named like the old grade envelope
+    graded = dict.fromkeys(range(20, 24), grade)
+    scores = {i: {"model_graded": 1.0} if i in graded else plain for i in range(32)}
+    writer.record_scores(run_id, scores, graded)
+    expected = [
+        SampleResult(
+            sample_id=i,
+            output="42" if i in usages else SHAPED,
+            usage=usages.get(i),
+            scores=scores.get(i),
+            grade=graded.get(i),
+        )
+        for i in range(40)
+    ]
+    progress = results.progress(run_id)
+    counted = (progress.prompt_tokens, progress.completion_tokens, progress.cached)
+    assert counted == (9 * 7, 2 * 7, 1)
+    assert (progress.grader_prompt_tokens, progress.grader_completion_tokens) == (160, 12)
+
+    def reads() -> dict[str, object]:
+        return {
+            "results": list(results.results(run_id)),
+            "fetch": results.fetch(run_id, [31, 0, 17, 20, 39]),
+            "lines": [json.loads(line) for c in results.chunks(run_id) for line in chunk_lines(c)],
+            "outputs": results.outputs(run_id, [0, 17, 39]),
+            "scores": results.scores(run_id),
+        }
+
+    live = reads()
+    assert live["results"] == expected
+    assert live["fetch"] == [expected[i] for i in (31, 0, 17, 20, 39)]
+    assert live["lines"] == [json.loads(result_line(r)) for r in expected]
+    assert live["lines"][17]["usage"] == {"prompt_tokens": 9, "completion_tokens": 2}
+    assert "usage" not in live["lines"][0]
+    assert "grade" not in live["lines"][0]
+    assert live["outputs"] == {0: SHAPED, 17: "42", 39: SHAPED}
+    assert live["scores"] == scores
+    assert spill_run(client, run_id, 16) == 2
+    assert not client.exists(keys.usage)  # freed with the outputs
+    assert not client.exists(keys.grade)
+    assert reads() == live
+    writer.record_scores(run_id, {i: plain for i in range(32, 40)})
+    assert writer.finalize(run_id, create("spy", {})) is not None
+    ended = reads()
+    done = archive_run(client, run_id)
+    assert done.sealed is SealOutcome.SEALED
+    assert reads() == ended
+    assert results.progress(run_id) == progress.model_copy(
+        update={"scored": 40, "touched": results.progress(run_id).touched}
+    )
+    (part,) = ArchiveReader(done.url).files
+    written = pq.read_table(part).to_pydict()
+    assert (written["usage"][17], written["grade"][20]) == (used.stored(), grade.stored())
+    assert [json.loads(t) for t in written["scores"][:2]] == [plain, plain]
+
+
+def _old_layout(sample_ids: list[int], outputs: list[Any], scores: list[Any]) -> pa.Table:
+    """A part as evalq wrote it before usage and grades had columns of their own: the usage
+    inside the output's text (``{"usage": {...}, "output": ...}``, the output typed when one
+    Arrow type holds every value, as then), the grade inside the scores' text (``{"grade":
+    {...}, "scores": {...}}``); columns ``sample_id``, ``output``, ``scores``, ``error``,
+    ``score.<metric>``."""
+    texts = [None if o is None else json.dumps(o, separators=(",", ":")) for o in outputs]
+    field, column = typed_output(pa.array(texts, pa.string()))
+    metrics = [None if s is None else s.get("scores", s) for s in scores]
+    return pa.table(
+        {
+            "sample_id": pa.array(sample_ids, pa.int64()),
+            field.name: column,
+            "scores": pa.array(
+                [None if s is None else json.dumps(s, separators=(",", ":")) for s in scores],
+                pa.string(),
+            ),
+            "error": pa.array([None] * len(sample_ids), pa.string()),
+            "score.model_graded": pa.array(
+                [None if m is None else m.get("model_graded") for m in metrics], pa.float64()
+            ),
+        },
+        schema=pa.schema(
+            [
+                pa.field("sample_id", pa.int64()), field, pa.field("scores", pa.string()),
+                pa.field("error", pa.string()), pa.field("score.model_graded", pa.float64()),
+            ]
+        ),
+    )  # fmt: skip
+
+
+def test_parts_and_archives_of_the_old_layout_read_with_usage_and_grades_apart(
+    tmp_path: Path,
+) -> None:
+    """Archives and spilled parts written before usage and grades had columns of their own
+    (both inside the output's and the scores' JSON text) read back with them taken apart:
+    outputs typed (a language model's: every one a struct of usage and output) or JSON text
+    (a cached one among them makes the keys differ), from a spilled part, a row group, an
+    archive's batches, rows and table."""
+    used = Usage(prompt_tokens=9, completion_tokens=2)
+    cached = Usage(prompt_tokens=5, completion_tokens=5, cached=True)
+    grade = Grade(
+        grader="openai/judge", prompt="p", verdict="GRADE: C",
+        usage=Usage(prompt_tokens=40, completion_tokens=3),
+    )  # fmt: skip
+    for usages in ([used, used, used], [used, cached, used]):
+        outputs = [
+            {"usage": u.model_dump(exclude_defaults=True), "output": f"answer {i}"}
+            for i, u in enumerate(usages)
+        ]
+        scores = [
+            {"grade": grade.model_dump(), "scores": {"model_graded": 1.0}},
+            {"model_graded": 0.0},
+            None,
+        ]
+        old = _old_layout([4, 5, 6], [*outputs[:2], None], scores)
+        expected = [
+            SampleResult(
+                sample_id=4, output="answer 0", usage=usages[0], scores={"model_graded": 1.0},
+                grade=grade,
+            ),
+            SampleResult(
+                sample_id=5, output="answer 1", usage=usages[1], scores={"model_graded": 0.0}
+            ),
+            SampleResult(sample_id=6),
+        ]  # fmt: skip
+        folder = tmp_path / uuid.uuid4().hex
+        folder.mkdir()
+        pq.write_table(old, folder / "part-00000.parquet")
+        manifest = {
+            "parts": [{"file": "part-00000.parquet", "rows": 3}],
+            "metrics": ["model_graded"],
+        }
+        (folder / MANIFEST).write_text(json.dumps(manifest))
+        part = f"file://{folder}/part-00000.parquet"
+        assert list(results_of(read_part(part))) == expected
+        assert read_part(part, columns=("scores",)).scores == [
+            '{"model_graded":1.0}',
+            '{"model_graded":0.0}',
+            None,
+        ]
+        spill = Spill("run", str(folder), rows=3, parts={0: part})
+        assert [spill.texts(i) for i in range(3)] == [
+            (expected[i].output and to_json(expected[i].output), *texts)
+            for i, texts in enumerate(
+                [
+                    ('{"model_graded":1.0}', None, usages[0].stored(), grade.stored()),
+                    ('{"model_graded":0.0}', None, usages[1].stored(), None),
+                    (None, None, None, None),
+                ]
+            )
+        ]
+        reader = ArchiveReader(f"file://{folder}")
+        (batch,) = reader.batches()
+        assert (
+            list(results_of(Chunk(*(batch.column(c).to_pylist() for c in RAW_COLUMNS)))) == expected
+        )
+        assert list(results_of(reader.rows([2, 0]))) == [expected[2], expected[0]]
+        table = reader.table()
+        assert table.column_names == [*RAW_COLUMNS, "score.model_graded"]
+        assert table.column("grade").to_pylist() == [grade.stored(), None, None]
+        assert table.column("score.model_graded").to_pylist() == [1.0, 0.0, None]

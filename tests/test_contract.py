@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import enum
 import json
+import uuid
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from celery_batches import SimpleRequest
@@ -24,7 +28,6 @@ from evalq.shared.errors import (
 from evalq.shared.evaluation import Evaluation, create, load_plugins, register, scrub
 from evalq.shared.keys import RunKeys
 from evalq.shared.models import (
-    USAGE_PREFIX,
     ErrorRecord,
     Grade,
     RunMeta,
@@ -32,10 +35,9 @@ from evalq.shared.models import (
     SampleResult,
     Stage,
     Usage,
+    from_json,
     scores_values,
     to_json,
-    with_grade,
-    with_usage,
 )
 from evalq.shared.queue.celery_app import create_app
 from evalq.shared.queue.sizing import split
@@ -54,6 +56,16 @@ from evalq.worker.messages import parse_requests
 from tests.helpers import labelled_rows, write_rows
 
 FP = "a" * 64
+
+
+class Colour(enum.Enum):
+    RED = "red"
+
+
+@dataclass
+class Point:
+    x: int
+    y: int
 
 
 def test_spec_fingerprint_is_stable_and_content_addressed(tmp_path: Path) -> None:
@@ -262,7 +274,7 @@ def test_flatten_for_csv_and_parquet() -> None:
 
 
 def test_a_graded_result_reads_the_same_from_its_texts_and_its_table() -> None:
-    """A ``model_graded`` sample's grade is stored with its scores; every reader takes the
+    """A ``model_graded`` sample's grade is stored beside its scores; every reader keeps the
     metrics apart from it (the attack review found the archive's export without its
     columns, and the report taking ``grade`` for a metric)."""
     usage = Usage(prompt_tokens=40, completion_tokens=2)
@@ -291,14 +303,12 @@ def test_a_graded_result_reads_the_same_from_its_texts_and_its_table() -> None:
 
 def test_stored_scores_parse_together_as_each_alone() -> None:
     """Scores are parsed as one JSON array (finalizing reads every one of them): the same
-    metrics as parsing each text, a grade taken apart, and a text that is not one JSON value
-    refused, not shifting its neighbours' values."""
-    usage = Usage(prompt_tokens=3, completion_tokens=1)
-    grade = Grade(grader="openai/judge", prompt="p", verdict="GRADE: I", usage=usage)
+    metrics as parsing each text, and a text that is not one JSON value refused, not shifting
+    its neighbours' values."""
     texts = [
         to_json({"acc": 1.0, "f1": 0.5}),
         None,
-        to_json(with_grade({"model_graded": 0.0}, grade)),
+        to_json({"model_graded": 0.0}),
         to_json({"acc": -2.5e-07}),
     ]
     assert scores_of([7, 8, 9, 10], texts) == {
@@ -313,17 +323,47 @@ def test_stored_scores_parse_together_as_each_alone() -> None:
 
 def test_only_a_batch_of_consecutive_plain_texts_travels_as_one_span() -> None:
     """A span holds samples lo..hi, every one, joined by newlines: what a reader splits back
-    exactly; anything else (a gap, out of order, one sample, a newline in a text, a text the
-    scripts must read) goes one by one."""
+    exactly; anything else (a gap, out of order, one sample, a newline in a text) goes one by
+    one."""
     texts = {i: json.dumps({"pred": i, "note": "a\nb"}) for i in range(5, 9)}
-    span = span_of(texts, USAGE_PREFIX)
+    span = span_of(texts)
     assert span is not None
     assert dict(spans([f"{span[0]}-8"], [span[1]])) == texts
-    assert span_of({5: "1", 7: "1"}, USAGE_PREFIX) is None
-    assert span_of({6: "1", 5: "1"}, USAGE_PREFIX) is None
-    assert span_of({5: "1"}, USAGE_PREFIX) is None
-    assert span_of({5: "1", 6: '"a\nb"'}, USAGE_PREFIX) is None
-    used = to_json(with_usage("x", Usage(prompt_tokens=1, completion_tokens=1)))
-    assert span_of({5: "1", 6: used}, USAGE_PREFIX) is None
-    assert span_of({i: "1" for i in range(SPAN_MAX + 1)}, USAGE_PREFIX) is None
+    assert span_of({5: "1", 7: "1"}) is None
+    assert span_of({6: "1", 5: "1"}) is None
+    assert span_of({5: "1"}) is None
+    assert span_of({5: "1", 6: '"a\nb"'}) is None
+    assert span_of({i: "1" for i in range(SPAN_MAX + 1)}) is None
     assert list(spans(["0-1"], [None])) == []
+
+
+def test_stored_json_is_strict_and_reads_back_the_same_value() -> None:
+    """``to_json`` / ``from_json`` (orjson where it agrees with the standard library): NaN and
+    infinity refused as ``json.dumps(allow_nan=False)`` refuses them, anywhere in the value;
+    what JSON cannot hold refused with the standard library's error, also what orjson would
+    write (a UUID, an enum, a dataclass); dict keys of ints, bools and None written as the
+    standard library writes them, float keys too; integers beyond 64 bits and lone surrogates
+    written and read back exactly; non-ASCII text written as UTF-8."""
+    for bad in (float("nan"), [1.0, float("inf")], {"a": {"b": [float("-inf")]}}):
+        with pytest.raises(ValueError, match="Out of range float values are not JSON compliant"):
+            to_json(bad)
+    for unheld in (uuid.UUID(int=1), Colour.RED, Point(1, 2), {1, 2}, {"a": object()}):
+        with pytest.raises(TypeError, match="is not JSON serializable"):
+            to_json(unheld)
+    keyed = {1: "a", None: "b", False: "c", 1e-05: "d", 2.5: "e"}
+    assert to_json(keyed) == json.dumps(keyed, separators=(",", ":"))
+    huge = {"n": [2**70, -(2**64) - 1], "m": 2**63, "f": 1e300}
+    assert from_json(to_json(huge)) == huge
+    assert from_json(to_json(2**70)) == 2**70
+    assert from_json("123456789012345678901234567890") == 123456789012345678901234567890
+    assert from_json(to_json("a\ud800b")) == "a\ud800b"
+    assert to_json("é ✓") == '"é ✓"'
+    assert from_json('"\\u00e9"') == "é"
+    deep: Any = "x"
+    for _ in range(300):
+        deep = [deep]
+    assert from_json(to_json(deep)) == deep
+    values: list[Any] = ["x", 3, 0.1, -2.5e-07, 1e16, True, None, [], {}, {"a": [1, {"b": None}]}]
+    for value in values:
+        assert json.loads(to_json(value)) == value
+        assert from_json(to_json(value)) == value

@@ -33,7 +33,7 @@ from evalq.shared.lm.request import ChoiceRequest, ChoiceScore
 from evalq.shared.lm.run import LanguageRun
 from evalq.shared.lm.spec import ModelSpec, canonical, folder, identity, is_local
 from evalq.shared.lm.task import TaskSpec
-from evalq.shared.models import Usage, shown_model, to_json, with_usage
+from evalq.shared.models import Usage, shown_model, to_json
 from evalq.shared.store.wire import result_line, result_of, text_line
 from tests.conftest import Stack
 from tests.helpers import REPO, cli_env, gateway, list_splits, wait_completed, write_rows
@@ -108,7 +108,7 @@ def test_a_task_generates_what_the_model_generates_with_its_tokens(
     assert isinstance(model, HFModel)
     rows = [{k: v for k, v in r.items() if k != "answer"} for r in _rows(8, 0)]
     expected = evaluation.infer_samples(model, rows, [(meta.run_id, i) for i in range(8)])
-    assert [r.output for r in results] == [e["output"] for e in expected]
+    assert [r.output for r in results] == [e.output for e in expected]
     assert all("\n" not in str(r.output) for r in results)
     for result, row in zip(results, rows, strict=True):
         assert result.usage is not None
@@ -270,20 +270,20 @@ def test_a_redelivered_sample_generates_the_same_text_in_any_batch(model_root: P
     reversed_ = evaluation.infer_samples(model, rows[::-1], samples[::-1])[::-1]
     assert together == alone == reversed_
     other_run = evaluation.infer_samples(model, rows, [("r2", i) for i in range(6)])
-    assert [o["output"] for o in other_run] != [t["output"] for t in together]
+    assert [o.output for o in other_run] != [t.output for t in together]
 
 
 def test_a_result_line_carries_output_and_usage_apart() -> None:
-    """An output stored with its usage reads as ``output`` and ``usage`` side by side, in
-    the line built from the stored text as in the result parsed from it."""
-    stored = to_json(with_usage("42", Usage(prompt_tokens=9, completion_tokens=2)))
-    line = json.loads(text_line(3, stored, '{"exact_match":1.0}', None))
+    """An output stored with its usage beside it reads as ``output`` and ``usage`` side by
+    side, in the line built from the stored texts as in the result parsed from them."""
+    usage = Usage(prompt_tokens=9, completion_tokens=2)
+    line = json.loads(text_line(3, '"42"', '{"exact_match":1.0}', None, usage=usage.stored()))
     assert line == {
         "sample_id": 3, "output": "42", "usage": {"prompt_tokens": 9, "completion_tokens": 2},
         "scores": {"exact_match": 1.0},
     }  # fmt: skip
-    result = result_of(3, stored, '{"exact_match":1.0}', None)
-    assert (result.output, result.usage) == ("42", Usage(prompt_tokens=9, completion_tokens=2))
+    result = result_of(3, '"42"', '{"exact_match":1.0}', None, usage=usage.stored())
+    assert (result.output, result.usage) == ("42", usage)
     assert json.loads(result_line(result)) == line
     plain = result_of(4, to_json({"output": 1, "usage": 2}), None, None)  # a plugin's own dict
     assert (plain.output, plain.usage) == ({"output": 1, "usage": 2}, None)

@@ -174,6 +174,9 @@ class RunShare:
         self.meta: RunMeta = res.runs.get(run_id)
         self.errors: dict[int, ErrorRecord] = {}
         self.outputs: dict[int, str] = {}
+        self.usages: dict[int, str] = {}
+        """A language model's outputs' usage (:meth:`evalq.shared.models.Usage.stored`),
+        stored beside them."""
         self.values: dict[int, Any] = {}
         """Outputs of :data:`KEPT` types as ``infer()`` returned them (their JSON in
         :attr:`outputs`)."""
@@ -228,7 +231,7 @@ class RunShare:
         wrote was stored (``stored``: none lost to another worker's), those outputs."""
         run = copy.copy(self)
         run.ids, run.errors, run.outputs, run.attempts, run.retry = ids, {}, {}, {}, []
-        run.values = {}
+        run.usages, run.values = {}, {}
         run.todo = None
         run.alone = set(self.alone)
         run._rows = {i: row for i, row in self._rows.items() if _immutable(row)}

@@ -21,7 +21,7 @@ from typing import Any
 
 from evalq.shared.errors import OutputTooLarge, PermanentError, RunTooLarge, first_line
 from evalq.shared.evaluation import checked_outputs, scrub
-from evalq.shared.models import SampleTask, Stage, error_record, to_json
+from evalq.shared.models import Metered, SampleTask, Stage, error_record, to_json
 from evalq.shared.queue.backlog import run_model
 from evalq.shared.queue.celery_app import INFER_TASK
 from evalq.shared.queue.pace import PaceMeter
@@ -72,8 +72,11 @@ def _infer(infer: Infer, items: list[Item], max_attempts: int, limit: int) -> No
         if isinstance(output, Exception):  # this sample's own failure (an endpoint's)
             _failed(run, sample_id, output, max_attempts)
             continue
+        value, usage = (
+            (output.output, output.usage) if isinstance(output, Metered) else (output, None)
+        )
         try:
-            text = to_json(output)
+            text = to_json(value)
         except (TypeError, ValueError) as exc:
             refused = PermanentError(f"output not JSON: {exc}")
             run.errors[sample_id] = error_record(Stage.INFER, refused)
@@ -83,8 +86,10 @@ def _infer(infer: Infer, items: list[Item], max_attempts: int, limit: int) -> No
         except OutputTooLarge as exc:
             run.errors[sample_id] = error_record(Stage.INFER, exc)
             continue
-        if type(output) in KEPT:
-            run.values[sample_id] = output
+        if usage is not None:
+            run.usages[sample_id] = usage.stored()
+        if type(value) in KEPT:
+            run.values[sample_id] = value
 
 
 def _pending(run: RunShare, done: set[int], labels: LabelFields) -> list[Item]:
@@ -171,6 +176,7 @@ def _within_run_bytes(res: Resources, run: RunShare) -> None:
     for sample_id in run.outputs:
         run.errors[sample_id] = error_record(Stage.INFER, refused)
     run.outputs.clear()
+    run.usages.clear()
     run.values.clear()
 
 
@@ -196,7 +202,9 @@ def infer_batch(res: Resources, tasks: list[SampleTask]) -> set[str]:
         # counted by the call that stores the outputs (when all of them are new), not by one more.
         fold = res.fuse and bool(ready) and len(ready) == len(run.outputs)
         scoring_of = run.bringing(ready) if fold else []
-        written, counts = res.writer.record_outputs_scoring(run.run_id, run.outputs, scoring_of)
+        written, counts = res.writer.record_outputs_scoring(
+            run.run_id, run.outputs, scoring_of, run.usages
+        )
         stored = written == len(run.outputs)
         if run.outputs:
             res.record_provenance(run.run_id, run.evaluation)

@@ -8,8 +8,9 @@ record alone (this module registers the language task kind, :mod:`evalq.shared.k
 different tasks on one model share the worker's warm copy of it (:meth:`LanguageTask.model_key`);
 the model is loaded by its provider (:mod:`evalq.shared.lm.providers`).
 
-A generated output is stored with its token usage (:func:`evalq.shared.models.with_usage`); a
-multiple-choice output is each choice's summed log-likelihood, in the choices' order.
+``infer()`` answers each output with its token usage (:func:`evalq.shared.models.with_usage`),
+which the worker stores beside it; a multiple-choice output is each choice's summed
+log-likelihood, in the choices' order.
 """
 
 from __future__ import annotations
@@ -178,7 +179,7 @@ class LanguageTask(Evaluation, Runner):
         prompts: dict[int, str] = {}
         for sample_id, row in rows.items():
             try:
-                prompts[sample_id] = task.grader_text(row, outputs[sample_id]["output"])
+                prompts[sample_id] = task.grader_text(row, outputs[sample_id])
             except Exception as exc:
                 graded[sample_id] = exc
         if not prompts:
@@ -217,9 +218,8 @@ class LanguageTask(Evaluation, Runner):
         return self._graders
 
     def score(self, row: dict[str, Any], output: Any) -> dict[str, float]:
-        """The task's scorer on the output without its usage (every output of this
-        evaluation is stored with it)."""
-        return self.run.task.score(output["output"], row)
+        """The task's scorer on the output (stored without its usage)."""
+        return self.run.task.score(output, row)
 
 
 class LanguageKind(TaskKind):

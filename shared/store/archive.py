@@ -3,10 +3,11 @@
 One attempt at archiving a run writes into a folder of its own,
 ``<archive>/<run>/<attempt>/``: ``part-00000.parquet``, ``part-00001.parquet``, … (columns
 ``sample_id``; ``output`` as a column of its values where they have one Arrow type that gives
-each stored text back exactly, else their JSON text (:func:`typed_output`); ``scores`` and
-``error`` as the live store holds them, JSON text; ``score.<metric>`` as float64 for
-analysis), then ``manifest.json`` last (the parts, their rows, and the run record with its
-progress, aggregate, stats, provenance, timeline and error counts). A folder without a
+each stored text back exactly, else their JSON text (:func:`typed_output`); ``scores``,
+``error``, ``usage`` (a language model's tokens) and ``grade`` (a grader's verdict) as the live
+store holds them, JSON text; ``score.<metric>`` as float64 for analysis), then
+``manifest.json`` last (the parts, their rows, and the run record with its progress,
+aggregate, stats, provenance, timeline and error counts). A folder without a
 manifest is an attempt that died: it is never read, and the attempt that wins removes it.
 Which attempt won is decided in Redis (:meth:`evalq.shared.store.seal.Sealer.seal`), not here: a
 folder is the run's archive once the run's record names it.
@@ -27,7 +28,7 @@ import re
 import uuid
 from collections.abc import Container, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import fsspec
@@ -36,6 +37,7 @@ import pyarrow.parquet as pq
 
 from evalq.shared.errors import ArchiveUnreadableError, first_line
 from evalq.shared.models import from_json, scores_values, to_json
+from evalq.shared.store.envelopes import enveloped_columns, opened
 
 __all__ = [
     "MANIFEST",
@@ -67,8 +69,9 @@ GROUP_BYTES = 4 * 2**20
 200 outputs of 250 KB in one row group was read whole by each results stream)."""
 READ_ROWS = 65_536
 """Rows per batch when a reader streams an archive."""
-RAW_COLUMNS = ("sample_id", "output", "scores", "error")
-"""The columns that give back exactly what the live store held."""
+RAW_COLUMNS = ("sample_id", "output", "scores", "error", "usage", "grade")
+"""The columns that give back exactly what the live store held (in :class:`Chunk`'s order)."""
+_TEXTS = RAW_COLUMNS[1:]
 OUTPUT_ENCODING = b"evalq.output"
 """The ``output`` field's metadata key: ``value`` (a column of the outputs' values) or
 ``json`` (their JSON text). A file without it (written before outputs were typed) holds JSON
@@ -127,6 +130,27 @@ def _output_texts(table: pa.Table | pa.RecordBatch, schema: pa.Schema) -> list[s
     return [None if v is None else to_json(v) for v in values]
 
 
+def _texts_of(
+    table: pa.Table | pa.RecordBatch, schema: pa.Schema, columns: Container[str] = _TEXTS
+) -> dict[str, list[str | None]]:
+    """A part's texts (its raw columns but ``sample_id``) as the store holds them, whichever
+    layout ``schema`` (the file's) says it was written in: outputs typed or not; a part
+    without a ``usage`` column (written before usage and grades had their own) holds them
+    inside the outputs' and the scores' texts, taken apart here. Columns not in ``columns``
+    (or not read) are nulls."""
+    rows = table.num_rows
+    read = set(table.schema.names)
+    texts: dict[str, list[str | None]] = {
+        c: (_output_texts(table, schema) if c == "output" else table.column(c).to_pylist())
+        if c in columns and c in read
+        else [None] * rows
+        for c in _TEXTS
+    }
+    if "usage" not in schema.names:
+        opened(texts, read, columns)
+    return texts
+
+
 def run_folder(archive_url: str, run_id: str) -> str:
     """Where ``run_id``'s archive attempts go under ``archive_url``."""
     return f"{archive_url.rstrip('/')}/{run_id}"
@@ -183,14 +207,44 @@ class Chunk:
     outputs: list[str | None]
     scores: list[str | None]
     errors: list[str | None]
+    usages: list[str | None] = field(default_factory=list)
+    """A language model's token usage of each output (:meth:`evalq.shared.models.Usage.stored`);
+    not given: none."""
+    grades: list[str | None] = field(default_factory=list)
+    """A grader's grade of each scored sample (:meth:`evalq.shared.models.Grade.stored`); not
+    given: none."""
+
+    def __post_init__(self) -> None:
+        n = len(self.sample_ids)
+        if n and not self.usages:
+            self.usages = [None] * n
+        if n and not self.grades:
+            self.grades = [None] * n
+
+    @classmethod
+    def empty(cls) -> Chunk:
+        """No sample."""
+        return cls([], [], [], [], [], [])
+
+    @classmethod
+    def of_rows(cls, sample_ids: list[int], rows: list[tuple[str | None, ...]]) -> Chunk:
+        """Samples from their texts, each row in :data:`RAW_COLUMNS`' order (output, scores,
+        error, usage, grade)."""
+        if not rows:
+            return cls(list(sample_ids), [], [], [], [], [])
+        columns = [list(column) for column in zip(*rows, strict=True)]
+        return cls(list(sample_ids), *columns)
+
+    def columns(self) -> tuple[list[str | None], ...]:
+        """The texts by column, in :data:`RAW_COLUMNS`' order (without ``sample_id``)."""
+        return self.outputs, self.scores, self.errors, self.usages, self.grades
 
     def texts_of(self, wanted: Container[int]) -> dict[int, tuple[str | None, ...]]:
-        """The texts (output, scores, error) of those samples of ``wanted`` this chunk holds."""
+        """The texts (output, scores, error, usage, grade) of those samples of ``wanted`` this
+        chunk holds."""
         return {
-            i: (output, scores, error)
-            for i, output, scores, error in zip(
-                self.sample_ids, self.outputs, self.scores, self.errors, strict=True
-            )
+            i: tuple(texts)
+            for i, *texts in zip(self.sample_ids, *self.columns(), strict=True)
             if i in wanted
         }
 
@@ -206,6 +260,8 @@ class Chunk:
             "output": pa.array(self.outputs, pa.string()),
             "scores": pa.array(self.scores, pa.string()),
             "error": pa.array(self.errors, pa.string()),
+            "usage": pa.array(self.usages, pa.string()),
+            "grade": pa.array(self.grades, pa.string()),
         }
         for metric in metrics:
             values = [None if s is None else s.get(metric) for s in parsed]
@@ -226,7 +282,7 @@ def table_of(chunks: Iterator[Chunk]) -> pa.Table:
     one."""
     tables = [chunk.table() for chunk in chunks]
     if not tables:
-        return typed_table(Chunk([], [], [], []).table())
+        return typed_table(Chunk.empty().table())
     return typed_table(_ordered(pa.concat_tables(tables, promote_options="default")))
 
 
@@ -246,7 +302,9 @@ class ArchiveWriter:
         name = f"part-{len(self._parts):05d}.parquet"
         table = chunk.table()
         _write(self._fs, f"{self._path}/{name}", table)
-        self._metrics.update(c.removeprefix("score.") for c in table.column_names[4:])
+        self._metrics.update(
+            c.removeprefix("score.") for c in table.column_names[len(RAW_COLUMNS) :]
+        )
         self._parts.append({"file": name, "rows": table.num_rows})
 
     @property
@@ -295,8 +353,10 @@ def read_part(url: str, run_id: str = "", columns: tuple[str, ...] = RAW_COLUMNS
     with _reading(url, run_id):
         fs, path = fsspec.core.url_to_fs(url)
         with fs.open(path, "rb") as handle:
-            table = pq.read_table(handle, columns=list(dict.fromkeys(("sample_id", *columns))))
-    return _chunk_of(table, columns)
+            parquet = pq.ParquetFile(handle)
+            schema = parquet.schema_arrow
+            table = parquet.read(columns=enveloped_columns(("sample_id", *columns), schema))
+    return _chunk_of(table, schema, columns)
 
 
 def read_part_group(url: str, run_id: str, row: int) -> tuple[int, Chunk]:
@@ -311,20 +371,16 @@ def read_part_group(url: str, run_id: str, row: int) -> tuple[int, Chunk]:
             for group in range(parquet.metadata.num_row_groups):
                 size = parquet.metadata.row_group(group).num_rows
                 if row < first + size:
-                    return first, _chunk_of(parquet.read_row_group(group), RAW_COLUMNS)
+                    table = parquet.read_row_group(group)
+                    return first, _chunk_of(table, parquet.schema_arrow, RAW_COLUMNS)
                 first += size
     raise ArchiveUnreadableError(f"run {run_id}: its spilled part {url} has no row {row}")
 
 
-def _chunk_of(table: pa.Table, columns: tuple[str, ...]) -> Chunk:
+def _chunk_of(table: pa.Table, schema: pa.Schema, columns: tuple[str, ...]) -> Chunk:
     """A part's rows as the store's texts (the columns not in ``columns``: nulls)."""
-    texts: list[list[str | None]] = [
-        (_output_texts(table, table.schema) if c == "output" else table.column(c).to_pylist())
-        if c in columns
-        else [None] * table.num_rows
-        for c in RAW_COLUMNS[1:]
-    ]
-    return Chunk(table.column("sample_id").to_pylist(), *texts)
+    texts = _texts_of(table, schema, columns)
+    return Chunk(table.column("sample_id").to_pylist(), *(texts[c] for c in _TEXTS))
 
 
 def remove_part(url: str, run_id: str) -> bool:
@@ -389,11 +445,12 @@ class ArchiveReader:
             with self._reading(), self._fs.open(f"{self._path}/{part['file']}", "rb") as handle:
                 parquet = pq.ParquetFile(handle)
                 schema = parquet.schema_arrow
-                present = [c for c in columns if c in schema.names]
+                present = enveloped_columns(columns, schema)
                 for batch in parquet.iter_batches(batch_size=rows, columns=present):
+                    texts = _texts_of(batch, schema, columns)
                     arrays = [
-                        pa.array(_output_texts(batch, schema), pa.string())
-                        if c == "output"
+                        pa.array(texts[c], pa.string())
+                        if c in texts
                         else batch.column(c)
                         if c in present
                         else pa.nulls(batch.num_rows, pa.float64())
@@ -405,7 +462,7 @@ class ArchiveReader:
         """The stored texts of the rows at ``positions`` (their places in submission order,
         over the whole run), in that order, reading only the parts that hold them, and of
         each only the raw columns."""
-        found: dict[int, tuple[int, str | None, str | None, str | None]] = {}
+        found: dict[int, tuple[int, tuple[str | None, ...]]] = {}
         start = 0
         for part in self.manifest["parts"]:
             stop = start + int(part["rows"])
@@ -414,21 +471,18 @@ class ArchiveReader:
                 path = f"{self._path}/{part['file']}"
                 with self._reading(), self._fs.open(path, "rb") as handle:
                     parquet = pq.ParquetFile(handle)
-                    taken = parquet.read(columns=list(RAW_COLUMNS)).take(local)
-                    texts = zip(
+                    schema = parquet.schema_arrow
+                    taken = parquet.read(columns=enveloped_columns(RAW_COLUMNS, schema)).take(local)
+                    texts = _texts_of(taken, schema)
+                    rows = zip(
                         taken.column("sample_id").to_pylist(),
-                        _output_texts(taken, parquet.schema_arrow),
-                        taken.column("scores").to_pylist(),
-                        taken.column("error").to_pylist(),
+                        zip(*(texts[c] for c in _TEXTS), strict=True),
                         strict=True,
                     )
-                    found.update(zip((start + i for i in local), texts, strict=True))
+                    found.update(zip((start + i for i in local), rows, strict=True))
             start = stop
-        rows = [found[p] for p in positions if p in found]
-        return Chunk(
-            [row[0] for row in rows], [row[1] for row in rows],
-            [row[2] for row in rows], [row[3] for row in rows],
-        )  # fmt: skip
+        kept = [found[p] for p in positions if p in found]
+        return Chunk.of_rows([row[0] for row in kept], [row[1] for row in kept])
 
     def table(self) -> pa.Table:
         """Every row as one table with every metric's column, its outputs typed over the whole
@@ -436,5 +490,5 @@ class ArchiveReader:
         columns = (*RAW_COLUMNS, *(f"score.{m}" for m in self.manifest["metrics"]))
         batches = list(self.batches(columns))
         if not batches:
-            return typed_table(Chunk([], [], [], []).table())
+            return typed_table(Chunk.empty().table())
         return typed_table(_ordered(pa.Table.from_batches(batches)))

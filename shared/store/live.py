@@ -30,7 +30,7 @@ __all__ = ["COLUMNS", "SCAN_COUNT", "LiveResults", "Present", "Sealed", "settled
 
 SCAN_COUNT = 1000
 """Samples read at a time when a whole run is read."""
-COLUMNS = ("outputs", "scores", "errors")
+COLUMNS = ("outputs", "scores", "errors", "usages", "grades")
 """The texts the store holds of each sample, in :class:`Chunk`'s order."""
 _BITMAP_SPAN = 65_536
 """Bytes of the spilled bitmap read at once for ids close together; ids further apart have
@@ -103,8 +103,11 @@ def _holding(fields: list[str], ordered: list[int]) -> tuple[list[str], set[int]
 
 
 def _hash(keys: RunKeys, name: str) -> str:
-    """The run's hash that holds the column ``name`` (outputs, scores, errors)."""
-    return {"outputs": keys.out, "scores": keys.score, "errors": keys.err}[name]
+    """The run's hash that holds the column ``name`` (one of :data:`COLUMNS`)."""
+    return {
+        "outputs": keys.out, "scores": keys.score, "errors": keys.err, "usages": keys.usage,
+        "grades": keys.grade,
+    }[name]  # fmt: skip
 
 
 class LiveResults:
@@ -115,9 +118,9 @@ class LiveResults:
         self._runs = RunStore(client)
 
     def present(self, run_id: str, sample_ids: list[int], names: tuple[str, ...]) -> Present:
-        """``sample_ids``' values of the columns ``names`` (``outputs``, ``scores``,
-        ``errors``) in Redis, and which of them were spilled, read in one pipeline (two when
-        spans are read) that ends by checking the seal."""
+        """``sample_ids``' values of the columns ``names`` (of :data:`COLUMNS`) in Redis, and
+        which of them were spilled, read in one pipeline (two when spans are read) that ends by
+        checking the seal."""
         if not sample_ids:
             return Present([[] for _ in names], set())
         keys = RunKeys(run_id)
@@ -181,7 +184,7 @@ class LiveResults:
         spilled segments from their parts (``spill`` is updated by the same read)."""
         keys = RunKeys(run_id)
         live = [i for n, i in enumerate(sample_ids) if spill.segment(start + n) is None]
-        found: list[list[str | None]] = [[], [], []]
+        found: list[list[str | None]] = [[] for _ in COLUMNS]
         if live:
 
             def after(pipe: Pipeline) -> None:
@@ -199,7 +202,7 @@ class LiveResults:
             values[i] if spill.segment(start + n) is None else spill.texts(start + n)
             for n, i in enumerate(sample_ids)
         ]
-        return Chunk(list(sample_ids), *(list(column) for column in zip(*rows, strict=True)))
+        return Chunk.of_rows(sample_ids, rows)
 
     def _read(
         self,

@@ -159,7 +159,7 @@ class PageReader:
         except UnknownRunError:
             return None
         if picked is None:
-            return 0, Chunk([], [], [], [])
+            return 0, Chunk.empty()
         table, positions = picked
         ids = table["sample_id"].take(positions[offset : offset + limit]).to_pylist()
         found = _capped(partial(self._results.live_chunk, run_id), ids)
@@ -179,7 +179,7 @@ class PageReader:
         batches = archive.batches(query.columns(), self._rows)
         picked = _picked((pa.Table.from_batches([b]) for b in batches), query)
         if picked is None:
-            return 0, Chunk([], [], [], [])
+            return 0, Chunk.empty()
         positions = picked[1]
         found = _capped(archive.rows, step=limit, keys=positions[offset : offset + limit])
         assert found is not None
@@ -210,19 +210,17 @@ def _capped(
     (at least one sample: the page may end short of ``keys``); None as ``read`` answers it (the
     run was sealed meanwhile). An archived page is read in one step (its part is read whole
     either way: reading it again for every :data:`PAGE_STEP` rows only repeated the I/O)."""
-    page = Chunk([], [], [], [])
+    page = Chunk.empty()
     size = 0
     for start in range(0, len(keys), step):
         chunk = read(list(keys[start : start + step]))
         if chunk is None:
             return None
-        rows = zip(chunk.sample_ids, chunk.outputs, chunk.scores, chunk.errors, strict=True)
-        for sample_id, output, scores, error in rows:
-            size += sum(len(text) for text in (output, scores, error) if text is not None)
+        for sample_id, *texts in zip(chunk.sample_ids, *chunk.columns(), strict=True):
+            size += sum(len(text) for text in texts if text is not None)
             if page.sample_ids and size > PAGE_BYTES:
                 return page
             page.sample_ids.append(sample_id)
-            page.outputs.append(output)
-            page.scores.append(scores)
-            page.errors.append(error)
+            for column, text in zip(page.columns(), texts, strict=True):
+                column.append(text)
     return page

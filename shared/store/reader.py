@@ -110,10 +110,7 @@ class ResultReader:
             done = 0
             for start in range(0, len(columns["sample_id"]), size):
                 end = start + size
-                yield Chunk(
-                    columns["sample_id"][start:end], columns["output"][start:end],
-                    columns["scores"][start:end], columns["error"][start:end],
-                )  # fmt: skip
+                yield Chunk(*(columns[c][start:end] for c in RAW_COLUMNS))
 
     def tables(self, run_id: str, size: int = 10_000) -> Iterator[pa.Table]:
         """Every sample's stored texts and metrics as tables of the archive's columns
@@ -159,14 +156,14 @@ class ResultReader:
         wanted, found = set(sample_ids), dict[int, tuple[str | None, ...]]()
         for chunk in self.chunks(run_id, _ARCHIVE_SCAN):
             found.update(chunk.texts_of(wanted))
-        rows = [found.get(i, (None, None, None)) for i in sample_ids]
-        return Chunk(list(sample_ids), *([row[k] for row in rows] for k in range(3)))
+        none = (None,) * len(COLUMNS)
+        return Chunk.of_rows(sample_ids, [found.get(i, none) for i in sample_ids])
 
     def _archived_columns(
         self, run_id: str, sample_ids: list[int], names: tuple[str, ...]
     ) -> list[list[str | None]]:
-        """``sample_ids``' stored texts of the columns ``names`` (``outputs``, ``scores``,
-        ``errors``) as read from the archive."""
+        """``sample_ids``' stored texts of the columns ``names`` (of
+        :data:`evalq.shared.store.live.COLUMNS`) as read from the archive."""
         archived = self._archived(run_id, sample_ids)
         return [getattr(archived, name) for name in names]
 

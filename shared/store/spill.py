@@ -109,7 +109,7 @@ class Spill:
             )
         return url
 
-    def _row(self, index: int, row: int) -> tuple[str | None, str | None, str | None]:
+    def _row(self, index: int, row: int) -> tuple[str | None, ...]:
         """The texts of row ``row`` of segment ``index``'s part, read by row group (the group
         read last is kept: readers go through a segment in order)."""
         last = self._last
@@ -117,15 +117,16 @@ class Spill:
             first, chunk = read_part_group(self.url(index), self.run_id, row)
             last = self._last = (index, first, chunk)
         chunk, at = last[2], row - last[1]
-        return chunk.outputs[at], chunk.scores[at], chunk.errors[at]
+        return tuple(column[at] for column in chunk.columns())
 
     def column(self, index: int, name: str) -> Chunk:
         """Segment ``index``'s part with only the column ``name`` (``scores``, ``error``)
         read: the others are nulls."""
         return read_part(self.url(index), self.run_id, (name,))
 
-    def texts(self, position: int) -> tuple[str | None, str | None, str | None]:
-        """The texts of the sample at ``position`` (in a spilled segment)."""
+    def texts(self, position: int) -> tuple[str | None, ...]:
+        """The texts of the sample at ``position`` (in a spilled segment), in
+        :data:`evalq.shared.store.archive.RAW_COLUMNS`' order."""
         index = self.segment(position)
         assert index is not None
         return self._row(index, position - index * self.rows)
@@ -168,7 +169,7 @@ class Spiller:
                 keys=[
                     keys.meta, keys.spill, keys.spilled, keys.out, keys.score, keys.err,
                     keys.errors, keys.inferred, keys.done, keys.ranges_of("outputs"),
-                    keys.ranges_of("scores"),
+                    keys.ranges_of("scores"), keys.usage, keys.grade,
                 ],
                 args=[
                     segment, rows, url, len(kinds) // 2, SPAN_MAX, *kinds, len(bare), *bare,

@@ -2,8 +2,10 @@
 results``, the gateway's streams and export), its :class:`SampleResult`, and back.
 
 The store keeps each sample's output, scores and error as JSON text (:func:`to_json` and
-``model_dump_json`` wrote them); a line is built from those texts without parsing them, and
-gives exactly the text a result's line gives.
+``model_dump_json`` wrote them), and a language model's usage and a grader's grade as texts of
+their own beside them (never inside an output or scores: a plugin's output shaped like usage
+stays an output); a line is built from those texts without parsing them, and gives exactly
+the text a result's line gives.
 """
 
 from __future__ import annotations
@@ -12,18 +14,14 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import cast
 
 from evalq.shared.models import (
-    GRADE_PREFIX,
-    USAGE_PREFIX,
     ErrorRecord,
+    Grade,
     SampleResult,
+    Usage,
     from_json,
     scores_values,
-    split_grade,
-    split_usage,
     to_json,
-    with_grade,
-    with_usage,
-)  # fmt: skip
+)
 from evalq.shared.store.archive import Chunk
 
 __all__ = [
@@ -50,27 +48,45 @@ many samples it has. Readers look for the spans that may hold an id ``i`` among 
 from ``i - SPAN_MAX + 1`` on."""
 
 
-def text_line(sample_id: int, output: str | None, scores: str | None, error: str | None) -> str:
+def text_line(
+    sample_id: int,
+    output: str | None,
+    scores: str | None,
+    error: str | None,
+    *,
+    usage: str | None = None,
+    grade: str | None = None,
+) -> str:
     """One sample's JSON line (``evalq results``) from the texts the store holds: absent values
-    (and an output of JSON ``null``) left out."""
+    (and an output of JSON ``null``) left out; the members in :class:`SampleResult`'s order."""
     line = f'{{"sample_id":{sample_id}'
-    if output is not None and output.startswith(USAGE_PREFIX):
-        line += f",{output[1:-1]}"
-    elif output is not None and output != "null":
+    if output is not None and output != "null":
         line += f',"output":{output}'
-    if scores is not None and scores.startswith(GRADE_PREFIX):
-        line += f",{scores[1:-1]}"
-    elif scores is not None:
+    if usage is not None:
+        line += f',"usage":{usage}'
+    if scores is not None:
         line += f',"scores":{scores}'
+    if grade is not None:
+        line += f',"grade":{grade}'
     if error is not None:
         line += f',"error":{error}'
     return line + "}\n"
 
 
+def _rows(
+    chunk: Chunk,
+) -> Iterator[tuple[int, str | None, str | None, str | None, str | None, str | None]]:
+    """A chunk's samples: id, output, scores, error, usage, grade (:func:`text_line`'s order)."""
+    return zip(
+        chunk.sample_ids, chunk.outputs, chunk.scores, chunk.errors, chunk.usages, chunk.grades,
+        strict=True,
+    )  # fmt: skip
+
+
 def chunk_lines(chunk: Chunk) -> Iterator[str]:
     """The JSON lines of a chunk's samples."""
-    for values in zip(chunk.sample_ids, chunk.outputs, chunk.scores, chunk.errors, strict=True):
-        yield text_line(*values)
+    for sample_id, output, scores, error, usage, grade in _rows(chunk):
+        yield text_line(sample_id, output, scores, error, usage=usage, grade=grade)
 
 
 def result_line(result: SampleResult) -> str:
@@ -81,32 +97,38 @@ def result_line(result: SampleResult) -> str:
         return result.model_dump_json(exclude_none=True) + "\n"
     return text_line(
         result.sample_id,
-        _stored(result),
-        _scored(result),
+        None if result.output is None else to_json(result.output),
+        None if result.scores is None else to_json(result.scores),
         None if result.error is None else result.error.model_dump_json(),
+        usage=None if result.usage is None else result.usage.stored(),
+        grade=None if result.grade is None else result.grade.stored(),
     )
 
 
 def result_of(
-    sample_id: int, output: str | None, scores: str | None, error: str | None
+    sample_id: int,
+    output: str | None,
+    scores: str | None,
+    error: str | None,
+    *,
+    usage: str | None = None,
+    grade: str | None = None,
 ) -> SampleResult:
     """A sample's result from the texts the store holds."""
-    value, usage = (None, None) if output is None else split_usage(from_json(output), output)
-    metrics, grade = (None, None) if scores is None else split_grade(from_json(scores), scores)
     return SampleResult(
         sample_id=sample_id,
-        output=value,
-        usage=usage,
-        scores=metrics,
-        grade=grade,
+        output=None if output is None else from_json(output),
+        usage=None if usage is None else Usage.model_validate_json(usage),
+        scores=None if scores is None else dict(from_json(scores)),
+        grade=None if grade is None else Grade.model_validate_json(grade),
         error=None if error is None else ErrorRecord.model_validate_json(error),
     )
 
 
 def results_of(chunk: Chunk) -> Iterator[SampleResult]:
     """Each of a chunk's samples' result, from the texts the store holds."""
-    for values in zip(chunk.sample_ids, chunk.outputs, chunk.scores, chunk.errors, strict=True):
-        yield result_of(*values)
+    for sample_id, output, scores, error, usage, grade in _rows(chunk):
+        yield result_of(sample_id, output, scores, error, usage=usage, grade=grade)
 
 
 def as_chunks(results: Iterable[SampleResult], size: int) -> Iterator[Chunk]:
@@ -123,26 +145,14 @@ def as_chunks(results: Iterable[SampleResult], size: int) -> Iterator[Chunk]:
         yield _texts(batch)
 
 
-def _stored(result: SampleResult) -> str | None:
-    """A result's output as the store holds it (with its usage, when it has one)."""
-    if result.usage is not None:
-        return to_json(with_usage(result.output, result.usage))
-    return None if result.output is None else to_json(result.output)
-
-
-def _scored(result: SampleResult) -> str | None:
-    """A result's scores as the store holds them (with their grade, when they have one)."""
-    if result.scores is not None and result.grade is not None:
-        return to_json(with_grade(result.scores, result.grade))
-    return None if result.scores is None else to_json(result.scores)
-
-
 def _texts(results: list[SampleResult]) -> Chunk:
     return Chunk(
         [r.sample_id for r in results],
-        [_stored(r) for r in results],
-        [_scored(r) for r in results],
+        [None if r.output is None else to_json(r.output) for r in results],
+        [None if r.scores is None else to_json(r.scores) for r in results],
         [None if r.error is None else r.error.model_dump_json() for r in results],
+        [None if r.usage is None else r.usage.stored() for r in results],
+        [None if r.grade is None else r.grade.stored() for r in results],
     )
 
 
@@ -168,12 +178,12 @@ def error_kind(raw: str) -> str:
     return ErrorRecord.model_validate_json(raw).stage_kind
 
 
-def span_of(texts: dict[int, str], prefix: str) -> tuple[int, str] | None:
+def span_of(texts: dict[int, str]) -> tuple[int, str] | None:
     """``texts`` (sample id -> JSON text, in id order) as one span (its first id, its texts
     joined), when they are the samples ``lo`` to ``lo + n - 1`` (2 to :data:`SPAN_MAX` of
-    them), none holds a newline, none begins with ``prefix`` (those the store's scripts
-    read: outputs with their usage, scores with a grade) and they take at most
-    :data:`SPAN_BYTES`; else None: they go one by one."""
+    them), none holds a newline and they take at most :data:`SPAN_BYTES`; else None: they go
+    one by one (so do a batch's texts that have usages or grades beside them: the scripts
+    read those one by one)."""
     n = len(texts)
     if n < 2 or n > SPAN_MAX:
         return None
@@ -181,7 +191,7 @@ def span_of(texts: dict[int, str], prefix: str) -> tuple[int, str] | None:
     if not consecutive(ids):
         return None
     joined = "\n".join(texts.values())
-    if len(joined) > SPAN_BYTES or joined.count("\n") != n - 1 or prefix in joined:
+    if len(joined) > SPAN_BYTES or joined.count("\n") != n - 1:
         return None
     return ids[0], joined
 

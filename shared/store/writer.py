@@ -18,15 +18,7 @@ from redis.commands.core import Script
 
 from evalq.shared.evaluation import Evaluation
 from evalq.shared.keys import LIVE_BYTES, UNSENT, RunKeys
-from evalq.shared.models import (
-    GRADE_PREFIX,
-    USAGE_PREFIX,
-    ErrorRecord,
-    Grade,
-    Stage,
-    to_json,
-    with_grade,
-)
+from evalq.shared.models import ErrorRecord, Grade, Stage, to_json
 from evalq.shared.store.aggregate import Clusters, Finished, conclude
 from evalq.shared.store.reader import ResultReader
 from evalq.shared.store.runs import RunStore
@@ -108,6 +100,14 @@ def _span_or_each(
     return list(script(keys=keys, args=each))
 
 
+def _given(values: dict[int, str], extra: Mapping[int, str]) -> list[str | int]:
+    """Samples' texts as the scripts take them: ``id, text`` each, or, when ``extra`` (their
+    usages, their grades) is not empty, ``id, text, extra text`` (``''`` for none) each."""
+    if not extra:
+        return flatten(values)
+    return [x for i, text in values.items() for x in (i, text, extra.get(i, ""))]
+
+
 def _counts(deliveries: list[Delivery], counts: list[int]) -> dict[int, int]:
     """``attempt.lua``'s counts by sample id."""
     ids = [i for delivery in deliveries for i in delivery.sample_ids]
@@ -177,10 +177,13 @@ class ResultWriter:
                 pipe.hdel(keys.attempts_of(Stage.SCORE), *fields)
                 pipe.execute()
 
-    def record_outputs(self, run_id: str, outputs: dict[int, str]) -> int:
-        """Write each output (JSON text, see :func:`to_json`) unless one exists, counting the
-        tokens of those stored with their usage; return how many were new."""
-        return self.record_outputs_scoring(run_id, outputs, [])[0]
+    def record_outputs(
+        self, run_id: str, outputs: dict[int, str], usages: Mapping[int, str] | None = None
+    ) -> int:
+        """Write each output (JSON text, see :func:`to_json`) unless one exists, with its
+        usage (:meth:`evalq.shared.models.Usage.stored`) when ``usages`` has one, counting
+        those tokens; return how many were new."""
+        return self.record_outputs_scoring(run_id, outputs, [], usages)[0]
 
     def live_bytes(self, run_id: str, change: int) -> int:
         """Add ``change`` to the bytes of outputs the run holds in Redis (what workers stored,
@@ -189,7 +192,11 @@ class ResultWriter:
         return int(self._client.hincrby(RunKeys(run_id).progress, LIVE_BYTES, change))
 
     def record_outputs_scoring(
-        self, run_id: str, outputs: dict[int, str], scoring: list[Delivery]
+        self,
+        run_id: str,
+        outputs: dict[int, str],
+        scoring: list[Delivery],
+        usages: Mapping[int, str] | None = None,
     ) -> tuple[int, dict[int, int] | None]:
         """:meth:`record_outputs`, and in the same call, once every output was new, the
         attempt at scoring of the samples the messages ``scoring`` bring (see :meth:`attempt`):
@@ -198,8 +205,9 @@ class ResultWriter:
         if not outputs:
             return 0, None
         keys = RunKeys(run_id)
-        span = span_of(outputs, USAGE_PREFIX)
-        head = [USAGE_PREFIX, len(outputs)]
+        used = usages or {}
+        span = None if used else span_of(outputs)
+        head = [3 if used else 2, len(outputs)]
         script_keys = [
             keys.out,
             keys.progress,
@@ -209,13 +217,14 @@ class ResultWriter:
             keys.deliveries_of(Stage.SCORE),
             keys.inferred,
             keys.ranges_of("outputs"),
+            keys.usage,
         ]
         attempt = _messages_of(scoring, list(outputs)) if scoring else []
         reply = _span_or_each(
             self._record_outputs,
             script_keys,
             None if span is None else [*head, "~", *span, *attempt],
-            [*head, *flatten(outputs), *attempt],
+            [*head, *_given(outputs, used), *attempt],
         )
         written, *counts = (int(c) for c in reply)
         if written != len(outputs) or not any(d.sample_ids for d in scoring):
@@ -230,13 +239,11 @@ class ResultWriter:
         counted_alone: bool = True,
     ) -> Settled:
         """Settle samples with their scores, each with the grade it came from when it has one
-        (a ``model_graded`` task's). ``counted_alone=False`` says none of them has an attempt
-        count of its own to delete (see :meth:`attempt`)."""
-        given = grades or {}
-        encoded = {
-            i: to_json(with_grade(s, given[i]) if i in given else s) for i, s in scores.items()
-        }
-        return self._settle(run_id, "score", encoded, counted_alone=counted_alone)
+        (a ``model_graded`` task's, stored in a field of its own). ``counted_alone=False`` says
+        none of them has an attempt count of its own to delete (see :meth:`attempt`)."""
+        encoded = {i: to_json(s) for i, s in scores.items()}
+        graded = {i: g.stored() for i, g in (grades or {}).items() if i in scores}
+        return self._settle(run_id, "score", encoded, counted_alone=counted_alone, grades=graded)
 
     def record_errors(
         self, run_id: str, errors: dict[int, ErrorRecord], counted_alone: bool = True
@@ -256,7 +263,9 @@ class ResultWriter:
         kind: str,
         values: dict[int, str],
         stale_after: float | None = None,
+        *,
         counted_alone: bool = True,
+        grades: Mapping[int, str] | None = None,
     ) -> Settled:
         if not values and stale_after is None:
             return Settled(False, 0, 0)
@@ -272,20 +281,22 @@ class ResultWriter:
             keys.spilled,
             keys.done,
             keys.ranges_of("scores"),
+            keys.grade,
         ]
+        graded = grades or {}
         head = [
             kind,
             "" if stale_after is None else stale_after,
             self._size(run_id),
-            GRADE_PREFIX,
+            3 if graded else 2,
             int(counted_alone),
         ]
-        span = span_of(values, GRADE_PREFIX) if kind == "score" else None
+        span = span_of(values) if kind == "score" and not graded else None
         written, finalize, settled = _span_or_each(
             self._settle_script,
             script_keys,
             None if span is None else [*head, "~", span[0], len(values), span[1]],
-            [*head, *flatten(values)],
+            [*head, *_given(values, graded)],
         )
         return Settled(bool(finalize), int(written), int(settled))
 

@@ -11,14 +11,18 @@
 -- KEYS[7] = RunKeys.inferred  bitmap: a sample's bit is set with its output; a set one is
 --                                 skipped
 -- KEYS[8] = RunKeys.ranges_of('outputs')  sorted set of the spans in KEYS[1]
--- ARGV[1] = how an output stored with its usage begins (shared.models.USAGE_PREFIX): its
---           tokens are added to the progress hash's 'prompt_tokens' / 'completion_tokens',
---           or, answered from the response cache (usage.cached), it counts in 'cached'
+-- KEYS[9] = RunKeys.usage     hash, sample id -> usage JSON, written with the sample's output:
+--           its tokens are added to the progress hash's 'prompt_tokens' /
+--           'completion_tokens', or, answered from the response cache (usage.cached), it
+--           counts in 'cached' (only this field is read for tokens, never an output)
+-- ARGV[1] = the values given per output: 2 (id, output) or 3 (id, output, usage JSON or ''
+--           for none)
 -- ARGV[2] = n, the number of outputs that follow
--- ARGV[3 .. 2 + 2n] = id1, json1, id2, json2, ...   (an id given twice is written once, the
---           first); or ARGV[3] = '~', ARGV[4] = lo, ARGV[5] = the outputs of samples lo to
---           lo + n - 1 joined by newlines (none with its usage): a span, written as one field
---           when none of them has an output yet, else nothing is (the reply is {-1})
+-- ARGV[3 .. 2 + ARGV[1] * n] = id1, json1[, usage1], id2, json2[, usage2], ...   (an id given
+--           twice is written once, the first); or ARGV[3] = '~', ARGV[4] = lo, ARGV[5] = the
+--           outputs of samples lo to lo + n - 1 joined by newlines (none with a usage): a span,
+--           written as one field when none of them has an output yet, else nothing is (the
+--           reply is {-1})
 -- ARGV[next ..] = the score-stage attempt to count, as attempt.lua's ARGV (per message: its
 --           key, solo, count, its ids); or '=' and then per message its key, solo and count
 --           only, its ids being the next count of the outputs' ids in order (the messages
@@ -31,8 +35,8 @@
 -- Calls: a few per batch, not per sample (a span: a BITCOUNT, one HSET, a ZADD, the bits).
 local status = redis.call('HGET', KEYS[3], 'status')
 if not going(status) then return {0} end
-local n = tonumber(ARGV[2])
-local ids, writes, at = {}, {}, 3 + 2 * n
+local n, stride = tonumber(ARGV[2]), tonumber(ARGV[1])
+local ids, writes, at = {}, {}, 3 + stride * n
 local read, wrote, cached = 0, 0, 0
 local written = 0
 if ARGV[3] == '~' then -- ids: the span's first, lo (count_attempts makes the others if needed)
@@ -43,19 +47,21 @@ if ARGV[3] == '~' then -- ids: the span's first, lo (count_attempts makes the ot
   end
   written = n
 else
-  for i = 3, 2 + 2 * n, 2 do ids[#ids + 1] = ARGV[i] end
+  for i = 3, 2 + stride * n, stride do ids[#ids + 1] = ARGV[i] end
   local spilled, present, seen = bits_of(KEYS[4], ids), bits_of(KEYS[7], ids), {}
-  local pairs = {}
-  local mark = string.byte(ARGV[1], 3) -- a byte compared first: no substring made per output
+  local pairs, usages = {}, {}
   for j, id in ipairs(ids) do
-    local value = ARGV[2 * j + 2]
+    local at_id = 3 + stride * (j - 1)
     if not spilled[j] and not present[j] and not seen[id] then
       seen[id] = true
       writes[#writes + 1] = id
       pairs[#pairs + 1] = id
-      pairs[#pairs + 1] = value
-      if string.byte(value, 3) == mark and string.sub(value, 1, #ARGV[1]) == ARGV[1] then
-        local usage = cjson.decode(value)['usage']
+      pairs[#pairs + 1] = ARGV[at_id + 1]
+      local used = stride == 3 and ARGV[at_id + 2] or ''
+      if used ~= '' then
+        usages[#usages + 1] = id
+        usages[#usages + 1] = used
+        local usage = cjson.decode(used)
         if usage['cached'] then
           cached = cached + 1
         else
@@ -66,6 +72,7 @@ else
     end
   end
   hset_all(KEYS[1], pairs)
+  hset_all(KEYS[9], usages)
   set_bits(KEYS[7], writes)
   written = #writes
 end

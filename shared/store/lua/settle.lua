@@ -14,17 +14,21 @@
 -- KEYS[8] = RunKeys.spilled   bitmap: a spilled sample (settled, moved to a part) is skipped
 -- KEYS[9] = RunKeys.done      bitmap: a sample's bit is set as it settles; a set one is skipped
 -- KEYS[10] = RunKeys.ranges_of('scores')  sorted set of the spans in KEYS[1]
+-- KEYS[11] = RunKeys.grade    hash, sample id -> a grader's verdict JSON, written with the
+--           sample's scores: its tokens are counted in the progress's 'grader_prompt_tokens'
+--           and 'grader_completion_tokens', apart from the model under test's (not a cached
+--           one's); only this field is read for them, never a score
 -- ARGV[1] = 'score' or 'err'      which hash the values go to
 -- ARGV[2] = seconds after which a claim to finalize counts as dead (its finalizer was killed)
 --           and may be taken over; '' = never
 -- ARGV[3] = the run's sample count, from its facts (RunKeys.facts, which workers may only
 --           read, so it cannot be a key of this script); -1: no such run
--- ARGV[4] = how scores that carry a grader's verdict begin (shared.models.GRADE_PREFIX): its
---           tokens are counted in the progress's 'grader_prompt_tokens' and
---           'grader_completion_tokens', apart from the model under test's (not a cached one's)
+-- ARGV[4] = the values given per sample: 2 (id, value) or 3 (id, scores, grade JSON or ''
+--           for none; 'score' only)
 -- ARGV[5] = 1 to delete the samples' attempt counts, 0 when they have none
--- ARGV[6..] = id1, json1, id2, json2, ...   (none: only ask whether to finalize; an id given
---             twice is written once, the first); or ARGV[6] = '~', ARGV[7] = lo, ARGV[8] = n,
+-- ARGV[6..] = id1, json1[, grade1], id2, json2[, grade2], ...   (none: only ask whether to
+--             finalize; an id given twice is written once, the first); or ARGV[6] = '~',
+--             ARGV[7] = lo, ARGV[8] = n,
 --             ARGV[9] = the scores of samples lo to lo + n - 1 joined by newlines (none with
 --             a grade): a span, written as one field when none of them is settled yet, else
 --             nothing is (the reply is {-1, 0, 0})
@@ -39,7 +43,7 @@ if not going(status) then return {0, 0, 0} end
 local target, counter = KEYS[1], 'scored'
 if ARGV[1] == 'err' then target, counter = KEYS[2], 'failed' end
 local written, listed, given = 0, '', {}
-local graded, read, wrote = ARGV[4], 0, 0
+local stride, read, wrote = tonumber(ARGV[4]), 0, 0
 if ARGV[6] == '~' then
   local lo, n = tonumber(ARGV[7]), tonumber(ARGV[8])
   local hi = lo + n - 1
@@ -50,19 +54,22 @@ if ARGV[6] == '~' then
   if ARGV[5] == '1' then given = span_ids(lo, n) end
 else
   local ids = {}
-  for i = 6, #ARGV, 2 do given[#given + 1] = ARGV[i] end
+  for i = 6, #ARGV, stride do given[#given + 1] = ARGV[i] end
   local spilled, settled, writes, seen = bits_of(KEYS[8], given), bits_of(KEYS[9], given), {}, {}
-  local mark = string.byte(graded, 3) -- a byte compared first: no substring made per value
+  local grades = {}
   for j, id in ipairs(given) do
-    local value = ARGV[2 * j + 5]
+    local at_id = 6 + stride * (j - 1)
     if not spilled[j] and not settled[j] and not seen[id] then
       seen[id] = true
       written = written + 1
       ids[written] = id
       writes[#writes + 1] = id
-      writes[#writes + 1] = value
-      if string.byte(value, 3) == mark and string.sub(value, 1, #graded) == graded then
-        local usage = cjson.decode(value).grade.usage
+      writes[#writes + 1] = ARGV[at_id + 1]
+      local graded = stride == 3 and ARGV[at_id + 2] or ''
+      if graded ~= '' then
+        grades[#grades + 1] = id
+        grades[#grades + 1] = graded
+        local usage = cjson.decode(graded).usage
         if not usage.cached then -- a cached verdict asked nothing
           read, wrote = read + usage.prompt_tokens, wrote + usage.completion_tokens
         end
@@ -70,6 +77,7 @@ else
     end
   end
   hset_all(target, writes)
+  hset_all(KEYS[11], grades)
   set_bits(KEYS[9], ids)
   listed = table.concat(ids, ',')
 end

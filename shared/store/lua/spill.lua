@@ -10,6 +10,8 @@
 --           samples settled
 -- KEYS[10] = RunKeys.ranges_of('outputs'), KEYS[11] = RunKeys.ranges_of('scores')   the
 --           spans in KEYS[4] and KEYS[5]: one is deleted once all its samples are spilled
+-- KEYS[12] = RunKeys.usage, KEYS[13] = RunKeys.grade   hashes (one field per sample, as
+--           KEYS[6])
 -- ARGV[1] = segment index, ARGV[2] = samples per segment, ARGV[3] = the part's URL,
 -- ARGV[4] = how many kind/count pairs follow ARGV[5], ARGV[5] = the most samples a span holds
 -- (evalq.shared.store.wire.SPAN_MAX); then kind1, count1, ...; then how many ids follow that
@@ -86,8 +88,12 @@ local function free(hash, ranges)
 end
 hdel_all({KEYS[4]}, free(KEYS[4], KEYS[10]))
 hdel_all({KEYS[5]}, free(KEYS[5], KEYS[11]))
-if redis.call('EXISTS', KEYS[6]) == 1 then
-  hdel_all({KEYS[6]}, consecutive and span_ids(low, n) or ids)
+local held = nil -- the segment's ids, made once if a per-sample hash holds any
+for _, key in ipairs({KEYS[6], KEYS[12], KEYS[13]}) do
+  if redis.call('EXISTS', key) == 1 then
+    held = held or (consecutive and span_ids(low, n) or ids)
+    hdel_all({key}, held)
+  end
 end
 for i = 6, at - 1, 2 do redis.call('HINCRBY', KEYS[7], ARGV[i], ARGV[i + 1]) end
 redis.call('HSET', KEYS[2], 'rows', ARGV[2], ARGV[1], ARGV[3])
