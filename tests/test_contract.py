@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-from celery_batches import SimpleRequest
 from pydantic import ValidationError
 
 from evalq.producer.export import flat_table, flatten
@@ -50,7 +49,7 @@ from evalq.shared.store.wire import (
     spans,
 )
 from evalq.worker.lru import LRU
-from evalq.worker.messages import parse_requests
+from evalq.worker.messages import TaskRequest, parse_requests
 from tests.helpers import labelled_rows, write_rows
 
 FP = "a" * 64
@@ -172,8 +171,8 @@ def test_sample_selection() -> None:
         parse_params(["novalue"])
 
 
-def _request(kwargs: dict[str, object], args: tuple[object, ...] = ()) -> SimpleRequest:
-    return SimpleRequest("id", "evalq.infer", args, kwargs, {}, "h", False, None, None, {})
+def _request(kwargs: dict[str, object], args: tuple[object, ...] = ()) -> TaskRequest:
+    return TaskRequest("id", "evalq.infer", dict(kwargs), args)
 
 
 def test_malformed_payloads_are_dropped_not_raised(caplog: pytest.LogCaptureFixture) -> None:

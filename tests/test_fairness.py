@@ -385,30 +385,6 @@ def test_a_worker_reserves_one_batch_while_batches_are_long() -> None:
     assert consumer.qos.value == 8
 
 
-class _Buffer:
-    def __init__(self, held: int, buffered: bool) -> None:
-        self.held, self.buffered, self.flushed = held, buffered, 0
-
-    def held_messages(self) -> int:
-        return self.held
-
-    def flush_buffer(self) -> None:
-        self.flushed += self.buffered
-
-
-def test_a_worker_holding_all_it_may_runs_every_buffer() -> None:
-    consumer = _Consumer()
-    reserve = Reserve.of(consumer)
-    infer, score = _Buffer(held=2, buffered=True), _Buffer(held=1, buffered=True)
-    reserve.add(infer)
-    reserve.add(score)
-    reserve.flush_if_full()
-    assert (infer.flushed, score.flushed) == (0, 0)  # 3 held of 4: more may join
-    reserve.finished(LONG_BATCH * 3)  # the prefetch drops to 2 with 3 held
-    reserve.flush_if_full()
-    assert (infer.flushed, score.flushed) == (1, 1)
-
-
 @pytest.mark.integration
 def test_a_worker_holds_one_message_behind_a_long_batch(fresh_stack: Stack, tmp_path: Path) -> None:
     """The slow model's messages of 64 samples take 0.3 s: once one has, the worker reserves
