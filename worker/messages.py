@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from celery import Task
-from kombu.transport.virtual import QoS as VirtualQoS
 
 from evalq.shared.errors import PayloadError, first_line
 from evalq.shared.models import SampleTask
+from evalq.shared.queue.broker import release
 
 __all__ = ["Held", "TaskRequest", "ack_or_requeue", "announce", "parse_requests", "send_event"]
 
@@ -100,8 +100,8 @@ def ack_or_requeue(message: Any, requeue: bool) -> bool:
 
     A refused message stays in the broker's unacknowledged hash, where the janitor finds it
     (no live worker holds it) and puts it back. Its prefetch slot here is released all the
-    same, through the virtual transport's own bookkeeping (``kombu.transport.virtual.QoS.ack``,
-    which touches no Redis key): a slot kept would stop this worker from taking any more work.
+    same (:func:`evalq.shared.queue.broker.release`, which touches no Redis key): a slot kept
+    would stop this worker from taking any more work.
     """
     try:
         if requeue:
@@ -111,9 +111,7 @@ def ack_or_requeue(message: Any, requeue: bool) -> bool:
     except Exception as exc:
         action = "requeue" if requeue else "acknowledge"
         log.warning("could not %s a message (%s); the janitor restores it", action, first_line(exc))
-        qos = getattr(message.channel, "qos", None)
-        if isinstance(qos, VirtualQoS):
-            VirtualQoS.ack(qos, message.delivery_tag)
+        release(message)
         return False
     return True
 
