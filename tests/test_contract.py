@@ -71,7 +71,7 @@ def test_spec_carries_no_rows_and_no_worker_knobs(tmp_path: Path) -> None:
     spec, _ = build_spec(str(tmp_path), "validation")
     text = spec.canonical_json()
     assert "sample 0" not in text
-    for knob in ("max_batch", "device", "max_shards", "max_models", "batch_wait"):
+    for knob in ("max_batch", "device", "max_shards", "max_models"):
         assert knob not in text
 
 

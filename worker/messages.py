@@ -23,8 +23,9 @@ log = logging.getLogger(__name__)
 
 
 class Held:
-    """Delivery tags of the messages a worker holds unacknowledged (buffered, in a running
-    batch, or waiting to go back), and the run of each; read by the heartbeat thread."""
+    """Delivery tags of the messages a worker holds unacknowledged (waiting for a pool process,
+    in a running batch, or waiting to go back), and the run of each; read by the heartbeat
+    thread."""
 
     def __init__(self) -> None:
         self._tags: dict[str, str] = {}
