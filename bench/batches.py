@@ -176,7 +176,7 @@ def measure(  # noqa: PLR0913 - one benchmark's whole configuration, every knob 
         this = stack.enter_context(fleet(root / "this", max_batch, None))
         that = stack.enter_context(fleet(root / "other", max_batch, other))
         for at in (this, that):
-            timed_run(at, eval_name, data, min(samples, 4 * max(sizes)), min(sizes))  # warm-up
+            timed_run(at, eval_name, data, min(samples, 4 * min(sizes)), min(sizes))  # warm-up
         for _ in range(repeat):
             for row in rows:
                 row.this.append(timed_run(this, eval_name, data, samples, row.size))

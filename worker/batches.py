@@ -341,13 +341,17 @@ class SampleBatches(Task):  # type: ignore[type-arg]  # generic only in celery-t
             started()
             self._finished(seconds)
 
-        self._run(
-            message,
-            request,
-            partial(self._worker_pool.apply_async, timeout=self.time_limit),
-            done,
-            started,
-        )
+        try:
+            self._run(
+                message,
+                request,
+                partial(self._worker_pool.apply_async, timeout=self.time_limit),
+                done,
+                started,
+            )
+        except Exception:
+            started()
+            raise
 
     def _run(
         self,
