@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from wsgiref.simple_server import WSGIServer
 
 import redis
-from kombu.transport.redis import PRIORITY_STEPS, Channel
 from prometheus_client import start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
@@ -37,7 +36,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from evalq.shared.access.ledger import Ledger
 from evalq.shared.errors import UnknownRunError
 from evalq.shared.queue.backlog import Backlog
-from evalq.shared.queue.broker import queue_names
+from evalq.shared.queue.broker import queue_keys, queue_names, unacked_count
 from evalq.shared.store.endpoints import EndpointRegistry
 from evalq.shared.store.rate import minute_counts
 from evalq.shared.store.reader import ResultReader
@@ -83,17 +82,15 @@ class EvalqCollector(Collector):
             "evalq_queue_depth", "Messages waiting in a broker queue.", labels=["queue"]
         )
         for queue in queue_names(self._client):
-            # kombu's Redis transport keeps one list per priority step: name, name\x06\x163, ...
-            keys = [queue if p == 0 else f"{queue}{Channel.sep}{p}" for p in PRIORITY_STEPS]
             with self._client.pipeline(transaction=False) as pipe:
-                for key in keys:
+                for key in queue_keys(queue):
                     pipe.llen(key)
                 depth.add_metric([queue], sum(pipe.execute()))
         yield depth
         yield GaugeMetricFamily(
             "evalq_messages_unacked",
             "Messages delivered to a worker and not acknowledged yet.",
-            value=self._client.hlen(Channel.unacked_key),
+            value=unacked_count(self._client),
         )
 
         yield self._principals(store)

@@ -108,10 +108,7 @@ class Settings(BaseSettings):
     """Worker-local: torch device for models; ``auto`` picks CUDA when present."""
 
     max_batch: int = Field(default=64, ge=1)
-    """Worker-local: most samples gathered into one ``infer()`` / scoring call."""
-
-    batch_wait: float = Field(default=0.05, gt=0)
-    """Worker-local: seconds a partial batch waits for more samples before it runs."""
+    """Worker-local: most samples of a message in one ``infer()`` / scoring call."""
 
     max_shards: int = Field(default=4, ge=1)
     """Worker-local: materialized dataset shards kept per worker process (LRU)."""

@@ -74,7 +74,8 @@ class Stack:
 
     def assert_no_task_crashed(self) -> None:
         """No batch raised out of evalq's code (per-sample errors are records, not crashes):
-        celery-batches logs such a batch as ``ERROR/ForkPoolWorker-N] Error: ...``."""
+        a batch task logs such a job as ``ERROR/ForkPoolWorker-N] Error: ...``
+        (:func:`evalq.worker.batches.run_job`)."""
         if not self.crashes_expected:
             assert not re.search(r"ForkPoolWorker-\d+\] Error: ", self.worker_log())
 

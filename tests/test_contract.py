@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from celery_batches import SimpleRequest
 from pydantic import ValidationError
 
 from evalq.producer.export import flat_table, flatten
@@ -52,7 +51,7 @@ from evalq.shared.store.wire import (
     spans,
 )
 from evalq.worker.lru import LRU
-from evalq.worker.messages import parse_requests
+from evalq.worker.messages import TaskRequest, parse_requests
 from tests.helpers import labelled_rows, write_rows
 
 FP = "a" * 64
@@ -84,7 +83,7 @@ def test_spec_carries_no_rows_and_no_worker_knobs(tmp_path: Path) -> None:
     spec, _ = build_spec(str(tmp_path), "validation")
     text = spec.canonical_json()
     assert "sample 0" not in text
-    for knob in ("max_batch", "device", "max_shards", "max_models", "batch_wait"):
+    for knob in ("max_batch", "device", "max_shards", "max_models"):
         assert knob not in text
 
 
@@ -184,8 +183,8 @@ def test_sample_selection() -> None:
         parse_params(["novalue"])
 
 
-def _request(kwargs: dict[str, object], args: tuple[object, ...] = ()) -> SimpleRequest:
-    return SimpleRequest("id", "evalq.infer", args, kwargs, {}, "h", False, None, None, {})
+def _request(kwargs: dict[str, object], args: tuple[object, ...] = ()) -> TaskRequest:
+    return TaskRequest("id", "evalq.infer", dict(kwargs), args)
 
 
 def test_malformed_payloads_are_dropped_not_raised(caplog: pytest.LogCaptureFixture) -> None:

@@ -26,14 +26,12 @@ from evalq.shared.access.priorities import PriorityStore
 from evalq.shared.connection import connect
 from evalq.shared.errors import ForbiddenError
 from evalq.shared.keys import FAIR, FAIR_SCORE, RunKeys
-from evalq.shared.models import Priority, RunMeta, RunStatus, SampleTask, Stage
+from evalq.shared.models import Priority, RunMeta, RunStatus, Stage
 from evalq.shared.queue.backlog import INFER_LANE, SCORE_LANE, Backlog, Capturer, Lane, Staged
 from evalq.shared.queue.broker import carried
-from evalq.shared.queue.celery_app import INFER_QUEUE, INFER_TASK, SCORE_QUEUE, create_app
-from evalq.shared.queue.sizing import publish
+from evalq.shared.queue.celery_app import SCORE_QUEUE, create_app
 from evalq.shared.settings import Settings
 from evalq.shared.store.reader import ResultReader
-from evalq.shared.store.runs import RunStore
 from evalq.worker.inference import infer_batch
 from evalq.worker.prefetch import LONG_BATCH, RECENT, Reserve
 from evalq.worker.scoring import score_batch
@@ -50,10 +48,6 @@ from tests.helpers import (
 from tests.test_batch import Bench, bench, server, task  # noqa: F401 - fixtures
 
 QUEUE = "q"
-# The workers' flush timer where a test checks that a buffer ran without it: a batch that
-# waited for it cannot end sooner than this after it was buffered, so a run that ended sooner
-# ran without it, however busy the machine (no speed is asserted).
-FLUSH_TIMER = 90
 
 
 def _meta(
@@ -340,16 +334,6 @@ def test_a_small_run_submitted_after_a_big_one_finishes_before_it(
     sweep.cancel(big.run_id)
 
 
-def _ended_after(stack: Stack, run_id: str, since: float) -> float:
-    """Seconds from ``since`` (Unix time) to the end of ``run_id``, which completes: waited for
-    past the flush timer, so that a run whose batch waited for the timer ends too and is
-    measured."""
-    wait_completed(stack.client, run_id, timeout=FLUSH_TIMER + 60)
-    finished = RunStore(stack.client).get(run_id).finished
-    assert finished is not None
-    return finished - since
-
-
 class _Consumer:
     """What :class:`Reserve` uses of Celery's worker consumer: its prefetch (kombu's QoS)."""
 
@@ -385,30 +369,6 @@ def test_a_worker_reserves_one_batch_while_batches_are_long() -> None:
     assert consumer.qos.value == 8
 
 
-class _Buffer:
-    def __init__(self, held: int, buffered: bool) -> None:
-        self.held, self.buffered, self.flushed = held, buffered, 0
-
-    def held_messages(self) -> int:
-        return self.held
-
-    def flush_buffer(self) -> None:
-        self.flushed += self.buffered
-
-
-def test_a_worker_holding_all_it_may_runs_every_buffer() -> None:
-    consumer = _Consumer()
-    reserve = Reserve.of(consumer)
-    infer, score = _Buffer(held=2, buffered=True), _Buffer(held=1, buffered=True)
-    reserve.add(infer)
-    reserve.add(score)
-    reserve.flush_if_full()
-    assert (infer.flushed, score.flushed) == (0, 0)  # 3 held of 4: more may join
-    reserve.finished(LONG_BATCH * 3)  # the prefetch drops to 2 with 3 held
-    reserve.flush_if_full()
-    assert (infer.flushed, score.flushed) == (1, 1)
-
-
 @pytest.mark.integration
 def test_a_worker_holds_one_message_behind_a_long_batch(fresh_stack: Stack, tmp_path: Path) -> None:
     """The slow model's messages of 64 samples take 0.3 s: once one has, the worker reserves
@@ -428,50 +388,6 @@ def test_a_worker_holds_one_message_behind_a_long_batch(fresh_stack: Stack, tmp_
     wait_for(observed, 60, "three more batches")
     assert max(held) == 1, held
     wait_completed(stack.client, meta.run_id)
-
-
-@pytest.mark.integration
-@pytest.mark.timeout(FLUSH_TIMER + 180)  # a late batch is waited for and measured
-def test_a_worker_holding_all_it_may_runs_a_small_batch_at_once(
-    fresh_stack: Stack, tmp_path: Path
-) -> None:
-    """Behind long batches a worker holds one message: a 20-sample message (of a batch of 64)
-    runs at once, not when the flush timer fires, since no other message can join
-    it before it runs."""
-    stack = fresh_stack
-    stack.start_workers(EVALQ_MAX_BATCH="64", EVALQ_BATCH_WAIT=str(FLUSH_TIMER))
-    dataset = _dataset(stack, tmp_path, 128)
-    client = _client(stack, "a")
-    wait_completed(stack.client, _submit(client, dataset, 128).run_id)
-    small = _submit(client, dataset, 20)
-    took = _ended_after(stack, small.run_id, small.created)
-    assert took < FLUSH_TIMER, f"its batch ran {took:.1f} s after it was submitted"
-
-
-@pytest.mark.integration
-@pytest.mark.timeout(FLUSH_TIMER + 180)  # a late batch is waited for and measured
-def test_a_lowered_prefetch_runs_what_is_buffered(fresh_stack: Stack, tmp_path: Path) -> None:
-    """A long solo batch (held at a gate) with two 20-sample runs buffered behind it (batches
-    of 128: prefetch 4). As it returns, the prefetch drops to 2 with 2 held:
-    the buffer runs at once, not at the timer."""
-    stack = fresh_stack
-    dataset = _dataset(stack, tmp_path, 40)
-    gate = tmp_path / "gate"
-    client = _client(stack, "a")
-    held = _submit(client, dataset, 20, gate=str(gate), open_until="0")
-    stack.client.delete(INFER_QUEUE)  # only its solo message below
-    solo = SampleTask(run_id=held.run_id, eval="slow", spec=held.spec, sample_ids=[0], solo=True)
-    publish(stack.app, INFER_TASK, [solo])
-    stack.start_workers(EVALQ_MAX_BATCH="128", EVALQ_BATCH_WAIT=str(FLUSH_TIMER))
-    wait_for(lambda: stack.client.hlen("unacked") == 1, 60, "the solo batch running")
-    small = [_submit(client, dataset, 20) for _ in range(2)]
-    wait_for(lambda: stack.client.hlen("unacked") == 3, 60, "two small runs buffered")
-    opened = time.time()
-    gate.touch()
-    for meta in small:
-        took = _ended_after(stack, meta.run_id, opened)
-        assert took < FLUSH_TIMER, f"the buffer ran {took:.1f} s after the solo batch"
-    client.cancel(held.run_id)
 
 
 @pytest.mark.integration

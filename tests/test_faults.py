@@ -277,18 +277,22 @@ def test_redis_out_of_memory_mid_run_loses_nothing(fresh_stack: Stack, tmp_path:
     assert progress_at_oom < meta.n
 
 
-def test_a_redis_restart_with_messages_buffered_heals(fresh_stack: Stack, tmp_path: Path) -> None:
-    """The worker holds a run's message in its batch buffer (40 samples, batches of 64, a
-    partial batch waits 5 s) when Redis restarts under it (AOF on): the run still completes,
-    without the visibility timeout."""
+def test_a_redis_restart_with_a_message_waiting_for_the_pool_heals(
+    fresh_stack: Stack, tmp_path: Path
+) -> None:
+    """The worker's one pool process runs a message held at a gate and the next message waits
+    for it, handed to the pool but not started, when Redis restarts under it (AOF on): the
+    waiting message is forgotten with the connection, and the run still completes, without
+    the visibility timeout."""
     stack = fresh_stack
     stack.crashes_expected = True  # Celery logs the lost connection with a traceback
-    stack.start_workers(EVALQ_MAX_BATCH="64", EVALQ_BATCH_WAIT="5", **FAST)
-    meta = _submit(stack, tmp_path, "spy", labelled_rows(40))
-    wait_for(lambda: stack.client.hlen("unacked") == 1, 30, "the message in the buffer")
+    stack.start_workers(**FAST)
+    meta = _gated(stack, tmp_path, 256)
+    wait_for(lambda: stack.client.hlen("unacked") == 2, 30, "a message waiting for the pool")
     stack.server.restart()
+    stack.wait_logged("forgot the unstarted evalq.infer messages")
+    (tmp_path / "gate").touch()
     _complete(stack, meta, timeout=60)
-    stack.wait_logged("forgot the buffered evalq.infer messages")
 
 
 def test_a_finalizer_killed_in_aggregate_is_taken_over(fresh_stack: Stack, tmp_path: Path) -> None:

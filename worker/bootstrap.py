@@ -23,7 +23,7 @@ from evalq.shared.evaluation import load_plugins, registered
 from evalq.shared.isolation.privilege import undumpable
 from evalq.shared.queue.celery_app import STAGE_QUEUES, create_app, evaluation_queue
 from evalq.shared.settings import Settings
-from evalq.worker.buffer import SampleBatches
+from evalq.worker.batches import SampleBatches
 from evalq.worker.heap import keep_freed_memory
 from evalq.worker.heartbeat import PresenceThread
 from evalq.worker.remote_control import lock_down

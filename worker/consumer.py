@@ -7,9 +7,10 @@ strategy that raises) would otherwise end the worker with "Unrecoverable error",
 message, never acknowledged, would come back to the next worker and end it too. Here such a
 message is logged and dropped; connection errors still go to Celery, which reconnects.
 
-When the connection closes (before Celery reconnects), the batch buffers forget the messages of
-that connection, as Celery's consumer forgets its own: otherwise they would wait in a buffer
-whose flush timer is gone, fill the prefetch window, and stop the worker taking any work.
+When the connection closes (before Celery reconnects), the batch tasks forget the messages of
+that connection that no pool process had started, as Celery's consumer forgets its own:
+otherwise the heartbeat would name them held for ever
+(:meth:`evalq.worker.batches.SampleBatches.forget`).
 
 As the consumer shuts down (a warm shutdown, once the pool has drained and before the
 connection closes), the endpoint lane takes no more messages and its running jobs end, so that
@@ -26,7 +27,7 @@ from celery.worker.consumer import Consumer
 from vine import promise
 
 from evalq.shared.errors import first_line
-from evalq.worker.buffer import SampleBatches
+from evalq.worker.batches import SampleBatches
 
 __all__ = ["GuardedConsumer"]
 
@@ -69,4 +70,4 @@ class GuardedConsumer(Consumer):
         super().on_close()
         for task in self._batches():
             if task.forget():
-                log.info("forgot the buffered %s messages of the closed connection", task.name)
+                log.info("forgot the unstarted %s messages of the closed connection", task.name)

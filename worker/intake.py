@@ -1,9 +1,9 @@
-"""The gate every task message passes in a worker's main process, before Celery or
-celery-batches builds a request from it: a message is a valid evalq payload, or it is dropped.
+"""The gate every task message passes in a worker's main process, before anything builds a
+request from it: a message is a valid evalq payload, or it is dropped.
 
-celery-batches unpacks a message's body as ``args, kwargs, embed`` while it buffers it, before
-any evalq code runs, so a body of another shape would raise there, inside Celery's consumer,
-and stop the worker. Everything about the message is checked here first, without Redis.
+An exception while a message is handled is raised inside Celery's consumer, where it would stop
+the worker, so everything about the message is checked here first, without Redis, and the batch
+tasks (:mod:`evalq.worker.batches`) build their requests from what this returns.
 """
 
 from __future__ import annotations

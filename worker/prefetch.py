@@ -1,5 +1,5 @@
 """How much work a worker reserves: two batches' worth while its batches are short, one while
-they are long; and when it holds all it may, its buffers run at once.
+they are long.
 
 A worker reserves (prefetches) messages so that its pool process starts the next batch the
 moment it finishes one: with batches of a few milliseconds (a small model), fetching the next
@@ -13,11 +13,6 @@ consumer's prefetch (kombu's ``QoS``, under its lock, as Celery's own prefetch u
 it cannot drift from Celery's value; Celery's event loop applies it. A message the endpoint lane
 holds (:mod:`evalq.worker.lane`) is lent a place on top of that target (:meth:`Reserve.lend`)
 until it is acknowledged: the lane's messages never take the places of the pool's batches.
-
-A buffer that waits for more messages while the worker already holds all it may reserve would
-wait for its flush timer with the pool idle: no message can join it before one is acknowledged.
-:meth:`Reserve.flush_if_full` runs every buffer of the consumer then: as a message arrives, and
-as a batch returns (when the prefetch may just have been lowered below what is held).
 """
 
 from __future__ import annotations
@@ -26,9 +21,9 @@ import logging
 import threading
 import weakref
 from collections import deque
-from typing import Any, Protocol
+from typing import Any
 
-__all__ = ["LONG_BATCH", "RECENT", "Buffer", "Reserve"]
+__all__ = ["LONG_BATCH", "RECENT", "Reserve"]
 
 log = logging.getLogger(__name__)
 
@@ -42,16 +37,6 @@ RECENT = 4
 _RESERVES: weakref.WeakKeyDictionary[Any, Reserve] = weakref.WeakKeyDictionary()
 
 
-class Buffer(Protocol):
-    """A batch buffer of the consumer (:class:`evalq.worker.buffer.SampleBatches`)."""
-
-    def held_messages(self) -> int:
-        """Messages it holds: buffered, or in a pool job not yet returned."""
-
-    def flush_buffer(self) -> None:
-        """Run what it has buffered now, if anything."""
-
-
 class Reserve:
     """One worker consumer's reservation, shared by its tasks (``infer`` and ``score``)."""
 
@@ -59,7 +44,6 @@ class Reserve:
         self._consumer = consumer
         self._qos: Any = None
         self._recent: deque[float] = deque(maxlen=RECENT)
-        self._buffers: list[Buffer] = []
         self._lent = 0
         """Places lent to the endpoint lane on the current connection's QoS."""
         self._lock = threading.Lock()
@@ -71,11 +55,6 @@ class Reserve:
         if reserve is None:
             reserve = _RESERVES[consumer] = cls(consumer)
         return reserve
-
-    def add(self, buffer: Buffer) -> None:
-        """A task's buffer on this consumer (once per task)."""
-        if buffer not in self._buffers:
-            self._buffers.append(buffer)
 
     @property
     def short(self) -> bool:
@@ -126,16 +105,3 @@ class Reserve:
                 return
             self._lent -= 1
             qos.decrement_eventually()
-
-    def full(self) -> bool:
-        """Whether the consumer holds all the messages it may reserve."""
-        limit = self._consumer.qos.value
-        with self._lock:
-            lent = self._lent
-        return bool(limit) and sum(b.held_messages() for b in self._buffers) >= limit - lent
-
-    def flush_if_full(self) -> None:
-        """Run every buffer now if no message can join them before one is acknowledged."""
-        if self.full():
-            for buffer in self._buffers:
-                buffer.flush_buffer()

@@ -1,5 +1,5 @@
-"""The Celery tasks: thin. ``evalq.infer`` and ``evalq.score`` hand a batch of messages
-(:class:`evalq.worker.buffer.SampleBatches`) to a plain function, then refill the queues;
+"""The Celery tasks: thin. ``evalq.infer`` and ``evalq.score`` hand a message's batch of samples
+(:class:`evalq.worker.batches.SampleBatches`) to a plain function, then refill the queues;
 ``evalq.archive`` archives an ended run or spills a going one."""
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from array import array
 from collections.abc import Callable
 
 from celery import Celery
-from celery_batches import SimpleRequest
 
 from evalq.shared.connection import server_time
 from evalq.shared.errors import UnknownRunError
@@ -22,10 +21,10 @@ from evalq.shared.store.runs import RunStore
 from evalq.shared.store.seal import SealOutcome
 from evalq.worker.archiver import archive_run, spill_run
 from evalq.worker.batch import Resources
-from evalq.worker.buffer import SampleBatches
+from evalq.worker.batches import SampleBatches
 from evalq.worker.inference import infer_batch
 from evalq.worker.lru import LRU
-from evalq.worker.messages import parse_requests
+from evalq.worker.messages import TaskRequest, parse_requests
 from evalq.worker.scoring import score_batch
 from evalq.worker.state import WorkerState
 
@@ -38,7 +37,7 @@ def register_tasks(app: Celery, state: WorkerState, settings: Settings) -> None:
     """Register ``evalq.infer``, ``evalq.score`` and ``evalq.archive`` on ``app``."""
 
     def batch_task(name: str, run: Callable[[Resources, list[SampleTask]], set[str]]) -> None:
-        def handle(requests: list[SimpleRequest]) -> list[str]:
+        def handle(requests: list[TaskRequest]) -> list[str]:
             """Run the batch; return the ids of the requests whose messages must be requeued."""
             tasks = parse_requests(requests)
             requeue = run(state.get(), [task for _, task in tasks]) if tasks else set()
@@ -49,8 +48,6 @@ def register_tasks(app: Celery, state: WorkerState, settings: Settings) -> None:
         app.task(
             base=SampleBatches,
             name=name,
-            flush_samples=settings.max_batch,
-            flush_interval=settings.batch_wait,
             time_limit=settings.task_time_limit,
             acks_late=True,
             redis=settings.redis,

@@ -50,14 +50,12 @@ from typing import Any, cast
 import redis
 from celery import Celery
 from kombu import Connection
-from kombu.transport.redis import Channel as RedisChannel
-from kombu.transport.redis import Transport as RedisTransport
-from kombu.utils.json import dumps
 
 from evalq.shared.evaluation import model_key
 from evalq.shared.keys import FAIR, FAIR_SCORE, FairKeys, RunKeys
 from evalq.shared.lm.run import LanguageRun
 from evalq.shared.models import RunMeta, SampleTask, Stage
+from evalq.shared.queue.broker import CapturingChannel, CapturingTransport
 from evalq.shared.queue.celery_app import INFER_QUEUE, INFER_TASK, SCORE_QUEUE, SCORE_TASK
 from evalq.shared.queue.pace import Pace
 from evalq.shared.queue.sizing import message_size, split
@@ -112,25 +110,6 @@ def on_endpoint(meta: RunMeta) -> bool:
 def lane_of(task: str) -> Lane:
     """The lane whose messages run ``task`` (``evalq.infer``, ``evalq.score``)."""
     return next(lane for lane in LANES if lane.task == task)
-
-
-class _CapturingChannel(RedisChannel):
-    """kombu's Redis channel, except that a published message is kept here instead of being
-    pushed to its queue: the same routing, serialization and envelope, the Redis commands
-    left to the caller."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.captured: list[tuple[str, str]] = []
-
-    def _put(self, queue: str, message: dict[str, Any], **_: Any) -> None:
-        kombu: Any = self  # kombu's type stubs leave out the Redis channel's helpers
-        priority = kombu._get_message_priority(message, reverse=False)
-        self.captured.append((kombu._q_for_pri(queue, priority), dumps(message)))
-
-
-class _CapturingTransport(RedisTransport):
-    Channel = _CapturingChannel
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,7 +172,7 @@ class Capturer:
     def __init__(self, app: Celery) -> None:
         self._app = app
         self._connection: Connection | None = None
-        self._channel: _CapturingChannel | None = None
+        self._channel: CapturingChannel | None = None
         self._producer: Any = None
 
     def __call__(self, task_name: str, tasks: Iterable[SampleTask]) -> list[Staged]:
@@ -205,10 +184,10 @@ class Capturer:
                 # nothing connects: a Sentinel group's several URLs would make it a failover
                 # list, whose connection the producer does not get
                 "redis://" if is_sentinel(url) else url,
-                transport=_CapturingTransport,
+                transport=CapturingTransport,
                 transport_options=self._app.conf.broker_transport_options,
             )
-            self._channel = cast(_CapturingChannel, self._connection.default_channel)
+            self._channel = cast(CapturingChannel, self._connection.default_channel)
             self._producer = self._app.amqp.Producer(self._channel)
         staged: list[Staged] = []
         for task in tasks:

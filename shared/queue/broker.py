@@ -1,12 +1,23 @@
-"""The messages the broker holds, as kombu's Redis transport stores them: waiting ones in one
-list per queue (the stage queues ``infer`` and ``score``, and the evaluation queues
-``infer.<eval>`` / ``score.<eval>``), delivered-but-unacknowledged ones in the ``unacked``
-hash (delivery tag -> ``[message, exchange, routing key]``) with their delivery times in
-``unacked_index``.
+"""kombu's Redis transport's storage: the one module that reads it, or relies on its internals.
 
-The janitor reads them to tell samples whose messages were lost from samples whose messages
-wait or are being worked on, and puts the messages of workers that are gone back in their
-queue with kombu's own ``QoS.restore_by_tag``.
+Checked against kombu :data:`KOMBU_CHECKED` (``pyproject.toml`` pins the same range; the
+contract tests in ``tests/test_broker.py`` run against the installed kombu and a real Redis).
+What is relied on, beyond kombu's public API:
+
+- a waiting message is the JSON envelope kombu pushed, in one list per queue and priority step
+  (:func:`queue_keys`: the stage queues ``infer`` and ``score``, and the evaluation queues
+  ``infer.<eval>`` / ``score.<eval>``; priority ``p > 0`` in ``<queue>\x06\x16<p>``, kombu's
+  ``Channel.sep`` and ``PRIORITY_STEPS``);
+- a delivered, unacknowledged message is in the hash ``Channel.unacked_key`` (delivery tag ->
+  ``[envelope, exchange, routing key]``), with its delivery time in ``unacked_index_key``;
+- the Redis channel's ``_put`` pushes what ``_q_for_pri`` and ``_get_message_priority`` name
+  (:class:`CapturingTransport` keeps it instead, for the runs' backlogs);
+- ``kombu.transport.virtual.QoS.ack`` frees a prefetch slot without touching Redis
+  (:func:`release`).
+
+The janitor reads the queues and the hash to tell samples whose messages were lost from samples
+whose messages wait or are being worked on, and puts the messages of workers that are gone back
+in their queue with kombu's own ``QoS.restore_by_tag``; the metrics count them.
 """
 
 from __future__ import annotations
@@ -21,14 +32,69 @@ from typing import Any
 import redis
 from celery import Celery
 from kombu import Connection
-from kombu.transport.redis import Channel
+from kombu.transport.redis import PRIORITY_STEPS, Channel
+from kombu.transport.redis import Transport as RedisTransport
+from kombu.transport.virtual import QoS as VirtualQoS
+from kombu.utils.json import dumps
 
 from evalq.shared.models import SampleTask
 from evalq.shared.queue.celery_app import INFER_QUEUE, SCORE_QUEUE
 
-__all__ = ["Broker", "carried", "queue_names"]
+__all__ = [
+    "KOMBU_CHECKED",
+    "Broker",
+    "CapturingChannel",
+    "CapturingTransport",
+    "carried",
+    "queue_keys",
+    "queue_names",
+    "release",
+    "unacked_count",
+]
 
+KOMBU_CHECKED = ">=5.7,<5.8"
+"""The kombu versions whose Redis storage this module was checked against."""
 _CHUNK = 1000
+
+
+def queue_keys(queue: str) -> list[str]:
+    """The lists that hold ``queue``'s waiting messages, one per priority step."""
+    return [queue if p == 0 else f"{queue}{Channel.sep}{p}" for p in PRIORITY_STEPS]
+
+
+def unacked_count(client: redis.Redis) -> int:
+    """Messages delivered to a consumer and not acknowledged yet."""
+    return int(client.hlen(Channel.unacked_key))
+
+
+def release(message: Any) -> None:
+    """Free the prefetch slot of ``message`` in its channel's bookkeeping, without Redis (its
+    acknowledgement was refused: it stays in the unacknowledged hash for the janitor)."""
+    qos = getattr(message.channel, "qos", None)
+    if isinstance(qos, VirtualQoS):
+        VirtualQoS.ack(qos, message.delivery_tag)
+
+
+class CapturingChannel(Channel):
+    """kombu's Redis channel, except that a published message is kept here instead of being
+    pushed to its queue: the same routing, serialization and envelope, the Redis commands
+    left to the caller."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.captured: list[tuple[str, str]] = []
+
+    def _put(self, queue: str, message: dict[str, Any], **_: Any) -> None:
+        kombu: Any = self  # kombu's type stubs leave out the Redis channel's helpers
+        priority = kombu._get_message_priority(message, reverse=False)
+        self.captured.append((kombu._q_for_pri(queue, priority), dumps(message)))
+
+
+class CapturingTransport(RedisTransport):
+    """kombu's Redis transport whose channels keep what they publish (``channel.captured``:
+    ``(list key, envelope)`` pairs, oldest first) instead of pushing it."""
+
+    Channel = CapturingChannel
 
 
 def queue_names(client: redis.Redis) -> list[str]:
@@ -92,10 +158,10 @@ class Broker:
         return found
 
     def _stored(self, held: Container[str] | None) -> Iterator[str]:
-        for queue in queue_names(self._client):
+        for key in (k for queue in queue_names(self._client) for k in queue_keys(queue)):
             start = 0
             while True:
-                entries = [str(e) for e in self._client.lrange(queue, start, start + _CHUNK - 1)]
+                entries = [str(e) for e in self._client.lrange(key, start, start + _CHUNK - 1)]
                 yield from entries
                 if len(entries) < _CHUNK:
                     break

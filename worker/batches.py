@@ -1,48 +1,48 @@
-"""The batch buffer of ``evalq.infer`` and ``evalq.score``: celery-batches', flushed by samples.
+"""The batch tasks ``evalq.infer`` and ``evalq.score``: each message runs as one batch.
 
-Both tasks are celery-batches tasks: the worker buffers incoming messages and runs them as one
-call when the buffered messages hold ``EVALQ_MAX_BATCH`` samples, or every ``EVALQ_BATCH_WAIT``
-seconds, whichever comes first, or at once when the worker holds all the messages it may reserve
-(:mod:`evalq.worker.prefetch`), since none can join the batch before it runs.
+A message carries 64 to 2,048 samples (:func:`evalq.shared.queue.sizing.message_size`), a whole
+batch of the default ``EVALQ_MAX_BATCH`` or more, so a worker runs each message as one pool job
+as it arrives, and gathers nothing across messages: ``bench/batches.py`` measured the buffering
+that did (celery-batches, until a buffer held ``EVALQ_MAX_BATCH`` samples) against this, and it
+did not pay (``bench/README.md``). A ``solo`` message so runs alone too: if its sample kills the
+pool process, only its own message is redelivered.
 
-What reaches a worker is either buffered or dropped, never a crash and never a requeue loop:
-every message passes :func:`evalq.worker.intake.admit` in the main process first; a malformed one is
+Each task is a plain Celery task with a strategy of its own (:func:`strategy`, named by
+``Task.Strategy``, Celery's hook for how a worker handles a task's messages): the worker's main
+process checks each message and hands it to the pool (``consumer.pool.apply_async``, with
+callbacks) or to the endpoint lane itself, so that evalq, not Celery, decides when it is
+acknowledged.
+
+What reaches a worker is run, moved or dropped, never a crash and never a requeue loop: every
+message passes :func:`evalq.worker.intake.admit` in the main process first; a malformed one is
 logged and dropped. A message of an evaluation this worker does not serve (its plugin is not
 loaded) is moved to that evaluation's own queue (``infer.<eval>`` / ``score.<eval>``), which
 only workers serving it consume: it neither cycles through this worker nor waits for it.
 
-A batch acknowledges only the messages whose results were stored: the batch function returns
-the runs whose writes failed (Redis out of memory, a lost connection), and their messages go
-back to the queue; a lost pool process requeues all of its messages.
+A job acknowledges its message only if its results were stored: the task returns the runs whose
+writes failed (Redis out of memory, a lost connection), and their messages go back to the queue;
+a lost pool process requeues its message at once, as ``task_reject_on_worker_lost`` does for
+ordinary tasks, instead of leaving it for the visibility timeout (killed, out of memory,
+``os._exit``, or past ``time_limit``). There is deliberately no soft limit: its exception would
+be caught inside the job and the message acknowledged with its samples unfinished.
 
-What this module takes from celery-batches (pinned to 0.11.x in ``pyproject.toml``):
-``Batches`` and its ``Strategy(task, app, consumer)`` (wrapped, not copied),
-``SimpleRequest.from_request``, ``celery_batches.trace.apply_batches_task``,
-``celery_batches.consume_queue``, and private names: ``Batches._do_flush()``, called (never
-overridden) to flush the buffer early, and the buffer's ``_buffer``, ``_pending`` and flush
-timer ``_tref``, emptied when the consumer's connection closes (:meth:`SampleBatches.forget`).
-``flush`` is replaced, because the library's own acknowledges every message when the batch
-returns, and none when a pool process dies; the pool it submits to is taken from the consumer
-here, not from the library's private ``_pool``.
+Each message is reported to event monitors (Flower) as a task: received and started as it goes
+to the pool, succeeded when it is acknowledged, rejected when it is requeued.
 
-A message of a run on an endpoint model is not buffered: it runs alone in the worker's endpoint
-lane (:mod:`evalq.worker.lane`), or goes back to its run's backlog when its principal holds its
-share of the lane.
+A message of a run on an endpoint model does not go to the pool: it runs in the worker's
+endpoint lane (:mod:`evalq.worker.lane`), or goes back to its run's backlog when its principal
+holds its share of the lane.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from celery import Celery
-from celery.worker.request import Request
-from celery_batches import Batches, SimpleRequest, consume_queue
-from celery_batches.trace import apply_batches_task
+from celery import Celery, Task
 from redis import Redis
 
 from evalq.shared.connection import Target, connect
@@ -56,31 +56,47 @@ from evalq.shared.store.runs import RunStore
 from evalq.worker.intake import admit
 from evalq.worker.lane import EndpointLane
 from evalq.worker.lru import LRU
-from evalq.worker.messages import Held, ack_or_requeue, announce
+from evalq.worker.messages import Held, TaskRequest, ack_or_requeue, announce, send_event
 from evalq.worker.prefetch import Reserve
 
-__all__ = ["SampleBatches"]
+__all__ = ["SampleBatches", "run_job", "strategy"]
 
 log = logging.getLogger(__name__)
 
 UNSERVED_LOG_EVERY = 60.0
 
+Batch = list[TaskRequest]
+Requeue = list[str]
+"""What a batch task returns: the ids of the requests whose messages go back to the queue."""
 
-class SampleBatches(Batches):  # type: ignore[misc]
-    """celery-batches' buffer, flushed by the number of *samples* buffered, not of messages.
 
-    A message may carry one sample or dozens; counting samples makes ``flush_samples`` the
-    batch size the model sees, whatever the submitter chose. A ``solo`` message is flushed on
-    its own, so if its sample kills the worker process, only its own message is redelivered.
+def run_job(task: SampleBatches, requests: Batch) -> Requeue | None:
+    """Run ``task`` on ``requests`` in a pool process (or an endpoint thread); None if it raised
+    (logged as ``Error: ...``, which the tests look for), so that every message goes back."""
+    try:
+        requeue: Requeue = task(requests)
+    except Exception as exc:
+        log.error("Error: %s raised %r", task.name, exc, exc_info=True)
+        return None
+    return requeue
 
-    A message of a run on an endpoint model is not buffered: it runs alone in the worker's
-    endpoint lane (:mod:`evalq.worker.lane`), or, when the lane has no place for its principal,
-    goes back to its run's backlog.
+
+def strategy(task: SampleBatches, app: Celery, consumer: Any, **_: Any) -> Callable[..., None]:
+    """The strategy of the batch tasks (Celery's ``Task.Strategy`` names it): their handler of
+    each message the worker's consumer receives for them."""
+    return task.message_handler(app, consumer)
+
+
+class SampleBatches(Task):  # type: ignore[type-arg]  # generic only in celery-types
+    """A task whose every message is a batch of samples, run as one pool job as it arrives.
+
+    A message of a run on an endpoint model runs alone in the worker's endpoint lane
+    (:mod:`evalq.worker.lane`), or, when the lane has no place for its principal, goes back to
+    its run's backlog.
     """
 
-    abstract = True
-    flush_samples = 64
-    flush_every = 1 << 30  # the base class's message count never triggers; samples do
+    typing = False
+    Strategy = "evalq.worker.batches:strategy"
     redis = Target("")  # set by register_tasks: where to look a message's run up
     lane_threads = 0
     """Threads of the endpoint lane (``EVALQ_ENDPOINT_THREADS``); 0: endpoint models' messages
@@ -89,21 +105,19 @@ class SampleBatches(Batches):  # type: ignore[misc]
     """Frees the calling thread's worker resources (an endpoint thread's, as it stops)."""
 
     def __init__(self) -> None:
-        super().__init__()
-        self._buffered_samples = 0
         self._worker_pool: Any = None
+        self._events: Any = None
         self._reserve: Reserve | None = None
         self.held = Held()
         self._unserved_logged: dict[str, float] = {}
         self._languages: set[str] = set()
         """Names of registered language tasks this worker has seen runs of: it serves them
         all (a run's record carries its task and model)."""
-        self._flushes = 0
-        self._unstarted: dict[int, Collection[Request]] = {}
-        """Batches handed to the pool that no pool process has started yet, by flush."""
+        self._jobs = 0
+        self._unstarted: dict[int, str] = {}
+        """Delivery tags of the messages handed to the pool that no pool process has started
+        yet, by job."""
         self._lane: EndpointLane | None = None
-        self._laned: queue.SimpleQueue[Request] = queue.SimpleQueue()
-        """Where celery-batches puts the request it builds of an endpoint run's message."""
         self._in_lane: set[str] = set()
         """Delivery tags of the messages in the endpoint lane (held, but not the pool's)."""
         self._client: Redis | None = None
@@ -112,20 +126,17 @@ class SampleBatches(Batches):  # type: ignore[misc]
         """Recent runs' facts, read once: whose run, of which evaluation, on which model."""
         self._returns: tuple[Backlog, Capturer] | None = None
 
-    def Strategy(self, task: Batches, app: Celery, consumer: Any) -> Callable[..., None]:
-        buffer_message = super().Strategy(task, app, consumer)
-        buffer = self._buffer  # type: ignore[has-type]  # celery-batches leaves it untyped
-        self._buffer = self._laned
-        lane_message = super().Strategy(task, app, consumer)  # builds requests into _laned
-        self._buffer = buffer
+    def message_handler(self, app: Celery, consumer: Any) -> Callable[..., None]:
+        """The handler of this task's messages in the worker's main process (what Celery's
+        consumer calls with each message it receives for this task; see :func:`strategy`)."""
         self._worker_pool = consumer.pool
+        self._events = consumer.event_dispatcher
         self._reserve = Reserve.of(consumer)
-        self._reserve.add(self)
         if self.lane_threads:
             self._lane = EndpointLane.of(consumer, self.lane_threads, self.close_thread)
         served = frozenset(registered())
 
-        def handle(message: Any, *args: Any, **kwargs: Any) -> None:
+        def handle(message: Any, *_args: Any, **_kwargs: Any) -> None:
             try:
                 payload = admit(message)
             except PayloadError as exc:
@@ -141,25 +152,19 @@ class SampleBatches(Batches):  # type: ignore[misc]
                 log.warning("cannot read a message's run (%s); it goes back", first_line(exc))
                 ack_or_requeue(message, requeue=True)
                 return
+            request = TaskRequest(
+                id=message.headers["id"], name=self.name, kwargs=payload.model_dump(mode="json")
+            )
             if meta is not None:
-                build = partial(lane_message, message, *args, **kwargs)
-                self._to_lane(app, message, payload, meta, build)
+                self._to_lane(app, message, request, payload, meta)
                 return
             self.held.add(message.delivery_tag, payload.run_id)
             try:
-                if payload.solo and self._buffered_samples:
-                    self._do_flush()  # a solo message runs in a batch (a pool job) of its own
-                buffer_message(message, *args, **kwargs)
+                self._to_pool(message, request)
             except Exception as exc:
                 self.held.discard(message.delivery_tag)
-                log.error("dropping an %s message: %s", self.name, first_line(exc))
-                ack_or_requeue(message, requeue=False)
-                return
-            self._buffered_samples += len(payload.sample_ids)
-            if payload.solo or self._buffered_samples >= self.flush_samples:
-                self._do_flush()
-            else:
-                self._reserve_full()
+                log.error("cannot hand a message to the pool (%s); it goes back", first_line(exc))
+                ack_or_requeue(message, requeue=True)
 
         return handle
 
@@ -190,9 +195,9 @@ class SampleBatches(Batches):  # type: ignore[misc]
         self,
         app: Celery,
         message: Any,
+        request: TaskRequest,
         payload: SampleTask,
         meta: RunMeta,
-        build: Callable[[], Any],
     ) -> None:
         """Run an endpoint run's message alone in the lane, in a place of its own on the
         worker's prefetch; or, when the lane has no place for its principal, give it back to
@@ -214,15 +219,7 @@ class SampleBatches(Batches):  # type: ignore[misc]
             reserve.repay(loan)
 
         try:
-            build()
-            request = self._laned.get_nowait()
-        except Exception as exc:  # not a request celery-batches can build: dropped, as a buffer's
-            self._unlane(tag, meta.principal, done)
-            log.error("dropping an %s message: %s", self.name, first_line(exc))
-            ack_or_requeue(message, requeue=False)
-            return
-        try:
-            self._run([request], partial(lane.apply_async, principal=meta.principal), done)
+            self._run(message, request, partial(lane.apply_async, principal=meta.principal), done)
         except Exception as exc:
             self._unlane(tag, meta.principal, done)
             log.error(
@@ -260,52 +257,28 @@ class SampleBatches(Batches):  # type: ignore[misc]
                 "%d endpoint job(s) still running at shutdown: their messages go back", left
             )
 
-    def held_messages(self) -> int:
-        """Messages this task holds for its pool: buffered, or in a pool job not yet
-        returned (not the endpoint lane's, which hold places of their own)."""
-        return sum(1 for tag in self.held.snapshot() if tag not in self._in_lane)
-
-    def flush_buffer(self) -> None:
-        """Run the buffered messages now, if any."""
-        if self._buffered_samples:
-            self._do_flush()
-
-    def _reserve_full(self, batch_seconds: float | None = None) -> None:
-        """Set the prefetch after a batch of ``batch_seconds``, then run every buffer of the
-        consumer if it holds all it may (:mod:`evalq.worker.prefetch`); an error here is logged,
-        never raised into Celery's callbacks."""
-        if self._reserve is None:
+    def _finished(self, seconds: float | None) -> None:
+        """Set the prefetch after a job of ``seconds`` (:mod:`evalq.worker.prefetch`); an error
+        here is logged, never raised into Celery's callbacks."""
+        if self._reserve is None or seconds is None:
             return
         try:
-            if batch_seconds is not None:
-                self._reserve.finished(batch_seconds)
-            self._reserve.flush_if_full()
+            self._reserve.finished(seconds)
         except Exception:
-            log.exception("could not check the worker's reservation")
+            log.exception("could not set the worker's reservation")
 
     def forget(self) -> int:
-        """Forget the buffered messages of a connection that closed (Celery's consumer does the
-        same with its own queues): their delivery tags belonged to that connection's channel,
-        which gave them back to the queue as it closed, or left them to the janitor. Return
-        how many. The flush timer went with the consumer's old hub; the next message starts a
-        new one.
-
-        So are the messages of the batches that no pool process had started: as the connection
-        closes, Celery's consumer has the pool drop every job not yet accepted
-        (``AsynPool.flush``), and such a job's callbacks never run, so nothing else would take
-        their tags out of :attr:`held`; the heartbeat would name them held for ever, and the
-        janitor would never put back the messages that Redis still holds unacknowledged."""
-        stale = [*consume_queue(self._buffer), *consume_queue(self._pending)]
-        for requests in self._unstarted.values():
-            stale.extend(requests)
+        """Forget the messages of a connection that closed that no pool process had started;
+        return how many. As the connection closes, Celery's consumer has the pool drop every job
+        not yet accepted (``AsynPool.flush``), and such a job's callbacks never run, so nothing
+        else would take their tags out of :attr:`held`; the heartbeat would name them held for
+        ever, and the janitor would never put back the messages that Redis still holds
+        unacknowledged. (Their delivery tags belonged to that connection's channel, which gave
+        them back to the queue as it closed, or left them to the janitor.)"""
+        stale = list(self._unstarted.values())
         self._unstarted.clear()
-        for request in stale:
-            self.held.discard(request.message.delivery_tag)
-        timer: Any = getattr(self, "_tref", None)
-        if timer is not None:
-            timer.cancel()
-        self._tref = None
-        self._buffered_samples = 0
+        for tag in stale:
+            self.held.discard(tag)
         return len(stale)
 
     def _forward(self, app: Celery, message: Any, payload: SampleTask) -> bool:
@@ -354,64 +327,57 @@ class SampleBatches(Batches):  # type: ignore[misc]
             )
         return False
 
-    def flush(self, requests: Collection[Request]) -> Any:
-        """Run the buffered requests as one pool job; when it returns, acknowledge the messages
-        whose results were stored and requeue the others.
-
-        Each message is reported to event monitors (Flower) as its own task, with the ids and
-        fingerprint its payload carries: received and started when the batch goes to the pool,
-        succeeded when it is acknowledged, rejected when it is requeued; celery-batches itself
-        sends no task events.
-
-        A job whose pool process dies (killed, out of memory, ``os._exit``, or past
-        ``time_limit``) requeues its messages at once, as ``task_reject_on_worker_lost`` does
-        for ordinary tasks, instead of leaving them for the visibility timeout. There is
-        deliberately no soft limit: its exception would be caught inside the batch and the
-        messages acknowledged with their samples unfinished.
-        """
-        self._buffered_samples = 0  # every buffered request is flushed here, by size or timer
-        self._flushes += 1
-        job = self._flushes
-        self._unstarted[job] = requests
+    def _to_pool(self, message: Any, request: TaskRequest) -> None:
+        """Run ``request`` as one pool job; when it returns, acknowledge its message if its
+        results were stored, else requeue it."""
+        self._jobs += 1
+        job = self._jobs
+        self._unstarted[job] = message.delivery_tag
 
         def started() -> None:
             self._unstarted.pop(job, None)
 
         def done(seconds: float | None) -> None:
             started()
-            self._reserve_full(seconds)
+            self._finished(seconds)
 
-        return self._run(
-            requests,
-            partial(self._worker_pool.apply_async, timeout=self.time_limit),
-            done,
-            started,
-        )
+        try:
+            self._run(
+                message,
+                request,
+                partial(self._worker_pool.apply_async, timeout=self.time_limit),
+                done,
+                started,
+            )
+        except Exception:
+            started()
+            raise
 
     def _run(
         self,
-        requests: Collection[Request],
+        message: Any,
+        request: TaskRequest,
         submit: Callable[..., Any],
         done: Callable[[float | None], None],
         started: Callable[[], None] = lambda: None,
-    ) -> Any:
-        """Hand ``requests`` to ``submit`` (a pool's ``apply_async``) as one batch job, with
-        the callbacks that acknowledge or requeue each message as the job returns; ``started``
-        runs as a process (or thread) takes the job, ``done`` after every message was
-        settled, with the job's seconds (None if it was lost)."""
-        batch = ([SimpleRequest.from_request(r) for r in requests],)
+    ) -> None:
+        """Hand ``request`` to ``submit`` (a pool's ``apply_async``) as one job, with the
+        callbacks that acknowledge or requeue its message as the job returns; ``started`` runs
+        as a process (or thread) takes the job, ``done`` after the message was settled, with
+        the job's seconds (None if it was lost)."""
         started_at = time.monotonic()
-        for request in requests:
-            announce(request)
+        announce(self._events, self, message, request)
 
-        def finish(request: Request, requeue: bool) -> None:
-            ack_or_requeue(request.message, requeue)
-            self.held.discard(request.message.delivery_tag)
+        def finish(requeue: bool) -> None:
+            ack_or_requeue(message, requeue)
+            self.held.discard(message.delivery_tag)
             if requeue:
-                request.send_event("task-rejected", requeue=True)
+                send_event(self._events, self, request, "task-rejected", requeue=True)
             else:
                 runtime = time.monotonic() - started_at
-                request.send_event("task-succeeded", result="None", runtime=runtime)
+                send_event(
+                    self._events, self, request, "task-succeeded", result="None", runtime=runtime
+                )
 
         accepted: list[float] = []
 
@@ -420,24 +386,20 @@ class SampleBatches(Batches):  # type: ignore[misc]
             accepted.append(time_accepted)
 
         def on_return(requeue: object) -> None:
-            # The batch function returns the ids of the requests to requeue; anything else
-            # means it raised (celery-batches logged it): requeue them all, the per-sample
-            # attempt counters bound the retries.
-            again = set(requeue) if isinstance(requeue, list) else None
-            for request in requests:
-                finish(request, again is None or request.id in again)
+            # The job returns the ids of the requests to requeue; None means the task raised
+            # (run_job logged it): requeue, the per-sample attempt counters bound the retries.
+            finish(not isinstance(requeue, list) or request.id in requeue)
             done(time.monotonic() - accepted[0] if accepted else None)
 
         def on_error(_failure: Any) -> None:
-            # apply_batches_task catches what the task raises, so an error here means the job
-            # itself was lost: requeue.
-            for request in requests:
-                finish(request, requeue=True)
+            # run_job catches what the task raises, so an error here means the job itself was
+            # lost: requeue.
+            finish(requeue=True)
             done(None)
 
-        return submit(
-            apply_batches_task,
-            (self, batch, 0, None),
+        submit(
+            run_job,
+            (self, [request]),
             accept_callback=on_accepted,
             callback=on_return,
             error_callback=on_error,
