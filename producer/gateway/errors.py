@@ -102,12 +102,15 @@ def _status_of(exc: EvalqError) -> int:
 
 
 def _evalq_error(request: Request, exc: Exception) -> JSONResponse:
+    """The error's answer; to direct mode's operator, as direct mode said it (no refusal
+    audited, an unknown evaluation this process's own)."""
     assert isinstance(exc, EvalqError)
+    context = context_of(request)
+    if context.operator is not None:  # a 503 would read as an outage of the gateway
+        return error(str(exc), exc.exit_code, min(_status_of(exc), 500))
     if isinstance(exc, PolicyRefusedError):
         who = getattr(request.state, "principal", "anonymous")
-        audit_refusal(
-            context_of(request).store, who, f"{request.method} {request.url.path}", str(exc)
-        )
+        audit_refusal(context.store, who, f"{request.method} {request.url.path}", str(exc))
     message = exc.on("the gateway") if isinstance(exc, UnknownEvalError) else str(exc)
     if not getattr(request.state, "sees_sources", False):
         hidden = _PATH.sub("<path>", message)
@@ -141,6 +144,11 @@ def _http(request: Request, exc: Exception) -> JSONResponse:
 
 
 def _redis_down(request: Request, exc: Exception) -> JSONResponse:
+    """A 503; in direct mode's app the error itself goes on, so that the operator's command
+    says what it always said of an unreachable Redis
+    (:class:`evalq.producer.inprocess.AppTransport` raises it in the command)."""
+    if context_of(request).operator is not None:
+        raise exc
     log.warning("redis error on %s %s: %s", request.method, request.url.path, exc)
     return error("the gateway cannot reach its Redis; try again", 1, 503)
 
