@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import weakref
 from collections.abc import Iterator
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_for
@@ -128,10 +129,11 @@ class AppTransport(httpx.BaseTransport):
     def __init__(self, app: FastAPI) -> None:
         self._app = app
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self._loop.run_forever, name="evalq-direct", daemon=True
-        )
-        self._thread.start()
+        thread = threading.Thread(target=_serve, args=(self._loop,), name="evalq-direct")
+        thread.daemon = True
+        thread.start()
+        # a command drops its client without closing it: its loop stops with it
+        self._stop = weakref.finalize(self, _stop, self._loop, thread)
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         exchange = _Exchange(self._loop, request.read())
@@ -167,6 +169,21 @@ class AppTransport(httpx.BaseTransport):
         closing = asyncio.run_coroutine_threadsafe(context.waits.aclose(), self._loop)
         wait_for([closing], timeout=HANG_UP_WAIT)
         context.store.close()
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
-        self._loop.close()
+        self._stop()
+
+
+def _serve(loop: asyncio.AbstractEventLoop) -> None:
+    """The app's event loop, until :func:`_stop`."""
+    asyncio.set_event_loop(loop)
+    try:
+        loop.run_forever()
+    finally:
+        loop.close()
+
+
+def _stop(loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
+    """Stop the app's loop (from any thread but its own: then it stops when the thread can)."""
+    if not loop.is_closed():
+        loop.call_soon_threadsafe(loop.stop)
+    if thread is not threading.current_thread():
+        thread.join()
