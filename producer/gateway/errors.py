@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
-from evalq.producer.gateway.context import context_of
+from evalq.producer.gateway.context import Context, context_of
 from evalq.shared.errors import (
     EvalqError,
     InputError,
@@ -102,12 +102,9 @@ def _status_of(exc: EvalqError) -> int:
 
 
 def _evalq_error(request: Request, exc: Exception) -> JSONResponse:
-    """The error's answer; to direct mode's operator, as direct mode said it (no refusal
-    audited, an unknown evaluation this process's own)."""
     assert isinstance(exc, EvalqError)
     context = context_of(request)
-    if context.operator is not None:  # a 503 would read as an outage of the gateway
-        return error(str(exc), exc.exit_code, min(_status_of(exc), 500))
+    _raise_in_direct_mode(context, exc)
     if isinstance(exc, PolicyRefusedError):
         who = getattr(request.state, "principal", "anonymous")
         audit_refusal(context.store, who, f"{request.method} {request.url.path}", str(exc))
@@ -122,6 +119,7 @@ def _evalq_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def _too_many(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ThrottledError)
+    _raise_in_direct_mode(context_of(request), exc)
     return throttled(exc)  # not audited: a flood of them would grow the audit stream
 
 
@@ -143,12 +141,17 @@ def _http(request: Request, exc: Exception) -> JSONResponse:
     return answer
 
 
-def _redis_down(request: Request, exc: Exception) -> JSONResponse:
-    """A 503; in direct mode's app the error itself goes on, so that the operator's command
-    says what it always said of an unreachable Redis
-    (:class:`evalq.producer.inprocess.AppTransport` raises it in the command)."""
-    if context_of(request).operator is not None:
+def _raise_in_direct_mode(context: Context, exc: Exception) -> None:
+    """In direct mode's app (the operator's, in its own process) an error is not answered but
+    goes on: :class:`evalq.producer.inprocess.AppTransport` raises it in the command, which
+    says and exits what direct mode always did (the same exception: no refusal audited, an
+    unknown evaluation named as this process's, Redis unreachable as such)."""
+    if context.operator is not None:
         raise exc
+
+
+def _redis_down(request: Request, exc: Exception) -> JSONResponse:
+    _raise_in_direct_mode(context_of(request), exc)
     log.warning("redis error on %s %s: %s", request.method, request.url.path, exc)
     return error("the gateway cannot reach its Redis; try again", 1, 503)
 
