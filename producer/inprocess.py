@@ -69,7 +69,7 @@ class _Exchange:
         try:
             await app(scope, self._receive, self._send)
         except BaseException as exc:
-            self.failure = exc
+            self.failure = _raised(exc)
         if not self._hung_up.is_set():
             await self._sent.put(None)
 
@@ -97,6 +97,14 @@ class _Exchange:
                 self._sent.get_nowait()
 
         self._loop.call_soon_threadsafe(gone)
+
+
+def _raised(exc: BaseException) -> BaseException:
+    """What the route raised: an error the app has a handler for, raised once the response has
+    started (a results stream's archive found unreadable), comes out of Starlette as a
+    ``RuntimeError`` caused by it."""
+    started = isinstance(exc, RuntimeError) and "response already started" in str(exc)
+    return exc.__cause__ if started and exc.__cause__ is not None else exc
 
 
 class _Body(httpx.SyncByteStream):
