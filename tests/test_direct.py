@@ -77,26 +77,26 @@ def test_a_direct_follow_prints_the_first_result_before_the_run_ends(
     params = {"gate": str(gate), "open_until": "64"}
     request = SubmitRequest(eval="slow", dataset=name, split="validation", params=params)
     run_id = operator.submit(request).run_id
-    follow = subprocess.Popen(
-        [sys.executable, "-c", "from evalq.shared.cli import main; main()", "results", run_id,
-         "--follow"],
-        env=cli_env(stack.server.url), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True,
-    )  # fmt: skip
-    assert follow.stdout is not None
-    reader = ThreadPoolExecutor(1)
-    try:
+    command = [sys.executable, "-c", "from evalq.shared.cli import main; main()", "results",
+               run_id, "--follow"]  # fmt: skip
+    with subprocess.Popen(
+        command, env=cli_env(stack.server.url), cwd=REPO, stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL, text=True,
+    ) as follow:  # fmt: skip
+        assert follow.stdout is not None
+        reader = ThreadPoolExecutor(1)
         try:
-            first = reader.submit(follow.stdout.readline).result(timeout=FIRST_LINE_WAIT)
-        except TimeoutError:
-            raise AssertionError(str(operator.status(run_id).progress)) from None
-        assert json.loads(first)["sample_id"] < 64, operator.status(run_id).progress
-        assert operator.status(run_id).meta.status.active  # the gated samples still wait
-    finally:
-        gate.touch()
-        reader.shutdown()
-    rest = follow.stdout.read()  # the file read from: it may hold lines read past the first
-    assert follow.wait(timeout=120) == 0, follow.stderr.read() if follow.stderr else ""
+            try:
+                first = reader.submit(follow.stdout.readline).result(timeout=FIRST_LINE_WAIT)
+            except TimeoutError:
+                raise AssertionError(str(operator.status(run_id).progress)) from None
+            assert json.loads(first)["sample_id"] < 64, operator.status(run_id).progress
+            assert operator.status(run_id).meta.status.active  # the gated samples still wait
+        finally:
+            gate.touch()
+            reader.shutdown()
+        rest = follow.stdout.read()  # from the file read from: it may hold lines past the first
+        assert follow.wait(timeout=120) == 0
     wait_completed(stack.client, run_id)
     ids = sorted(json.loads(line)["sample_id"] for line in [first, *rest.splitlines()])
     assert ids == list(range(120))
