@@ -1,6 +1,7 @@
-"""evalq's Python API over Redis: the client interface (:class:`evalq.producer.api.Api`) as the CLI
-uses it in direct mode, and as the gateway uses it for each token's principal, with the policy
-applied to every read.
+"""The service: every operation over Redis as one principal, with the policy applied to every
+read. The gateway's routes act through it for each caller (:mod:`evalq.producer.gateway.acting`),
+in ``evalq serve`` and in direct mode's in-process app alike (:mod:`evalq.producer.inprocess`);
+the demos and tests use it beside their own Redis.
 
 from evalq.producer.client import Client
 from evalq.producer.submit import SubmitRequest
@@ -54,6 +55,8 @@ from evalq.shared.store.retention import expired, purge
 if TYPE_CHECKING:
     import pyarrow as pa
     from datasets import Dataset
+
+    from evalq.producer.report import Report
 
 __all__ = ["Client"]
 
@@ -219,12 +222,12 @@ class Client:
             }
         )
 
-    def report(self, run_id: str) -> str:
-        """The run's self-contained HTML report (charts as its split's tier allows)."""
-        from evalq.producer.page import render
+    def report(self, run_id: str) -> Report:
+        """What the run's report shows, as this reader may see it
+        (:func:`evalq.producer.report.gather`; :func:`evalq.producer.page.render` draws it)."""
         from evalq.producer.report import gather
 
-        return render(gather(self.status(run_id), self._samples))
+        return gather(self.status(run_id), self._samples)
 
     def cancel(self, run_id: str) -> Cancellation:
         """Stop a run, keep what finished, refund (once) the samples that produced nothing

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from typing import Protocol
 
 from rich.console import Console, RenderableType
 from rich.markup import escape
@@ -24,13 +25,22 @@ from rich.progress import (
 from rich.table import Column, Table
 from rich.text import Text
 
-from evalq.producer.api import Api
 from evalq.shared.cli import redis_unreachable
 from evalq.shared.errors import GatewayUnreachableError
 from evalq.shared.models import Progress as Counts
 from evalq.shared.models import RunMeta
 
-__all__ = ["RunBar", "follow", "progress_line"]
+__all__ = ["RunBar", "Watched", "follow", "progress_line"]
+
+
+class Watched(Protocol):
+    """What following a run reads: the CLI's client of the gateway's routes, or the demos'
+    service client beside their private Redis."""
+
+    def progress(self, run_id: str) -> tuple[RunMeta, Counts]: ...
+
+    def stalled(self, meta: RunMeta, progress: Counts) -> str | None: ...
+
 
 LINE_EVERY = 2.0
 """Seconds between plain progress lines (a line is printed only when the counts moved)."""
@@ -65,7 +75,7 @@ def progress_line(meta: RunMeta, counts: Counts, stalled: str | None = None) -> 
 class _Stall:
     """Asks the client whether the run is stalled at most every ``STALL_EVERY`` seconds."""
 
-    def __init__(self, client: Api) -> None:
+    def __init__(self, client: Watched) -> None:
         self._client = client
         self._asked = -STALL_EVERY
         self.reason: str | None = None
@@ -85,7 +95,7 @@ class _Stall:
 
 
 def follow(
-    client: Api,
+    client: Watched,
     run_id: str,
     console: Console,
     interval: float = 0.2,
@@ -97,7 +107,7 @@ def follow(
     return _lines(client, run_id, console, interval, timeout)
 
 
-def _progress(client: Api, run_id: str, console: Console) -> tuple[RunMeta, Counts]:
+def _progress(client: Watched, run_id: str, console: Console) -> tuple[RunMeta, Counts]:
     """The run's record and counts; through a Redis outage (a restart), say so once and keep
     asking every second."""
     waiting = False
@@ -123,7 +133,7 @@ def _deadline(timeout: float | None) -> float | None:
 
 
 def _lines(
-    client: Api, run_id: str, console: Console, interval: float, timeout: float | None
+    client: Watched, run_id: str, console: Console, interval: float, timeout: float | None
 ) -> RunMeta:
     deadline = _deadline(timeout)
     last: tuple[str, Counts, str | None] | None = None
@@ -235,7 +245,7 @@ _ORDER = ("name", "counts", "share", "failed", "rate", "elapsed", "remaining")
 
 
 def _bar(
-    client: Api, run_id: str, console: Console, interval: float, timeout: float | None
+    client: Watched, run_id: str, console: Console, interval: float, timeout: float | None
 ) -> RunMeta:
     meta, _ = _progress(client, run_id, console)
     deadline = _deadline(timeout)

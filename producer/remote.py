@@ -1,9 +1,9 @@
-"""The Python client of the gateway: the client interface (:class:`evalq.producer.api.Api`) over
-HTTP.
-
-With ``EVALQ_API_URL`` and ``EVALQ_TOKEN`` set, the CLI uses this instead of Redis (see
-:func:`evalq.producer.api.open_api`); it never reads ``EVALQ_REDIS_URL`` and never reads a row of
-data: the gateway resolves sample ids and counts. An error the gateway answers becomes a
+"""The client of the gateway's routes, the one the CLI and :func:`evalq.open_api` use: over HTTP
+with ``EVALQ_API_URL`` and ``EVALQ_TOKEN`` set, and in direct mode to the same app built in the
+command's process for the operator (:mod:`evalq.producer.inprocess`); see
+:func:`evalq.producer.api.open_api`. Through a gateway it never reads ``EVALQ_REDIS_URL`` and
+never reads a row of data: the gateway resolves sample ids and counts. An error the gateway
+answers becomes a
 :class:`evalq.shared.errors.RemoteError` with the gateway's one line and the direct-mode exit code.
 Importing it loads no Celery, kombu, Redis or pyarrow (``tests/test_api.py`` checks): the types
 it only names are imported for type checking, and pyarrow when a table is asked for. The admin
@@ -72,14 +72,25 @@ RATE_WAIT = 10.0
 class RemoteClient:
     """Submit, watch, read and administer runs through the gateway, as the token's principal."""
 
-    def __init__(self, url: str, token: str | None, admin: bool = False) -> None:
+    def __init__(
+        self,
+        url: str,
+        token: str | None,
+        admin: bool = False,
+        *,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        """``transport``: how requests reach the gateway (None: HTTP to ``url``; direct mode's
+        :class:`evalq.producer.inprocess.AppTransport`: its app in this process)."""
         self.admin = admin
         token = (token or "").strip()
         if token and not _TOKEN.fullmatch(token):
             raise InputError("EVALQ_TOKEN is malformed (a token is letters, digits, '_' and '-')")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         try:
-            self._http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=TIMEOUT)
+            self._http = httpx.Client(
+                base_url=url.rstrip("/"), headers=headers, timeout=TIMEOUT, transport=transport
+            )
         except (httpx.InvalidURL, ValueError) as exc:
             raise InputError(f"EVALQ_API_URL is not a valid URL: {first_line(exc)}") from None
         if self._http.base_url.userinfo:

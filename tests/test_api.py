@@ -1,53 +1,21 @@
-"""The client interface: the direct client (Redis) and the HTTP client (the gateway) have the
-same public methods with the same signatures as the :class:`evalq.producer.api.Api` protocol, and
-the HTTP client loads no Celery, kombu, Redis or pyarrow. No Redis needed."""
+"""The one client of the gateway's routes (:class:`evalq.producer.remote.RemoteClient`): through
+a gateway's URL it loads no Celery, kombu, Redis or pyarrow, and refuses a URL holding a
+password. No Redis needed."""
 
 from __future__ import annotations
 
-import inspect
 import os
 import subprocess
 import sys
 
 import pytest
 
-from evalq.producer.api import Api
-from evalq.producer.client import Client
 from evalq.producer.remote import RemoteClient
 from evalq.shared.errors import InputError
 from tests.helpers import REPO
 
 HEAVY = ("celery", "kombu", "redis", "pyarrow")
 """What the HTTP client must not load: the broker's and the store's libraries."""
-
-
-def _methods(cls: type) -> dict[str, inspect.Signature]:
-    """Each public method of ``cls`` and its signature (annotations as written: all three
-    modules postpone them, so a type spelt differently is a difference)."""
-    return {
-        name: inspect.signature(member)
-        for name, member in inspect.getmembers(cls, inspect.isfunction)
-        if not name.startswith("_")
-    }
-
-
-@pytest.mark.parametrize("cls", [Client, RemoteClient])
-def test_each_client_has_the_interfaces_methods_with_its_signatures(cls: type) -> None:
-    interface, found = _methods(Api), _methods(cls)
-    assert sorted(found) == sorted(interface), f"{cls.__name__} is not the interface"
-    differ = {n: (str(found[n]), str(s)) for n, s in interface.items() if found[n] != s}
-    assert not differ, f"{cls.__name__} differs from Api: {differ}"
-
-
-def test_both_clients_have_the_same_public_methods_and_signatures() -> None:
-    direct, remote = _methods(Client), _methods(RemoteClient)
-    assert sorted(direct) == sorted(remote)
-    assert {n: str(s) for n, s in direct.items()} == {n: str(s) for n, s in remote.items()}
-
-
-def test_the_interface_is_an_admin_flag_and_methods() -> None:
-    assert inspect.get_annotations(Api) == {"admin": "bool"}
-    assert _methods(Api)  # the comparisons above compare something
 
 
 @pytest.mark.integration

@@ -8,13 +8,14 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from evalq.producer.api import Api, open_api
+from evalq.producer.api import open_api
 from evalq.producer.commands.outcome import follow_and_report
 from evalq.shared.choices import MAX_SPEC_SHARDS, Priority, RoutingKind
 from evalq.shared.cli import AdminFlag, JsonFlag, err, out, print_json
 from evalq.shared.errors import EvalqError, InputError
 
 if TYPE_CHECKING:
+    from evalq.producer.remote import RemoteClient
     from evalq.producer.submit import SubmitRequest
 
 __all__ = ["submit_command"]
@@ -161,7 +162,7 @@ def point(
     return type(request).model_validate(fields)
 
 
-def _submit_sweep(client: Api, points: list[SubmitRequest], as_json: bool) -> None:
+def _submit_sweep(client: RemoteClient, points: list[SubmitRequest], as_json: bool) -> None:
     """Submit one run per point of a sweep's grid (they share the sweep id). Every point is
     checked before any is submitted; a refusal midway stops the sweep there, and the runs
     submitted before it stand: listed on stdout (``--json``: with the error) before the

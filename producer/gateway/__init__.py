@@ -11,6 +11,10 @@ to the audit stream.
 Errors answer ``{"error": "<one line>", "exit_code": N}`` with the exit code the CLI would have
 exited with in direct mode; :class:`evalq.producer.remote.RemoteClient` turns them back into that.
 
+Direct mode is the same app built in the command's process for the operator
+(``create_gateway(settings, operator=...)``, :mod:`evalq.producer.inprocess`): no token is read,
+no limit applies, and an error is raised in the command rather than answered.
+
 The modules: :mod:`~evalq.producer.gateway.app` builds the FastAPI app (``create_gateway``: its
 middleware, error handlers and routers); :mod:`~evalq.producer.gateway.context` holds what every
 request shares; :mod:`~evalq.producer.gateway.caller` says who a request's token stands for and

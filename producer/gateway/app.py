@@ -14,14 +14,18 @@ from evalq.producer.gateway.context import Context
 from evalq.producer.gateway.errors import RESPONSES, handle_errors, too_large
 from evalq.producer.gateway.limits import BodyLimit, TokenFirst
 from evalq.producer.gateway.retainer import Retainer
+from evalq.shared.access.roles import Caller
 from evalq.shared.settings import Settings
 
 __all__ = ["create_gateway"]
 
 
-def create_gateway(settings: Settings) -> FastAPI:
-    """The gateway's FastAPI app, talking to Redis with ``settings.redis_url``."""
-    context = Context.open(settings)
+def create_gateway(settings: Settings, operator: Caller | None = None) -> FastAPI:
+    """The gateway's FastAPI app, talking to Redis with ``settings.redis_url``. With
+    ``operator``, direct mode's app (:mod:`evalq.producer.inprocess`, never served on a
+    socket): every request is the operator's, so no token is read, no body limit or rate
+    limit applies and its lifespan (the retention thread) is not run."""
+    context = Context.open(settings, operator)
     api = FastAPI(
         title="evalq gateway",
         summary="Submit, watch and read evaluation runs within the split tiers.",
@@ -34,9 +38,10 @@ def create_gateway(settings: Settings) -> FastAPI:
         lifespan=partial(_serving, Retainer(context.store, settings), context.waits),
     )
     api.state.context = context
-    api.add_middleware(TokenFirst, check=partial(token_first, context))
-    limit = settings.gateway_max_body
-    api.add_middleware(BodyLimit, limit=limit, refusal=partial(too_large, limit))  # outer
+    if operator is None:
+        api.add_middleware(TokenFirst, check=partial(token_first, context))
+        limit = settings.gateway_max_body
+        api.add_middleware(BodyLimit, limit=limit, refusal=partial(too_large, limit))  # outer
     handle_errors(api)
     routers = (runs, events, results, datasets, tasks, policy, tokens, site)
     for router in (module.router for module in routers):

@@ -74,7 +74,15 @@ async def caller(
     """The request's caller, admitted by its principal's rate and holding one of its requests
     in flight while its route works (``request.state.working()`` gives it back sooner: a
     results stream holds a stream slot instead). The request's state keeps the principal,
-    whether it sees data sources and its token's digest, for the error answers and streams."""
+    whether it sees data sources and its token's digest, for the error answers and streams.
+    In direct mode's app the caller is the operator, held to no limit."""
+    if context.operator is not None:
+        request.state.principal = context.operator.principal
+        request.state.sees_sources = sees_sources(context.operator)
+        request.state.token = None
+        request.state.working = _nothing
+        yield context.operator
+        return
     found = getattr(request.state, "identified", None)  # token_first's, for a body's
     if found is None:
         token = None if credentials is None else credentials.credentials
@@ -93,6 +101,10 @@ async def caller(
         yield who
     finally:
         give_back()
+
+
+def _nothing() -> None:
+    """The operator holds no request slot: there is nothing to give back."""
 
 
 Who = Annotated[Caller, Depends(caller, scope="function")]

@@ -10,8 +10,10 @@ import redis.asyncio
 from celery import Celery
 from fastapi import Depends, Request
 
+from evalq.producer.direct import CLI_RETRIES
 from evalq.producer.gateway.limits import RateLimiter, StreamSlots
 from evalq.producer.gateway.streams import Streams
+from evalq.shared.access.roles import Caller
 from evalq.shared.access.tokens import TokenLookup
 from evalq.shared.connection import connect, connect_async
 from evalq.shared.evaluation import load_plugins
@@ -38,14 +40,23 @@ class Context:
     streams: Streams
     working: StreamSlots
     """Requests in flight per principal."""
+    operator: Caller | None = None
+    """Direct mode's app (:mod:`evalq.producer.inprocess`): every request is this operator's,
+    with no token, no rate limit and no refusal audited; None for ``evalq serve``."""
 
     @classmethod
-    def open(cls, settings: Settings) -> Self:
-        """Connect to ``settings.redis_url`` and load the evaluation plugins."""
-        store = connect(settings.redis)
+    def open(cls, settings: Settings, operator: Caller | None = None) -> Self:
+        """Connect to ``settings.redis_url`` and load the evaluation plugins (the operator's
+        app, as direct mode did: retrying as a command does, and loading the plugins where an
+        operation needs them)."""
+        retries = {} if operator is None else {"retries": CLI_RETRIES}
+        store = connect(settings.redis, **retries)
         # a connection per open stream (its XREAD BLOCK), and some for the token look-ups
-        waits = connect_async(settings.redis, max_connections=settings.gateway_streams + 64)
-        load_plugins(settings.plugins)
+        waits = connect_async(
+            settings.redis, max_connections=settings.gateway_streams + 64, **retries
+        )
+        if operator is None:
+            load_plugins(settings.plugins)
         slots = StreamSlots(settings.gateway_streams_per_principal, settings.gateway_streams)
         return cls(
             settings=settings,
@@ -59,7 +70,12 @@ class Context:
                 settings.gateway_inflight, 2**31,
                 ("too many requests", "requests in flight", "wait for one to finish"),
             ),
+            operator=operator,
         )  # fmt: skip
+
+    async def live(self, digest: str | None) -> bool:
+        """Whether the token of ``digest`` is still live (the operator holds none: always)."""
+        return self.operator is not None or (digest is not None and await self.lookup.live(digest))
 
 
 def context_of(request: Request) -> Context:

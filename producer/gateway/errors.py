@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
-from evalq.producer.gateway.context import context_of
+from evalq.producer.gateway.context import Context, context_of
 from evalq.shared.errors import (
     EvalqError,
     InputError,
@@ -103,11 +103,11 @@ def _status_of(exc: EvalqError) -> int:
 
 def _evalq_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, EvalqError)
+    context = context_of(request)
+    _raise_in_direct_mode(context, exc)
     if isinstance(exc, PolicyRefusedError):
         who = getattr(request.state, "principal", "anonymous")
-        audit_refusal(
-            context_of(request).store, who, f"{request.method} {request.url.path}", str(exc)
-        )
+        audit_refusal(context.store, who, f"{request.method} {request.url.path}", str(exc))
     message = exc.on("the gateway") if isinstance(exc, UnknownEvalError) else str(exc)
     if not getattr(request.state, "sees_sources", False):
         hidden = _PATH.sub("<path>", message)
@@ -119,6 +119,7 @@ def _evalq_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def _too_many(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ThrottledError)
+    _raise_in_direct_mode(context_of(request), exc)
     return throttled(exc)  # not audited: a flood of them would grow the audit stream
 
 
@@ -140,7 +141,17 @@ def _http(request: Request, exc: Exception) -> JSONResponse:
     return answer
 
 
+def _raise_in_direct_mode(context: Context, exc: Exception) -> None:
+    """In direct mode's app (the operator's, in its own process) an error is not answered but
+    goes on: :class:`evalq.producer.inprocess.AppTransport` raises it in the command, which
+    says and exits what direct mode always did (the same exception: no refusal audited, an
+    unknown evaluation named as this process's, Redis unreachable as such)."""
+    if context.operator is not None:
+        raise exc
+
+
 def _redis_down(request: Request, exc: Exception) -> JSONResponse:
+    _raise_in_direct_mode(context_of(request), exc)
     log.warning("redis error on %s %s: %s", request.method, request.url.path, exc)
     return error("the gateway cannot reach its Redis; try again", 1, 503)
 

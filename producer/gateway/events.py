@@ -70,7 +70,7 @@ async def events(
     except BaseException:
         give_back()
         raise
-    live = partial(context.lookup.live, request.state.token)
+    live = partial(context.live, request.state.token)
     sent = _events(streams, partial(acting.status, run_id), first, live)
     return ResultStream(sent, give_back, "text/event-stream", HEADERS)
 

@@ -48,7 +48,7 @@ async def results(
         acting = await streams.run(lambda: act.owned(run_id, admin=admin))
         if follow:
             follower = await streams.run(lambda: acting.samples.follower(run_id, with_input))
-            lines = streams.follow(follower, partial(context.lookup.live, request.state.token))
+            lines = streams.follow(follower, partial(context.live, request.state.token))
         else:
             lines = streams.lines(await streams.run(lambda: _lines(acting, run_id, with_input)))
     except BaseException:
@@ -95,7 +95,10 @@ def compare(
 def report(run_id: RunId, act: Act, admin: AdminQuery = False) -> HTMLResponse:
     """A self-contained HTML report (charts as the split's tier allows), under a policy that
     lets it run nothing (its charts are inline SVG, its style one inline sheet)."""
-    return HTMLResponse(act.owned(run_id, admin=admin).report(run_id), headers=REPORT_HEADERS)
+    from evalq.producer.page import render  # the report's and charts' modules: its reads only
+
+    page = render(act.owned(run_id, admin=admin).report(run_id))
+    return HTMLResponse(page, headers=REPORT_HEADERS)
 
 
 REPORT_HEADERS = {

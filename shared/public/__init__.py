@@ -1,7 +1,8 @@
 """evalq's public import path for plugin authors: ``from evalq import Evaluation, register``;
 ``register_scorer`` (with ``ScorerOptions``) for a YAML task's Python scorer; ``run`` to try an
 evaluation in this process on a handful of rows (:mod:`evalq.shared.trial`); ``open_api`` for
-the client a script drives evalq with (the gateway's, or Redis's for an operator).
+the client a script drives evalq with (the gateway's routes: over HTTP, or in its own process
+for an operator).
 
 The wheel installs this package as the top-level ``evalq`` (``package-dir`` in
 pyproject.toml), so a plugin imports what it needs from one name that is evalq's own; the
