@@ -33,7 +33,7 @@ from evalq.shared.access.roles import Role
 from evalq.shared.errors import InputError, LabelRefusedError, TierRefusedError
 from evalq.shared.keys import HOLDS, RUNS
 from evalq.shared.models import RunMeta, RunStatus
-from tests.conftest import Stack
+from tests.conftest import Stack, shared_stack
 from tests.helpers import (
     REPO,
     assert_settled_once,
@@ -100,6 +100,14 @@ class Server:
         self._log.close()
 
 
+@pytest.fixture(scope="module")
+def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """The stack of the tests that only add runs, each against servers and on data of its
+    own: one worker holding ``OPENAI_API_KEY`` (sent only to the entries that name it)."""
+    with shared_stack(tmp_path_factory.mktemp("keyed"), OPENAI_API_KEY=KEY) as stack:
+        yield stack
+
+
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[Server]:
     running = Server(tmp_path / "server.log")
@@ -109,8 +117,11 @@ def server(tmp_path: Path) -> Iterator[Server]:
 
 def _place(stack: Stack, folder: Path, n: int, endpoints: dict[str, Any]) -> tuple[Client, str]:
     """An admin who registered the tasks and applied ``endpoints``; a user; a dataset of ``n``
-    sums (viewable)."""
-    rows = [{"a": i, "b": 2 * i, "answer": str(3 * i)} for i in range(n)]
+    sums (viewable), its rows marked with the test's folder (one content is one registered
+    split, and tests share a stack)."""
+    rows = [
+        {"a": i, "b": 2 * i, "answer": str(3 * i), "case": folder.parent.name} for i in range(n)
+    ]
     write_rows(folder, "validation", rows)
     name = list_splits(stack.client, folder, "validation")
     admin = Client(stack.settings.model_copy(update={"principal": "ops"}), admin=True)
@@ -157,10 +168,9 @@ def _secret_nowhere(stack: Stack) -> None:
 
 
 def test_an_endpoint_model_answers_with_its_usage_and_the_key_stays_secret(
-    fresh_stack: Stack, server: Server, tmp_path: Path
+    keyed: Stack, server: Server, tmp_path: Path
 ) -> None:
-    stack = fresh_stack
-    stack.start_workers(OPENAI_API_KEY=KEY)
+    stack = keyed
     user, dataset = _place(stack, tmp_path / "data", 24, {server.base: KEYED})
     chat = _submit(user, dataset, server.base)
     text = _submit(user, dataset, server.base, task="sum-text", model="wrong-model")
@@ -186,9 +196,9 @@ def test_an_endpoint_model_answers_with_its_usage_and_the_key_stays_secret(
 
 
 def test_what_a_caller_may_not_name_is_refused_in_one_line(
-    fresh_stack: Stack, server: Server, tmp_path: Path
+    keyed: Stack, server: Server, tmp_path: Path
 ) -> None:
-    stack = fresh_stack
+    stack = keyed
     user, dataset = _place(stack, tmp_path / "data", 4, {server.base: KEYED})
     with pytest.raises(TierRefusedError, match="not listed in the policy's endpoints"):
         _submit(user, dataset, "http://169.254.169.254/v1")
@@ -211,15 +221,12 @@ def test_what_a_caller_may_not_name_is_refused_in_one_line(
     user.close()
 
 
-def test_a_key_goes_only_to_a_server_whose_entry_names_it(
-    fresh_stack: Stack, tmp_path: Path
-) -> None:
+def test_a_key_goes_only_to_a_server_whose_entry_names_it(keyed: Stack, tmp_path: Path) -> None:
     """Issue #50 (4): the operator lists a user's own server beside the provider, its entry
     naming no ``api_key_env``, and the workers hold ``OPENAI_API_KEY``. Was: the entry
     defaulted to ``OPENAI_API_KEY`` and the user's server got ``Authorization: Bearer <key>``
     on 5 of 5 requests; a user naming ``api_key_env=OPENAI_API_KEY`` was admitted."""
-    stack = fresh_stack
-    stack.start_workers(OPENAI_API_KEY=KEY)
+    stack = keyed
     own = Server(tmp_path / "own.log", key=None)  # the user's: answers whoever asks
     try:
         listing = {own.base: {}, "https://api.openai.com/v1": KEYED}
@@ -332,10 +339,9 @@ def test_a_task_that_shows_another_task_s_label_is_refused_before_anything_is_se
 
 
 def test_the_response_cache_answers_a_rerun_and_never_another_model(
-    fresh_stack: Stack, server: Server, tmp_path: Path
+    keyed: Stack, server: Server, tmp_path: Path
 ) -> None:
-    stack = fresh_stack
-    stack.start_workers(OPENAI_API_KEY=KEY)
+    stack = keyed
     user, dataset = _place(stack, tmp_path / "data", 24, {server.base: KEYED})
 
     def requests() -> int:
@@ -368,12 +374,11 @@ def test_the_response_cache_answers_a_rerun_and_never_another_model(
 
 
 def test_the_response_cache_tells_no_user_which_prompts_another_asked(
-    fresh_stack: Stack, server: Server, tmp_path: Path
+    keyed: Stack, server: Server, tmp_path: Path
 ) -> None:
     """Issue #50 (7): another user's rerun with ``--cache`` read ``usage.cached`` on exactly
     the 30 ids a first user had chosen. Each principal's requests use a cache of their own."""
-    stack = fresh_stack
-    stack.start_workers(OPENAI_API_KEY=KEY)
+    stack = keyed
     user, dataset = _place(stack, tmp_path / "data", 60, {server.base: KEYED})
     chosen = tuple(range(0, 60, 2))
     first = user.submit(
@@ -401,10 +406,9 @@ def test_the_response_cache_tells_no_user_which_prompts_another_asked(
 
 
 def test_identical_requests_in_flight_share_one_call(
-    fresh_stack: Stack, server: Server, tmp_path: Path
+    keyed: Stack, server: Server, tmp_path: Path
 ) -> None:
-    stack = fresh_stack
-    stack.start_workers(OPENAI_API_KEY=KEY)
+    stack = keyed
     user, dataset = _place(stack, tmp_path / "data", 1, {server.base: KEYED})
     rows = [{"a": 4, "b": 5, "answer": "9"}] * 16  # one prompt, sixteen times
     write_rows(tmp_path / "same", "validation", rows)
@@ -487,10 +491,9 @@ def test_two_workers_keep_the_fleet_rate_limit_while_the_server_answers_429(
     ],
 )
 def test_an_endpoint_that_fails_ends_each_sample_once_with_its_reason(
-    fresh_stack: Stack, server: Server, tmp_path: Path, fault: Any, kind: str
+    keyed: Stack, server: Server, tmp_path: Path, fault: Any, kind: str
 ) -> None:
-    stack = fresh_stack
-    stack.start_workers(OPENAI_API_KEY=KEY)
+    stack = keyed
     user, dataset = _place(stack, tmp_path / "data", 12, {server.base: KEYED})
     if fault == "gone":
         server.stop()
@@ -641,10 +644,9 @@ def test_a_worker_killed_mid_request_leaves_no_token_held_and_the_cache_recomput
 
 
 def test_a_run_that_can_send_nothing_is_given_back_cancelled_or_ended(
-    fresh_stack: Stack, server: Server, tmp_path: Path
+    keyed: Stack, server: Server, tmp_path: Path
 ) -> None:
-    stack = fresh_stack
-    stack.start_workers(OPENAI_API_KEY=KEY)
+    stack = keyed
     user, dataset = _place(stack, tmp_path / "data", 1500, {server.base: KEYED})
     _set_tokens(stack, dataset, 0, samples=100_000)
     meta = _submit(user, dataset, server.base)
@@ -674,10 +676,9 @@ GRADED = SUM.replace("CHAT", "true").replace(
 
 
 def test_a_grader_model_grades_each_output_and_its_tokens_count_apart(
-    fresh_stack: Stack, server: Server, tmp_path: Path
+    keyed: Stack, server: Server, tmp_path: Path
 ) -> None:
-    stack = fresh_stack
-    stack.start_workers(OPENAI_API_KEY=KEY)
+    stack = keyed
     user, dataset = _place(stack, tmp_path / "data", 12, {server.base: KEYED})
     admin = Client(stack.settings.model_copy(update={"principal": "ops"}), admin=True)
     admin.add_task("sum-graded", GRADED.replace("URL", server.base))
@@ -830,17 +831,16 @@ def test_stalled_endpoints_of_three_callers_hold_no_worker_a_fourth_caller_needs
 
 
 def test_a_caller_s_runs_on_one_endpoint_keep_within_the_highest_concurrency_together(
-    fresh_stack: Stack, tmp_path: Path
+    keyed: Stack, tmp_path: Path
 ) -> None:
     """The lane's review submitted two runs asking ``concurrency`` 4 and 3 of an endpoint whose
     ``max_concurrency`` is 4: the two ran at once in one worker and held 7 requests in flight.
     A worker process keeps one principal's requests to one endpoint within the highest
     ``concurrency`` its runs there ask (one gate per endpoint and principal)."""
-    stack = fresh_stack
+    stack = keyed
     slow = Server(tmp_path / "slow.log", key=None)
     try:
         slow.control(delay=1.0)
-        stack.start_workers()
         user, dataset = _place(stack, tmp_path / "data", 12, {slow.base: {"max_concurrency": 4}})
         runs = [_submit(user, dataset, slow.base, concurrency=c) for c in ("4", "3")]
         for meta in runs:
@@ -881,17 +881,16 @@ def _peak_rss(pid: int) -> int:
 
 
 def test_unread_results_streams_of_large_outputs_hold_little_of_the_gateway(
-    fresh_stack: Stack, tmp_path: Path
+    keyed: Stack, tmp_path: Path
 ) -> None:
     """The attack review opened 8 results streams (a user's cap) on a run of ~4 MB outputs and
     read none: the gateway went from 247 MB to a 9,728 MB peak, reading 10,000 results at a
     time and joining 1,000 lines into one chunk. A stream now reads about
     :data:`evalq.producer.views.READ_BYTES` at a time, and holds one such chunk unread."""
-    stack = fresh_stack
+    stack = keyed
     big = Server(tmp_path / "big.log", key=None)
     try:
         big.control(pad=250_000)  # under EVALQ_MAX_OUTPUT_BYTES: stored, 50 MB in all
-        stack.start_workers()
         agent, dataset = _place(stack, tmp_path / "data", 200, {big.base: {}})
         meta = _submit(agent, dataset, big.base)
         assert _ended(stack, meta) is RunStatus.COMPLETED

@@ -119,20 +119,22 @@ def test_a_dataset_name_typo_is_bad_input_with_a_suggestion_for_admins_only(
     assert stack.client.zcard(RUNS) == before
 
 
-def test_an_admin_token_gets_the_suggestion(stack: Stack, tmp_path: Path) -> None:
+def test_an_admin_token_gets_the_suggestion(
+    stack: Stack, served: tuple[str, str], tmp_path: Path
+) -> None:
     write_rows(tmp_path / "data", "validation", labelled_rows(5))
     name = list_splits(stack.client, tmp_path / "data", "validation")
     token = Client(stack.settings).create_token("ux-admin", Role.ADMIN)
-    with gateway(stack.server.url, tmp_path / "gateway.log") as (api, _):
-        admin = Door("gateway", cli_env(NOWHERE, EVALQ_API_URL=api, EVALQ_TOKEN=token))
-        found = admin.run("submit", "spy", "--dataset", name[:-1], "--split", "validation")
-        assert (found.returncode, found.stderr.strip()) == (
-            2, f"error: unknown dataset '{name[:-1]}'; did you mean '{name}'?"
-        )  # fmt: skip
-        far = admin.run("submit", "spy", "--dataset", "zzzzzz", "--split", "validation")
-        assert (far.returncode, far.stderr.strip()) == (
-            2, "error: unknown dataset 'zzzzzz' (evalq datasets list)"
-        )  # fmt: skip
+    api, _ = served  # the users' gateway: what a token may do is the token's
+    admin = Door("gateway", cli_env(NOWHERE, EVALQ_API_URL=api, EVALQ_TOKEN=token))
+    found = admin.run("submit", "spy", "--dataset", name[:-1], "--split", "validation")
+    assert (found.returncode, found.stderr.strip()) == (
+        2, f"error: unknown dataset '{name[:-1]}'; did you mean '{name}'?"
+    )  # fmt: skip
+    far = admin.run("submit", "spy", "--dataset", "zzzzzz", "--split", "validation")
+    assert (far.returncode, far.stderr.strip()) == (
+        2, "error: unknown dataset 'zzzzzz' (evalq datasets list)"
+    )  # fmt: skip
 
 
 def test_a_gateway_without_the_plugin_says_it_lacks_it(stack: Stack, tmp_path: Path) -> None:
