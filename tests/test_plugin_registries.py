@@ -80,7 +80,7 @@ def test_a_third_provider_is_parsed_loaded_and_run_without_editing_evalq() -> No
     rows = [{"a": 1, "b": 2}, {"a": 3, "b": 4}]
     outputs = task.infer_samples(model, rows, [("r1", 0), ("r1", 1)])
     assert [o.output for o in outputs] == ["parrot:ADD 1 AND 2", "parrot:ADD 3 AND 4"]
-    assert task.score({"answer": "parrot:ADD 1 AND 2"}, outputs[0]) == {"exact_match": 1.0}
+    assert task.score({"answer": "parrot:ADD 1 AND 2"}, outputs[0].output) == {"exact_match": 1.0}
 
 
 @pytest.mark.usefixtures("echo")
