@@ -135,27 +135,32 @@ class RemoteClient:
                 f"cannot reach the gateway at {self.url} (EVALQ_API_URL): {first_line(exc)}"
             ) from None
 
-    def _call(self, method: str, path: str, body: Any = None, **params: Any) -> Any:
+    def call(self, method: str, path: str, body: Any = None, **params: Any) -> Any:
+        """Any route of the gateway: its JSON answer (``body`` sent as JSON; ``params`` as the
+        query, those that are None left out), or the gateway's error raised as in direct mode.
+        Every method below is this call and the model its answer validates as; an operation
+        with nothing to validate needs no method of its own."""
         query = {k: v for k, v in params.items() if v is not None}
         request = self._http.build_request(method, path, json=body, params=query)
         return self._send(request).json()
 
-    def _flag(self) -> dict[str, Any]:
+    def flag(self) -> dict[str, Any]:
+        """The query that asks for ``--admin`` (none without it)."""
         return {"admin": "true"} if self.admin else {}
 
     def submit(self, request: SubmitRequest) -> RunMeta:
         """Submit through the gateway: it checks tier and budget and reads the split."""
         body = request.model_dump(mode="json")
-        return RunMeta.model_validate(self._call("POST", "/v1/runs", body, **self._flag()))
+        return RunMeta.model_validate(self.call("POST", "/v1/runs", body, **self.flag()))
 
     def check_params(self, points: Sequence[SubmitRequest]) -> None:
         """The gateway checks every point's params against its evaluation's declaration."""
         body = [point.model_dump(mode="json") for point in points]
-        self._call("POST", "/v1/sweeps/check", body)
+        self.call("POST", "/v1/sweeps/check", body)
 
     def status(self, run_id: str) -> RunView:
         """The run as this token may see it."""
-        return RunView.model_validate(self._call("GET", f"/v1/runs/{_seg(run_id)}", **self._flag()))
+        return RunView.model_validate(self.call("GET", f"/v1/runs/{_seg(run_id)}", **self.flag()))
 
     def stalled(self, meta: RunMeta, progress: Progress) -> str | None:
         """Why nothing moves the run, or None (the gateway looks)."""
@@ -166,12 +171,12 @@ class RemoteClient:
     ) -> list[RunView]:
         """The newest runs first (a user's own; ``owner`` is the gateway's to decide)."""
         filters = {} if only is None else only.model_dump(mode="json", exclude_none=True)
-        found = self._call("GET", "/v1/runs", limit=limit, **filters, **self._flag())
+        found = self.call("GET", "/v1/runs", limit=limit, **filters, **self.flag())
         return [RunView.model_validate(v) for v in found]
 
     def progress(self, run_id: str) -> tuple[RunMeta, Progress]:
         """The run's record and counters."""
-        found = self._call("GET", f"/v1/runs/{_seg(run_id)}/progress")
+        found = self.call("GET", f"/v1/runs/{_seg(run_id)}/progress")
         return RunMeta.model_validate(found["meta"]), Progress.model_validate(found["progress"])
 
     def owner(self, run_id: str) -> str:
@@ -193,7 +198,7 @@ class RemoteClient:
     def sample_page(self, run_id: str, query: SampleQuery | None = None) -> SamplePage:
         """One page of per-sample results, as the gateway's policy allows."""
         params = (query or SampleQuery()).model_dump(mode="json", exclude_none=True)
-        found = self._call("GET", f"/v1/runs/{_seg(run_id)}/samples", **params, **self._flag())
+        found = self.call("GET", f"/v1/runs/{_seg(run_id)}/samples", **params, **self.flag())
         return SamplePage.model_validate(found)
 
     def result_lines(self, run_id: str) -> Iterator[str]:
@@ -209,7 +214,7 @@ class RemoteClient:
         params = {
             "follow": "true" if follow else "false",
             "with_input": "true" if with_input else "false",
-            **self._flag(),
+            **self.flag(),
         }
         return self._http.build_request(
             "GET",
@@ -222,28 +227,28 @@ class RemoteClient:
         """Each run against the first, as the gateway's policy allows (own runs only)."""
         from evalq.producer.comparison import Comparison
 
-        found = self._call("GET", "/v1/compare", run=list(run_ids), flips=flips, **self._flag())
+        found = self.call("GET", "/v1/compare", run=list(run_ids), flips=flips, **self.flag())
         return Comparison.model_validate(found)
 
     def report(self, run_id: str) -> str:
         """The run's HTML report, rendered by the gateway."""
         request = self._http.build_request(
-            "GET", f"/v1/runs/{_seg(run_id)}/report", params=self._flag()
+            "GET", f"/v1/runs/{_seg(run_id)}/report", params=self.flag()
         )
         return self._send(request).text
 
     def rescore(self, request: RescoreRequest) -> RunMeta:
         """Rescore a run's outputs through the gateway (a user: its own runs)."""
         body = request.model_dump(mode="json")
-        return RunMeta.model_validate(self._call("POST", "/v1/rescore", body, **self._flag()))
+        return RunMeta.model_validate(self.call("POST", "/v1/rescore", body, **self.flag()))
 
     def cancel(self, run_id: str) -> Cancellation:
         """Cancel a run (a user: its own)."""
-        return Cancellation(**self._call("POST", f"/v1/runs/{_seg(run_id)}/cancel"))
+        return Cancellation(**self.call("POST", f"/v1/runs/{_seg(run_id)}/cancel"))
 
     def resume(self, run_id: str) -> Resumption:
         """Re-enqueue a run's unsettled samples (a user: its own runs)."""
-        return Resumption(**self._call("POST", f"/v1/runs/{_seg(run_id)}/resume"))
+        return Resumption(**self.call("POST", f"/v1/runs/{_seg(run_id)}/resume"))
 
     def add_dataset(
         self, name: str, data: str, *, revision: str | None = None, config: str | None = None
@@ -252,13 +257,13 @@ class RemoteClient:
         from evalq.shared.access.dataset import RegisteredDataset
 
         body = {"name": name, "data": data, "revision": revision, "config": config}
-        return RegisteredDataset.model_validate(self._call("POST", "/v1/datasets", body))
+        return RegisteredDataset.model_validate(self.call("POST", "/v1/datasets", body))
 
     def datasets(self) -> list[RegisteredDataset]:
         """Every registered dataset."""
         from evalq.shared.access.dataset import RegisteredDataset
 
-        found = self._call("GET", "/v1/datasets")
+        found = self.call("GET", "/v1/datasets")
         return TypeAdapter(list[RegisteredDataset]).validate_python(found)
 
     def add_task(
@@ -269,22 +274,22 @@ class RemoteClient:
         from evalq.shared.access.task import RegisteredTask
 
         body = {"name": name, "text": text, "dataset": dataset, "split": split}
-        return RegisteredTask.model_validate(self._call("POST", "/v1/tasks", body))
+        return RegisteredTask.model_validate(self.call("POST", "/v1/tasks", body))
 
     def tasks(self) -> list[RegisteredTask]:
         """Every registered language task."""
         from evalq.shared.access.task import RegisteredTask
 
-        return TypeAdapter(list[RegisteredTask]).validate_python(self._call("GET", "/v1/tasks"))
+        return TypeAdapter(list[RegisteredTask]).validate_python(self.call("GET", "/v1/tasks"))
 
     def set_tier(self, dataset: str, split: str, tier: Tier) -> Tier | None:
         """Set a split's tier (admin); return the one before."""
-        found = self._call("PUT", f"/v1/tiers/{_seg(dataset)}/{_seg(split)}", {"tier": tier.value})
+        found = self.call("PUT", f"/v1/tiers/{_seg(dataset)}/{_seg(split)}", {"tier": tier.value})
         return None if found["before"] is None else Tier(found["before"])
 
     def tiers(self) -> dict[str, dict[str, Tier]]:
         """Every listed split's tier, by dataset."""
-        found = self._call("GET", "/v1/tiers")
+        found = self.call("GET", "/v1/tiers")
         return TypeAdapter(dict[str, dict[str, Tier]]).validate_python(found)
 
     def set_budget(
@@ -306,36 +311,36 @@ class RemoteClient:
             "tokens": tokens,
         }  # fmt: skip
         path = f"/v1/budgets/{_seg(dataset)}/{_seg(split)}"
-        return Budget.model_validate(self._call("PUT", path, body, caller=caller))
+        return Budget.model_validate(self.call("PUT", path, body, caller=caller))
 
     def budgets(self) -> list[Budget]:
         """Every stored budget."""
         from evalq.shared.access.budget import Budget
 
-        return TypeAdapter(list[Budget]).validate_python(self._call("GET", "/v1/budgets"))
+        return TypeAdapter(list[Budget]).validate_python(self.call("GET", "/v1/budgets"))
 
     def apply_policy(self, policy: PolicyFile) -> list[str]:
         """Apply a policy file (admin); return its warnings."""
-        return [str(w) for w in self._call("POST", "/v1/policy", policy.model_dump(mode="json"))]
+        return [str(w) for w in self.call("POST", "/v1/policy", policy.model_dump(mode="json"))]
 
     def create_token(self, principal: str, role: Role) -> str:
         """A new token for ``principal`` (admin)."""
         body = {"principal": principal, "role": role.value}
-        return str(self._call("POST", "/v1/tokens", body)["token"])
+        return str(self.call("POST", "/v1/tokens", body)["token"])
 
     def tokens(self) -> list[TokenRecord]:
         """Every live token's record (admin)."""
         from evalq.shared.access.roles import TokenRecord
 
-        return TypeAdapter(list[TokenRecord]).validate_python(self._call("GET", "/v1/tokens"))
+        return TypeAdapter(list[TokenRecord]).validate_python(self.call("GET", "/v1/tokens"))
 
     def revoke_tokens(self, principal: str) -> int:
         """Revoke every token of ``principal`` (admin)."""
-        return int(self._call("DELETE", f"/v1/tokens/{_seg(principal)}")["revoked"])
+        return int(self.call("DELETE", f"/v1/tokens/{_seg(principal)}")["revoked"])
 
     def audit(self, limit: int = 50) -> list[dict[str, str]]:
         """The newest audit entries (admin)."""
-        return [dict(e) for e in self._call("GET", "/v1/audit", limit=limit)]
+        return [dict(e) for e in self.call("GET", "/v1/audit", limit=limit)]
 
     def results_dataset(self, run_id: str) -> Dataset:
         """The run's per-sample results as a ``datasets.Dataset`` (the columns of
@@ -356,7 +361,7 @@ class RemoteClient:
     def purge(self, run_ids: Sequence[str] = (), older_than: float | None = None) -> list[str]:
         """Remove ended runs wholly (admin)."""
         body = {"runs": list(run_ids), "older_than": older_than}
-        return [str(r) for r in self._call("POST", "/v1/purge", body)["purged"]]
+        return [str(r) for r in self.call("POST", "/v1/purge", body)["purged"]]
 
     def close(self) -> None:
         """Close the HTTP connection pool."""

@@ -14,6 +14,7 @@ from evalq.producer.gateway.acting import Act
 from evalq.producer.gateway.context import Shared
 from evalq.producer.gateway.params import AdminQuery, RunId, RunIdText
 from evalq.producer.gateway.streams import ResultStream
+from evalq.producer.sweep import MAX_GRID
 from evalq.producer.views import SamplePage, SampleQuery
 from evalq.shared.store.wire import result_line
 
@@ -82,12 +83,12 @@ def _lines(acting: Client, run_id: str, with_input: bool) -> Iterator[str]:
 @router.get("/v1/compare", response_model=Comparison)
 def compare(
     act: Act,
-    run: Annotated[list[RunIdText], Query(min_length=2, max_length=32)],
+    run: Annotated[list[RunIdText], Query(min_length=2, max_length=MAX_GRID)],
     flips: Annotated[int, Query(ge=0, le=1000)] = 10,
     admin: AdminQuery = False,
 ) -> Comparison:
-    """Each run against the first, sample by sample (``run`` repeated: a user's own runs of
-    viewable splits; admins any, audited)."""
+    """Each run against the first, sample by sample (``run`` repeated, as many as a sweep has
+    points: a user's own runs of viewable splits; admins any, audited)."""
     return act.owned(*run, admin=admin).compare(run, flips)
 
 
