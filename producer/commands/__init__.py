@@ -3,7 +3,8 @@
 :mod:`~evalq.producer.commands.runs` (status, watch, runs, results, cancel, resume);
 :mod:`~evalq.producer.commands.analysis` (compare, rescore, report);
 :mod:`~evalq.producer.commands.tasks` (language tasks);
-:mod:`~evalq.producer.commands.operations` (demo, metrics, serve, acl, purge, retention, up); and
+:mod:`~evalq.producer.commands.operations` (demo, metrics, serve, acl, purge, retention, up);
+:mod:`~evalq.producer.commands.route` (api: any route of the gateway); and
 :mod:`~evalq.producer.commands.policy` (the admin groups: datasets, tiers, budget, policy, tokens,
 and audit). Commands that only talk to Redis import neither torch nor any model.
 """
@@ -17,6 +18,7 @@ import typer
 from evalq.producer.commands import policy
 from evalq.producer.commands.analysis import compare, report, rescore
 from evalq.producer.commands.operations import acl, demo, metrics, purge, retention, serve, up
+from evalq.producer.commands.route import api
 from evalq.producer.commands.runs import cancel, results, resume, runs, status, watch
 from evalq.producer.commands.submit import submit_command
 from evalq.producer.commands.tasks import tasks_app
@@ -29,7 +31,7 @@ def register(app: typer.Typer) -> None:
     them)."""
     commands: tuple[Callable[..., None], ...] = (
         demo, status, watch, runs, results, compare, rescore, report, metrics, serve, acl,
-        cancel, resume, purge, retention, up,
+        cancel, resume, purge, retention, up, api,
     )  # fmt: skip
     for command in commands:
         app.command()(command)
