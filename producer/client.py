@@ -21,7 +21,9 @@ call on a store each.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator, Sequence
+from functools import partial
 from typing import TYPE_CHECKING
 
 import redis
@@ -157,6 +159,16 @@ class Client:
         """The newest runs first, as :meth:`status` shows them
         (:meth:`evalq.producer.viewer.Viewer.recent`)."""
         return self._viewer.recent(limit, owner, only)
+
+    def run_counts(self, owner: str | None = None, only: RunFilter | None = None) -> dict[str, int]:
+        """How many runs are in each status (only ``owner``'s, and those ``only`` matches, when
+        given), each status as a listing shows it to this reader; no run is viewed, so none
+        takes a Ladder round."""
+        direct = self._direct
+        now = server_time(direct.redis)
+        shown = partial(direct.disclosure.listed, now=now)
+        metas = direct.runs.recent(2**31, owner, only, shown)
+        return dict(Counter(str(shown(meta).status) for meta in metas))
 
     def progress(self, run_id: str) -> tuple[RunMeta, Progress]:
         """The run's record and counters, as this reader reads them."""

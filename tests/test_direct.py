@@ -101,3 +101,42 @@ def test_a_direct_follow_prints_the_first_result_before_the_run_ends(
     ids = sorted(json.loads(line)["sample_id"] for line in [first, *rest.splitlines()])
     assert ids == list(range(120))
     operator.close()
+
+
+def test_run_counts_are_one_route_both_modes_and_the_cli_call(
+    redis_only: RedisServer, tmp_path: Path
+) -> None:
+    """``GET /v1/runs/counts`` (one route over ``Client.run_counts``): the operator counts
+    everyone's runs (or one principal's) through ``evalq api`` in direct mode, a user only its
+    own through the gateway's app with its token, whatever principal it asks for."""
+    settings = Settings(redis_url=redis_only.url, plugins=("tests.plugins",), principal="op")
+    client = Client(settings)
+    write_rows(tmp_path / "data", "validation", labelled_rows(4))
+    name = list_splits(client._direct.redis, str(tmp_path / "data"), "validation")
+    request = SubmitRequest(eval="slow", dataset=name, split="validation")
+    alice, bob = (Client(settings, principal=who) for who in ("alice", "bob"))
+    first = alice.submit(request).run_id
+    alice.submit(request)
+    bob.submit(request)
+    alice.cancel(first)
+
+    def direct(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-c", "from evalq.shared.cli import main; main()", "api"]
+        env = cli_env(redis_only.url, EVALQ_PRINCIPAL="op")
+        env.pop("EVALQ_API_URL", None)
+        return subprocess.run([*command, *args], env=env, capture_output=True, text=True)
+
+    everyone = direct("/v1/runs/counts")
+    assert (everyone.returncode, json.loads(everyone.stdout)) == (0, {"queued": 2, "cancelled": 1})
+    hers = direct("/v1/runs/counts", "-f", "principal=alice", "-f", "status=queued")
+    assert json.loads(hers.stdout) == {"queued": 1}
+    refused = direct("/v1/runs/counts", "-f", "principal")
+    assert (refused.returncode, refused.stderr.strip()) == (
+        2, "error: --field 'principal': expected KEY=VALUE"
+    )  # fmt: skip
+    token = client.create_token("alice", Role.USER)
+    served = create_gateway(settings)
+    headers = {"Authorization": f"Bearer {token}"}
+    with httpx.Client(base_url=URL, transport=AppTransport(served), headers=headers) as http:
+        assert http.get("/v1/runs/counts").json() == {"queued": 1, "cancelled": 1}
+        assert http.get("/v1/runs/counts", params={"principal": "bob"}).json() == {}

@@ -77,6 +77,17 @@ def runs(
     return act.client(admin).recent(limit, owner, only)
 
 
+@router.get("/v1/runs/counts", response_model=dict[str, int])
+def run_counts(
+    act: Act, only: Annotated[RunFilter, Query()], admin: AdminQuery = False
+) -> dict[str, int]:
+    """How many runs are in each status: a user's own, every run for an admin (``principal``
+    keeps one's); ``eval``, ``dataset``, ``sweep``, ``tag``, ``model`` and ``split`` filter as
+    for the list."""
+    owner = None if act.who.role is Role.ADMIN else act.who.principal
+    return act.client(admin).run_counts(owner, only)
+
+
 @router.get("/v1/runs/{run_id}", response_model=RunView)
 def status(run_id: RunId, act: Act, admin: AdminQuery = False) -> RunView:
     """A run's status, counts and aggregate (as its split's tier allows)."""
