@@ -66,7 +66,7 @@ from evalq.shared.keys import (
     shard_digests_key,
     spec_key,
     worker_key,
-)  # fmt: skip
+)
 from evalq.shared.queue.celery_app import INFER_QUEUE, SCORE_QUEUE
 
 __all__ = ["ROLES", "acl_text", "password_variable", "write_acl"]
@@ -83,8 +83,9 @@ _LOCKED = ("-@dangerous", "-function", "-script|flush", "-script|kill")
 """No server administration, no server-side functions, no flushing another user's scripts."""
 
 _BROKER = (
-    *(f"~{q}" for q in _QUEUES), *_CONTROL,
-)  # fmt: skip
+    *(f"~{q}" for q in _QUEUES),
+    *_CONTROL,
+)
 
 _ANY_RUN = RunKeys(ANY)
 """Every run's keys, as glob patterns (the key names come from :mod:`evalq.shared.keys`)."""
@@ -131,11 +132,21 @@ command categories."""
 SERVICE_ROLES: dict[str, tuple[str, ...]] = {
     "replica": ("+psync", "+replconf", "+ping"),
     "sentinel": (
-        "&__sentinel__:hello", "+multi", "+slaveof", "+ping", "+exec", "+subscribe",
-        "+config|rewrite", "+role", "+publish", "+info", "+client|setname", "+client|kill",
+        "&__sentinel__:hello",
+        "+multi",
+        "+slaveof",
+        "+ping",
+        "+exec",
+        "+subscribe",
+        "+config|rewrite",
+        "+role",
+        "+publish",
+        "+info",
+        "+client|setname",
+        "+client|kill",
         "+script|kill",
     ),
-}  # fmt: skip
+}
 """Users of a Sentinel group's own processes, written only when their password is given:
 ``replica`` (``masteruser`` of a replica: replication and nothing else) and ``sentinel``
 (``sentinel auth-user``: what Redis's documentation lists for a sentinel). Every data node

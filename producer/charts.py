@@ -64,9 +64,12 @@ def aggregates_chart(aggregate: dict[str, float], stats: dict[str, Stat] | None)
         for n, s in zip(names, found, strict=True)
     ]
     axes.barh(
-        names, [aggregate[n] for n in names], color=COLORS["main"],
-        xerr=[[low for low, _ in errors], [high for _, high in errors]], capsize=4,
-    )  # fmt: skip
+        names,
+        [aggregate[n] for n in names],
+        color=COLORS["main"],
+        xerr=[[low for low, _ in errors], [high for _, high in errors]],
+        capsize=4,
+    )
     for y, (name, stat) in enumerate(zip(names, found, strict=True)):
         label = f" {aggregate[name]:.4g}"
         if stat is not None and stat.ci95 is not None:

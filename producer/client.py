@@ -83,9 +83,13 @@ class Client:
         self.settings = settings or get_settings()
         self.admin = admin
         self._direct = Direct(
-            self.settings, admin, principal=principal or self.settings.principal,
-            client=client, app=app, sees_sources=sees_sources,
-        )  # fmt: skip
+            self.settings,
+            admin,
+            principal=principal or self.settings.principal,
+            client=client,
+            app=app,
+            sees_sources=sees_sources,
+        )
         self._viewer = Viewer(self._direct)
         self._samples = Samples(self._direct)
 
@@ -112,10 +116,15 @@ class Client:
         direct = self._direct
         direct.refund_unsent()
         meta = submit(
-            direct.redis, direct.app, request, principal=self.principal, admin=self.admin,
-            archive=self.settings.archive_url, model_roots=self.settings.allowed_model_roots,
+            direct.redis,
+            direct.app,
+            request,
+            principal=self.principal,
+            admin=self.admin,
+            archive=self.settings.archive_url,
+            model_roots=self.settings.allowed_model_roots,
             suggest=suggests_datasets(self.admin, direct.sees_sources),
-        )  # fmt: skip
+        )
         return direct.outward(meta)
 
     def check_params(self, points: Sequence[SubmitRequest]) -> None:
@@ -125,9 +134,14 @@ class Client:
         load_plugins(self.settings.plugins)
         for point in points:
             resolve(
-                self._direct.redis, point.eval, point.params, point.model, point.model_args,
-                admin=self.admin, model_roots=self.settings.allowed_model_roots,
-            )  # fmt: skip
+                self._direct.redis,
+                point.eval,
+                point.params,
+                point.model,
+                point.model_args,
+                admin=self.admin,
+                model_roots=self.settings.allowed_model_roots,
+            )
 
     def rescore(self, request: RescoreRequest) -> RunMeta:
         """A new run scoring ``request.run``'s stored outputs with another evaluation; see
@@ -139,9 +153,15 @@ class Client:
         if shown is not RunStatus.COMPLETED:
             raise InputError(f"run {request.run} is {shown}; only a completed run is rescored")
         meta = rescore(
-            direct.redis, direct.app, request.run, request.eval, request.params,
-            principal=self.principal, admin=self.admin, archive=self.settings.archive_url,
-        )  # fmt: skip
+            direct.redis,
+            direct.app,
+            request.run,
+            request.eval,
+            request.params,
+            principal=self.principal,
+            admin=self.admin,
+            archive=self.settings.archive_url,
+        )
         return direct.outward(meta)
 
     def status(self, run_id: str) -> RunView:
@@ -253,9 +273,15 @@ class Client:
         refunded, unproduced = 0, min(meta.n, unproduced + direct.unsent(run_id))
         if meta.charged and unproduced > 0:
             refunded = direct.ledger.refund(
-                meta.dataset_id, meta.split, run_id, runs=0, samples=unproduced,
-                who=self.principal, submitter=meta.principal, reason="cancelled",
-            )  # fmt: skip
+                meta.dataset_id,
+                meta.split,
+                run_id,
+                runs=0,
+                samples=unproduced,
+                who=self.principal,
+                submitter=meta.principal,
+                reason="cancelled",
+            )
         return Cancellation(run_id, state == 1, refunded)
 
     def resume(self, run_id: str) -> Resumption:
@@ -329,9 +355,15 @@ class Client:
         refused (exit 2)."""
         self._direct.registry.check_split(dataset, split, suggest=True)
         return self._direct.ledger.set(
-            dataset, split, runs=runs, samples=samples, max_samples_per_run=max_samples_per_run,
-            who=self.principal, caller=caller, tokens=tokens,
-        )  # fmt: skip
+            dataset,
+            split,
+            runs=runs,
+            samples=samples,
+            max_samples_per_run=max_samples_per_run,
+            who=self.principal,
+            caller=caller,
+            tokens=tokens,
+        )
 
     def budgets(self) -> list[Budget]:
         """Every stored budget (the samples of runs a token budget kept from being sent

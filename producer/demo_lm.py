@@ -49,18 +49,47 @@ target: answer
 scorer: accuracy
 """
 _CAPITALS = {
-    "France": "Paris", "Germany": "Berlin", "Italy": "Rome", "Spain": "Madrid",
-    "Portugal": "Lisbon", "Japan": "Tokyo", "China": "Beijing", "India": "New Delhi",
-    "Russia": "Moscow", "Canada": "Ottawa", "Australia": "Canberra", "Brazil": "Brasilia",
-    "Egypt": "Cairo", "Kenya": "Nairobi", "Norway": "Oslo", "Sweden": "Stockholm",
-    "Finland": "Helsinki", "Poland": "Warsaw", "Greece": "Athens", "Turkey": "Ankara",
-    "Ireland": "Dublin", "Austria": "Vienna", "Hungary": "Budapest", "Peru": "Lima",
-    "Chile": "Santiago", "Argentina": "Buenos Aires", "Mexico": "Mexico City",
-    "Thailand": "Bangkok", "Vietnam": "Hanoi", "Indonesia": "Jakarta", "Iran": "Tehran",
-    "Iraq": "Baghdad", "Cuba": "Havana", "Denmark": "Copenhagen", "Belgium": "Brussels",
-    "Netherlands": "Amsterdam", "Switzerland": "Bern", "Czechia": "Prague",
-    "South Korea": "Seoul", "Nigeria": "Abuja",
-}  # fmt: skip
+    "France": "Paris",
+    "Germany": "Berlin",
+    "Italy": "Rome",
+    "Spain": "Madrid",
+    "Portugal": "Lisbon",
+    "Japan": "Tokyo",
+    "China": "Beijing",
+    "India": "New Delhi",
+    "Russia": "Moscow",
+    "Canada": "Ottawa",
+    "Australia": "Canberra",
+    "Brazil": "Brasilia",
+    "Egypt": "Cairo",
+    "Kenya": "Nairobi",
+    "Norway": "Oslo",
+    "Sweden": "Stockholm",
+    "Finland": "Helsinki",
+    "Poland": "Warsaw",
+    "Greece": "Athens",
+    "Turkey": "Ankara",
+    "Ireland": "Dublin",
+    "Austria": "Vienna",
+    "Hungary": "Budapest",
+    "Peru": "Lima",
+    "Chile": "Santiago",
+    "Argentina": "Buenos Aires",
+    "Mexico": "Mexico City",
+    "Thailand": "Bangkok",
+    "Vietnam": "Hanoi",
+    "Indonesia": "Jakarta",
+    "Iran": "Tehran",
+    "Iraq": "Baghdad",
+    "Cuba": "Havana",
+    "Denmark": "Copenhagen",
+    "Belgium": "Brussels",
+    "Netherlands": "Amsterdam",
+    "Switzerland": "Bern",
+    "Czechia": "Prague",
+    "South Korea": "Seoul",
+    "Nigeria": "Abuja",
+}
 _THINGS = ("apples", "books", "marbles", "stamps", "coins", "pencils", "cards", "shells")
 _NAMES = ("Ana", "Ben", "Chen", "Dara", "Eli", "Fatima", "Goran", "Hana")
 
@@ -153,7 +182,12 @@ def _run(client: Client, task: str, model: str, out_dir: Path, console: Console)
     view = client.status(meta.run_id)
     tokens = sum(r.usage.completion_tokens for r in results if r.usage is not None)
     return LanguageSummary(
-        task=task, run_id=meta.run_id, stats=view.stats or {}, samples=view.progress.done,
-        failed=view.progress.failed, completion_tokens=tokens, seconds=seconds,
+        task=task,
+        run_id=meta.run_id,
+        stats=view.stats or {},
+        samples=view.progress.done,
+        failed=view.progress.failed,
+        completion_tokens=tokens,
+        seconds=seconds,
         results_path=path,
-    )  # fmt: skip
+    )

@@ -75,9 +75,13 @@ class Direct:
         self.backlog = Backlog(self.redis)
         self.provenance = ProvenanceStore(self.redis)
         self.disclosure = Disclosure(
-            tiers=self.tiers, releases=self.releases, results=self.results,
-            provenance=self.provenance, admin=admin, sees_sources=sees_sources,
-        )  # fmt: skip
+            tiers=self.tiers,
+            releases=self.releases,
+            results=self.results,
+            provenance=self.provenance,
+            admin=admin,
+            sees_sources=sees_sources,
+        )
 
     @property
     def app(self) -> Celery:

@@ -37,10 +37,17 @@ def _provenance(view: RunView) -> str:
     if found is None:
         return ""
     rows = [
-        [w.host, w.device, w.python, ", ".join(f"{k} {v}" for k, v in w.packages.items()),
-         w.evaluation, w.source_sha256[:12], w.weights or ""]
+        [
+            w.host,
+            w.device,
+            w.python,
+            ", ".join(f"{k} {v}" for k, v in w.packages.items()),
+            w.evaluation,
+            w.source_sha256[:12],
+            w.weights or "",
+        ]
         for w in found.workers
-    ]  # fmt: skip
+    ]
     headers = ["host", "device", "python", "packages", "evaluation", "source sha256", "weights"]
     spec = f"<p>dataset spec <code>{html.escape(found.spec)}</code></p>" if found.spec else ""
     return spec + (_table("provenance", headers, rows) if rows else "")
@@ -84,17 +91,27 @@ def _worst(report: Report) -> str:
     elif report.prompts:
         headers = ["sample", "score", "prompt", "target", "output"]
         cells = [
-            [str(r.sample_id), f"{v:.4g}", _prompt(report.prompts.get(r.sample_id)),
-             _text(report.targets.get(r.sample_id)), _text(r.output)]
+            [
+                str(r.sample_id),
+                f"{v:.4g}",
+                _prompt(report.prompts.get(r.sample_id)),
+                _text(report.targets.get(r.sample_id)),
+                _text(r.output),
+            ]
             for v, r in report.worst
-        ]  # fmt: skip
+        ]
     else:
         headers = ["sample", "score", "input", "target", "output"]
         cells = [
-            [str(r.sample_id), f"{v:.4g}", _cut(scrub(rows[r.sample_id], report.labels)),
-             _text(report.targets.get(r.sample_id)), _text(r.output)]
+            [
+                str(r.sample_id),
+                f"{v:.4g}",
+                _cut(scrub(rows[r.sample_id], report.labels)),
+                _text(report.targets.get(r.sample_id)),
+                _text(r.output),
+            ]
             for v, r in report.worst
-        ]  # fmt: skip
+        ]
     caption = f"lowest-scoring samples by their first metric (the {LISTED} lowest)"
     return _table("worst", headers, cells, caption)
 
@@ -134,20 +151,28 @@ def render_comparison(found: Comparison, views: list[RunView]) -> str:
         return f"{run_id} ({', '.join(said)})" if said else run_id
 
     runs = [
-        [v.meta.run_id, v.meta.eval,
-         v.meta.settings_shown.replace(f"model={v.meta.model}", f"model={v.meta.model_shown}"),
-         v.meta.status.value,
-         *(" ".join(shown(found.stats.get(n, {}).get(v.meta.run_id))) for n in names)]
+        [
+            v.meta.run_id,
+            v.meta.eval,
+            v.meta.settings_shown.replace(f"model={v.meta.model}", f"model={v.meta.model_shown}"),
+            v.meta.status.value,
+            *(" ".join(shown(found.stats.get(n, {}).get(v.meta.run_id))) for n in names),
+        ]
         for v in views
-    ]  # fmt: skip
+    ]
     numbers = [
-        [name, named(run_id), f"{d.delta:+.4f}",
-         "" if d.ci95 is None else f"{d.ci95[0]:+.4f} to {d.ci95[1]:+.4f}",
-         "" if d.p_value is None else f"{d.p_value:.3g}", str(d.n_paired),
-         *shown(found.stats.get(name, {}).get(run_id))]
+        [
+            name,
+            named(run_id),
+            f"{d.delta:+.4f}",
+            "" if d.ci95 is None else f"{d.ci95[0]:+.4f} to {d.ci95[1]:+.4f}",
+            "" if d.p_value is None else f"{d.p_value:.3g}",
+            str(d.n_paired),
+            *shown(found.stats.get(name, {}).get(run_id)),
+        ]
         for name, deltas in found.metrics.items()
         for run_id, d in deltas.items()
-    ]  # fmt: skip
+    ]
     flips = [
         [
             name,

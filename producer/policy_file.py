@@ -183,10 +183,15 @@ def _reconcile(
                 warnings += _release_warnings(f"{dataset}/{split}", now)
             changes.append(
                 _Change(
-                    dataset, split, tier, entry.budget, entry.principals or {}, entry.release,
+                    dataset,
+                    split,
+                    tier,
+                    entry.budget,
+                    entry.principals or {},
+                    entry.release,
                     entry.priority,
                 )
-            )  # fmt: skip
+            )
     for principal in policy.principals:
         check_name("principal", principal)
     return changes, warnings

@@ -24,9 +24,13 @@ from redis.retry import Retry
 from evalq.shared.errors import EvalqError, PortInUseError
 
 __all__ = [
-    "RedisServer", "find_acl_redis_server", "find_redis_server", "free_port", "refuse_taken",
+    "RedisServer",
+    "find_acl_redis_server",
+    "find_redis_server",
+    "free_port",
+    "refuse_taken",
     "version",
-]  # fmt: skip
+]
 
 
 def version(binary: str) -> tuple[int, ...]:
@@ -132,17 +136,25 @@ class RedisServer:
         binary = self.binary or find_redis_server()
         command = [
             find_acl_redis_server(binary) if self.aclfile else binary,
-            "--port", str(self.port),
-            "--bind", "127.0.0.1",
-            "--dir", str(self.data_dir),
-            "--save", "",
-            "--appendonly", "yes" if self.appendonly else "no",
-            "--appendfsync", "always",
-            "--maxmemory-policy", "noeviction",
-            "--logfile", str(self.data_dir / "redis.log"),
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.data_dir),
+            "--save",
+            "",
+            "--appendonly",
+            "yes" if self.appendonly else "no",
+            "--appendfsync",
+            "always",
+            "--maxmemory-policy",
+            "noeviction",
+            "--logfile",
+            str(self.data_dir / "redis.log"),
             *(["--aclfile", str(self.aclfile)] if self.aclfile else []),
             *self.options,
-        ]  # fmt: skip
+        ]
         # its own session: a Ctrl-C at the terminal reaches the process that started it, which
         # stops it last, not the server first under its clients
         process = self._process = subprocess.Popen(

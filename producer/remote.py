@@ -307,9 +307,11 @@ class RemoteClient:
         from evalq.shared.access.budget import Budget
 
         body = {
-            "runs": runs, "samples": samples, "max_samples_per_run": max_samples_per_run,
+            "runs": runs,
+            "samples": samples,
+            "max_samples_per_run": max_samples_per_run,
             "tokens": tokens,
-        }  # fmt: skip
+        }
         path = f"/v1/budgets/{_seg(dataset)}/{_seg(split)}"
         return Budget.model_validate(self.call("PUT", path, body, caller=caller))
 

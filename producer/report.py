@@ -127,10 +127,20 @@ def gather(view: RunView, samples: Samples) -> Report:
         else:
             targets, prompts = _targets(view, rows)
     return Report(
-        view, scores, withheld, timeline, shards, note, failures=lowest.failures, worst=worst,
-        rows=rows, rows_note=rows_note, labels=labels_of(view.meta), targets=targets,
+        view,
+        scores,
+        withheld,
+        timeline,
+        shards,
+        note,
+        failures=lowest.failures,
+        worst=worst,
+        rows=rows,
+        rows_note=rows_note,
+        labels=labels_of(view.meta),
+        targets=targets,
         prompts=prompts,
-    )  # fmt: skip
+    )
 
 
 def _targets(

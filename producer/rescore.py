@@ -102,13 +102,26 @@ def rescore(
     ids = sorted(produced + unproduced)
     admit_run(where, tier, admin, len(ids))
     meta = RunMeta(
-        run_id=uuid.uuid4().hex[:16], eval=eval_name, params=dict(params), spec=source.spec,
-        dataset_id=source.dataset_id, registered=source.registered, split=source.split,
-        n=len(ids), status=RunStatus.QUEUED, created=server_time(client), principal=principal,
-        admin=admin, charged=not admin, priority=source.priority, sweep=None, tags=source.tags,
-        rescored_from=run_id, model=source.model,
+        run_id=uuid.uuid4().hex[:16],
+        eval=eval_name,
+        params=dict(params),
+        spec=source.spec,
+        dataset_id=source.dataset_id,
+        registered=source.registered,
+        split=source.split,
+        n=len(ids),
+        status=RunStatus.QUEUED,
+        created=server_time(client),
+        principal=principal,
+        admin=admin,
+        charged=not admin,
+        priority=source.priority,
+        sweep=None,
+        tags=source.tags,
+        rescored_from=run_id,
+        model=source.model,
         task=None if language is None else language.model_dump_json(),
-    )  # fmt: skip
+    )
 
     def enqueue() -> None:
         for outputs in results.output_chunks(run_id, COPY_CHUNK):

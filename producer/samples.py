@@ -83,9 +83,11 @@ class Samples:
         that hold it, not the run); refused as :meth:`results` is."""
         self._direct.readable(run_id)
         wanted = PageQuery(
-            failed=query.failed, q=query.q, sort=query.sort,
+            failed=query.failed,
+            q=query.q,
+            sort=query.sort,
             ids=None if query.ids is None else tuple(query.ids),
-        )  # fmt: skip
+        )
         rows = rows_per_read(self._direct.settings.max_output_bytes)
         total, chunk = PageReader(self._direct.redis, rows).page(
             run_id, query.offset, query.limit, wanted

@@ -61,9 +61,14 @@ evalq import ...``; imported before, the app is found in ``sys.modules``."""
 _STOP_WAIT = 30.0
 _READY_WAIT = 90.0
 _CREDENTIALS = (
-    "EVALQ_REDIS_URL", "EVALQ_REDIS_URL_FILE", "EVALQ_BROKER_URL", "EVALQ_API_URL", "EVALQ_TOKEN",
-    "FLOWER_BASIC_AUTH", *(password_variable(role) for role in ROLES),
-)  # fmt: skip
+    "EVALQ_REDIS_URL",
+    "EVALQ_REDIS_URL_FILE",
+    "EVALQ_BROKER_URL",
+    "EVALQ_API_URL",
+    "EVALQ_TOKEN",
+    "FLOWER_BASIC_AUTH",
+    *(password_variable(role) for role in ROLES),
+)
 """Variables of ``evalq up``'s own environment that it drops before it starts anything: each
 child gets its own URL file, and none a token or an ACL password."""
 FLOWER_USER = "evalq"
@@ -101,9 +106,13 @@ class _Child:
     def _spawn(self) -> subprocess.Popen[bytes]:
         with self.log.open("ab") as out:
             return subprocess.Popen(
-                self._command, env=self._env, stdin=subprocess.DEVNULL, stdout=out,
-                stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
+                self._command,
+                env=self._env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
     def exited(self) -> int | None:
         """Its exit status once it has exited (:func:`_ended`)."""
@@ -200,15 +209,20 @@ class Stack:
         passwords = {password_variable(role): secrets.token_urlsafe(24) for role in ROLES}
         write_acl(self.root / "users.acl", passwords)
         self._server = server = RedisServer(
-            self.root / "redis", port=self.ports.redis or None, appendonly=True,
-            aclfile=self.root / "users.acl", binary=binary,
-        )  # fmt: skip
+            self.root / "redis",
+            port=self.ports.redis or None,
+            appendonly=True,
+            aclfile=self.root / "users.acl",
+            binary=binary,
+        )
         server.start()
         files = {
-            role: self._secret(f"{role}.url", f"redis://{role}:{passwords[password_variable(role)]}"
-                               f"@127.0.0.1:{server.port}/0")
+            role: self._secret(
+                f"{role}.url",
+                f"redis://{role}:{passwords[password_variable(role)]}@127.0.0.1:{server.port}/0",
+            )
             for role in ROLES
-        }  # fmt: skip
+        }
         flower_auth = f"{FLOWER_USER}:{secrets.token_urlsafe(18)}"
         self._secret("flower.auth", flower_auth)
         shown = ".".join(map(str, version(binary)))
@@ -256,15 +270,23 @@ class Stack:
         metrics = [*_EVALQ, "metrics", "--port", str(self.ports.metrics)]
         self._children.append(_Child("metrics", metrics, as_user["monitor"], logs / "metrics.log"))
         self._pool = LocalWorkers(
-            "", count=self.workers, concurrency=self.concurrency, env=as_user["worker"],
+            "",
+            count=self.workers,
+            concurrency=self.concurrency,
+            env=as_user["worker"],
             log_dir=logs,
-        )  # fmt: skip
+        )
         self._pool.start(client.app, timeout=_READY_WAIT)
         # after the workers: its first inspection finds them
         flower = [
-            *_FLOWER, "-A", "evalq.worker.celery", "flower",
-            f"--port={self.ports.flower}", "--address=127.0.0.1", "--persistent=False",
-        ]  # fmt: skip
+            *_FLOWER,
+            "-A",
+            "evalq.worker.celery",
+            "flower",
+            f"--port={self.ports.flower}",
+            "--address=127.0.0.1",
+            "--persistent=False",
+        ]
         flower_env = {**as_user["monitor"], "FLOWER_BASIC_AUTH": flower_auth}
         self._children.append(_Child("flower", flower, flower_env, logs / "flower.log"))
         gateway_host = "127.0.0.1" if self.host in {"0.0.0.0", "::"} else self.host
@@ -351,10 +373,14 @@ class Stack:
         units = [Unit("redis-server", server.data_dir / "redis.log", server.exited, server.start)]
         units += [Unit(c.name, c.log, c.exited, c.restart) for c in self._children]
         units += [
-            Unit(f"worker {index}", self.root / "logs" / f"worker-{index}.log",
-                 partial(_worker_exited, pool, index), partial(pool.restart, index))
+            Unit(
+                f"worker {index}",
+                self.root / "logs" / f"worker-{index}.log",
+                partial(_worker_exited, pool, index),
+                partial(pool.restart, index),
+            )
             for index in range(len(pool.processes))
-        ]  # fmt: skip
+        ]
         return units
 
     def _stop(self) -> None:

@@ -51,9 +51,15 @@ from evalq.shared.store.audit import audit_admin
 from evalq.shared.store.runs import RunStore
 
 __all__ = [
-    "PARAMS_CHARS", "SubmitRequest", "draw_ids", "parse_ids", "parse_params", "resolve_ids",
-    "start", "submit",
-]  # fmt: skip
+    "PARAMS_CHARS",
+    "SubmitRequest",
+    "draw_ids",
+    "parse_ids",
+    "parse_params",
+    "resolve_ids",
+    "start",
+    "submit",
+]
 
 
 PARAMS_CHARS = 16_384
@@ -225,9 +231,14 @@ def submit(
     return the new run's record. ``suggest``: an unknown dataset name's error may name the
     closest registered one."""
     evaluation, language = resolve(
-        client, request.eval, request.params, request.model, request.model_args, admin=admin,
+        client,
+        request.eval,
+        request.params,
+        request.model,
+        request.model_args,
+        admin=admin,
         model_roots=model_roots,
-    )  # fmt: skip
+    )
     if request.cache:
         if language is None or language.model.endpoint is None:
             raise InputError(
@@ -263,9 +274,12 @@ def submit(
         shown = read_access(where, tier, admin, len(sample_ids)).access is Access.FULL
         check_rows(language.task, rows, sample_ids, shown=shown)
         language = with_examples(
-            client, language, dataset=dataset, split=request.split,
+            client,
+            language,
+            dataset=dataset,
+            split=request.split,
             registered=request.dataset is not None,
-        )  # fmt: skip
+        )
     meta = RunMeta(
         run_id=uuid.uuid4().hex[:16],
         eval=request.eval,
@@ -328,7 +342,13 @@ def start(
         Backlog(client).withdraw(meta.run_id)
         if meta.charged:
             ledger.refund(
-                meta.dataset_id, meta.split, meta.run_id, runs=1, samples=meta.n, who=who,
-                submitter=who, reason="enqueue failed",
-            )  # fmt: skip
+                meta.dataset_id,
+                meta.split,
+                meta.run_id,
+                runs=1,
+                samples=meta.n,
+                who=who,
+                submitter=who,
+                reason="enqueue failed",
+            )
         raise

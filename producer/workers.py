@@ -77,14 +77,21 @@ class LocalWorkers:
         command = [
             *self.launcher,
             *python("-m", "evalq.worker"),
-            "--queues", self.queues,
-            "--concurrency", str(self.concurrency),
-        ]  # fmt: skip
+            "--queues",
+            self.queues,
+            "--concurrency",
+            str(self.concurrency),
+        ]
         with self._log(index) as log:
             return subprocess.Popen(
-                command, env=self._env, cwd=self.cwd, stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
+                command,
+                env=self._env,
+                cwd=self.cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
     def restart(self, index: int) -> subprocess.Popen[bytes]:
         """Start worker ``index`` again, as :meth:`start` started it, once its process has

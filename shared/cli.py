@@ -28,9 +28,17 @@ if TYPE_CHECKING:
     from pydantic import ValidationError
 
 __all__ = [
-    "COMMANDS_GROUP", "AdminFlag", "JsonFlag", "create_cli", "err", "main", "out", "python",
-    "redis_unreachable", "run",
-]  # fmt: skip
+    "COMMANDS_GROUP",
+    "AdminFlag",
+    "JsonFlag",
+    "create_cli",
+    "err",
+    "main",
+    "out",
+    "python",
+    "redis_unreachable",
+    "run",
+]
 
 COMMANDS_GROUP = "evalq.commands"
 """Entry-point group of ``register(app: typer.Typer) -> None`` functions."""

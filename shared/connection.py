@@ -277,9 +277,12 @@ def connect(target: str | Target, *, retries: int = 8) -> redis.Redis:
                 group.sentinels, sentinel_kwargs=_SENTINEL_TIMEOUTS
             )
             client: _Client = sentinel.master_for(  # type: ignore[no-untyped-call]
-                _master_name(where), redis_class=_Client, connection_class=_SentinelConnection,
-                **group.master, **options,
-            )  # fmt: skip
+                _master_name(where),
+                redis_class=_Client,
+                connection_class=_SentinelConnection,
+                **group.master,
+                **options,
+            )
         else:
             client = cast(_Client, _Client.from_url(where.url, **options))
     except ValueError as exc:
@@ -304,9 +307,12 @@ def connect_async(
                 group.sentinels, sentinel_kwargs=_SENTINEL_TIMEOUTS
             )
             master: redis.asyncio.Redis = watch.master_for(
-                _master_name(where), max_connections=max_connections,
-                connection_class=_AsyncSentinelConnection, **group.master, **options,
-            )  # fmt: skip
+                _master_name(where),
+                max_connections=max_connections,
+                connection_class=_AsyncSentinelConnection,
+                **group.master,
+                **options,
+            )
             return master
         pool = redis.asyncio.BlockingConnectionPool.from_url(
             where.url, max_connections=max_connections, **options
@@ -348,8 +354,10 @@ def confirmed(client: redis.Redis, write: Callable[[redis.Redis], T]) -> T:
         log.warning(
             "Redis confirmed a write on %d of %d replicas within %d ms: it is lost if the "
             "master fails before a replica has it",
-            acked, replicas, wait_ms,
-        )  # fmt: skip
+            acked,
+            replicas,
+            wait_ms,
+        )
     return result
 
 

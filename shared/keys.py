@@ -392,12 +392,27 @@ class RunKeys:
         """Every key whose size grows with the run's samples: freed when the run is archived
         (``seal.lua``) or purged."""
         return [
-            self.out, self.score, self.err, self.usage, self.grade, self.attempts_of(Stage.INFER),
-            self.attempts_of(Stage.SCORE), self.deliveries_of(Stage.INFER),
-            self.deliveries_of(Stage.SCORE), self.settled, self.ids, self.backlog,
-            self.backlog_of(Stage.SCORE), self.spill, self.spilled, self.inferred, self.done,
-            self.ranges_of("outputs"), self.ranges_of("scores"), self.scratch,
-        ]  # fmt: skip
+            self.out,
+            self.score,
+            self.err,
+            self.usage,
+            self.grade,
+            self.attempts_of(Stage.INFER),
+            self.attempts_of(Stage.SCORE),
+            self.deliveries_of(Stage.INFER),
+            self.deliveries_of(Stage.SCORE),
+            self.settled,
+            self.ids,
+            self.backlog,
+            self.backlog_of(Stage.SCORE),
+            self.spill,
+            self.spilled,
+            self.inferred,
+            self.done,
+            self.ranges_of("outputs"),
+            self.ranges_of("scores"),
+            self.scratch,
+        ]
 
     @property
     def settled(self) -> str:

@@ -73,8 +73,11 @@ class SourceFile:
             log.warning(
                 "evaluation %r runs code %s, but %s is now %s: restart this process to run "
                 "the edit",
-                self.name, self.loaded[:12], self.path, now[:12],
-            )  # fmt: skip
+                self.name,
+                self.loaded[:12],
+                self.path,
+                now[:12],
+            )
         return now
 
 

@@ -69,14 +69,6 @@ def test_plugins_import_evalqs_own_objects_from_evalq() -> None:
     assert set(evalq.__all__) <= set(dir(evalq))
 
 
-def test_no_product_module_is_over_500_lines() -> None:
-    sizes = {
-        str(path.relative_to(REPO)): len(path.read_text().splitlines())
-        for package in ("shared", "producer", "worker")
-        for path in (REPO / package).rglob("*.py")
-    }
-    assert {path: n for path, n in sizes.items() if n > 500} == {}
-
 
 @pytest.mark.integration
 def test_modules_named_like_the_repositorys_folders_never_stand_in(tmp_path: Path) -> None:

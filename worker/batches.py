@@ -242,9 +242,9 @@ class SampleBatches(Task):  # type: ignore[type-arg]  # generic only in celery-t
             backlog.stage(meta, capture(self.name, [payload]), lane_of(self.name))
         except Exception as exc:
             log.warning(
-                "cannot give a message back to its run's backlog (%s); it goes back to its "
-                "queue", first_line(exc)
-            )  # fmt: skip
+                "cannot give a message back to its run's backlog (%s); it goes back to its queue",
+                first_line(exc),
+            )
             ack_or_requeue(message, requeue=True)
             return
         ack_or_requeue(message, requeue=False)

@@ -189,6 +189,9 @@ class ShardCache:
         self.builds += 1
         log.info(
             "built shard %d of spec %s: %d rows (%d builds in this process)",
-            index, fingerprint[:12], len(shard), self.builds,
-        )  # fmt: skip
+            index,
+            fingerprint[:12],
+            len(shard),
+            self.builds,
+        )
         return shard

@@ -30,9 +30,24 @@ def register(app: typer.Typer) -> None:
     """Add the producer's commands to the ``evalq`` app (in the order ``evalq --help`` lists
     them)."""
     commands: tuple[Callable[..., None], ...] = (
-        demo, status, watch, runs, results, compare, rescore, report, metrics, serve, acl,
-        cancel, resume, purge, retention, up, api,
-    )  # fmt: skip
+        demo,
+        status,
+        watch,
+        runs,
+        results,
+        compare,
+        rescore,
+        report,
+        metrics,
+        serve,
+        acl,
+        cancel,
+        resume,
+        purge,
+        retention,
+        up,
+        api,
+    )
     for command in commands:
         app.command()(command)
     app.command("submit")(submit_command)

@@ -106,16 +106,25 @@ def compare(
     rows: list[tuple[str, ...]] = []
     for name, deltas in found.metrics.items():
         own = found.stats.get(name, {})
-        rows.append((name, found.baseline, *shown(own.get(found.baseline)), "baseline", "", "",
-                     "", ""))  # fmt: skip
+        rows.append(
+            (name, found.baseline, *shown(own.get(found.baseline)), "baseline", "", "", "", "")
+        )
         for run_id, delta in deltas.items():
             ci = "" if delta.ci95 is None else f"{delta.ci95[0]:+.4f} to {delta.ci95[1]:+.4f}"
             p = "" if delta.p_value is None else f"{delta.p_value:.3g}"
             moved = f"+{delta.flips[0]} / -{delta.flips[1]}" if delta.p_value is not None else ""
-            rows.append((
-                name, run_id, *shown(own.get(run_id)), f"{delta.delta:+.4f}", ci, p,
-                str(delta.n_paired), moved,
-            ))  # fmt: skip
+            rows.append(
+                (
+                    name,
+                    run_id,
+                    *shown(own.get(run_id)),
+                    f"{delta.delta:+.4f}",
+                    ci,
+                    p,
+                    str(delta.n_paired),
+                    moved,
+                )
+            )
     print_table(COMPARE_COLUMNS, rows, title=f"against {found.baseline}")
     for run_id, settings in found.runs.items():
         if settings:
@@ -128,11 +137,16 @@ def compare(
 
 
 COMPARE_COLUMNS = (
-    Col("metric"), Col("run"), Col("mean", justify="right"),
-    Col("its 95% CI", "text", "right", drop=1), Col("delta", justify="right"),
-    Col("95% CI", "text", "right", drop=3), Col("p (McNemar)", justify="right"),
-    Col("paired", justify="right", drop=2), Col("flips", justify="right", drop=4),
-)  # fmt: skip
+    Col("metric"),
+    Col("run"),
+    Col("mean", justify="right"),
+    Col("its 95% CI", "text", "right", drop=1),
+    Col("delta", justify="right"),
+    Col("95% CI", "text", "right", drop=3),
+    Col("p (McNemar)", justify="right"),
+    Col("paired", justify="right", drop=2),
+    Col("flips", justify="right", drop=4),
+)
 """``compare``'s columns: metric names, ids, means, deltas, p-values and counts whole; the
 intervals wrap between their numbers; a run's own interval, then the paired count, then the
 delta's interval, then the flips are left out of an output too narrow for them."""

@@ -74,13 +74,21 @@ def _language_demo(workers: int, out_dir: Path, as_json: bool, model: str | None
     console = err if as_json else out
     summaries = run_language_demo(workers, out_dir, console, model, get_settings().models)
     if as_json:
-        print_json([
-            {"task": s.task, "run_id": s.run_id, "samples": s.samples, "failed": s.failed,
-             "stats": {k: v.model_dump(mode="json") for k, v in s.stats.items()},
-             "completion_tokens": s.completion_tokens, "seconds": round(s.seconds, 3),
-             "results": str(s.results_path)}
-            for s in summaries
-        ])  # fmt: skip
+        print_json(
+            [
+                {
+                    "task": s.task,
+                    "run_id": s.run_id,
+                    "samples": s.samples,
+                    "failed": s.failed,
+                    "stats": {k: v.model_dump(mode="json") for k, v in s.stats.items()},
+                    "completion_tokens": s.completion_tokens,
+                    "seconds": round(s.seconds, 3),
+                    "results": str(s.results_path),
+                }
+                for s in summaries
+            ]
+        )
         return
     for summary in summaries:
         for metric, stat in sorted(summary.stats.items()):
@@ -131,9 +139,14 @@ def serve(
     # no Date header: an answer carries no server time (a held-out run's reader is told its
     # times on the run's grain only, docs/trust-model.md)
     uvicorn.run(
-        gateway, host=host, port=port, log_level="info", access_log=True, proxy_headers=False,
+        gateway,
+        host=host,
+        port=port,
+        log_level="info",
+        access_log=True,
+        proxy_headers=False,
         date_header=False,
-    )  # fmt: skip
+    )
 
 
 def acl(

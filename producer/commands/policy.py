@@ -117,9 +117,14 @@ def audit(
     for entry in entries:
         at = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(float(entry.get("at", 0))))
         table.add_row(
-            at, entry.get("action", ""), entry.get("who", ""), entry.get("dataset", ""),
-            entry.get("split", ""), entry.get("run", ""), entry.get("after", ""),
-        )  # fmt: skip
+            at,
+            entry.get("action", ""),
+            entry.get("who", ""),
+            entry.get("dataset", ""),
+            entry.get("split", ""),
+            entry.get("run", ""),
+            entry.get("after", ""),
+        )
     out.print(table)
 
 

@@ -110,9 +110,15 @@ def runs(  # noqa: PLR0913, PLR0917 - a typer command: its options are its param
     from evalq.shared.models import RunFilter
 
     only = RunFilter(
-        eval=eval_name, dataset=dataset, sweep=sweep, tag=tag, status=status_is, model=model,
-        split=split, principal=principal,
-    )  # fmt: skip
+        eval=eval_name,
+        dataset=dataset,
+        sweep=sweep,
+        tag=tag,
+        status=status_is,
+        model=model,
+        split=split,
+        principal=principal,
+    )
     views = open_api().recent(limit, only=only)
     if as_json:
         print_json([v.as_dict() for v in views])
@@ -126,18 +132,29 @@ def runs(  # noqa: PLR0913, PLR0917 - a typer command: its options are its param
             metric = f"{name} {v.aggregate[name]:.4f}"
         rows.append(
             (
-                m.run_id, m.eval, f"{m.dataset_id}/{m.split}", str(m.status),
-                f"{v.progress.done}/{m.n}", metric,
-                m.settings_shown, " ".join(m.tags),
+                m.run_id,
+                m.eval,
+                f"{m.dataset_id}/{m.split}",
+                str(m.status),
+                f"{v.progress.done}/{m.n}",
+                metric,
+                m.settings_shown,
+                " ".join(m.tags),
             )
-        )  # fmt: skip
+        )
     print_table(RUNS_COLUMNS, rows)
 
 
 RUNS_COLUMNS = (
-    Col("run"), Col("eval", "text"), Col("data", "text", drop=3), Col("status"), Col("done/n"),
-    Col("metric", "text"), Col("params", "text", drop=2), Col("tags", "text", drop=1),
-)  # fmt: skip
+    Col("run"),
+    Col("eval", "text"),
+    Col("data", "text", drop=3),
+    Col("status"),
+    Col("done/n"),
+    Col("metric", "text"),
+    Col("params", "text", drop=2),
+    Col("tags", "text", drop=1),
+)
 """``runs``' columns: an id is never shortened (it is what the other commands take), nor a
 count; a metric wraps between its name and its value; tags, then params, then the data are left
 out of an output too narrow for them wrapped."""

@@ -131,15 +131,14 @@ def print_table(
     shown = [i for i, w in enumerate(widths) if w]
     table = Table(
         *(
-            Column(columns[i].header, width=widths[i], justify=columns[i].justify,
-                   overflow="fold")
+            Column(columns[i].header, width=widths[i], justify=columns[i].justify, overflow="fold")
             for i in shown
         ),
         title=title,
         box=None,
         pad_edge=False,
         collapse_padding=True,
-    )  # fmt: skip
+    )
     for row in rows:
         table.add_row(*(row[i] for i in shown))
     total = max(sum(widths) + len(shown) - 1, cell_len(title or ""))
@@ -149,7 +148,10 @@ def print_table(
     # wider than the console (a pipe, or whole columns wider than the terminal): printed at its
     # own width, its lines longer than the output rather than cut
     wide = Console(
-        file=out.file, width=total, markup=False, force_terminal=out.is_terminal,
+        file=out.file,
+        width=total,
+        markup=False,
+        force_terminal=out.is_terminal,
         no_color=out.no_color,
-    )  # fmt: skip
+    )
     wide.print(table)

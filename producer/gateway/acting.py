@@ -33,9 +33,13 @@ class Acting:
         """A client for the caller; ``admin`` (bypass tier and budget) is an admin's only."""
         context = self._context
         return Client(
-            context.settings, admit_admin_flag(self.who, admin), principal=self.who.principal,
-            client=context.store, app=context.celery, sees_sources=sees_sources(self.who),
-        )  # fmt: skip
+            context.settings,
+            admit_admin_flag(self.who, admin),
+            principal=self.who.principal,
+            client=context.store,
+            app=context.celery,
+            sees_sources=sees_sources(self.who),
+        )
 
     def owned(self, *run_ids: str, admin: bool = False) -> Client:
         """:meth:`client`, once each of ``run_ids`` is known to be the caller's (an admin's:

@@ -67,11 +67,12 @@ class Context:
             limiter=RateLimiter(settings.gateway_burst),
             streams=Streams(slots, waits),
             working=StreamSlots(
-                settings.gateway_inflight, 2**31,
+                settings.gateway_inflight,
+                2**31,
                 ("too many requests", "requests in flight", "wait for one to finish"),
             ),
             operator=operator,
-        )  # fmt: skip
+        )
 
     async def live(self, digest: str | None) -> bool:
         """Whether the token of ``digest`` is still live (the operator holds none: always)."""

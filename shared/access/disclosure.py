@@ -209,7 +209,15 @@ class Disclosure:
                     for name, stat in stats.items()
                 }
         return Disclosed(
-            meta=self.outward(meta), progress=progress, reader=reader, aggregate=aggregate,
-            withheld=withheld, release=released, stats=stats, errors=errors,
-            provenance=provenance, stalled=stalled, waiting=waiting,
-        )  # fmt: skip
+            meta=self.outward(meta),
+            progress=progress,
+            reader=reader,
+            aggregate=aggregate,
+            withheld=withheld,
+            release=released,
+            stats=stats,
+            errors=errors,
+            provenance=provenance,
+            stalled=stalled,
+            waiting=waiting,
+        )

@@ -79,14 +79,25 @@ class Ledger:
         dataset, split, who, run = meta.dataset_id, meta.split, meta.principal, RunKeys(meta.run_id)
         reply = self._reserve(
             keys=[
-                budget_key(dataset, split), budget_key(dataset, split, who), AUDIT, run.facts,
-                run.meta, run.ids, RUNS, ACTIVE,
+                budget_key(dataset, split),
+                budget_key(dataset, split, who),
+                AUDIT,
+                run.facts,
+                run.meta,
+                run.ids,
+                RUNS,
+                ACTIVE,
             ],
             args=[
-                meta.n, meta.run_id, who, dataset, split, repr(meta.created),
+                meta.n,
+                meta.run_id,
+                who,
+                dataset,
+                split,
+                repr(meta.created),
                 "1" if meta.charged else "0",
             ],
-        )  # fmt: skip
+        )
         verdict, samples = str(reply[0]), meta.n
         if verdict == "gone":
             raise StoreError(f"run {meta.run_id} was not opened in time; submit it again")
@@ -171,9 +182,14 @@ class Ledger:
             if found is not None:
                 meta, samples = found
                 given += self.refund(
-                    meta.dataset_id, meta.split, run_id, runs=int(samples >= meta.n),
-                    samples=samples, who="evalq", submitter=meta.principal,
+                    meta.dataset_id,
+                    meta.split,
+                    run_id,
+                    runs=int(samples >= meta.n),
+                    samples=samples,
+                    who="evalq",
+                    submitter=meta.principal,
                     reason="tokens exhausted",
-                )  # fmt: skip
+                )
             self._client.srem(UNSENT, run_id)
         return given

@@ -144,9 +144,13 @@ class ReleaseStore:
                 return done
             best = self.best(meta)
             decisions = release(
-                rule, aggregate, samples, meta.run_id, best=best,
+                rule,
+                aggregate,
+                samples,
+                meta.run_id,
+                best=best,
                 lower_is_better=lower_is_better(meta.eval),
-            )  # fmt: skip
+            )
             committed = self.commit(meta, rule.describe(samples), decisions, best, aggregate)
             if committed is not None:
                 return committed

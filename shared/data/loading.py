@@ -234,9 +234,13 @@ def _fit(source: Source, split: str, sharding: Sharding) -> Contiguous | RoundRo
     )
     featurizer = Featurizer(seed=sharding.seed, dim=sharding.dim)
     return _fit_kmeans(
-        source, split, field=sharding.route_field, shards=sharding.shards,
-        featurizer=featurizer, fit=fit,
-    )  # fmt: skip
+        source,
+        split,
+        field=sharding.route_field,
+        shards=sharding.shards,
+        featurizer=featurizer,
+        fit=fit,
+    )
 
 
 def _fit_kmeans(
@@ -260,9 +264,13 @@ def refit_routing(spec: DatasetSpec) -> KMeans | RoundRobin | None:
     if not isinstance(routing, KMeans) or routing.fit is None or spec.route_field is None:
         return None
     return _fit_kmeans(
-        spec.source, spec.split, field=spec.route_field, shards=spec.shards,
-        featurizer=routing.featurizer, fit=routing.fit,
-    )  # fmt: skip
+        spec.source,
+        spec.split,
+        field=spec.route_field,
+        shards=spec.shards,
+        featurizer=routing.featurizer,
+        fit=routing.fit,
+    )
 
 
 def shard_of_rows(spec: DatasetSpec, dataset: Dataset | None) -> np.ndarray:

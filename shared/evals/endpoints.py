@@ -61,7 +61,11 @@ def endpoint_model(spec: ModelSpec, services: Services, cache: bool = False) -> 
         return known[run_id]
 
     return EndpointModel(
-        spec, rate, key, responses if cache else None,
-        meters=lambda r: of(r)[0], owners=lambda r: of(r)[1],
+        spec,
+        rate,
+        key,
+        responses if cache else None,
+        meters=lambda r: of(r)[0],
+        owners=lambda r: of(r)[1],
         max_body=settings.max_output_bytes + ENVELOPE_BYTES,
-    )  # fmt: skip
+    )

@@ -115,11 +115,15 @@ class LanguageTask(Evaluation, Runner):
         config = self.run.task.generate
         requests = [
             GenerationRequest(
-                prompt, config.max_new_tokens, tuple(config.stop), config.temperature,
-                config.top_p, seed=sample_seed(run_id, sample_id),
+                prompt,
+                config.max_new_tokens,
+                tuple(config.stop),
+                config.temperature,
+                config.top_p,
+                seed=sample_seed(run_id, sample_id),
             )
             for prompt, (run_id, sample_id) in zip(prompts, samples, strict=True)
-        ]  # fmt: skip
+        ]
         return [
             g
             if isinstance(g, Exception)
@@ -199,9 +203,10 @@ class LanguageTask(Evaluation, Runner):
                 graded[sample_id] = GraderError(f"grader {grader.model}: {first_line(got)}")
                 continue
             usage = Usage(
-                prompt_tokens=got.prompt_tokens, completion_tokens=got.completion_tokens,
+                prompt_tokens=got.prompt_tokens,
+                completion_tokens=got.completion_tokens,
                 cached=got.cached,
-            )  # fmt: skip
+            )
             verdict = Grade(grader=grader.model, prompt=text, verdict=got.text, usage=usage)
             graded[sample_id] = (task.score(got.text, rows[sample_id]), verdict)
         return graded

@@ -21,20 +21,39 @@ __all__ = ["ALLOWED", "child_env"]
 ALLOWED = frozenset(
     {
         # finding programs, text encoding, time
-        "PATH", "LANG", "LANGUAGE", "TZ",
+        "PATH",
+        "LANG",
+        "LANGUAGE",
+        "TZ",
         # the interpreter: where plugins are imported from, and how it behaves
-        "PYTHONPATH", "PYTHONHOME", "PYTHONUTF8", "PYTHONIOENCODING", "PYTHONHASHSEED",
-        "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED", "PYTHONNOUSERSITE",
+        "PYTHONPATH",
+        "PYTHONHOME",
+        "PYTHONUTF8",
+        "PYTHONIOENCODING",
+        "PYTHONHASHSEED",
+        "PYTHONDONTWRITEBYTECODE",
+        "PYTHONUNBUFFERED",
+        "PYTHONNOUSERSITE",
         # native libraries and the GPU a worker was given
-        "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NVIDIA_VISIBLE_DEVICES",
-        "NVIDIA_DRIVER_CAPABILITIES", "PYTORCH_CUDA_ALLOC_CONF",
+        "LD_LIBRARY_PATH",
+        "CUDA_VISIBLE_DEVICES",
+        "CUDA_DEVICE_ORDER",
+        "NVIDIA_VISIBLE_DEVICES",
+        "NVIDIA_DRIVER_CAPABILITIES",
+        "PYTORCH_CUDA_ALLOC_CONF",
         # CPU threads
-        "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TOKENIZERS_PARALLELISM",
+        "OMP_NUM_THREADS",
+        "MKL_NUM_THREADS",
+        "OPENBLAS_NUM_THREADS",
+        "TOKENIZERS_PARALLELISM",
         # Hugging Face: offline and quiet (never a cache location: those hold datasets too)
-        "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE",
-        "HF_HUB_DISABLE_PROGRESS_BARS", "HF_HUB_DISABLE_TELEMETRY",
+        "HF_HUB_OFFLINE",
+        "HF_DATASETS_OFFLINE",
+        "TRANSFORMERS_OFFLINE",
+        "HF_HUB_DISABLE_PROGRESS_BARS",
+        "HF_HUB_DISABLE_TELEMETRY",
     }
-)  # fmt: skip
+)
 """Variables passed on from the worker's environment when it has them, with ``LC_*``."""
 
 

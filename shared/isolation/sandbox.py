@@ -42,10 +42,17 @@ __all__ = ["confine", "python_paths"]
 
 SYSTEM = ("/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin")
 ETC = (
-    "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime",
-    "/etc/timezone", "/etc/nsswitch.conf", "/etc/passwd", "/etc/group", "/etc/os-release",
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/localtime",
+    "/etc/timezone",
+    "/etc/nsswitch.conf",
+    "/etc/passwd",
+    "/etc/group",
+    "/etc/os-release",
     "/etc/mime.types",
-)  # fmt: skip
+)
 CPU = ("/proc/cpuinfo", "/proc/meminfo", "/sys/devices/system/cpu", "/sys/devices/system/node")
 DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 GPU_READ = ("/proc/driver/nvidia", "/sys")

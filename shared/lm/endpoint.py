@@ -289,9 +289,11 @@ class EndpointModel:
             if hit is not None:
                 self.rate.count(cached=1)
                 return Generation(
-                    str(hit["text"]), int(hit["prompt_tokens"]), int(hit["completion_tokens"]),
+                    str(hit["text"]),
+                    int(hit["prompt_tokens"]),
+                    int(hit["completion_tokens"]),
                     cached=True,
-                )  # fmt: skip
+                )
             claimed = self.cache.claim(digest, held_for)
             if claimed or time.monotonic() > deadline:
                 break
@@ -305,9 +307,10 @@ class EndpointModel:
             raise
         if isinstance(made, Generation):
             answer = {
-                "text": made.text, "prompt_tokens": made.prompt_tokens,
+                "text": made.text,
+                "prompt_tokens": made.prompt_tokens,
                 "completion_tokens": made.completion_tokens,
-            }  # fmt: skip
+            }
             self.cache.put(digest, answer)
         elif claimed:
             self.cache.release(digest)

@@ -132,9 +132,15 @@ class Lane:
         ``shared/queue/lua/prelude.lua``)."""
         fair = self.fair
         return [
-            fair.principals, fair.clock, fair.finish, fair.owner, fair.weight, fair.waiting,
-            fair.turn, fair.model,
-        ]  # fmt: skip
+            fair.principals,
+            fair.clock,
+            fair.finish,
+            fair.owner,
+            fair.weight,
+            fair.waiting,
+            fair.turn,
+            fair.model,
+        ]
 
     def round_args(self) -> list[str]:
         """The keys a script of the lane's round names as it goes, as templates: the prefix
@@ -239,17 +245,25 @@ class Backlog:
         refill the lane's queue as :meth:`dispatch` does, in the same call as the last chunk.
         Return the samples staged (0 if the run has ended)."""
         keys = [
-            RunKeys(meta.run_id).meta, lane.backlog(meta.run_id), lane.queue, lane.fair.depth,
+            RunKeys(meta.run_id).meta,
+            lane.backlog(meta.run_id),
+            lane.queue,
+            lane.fair.depth,
             *lane.round_keys(),
-        ]  # fmt: skip
+        ]
         staged = 0
         for start in range(0, len(messages), STAGE_CHUNK):
             last = start + STAGE_CHUNK >= len(messages)
             fields: list[str | int | float] = [
-                meta.run_id, meta.principal, meta.priority.weight,
-                "" if refill is None or not last else max(0, refill), at_least, self._turn,
-                run_model(meta), *lane.round_args(),
-            ]  # fmt: skip
+                meta.run_id,
+                meta.principal,
+                meta.priority.weight,
+                "" if refill is None or not last else max(0, refill),
+                at_least,
+                self._turn,
+                run_model(meta),
+                *lane.round_args(),
+            ]
             for entry in messages[start : start + STAGE_CHUNK]:
                 fields += [entry.samples, entry.queue, entry.message]
             staged += int(self._stage(keys=keys, args=fields))

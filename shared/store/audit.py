@@ -50,9 +50,15 @@ def audit_admin(client: redis.Redis, action: str, who: str, meta: RunMeta, after
     """Record that ``who`` bypassed the policy on ``meta``'s run (``admin_submit``,
     ``admin_read``)."""
     record(
-        client, action, who, dataset=meta.dataset_id, split=meta.split, run=meta.run_id,
-        after=after, samples=str(meta.n),
-    )  # fmt: skip
+        client,
+        action,
+        who,
+        dataset=meta.dataset_id,
+        split=meta.split,
+        run=meta.run_id,
+        after=after,
+        samples=str(meta.n),
+    )
 
 
 def audit_refusal(client: redis.Redis, who: str, request: str, reason: str) -> None:

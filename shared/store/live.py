@@ -105,9 +105,12 @@ def _holding(fields: list[str], ordered: list[int]) -> tuple[list[str], set[int]
 def _hash(keys: RunKeys, name: str) -> str:
     """The run's hash that holds the column ``name`` (one of :data:`COLUMNS`)."""
     return {
-        "outputs": keys.out, "scores": keys.score, "errors": keys.err, "usages": keys.usage,
+        "outputs": keys.out,
+        "scores": keys.score,
+        "errors": keys.err,
+        "usages": keys.usage,
         "grades": keys.grade,
-    }[name]  # fmt: skip
+    }[name]
 
 
 class LiveResults:

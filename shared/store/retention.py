@@ -112,9 +112,15 @@ def purge(client: redis.Redis, run_id: str, archive_url: str) -> bool:
     except UnknownRunError:
         folder = run_folder(archive_url, run_id)
     per_run = [
-        keys.facts, keys.meta, keys.progress, keys.aggregate, keys.stats, keys.provenance,
-        keys.errors, *keys.per_sample,
-    ]  # fmt: skip
+        keys.facts,
+        keys.meta,
+        keys.progress,
+        keys.aggregate,
+        keys.stats,
+        keys.provenance,
+        keys.errors,
+        *keys.per_sample,
+    ]
     with client.pipeline(transaction=True) as pipe:  # the record first: an archiver that
         pipe.zrem(RUNS, run_id)  # seals after this finds no run and removes its own folder
         pipe.srem(ACTIVE, run_id)

@@ -46,11 +46,15 @@ def _decode(run_id: str, facts: dict[Any, Any], state: dict[Any, Any]) -> RunMet
     written = {k: v for k, v in state.items() if k in STATE}
     return RunMeta.model_validate(
         {
-            **facts, **written, "run_id": run_id, "params": json.loads(facts["params"]),
-            "tags": tags, "charged": facts.get("charged") == "True",
+            **facts,
+            **written,
+            "run_id": run_id,
+            "params": json.loads(facts["params"]),
+            "tags": tags,
+            "charged": facts.get("charged") == "True",
             "ended_seen": "ended" in facts,
         }
-    )  # fmt: skip
+    )
 
 
 class RunStore:

@@ -115,14 +115,23 @@ class TokenSpend:
         fair share of the split's), its total, used, reserved), nothing held."""
         ticket = ticket or uuid.uuid4().hex
         record = {
-            "tokens": tokens, "worker": self._worker, "dataset": scope.dataset,
-            "split": scope.split, "principal": scope.principal or "",
-        }  # fmt: skip
+            "tokens": tokens,
+            "worker": self._worker,
+            "dataset": scope.dataset,
+            "split": scope.split,
+            "principal": scope.principal or "",
+        }
         millis = max(1, int(seconds * 1000))
         totals = scope.totals(self._client)
         args: list[str | int] = [
-            "hold", ticket, *totals, tokens, json.dumps(record), millis, scope.principal or "",
-        ]  # fmt: skip
+            "hold",
+            ticket,
+            *totals,
+            tokens,
+            json.dumps(record),
+            millis,
+            scope.principal or "",
+        ]
         reply = self._script(keys=scope.keys, args=args)
         if int(reply[0]) == 1:
             return ticket

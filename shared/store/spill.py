@@ -167,16 +167,33 @@ class Spiller:
         outcome = SpillOutcome(
             self._spill(
                 keys=[
-                    keys.meta, keys.spill, keys.spilled, keys.out, keys.score, keys.err,
-                    keys.errors, keys.inferred, keys.done, keys.ranges_of("outputs"),
-                    keys.ranges_of("scores"), keys.usage, keys.grade,
+                    keys.meta,
+                    keys.spill,
+                    keys.spilled,
+                    keys.out,
+                    keys.score,
+                    keys.err,
+                    keys.errors,
+                    keys.inferred,
+                    keys.done,
+                    keys.ranges_of("outputs"),
+                    keys.ranges_of("scores"),
+                    keys.usage,
+                    keys.grade,
                 ],
                 args=[
-                    segment, rows, url, len(kinds) // 2, SPAN_MAX, *kinds, len(bare), *bare,
+                    segment,
+                    rows,
+                    url,
+                    len(kinds) // 2,
+                    SPAN_MAX,
+                    *kinds,
+                    len(bare),
+                    *bare,
                     *_listed(chunk.sample_ids),
                 ],
             )
-        )  # fmt: skip
+        )
         if outcome is SpillOutcome.SPILLED:  # its outputs left Redis (a lost reply: counted on)
             freed = sum(len(o) for o in chunk.outputs if o is not None)
             self._client.hincrby(keys.progress, LIVE_BYTES, -freed)

@@ -78,9 +78,14 @@ def _rows(
 ) -> Iterator[tuple[int, str | None, str | None, str | None, str | None, str | None]]:
     """A chunk's samples: id, output, scores, error, usage, grade (:func:`text_line`'s order)."""
     return zip(
-        chunk.sample_ids, chunk.outputs, chunk.scores, chunk.errors, chunk.usages, chunk.grades,
+        chunk.sample_ids,
+        chunk.outputs,
+        chunk.scores,
+        chunk.errors,
+        chunk.usages,
+        chunk.grades,
         strict=True,
-    )  # fmt: skip
+    )
 
 
 def chunk_lines(chunk: Chunk) -> Iterator[str]:
