@@ -69,7 +69,6 @@ def test_plugins_import_evalqs_own_objects_from_evalq() -> None:
     assert set(evalq.__all__) <= set(dir(evalq))
 
 
-
 @pytest.mark.integration
 def test_modules_named_like_the_repositorys_folders_never_stand_in(tmp_path: Path) -> None:
     """A user's ``worker.py``, ``shared.py`` and ``producer.py`` first on ``sys.path`` (each
