@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.result import save
-from evalq.producer.redis_server import RedisServer
+from evalq.producer.operations.redis_server import RedisServer
 from evalq.shared.connection import connect
 from evalq.shared.data.loading import build_spec
 from evalq.shared.data.spec import publish_spec

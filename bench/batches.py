@@ -40,9 +40,9 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.result import save
-from evalq.producer.demo_data import write_demo_dataset
-from evalq.producer.redis_server import RedisServer
-from evalq.producer.workers import LocalWorkers
+from evalq.producer.operations.demo_data import write_demo_dataset
+from evalq.producer.operations.redis_server import RedisServer
+from evalq.producer.operations.workers import LocalWorkers
 from evalq.shared.access.ledger import Ledger
 from evalq.shared.connection import connect
 from evalq.shared.data.loading import build_spec

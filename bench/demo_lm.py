@@ -21,7 +21,7 @@ from typing import Any
 from rich.console import Console
 
 from bench.result import save
-from evalq.producer.demo_lm import SUMS, write_language_data
+from evalq.producer.operations.demo_lm import SUMS, write_language_data
 from evalq.shared.lm.local import smollm2
 from evalq.shared.lm.task import TaskSpec
 from evalq.shared.settings import get_settings

@@ -41,11 +41,11 @@ from rich.table import Table
 
 from bench.generate import DATA, Evalq, rows
 from bench.result import save
-from evalq.producer.client import Client
-from evalq.producer.policy_file import PolicyFile
-from evalq.producer.redis_server import RedisServer, free_port
-from evalq.producer.submit import SubmitRequest
-from evalq.producer.workers import LocalWorkers
+from evalq.producer.operations.redis_server import RedisServer, free_port
+from evalq.producer.operations.workers import LocalWorkers
+from evalq.producer.service.client import Client
+from evalq.producer.service.policy_file import PolicyFile
+from evalq.producer.service.submit import SubmitRequest
 from evalq.shared.access.policy import Tier
 from evalq.shared.connection import connect
 from evalq.shared.settings import Settings

@@ -40,11 +40,11 @@ from bench.endpoint import PLAIN, test_server
 from bench.generate import DATA
 from bench.result import save
 from bench.waiting import completed
-from evalq.producer.client import Client
-from evalq.producer.policy_file import PolicyFile
-from evalq.producer.redis_server import RedisServer
-from evalq.producer.submit import SubmitRequest
-from evalq.producer.workers import LocalWorkers
+from evalq.producer.operations.redis_server import RedisServer
+from evalq.producer.operations.workers import LocalWorkers
+from evalq.producer.service.client import Client
+from evalq.producer.service.policy_file import PolicyFile
+from evalq.producer.service.submit import SubmitRequest
 from evalq.shared.access.policy import Tier
 from evalq.shared.connection import connect
 from evalq.shared.models import RunMeta

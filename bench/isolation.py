@@ -32,7 +32,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from bench.result import save
-from evalq.producer.demo_data import write_demo_dataset
+from evalq.producer.operations.demo_data import write_demo_dataset
 from evalq.shared.evaluation import Evaluation, create, load_plugins, scrub
 from evalq.worker.model_proxy import ModelProxy
 from evalq.worker.runtime_pool import resolve_device

@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.result import save
-from evalq.producer.demo_data import write_demo_dataset
+from evalq.producer.operations.demo_data import write_demo_dataset
 from evalq.shared.data.loading import Sharding, build_spec, shard_order
 from evalq.shared.data.routing import RoutingKind
 

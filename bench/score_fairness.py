@@ -41,10 +41,10 @@ from rich.table import Table
 
 from bench.result import save
 from bench.waiting import completed, wait
-from evalq.producer.redis_server import RedisServer
-from evalq.producer.rescore import rescore
-from evalq.producer.submit import SubmitRequest, submit
-from evalq.producer.workers import LocalWorkers
+from evalq.producer.operations.redis_server import RedisServer
+from evalq.producer.operations.workers import LocalWorkers
+from evalq.producer.service.rescore import rescore
+from evalq.producer.service.submit import SubmitRequest, submit
 from evalq.shared.access.policy import Tier
 from evalq.shared.access.registry import DatasetRegistry
 from evalq.shared.access.tiers import TierRegistry

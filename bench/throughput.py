@@ -35,10 +35,10 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.result import save
-from evalq.producer.demo_data import write_demo_dataset
-from evalq.producer.redis_server import RedisServer
-from evalq.producer.submit import SubmitRequest, submit
-from evalq.producer.workers import LocalWorkers
+from evalq.producer.operations.demo_data import write_demo_dataset
+from evalq.producer.operations.redis_server import RedisServer
+from evalq.producer.operations.workers import LocalWorkers
+from evalq.producer.service.submit import SubmitRequest, submit
 from evalq.shared.access.policy import Tier
 from evalq.shared.access.registry import DatasetRegistry
 from evalq.shared.access.tiers import TierRegistry

@@ -26,10 +26,10 @@ from pathlib import Path
 import httpx
 
 from bench.scale import write_dataset
-from evalq.producer.client import Client
-from evalq.producer.redis_server import RedisServer, free_port
-from evalq.producer.submit import SubmitRequest
-from evalq.producer.workers import LocalWorkers
+from evalq.producer.operations.redis_server import RedisServer, free_port
+from evalq.producer.operations.workers import LocalWorkers
+from evalq.producer.service.client import Client
+from evalq.producer.service.submit import SubmitRequest
 from evalq.shared.access.policy import Tier
 from evalq.shared.access.registry import DatasetRegistry
 from evalq.shared.access.roles import Role

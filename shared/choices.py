@@ -5,7 +5,7 @@ is exported by, the module of its concern as well: :class:`RunStatus` and :class
 :mod:`evalq.shared.models`', :class:`Tier` :mod:`evalq.shared.access.policy`'s, :class:`Role`
 :mod:`evalq.shared.access.roles`', :class:`RoutingKind` :mod:`evalq.shared.data.routing`'s,
 :data:`MAX_SPEC_SHARDS` :mod:`evalq.shared.data.spec`'s and :class:`ExportFormat`
-:mod:`evalq.producer.export`'s.
+:mod:`evalq.producer.reports.export`'s.
 """
 
 from __future__ import annotations

@@ -61,7 +61,7 @@ class Settings(BaseSettings):
 
     api_url: str | None = None
     """The gateway (``evalq serve``) to talk to instead of Redis; with it set, the CLI and
-    :func:`evalq.producer.api.open_api` never read ``redis_url``."""
+    :func:`evalq.producer.clients.api.open_api` never read ``redis_url``."""
 
     token: SecretStr | None = None
     """The API token sent to the gateway (``evalq tokens create``)."""

@@ -16,9 +16,9 @@ import pytest
 import redis
 from celery import Celery
 
-from evalq.producer.client import Client
-from evalq.producer.redis_server import RedisServer
-from evalq.producer.workers import LocalWorkers
+from evalq.producer.operations.redis_server import RedisServer
+from evalq.producer.operations.workers import LocalWorkers
+from evalq.producer.service.client import Client
 from evalq.shared.access.roles import Role
 from evalq.shared.connection import connect
 from evalq.shared.evaluation import load_plugins

@@ -19,9 +19,9 @@ from typing import Any, TypeVar
 import redis
 from click.testing import CliRunner
 
-from evalq.producer.client import Client
-from evalq.producer.redis_server import free_port
-from evalq.producer.views import RunView
+from evalq.producer.operations.redis_server import free_port
+from evalq.producer.service.client import Client
+from evalq.producer.service.views import RunView
 from evalq.shared.access.ledger import Ledger
 from evalq.shared.access.policy import Tier
 from evalq.shared.access.registry import DatasetRegistry
@@ -201,8 +201,9 @@ UNPRIVILEGED = [
     "drop_capabilities(); "
     "os.execv(sys.argv[1], sys.argv[1:])",
 ]
-"""A launcher (:class:`evalq.producer.workers.LocalWorkers`) that runs its command line with every
-capability given up for good: a process of uid 0 then is what one of an ordinary user is."""
+"""A launcher (:class:`evalq.producer.operations.workers.LocalWorkers`) that runs its command line
+with every capability given up for good: a process of uid 0 then is what one of an ordinary user
+is."""
 
 
 def cli_env(redis_url: str, **extra: str) -> dict[str, str]:

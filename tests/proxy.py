@@ -8,7 +8,7 @@ import struct
 import threading
 from types import TracebackType
 
-from evalq.producer.redis_server import free_port
+from evalq.producer.operations.redis_server import free_port
 
 __all__ = ["Proxy"]
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 
-from evalq.producer.redis_server import free_port
+from evalq.producer.operations.redis_server import free_port
 from tests.helpers import wait_for
 
 __all__ = ["S3Server"]

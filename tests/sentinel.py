@@ -11,7 +11,7 @@ from pathlib import Path
 
 import redis
 
-from evalq.producer.redis_server import RedisServer, find_redis_server, free_port
+from evalq.producer.operations.redis_server import RedisServer, find_redis_server, free_port
 from tests.helpers import wait_for
 
 __all__ = ["MASTER", "SentinelGroup"]

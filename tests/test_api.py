@@ -1,5 +1,5 @@
-"""The one client of the gateway's routes (:class:`evalq.producer.remote.RemoteClient`): through
-a gateway's URL it loads no Celery, kombu, Redis or pyarrow, and refuses a URL holding a
+"""The one client of the gateway's routes (:class:`evalq.producer.clients.remote.RemoteClient`):
+through a gateway's URL it loads no Celery, kombu, Redis or pyarrow, and refuses a URL holding a
 password. No Redis needed."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from evalq.producer.remote import RemoteClient
+from evalq.producer.clients.remote import RemoteClient
 from evalq.shared.errors import InputError
 from tests.helpers import REPO
 

@@ -17,10 +17,10 @@ import pyarrow.parquet as pq
 import pytest
 import redis
 
-from evalq.producer.client import Client
-from evalq.producer.export import ExportFormat, write_tables
-from evalq.producer.redis_server import RedisServer
-from evalq.producer.submit import SubmitRequest
+from evalq.producer.operations.redis_server import RedisServer
+from evalq.producer.reports.export import ExportFormat, write_tables
+from evalq.producer.service.client import Client
+from evalq.producer.service.submit import SubmitRequest
 from evalq.shared.connection import connect
 from evalq.shared.errors import ArchiveUnreadableError, InputError
 from evalq.shared.evaluation import create

@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 import redis
 
-from evalq.producer.client import Client
-from evalq.producer.direct import Direct
-from evalq.producer.redis_server import RedisServer
+from evalq.producer.operations.redis_server import RedisServer
+from evalq.producer.service.client import Client
+from evalq.producer.service.direct import Direct
 from evalq.shared.access.disclosure import Stall
 from evalq.shared.access.policy import Tier
 from evalq.shared.access.tasks import TaskRegistry

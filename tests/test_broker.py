@@ -15,7 +15,7 @@ import redis
 from celery import Celery
 from packaging.specifiers import SpecifierSet
 
-from evalq.producer.redis_server import RedisServer
+from evalq.producer.operations.redis_server import RedisServer
 from evalq.shared.connection import connect
 from evalq.shared.models import SampleTask
 from evalq.shared.queue.backlog import capture

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from evalq.producer.client import Client
+from evalq.producer.service.client import Client
 from evalq.shared.access.ledger import Ledger
 from evalq.shared.access.policy import Tier
 from evalq.shared.access.roles import Role

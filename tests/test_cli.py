@@ -12,7 +12,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from evalq.producer.submit import PARAMS_CHARS
+from evalq.producer.service.submit import PARAMS_CHARS
 from evalq.shared.keys import RUNS
 from evalq.shared.queue.celery_app import INFER_QUEUE
 from tests.conftest import Stack

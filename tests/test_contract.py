@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from evalq.producer.export import flat_table, flatten
-from evalq.producer.submit import SubmitRequest, parse_ids, parse_params, resolve_ids
+from evalq.producer.reports.export import flat_table, flatten
+from evalq.producer.service.submit import SubmitRequest, parse_ids, parse_params, resolve_ids
 from evalq.shared.data.loading import build_spec
 from evalq.shared.errors import (
     DataError,

@@ -27,9 +27,9 @@ from typing import Any
 import pytest
 import redis
 
-from evalq.producer.acl import password_variable, write_acl
-from evalq.producer.redis_server import RedisServer, free_port
-from evalq.producer.supervise import Supervisor, Unit
+from evalq.producer.operations.acl import password_variable, write_acl
+from evalq.producer.operations.redis_server import RedisServer, free_port
+from evalq.producer.operations.supervise import Supervisor, Unit
 from evalq.shared.connection import connect
 from evalq.shared.errors import EvalqError, PortInUseError
 from evalq.shared.guard import Guard

@@ -1,7 +1,8 @@
 """Direct mode through the gateway's routes: without ``EVALQ_API_URL`` the CLI and
 :func:`evalq.open_api` talk to the gateway's app built in their own process
-(:mod:`evalq.producer.inprocess`), as the operator: no token, none of the gateway's rate limits,
-and a followed stream printed as it comes. Real Redis (and, to follow a run, real workers)."""
+(:mod:`evalq.producer.clients.inprocess`), as the operator: no token, none of the gateway's rate
+limits, and a followed stream printed as it comes. Real Redis (and, to follow a run, real
+workers)."""
 
 from __future__ import annotations
 
@@ -14,13 +15,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from evalq.producer.api import open_api
-from evalq.producer.client import Client
+from evalq.producer.clients.api import open_api
+from evalq.producer.clients.inprocess import URL, AppTransport
+from evalq.producer.clients.remote import RemoteClient
 from evalq.producer.gateway.app import create_gateway
-from evalq.producer.inprocess import URL, AppTransport
-from evalq.producer.redis_server import RedisServer
-from evalq.producer.remote import RemoteClient
-from evalq.producer.submit import SubmitRequest
+from evalq.producer.operations.redis_server import RedisServer
+from evalq.producer.service.client import Client
+from evalq.producer.service.submit import SubmitRequest
 from evalq.shared.access.roles import Caller, Role
 from evalq.shared.errors import UnknownRunError
 from evalq.shared.settings import Settings

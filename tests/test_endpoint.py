@@ -22,11 +22,11 @@ from typing import Any
 import httpx
 import pytest
 
-from evalq.producer.client import Client
-from evalq.producer.policy_file import PolicyFile
-from evalq.producer.redis_server import free_port
-from evalq.producer.remote import RemoteClient
-from evalq.producer.submit import SubmitRequest
+from evalq.producer.clients.remote import RemoteClient
+from evalq.producer.operations.redis_server import free_port
+from evalq.producer.service.client import Client
+from evalq.producer.service.policy_file import PolicyFile
+from evalq.producer.service.submit import SubmitRequest
 from evalq.shared.access.budget import Budget
 from evalq.shared.access.policy import Tier
 from evalq.shared.access.roles import Role
@@ -886,7 +886,7 @@ def test_unread_results_streams_of_large_outputs_hold_little_of_the_gateway(
     """The attack review opened 8 results streams (a user's cap) on a run of ~4 MB outputs and
     read none: the gateway went from 247 MB to a 9,728 MB peak, reading 10,000 results at a
     time and joining 1,000 lines into one chunk. A stream now reads about
-    :data:`evalq.producer.views.READ_BYTES` at a time, and holds one such chunk unread."""
+    :data:`evalq.producer.service.views.READ_BYTES` at a time, and holds one such chunk unread."""
     stack = keyed
     big = Server(tmp_path / "big.log", key=None)
     try:

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from evalq.producer.policy_file import PolicyFile, apply_policy
-from evalq.producer.redis_server import RedisServer
+from evalq.producer.operations.redis_server import RedisServer
+from evalq.producer.service.policy_file import PolicyFile, apply_policy
 from evalq.shared.access.ledger import Ledger
 from evalq.shared.connection import connect
 from evalq.shared.errors import GraderError, PermanentError

@@ -20,10 +20,10 @@ import pytest
 import redis
 from celery import Celery
 
-from evalq.producer.client import Client
-from evalq.producer.redis_server import RedisServer
-from evalq.producer.submit import SubmitRequest
-from evalq.producer.workers import LocalWorkers
+from evalq.producer.operations.redis_server import RedisServer
+from evalq.producer.operations.workers import LocalWorkers
+from evalq.producer.service.client import Client
+from evalq.producer.service.submit import SubmitRequest
 from evalq.shared.access.ledger import Ledger
 from evalq.shared.connection import connect
 from evalq.shared.errors import BudgetExhaustedError

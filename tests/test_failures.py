@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from scipy import stats as scipy_stats
 
-from evalq.producer.client import Client
-from evalq.producer.submit import SubmitRequest
+from evalq.producer.service.client import Client
+from evalq.producer.service.submit import SubmitRequest
 from evalq.shared.access.ladder import Mechanism, Release
 from evalq.shared.access.release import ReleaseStore
 from evalq.shared.errors import PermanentError

@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 from kombu.common import QoS
 
-from evalq.producer.client import Client
-from evalq.producer.metrics import EvalqCollector
-from evalq.producer.redis_server import RedisServer
-from evalq.producer.rescore import RescoreRequest
-from evalq.producer.submit import SubmitRequest
+from evalq.producer.operations.metrics import EvalqCollector
+from evalq.producer.operations.redis_server import RedisServer
+from evalq.producer.service.client import Client
+from evalq.producer.service.rescore import RescoreRequest
+from evalq.producer.service.submit import SubmitRequest
 from evalq.shared.access.priorities import PriorityStore
 from evalq.shared.connection import connect
 from evalq.shared.errors import ForbiddenError

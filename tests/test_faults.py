@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from evalq.producer.client import Client
-from evalq.producer.submit import SubmitRequest
+from evalq.producer.service.client import Client
+from evalq.producer.service.submit import SubmitRequest
 from evalq.shared.connection import server_time
 from evalq.shared.models import RunMeta, RunStatus
 from evalq.shared.queue.backlog import Backlog

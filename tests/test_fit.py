@@ -15,9 +15,9 @@ import sys
 import pytest
 from rich.console import Console
 
-from evalq.producer.client import Client
-from evalq.producer.follow import RunBar, follow
-from evalq.producer.submit import SubmitRequest
+from evalq.producer.reports.follow import RunBar, follow
+from evalq.producer.service.client import Client
+from evalq.producer.service.submit import SubmitRequest
 from evalq.shared.models import Progress, RunMeta, RunStatus
 from tests.conftest import Stack
 from tests.helpers import (
@@ -197,7 +197,7 @@ def test_a_csv_cell_holds_a_string_output_as_its_text(stack: Stack, board: tuple
 
 
 def test_a_csv_cell_keeps_other_outputs_as_json_text() -> None:
-    from evalq.producer.export import csv_output
+    from evalq.producer.reports.export import csv_output
 
     assert csv_output('"two"') == "two"
     assert csv_output('"[1, 2]"') == "[1, 2]"  # a string that reads as JSON reads as such

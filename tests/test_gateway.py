@@ -20,10 +20,10 @@ import httpx
 import pytest
 import redis
 
-from evalq.producer.acl import write_acl
-from evalq.producer.client import Client
-from evalq.producer.redis_server import RedisServer, free_port
-from evalq.producer.workers import LocalWorkers
+from evalq.producer.operations.acl import write_acl
+from evalq.producer.operations.redis_server import RedisServer, free_port
+from evalq.producer.operations.workers import LocalWorkers
+from evalq.producer.service.client import Client
 from evalq.shared.access.policy import Tier
 from evalq.shared.access.roles import Role
 from evalq.shared.connection import connect
@@ -371,7 +371,7 @@ def test_the_openapi_schema_fuzzed_never_answers_5xx_or_hidden_samples(door: Doo
 
 
 def test_flower_and_metrics_work_with_the_monitor_credential(door: Door, tmp_path: Path) -> None:
-    from evalq.producer.metrics import serve
+    from evalq.producer.operations.metrics import serve
     from tests.test_monitoring import FLOWER_AUTH, _get, _ok
 
     port = free_port()

@@ -23,11 +23,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from evalq.producer.client import Client
+from evalq.producer.clients.remote import RemoteClient
 from evalq.producer.gateway.limits import RateLimiter, StreamSlots
-from evalq.producer.redis_server import RedisServer
-from evalq.producer.remote import RemoteClient
-from evalq.producer.submit import SubmitRequest
+from evalq.producer.operations.redis_server import RedisServer
+from evalq.producer.service.client import Client
+from evalq.producer.service.submit import SubmitRequest
 from evalq.shared.access.policy import Tier
 from evalq.shared.access.roles import Caller, Role, sees_budget
 from evalq.shared.errors import ThrottledError

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 import redis
 
-from evalq.producer.redis_server import RedisServer
-from evalq.producer.submit import SubmitRequest, submit
-from evalq.producer.workers import LocalWorkers
+from evalq.producer.operations.redis_server import RedisServer
+from evalq.producer.operations.workers import LocalWorkers
+from evalq.producer.service.submit import SubmitRequest, submit
 from evalq.shared.connection import connect
 from evalq.shared.errors import InputError, ModelHostError, PermanentError
 from evalq.shared.evaluation import create, load_plugins

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from evalq.producer.redis_server import RedisServer
+from evalq.producer.operations.redis_server import RedisServer
 from evalq.shared.keys import ACTIVE, AUDIT, RUNS, RunKeys
 from evalq.shared.models import RunMeta, RunStatus
 from evalq.shared.queue.backlog import SCORE_LANE, Backlog, capture

@@ -14,13 +14,13 @@ from pathlib import Path
 import huggingface_hub
 import pytest
 
-from evalq.producer.client import Client
 from evalq.producer.commands.submit import point as point_of
-from evalq.producer.page import render
-from evalq.producer.report import gather
-from evalq.producer.rescore import RescoreRequest
-from evalq.producer.submit import SubmitRequest
-from evalq.producer.views import SampleQuery
+from evalq.producer.reports.page import render
+from evalq.producer.service.client import Client
+from evalq.producer.service.report import gather
+from evalq.producer.service.rescore import RescoreRequest
+from evalq.producer.service.submit import SubmitRequest
+from evalq.producer.service.views import SampleQuery
 from evalq.shared.access.policy import Tier
 from evalq.shared.access.roles import Role
 from evalq.shared.access.tiers import TierRegistry

@@ -16,12 +16,12 @@ from dataclasses import dataclass
 import pytest
 import redis
 
-from evalq.producer.client import Client
-from evalq.producer.policy_file import PolicyFile
-from evalq.producer.redis_server import RedisServer
-from evalq.producer.remote import RemoteClient
-from evalq.producer.submit import SubmitRequest
-from evalq.producer.workers import LocalWorkers
+from evalq.producer.clients.remote import RemoteClient
+from evalq.producer.operations.redis_server import RedisServer
+from evalq.producer.operations.workers import LocalWorkers
+from evalq.producer.service.client import Client
+from evalq.producer.service.policy_file import PolicyFile
+from evalq.producer.service.submit import SubmitRequest
 from evalq.shared.access.policy import Tier
 from evalq.shared.access.roles import Role
 from evalq.shared.connection import connect

@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from evalq.producer.client import Client
-from evalq.producer.metrics import serve
-from evalq.producer.page import render, render_comparison
-from evalq.producer.redis_server import free_port
-from evalq.producer.report import Report, gather
-from evalq.producer.submit import SubmitRequest
+from evalq.producer.operations.metrics import serve
+from evalq.producer.operations.redis_server import free_port
+from evalq.producer.reports.page import render, render_comparison
+from evalq.producer.service.client import Client
+from evalq.producer.service.report import Report, gather
+from evalq.producer.service.submit import SubmitRequest
 from evalq.shared.access.ledger import Ledger
 from evalq.shared.data.loading import Sharding
 from evalq.shared.lm.limits import EndpointLimits

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from evalq.producer.client import Client
+from evalq.producer.service.client import Client
 from evalq.shared.access.ledger import Ledger
 from evalq.shared.errors import ParamError
 from evalq.shared.evaluation import create, load_plugins

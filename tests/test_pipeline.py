@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from evalq.producer.submit import SubmitRequest, submit
+from evalq.producer.service.submit import SubmitRequest, submit
 from evalq.shared.keys import RunKeys
 from evalq.shared.models import RunMeta
 from evalq.shared.queue.backlog import Backlog

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from evalq.producer.client import Client
-from evalq.producer.redis_server import RedisServer
-from evalq.producer.submit import SubmitRequest
+from evalq.producer.operations.redis_server import RedisServer
+from evalq.producer.service.client import Client
+from evalq.producer.service.submit import SubmitRequest
 from evalq.shared.access.ledger import Ledger
 from evalq.shared.access.policy import Tier
 from evalq.shared.access.tiers import TierRegistry

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from evalq.producer.policy_file import load_policy
-from evalq.producer.submit import draw_ids
+from evalq.producer.service.policy_file import load_policy
+from evalq.producer.service.submit import draw_ids
 from evalq.shared.access.policy import (
     MIN_AGGREGATE_SAMPLES,
     Access,

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from evalq.producer.client import Client
-from evalq.producer.demo_data import write_demo_dataset
-from evalq.producer.submit import SubmitRequest
+from evalq.producer.operations.demo_data import write_demo_dataset
+from evalq.producer.service.client import Client
+from evalq.producer.service.submit import SubmitRequest
 from tests.conftest import Stack
 from tests.helpers import REPO, cli_env, cli_in_process, wait_completed
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from evalq.producer.client import Client
-from evalq.producer.submit import SubmitRequest
+from evalq.producer.service.client import Client
+from evalq.producer.service.submit import SubmitRequest
 from evalq.shared.access.ledger import Ledger
 from evalq.shared.models import RunMeta, RunStatus
 from evalq.shared.settings import Settings

@@ -11,7 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from evalq.producer.gateway.errors import _PATH
-from evalq.producer.views import SampleQuery
+from evalq.producer.service.views import SampleQuery
 from evalq.shared.access.policy import admit_model
 from evalq.shared.errors import InputError, TierRefusedError, UnknownRunError
 from evalq.shared.lm.spec import ModelSpec, canonical

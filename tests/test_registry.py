@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from evalq.producer.policy_file import apply_policy, load_policy
-from evalq.producer.redis_server import RedisServer
+from evalq.producer.operations.redis_server import RedisServer
+from evalq.producer.service.policy_file import apply_policy, load_policy
 from evalq.shared.access.ledger import Ledger
 from evalq.shared.access.policy import Tier
 from evalq.shared.access.registry import DatasetRegistry

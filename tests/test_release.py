@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from evalq.producer.policy_file import apply_policy, load_policy
-from evalq.producer.redis_server import RedisServer
+from evalq.producer.operations.redis_server import RedisServer
+from evalq.producer.service.policy_file import apply_policy, load_policy
 from evalq.shared.access.ladder import (
     Best,
     Mechanism,

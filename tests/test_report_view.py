@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from evalq.producer.comparison import Comparison
-from evalq.producer.page import render, render_comparison
-from evalq.producer.report import Report
-from evalq.producer.samples import target_of
-from evalq.producer.views import RunView
+from evalq.producer.reports.page import render, render_comparison
+from evalq.producer.service.comparison import Comparison
+from evalq.producer.service.report import Report
+from evalq.producer.service.samples import target_of
+from evalq.producer.service.views import RunView
 from evalq.shared.access.policy import Tier
 from evalq.shared.errors import InputError
 from evalq.shared.evals.language import LanguageTask

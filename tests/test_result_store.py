@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import redis
 
-from evalq.producer.redis_server import RedisServer, find_redis_server
+from evalq.producer.operations.redis_server import RedisServer, find_redis_server
 from evalq.shared.connection import connect
 from evalq.shared.errors import EvalqError
 from evalq.shared.evaluation import create, load_plugins

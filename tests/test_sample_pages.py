@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from evalq.producer.client import Client
-from evalq.producer.remote import RemoteClient
-from evalq.producer.submit import SubmitRequest
-from evalq.producer.views import SamplePage, SampleQuery
+from evalq.producer.clients.remote import RemoteClient
+from evalq.producer.service.client import Client
+from evalq.producer.service.submit import SubmitRequest
+from evalq.producer.service.views import SamplePage, SampleQuery
 from evalq.shared.access.policy import Tier
 from evalq.shared.access.tiers import TierRegistry
 from evalq.shared.errors import ArchiveUnreadableError, RemoteError, TierRefusedError

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from evalq.producer.submit import SubmitRequest, submit
+from evalq.producer.service.submit import SubmitRequest, submit
 from evalq.shared.errors import ScriptError
 from evalq.shared.evals.arithmetic import Arithmetic, arithmetic_rows
 from evalq.shared.scorer import ScriptCall, ScriptScorer, run_cold

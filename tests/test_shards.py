@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from evalq.producer.demo_data import write_demo_dataset
-from evalq.producer.redis_server import RedisServer
-from evalq.producer.submit import SubmitRequest, submit
+from evalq.producer.operations.demo_data import write_demo_dataset
+from evalq.producer.operations.redis_server import RedisServer
+from evalq.producer.service.submit import SubmitRequest, submit
 from evalq.shared.connection import connect
 from evalq.shared.data.loading import Sharding, build_spec, shard_of_rows, stream_texts
 from evalq.shared.data.routing import (

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from evalq.producer.redis_server import RedisServer
+from evalq.producer.operations.redis_server import RedisServer
 from evalq.shared.access.ledger import Ledger
 from evalq.shared.connection import connect
 from evalq.shared.errors import TokensExhausted

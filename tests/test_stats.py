@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from evalq.producer.charts import aggregates_chart
-from evalq.producer.client import Client
-from evalq.producer.submit import SubmitRequest
-from evalq.producer.sweep import grid, parse_sweeps, read_sweep_file
+from evalq.producer.reports.charts import aggregates_chart
+from evalq.producer.service.client import Client
+from evalq.producer.service.submit import SubmitRequest
+from evalq.producer.service.sweep import grid, parse_sweeps, read_sweep_file
 from evalq.shared.access.ladder import Mechanism, ReleaseRule, released_stats
 from evalq.shared.errors import InputError
 from evalq.shared.models import RunStatus

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from kombu.transport.redis import Channel
 
-from evalq.producer.client import Client
-from evalq.producer.redis_server import RedisServer
-from evalq.producer.submit import SubmitRequest, submit
-from evalq.producer.workers import LocalWorkers
+from evalq.producer.operations.redis_server import RedisServer
+from evalq.producer.operations.workers import LocalWorkers
+from evalq.producer.service.client import Client
+from evalq.producer.service.submit import SubmitRequest, submit
 from evalq.shared.connection import connect
 from evalq.shared.evaluation import model_key
 from evalq.shared.keys import FAIR

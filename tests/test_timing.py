@@ -20,13 +20,13 @@ from pathlib import Path
 
 import pytest
 
-from evalq.producer.client import Client
-from evalq.producer.page import render
-from evalq.producer.redis_server import RedisServer
-from evalq.producer.report import gather
-from evalq.producer.rescore import RescoreRequest
-from evalq.producer.submit import SubmitRequest
-from evalq.producer.views import Resumption
+from evalq.producer.operations.redis_server import RedisServer
+from evalq.producer.reports.page import render
+from evalq.producer.service.client import Client
+from evalq.producer.service.report import gather
+from evalq.producer.service.rescore import RescoreRequest
+from evalq.producer.service.submit import SubmitRequest
+from evalq.producer.service.views import Resumption
 from evalq.shared.access.disclosure import Disclosure, Stall
 from evalq.shared.access.policy import TIMING_GRAIN, Access, Reader, Tier, coarse_timing
 from evalq.shared.access.tiers import TierRegistry

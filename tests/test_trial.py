@@ -48,7 +48,7 @@ def test_a_run_whose_every_row_fails_says_why() -> None:
 
 
 def test_the_plugin_api_is_exported_from_evalq() -> None:
-    from evalq.producer.api import open_api
+    from evalq.producer.clients.api import open_api
     from evalq.shared.lm.scorers import register_scorer
     from evalq.shared.trial import run
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from evalq.producer.client import Client
+from evalq.producer.service.client import Client
 from evalq.shared.access.roles import Role
 from evalq.shared.keys import RUNS
 from tests.conftest import NOWHERE, Door, Stack

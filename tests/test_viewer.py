@@ -22,10 +22,10 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from evalq.producer.client import Client
-from evalq.producer.remote import RemoteClient
-from evalq.producer.submit import SubmitRequest
-from evalq.producer.views import SampleQuery
+from evalq.producer.clients.remote import RemoteClient
+from evalq.producer.service.client import Client
+from evalq.producer.service.submit import SubmitRequest
+from evalq.producer.service.views import SampleQuery
 from evalq.shared.access.policy import Tier
 from evalq.shared.access.roles import Role
 from evalq.shared.access.tiers import TierRegistry

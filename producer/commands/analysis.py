@@ -8,11 +8,11 @@ from typing import Annotated
 
 import typer
 
-from evalq.producer.api import open_api
+from evalq.producer.clients.api import open_api
 from evalq.producer.commands.arguments import RunArg, check_run_ids
 from evalq.producer.commands.outcome import follow_and_report
 from evalq.producer.commands.tables import Col, print_table
-from evalq.producer.sweep import MAX_GRID
+from evalq.producer.service.sweep import MAX_GRID
 from evalq.shared.cli import AdminFlag, JsonFlag, out, print_json
 from evalq.shared.errors import InputError
 
@@ -33,7 +33,7 @@ def report(
     if len(run_ids) == 1:
         page = client.report(run_ids[0])
     else:
-        from evalq.producer.page import render_comparison
+        from evalq.producer.reports.page import render_comparison
 
         found = client.compare(run_ids, flips=20)
         page = render_comparison(found, [client.status(r) for r in run_ids])
@@ -57,8 +57,8 @@ def rescore(  # noqa: PLR0917 - a typer command: its options are its parameters
 ) -> None:
     """Score a completed run's stored outputs with another evaluation: a new run, no
     inference (the two must declare the same output kind); prints the new run id."""
-    from evalq.producer.rescore import RescoreRequest
-    from evalq.producer.submit import parse_params
+    from evalq.producer.service.rescore import RescoreRequest
+    from evalq.producer.service.submit import parse_params
 
     client = open_api(admin=admin)
     request = RescoreRequest(run=run_id, eval=eval_name, params=parse_params(param or []))
@@ -87,7 +87,7 @@ def compare(
 ) -> None:
     """Compare runs sample by sample: each against the first (same dataset, split and spec),
     beside each run's own mean and interval."""
-    from evalq.producer.comparison import shown
+    from evalq.producer.service.comparison import shown
     from evalq.shared.models import RunFilter
 
     client = open_api(admin=admin)

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.text import Text
 
-from evalq.producer.api import open_api
+from evalq.producer.clients.api import open_api
 from evalq.shared.cli import JsonFlag, err, out, print_json
 from evalq.shared.errors import InputError
 
@@ -39,7 +39,7 @@ def demo(  # noqa: PLR0917 - a typer command: its options are its parameters
         return
     if model is not None:
         raise InputError("--model goes with --lm (the MiniLM demo's model is its evaluation's)")
-    from evalq.producer.demo import run_demo
+    from evalq.producer.operations.demo import run_demo
 
     summary = run_demo(samples, workers, out_dir.resolve(), err if as_json else out)
     if as_json:
@@ -68,7 +68,7 @@ def demo(  # noqa: PLR0917 - a typer command: its options are its parameters
 
 
 def _language_demo(workers: int, out_dir: Path, as_json: bool, model: str | None) -> None:
-    from evalq.producer.demo_lm import run_language_demo
+    from evalq.producer.operations.demo_lm import run_language_demo
     from evalq.shared.settings import get_settings
 
     console = err if as_json else out
@@ -112,7 +112,7 @@ def metrics(
     ] = 100,
 ) -> None:
     """Serve Prometheus metrics: per-run samples, queue depths, budgets left (until Ctrl-C)."""
-    from evalq.producer.metrics import serve
+    from evalq.producer.operations.metrics import serve
     from evalq.shared.connection import connect
     from evalq.shared.settings import get_settings
 
@@ -154,7 +154,7 @@ def acl(
 ) -> None:
     """Write a Redis ACL file with users gateway, worker and monitor (passwords from
     EVALQ_ACL_GATEWAY_PASSWORD, EVALQ_ACL_WORKER_PASSWORD, EVALQ_ACL_MONITOR_PASSWORD)."""
-    from evalq.producer.acl import ROLES, write_acl
+    from evalq.producer.operations.acl import ROLES, write_acl
 
     write_acl(out_path)
     out.print(f"wrote {out_path}: users {', '.join(ROLES)}", highlight=False)
@@ -226,7 +226,7 @@ def up(  # noqa: PLR0913, PLR0917 - a typer command: its options are its paramet
     """Run a one-machine deployment until Ctrl-C: Redis with the ACL file, the gateway, workers,
     Flower and metrics, each under its own Redis user, each started again when it exits; prints
     the admin token."""
-    from evalq.producer.stack import Stack, StackPorts
+    from evalq.producer.operations.stack import Stack, StackPorts
 
     ports = StackPorts(gateway=port, flower=flower_port, metrics=metrics_port, redis=redis_port)
     stack = Stack(state.resolve(), ports, workers=workers, concurrency=concurrency, host=host)

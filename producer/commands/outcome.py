@@ -10,8 +10,8 @@ from evalq.shared.cli import err, out, print_json
 from evalq.shared.errors import DetachedError
 
 if TYPE_CHECKING:  # the views load numpy and scipy (their intervals): only a command that shows one
-    from evalq.producer.remote import RemoteClient
-    from evalq.producer.views import RunView
+    from evalq.producer.clients.remote import RemoteClient
+    from evalq.producer.service.views import RunView
 
 __all__ = ["follow_and_report", "metric_text"]
 
@@ -19,7 +19,7 @@ __all__ = ["follow_and_report", "metric_text"]
 def follow_and_report(client: RemoteClient, run_id: str, as_json: bool) -> None:
     """Follow the run to its end and print its outcome; exit code 4 (``RunNotCompletedError``)
     when it ended failed or cancelled."""
-    from evalq.producer.follow import follow
+    from evalq.producer.reports.follow import follow
 
     try:
         follow(client, run_id, err if as_json else out)

@@ -12,7 +12,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from evalq.producer.api import open_api
+from evalq.producer.clients.api import open_api
 from evalq.shared.choices import Role, Tier
 from evalq.shared.cli import JsonFlag, err, out, print_json
 from evalq.shared.names import NAME_RULE
@@ -223,7 +223,7 @@ def budget_show(as_json: JsonFlag = False) -> None:
 @policy_app.command("apply")
 def policy_apply(path: Annotated[Path, typer.Argument(metavar="FILE")]) -> None:
     """Apply tiers and budgets from a YAML or JSON file (checked whole before anything is set)."""
-    from evalq.producer.policy_file import load_policy
+    from evalq.producer.service.policy_file import load_policy
 
     policy = load_policy(path)
     for warning in open_api().apply_policy(policy):

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from evalq.producer.api import open_api
+from evalq.producer.clients.api import open_api
 from evalq.shared.cli import AdminFlag, print_json
 from evalq.shared.errors import InputError
 

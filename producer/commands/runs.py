@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from evalq.producer.api import open_api
+from evalq.producer.clients.api import open_api
 from evalq.producer.commands.arguments import RunArg
 from evalq.producer.commands.outcome import follow_and_report, metric_text
 from evalq.producer.commands.tables import Col, print_table
@@ -175,7 +175,7 @@ def results(  # noqa: PLR0917 - a typer command: its options are its parameters
     admin: AdminFlag = False,
 ) -> None:
     """Export a run's per-sample results (viewable splits; admins see all, audited)."""
-    from evalq.producer.export import write_lines, write_results, write_tables
+    from evalq.producer.reports.export import write_lines, write_results, write_tables
 
     if follow_run and fmt is not ExportFormat.JSONL:
         raise InputError("--follow streams jsonl only")

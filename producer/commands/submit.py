@@ -8,15 +8,15 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from evalq.producer.api import open_api
+from evalq.producer.clients.api import open_api
 from evalq.producer.commands.outcome import follow_and_report
 from evalq.shared.choices import MAX_SPEC_SHARDS, Priority, RoutingKind
 from evalq.shared.cli import AdminFlag, JsonFlag, err, out, print_json
 from evalq.shared.errors import EvalqError, InputError
 
 if TYPE_CHECKING:
-    from evalq.producer.remote import RemoteClient
-    from evalq.producer.submit import SubmitRequest
+    from evalq.producer.clients.remote import RemoteClient
+    from evalq.producer.service.submit import SubmitRequest
 
 __all__ = ["submit_command"]
 
@@ -88,8 +88,8 @@ def submit_command(  # noqa: PLR0913, PLR0917 - a typer command: its options are
     as_json: JsonFlag = False,
 ) -> None:
     """Submit an evaluation (or a sweep's grid of them); prints the run id(s)."""
-    from evalq.producer.submit import SubmitRequest, parse_ids, parse_params
-    from evalq.producer.sweep import grid, new_sweep_id, parse_sweeps, read_sweep_file
+    from evalq.producer.service.submit import SubmitRequest, parse_ids, parse_params
+    from evalq.producer.service.sweep import grid, new_sweep_id, parse_sweeps, read_sweep_file
     from evalq.shared.data.loading import Sharding
     from evalq.shared.models import Progress
 

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from evalq.producer.api import open_api
+from evalq.producer.clients.api import open_api
 from evalq.shared.cli import JsonFlag, out, print_json
 from evalq.shared.errors import InputError
 

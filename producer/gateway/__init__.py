@@ -2,18 +2,19 @@
 
 It holds the Redis credential and reads the data; a caller holds an API token, and the token
 alone says who the caller is (:class:`evalq.shared.access.roles.Caller`). Every route hands the
-work to a :class:`evalq.producer.client.Client` acting for that principal, so the gateway applies
-exactly the rules direct mode does (tiers, floors, budgets: :mod:`evalq.shared.access.policy`),
-plus the role and ownership rules of :mod:`evalq.shared.access.roles` that only a gateway can
-enforce. A refusal (a bad token, a missing role, a tier, a budget) answers one line and is appended
-to the audit stream.
+work to a :class:`evalq.producer.service.client.Client` acting for that principal, so the gateway
+applies exactly the rules direct mode does (tiers, floors, budgets:
+:mod:`evalq.shared.access.policy`), plus the role and ownership rules of
+:mod:`evalq.shared.access.roles` that only a gateway can enforce. A refusal (a bad token, a missing
+role, a tier, a budget) answers one line and is appended to the audit stream.
 
 Errors answer ``{"error": "<one line>", "exit_code": N}`` with the exit code the CLI would have
-exited with in direct mode; :class:`evalq.producer.remote.RemoteClient` turns them back into that.
+exited with in direct mode; :class:`evalq.producer.clients.remote.RemoteClient` turns them back
+into that.
 
 Direct mode is the same app built in the command's process for the operator
-(``create_gateway(settings, operator=...)``, :mod:`evalq.producer.inprocess`): no token is read,
-no limit applies, and an error is raised in the command rather than answered.
+(``create_gateway(settings, operator=...)``, :mod:`evalq.producer.clients.inprocess`): no token is
+read, no limit applies, and an error is raised in the command rather than answered.
 
 The modules: :mod:`~evalq.producer.gateway.app` builds the FastAPI app (``create_gateway``: its
 middleware, error handlers and routers); :mod:`~evalq.producer.gateway.context` holds what every

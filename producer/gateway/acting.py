@@ -6,9 +6,9 @@ from typing import Annotated
 
 from fastapi import Depends
 
-from evalq.producer.client import Client
 from evalq.producer.gateway.caller import Who
 from evalq.producer.gateway.context import Context, Shared
+from evalq.producer.service.client import Client
 from evalq.shared.access.roles import (
     Caller,
     admit_admin_flag,

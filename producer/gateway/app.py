@@ -22,7 +22,7 @@ __all__ = ["create_gateway"]
 
 def create_gateway(settings: Settings, operator: Caller | None = None) -> FastAPI:
     """The gateway's FastAPI app, talking to Redis with ``settings.redis_url``. With
-    ``operator``, direct mode's app (:mod:`evalq.producer.inprocess`, never served on a
+    ``operator``, direct mode's app (:mod:`evalq.producer.clients.inprocess`, never served on a
     socket): every request is the operator's, so no token is read, no body limit or rate
     limit applies and its lifespan (the retention thread) is not run."""
     context = Context.open(settings, operator)

@@ -10,9 +10,9 @@ import redis.asyncio
 from celery import Celery
 from fastapi import Depends, Request
 
-from evalq.producer.direct import CLI_RETRIES
 from evalq.producer.gateway.limits import RateLimiter, StreamSlots
 from evalq.producer.gateway.streams import Streams
+from evalq.producer.service.direct import CLI_RETRIES
 from evalq.shared.access.roles import Caller
 from evalq.shared.access.tokens import TokenLookup
 from evalq.shared.connection import connect, connect_async
@@ -41,8 +41,8 @@ class Context:
     working: StreamSlots
     """Requests in flight per principal."""
     operator: Caller | None = None
-    """Direct mode's app (:mod:`evalq.producer.inprocess`): every request is this operator's,
-    with no token, no rate limit and no refusal audited; None for ``evalq serve``."""
+    """Direct mode's app (:mod:`evalq.producer.clients.inprocess`): every request is this
+    operator's, with no token, no rate limit and no refusal audited; None for ``evalq serve``."""
 
     @classmethod
     def open(cls, settings: Settings, operator: Caller | None = None) -> Self:

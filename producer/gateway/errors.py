@@ -143,7 +143,7 @@ def _http(request: Request, exc: Exception) -> JSONResponse:
 
 def _raise_in_direct_mode(context: Context, exc: Exception) -> None:
     """In direct mode's app (the operator's, in its own process) an error is not answered but
-    goes on: :class:`evalq.producer.inprocess.AppTransport` raises it in the command, which
+    goes on: :class:`evalq.producer.clients.inprocess.AppTransport` raises it in the command, which
     says and exits what direct mode always did (the same exception: no refusal audited, an
     unknown evaluation named as this process's, Redis unreachable as such)."""
     if context.operator is not None:

@@ -27,7 +27,7 @@ from evalq.producer.gateway.acting import Act
 from evalq.producer.gateway.context import Shared
 from evalq.producer.gateway.params import AdminQuery, RunId
 from evalq.producer.gateway.streams import REVOKED, ResultStream, Streams
-from evalq.producer.views import RunView
+from evalq.producer.service.views import RunView
 from evalq.shared.errors import EvalqError, PolicyRefusedError, UnknownRunError
 from evalq.shared.models import to_json
 

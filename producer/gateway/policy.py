@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict
 
 from evalq.producer.gateway.acting import Act
 from evalq.producer.gateway.params import NameArg
-from evalq.producer.policy_file import BudgetLimits, PolicyFile
+from evalq.producer.service.policy_file import BudgetLimits, PolicyFile
 from evalq.shared.access.budget import Budget
 from evalq.shared.access.policy import Tier
 from evalq.shared.access.roles import sees_budget

@@ -8,14 +8,14 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, StreamingResponse
 
-from evalq.producer.client import Client
-from evalq.producer.comparison import Comparison
 from evalq.producer.gateway.acting import Act
 from evalq.producer.gateway.context import Shared
 from evalq.producer.gateway.params import AdminQuery, RunId, RunIdText
 from evalq.producer.gateway.streams import ResultStream
-from evalq.producer.sweep import MAX_GRID
-from evalq.producer.views import SamplePage, SampleQuery
+from evalq.producer.service.client import Client
+from evalq.producer.service.comparison import Comparison
+from evalq.producer.service.sweep import MAX_GRID
+from evalq.producer.service.views import SamplePage, SampleQuery
 from evalq.shared.store.wire import result_line
 
 __all__ = ["router"]
@@ -96,7 +96,9 @@ def compare(
 def report(run_id: RunId, act: Act, admin: AdminQuery = False) -> HTMLResponse:
     """A self-contained HTML report (charts as the split's tier allows), under a policy that
     lets it run nothing (its charts are inline SVG, its style one inline sheet)."""
-    from evalq.producer.page import render  # the report's and charts' modules: its reads only
+    from evalq.producer.reports.page import (
+        render,  # the report's and charts' modules: its reads only
+    )
 
     page = render(act.owned(run_id, admin=admin).report(run_id))
     return HTMLResponse(page, headers=REPORT_HEADERS)

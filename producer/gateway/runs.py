@@ -8,10 +8,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from evalq.producer.gateway.acting import Act
 from evalq.producer.gateway.params import AdminQuery, RunId, RunIdText
-from evalq.producer.rescore import RescoreRequest
-from evalq.producer.submit import SubmitRequest
-from evalq.producer.sweep import MAX_GRID
-from evalq.producer.views import Cancellation, Resumption, RunView
+from evalq.producer.service.rescore import RescoreRequest
+from evalq.producer.service.submit import SubmitRequest
+from evalq.producer.service.sweep import MAX_GRID
+from evalq.producer.service.views import Cancellation, Resumption, RunView
 from evalq.shared.access.roles import Role
 from evalq.shared.models import Progress, RunFilter, RunMeta
 

@@ -23,9 +23,9 @@ from anyio import to_thread
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from evalq.producer.follower import Follower
 from evalq.producer.gateway.limits import StreamSlots
-from evalq.producer.views import READ_BYTES
+from evalq.producer.service.follower import Follower
+from evalq.producer.service.views import READ_BYTES
 from evalq.shared.errors import UnauthorizedError
 from evalq.shared.models import to_json
 from evalq.shared.store.wire import result_line
@@ -94,7 +94,8 @@ class Streams:
 
     async def lines(self, lines: Iterator[str]) -> AsyncIterator[str]:
         """``lines``, read on the stream threads :data:`LINES` at a time, or fewer once they
-        take :data:`evalq.producer.views.READ_BYTES`: an unread stream holds one such chunk."""
+        take :data:`evalq.producer.service.views.READ_BYTES`: an unread stream holds one such
+        chunk."""
 
         def batch() -> str:
             taken, size = [], 0

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from evalq.shared.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from evalq.producer.api import open_api
+    from evalq.producer.clients.api import open_api
     from evalq.shared.errors import EvalqError, PermanentError, RetryableError
     from evalq.shared.evaluation import Evaluation, Parameters, register
     from evalq.shared.failures import FailurePolicy
@@ -68,7 +68,7 @@ _WHERE = {
     "run": "evalq.shared.trial",
     "register_scorer": "evalq.shared.lm.scorers",
     "ScorerOptions": "evalq.shared.lm.scorers",
-    "open_api": "evalq.producer.api",
+    "open_api": "evalq.producer.clients.api",
 }
 
 

@@ -7,7 +7,7 @@ one or two Parquet parts that hold those rows. A filtered or sorted page first r
 columns the question needs (``sample_id``, and ``error`` for failures, a metric's column to
 sort by, the texts to search), picks the rows, then reads those rows whole. Whether a reader
 may see per-sample results at all is not decided here: the caller asks the policy first
-(:meth:`evalq.producer.direct.Direct.readable`).
+(:meth:`evalq.producer.service.direct.Direct.readable`).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The client of the gateway's routes, the one the CLI and :func:`evalq.open_api` use: over HTTP
 with ``EVALQ_API_URL`` and ``EVALQ_TOKEN`` set, and in direct mode to the same app built in the
-command's process for the operator (:mod:`evalq.producer.inprocess`); see
-:func:`evalq.producer.api.open_api`. Through a gateway it never reads ``EVALQ_REDIS_URL`` and
-never reads a row of data: the gateway resolves sample ids and counts. An error the gateway
+command's process for the operator (:mod:`evalq.producer.clients.inprocess`); see
+:func:`evalq.producer.clients.api.open_api`. Through a gateway it never reads ``EVALQ_REDIS_URL``
+and never reads a row of data: the gateway resolves sample ids and counts. An error the gateway
 answers becomes a
 :class:`evalq.shared.errors.RemoteError` with the gateway's one line and the direct-mode exit code.
 Importing it loads no Celery, kombu, Redis or pyarrow (``tests/test_api.py`` checks): the types
@@ -13,8 +13,8 @@ models (``tests/test_layout.py`` checks).
 
 ::
 
-    from evalq.producer.remote import RemoteClient
-    from evalq.producer.submit import SubmitRequest
+    from evalq.producer.clients.remote import RemoteClient
+    from evalq.producer.service.submit import SubmitRequest
 
     evalq = RemoteClient("http://127.0.0.1:8700", token)
     run = evalq.submit(SubmitRequest(eval="topic", dataset="demo", split="validation"))
@@ -32,7 +32,7 @@ from urllib.parse import quote
 import httpx
 from pydantic import TypeAdapter
 
-from evalq.producer.views import (
+from evalq.producer.service.views import (
     LINE_ROWS,
     Cancellation,
     Resumption,
@@ -49,10 +49,10 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from datasets import Dataset
 
-    from evalq.producer.comparison import Comparison
-    from evalq.producer.policy_file import PolicyFile
-    from evalq.producer.rescore import RescoreRequest
-    from evalq.producer.submit import SubmitRequest
+    from evalq.producer.service.comparison import Comparison
+    from evalq.producer.service.policy_file import PolicyFile
+    from evalq.producer.service.rescore import RescoreRequest
+    from evalq.producer.service.submit import SubmitRequest
     from evalq.shared.access.budget import Budget
     from evalq.shared.access.dataset import RegisteredDataset
     from evalq.shared.access.roles import Role, TokenRecord
@@ -81,7 +81,7 @@ class RemoteClient:
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         """``transport``: how requests reach the gateway (None: HTTP to ``url``; direct mode's
-        :class:`evalq.producer.inprocess.AppTransport`: its app in this process)."""
+        :class:`evalq.producer.clients.inprocess.AppTransport`: its app in this process)."""
         self.admin = admin
         token = (token or "").strip()
         if token and not _TOKEN.fullmatch(token):
@@ -225,7 +225,7 @@ class RemoteClient:
 
     def compare(self, run_ids: Sequence[str], flips: int = 10) -> Comparison:
         """Each run against the first, as the gateway's policy allows (own runs only)."""
-        from evalq.producer.comparison import Comparison
+        from evalq.producer.service.comparison import Comparison
 
         found = self.call("GET", "/v1/compare", run=list(run_ids), flips=flips, **self.flag())
         return Comparison.model_validate(found)
@@ -346,7 +346,7 @@ class RemoteClient:
 
     def results_dataset(self, run_id: str) -> Dataset:
         """The run's per-sample results as a ``datasets.Dataset`` (the columns of
-        :meth:`evalq.producer.client.Client.results_dataset`), streamed from the gateway."""
+        :meth:`evalq.producer.service.client.Client.results_dataset`), streamed from the gateway."""
         from datasets import Dataset
 
         from evalq.shared.store.archive import PART_ROWS, table_of

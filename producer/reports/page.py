@@ -1,5 +1,6 @@
-"""The report's HTML: a run's report (:class:`evalq.producer.report.Report`) or a comparison of runs
-as one self-contained page, its charts inline (:mod:`evalq.producer.charts`), its tables escaped."""
+"""The report's HTML: a run's report (:class:`evalq.producer.service.report.Report`) or a
+comparison of runs as one self-contained page, its charts inline
+(:mod:`evalq.producer.reports.charts`), its tables escaped."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import html
 import json
 import time
 
-from evalq.producer.charts import (
+from evalq.producer.reports.charts import (
     aggregates_chart,
     distribution_chart,
     errors_chart,
@@ -15,9 +16,9 @@ from evalq.producer.charts import (
     shards_chart,
     throughput_chart,
 )
-from evalq.producer.comparison import Comparison, shown
-from evalq.producer.report import LISTED, Report
-from evalq.producer.views import RunView
+from evalq.producer.service.comparison import Comparison, shown
+from evalq.producer.service.report import LISTED, Report
+from evalq.producer.service.views import RunView
 from evalq.shared.evaluation import scrub
 
 __all__ = ["render", "render_comparison"]

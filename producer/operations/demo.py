@@ -13,13 +13,13 @@ from pathlib import Path
 
 from rich.console import Console
 
-from evalq.producer.client import Client
-from evalq.producer.demo_data import write_demo_dataset
-from evalq.producer.export import ExportFormat, write_results
-from evalq.producer.follow import follow
-from evalq.producer.redis_server import RedisServer
-from evalq.producer.submit import SubmitRequest
-from evalq.producer.workers import LocalWorkers
+from evalq.producer.operations.demo_data import write_demo_dataset
+from evalq.producer.operations.redis_server import RedisServer
+from evalq.producer.operations.workers import LocalWorkers
+from evalq.producer.reports.export import ExportFormat, write_results
+from evalq.producer.reports.follow import follow
+from evalq.producer.service.client import Client
+from evalq.producer.service.submit import SubmitRequest
 from evalq.shared.access.policy import Tier
 from evalq.shared.errors import EvalqError
 from evalq.shared.models import RunMeta, RunStatus

@@ -1,10 +1,10 @@
 """The service: every operation over Redis as one principal, with the policy applied to every
 read. The gateway's routes act through it for each caller (:mod:`evalq.producer.gateway.acting`),
-in ``evalq serve`` and in direct mode's in-process app alike (:mod:`evalq.producer.inprocess`);
-the demos and tests use it beside their own Redis.
+in ``evalq serve`` and in direct mode's in-process app alike
+(:mod:`evalq.producer.clients.inprocess`); the demos and tests use it beside their own Redis.
 
-from evalq.producer.client import Client
-from evalq.producer.submit import SubmitRequest
+from evalq.producer.service.client import Client
+from evalq.producer.service.submit import SubmitRequest
 
 evalq = Client()                      # settings from EVALQ_*; admin=False
 run = evalq.submit(SubmitRequest(eval="topic", dataset="demo", split="validation"))
@@ -13,10 +13,10 @@ list(evalq.results(run.run_id))       # per-sample rows: viewable splits only
 
 The stores are private: every read goes through a method that asks
 :class:`evalq.shared.access.disclosure.Disclosure` what this reader may see. The work is done by the
-client's parts, one concern each: views of runs (:mod:`evalq.producer.viewer`), per-sample reads
-(:mod:`evalq.producer.samples`), resuming (:mod:`evalq.producer.resume`), submitting
-(:mod:`evalq.producer.submit`) and rescoring (:mod:`evalq.producer.rescore`); administration is a
-call on a store each.
+client's parts, one concern each: views of runs (:mod:`evalq.producer.service.viewer`), per-sample
+reads (:mod:`evalq.producer.service.samples`), resuming (:mod:`evalq.producer.service.resume`),
+submitting (:mod:`evalq.producer.service.submit`) and rescoring
+(:mod:`evalq.producer.service.rescore`); administration is a call on a store each.
 """
 
 from __future__ import annotations
@@ -29,16 +29,16 @@ from typing import TYPE_CHECKING
 import redis
 from celery import Celery
 
-from evalq.producer.comparison import Comparison, check_pairable, compare
-from evalq.producer.direct import Direct
-from evalq.producer.language import check_split, resolve
-from evalq.producer.policy_file import PolicyFile, apply_policy
-from evalq.producer.rescore import RescoreRequest, rescore
-from evalq.producer.resume import resume
-from evalq.producer.samples import Samples
-from evalq.producer.submit import SubmitRequest, submit
-from evalq.producer.viewer import Viewer
-from evalq.producer.views import Cancellation, Resumption, RunView, SamplePage, SampleQuery
+from evalq.producer.service.comparison import Comparison, check_pairable, compare
+from evalq.producer.service.direct import Direct
+from evalq.producer.service.language import check_split, resolve
+from evalq.producer.service.policy_file import PolicyFile, apply_policy
+from evalq.producer.service.rescore import RescoreRequest, rescore
+from evalq.producer.service.resume import resume
+from evalq.producer.service.samples import Samples
+from evalq.producer.service.submit import SubmitRequest, submit
+from evalq.producer.service.viewer import Viewer
+from evalq.producer.service.views import Cancellation, Resumption, RunView, SamplePage, SampleQuery
 from evalq.shared.access.budget import Budget
 from evalq.shared.access.dataset import RegisteredDataset
 from evalq.shared.access.policy import Tier, stored_tier, suggests_datasets
@@ -58,7 +58,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from datasets import Dataset
 
-    from evalq.producer.report import Report
+    from evalq.producer.service.report import Report
 
 __all__ = ["Client"]
 
@@ -111,7 +111,8 @@ class Client:
         return self._samples
 
     def submit(self, request: SubmitRequest) -> RunMeta:
-        """Gate on tier and budget, then enqueue; see :func:`evalq.producer.submit.submit`."""
+        """Gate on tier and budget, then enqueue; see
+        :func:`evalq.producer.service.submit.submit`."""
         load_plugins(self.settings.plugins)
         direct = self._direct
         direct.refund_unsent()
@@ -145,7 +146,7 @@ class Client:
 
     def rescore(self, request: RescoreRequest) -> RunMeta:
         """A new run scoring ``request.run``'s stored outputs with another evaluation; see
-        :func:`evalq.producer.rescore.rescore`."""
+        :func:`evalq.producer.service.rescore.rescore`."""
         load_plugins(self.settings.plugins)
         direct = self._direct
         # the source's state as this reader reads it: a refusal tells no more than status
@@ -170,14 +171,14 @@ class Client:
         return self._viewer.status(run_id)
 
     def stalled(self, meta: RunMeta, progress: Progress) -> str | None:
-        """Why nothing moves a going run (:meth:`evalq.producer.viewer.Viewer.stalled`)."""
+        """Why nothing moves a going run (:meth:`evalq.producer.service.viewer.Viewer.stalled`)."""
         return self._viewer.stalled(meta, progress)
 
     def recent(
         self, limit: int = 20, owner: str | None = None, only: RunFilter | None = None
     ) -> list[RunView]:
         """The newest runs first, as :meth:`status` shows them
-        (:meth:`evalq.producer.viewer.Viewer.recent`)."""
+        (:meth:`evalq.producer.service.viewer.Viewer.recent`)."""
         return self._viewer.recent(limit, owner, only)
 
     def run_counts(self, owner: str | None = None, only: RunFilter | None = None) -> dict[str, int]:
@@ -204,7 +205,7 @@ class Client:
         return self._viewer.ended(run_id)
 
     def results(self, run_id: str, with_input: bool = False) -> Iterator[SampleResult]:
-        """Per-sample results (:meth:`evalq.producer.samples.Samples.results`)."""
+        """Per-sample results (:meth:`evalq.producer.service.samples.Samples.results`)."""
         return self._samples.results(run_id, with_input)
 
     def follow_results(self, run_id: str, with_input: bool = False) -> Iterator[SampleResult]:
@@ -214,26 +215,27 @@ class Client:
 
     def sample_page(self, run_id: str, query: SampleQuery | None = None) -> SamplePage:
         """One page of per-sample results, filtered and sorted as ``query`` says
-        (:meth:`evalq.producer.samples.Samples.page`)."""
+        (:meth:`evalq.producer.service.samples.Samples.page`)."""
         return self._samples.page(run_id, query or SampleQuery())
 
     def result_lines(self, run_id: str) -> Iterator[str]:
         """Per-sample results as JSON lines
-        (:meth:`evalq.producer.samples.Samples.result_lines`)."""
+        (:meth:`evalq.producer.service.samples.Samples.result_lines`)."""
         return self._samples.result_lines(run_id)
 
     def result_tables(self, run_id: str) -> Iterator[pa.Table]:
-        """Per-sample results as tables (:meth:`evalq.producer.samples.Samples.result_tables`)."""
+        """Per-sample results as tables
+        (:meth:`evalq.producer.service.samples.Samples.result_tables`)."""
         return self._samples.result_tables(run_id)
 
     def results_dataset(self, run_id: str) -> Dataset:
         """Per-sample results as a ``datasets.Dataset``
-        (:meth:`evalq.producer.samples.Samples.results_dataset`)."""
+        (:meth:`evalq.producer.service.samples.Samples.results_dataset`)."""
         return self._samples.results_dataset(run_id)
 
     def compare(self, run_ids: Sequence[str], flips: int = 10) -> Comparison:
-        """Each run against the first, sample by sample (:mod:`evalq.producer.comparison`), beside
-        each run's own stats as :meth:`status` gives them; every run must be readable per
+        """Each run against the first, sample by sample (:mod:`evalq.producer.service.comparison`),
+        beside each run's own stats as :meth:`status` gives them; every run must be readable per
         sample by this reader (a ``non_viewable`` split's pairs are statistics of its labels:
         admins only, audited) and all must pair."""
         direct = self._direct
@@ -256,8 +258,9 @@ class Client:
 
     def report(self, run_id: str) -> Report:
         """What the run's report shows, as this reader may see it
-        (:func:`evalq.producer.report.gather`; :func:`evalq.producer.page.render` draws it)."""
-        from evalq.producer.report import gather
+        (:func:`evalq.producer.service.report.gather`; :func:`evalq.producer.reports.page.render`
+        draws it)."""
+        from evalq.producer.service.report import gather
 
         return gather(self.status(run_id), self._samples)
 
@@ -286,7 +289,7 @@ class Client:
 
     def resume(self, run_id: str) -> Resumption:
         """Re-enqueue every sample without a terminal result; charges nothing (see
-        :mod:`evalq.producer.resume`)."""
+        :mod:`evalq.producer.service.resume`)."""
         return resume(self._direct, run_id)
 
     def add_dataset(
@@ -305,7 +308,8 @@ class Client:
     ) -> RegisteredTask:
         """Register the language task file ``text`` (YAML) as ``name`` (audited), its scorer
         checked against this process's plugins; with ``dataset`` and ``split``, checked first
-        against that registered split's rows (:func:`evalq.producer.language.check_split`)."""
+        against that registered split's rows
+        (:func:`evalq.producer.service.language.check_split`)."""
         load_plugins(self.settings.plugins)  # a task may not take a Python evaluation's name
         if (dataset is None) != (split is None):
             raise InputError("a task is checked against a split: give both --dataset and --split")

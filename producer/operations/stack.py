@@ -1,15 +1,15 @@
 """``evalq up``: a one-machine deployment in one command, without Docker.
 
 It checks for a ``redis-server`` of 7.0 or newer (the ACL file needs it), generates the three
-ACL users' passwords, writes the ACL file (:mod:`evalq.producer.acl`) and each user's Redis URL
-into a file of its own (mode 600, so no password is in any process's environment or command line),
-starts Redis (AOF, ``noeviction``, the ACL file), creates an admin token once (kept in
-``secrets/admin.token``, the same at every start on the folder), then starts the gateway (user
+ACL users' passwords, writes the ACL file (:mod:`evalq.producer.operations.acl`) and each user's
+Redis URL into a file of its own (mode 600, so no password is in any process's environment or
+command line), starts Redis (AOF, ``noeviction``, the ACL file), creates an admin token once (kept
+in ``secrets/admin.token``, the same at every start on the folder), then starts the gateway (user
 ``gateway``), the workers (user ``worker``), Flower (basic auth, its password in a file of mode
 600) and ``evalq metrics`` (user ``monitor``, both on loopback), and prints where each listens
-and the admin token. It supervises them (:mod:`evalq.producer.supervise`): one that exits on its
-own is started again after a back-off (Redis from its AOF, with the same passwords), one that
-keeps exiting is left down; only Ctrl-C (or SIGTERM) stops them all.
+and the admin token. It supervises them (:mod:`evalq.producer.operations.supervise`): one that
+exits on its own is started again after a back-off (Redis from its AOF, with the same passwords),
+one that keeps exiting is left down; only Ctrl-C (or SIGTERM) stops them all.
 
 Everything lives under one folder (``--dir``): ``redis/`` (data, AOF, ``redis.log``),
 ``users.acl``, ``secrets/`` (mode 700: the URL files, ``flower.auth``, ``admin.token``),
@@ -33,11 +33,16 @@ from types import FrameType
 
 from rich.console import Console
 
-from evalq.producer.acl import ROLES, password_variable, write_acl
-from evalq.producer.client import Client
-from evalq.producer.redis_server import RedisServer, find_acl_redis_server, refuse_taken, version
-from evalq.producer.supervise import Supervisor, Unit, kill_group
-from evalq.producer.workers import LocalWorkers
+from evalq.producer.operations.acl import ROLES, password_variable, write_acl
+from evalq.producer.operations.redis_server import (
+    RedisServer,
+    find_acl_redis_server,
+    refuse_taken,
+    version,
+)
+from evalq.producer.operations.supervise import Supervisor, Unit, kill_group
+from evalq.producer.operations.workers import LocalWorkers
+from evalq.producer.service.client import Client
 from evalq.shared.access.roles import Role
 from evalq.shared.access.tokens import TokenStore
 from evalq.shared.cli import python

@@ -3,9 +3,9 @@
 An operator holding the Redis URL, or the gateway acting for a token's principal, reads and
 writes the stores through one :class:`Direct`: the settings, the Redis connection, each store
 once, the Celery app (made on first use) and the :class:`evalq.shared.access.disclosure.Disclosure`
-that answers what this reader may see. :class:`evalq.producer.client.Client` and its parts
-(:mod:`evalq.producer.viewer`, :mod:`evalq.producer.samples`, :mod:`evalq.producer.resume`) hold
-one each.
+that answers what this reader may see. :class:`evalq.producer.service.client.Client` and its parts
+(:mod:`evalq.producer.service.viewer`, :mod:`evalq.producer.service.samples`,
+:mod:`evalq.producer.service.resume`) hold one each.
 """
 
 from __future__ import annotations

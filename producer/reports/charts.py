@@ -7,8 +7,8 @@ from __future__ import annotations
 import io
 from typing import TYPE_CHECKING, Any
 
-from evalq.producer.comparison import Comparison
-from evalq.producer.report import ShardProgress
+from evalq.producer.service.comparison import Comparison
+from evalq.producer.service.report import ShardProgress
 from evalq.shared.stats import Stat
 
 if TYPE_CHECKING:

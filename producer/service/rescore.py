@@ -13,7 +13,7 @@ rescore never drops the samples a candidate crashed on.
 
 A language run is rescored by another registered task (``--eval TASK``): the new run keeps the
 source's model and few-shot examples, which made the outputs, and takes the task's target and
-scorer (:func:`evalq.producer.language.rescorer`).
+scorer (:func:`evalq.producer.service.language.rescorer`).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import redis
 from celery import Celery
 from pydantic import BaseModel, ConfigDict, Field
 
-from evalq.producer.language import rescorer
-from evalq.producer.submit import start
+from evalq.producer.service.language import rescorer
+from evalq.producer.service.submit import start
 from evalq.shared.access.policy import admit_grader, admit_run, admit_split, run_tier
 from evalq.shared.access.tiers import TierRegistry
 from evalq.shared.connection import server_time

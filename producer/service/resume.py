@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from functools import partial
 
-from evalq.producer.direct import Direct
-from evalq.producer.views import Resumption
+from evalq.producer.service.direct import Direct
+from evalq.producer.service.views import Resumption
 from evalq.shared.errors import EvalqError, InputError
 from evalq.shared.evaluation import create, load_plugins
 from evalq.shared.models import RunMeta, RunStatus

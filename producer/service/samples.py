@@ -1,11 +1,12 @@
 """A run's per-sample reads, beside the stores: results (as models, JSON lines, tables or a
 ``datasets.Dataset``), samples' rows, states and settling times, and a follower of new results.
 
-Each asks the policy first (:meth:`evalq.producer.direct.Direct.readable`: per-sample access, or
-per-sample timing for :meth:`Samples.timeline`). :class:`evalq.producer.client.Client` answers the
-client interface's result reads from here; the rest (rows, states, the timeline, the spec and a
-follower whose steps never wait) serve code that runs where the stores are: the report
-(:mod:`evalq.producer.report`) and the gateway's streams. Over HTTP, a client has only the former.
+Each asks the policy first (:meth:`evalq.producer.service.direct.Direct.readable`: per-sample
+access, or per-sample timing for :meth:`Samples.timeline`).
+:class:`evalq.producer.service.client.Client` answers the client interface's result reads from
+here; the rest (rows, states, the timeline, the spec and a follower whose steps never wait) serve
+code that runs where the stores are: the report (:mod:`evalq.producer.service.report`) and the
+gateway's streams. Over HTTP, a client has only the former.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ import json
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from evalq.producer.direct import Direct
-from evalq.producer.follower import Follower
-from evalq.producer.views import SamplePage, SampleQuery, rows_per_read
+from evalq.producer.service.direct import Direct
+from evalq.producer.service.follower import Follower
+from evalq.producer.service.views import SamplePage, SampleQuery, rows_per_read
 from evalq.shared.data.spec import DatasetSpec
 from evalq.shared.errors import EvalqError, TierRefusedError
 from evalq.shared.evals.language import language_run
@@ -105,9 +106,9 @@ class Samples:
         return self.follower(run_id, with_input).waiting(FOLLOW_BLOCK_MS)
 
     def follower(self, run_id: str, with_input: bool = False) -> Follower:
-        """A :class:`evalq.producer.follower.Follower` of the run's results, whose steps never wait
-        unless asked to (the gateway waits between them asynchronously); the policy is asked
-        here, before anything is read (or a file opened for it)."""
+        """A :class:`evalq.producer.service.follower.Follower` of the run's results, whose steps
+        never wait unless asked to (the gateway waits between them asynchronously); the policy is
+        asked here, before anything is read (or a file opened for it)."""
         self._direct.readable(run_id)
         adder = self._input_adder(run_id) if with_input else None
         rows = rows_per_read(self._direct.settings.max_output_bytes)

@@ -1,6 +1,6 @@
 """Run reports: what ``evalq report RUN --out report.html`` shows, gathered as its reader may
-see it (:func:`gather`); :mod:`evalq.producer.page` renders it as one self-contained HTML page with
-:mod:`evalq.producer.charts`' charts.
+see it (:func:`gather`); :mod:`evalq.producer.reports.page` renders it as one self-contained HTML
+page with :mod:`evalq.producer.reports.charts`' charts.
 
 Per-metric aggregates, the score distribution, throughput over time (from the run's settled
 stream), errors by kind, per-shard progress, and the failed and lowest-scoring samples (each
@@ -18,8 +18,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from evalq.producer.samples import Samples, labels_of, target_of
-from evalq.producer.views import RunView
+from evalq.producer.service.samples import Samples, labels_of, target_of
+from evalq.producer.service.views import RunView
 from evalq.shared.data.loading import load_rows, shard_of_rows
 from evalq.shared.data.routing import KMeans
 from evalq.shared.errors import EvalqError, TierRefusedError
@@ -67,7 +67,7 @@ class Report:
     """The evaluation's label fields (a language task's target first): scrubbed from the
     input shown."""
     targets: dict[int, Any] = field(default_factory=dict)
-    """The target of each row read (:func:`evalq.producer.samples.target_of`)."""
+    """The target of each row read (:func:`evalq.producer.service.samples.target_of`)."""
     prompts: dict[int, Any] = field(default_factory=dict)
     """A language task's samples among the rows read: what the model read
     (:meth:`evalq.shared.lm.run.LanguageRun.shown_prompt`: the prompt with its few-shot

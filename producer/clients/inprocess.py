@@ -1,7 +1,7 @@
 """Direct mode's door: the gateway's own app (:func:`evalq.producer.gateway.app.create_gateway`)
 built in the command's process for the operator, and the HTTP client
-(:class:`evalq.producer.remote.RemoteClient`) talking to it through :class:`AppTransport`, which
-calls the app directly: no socket, so nothing another process could reach.
+(:class:`evalq.producer.clients.remote.RemoteClient`) talking to it through :class:`AppTransport`,
+which calls the app directly: no socket, so nothing another process could reach.
 
 An operation is one route over one service call in both modes. The operator
 (``EVALQ_PRINCIPAL``, holding the Redis URL) sends no token and is held to none of the
@@ -27,7 +27,7 @@ from urllib.parse import unquote
 
 import httpx
 
-from evalq.producer.remote import RemoteClient
+from evalq.producer.clients.remote import RemoteClient
 from evalq.shared.access.roles import Caller, Role
 from evalq.shared.settings import Settings
 

@@ -14,7 +14,7 @@ from celery import Celery
 from kombu.exceptions import OperationalError
 from redis import RedisError
 
-from evalq.producer.supervise import kill_group
+from evalq.producer.operations.supervise import kill_group
 from evalq.shared.cli import python
 from evalq.shared.errors import EvalqError
 from evalq.shared.settings import Settings

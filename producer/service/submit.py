@@ -24,7 +24,7 @@ import redis
 from celery import Celery
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from evalq.producer.language import check_rows, resolve, with_examples
+from evalq.producer.service.language import check_rows, resolve, with_examples
 from evalq.shared.access.ledger import Ledger
 from evalq.shared.access.policy import (
     Access,

@@ -1,8 +1,8 @@
 """A run's per-sample results in the order they settle, each once, until the run ends.
 
 :class:`Follower` reads in steps, and a step waits only when asked to: direct mode
-(:meth:`evalq.producer.client.Client.follow_results`) lets each step block on the run's settled
-stream, while the gateway takes every step without waiting, on its stream threads, and waits
+(:meth:`evalq.producer.service.client.Client.follow_results`) lets each step block on the run's
+settled stream, while the gateway takes every step without waiting, on its stream threads, and waits
 for the stream asynchronously in between (:mod:`evalq.producer.gateway.streams`), so that an open
 follow
 holds no thread while nothing settles.

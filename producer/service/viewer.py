@@ -8,8 +8,8 @@ dispatcher, and whether the workers serving it run its evaluation's file as it i
 
 from __future__ import annotations
 
-from evalq.producer.direct import Direct
-from evalq.producer.views import EndpointCounts, RunView, check_ended
+from evalq.producer.service.direct import Direct
+from evalq.producer.service.views import EndpointCounts, RunView, check_ended
 from evalq.shared.access.disclosure import Stall
 from evalq.shared.connection import server_time
 from evalq.shared.evals.language import language_run

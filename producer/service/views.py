@@ -1,7 +1,7 @@
-"""What the service (:class:`evalq.producer.client.Client`) and the gateway's routes answer
+"""What the service (:class:`evalq.producer.service.client.Client`) and the gateway's routes answer
 besides the stores' own models: a run as a reader may see it (:class:`RunView`, ``status
 --json``), and what ``cancel`` and ``resume`` did. Light on purpose: the HTTP client
-(:mod:`evalq.producer.remote`) reads these without loading Redis, Celery or pyarrow.
+(:mod:`evalq.producer.clients.remote`) reads these without loading Redis, Celery or pyarrow.
 """
 
 from __future__ import annotations
