@@ -66,6 +66,8 @@ WAIT = 120.0
 """Seconds a run may take to end."""
 
 _ISO = re.compile(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d(:\d\d(\.\d+)?)?(Z|[+-]\d\d:?\d\d)?")
+_STREAM_ID = re.compile(r"\b1[6-9]\d{11}-\d+\b")
+_SHORT_ID = re.compile(r"\b(?=[0-9]*[a-f])[0-9a-f]{12}\b")
 _EPOCH = re.compile(r"\b1[6-9]\d{8}(\.\d+)?\b")
 _CLOCK = re.compile(r"\b\d\d:\d\d:\d\d\b")
 _DURATION = re.compile(r"\b\d+(\.\d+)?( ?(ms|s|sec|seconds|m|min|h)\b|/s\b| samples/s| per s)")
@@ -76,6 +78,8 @@ _UUID = re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{
 _TOKEN = re.compile(r"\bevalq_[A-Za-z0-9_-]{16,}\b")
 _PID = re.compile(r"\b(pid|PID)[ =:]+\d+")
 _HEX_ID = re.compile(r"\b[0-9a-f]{12}\b")
+EPOCHS = (1.6e9, 2.0e9)
+"""A number in this range is a clock reading (seconds since 1970: 2020 to 2033)."""
 _VOLATILE_KEYS = frozenset(
     {"created", "started", "ended", "finished", "updated", "time", "at", "ts", "when",
      "seconds", "elapsed", "duration", "throughput", "eta_seconds", "samples_per_second",
@@ -97,6 +101,7 @@ class Normaliser:
     addresses: dict[str, str] = field(default_factory=dict)
     runs: dict[str, str] = field(default_factory=dict)
     tokens: dict[str, str] = field(default_factory=dict)
+    shorts: dict[str, str] = field(default_factory=dict)
 
     def state(self) -> dict[str, Any]:
         return {"tmp": self.tmp, "host": self.host, "addresses": self.addresses,
@@ -112,6 +117,10 @@ class Normaliser:
     def run(self, run_id: str) -> str:
         return self.runs.setdefault(run_id, f"<run{len(self.runs) + 1}>")
 
+    def short(self, found: str) -> str:
+        """A 12-digit hex id (a sweep's, a spec's prefix), numbered in order of appearance."""
+        return self.shorts.setdefault(found, f"<id{len(self.shorts) + 1}>")
+
     def text(self, text: str) -> str:
         for token, who in self.tokens.items():
             text = text.replace(token, f"<token:{who}>")
@@ -122,6 +131,8 @@ class Normaliser:
         text = _UUID.sub("<uuid>", text)
         text = _SHA.sub("<sha256>", text)
         text = _RUN.sub(lambda m: self.runs.get(m.group(), m.group()), text)
+        text = _SHORT_ID.sub(lambda m: self.short(m.group()), text)
+        text = _STREAM_ID.sub("<stream-id>", text)
         text = _TOKEN.sub("<token>", text)
         text = _ISO.sub("<time>", text)
         text = _EPOCH.sub("<epoch>", text)
@@ -139,6 +150,8 @@ class Normaliser:
             return [self.value(v, key) for v in value]
         if isinstance(value, str):
             return self.text(value)
+        if isinstance(value, (int, float)) and EPOCHS[0] <= value < EPOCHS[1]:
+            return "<epoch>"
         return value
 
     def output(self, text: str) -> str:
