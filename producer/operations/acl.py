@@ -67,23 +67,17 @@ from evalq.shared.keys import (
     spec_key,
     worker_key,
 )
-from evalq.shared.queue.celery_app import INFER_QUEUE, SCORE_QUEUE
+from evalq.shared.queue.broker import CONTROL_PATTERNS, QUEUE_PATTERNS, UNACKED_MUTEX
 
 __all__ = ["ROLES", "acl_text", "password_variable", "write_acl"]
 
-_QUEUES = (f"{INFER_QUEUE}*", f"{SCORE_QUEUE}*", "unacked*")
-"""kombu's Redis transport: a list per queue, evaluation queue and priority step (infer,
-infer.topic, infer\x06\x163, ...), the unacked index and its mutex."""
-
-_CONTROL = ("~_kombu.*", "~*.pidbox*", "~celeryev*")
-"""Exchange bindings, the pidbox queues of remote control, the event receivers of gossip and
-Flower. ``*.pidbox*`` matches no evalq key: no evalq name holds a ``.``."""
+_CONTROL = tuple(f"~{pattern}" for pattern in CONTROL_PATTERNS)
 
 _LOCKED = ("-@dangerous", "-function", "-script|flush", "-script|kill")
 """No server administration, no server-side functions, no flushing another user's scripts."""
 
 _BROKER = (
-    *(f"~{q}" for q in _QUEUES),
+    *(f"~{q}" for q in QUEUE_PATTERNS),
     *_CONTROL,
 )
 
@@ -114,8 +108,8 @@ ROLES: dict[str, tuple[str, ...]] = {
         *_LOCKED,
     ),
     "monitor": (
-        *_read(*_QUEUES),
-        "~unacked_mutex",
+        *_read(*QUEUE_PATTERNS),
+        f"~{UNACKED_MUTEX}",
         *_CONTROL,
         *_read(RUNS, _ANY_RUN.facts, _ANY_RUN.meta, _ANY_RUN.progress),
         *_read(budget_key(ANY, ANY), worker_key(ANY), ACTIVE, f"{FAIR.prefix}{ANY}"),

@@ -41,7 +41,10 @@ from evalq.shared.models import SampleTask
 from evalq.shared.queue.celery_app import INFER_QUEUE, SCORE_QUEUE
 
 __all__ = [
+    "CONTROL_PATTERNS",
     "KOMBU_CHECKED",
+    "QUEUE_PATTERNS",
+    "UNACKED_MUTEX",
     "Broker",
     "CapturingChannel",
     "CapturingTransport",
@@ -54,6 +57,17 @@ __all__ = [
 
 KOMBU_CHECKED = ">=5.7,<5.8"
 """The kombu versions whose Redis storage this module was checked against."""
+
+QUEUE_PATTERNS = (f"{INFER_QUEUE}*", f"{SCORE_QUEUE}*", f"{Channel.unacked_key}*")
+"""Key patterns of the transport's storage: a list per queue, evaluation queue and priority step
+(``infer``, ``infer.topic``, ``infer\x06\x163``, ...), the unacked hash, its index and mutex
+(what Redis ACLs grant: :mod:`evalq.producer.operations.acl`)."""
+UNACKED_MUTEX = Channel.unacked_mutex_key
+"""The lock every consumer takes to restore unacknowledged messages (Flower's inspection
+replies included)."""
+CONTROL_PATTERNS = (f"{Channel.keyprefix_queue.split('.')[0]}.*", "*.pidbox*", "celeryev*")
+"""Exchange bindings, the pidbox queues of remote control, the event receivers of gossip and
+Flower. ``*.pidbox*`` matches no evalq key: no evalq name holds a ``.``."""
 _CHUNK = 1000
 
 
