@@ -1,12 +1,15 @@
-"""Datasets on object storage, against a real S3-compatible server (moto's, in its own process
-on loopback): splits registered from an ``s3://`` prefix and pinned by each object's ETag and
-sha256; a changed or missing object fails the next submit; a URL carrying credentials is
-refused without repeating them; a missing bucket is one line; objects are read once into a
-bounded cache. The integration test runs workers as another user, in another directory, that
-can read none of the gateway's files, against the data and the archive on the server."""
+"""Datasets on object storage, against a real S3-compatible server (moto's, in its own process on
+loopback): splits registered from an ``s3://`` prefix and pinned by each object's ETag and
+sha256; a changed or missing object fails the next submit; a URL carrying credentials is refused
+without repeating them; a missing bucket is one line; objects are read once into a bounded
+cache, the one the caller hands in (shown on a ``file://`` store, without Redis or the server:
+the environment names another, which nothing reads). The integration test runs workers as
+another user, in another directory, that can read none of the gateway's files, against the data
+and the archive on the server."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -32,7 +35,7 @@ from evalq.shared.access.roles import Role
 from evalq.shared.access.tiers import TierRegistry
 from evalq.shared.connection import connect
 from evalq.shared.data.loading import load_rows, spec_of
-from evalq.shared.data.remote import materialize, remote_splits
+from evalq.shared.data.remote import DataCache, materialize, remote_splits
 from evalq.shared.data.spec import DatasetSpec, RemoteSource
 from evalq.shared.errors import SpecError
 from evalq.shared.evaluation import load_plugins
@@ -64,12 +67,13 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
 
 
 @pytest.fixture
-def data_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """This process's ``EVALQ_DATA_CACHE``, a folder of the test's own."""
-    cache = tmp_path / "data-cache"
-    monkeypatch.setenv("EVALQ_DATA_CACHE", str(cache))
+def data_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[DataCache]:
+    """A data cache in a folder of the test's own: handed to what the test calls, and named
+    by this process's ``EVALQ_DATA_CACHE`` for the entry points it runs (a command, a client
+    made from settings), as a deployment's would be."""
+    monkeypatch.setenv("EVALQ_DATA_CACHE", str(tmp_path / "data-cache"))
     get_settings.cache_clear()
-    yield cache
+    yield DataCache.of(get_settings())
     get_settings.cache_clear()
 
 
@@ -94,7 +98,7 @@ def _sha256(body: bytes) -> str:
 
 
 def test_a_prefix_is_registered_split_by_split_each_object_pinned_by_etag_and_sha256(
-    s3: S3Server, redis_only: RedisServer, data_cache: Path
+    s3: S3Server, redis_only: RedisServer, data_cache: DataCache
 ) -> None:
     fs, client = s3.fs(), connect(redis_only.url)
     bucket = _bucket(fs)
@@ -103,7 +107,9 @@ def test_a_prefix_is_registered_split_by_split_each_object_pinned_by_etag_and_sh
         _put(fs, f"{bucket}/ds/validation-0000{k}-of-00002.jsonl", labelled_rows(2)) for k in (1, 2)
     ]
     fs.pipe(f"{bucket}/ds/README.md", b"not data")
-    record, _ = DatasetRegistry(client).add("objds", f"s3://{bucket}/ds/", who="op")
+    record, _ = DatasetRegistry(client).add(
+        "objds", f"s3://{bucket}/ds/", who="op", data_cache=data_cache
+    )
     assert record.data == f"s3://{bucket}/ds/"
     assert sorted(record.splits) == ["test", "validation"]
     source = record.source("validation")
@@ -117,16 +123,16 @@ def test_a_prefix_is_registered_split_by_split_each_object_pinned_by_etag_and_sh
         )
     ]  # fmt: skip
     assert client.hget(DATASET_FILES, _sha256(test)) == "objds/test"
-    spec, rows = spec_of(source, "validation")
+    spec, rows = spec_of(source, "validation", cache=data_cache)
     assert spec.n_rows == len(rows) == 4
     stored = json.dumps([client.hgetall(DATASETS), spec.canonical_json()])
     assert KEY not in stored
     assert SECRET not in stored
     # the copies this process read are named by content, in a folder only its user can read
-    assert sorted(p.name for p in data_cache.iterdir()) == sorted(
+    assert sorted(p.name for p in data_cache.folder.iterdir()) == sorted(
         f"{_sha256(body)}.jsonl" for body in (test, *parts)
     )
-    assert stat.S_IMODE(data_cache.stat().st_mode) == 0o700
+    assert stat.S_IMODE(data_cache.folder.stat().st_mode) == 0o700
 
 
 def _submitter(redis_url: str, tmp_path: Path) -> Client:
@@ -138,12 +144,12 @@ def _submitter(redis_url: str, tmp_path: Path) -> Client:
 
 
 def test_a_changed_or_missing_object_fails_the_next_submit(
-    s3: S3Server, redis_only: RedisServer, data_cache: Path, tmp_path: Path
+    s3: S3Server, redis_only: RedisServer, data_cache: DataCache, tmp_path: Path
 ) -> None:
     fs, client = s3.fs(), connect(redis_only.url)
     bucket = _bucket(fs)
     _put(fs, f"{bucket}/ds/test.jsonl", labelled_rows(5))
-    DatasetRegistry(client).add("objds", f"s3://{bucket}/ds/", who="op")
+    DatasetRegistry(client).add("objds", f"s3://{bucket}/ds/", who="op", data_cache=data_cache)
     TierRegistry(client).set("objds", "test", Tier.VIEWABLE, who="op")
     submitter = _submitter(redis_only.url, tmp_path)
     request = SubmitRequest(eval="spy", dataset="objds", split="test")
@@ -163,7 +169,7 @@ def test_a_changed_or_missing_object_fails_the_next_submit(
 
 @pytest.mark.integration
 def test_bytes_that_do_not_hash_to_the_pinned_sha256_are_refused_and_not_kept(
-    s3: S3Server, data_cache: Path
+    s3: S3Server, data_cache: DataCache
 ) -> None:
     """An ETag a store kept while the bytes changed (or a copy altered on the way): the digest
     of what was read decides."""
@@ -177,9 +183,9 @@ def test_bytes_that_do_not_hash_to_the_pinned_sha256_are_refused_and_not_kept(
     )  # fmt: skip
     spec = DatasetSpec(source=forged, split="test", n_rows=4)
     with pytest.raises(SpecError, match=rf"^object {url} differs from the one pinned for it"):
-        load_rows(spec)
-    assert not [p for p in data_cache.iterdir() if not p.name.startswith(".")]
-    assert _sha256(body) not in {p.name.split(".")[0] for p in data_cache.iterdir()}
+        load_rows(spec, data_cache)
+    assert not [p for p in data_cache.folder.iterdir() if not p.name.startswith(".")]
+    assert _sha256(body) not in {p.name.split(".")[0] for p in data_cache.folder.iterdir()}
 
 
 @pytest.mark.parametrize(
@@ -207,7 +213,7 @@ def test_a_url_carrying_credentials_is_refused_without_repeating_them(
 
 
 def test_a_missing_bucket_or_prefix_is_one_line(
-    s3: S3Server, redis_only: RedisServer, data_cache: Path
+    s3: S3Server, redis_only: RedisServer, data_cache: DataCache
 ) -> None:
     fs = s3.fs()
     bucket = _bucket(fs)
@@ -224,23 +230,51 @@ def test_a_missing_bucket_or_prefix_is_one_line(
 
 @pytest.mark.integration
 def test_objects_are_read_once_into_a_cache_that_keeps_to_its_bound(
-    s3: S3Server, data_cache: Path, monkeypatch: pytest.MonkeyPatch
+    s3: S3Server, data_cache: DataCache
 ) -> None:
     fs = s3.fs()
     bucket = _bucket(fs)
     bodies = {s: _put(fs, f"{bucket}/ds/{s}.jsonl", labelled_rows(50)) for s in ("a", "b")}
-    monkeypatch.setenv("EVALQ_DATA_CACHE_BYTES", str(max(map(len, bodies.values()))))
-    get_settings.cache_clear()
-    splits = remote_splits(f"s3://{bucket}/ds/")  # pins a, then b: b's copy is kept
+    cache = dataclasses.replace(data_cache, max_bytes=max(map(len, bodies.values())))
+    splits = remote_splits(f"s3://{bucket}/ds/", cache)  # pins a, then b: b's copy is kept
     fs.rm(f"{bucket}/ds/b.jsonl")
-    (copy,) = materialize(splits["b"])  # from the cache: the object is gone from the store
+    (copy,) = materialize(splits["b"], cache)  # from the cache: the object is gone from the store
     assert copy.read_bytes() == bodies["b"]
-    assert [p.name for p in data_cache.iterdir()] == [copy.name]  # a's copy went: the bound
-    (other,) = materialize(splits["a"])  # read from the store again
+    assert [p.name for p in cache.folder.iterdir()] == [copy.name]  # a's copy went: the bound
+    (other,) = materialize(splits["a"], cache)  # read from the store again
     assert other.read_bytes() == bodies["a"]
-    assert [p.name for p in data_cache.iterdir()] == [other.name]
+    assert [p.name for p in cache.folder.iterdir()] == [other.name]
     with pytest.raises(SpecError, match=r"^object s3://\S+/b.jsonl is missing$"):
-        materialize(splits["b"])
+        materialize(splits["b"], cache)
+
+
+def test_the_cache_objects_are_read_through_is_the_one_handed_in_not_the_environments(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    bodies = {s: json.dumps({"text": s * 40}).encode() + b"\n" for s in ("a", "b")}
+    for split, body in bodies.items():
+        (store / f"{split}.jsonl").write_bytes(body)
+    elsewhere = tmp_path / "named-by-the-environment"
+    monkeypatch.setenv("EVALQ_DATA_CACHE", str(elsewhere))
+    monkeypatch.setenv("EVALQ_DATA_CACHE_BYTES", str(2**30))  # would keep both copies
+    get_settings.cache_clear()
+    try:
+        cache = DataCache(tmp_path / "handed-in", max_bytes=max(map(len, bodies.values())))
+        splits = remote_splits(f"{store.as_uri()}/", cache)  # pins a, then b: b's copy is kept
+        kept = [f"{_sha256(bodies['b'])}.jsonl"]
+        assert [p.name for p in cache.folder.iterdir()] == kept  # the bound handed in
+        spec = DatasetSpec(source=splits["b"], split="b", n_rows=1)
+        with pytest.raises(ValueError, match=r"^an object-store source is read through a data"):
+            load_rows(spec)
+        assert load_rows(spec, cache)["text"] == ["b" * 40]
+        (copy,) = materialize(splits["a"], cache)  # read again, and b's copy goes
+        assert copy.read_bytes() == bodies["a"]
+        assert [p.name for p in cache.folder.iterdir()] == [copy.name]
+        assert not elsewhere.exists()
+    finally:
+        get_settings.cache_clear()
 
 
 def _as_nobody(stash: Path) -> list[str]:

@@ -26,6 +26,7 @@ import pyarrow as pa
 import redis
 
 from evalq.shared.data.loading import load_rows, refit_routing, shard_of_rows
+from evalq.shared.data.remote import DataCache
 from evalq.shared.data.routing import CENTROID_TOLERANCE, KMeans, centroid_gap
 from evalq.shared.data.spec import DatasetSpec, fetch_spec
 from evalq.shared.errors import RoutingError, SampleIdError, ShardMismatchError
@@ -88,11 +89,19 @@ class _Plan:
 
 
 class ShardCache:
-    """Rows by spec fingerprint, from at most ``capacity`` materialized shards."""
+    """Rows by spec fingerprint, from at most ``capacity`` materialized shards; an
+    object-store source is read through ``data_cache``."""
 
-    def __init__(self, client: redis.Redis, capacity: int, verify_routing: bool = False) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        capacity: int,
+        verify_routing: bool = False,
+        data_cache: DataCache | None = None,
+    ) -> None:
         self._client = client
         self._verify = verify_routing
+        self._data_cache = data_cache
         self._plans: LRU[str, _Plan] = LRU(capacity)
         self._shards: LRU[tuple[str, int], Dataset] = LRU(capacity)
         self.builds = 0
@@ -132,7 +141,7 @@ class ShardCache:
 
     def _make_plan(self, fingerprint: str) -> _Plan:
         spec = fetch_spec(self._client, fingerprint)
-        split = load_rows(spec)
+        split = load_rows(spec, self._data_cache)
         refusal = self._check_routing(fingerprint, spec) if self._verify else None
         if refusal is not None:
             empty = np.empty(0, dtype=np.int64)
@@ -144,7 +153,7 @@ class ShardCache:
     def _check_routing(self, fingerprint: str, spec: DatasetSpec) -> RoutingError | None:
         if not isinstance(spec.routing, KMeans):
             return None
-        refit = refit_routing(spec)
+        refit = refit_routing(spec, self._data_cache)
         if refit is None:
             log.warning(
                 "cannot verify the kmeans routing of spec %s: it carries no fit metadata; "

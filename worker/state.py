@@ -16,6 +16,7 @@ from billiard.process import current_process
 from celery import Celery
 
 from evalq.shared.connection import connect
+from evalq.shared.data.remote import DataCache
 from evalq.shared.errors import first_line
 from evalq.shared.models import RunMeta, SampleTask
 from evalq.shared.queue.backlog import Backlog, Capturer
@@ -63,6 +64,7 @@ class WorkerState(threading.local):
                     client,
                     capacity=self._settings.max_shards,
                     verify_routing=self._settings.verify_routing,
+                    data_cache=DataCache.of(self._settings),
                 ),
                 runtimes=RuntimePool(
                     Services(self._settings, client),

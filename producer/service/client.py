@@ -125,6 +125,7 @@ class Client:
             archive=self.settings.archive_url,
             model_roots=self.settings.allowed_model_roots,
             suggest=suggests_datasets(self.admin, direct.sees_sources),
+            data_cache=direct.data_cache,
         )
         return direct.outward(meta)
 
@@ -296,8 +297,15 @@ class Client:
         self, name: str, data: str, *, revision: str | None = None, config: str | None = None
     ) -> RegisteredDataset:
         """Register ``data`` as ``name``, each split pinned (audited)."""
-        registry = self._direct.registry
-        return registry.add(name, data, who=self.principal, revision=revision, config=config)[0]
+        direct = self._direct
+        return direct.registry.add(
+            name,
+            data,
+            who=self.principal,
+            revision=revision,
+            config=config,
+            data_cache=direct.data_cache,
+        )[0]
 
     def datasets(self) -> list[RegisteredDataset]:
         """Every registered dataset."""
@@ -314,10 +322,11 @@ class Client:
         if (dataset is None) != (split is None):
             raise InputError("a task is checked against a split: give both --dataset and --split")
         redis_ = self._direct.redis
+        data_cache = self._direct.data_cache
 
         def against(spec: TaskSpec) -> None:
             if dataset is not None and split is not None:
-                check_split(redis_, spec, dataset, split)
+                check_split(redis_, spec, dataset, split, data_cache)
 
         return TaskRegistry(redis_).add(name, text, who=self.principal, check=against)[0]
 

@@ -2,13 +2,15 @@
 
 An operator holding the Redis URL, or the gateway acting for a token's principal, reads and
 writes the stores through one :class:`Direct`: the settings, the Redis connection, each store
-once, the Celery app (made on first use) and the :class:`evalq.shared.access.disclosure.Disclosure`
-that answers what this reader may see. :class:`evalq.producer.service.client.Client` and its parts
-(:mod:`evalq.producer.service.viewer`, :mod:`evalq.producer.service.samples`,
-:mod:`evalq.producer.service.resume`) hold one each.
+once, the data cache its settings name, the Celery app (made on first use) and the
+:class:`evalq.shared.access.disclosure.Disclosure` that answers what this reader may see.
+:class:`evalq.producer.service.client.Client` and its parts (:mod:`evalq.producer.service.viewer`,
+:mod:`evalq.producer.service.samples`, :mod:`evalq.producer.service.resume`) hold one each.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import redis
 from celery import Celery
@@ -21,6 +23,7 @@ from evalq.shared.access.release import ReleaseStore
 from evalq.shared.access.tiers import TierRegistry
 from evalq.shared.access.tokens import TokenStore
 from evalq.shared.connection import connect, server_time
+from evalq.shared.data.remote import DataCache
 from evalq.shared.data.spec import DatasetSpec, fetch_spec
 from evalq.shared.errors import UnknownRunError
 from evalq.shared.failures import UNSENT
@@ -34,6 +37,9 @@ from evalq.shared.store.provenance import ProvenanceStore
 from evalq.shared.store.reader import ResultReader
 from evalq.shared.store.runs import RunStore
 from evalq.shared.store.writer import ResultWriter
+
+if TYPE_CHECKING:
+    from datasets import Dataset
 
 __all__ = ["CLI_RETRIES", "Direct"]
 
@@ -61,6 +67,8 @@ class Direct:
         self.admin = admin
         self.principal = principal
         self.sees_sources = sees_sources
+        self.data_cache = DataCache.of(settings)
+        """Where this process keeps its copies of object-store sources' objects."""
         self.redis = client or connect(settings.redis, retries=CLI_RETRIES)
         self._app = app
         self.runs = RunStore(self.redis)
@@ -110,6 +118,13 @@ class Direct:
     def spec(self, run_id: str) -> DatasetSpec:
         """The published dataset spec of a run (a source and routing, no rows)."""
         return fetch_spec(self.redis, self.runs.get(run_id).spec)
+
+    def split_rows(self, spec: DatasetSpec) -> Dataset:
+        """The split of ``spec``, rebuilt here from its source (read through
+        :attr:`data_cache`) and checked against what the spec pins."""
+        from evalq.shared.data.loading import load_rows
+
+        return load_rows(spec, self.data_cache)
 
     def readable(self, run_id: str) -> None:
         """Refuse, before any result is streamed, a reader without per-sample access and a

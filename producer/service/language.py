@@ -20,6 +20,7 @@ from evalq.shared.access.task import RegisteredTask
 from evalq.shared.access.tasks import TaskRegistry
 from evalq.shared.access.tiers import TierRegistry
 from evalq.shared.data.loading import spec_of
+from evalq.shared.data.remote import DataCache
 from evalq.shared.errors import InputError, UnknownEvalError
 from evalq.shared.evals.language import LanguageTask, language_run
 from evalq.shared.evaluation import Evaluation, create, registered
@@ -136,10 +137,12 @@ def with_examples(
     dataset: str,
     registered: bool,
     split: str,
+    data_cache: DataCache | None = None,
 ) -> LanguageRun:
     """``run`` with its few-shot examples drawn from the task's few-shot split of the same
     dataset, a registered one (``registered``), checked viewable: ``n`` rows, one more when
-    it is the evaluated split (a sample never sees its own row)."""
+    it is the evaluated split (a sample never sees its own row); ``data_cache``: where an
+    object-store source's copies are kept."""
     fewshot = run.task.fewshot
     if fewshot is None or fewshot.n == 0:
         return run
@@ -155,19 +158,26 @@ def with_examples(
     tier = TierRegistry(client).resolve(dataset, fewshot.split)
     admit_fewshot(f"{dataset}/{fewshot.split}", tier)
     same = fewshot.split == split
-    _, rows = spec_of(source, fewshot.split)
+    _, rows = spec_of(source, fewshot.split, cache=data_cache)
     chosen = fewshot_indices(len(rows), fewshot.n + (1 if same else 0), fewshot.seed)
     examples = tuple(Example(row_id=i, row=dict(rows[i])) for i in chosen)
     return run.model_copy(update={"examples": examples, "same_split": same})
 
 
-def check_split(client: redis.Redis, task: TaskSpec, dataset: str, split: str) -> None:
+def check_split(
+    client: redis.Redis,
+    task: TaskSpec,
+    dataset: str,
+    split: str,
+    data_cache: DataCache | None = None,
+) -> None:
     """Refuse (exit 2, one line) a task that ``dataset/split``, a registered split, cannot
     feed or score, on every row (:func:`check_rows`), and a few-shot split the dataset lacks:
     what ``evalq tasks add --dataset D --split S`` checks before registering (admins only:
-    the values at fault are shown)."""
+    the values at fault are shown); ``data_cache``: where an object-store source's copies are
+    kept."""
     record = DatasetRegistry(client).named(dataset, suggest=True)
-    _, rows = spec_of(record.source(split), split)
+    _, rows = spec_of(record.source(split), split, cache=data_cache)
     check_rows(task, rows, range(len(rows)), shown=True)
     if task.fewshot is not None:
         record.source(task.fewshot.split)

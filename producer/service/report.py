@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from evalq.producer.service.samples import Samples, labels_of, target_of
 from evalq.producer.service.views import RunView
-from evalq.shared.data.loading import load_rows, shard_of_rows
+from evalq.shared.data.loading import shard_of_rows
 from evalq.shared.data.routing import KMeans
 from evalq.shared.errors import EvalqError, TierRefusedError
 from evalq.shared.evals.language import language_run
@@ -80,7 +80,7 @@ def _shard_of(samples: Samples, view: RunView) -> tuple[np.ndarray | None, int, 
     are read only for a routing that depends on them)."""
     try:
         spec = samples.spec(view.meta.run_id)
-        rows = load_rows(spec) if isinstance(spec.routing, KMeans) else None
+        rows = samples.split_rows(spec) if isinstance(spec.routing, KMeans) else None
         return shard_of_rows(spec, rows), spec.shards, None
     except EvalqError as exc:
         return None, 0, f"per-shard progress needs the run's data on this machine: {exc}"

@@ -82,7 +82,5 @@ def _queued(direct: Direct, run_id: str) -> set[int]:
 
 def _clusters(direct: Direct, meta: RunMeta, sample_ids: list[int]) -> dict[int, str] | None:
     """The clusters of a run's samples, read from its data where this client runs."""
-    from evalq.shared.data.loading import load_rows
-
-    rows = load_rows(direct.spec(meta.run_id))
+    rows = direct.split_rows(direct.spec(meta.run_id))
     return create(meta.eval, meta.params).clusters({i: rows[i] for i in sample_ids})

@@ -142,13 +142,15 @@ class Samples:
         """The published dataset spec of a run (a source and routing, no rows)."""
         return self._direct.spec(run_id)
 
+    def split_rows(self, spec: DatasetSpec) -> Dataset:
+        """The split of ``spec``, rebuilt on this machine (:meth:`Direct.split_rows`)."""
+        return self._direct.split_rows(spec)
+
     def _row_reader(self, run_id: str) -> Callable[[int], dict[str, Any]]:
         """What reads one sample's row of the run's split, labels included, as JSON values:
         the split re-materialised from the run's spec (the data is opened here, so that a
         source this machine cannot read fails before any result is written)."""
-        from evalq.shared.data.loading import load_rows
-
-        rows = load_rows(self.spec(run_id))
+        rows = self.split_rows(self.spec(run_id))
 
         def row_of(sample_id: int) -> dict[str, Any]:
             return dict(json.loads(json.dumps(rows[sample_id], default=str)))

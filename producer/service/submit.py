@@ -42,6 +42,7 @@ from evalq.shared.access.registry import DatasetRegistry
 from evalq.shared.access.tiers import TierRegistry
 from evalq.shared.connection import server_time
 from evalq.shared.data.loading import Sharding, resolve_source, shard_order, spec_of
+from evalq.shared.data.remote import DataCache
 from evalq.shared.data.routing import RoutingKind
 from evalq.shared.data.spec import Source, publish_spec
 from evalq.shared.errors import InputError, SampleIdError
@@ -199,7 +200,11 @@ def resolve_ids(n_rows: int, limit: int | None, ids: Sequence[int] | None) -> li
 
 
 def _locate(
-    client: redis.Redis, request: SubmitRequest, admin: bool, suggest: bool
+    client: redis.Redis,
+    request: SubmitRequest,
+    admin: bool,
+    suggest: bool,
+    data_cache: DataCache | None,
 ) -> tuple[Source, Tier]:
     """The source to read and the tier that applies: a registered dataset's pinned split and
     its tier, or an unregistered source (``no_access``: refused here to a non-admin before
@@ -208,15 +213,16 @@ def _locate(
     (:func:`evalq.shared.access.policy.suggests_datasets`)."""
     if request.data is not None:
         admit_source(request.where, registered=False, admin=admin)
-        return resolve_source(request.data, request.split, request.revision, request.config), (
-            Tier.NO_ACCESS
+        source = resolve_source(
+            request.data, request.split, request.revision, request.config, data_cache
         )
+        return source, Tier.NO_ACCESS
     name = str(request.dataset)
     source = DatasetRegistry(client).named(name, suggest=suggest).source(request.split)
     return source, TierRegistry(client).resolve(name, request.split)
 
 
-def submit(
+def submit(  # noqa: PLR0913 - the client's handles and settings, each named
     client: redis.Redis,
     app: Celery,
     request: SubmitRequest,
@@ -226,10 +232,11 @@ def submit(
     archive: str,
     suggest: bool = False,
     model_roots: Sequence[Path] = (),
+    data_cache: DataCache | None = None,
 ) -> RunMeta:
     """Gate, publish and enqueue ``request`` (its results to be archived under ``archive``);
     return the new run's record. ``suggest``: an unknown dataset name's error may name the
-    closest registered one."""
+    closest registered one; ``data_cache``: where an object-store source's copies are kept."""
     evaluation, language = resolve(
         client,
         request.eval,
@@ -252,7 +259,7 @@ def submit(
             "shards cut by it would reveal labels"
         )
     where = request.where
-    source, tier = _locate(client, request, admin, suggest)
+    source, tier = _locate(client, request, admin, suggest, data_cache)
     admit_split(where, tier, admin)
     admit_sample_choice(where, tier, admin, request.ids is not None)
     admit_grader(where, tier, admin, language is not None and language.task.grader is not None)
@@ -263,7 +270,7 @@ def submit(
         split_default=defaults.split,
         admin=admin,
     )
-    spec, rows = spec_of(source, request.split, sharding)
+    spec, rows = spec_of(source, request.split, sharding, data_cache)
     if server_draws(tier, admin):
         sample_ids = draw_ids(spec.n_rows, request.limit)
     else:
@@ -279,6 +286,7 @@ def submit(
             dataset=dataset,
             split=request.split,
             registered=request.dataset is not None,
+            data_cache=data_cache,
         )
     meta = RunMeta(
         run_id=uuid.uuid4().hex[:16],

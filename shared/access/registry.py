@@ -18,7 +18,7 @@ import redis
 
 from evalq.shared.access.dataset import RegisteredDataset
 from evalq.shared.data.loading import local_root, local_splits
-from evalq.shared.data.remote import is_remote, remote_splits
+from evalq.shared.data.remote import DataCache, is_remote, needed_cache, remote_splits
 from evalq.shared.data.spec import HubSource, Source
 from evalq.shared.errors import (
     DataError,
@@ -80,16 +80,18 @@ class DatasetRegistry:
         who: str,
         revision: str | None = None,
         config: str | None = None,
+        data_cache: DataCache | None = None,
     ) -> tuple[RegisteredDataset, RegisteredDataset | None]:
         """Register ``data`` as ``name`` (or re-pin it), audited; return the record and the
-        one it replaced. Every split name must follow the name rule."""
+        one it replaced (``data_cache``: where an object-store source's copies are kept). Every
+        split name must follow the name rule."""
         check_name("dataset name", name)
         root = local_root(data, revision, config)
         splits: dict[str, Source]
         if root is not None:
             splits = dict(local_splits(root))
         elif is_remote(data):
-            splits = dict(remote_splits(data))
+            splits = dict(remote_splits(data, needed_cache(data_cache)))
         else:
             splits = _hub_splits(data, revision, config)
         for split in splits:

@@ -4,9 +4,10 @@ back to rows and shards.
 ``--data`` is a local file (its split is the file's stem, so ``test.jsonl`` holds ``test``), a
 local folder whose files are named after splits (``validation.jsonl``,
 ``validation-00001.parquet``), an object or prefix on object storage named the same way
-(``s3://bucket/prefix/``, see :mod:`evalq.shared.data.remote`), or a Hub dataset id. A k-means
-routing is fitted on a stream of the split that is read no further than the fit's sample, so
-memory follows the sample size.
+(``s3://bucket/prefix/``, see :mod:`evalq.shared.data.remote`: read through the caller's
+:class:`~evalq.shared.data.remote.DataCache`, which nothing else needs), or a Hub dataset id. A
+k-means routing is fitted on a stream of the split that is read no further than the fit's
+sample, so memory follows the sample size.
 """
 
 from __future__ import annotations
@@ -22,7 +23,14 @@ from pydantic import ConfigDict, Field
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from evalq.shared.data.files import FORMATS, by_split, format_of, split_of
-from evalq.shared.data.remote import check_remote, is_remote, materialize, remote_source
+from evalq.shared.data.remote import (
+    DataCache,
+    check_remote,
+    is_remote,
+    materialize,
+    needed_cache,
+    remote_source,
+)
 from evalq.shared.data.routing import (
     Contiguous,
     Featurizer,
@@ -170,12 +178,13 @@ def _quiet_datasets() -> Iterator[None]:
         datasets.logging.set_verbosity(previous)
 
 
-def _load(source: Source, split: str, streaming: bool = False) -> Any:
+def _load(source: Source, split: str, cache: DataCache | None, streaming: bool = False) -> Any:
     import datasets
 
     files: list[str] = []
     if isinstance(source, RemoteSource):
-        files = [str(copy) for copy in materialize(source)]  # local copies, their sha256 checked
+        # local copies, their sha256 checked
+        files = [str(copy) for copy in materialize(source, needed_cache(cache))]
     elif isinstance(source, LocalSource):
         files = [f.path for f in source.files]
     with _quiet_datasets():
@@ -209,9 +218,12 @@ def _column(names: list[str] | None, field: str) -> None:
         raise DataError(f"route field '{field}' is not a column of the split ({', '.join(names)})")
 
 
-def stream_texts(source: Source, split: str, field: str) -> Iterator[str]:
-    """The split's ``field`` row by row, streamed: only what the caller consumes is read."""
-    stream: IterableDataset = _load(source, split, streaming=True)
+def stream_texts(
+    source: Source, split: str, field: str, cache: DataCache | None = None
+) -> Iterator[str]:
+    """The split's ``field`` row by row, streamed: only what the caller consumes is read
+    (``cache``: where an object-store source's copies are kept)."""
+    stream: IterableDataset = _load(source, split, cache, streaming=True)
     _column(stream.column_names, field)
     with _quiet_datasets():
         for row in stream.select_columns([field]):
@@ -224,7 +236,9 @@ def _split_texts(dataset: Dataset, field: str) -> Iterator[list[str]]:
         yield [str(text) for text in batch[field]]
 
 
-def _fit(source: Source, split: str, sharding: Sharding) -> Contiguous | RoundRobin | KMeans:
+def _fit(
+    source: Source, split: str, sharding: Sharding, cache: DataCache | None
+) -> Contiguous | RoundRobin | KMeans:
     if sharding.routing is RoutingKind.CONTIGUOUS:
         return Contiguous()
     if sharding.routing is RoutingKind.ROUND_ROBIN:
@@ -240,6 +254,7 @@ def _fit(source: Source, split: str, sharding: Sharding) -> Contiguous | RoundRo
         shards=sharding.shards,
         featurizer=featurizer,
         fit=fit,
+        cache=cache,
     )
 
 
@@ -251,12 +266,14 @@ def _fit_kmeans(
     shards: int,
     featurizer: Featurizer,
     fit: KMeansFit,
+    cache: DataCache | None,
 ) -> KMeans | RoundRobin:
-    return fit_kmeans(stream_texts(source, split, field), shards, featurizer, fit)
+    return fit_kmeans(stream_texts(source, split, field, cache), shards, featurizer, fit)
 
 
-def refit_routing(spec: DatasetSpec) -> KMeans | RoundRobin | None:
-    """Fit a ``kmeans`` spec's routing again from its own source, featurizer and fit seeds.
+def refit_routing(spec: DatasetSpec, cache: DataCache | None = None) -> KMeans | RoundRobin | None:
+    """Fit a ``kmeans`` spec's routing again from its own source, featurizer and fit seeds
+    (``cache``: where an object-store source's copies are kept).
 
     ``None`` when the spec cannot be verified this way (not ``kmeans``, or no fit metadata).
     """
@@ -270,6 +287,7 @@ def refit_routing(spec: DatasetSpec) -> KMeans | RoundRobin | None:
         shards=spec.shards,
         featurizer=routing.featurizer,
         fit=routing.fit,
+        cache=cache,
     )
 
 
@@ -294,16 +312,20 @@ def shard_order(spec: DatasetSpec, dataset: Dataset, sample_ids: list[int]) -> l
 
 
 def resolve_source(
-    data: str, split: str, revision: str | None = None, config: str | None = None
+    data: str,
+    split: str,
+    revision: str | None = None,
+    config: str | None = None,
+    cache: DataCache | None = None,
 ) -> Source:
     """What ``--data`` names: a local file or folder (its split's files pinned by digest), an
-    object or prefix on object storage (its split's objects pinned by stamp and digest) or a
-    Hub dataset."""
+    object or prefix on object storage (its split's objects pinned by stamp and digest, their
+    copies left in ``cache``) or a Hub dataset."""
     root = local_root(data, revision, config)
     if root is not None:
         return _local_source(root, split)
     if is_remote(data):
-        return remote_source(data, split)
+        return remote_source(data, split, needed_cache(cache))
     return HubSource(repo_id=data, revision=revision, config=config)
 
 
@@ -331,35 +353,42 @@ def build_spec(
     split: str,
     revision: str | None = None,
     config: str | None = None,
+    *,
     sharding: Sharding | None = None,
+    cache: DataCache | None = None,
 ) -> tuple[DatasetSpec, Dataset]:
     """A spec of ``--data``'s ``split``; see :func:`spec_of`."""
-    return spec_of(resolve_source(data, split, revision, config), split, sharding)
+    return spec_of(resolve_source(data, split, revision, config, cache), split, sharding, cache)
 
 
 def spec_of(
-    source: Source, split: str, sharding: Sharding | None = None
+    source: Source,
+    split: str,
+    sharding: Sharding | None = None,
+    cache: DataCache | None = None,
 ) -> tuple[DatasetSpec, Dataset]:
     """A spec of ``split`` of ``source`` cut by ``sharding`` (fitting a k-means routing on a
-    bounded stream), loading the split once to count rows."""
+    bounded stream), loading the split once to count rows (``cache``: where an object-store
+    source's copies are kept)."""
     check_pinned(source)
     sharding = sharding or Sharding()
-    dataset: Dataset = _load(source, split)
+    dataset: Dataset = _load(source, split, cache)
     spec = DatasetSpec(
         source=source,
         split=split,
         n_rows=len(dataset),
         shards=sharding.shards,
-        routing=_fit(source, split, sharding),
+        routing=_fit(source, split, sharding, cache),
         route_field=sharding.route_field if sharding.routing is RoutingKind.KMEANS else None,
     )
     return spec, dataset
 
 
-def load_rows(spec: DatasetSpec) -> Dataset:
-    """Rebuild a spec's split, checking local files against their pinned digests."""
+def load_rows(spec: DatasetSpec, cache: DataCache | None = None) -> Dataset:
+    """Rebuild a spec's split, checking local files against their pinned digests and objects
+    against their stamps (``cache``: where an object-store source's copies are kept)."""
     check_pinned(spec.source)
-    dataset: Dataset = _load(spec.source, spec.split)
+    dataset: Dataset = _load(spec.source, spec.split, cache)
     if len(dataset) != spec.n_rows:
         raise SpecError(f"spec expects {spec.n_rows} rows, the source now has {len(dataset)}")
     return dataset

@@ -3,10 +3,12 @@
 
 Each object is pinned by its stamp (its ETag, and its version id where the store keeps
 versions) and by the sha256 of its bytes. Reading a split checks every stamp against the store,
-then reads the objects' local copies in a bounded cache (``EVALQ_DATA_CACHE``), each named by
-its sha256 and kept only when the bytes read hash to the pinned digest; so what is evaluated is
-what was pinned, or nothing. Credentials come from each process's own environment, never from
-the URL: one that carries some is refused without being repeated.
+then reads the objects' local copies in a bounded cache (a :class:`DataCache`, which each
+process makes once from its settings, ``EVALQ_DATA_CACHE`` and ``EVALQ_DATA_CACHE_BYTES``, and
+hands down), each named by its sha256 and kept only when the bytes read hash to the pinned
+digest; so what is evaluated is what was pinned, or nothing. Credentials come from each
+process's own environment, never from the URL: one that carries some is refused without being
+repeated.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import urlsplit
@@ -32,11 +35,50 @@ from evalq.shared.errors import (
     SplitNotFoundError,
     first_line,
 )
-from evalq.shared.settings import get_settings
+from evalq.shared.settings import Settings
 
-__all__ = ["check_remote", "is_remote", "materialize", "remote_source", "remote_splits"]
+__all__ = [
+    "DataCache",
+    "check_remote",
+    "is_remote",
+    "materialize",
+    "needed_cache",
+    "remote_source",
+    "remote_splits",
+]
 
 _BLOCK = 1 << 20
+
+
+@dataclass(frozen=True)
+class DataCache:
+    """Where a process keeps its local copies of objects, and the bytes they may hold: past
+    them, the copies used least recently are removed (never those being read)."""
+
+    folder: Path
+    max_bytes: int
+
+    @classmethod
+    def of(cls, settings: Settings) -> DataCache:
+        """The cache ``settings`` name (``data_cache``, or its default, and
+        ``data_cache_bytes``)."""
+        return cls(folder=settings.data_cache_dir, max_bytes=settings.data_cache_bytes)
+
+    def open(self) -> Path:
+        """The folder, made (mode 700) when missing; :class:`DataError` when it cannot be."""
+        try:
+            self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            where = f"the data cache {self.folder} (EVALQ_DATA_CACHE)"
+            raise DataError(f"cannot use {where}: {exc.strerror}") from exc
+        return self.folder
+
+
+def needed_cache(cache: DataCache | None) -> DataCache:
+    """``cache``, which reading an object-store source needs (a local one needs none)."""
+    if cache is None:
+        raise ValueError("an object-store source is read through a data cache: none was given")
+    return cache
 
 
 def is_remote(data: str) -> bool:
@@ -109,16 +151,6 @@ def _stamp(fs: Any, path: str) -> tuple[str, str | None]:
     )
 
 
-def _cache() -> Path:
-    cache = get_settings().data_cache_dir
-    try:
-        cache.mkdir(mode=0o700, parents=True, exist_ok=True)
-    except OSError as exc:
-        where = f"the data cache {cache} (EVALQ_DATA_CACHE)"
-        raise DataError(f"cannot use {where}: {exc.strerror}") from exc
-    return cache
-
-
 def _fetch(fs: Any, path: str, cache: Path) -> tuple[str, Path]:
     """Read the object into ``cache`` under the sha256 of the bytes read; that digest, and the
     copy."""
@@ -168,28 +200,33 @@ def _pin(fs: Any, path: str, cache: Path) -> RemoteFile:
     return RemoteFile(url=url, etag=etag, version=version, sha256=sha256)
 
 
-def _pinned(fs: Any, url: str, split: str, chosen: list[PurePosixPath]) -> RemoteSource:
-    cache = _cache()
-    files = tuple(_pin(fs, str(path), cache) for path in chosen)
-    _trim(cache, get_settings().data_cache_bytes, {_copy(cache, f) for f in files})
+def _pinned(
+    fs: Any, url: str, split: str, chosen: list[PurePosixPath], cache: DataCache
+) -> RemoteSource:
+    folder = cache.open()
+    files = tuple(_pin(fs, str(path), folder) for path in chosen)
+    _trim(folder, cache.max_bytes, {_copy(folder, f) for f in files})
     return RemoteSource(format=format_of(url, split, chosen), files=files)
 
 
-def remote_splits(url: str) -> dict[str, RemoteSource]:
-    """Every split of the object or prefix ``url``, each object pinned (and left in this
-    process's cache)."""
+def remote_splits(url: str, cache: DataCache) -> dict[str, RemoteSource]:
+    """Every split of the object or prefix ``url``, each object pinned (and left in
+    ``cache``)."""
     fs, files = _objects(url)
-    return {split: _pinned(fs, url, split, chosen) for split, chosen in by_split(files).items()}
+    return {
+        split: _pinned(fs, url, split, chosen, cache) for split, chosen in by_split(files).items()
+    }
 
 
-def remote_source(url: str, split: str) -> RemoteSource:
-    """``split`` of the object or prefix ``url``, its objects pinned."""
+def remote_source(url: str, split: str, cache: DataCache) -> RemoteSource:
+    """``split`` of the object or prefix ``url``, its objects pinned (and left in
+    ``cache``)."""
     fs, files = _objects(url)
     chosen = [path for path in files if split_of(path) == split]
     if not chosen:
         have = sorted({split_of(path) for path in files})
         raise SplitNotFoundError(f"split '{split}' not found in {url} (splits: {', '.join(have)})")
-    return _pinned(fs, url, split, chosen)
+    return _pinned(fs, url, split, chosen, cache)
 
 
 def check_remote(source: RemoteSource) -> None:
@@ -228,14 +265,14 @@ def _fetch_pinned(pinned: RemoteFile, cache: Path) -> None:
         )
 
 
-def materialize(source: RemoteSource) -> list[Path]:
-    """Local copies of the source's objects, in order: each read from the store only when the
-    cache lacks it, and kept only when its bytes hash to the pinned sha256 (else
+def materialize(source: RemoteSource, cache: DataCache) -> list[Path]:
+    """Local copies of the source's objects in ``cache``, in order: each read from the store
+    only when the cache lacks it, and kept only when its bytes hash to the pinned sha256 (else
     :class:`SpecError`)."""
-    cache = _cache()
-    copies = [_copy(cache, pinned) for pinned in source.files]
+    folder = cache.open()
+    copies = [_copy(folder, pinned) for pinned in source.files]
     for pinned, copy in zip(source.files, copies, strict=True):
         if not _touch(copy):
-            _fetch_pinned(pinned, cache)
-    _trim(cache, get_settings().data_cache_bytes, set(copies))
+            _fetch_pinned(pinned, folder)
+    _trim(folder, cache.max_bytes, set(copies))
     return copies
