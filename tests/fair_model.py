@@ -120,7 +120,9 @@ class FairRound:
             counts = self.weights.setdefault(principal, {})
             counts[weight] = counts.get(weight, 0) + 1
         if principal not in self.principals:
-            self.principals[principal] = max(self.clock.get("", 0.0), self.finish.get(principal, 0.0))
+            self.principals[principal] = max(
+                self.clock.get("", 0.0), self.finish.get(principal, 0.0)
+            )
         if refill is not None:
             assert queue is not None, "a refill names its queue"
             self.dispatch(queue, refill, at_least=at_least)

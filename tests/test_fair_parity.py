@@ -102,7 +102,8 @@ def _step(scenario: Scenario, backlog: Backlog, client: Any, model: FairRound) -
             queue=QUEUE, refill=refill, at_least=at_least,
         )  # fmt: skip
         assert got == want
-        return f"stage {meta.run_id}/{meta.principal} w{meta.priority.weight} {run_model(meta)} {len(entries)}x{samples} refill={refill} at_least={at_least}"
+        who = f"{meta.run_id}/{meta.principal} w{meta.priority.weight} {run_model(meta)}"
+        return f"stage {who} {len(entries)}x{samples} refill={refill} at_least={at_least}"
     if kind == "dispatch":
         depth, at_least = rng.randint(1, 6), rng.randint(0, 2)
         assert backlog.dispatch(QUEUE, depth, at_least=at_least) == model.dispatch(
@@ -154,4 +155,5 @@ def test_the_lua_dispatches_in_the_models_order(redis_only: RedisServer) -> None
             assert _snapshot_redis(client) == _snapshot_model(model), "\n".join(story)
             client.delete(QUEUE)
             model.queues.pop(QUEUE, None)
-        assert model.principals == {} and model.owner == {}
+        assert model.principals == {}
+        assert model.owner == {}
