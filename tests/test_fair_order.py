@@ -131,6 +131,16 @@ def test_a_turn_serves_one_model_until_its_time_is_up() -> None:
     assert [run for run, _ in _take(fair, 3)] == ["a-2"] * 3  # waits for m2's turn to end
 
 
+def test_a_run_joins_its_principals_runs_at_the_principals_clock() -> None:
+    """A run staged after its sibling was served joins at the time of the principal's run served
+    last: it interleaves with its sibling at once, with no credit for the time it was away."""
+    fair = FairRound(turn_seconds=TURN_SECONDS)
+    _stage(fair, "a-1", "a", sizes=[64] * 40)
+    _take(fair, 20)
+    _stage(fair, "a-2", "a", sizes=[64] * 40)
+    assert [run for run, _ in _take(fair, 6)] == ["a-2", "a-1"] * 3
+
+
 def test_a_turn_looks_for_its_model_among_the_64_lowest_runs() -> None:
     """``fair_first_of``: the turn's model is served while a run of it is among the
     principal's 64 lowest-time runs; one further back loses the turn to the lowest."""

@@ -7,6 +7,7 @@ the same order after every step, and the same virtual times, clocks and turns' m
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +18,7 @@ from evalq.shared.connection import connect
 from evalq.shared.keys import FAIR, RunKeys
 from evalq.shared.models import Priority, RunMeta, RunStatus
 from evalq.shared.queue.backlog import INFER_LANE, Backlog, Staged, run_model
-from tests.fair_model import Entry, FairRound
+from tests.fair_model import FIRST_OF, Entry, FairRound
 
 pytestmark = pytest.mark.integration
 
@@ -46,11 +47,8 @@ class Scenario:
         principal = self.rng.choice("abcd")
         self.made += 1
         run_id = f"{principal}{self.made}"
-        self.metas[run_id] = RunMeta(
-            run_id=run_id, eval="spy", params={"model": self.rng.choice(["m1", "m2", "m3"])},
-            spec="s", dataset_id="d", split="v", n=640, status=RunStatus.QUEUED, created=0.0,
-            principal=principal, priority=self.rng.choice(PRIORITIES),
-        )  # fmt: skip
+        model = self.rng.choice(["m1", "m2", "m3"])
+        self.metas[run_id] = _meta(run_id, model, principal, self.rng.choice(PRIORITIES))
         return self.metas[run_id]
 
 
@@ -79,6 +77,27 @@ def _snapshot_model(model: FairRound) -> dict[str, Any]:
     }
 
 
+def _stage(
+    client: Any,
+    backlog: Backlog,
+    model: FairRound,
+    meta: RunMeta,
+    entries: list[Entry],
+    *,
+    refill: int | None = None,
+    at_least: int = 0,
+) -> None:
+    """Stage ``entries`` of ``meta``'s run on both, as ``submit`` or a worker does."""
+    client.hset(RunKeys(meta.run_id).meta, "status", "queued")
+    staged = [Staged(e.samples, e.queue, e.message) for e in entries]
+    got = backlog.stage(meta, staged, INFER_LANE, refill=refill, at_least=at_least)
+    want = model.stage(
+        meta.run_id, meta.principal, meta.priority.weight, run_model(meta), entries,
+        queue=QUEUE, refill=refill, at_least=at_least,
+    )  # fmt: skip
+    assert got == want
+
+
 def _step(scenario: Scenario, backlog: Backlog, client: Any, model: FairRound) -> str:
     """One random step on both; what it was, for the failure's story."""
     rng = scenario.rng
@@ -94,14 +113,7 @@ def _step(scenario: Scenario, backlog: Backlog, client: Any, model: FairRound) -
             scenario.messages += 1
             entries.append(Entry(samples, QUEUE, f"{meta.run_id}:{scenario.messages}"))
         refill, at_least = rng.choice([(None, 0), (1, 1), (1, 0)])  # staged, submit, scoring
-        client.hset(RunKeys(meta.run_id).meta, "status", "queued")
-        staged = [Staged(e.samples, e.queue, e.message) for e in entries]
-        got = backlog.stage(meta, staged, INFER_LANE, refill=refill, at_least=at_least)
-        want = model.stage(
-            meta.run_id, meta.principal, meta.priority.weight, run_model(meta), entries,
-            queue=QUEUE, refill=refill, at_least=at_least,
-        )  # fmt: skip
-        assert got == want
+        _stage(client, backlog, model, meta, entries, refill=refill, at_least=at_least)
         who = f"{meta.run_id}/{meta.principal} w{meta.priority.weight} {run_model(meta)}"
         return f"stage {who} {len(entries)}x{samples} refill={refill} at_least={at_least}"
     if kind == "dispatch":
@@ -157,3 +169,34 @@ def test_the_lua_dispatches_in_the_models_order(redis_only: RedisServer) -> None
             model.queues.pop(QUEUE, None)
         assert model.principals == {}
         assert model.owner == {}
+
+
+def test_the_lua_looks_for_the_turns_model_among_the_64_lowest_runs_as_the_model_does(
+    redis_only: RedisServer,
+) -> None:
+    """``fair_first_of``'s window, which the random scenarios' few runs never fill: a turn on
+    m2 whose one run is 64th of the principal's runs, then 65th."""
+    client = connect(redis_only.url)
+    for ahead in (FIRST_OF - 1, FIRST_OF):
+        client.flushall()
+        backlog = Backlog(client, turn_seconds=3600)
+        model = FairRound(turn_seconds=3600)
+        metas = [_meta(f"a{i:02}", "m1") for i in range(ahead)] + [_meta("az", "m2")]
+        for meta in metas:
+            _stage(client, backlog, model, meta, [Entry(64, QUEUE, f"{meta.run_id}:0")])
+        turn = run_model(metas[-1])
+        client.hset(FAIR.turn, "a", f"{turn}|{time.time() + 3600:.6f}")
+        model.turn["a"] = (turn, model.now + 3600)
+        assert backlog.dispatch(QUEUE, 1) == model.dispatch(QUEUE, 1) == 1
+        assert _snapshot_redis(client) == _snapshot_model(model)
+        assert client.lrange(QUEUE, 0, -1) == ["az:0" if ahead < FIRST_OF else "a00:0"]
+
+
+def _meta(
+    run_id: str, model: str, principal: str = "a", priority: Priority = Priority.NORMAL
+) -> RunMeta:
+    """A run of ``principal`` on ``model`` (the evaluation's parameter: its warm model)."""
+    return RunMeta(
+        run_id=run_id, eval="spy", params={"model": model}, spec="s", dataset_id="d", split="v",
+        n=640, status=RunStatus.QUEUED, created=0.0, principal=principal, priority=priority,
+    )  # fmt: skip
