@@ -21,14 +21,14 @@ HEAVY = ("celery", "kombu", "redis", "pyarrow")
 @pytest.mark.integration
 def test_the_http_client_loads_no_broker_store_or_arrow_library() -> None:
     code = (
-        "import sys, producer.remote, producer.api, producer.views; "
+        "import sys, producer.clients.remote, producer.clients.api, producer.service.views; "
         f"print(','.join(m for m in {HEAVY!r} if m in sys.modules))"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     done = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True
     )
-    assert done.stdout.strip() == "", f"importing producer.remote loaded {done.stdout.strip()}"
+    assert done.stdout.strip() == "", f"importing producer.clients.remote loaded {done.stdout.strip()}"
 
 
 @pytest.mark.integration
