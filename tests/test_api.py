@@ -28,7 +28,8 @@ def test_the_http_client_loads_no_broker_store_or_arrow_library() -> None:
     done = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True
     )
-    assert done.stdout.strip() == "", f"importing producer.clients.remote loaded {done.stdout.strip()}"
+    loaded = done.stdout.strip()
+    assert loaded == "", f"importing producer.clients.remote loaded {loaded}"
 
 
 @pytest.mark.integration
