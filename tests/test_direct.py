@@ -143,3 +143,26 @@ def test_run_counts_are_one_route_both_modes_and_the_cli_call(
     with httpx.Client(base_url=URL, transport=AppTransport(served), headers=headers) as http:
         assert http.get("/v1/runs/counts").json() == {"queued": 1, "cancelled": 1}
         assert http.get("/v1/runs/counts", params={"principal": "bob"}).json() == {}
+
+
+def test_comparing_one_run_says_why_in_both_modes(redis_only: RedisServer, tmp_path: Path) -> None:
+    """One run is refused by the service's own check (exit 2, its words), in direct mode and
+    through the gateway alike, not by the route's request bounds."""
+    settings = Settings(redis_url=redis_only.url, plugins=("tests.plugins",), principal="alice")
+    client = Client(settings)
+    write_rows(tmp_path / "data", "validation", labelled_rows(4))
+    name = list_splits(client._direct.redis, str(tmp_path / "data"), "validation")
+    run_id = client.submit(SubmitRequest(eval="slow", dataset=name, split="validation")).run_id
+    command = [sys.executable, "-c", "from evalq.shared.cli import main; main()", "compare", run_id]
+    env = cli_env(redis_only.url, EVALQ_PRINCIPAL="alice")
+    env.pop("EVALQ_API_URL", None)
+    direct = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    why = "compare needs two or more different runs"
+    assert (direct.returncode, direct.stderr.strip()) == (2, f"error: {why}")
+    token = client.create_token("alice", Role.USER)
+    headers = {"Authorization": f"Bearer {token}"}
+    with httpx.Client(
+        base_url=URL, transport=AppTransport(create_gateway(settings)), headers=headers
+    ) as http:
+        answer = http.get("/v1/compare", params={"run": run_id})
+    assert (answer.status_code, answer.json()["error"], answer.json()["exit_code"]) == (400, why, 2)

@@ -83,7 +83,7 @@ def _lines(acting: Client, run_id: str, with_input: bool) -> Iterator[str]:
 @router.get("/v1/compare", response_model=Comparison)
 def compare(
     act: Act,
-    run: Annotated[list[RunIdText], Query(min_length=2, max_length=MAX_GRID)],
+    run: Annotated[list[RunIdText], Query(min_length=1, max_length=MAX_GRID)],
     flips: Annotated[int, Query(ge=0, le=1000)] = 10,
     admin: AdminQuery = False,
 ) -> Comparison:
