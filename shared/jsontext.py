@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable
 from typing import Any
 
 import orjson
@@ -37,26 +38,23 @@ def _plain(value: Any) -> bool:
     if kind is float:
         return math.isfinite(value)
     if kind is dict:
-        for key, item in value.items():
-            if type(key) not in _KEYS:
-                return False
-            kind = type(item)
-            if kind is float:
-                if not math.isfinite(item):
-                    return False
-            elif kind not in _SCALAR and not _plain(item):
-                return False
-        return True
+        return all(type(key) in _KEYS for key in value) and _all_plain(value.values())
     if kind is list or kind is tuple:
-        for item in value:
-            kind = type(item)
-            if kind is float:
-                if not math.isfinite(item):
-                    return False
-            elif kind not in _SCALAR and not _plain(item):
-                return False
-        return True
+        return _all_plain(value)
     return kind in _SCALAR
+
+
+def _all_plain(items: Iterable[Any]) -> bool:
+    """:func:`_plain` of each of a container's ``items``, scalars checked inline (a call per
+    nested container only)."""
+    for item in items:
+        kind = type(item)
+        if kind is float:
+            if not math.isfinite(item):
+                return False
+        elif kind not in _SCALAR and not _plain(item):
+            return False
+    return True
 
 
 def to_json(value: Any) -> str:
