@@ -40,6 +40,11 @@ def _encode(
     return {k: str(v) for k, v in fields.items()}, state
 
 
+_PAGE = 1000
+"""Runs read per round trip by :meth:`RunStore.recent`: a count of every run (``limit`` of
+2**31) reads them a page at a time, not in one pipeline."""
+
+
 def _decode(run_id: str, facts: dict[Any, Any], state: dict[Any, Any]) -> RunMeta:
     """A run's record: its facts, and of its state only the fields workers may write."""
     tags = json.loads(facts.get("tags", "[]"))
@@ -149,7 +154,7 @@ class RunStore:
         found: list[RunMeta] = []
         start = 0
         while len(found) < limit:
-            page = max(limit, 100) if owner or only else limit
+            page = min(max(limit, 100) if owner or only else limit, _PAGE)
             run_ids = [str(r) for r in self._client.zrevrange(RUNS, start, start + page - 1)]
             if not run_ids:
                 break
