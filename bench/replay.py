@@ -406,6 +406,7 @@ def _write_data(root: Path) -> dict[str, Path]:
         folders[f"arith-{door}"] = root / f"arith-{door}"
         for split in ("open", "held", "closed", "metered"):
             write_rows(root / f"spy-{door}", split, labelled_rows(20, salt=f"{door}{split}"))
+        write_rows(root / f"spy-{door}", "gate", _gate_rows(door))
         folders[f"spy-{door}"] = root / f"spy-{door}"
     (root / "policy.yaml").write_text(
         "datasets:\n"
@@ -425,6 +426,11 @@ def _write_data(root: Path) -> dict[str, Path]:
     return folders
 
 
+def _gate_rows(door: str) -> list[dict[str, object]]:
+    """Rows the ``slow`` eval reads a sample number from (its second word), its own per door."""
+    return [{"text": f"sample {i} {door}gate", "label": i % 3, "secret": f"s{i}"} for i in range(6)]
+
+
 def setup(r: Replay, folders: dict[str, Path]) -> None:
     """Datasets, tiers, budgets, tokens: operator commands in direct mode."""
     for name, folder in folders.items():
@@ -436,6 +442,7 @@ def setup(r: Replay, folders: dict[str, Path]) -> None:
         r.cli("direct", "tiers", "set", f"arith-{door}", "test", "viewable")
         r.cli("direct", "tiers", "set", f"spy-{door}", "open", "viewable")
         r.cli("direct", "tiers", "set", f"spy-{door}", "held", "non_viewable")
+        r.cli("direct", "tiers", "set", f"spy-{door}", "gate", "viewable")
         r.cli("direct", "budget", "set", f"spy-{door}", "open", "--runs", "100", "--samples",
               "100000")  # fmt: skip
         r.cli("direct", "budget", "set", f"spy-{door}", "held", "--runs", "100", "--samples",
@@ -477,7 +484,8 @@ def script(r: Replay, door: str) -> None:  # noqa: PLR0915
     r.submit(door, "spy", "spy", "--dataset", d("spy"), "--split", "open", "--limit", "12")
     r.submit(door, "spy2", "spy", "--dataset", d("spy"), "--split", "open",
              "--ids", "0,1,2,3,4,5,6,7,8,9,10,11")  # fmt: skip
-    r.submit(door, "held", "spy", "--dataset", d("spy"), "--split", "held", "--limit", "10")
+    r.submit(door, "held", "spy", "--dataset", d("spy"), "--split", "held", "--limit", "10",
+             *admin)  # fmt: skip
     r.submit(door, "held-admin", "spy", "--dataset", d("spy"), "--split", "held", "--limit",
              "6", *admin)  # fmt: skip
     r.submit(door, "sweep", "arithmetic", "--dataset", d("arith"), "--split", "test",
@@ -568,7 +576,7 @@ def script(r: Replay, door: str) -> None:  # noqa: PLR0915
     c("resume", "{run:spy}", "--json")
     c("resume", "nosuchrun0000000")
     gate = r.tmp / f"gate-{door}"
-    r.submit(door, "gated", "slow", "--dataset", d("spy"), "--split", "open", "--limit", "6",
+    r.submit(door, "gated", "slow", "--dataset", d("spy"), "--split", "gate", "--limit", "6",
              "--param", f"gate={gate}", wait=False)  # fmt: skip
     c("cancel", "{run:gated}", "--json")
     c("cancel", "{run:gated}")

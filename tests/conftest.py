@@ -24,7 +24,7 @@ from evalq.shared.connection import connect
 from evalq.shared.evaluation import load_plugins
 from evalq.shared.queue.celery_app import create_app
 from evalq.shared.settings import Settings
-from tests.helpers import REPO, cli_env, gateway, wait_for
+from tests.helpers import REPO, cli_env, cli_in_process, gateway, wait_for
 
 
 @dataclass
@@ -234,11 +234,9 @@ class Door:
         )  # fmt: skip
 
     def run(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-c", "from evalq.shared.cli import main; main()", *args],
-            env={**self.env, **env}, cwd=REPO, capture_output=True, text=True, timeout=120,
-            check=False,
-        )  # fmt: skip
+        """What the command answers, run in this process (:func:`cli_in_process`); a test of
+        the process itself (a signal, what it imports) uses :meth:`popen`."""
+        return cli_in_process({**self.env, **env}, *args)
 
 
 @pytest.fixture(scope="module")

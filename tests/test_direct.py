@@ -23,6 +23,7 @@ from evalq.producer.operations.redis_server import RedisServer
 from evalq.producer.service.client import Client
 from evalq.producer.service.submit import SubmitRequest
 from evalq.shared.access.roles import Caller, Role
+from evalq.shared.connection import connect
 from evalq.shared.errors import UnknownRunError
 from evalq.shared.settings import Settings
 from tests.conftest import Stack
@@ -46,6 +47,24 @@ def test_the_operator_is_answered_by_the_routes_without_a_token(redis_only: Redi
     served = create_gateway(settings)  # what `evalq serve` runs: the same request needs a token
     with httpx.Client(base_url=URL, transport=AppTransport(served)) as http:
         assert http.get("/v1/whoami").status_code == 401
+
+
+def test_a_command_s_dropped_client_closes_its_connections(redis_only: RedisServer) -> None:
+    """Commands drop their client without closing it; run in a process that goes on (a test,
+    a notebook), the client's Redis and broker connections must close when it goes."""
+    settings = Settings(redis_url=redis_only.url, principal="op")
+    probe = connect(redis_only.url)
+
+    def connections() -> int:
+        return len(probe.client_list())
+
+    before = connections()
+    for _ in range(3):
+        client = open_api(settings)
+        assert client.recent(5) == []
+        assert connections() > before
+        del client
+        assert connections() == before
 
 
 def test_the_operator_is_not_held_to_the_gateways_rate_limits(redis_only: RedisServer) -> None:

@@ -35,6 +35,8 @@ if TYPE_CHECKING:
     from fastapi import FastAPI
     from starlette.types import Message, Scope
 
+    from evalq.producer.gateway.context import Context
+
 __all__ = ["AppTransport", "operator_client"]
 
 URL = "http://direct.evalq.invalid"
@@ -140,8 +142,9 @@ class AppTransport(httpx.BaseTransport):
         thread = threading.Thread(target=_serve, args=(self._loop,), name="evalq-direct")
         thread.daemon = True
         thread.start()
-        # a command drops its client without closing it: its loop stops with it
-        self._stop = weakref.finalize(self, _stop, self._loop, thread)
+        # a command drops its client without closing it: the app's Redis clients are closed
+        # and its loop stopped when the transport goes
+        self._stop = weakref.finalize(self, _shut, app.state.context, self._loop, thread)
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         exchange = _Exchange(self._loop, request.read())
@@ -173,10 +176,6 @@ class AppTransport(httpx.BaseTransport):
 
     def close(self) -> None:
         """Close the app's Redis clients, then stop the loop."""
-        context = self._app.state.context
-        closing = asyncio.run_coroutine_threadsafe(context.waits.aclose(), self._loop)
-        wait_for([closing], timeout=HANG_UP_WAIT)
-        context.store.close()
         self._stop()
 
 
@@ -187,6 +186,15 @@ def _serve(loop: asyncio.AbstractEventLoop) -> None:
         loop.run_forever()
     finally:
         loop.close()
+
+
+def _shut(context: Context, loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
+    """Close the app's Redis clients (its event loop's on that loop), then stop the loop."""
+    if loop.is_running():
+        closing = asyncio.run_coroutine_threadsafe(context.waits.aclose(), loop)
+        wait_for([closing], timeout=HANG_UP_WAIT)
+    context.close()
+    _stop(loop, thread)
 
 
 def _stop(loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import re
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -101,6 +102,8 @@ class RemoteClient:
                 "messages); remove them"
             )
         self.url = str(self._http.base_url).rstrip("/")
+        # a command drops its client without closing it: its connections close when it goes
+        self._closing = weakref.finalize(self, self._http.close)
 
     def _send(self, request: httpx.Request, stream: bool = False) -> httpx.Response:
         """``request``'s answer; a rate limit (429 with ``Retry-After``) is waited out and the
@@ -366,8 +369,8 @@ class RemoteClient:
         return [str(r) for r in self.call("POST", "/v1/purge", body)["purged"]]
 
     def close(self) -> None:
-        """Close the HTTP connection pool."""
-        self._http.close()
+        """Close the HTTP connection pool (and direct mode's app: its Redis clients)."""
+        self._closing()
 
 
 def _seg(part: str) -> str:

@@ -74,6 +74,12 @@ class Context:
             operator=operator,
         )
 
+    def close(self) -> None:
+        """Close the routes' Redis client and the broker connections submits opened (the
+        event loop's client is closed on its loop: ``waits.aclose()``)."""
+        self.store.close()
+        self.celery.close()
+
     async def live(self, digest: str | None) -> bool:
         """Whether the token of ``digest`` is still live (the operator holds none: always)."""
         return self.operator is not None or (digest is not None and await self.lookup.live(digest))
