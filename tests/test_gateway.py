@@ -4,13 +4,11 @@ free port, and the ``evalq`` CLI holding only a token (its ``EVALQ_REDIS_URL`` p
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import subprocess
 import sys
 import urllib.request
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,26 +82,19 @@ class Door:
         return env
 
     def cli(
-        self, token: str, *args: str, home: Path | None = None
+        self, token: str, *args: str, home: Path | None = None, own_process: bool = False
     ) -> subprocess.CompletedProcess[str]:
-        """``evalq ARGS`` through the gateway, holding ``token`` and no Redis URL that works."""
+        """``evalq ARGS`` through the gateway, holding ``token`` and no Redis URL that works:
+        run in this process (:func:`tests.helpers.cli_in_process`) for what a command answers;
+        in a process of its own when told, or with ``home``, the caller's Hugging Face cache
+        (``datasets`` reads it once, at import)."""
+        if home is None and not own_process:
+            return cli_in_process(self._env(token), *args)
         return subprocess.run(
             [sys.executable, "-c", "from evalq.shared.cli import main; main()", *args],
             env=self._env(token, home), cwd=REPO, capture_output=True, text=True, timeout=120,
             check=False,
         )  # fmt: skip
-
-    def cli_here(self, token: str, *args: str) -> subprocess.CompletedProcess[str]:
-        """:meth:`cli` run in this process (:func:`tests.helpers.cli_in_process`): the same
-        environment, exit status and output without an interpreter's start-up, for what a
-        command answers. A command leaves its gateway client for its process's exit to close;
-        a subprocess ignores the ResourceWarning of that socket (Python's default filters), and
-        so does this process while the command runs and when what it left is collected."""
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ResourceWarning)
-            result = cli_in_process(self._env(token), *args)
-            gc.collect()
-        return result
 
 
 def _url(server: RedisServer, user: str) -> str:
@@ -165,18 +156,18 @@ def test_a_user_token_submits_watches_and_streams_results(door: Door, tmp_path: 
     run_id = _run_id(followed)
     last = json.loads(followed.stdout.splitlines()[-1])
     assert (last["status"], set(last["aggregate"])) == ("completed", {"correct", "saw_label"})
-    rows = door.cli_here(door.alice, "results", run_id).stdout.splitlines()
+    rows = door.cli(door.alice, "results", run_id).stdout.splitlines()
     assert sorted(json.loads(r)["sample_id"] for r in rows) == list(range(20))
     assert all("scores" in json.loads(r) for r in rows)
-    streamed = door.cli_here(door.alice, "results", run_id, "--follow")
+    streamed = door.cli(door.alice, "results", run_id, "--follow")
     assert streamed.returncode == 0
     assert len(streamed.stdout.splitlines()) == 20
-    status = json.loads(door.cli_here(door.alice, "status", run_id, "--json").stdout)
+    status = json.loads(door.cli(door.alice, "status", run_id, "--json").stdout)
     assert (status["principal"], status["tier"]) == ("alice", "viewable")
-    listed = json.loads(door.cli_here(door.alice, "runs", "--json").stdout)
+    listed = json.loads(door.cli(door.alice, "runs", "--json").stdout)
     assert {r["principal"] for r in listed} == {"alice"}
     report = tmp_path / "r.html"
-    assert door.cli_here(door.alice, "report", run_id, "--out", str(report)).returncode == 0
+    assert door.cli(door.alice, "report", run_id, "--out", str(report)).returncode == 0
     assert "<html" in report.read_text()
     # the principal comes from the token, whatever the caller's environment says
     assert door.operator.status(run_id).meta.principal == "alice"
@@ -212,11 +203,11 @@ def test_refusals_exit_3_change_nothing_and_are_audited(door: Door, tmp_path: Pa
     for i, args in enumerate(refused):
         # the first in its own process (nothing but the one line on stderr, from start-up to
         # exit), the others in this one: the same command, environment, status and output
-        result = (door.cli if i == 0 else door.cli_here)(door.alice, *args)
+        result = door.cli(door.alice, *args, own_process=i == 0)
         assert result.returncode == 3, (args, result.stderr)
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
         assert result.stderr.startswith(("error: forbidden: ", "error: tier refused: ")), args
-    unknown = door.cli_here(door.alice, "submit", "spy", "--dataset", "nope", "--split", "test")
+    unknown = door.cli(door.alice, "submit", "spy", "--dataset", "nope", "--split", "test")
     assert (unknown.returncode, unknown.stderr.strip()) == (2, "error: unknown dataset 'nope'")
     bad = door.cli("evalq_not-a-token", "runs")
     assert (bad.returncode, bad.stderr.strip()) == (
@@ -230,7 +221,7 @@ def test_refusals_exit_3_change_nothing_and_are_audited(door: Door, tmp_path: Pa
     assert [e["who"] for e in refusals] == ["alice"] * len(refused) + ["anonymous"]
     assert all(json.loads(e["after"])["reason"] for e in refusals)
     # a missing split is named as such (exit 2), not as a tier refusal
-    typo = door.cli_here(door.alice, "submit", "spy", "--dataset", "ds", "--split", "valdation")
+    typo = door.cli(door.alice, "submit", "spy", "--dataset", "ds", "--split", "valdation")
     assert typo.returncode == 2
     assert typo.stderr.strip() == (
         "error: dataset 'ds' has no split 'valdation' (splits: hidden, test, validation)"
@@ -524,7 +515,7 @@ def test_a_user_does_not_choose_or_see_a_non_viewable_runs_samples(door: Door) -
         assert all(0 <= i < 20 for i in ids)
         drawn.append(ids)
         for args in (("status", run_id, "--json"), ("runs", "--json")):
-            shown = door.cli_here(door.alice, *args).stdout
+            shown = door.cli(door.alice, *args).stdout
             assert "sample_ids" not in shown
             assert json.dumps(ids) not in shown
     assert drawn != [list(range(6))] * 3  # not the split's head (odds of that: ~1e-12)
@@ -537,18 +528,16 @@ def test_a_user_sweeps_compares_and_rescores_its_own_runs_only(door: Door, tmp_p
     assert swept.returncode == 0, swept.stderr
     found = json.loads(swept.stdout)
     for run_id in found["run_ids"]:
-        assert door.cli_here(door.alice, "watch", run_id).returncode == 0
-    listed = json.loads(
-        door.cli_here(door.alice, "runs", "--sweep", found["sweep"], "--json").stdout
-    )
+        assert door.cli(door.alice, "watch", run_id).returncode == 0
+    listed = json.loads(door.cli(door.alice, "runs", "--sweep", found["sweep"], "--json").stdout)
     assert sorted(v["run_id"] for v in listed) == sorted(found["run_ids"])
-    compared = door.cli_here(door.alice, "compare", "--sweep", found["sweep"], "--json")
+    compared = door.cli(door.alice, "compare", "--sweep", found["sweep"], "--json")
     assert compared.returncode == 0, compared.stderr
     assert json.loads(compared.stdout)["baseline"] == found["run_ids"][0]
-    refused = door.cli_here(door.bob, "compare", *found["run_ids"])
+    refused = door.cli(door.bob, "compare", *found["run_ids"])
     assert refused.returncode == 3
     assert "belongs to another principal" in refused.stderr
-    bobs = door.cli_here(door.bob, "runs", "--sweep", found["sweep"], "--json").stdout
+    bobs = door.cli(door.bob, "runs", "--sweep", found["sweep"], "--json").stdout
     assert json.loads(bobs) == []
     calls = tmp_path / "calls"
     rescored = door.cli(door.alice, "rescore", found["run_ids"][0], "--eval", "spy_close",
@@ -556,7 +545,7 @@ def test_a_user_sweeps_compares_and_rescores_its_own_runs_only(door: Door, tmp_p
     assert rescored.returncode == 0, rescored.stderr
     assert json.loads(rescored.stdout.splitlines()[-1])["status"] == "completed"
     assert not calls.exists()
-    refused = door.cli_here(door.bob, "rescore", found["run_ids"][0], "--eval", "spy_close")
+    refused = door.cli(door.bob, "rescore", found["run_ids"][0], "--eval", "spy_close")
     assert refused.returncode == 3
 
 
@@ -570,14 +559,14 @@ def test_a_user_sees_no_spec_fingerprint_and_no_data_path(door: Door, tmp_path: 
     door.operator.set_tier("gone", "validation", Tier.VIEWABLE)
     run_id = _run_id(door.cli(door.alice, "submit", "spy", "--dataset", "gone", "--split",
                               "validation", "--follow", "--json"))  # fmt: skip
-    mine = json.loads(door.cli_here(door.alice, "status", run_id, "--json").stdout)
+    mine = json.loads(door.cli(door.alice, "status", run_id, "--json").stdout)
     assert (mine["spec"], mine["provenance"]["spec"]) == ("", "")
-    root = json.loads(door.cli_here(door.admin_token, "status", run_id, "--json").stdout)
+    root = json.loads(door.cli(door.admin_token, "status", run_id, "--json").stdout)
     assert len(root["spec"]) == 64
-    assert root["spec"] not in door.cli_here(door.alice, "runs", "--json").stdout
+    assert root["spec"] not in door.cli(door.alice, "runs", "--json").stdout
     for file in data.iterdir():
         file.unlink()
-    missing = door.cli_here(door.alice, "results", run_id, "--with-input")
+    missing = door.cli(door.alice, "results", run_id, "--with-input")
     assert missing.returncode != 0
     assert "<path>" in missing.stderr
     assert str(data) not in missing.stderr
