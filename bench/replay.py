@@ -60,6 +60,10 @@ COLUMNS = "200"
 """Terminal width of every invocation, so that rich wraps and truncates alike."""
 AUDIT = "evalq:audit"
 ENDED = {"completed", "failed", "cancelled"}
+RELEASED = "released"
+"""The audit action of a held-out run's release (compared per recording, not per invocation)."""
+ARCHIVE_WAIT = 20.0
+"""Seconds a run that ended is waited for to be archived (its status shows when it was)."""
 MISSING = "nosuchrun0000000"
 """The id of a run the script names but did not make (a refused submit's)."""
 WAIT = 120.0
@@ -160,8 +164,8 @@ class Normaliser:
         for line in text.splitlines():
             try:
                 parsed = json.loads(line)
-            except ValueError:
-                lines.append(self.text(line))
+            except ValueError:  # rich pads a table's cells: a placeholder's length is not
+                lines.append(self.text(line).rstrip())  # the value's
                 continue
             lines.append(json.dumps(self.value(parsed), sort_keys=True))
         return "\n".join(lines)
@@ -336,6 +340,8 @@ class Replay:
     env: dict[str, dict[str, str]] = field(default_factory=dict)
     named: dict[str, str] = field(default_factory=dict)
     calls: list[Call] = field(default_factory=list)
+    releases: list[dict[str, str]] = field(default_factory=list)
+    """Release entries written while no invocation ran (the unrecorded reads of :meth:`wait`)."""
     last_audit: str = "0-0"
 
     def cli(self, door: str, *argv: str) -> Done:
@@ -374,18 +380,21 @@ class Replay:
                 self.wait(door, run_id)
 
     def wait(self, door: str, run_id: str) -> None:
-        """Until ``evalq status RUN --json`` through ``door`` says it ended (not recorded)."""
-        deadline = time.monotonic() + WAIT
+        """Until ``evalq status RUN --json`` through ``door`` says it ended and was archived (at
+        most :data:`ARCHIVE_WAIT` seconds after it ended; not recorded)."""
+        deadline, ended = time.monotonic() + WAIT, 0.0
         while time.monotonic() < deadline:
             admin = ["--admin"] if door == "admin" else []
             done = self.launch(["status", run_id, "--json", *admin], self.env[door])
             try:
-                status = json.loads(done.stdout).get("status")
+                view = json.loads(done.stdout)
             except ValueError:
-                status = None
-            if status in ENDED:
-                self.settle()
-                return
+                view = {}
+            if view.get("status") in ENDED:
+                ended = ended or time.monotonic()
+                if view.get("archived") is not None or time.monotonic() > ended + ARCHIVE_WAIT:
+                    self.settle()
+                    return
             time.sleep(0.2)
         raise RuntimeError(f"run {run_id} did not end in {WAIT}s")
 
@@ -393,7 +402,7 @@ class Replay:
         """Audit entries written after a run ended (by a worker or the gateway) are not the next
         invocation's: read them off under no invocation."""
         time.sleep(0.3)
-        self.new_audit()
+        self.releases += [e for e in self.new_audit() if e.get("action") == RELEASED]
 
 
 def _write_data(root: Path) -> dict[str, Path]:
@@ -715,6 +724,7 @@ def record(out: Path, *, fork: bool) -> None:
         "openapi": schema,
         "help": helps,
         "calls": [vars(c) for c in r.calls],
+        "releases": r.releases,
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(recording, indent=1, sort_keys=True) + "\n")
@@ -742,11 +752,17 @@ def normalised(recording: dict[str, Any]) -> dict[str, Any]:
                for path, text in texts.items()}
         for door, texts in recording["help"].items()
     }  # fmt: skip
+    calls = [norm.call(c) for c in recording["calls"]]
+    releases = [norm.value(e) for e in recording.get("releases", [])]
+    for call in calls:  # a release is written by the first read after its run ends, whichever
+        releases += [e for e in call["audit"] if e.get("action") == RELEASED]  # invocation
+        call["audit"] = [e for e in call["audit"] if e.get("action") != RELEASED]  # that is
     return {
         "counts": recording["counts"],
         "openapi": norm.value(recording["openapi"]),
         "help": helps,
-        "calls": [norm.call(c) for c in recording["calls"]],
+        "calls": calls,
+        "releases": sorted(releases, key=lambda e: json.dumps(e, sort_keys=True)),
     }
 
 
@@ -761,6 +777,10 @@ def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
             if before.get(path) != now.get(path):
                 found.append(f"{path} --help [{door}]:\n  old: {_short(before.get(path))}\n"
                              f"  new: {_short(now.get(path))}")  # fmt: skip
+    if old["releases"] != new["releases"]:
+        found.append(
+            f"releases:\n  old: {_short(old['releases'])}\n  new: {_short(new['releases'])}"
+        )
     olds, news = old["calls"], new["calls"]
     if len(olds) != len(news):
         found.append(f"{len(olds)} invocations before, {len(news)} now")
