@@ -17,6 +17,9 @@ from tests.helpers import evalq, labelled_rows, list_splits, wait_ended, wait_fo
 pytestmark = pytest.mark.integration
 
 PLUGIN = """
+import time
+from pathlib import Path
+
 from evalq.shared.evaluation import Evaluation, register
 
 
@@ -25,6 +28,8 @@ class Edited(Evaluation):
     label_fields = ("label",)
 
     def infer(self, model, rows):
+        while not Path(GATE).exists():  # the test holds the run going while it reads
+            time.sleep(0.05)
         return [VERSION for _ in rows]
 
     def score(self, row, output):
@@ -32,6 +37,7 @@ class Edited(Evaluation):
 
 
 VERSION = 1
+GATE = "{gate}"
 """
 
 
@@ -41,7 +47,10 @@ def test_an_edited_plugin_is_shown_stale_until_the_worker_restarts(
     module = f"edited_{uuid.uuid4().hex[:8]}"
     plugin = tmp_path / "plugins" / f"{module}.py"
     plugin.parent.mkdir()
-    plugin.write_text(PLUGIN)
+    gate = tmp_path / "gate"
+    gate.touch()
+    text = PLUGIN.replace("{gate}", str(gate))
+    plugin.write_text(text)
     loaded = hashlib.sha256(plugin.read_bytes()).hexdigest()
     path = os.pathsep.join([str(plugin.parent), os.environ.get("PYTHONPATH", "")])
     env = {"EVALQ_PLUGINS": f"tests.plugins,{module}", "PYTHONPATH": path}
@@ -60,12 +69,14 @@ def test_an_edited_plugin_is_shown_stale_until_the_worker_restarts(
     assert f"code {loaded[:12]}" in shown
     assert "stale" not in shown
 
-    plugin.write_text(PLUGIN.replace("VERSION = 1", "VERSION = 2"))
+    plugin.write_text(text.replace("VERSION = 1", "VERSION = 2"))
     edited = hashlib.sha256(plugin.read_bytes()).hexdigest()
     said = f"runs code {loaded[:12]}, but {plugin} is now {edited[:12]}"
     wait_for(lambda: said in fresh_stack.worker_log(), 60, "the worker to say its code is stale")
 
+    gate.unlink()  # the run goes on while submit reads it: it warns of what runs while it runs
     second = evalq(url, *submit, **env)
+    gate.touch()
     assert second.returncode == 0, second.stderr
     assert second.stderr.strip() == (
         f"warning: workers run evaluation 'edited' as code {loaded[:12]} but its file is now "
