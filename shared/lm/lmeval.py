@@ -1,0 +1,511 @@
+"""lm-evaluation-harness's own code, driven for evalq: a task resolved by lm-eval's
+``TaskManager`` and pinned (:func:`resolve`), rebuilt from its pinned files on the evaluated and
+few-shot splits of an evalq dataset (:func:`build_task`), its requests built as lm-eval builds
+them in one process (:func:`build_requests`), answered by lm-eval's ``HFLM`` around a warm model
+(:func:`answer`), and each document scored and the run aggregated by the task's filters,
+``process_results`` and aggregation functions (:class:`Scoring`).
+
+lm-eval is an optional dependency (``pip install 'evalq[lm-eval]'``), imported by these
+functions, never with the module; a missing or other version is refused in one line.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import hashlib
+import importlib
+import importlib.util
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from evalq.shared.errors import InputError, first_line
+from evalq.shared.lm.harness import (
+    INSTALL,
+    LM_EVAL_VERSION,
+    HarnessRequest,
+    HarnessRun,
+    HarnessSpec,
+    PinnedFile,
+    metric_name,
+)
+
+if TYPE_CHECKING:
+    from datasets import Dataset
+
+__all__ = [
+    "Scoring",
+    "answer",
+    "build_requests",
+    "build_task",
+    "harness_lm",
+    "lm_eval_package",
+    "resolve",
+    "verify",
+]
+
+_STRUCTURAL = ("tag", "group", "task_list")
+"""Keys of a task's YAML that say where it is listed, not what it is (lm-eval drops them)."""
+STDERR_BOOTSTRAP = 100_000
+"""lm-eval's default ``bootstrap_iters``: metrics with a closed-form standard error (``mean``)
+use that, the bootstrapped ones this many draws."""
+FEWSHOT_SEED = 1234
+"""lm-eval's default ``fewshot_random_seed``."""
+
+
+def lm_eval_package() -> ModuleType:
+    """The installed lm-eval, checked to be :data:`LM_EVAL_VERSION`; :class:`InputError`, one
+    line naming the pip command, when it is missing or another version."""
+    try:
+        module = importlib.import_module("lm_eval")
+    except ImportError:
+        raise InputError(f"lm-eval tasks need lm-eval {LM_EVAL_VERSION}: {INSTALL}") from None
+    version = getattr(module, "__version__", "?")
+    if version != LM_EVAL_VERSION:
+        raise InputError(
+            f"lm-eval tasks need lm-eval {LM_EVAL_VERSION}, this machine has {version}: {INSTALL}"
+        )
+    return module
+
+
+def _package_root() -> Path:
+    return Path(str(lm_eval_package().__file__)).parent.resolve()
+
+
+def _root_of(file: PinnedFile, include: str | None) -> Path:
+    if file.root == "lm_eval":
+        return _package_root()
+    if include is None:
+        raise InputError(f"{file.path}: an include folder's file, but the task names none")
+    return Path(include)
+
+
+def _pin(path: Path, include: Path | None) -> PinnedFile:
+    """``path`` by its root and sha256; a file outside lm-eval and the include folder is
+    refused (a worker could not find it by the same name)."""
+    path = path.resolve()
+    for root, base in (("include", include), ("lm_eval", _package_root())):
+        if base is not None and path.is_relative_to(base):
+            digest = hashlib.sha256(path.read_bytes()).hexdigest()
+            relative = path.relative_to(base).as_posix()
+            return PinnedFile(root=root, path=relative, sha256=digest)  # type: ignore[arg-type]
+    raise InputError(f"{path}: a task's files must lie inside lm-eval or the include folder")
+
+
+class _Function(str):
+    """A ``!function module.name`` value, as the registered config shows it."""
+
+    __slots__ = ()
+
+
+def _walk(path: Path, include: Path | None, files: dict[Path, PinnedFile]) -> dict[str, Any]:
+    """The YAML file ``path`` merged with what it includes, as lm-eval's ``load_yaml`` merges
+    them, each file it reads (and each ``!function`` module) pinned into ``files``."""
+    path = path.resolve()
+    if path in files:
+        raise InputError(f"{path}: included twice (an include cycle?)")
+    files[path] = _pin(path, include)
+    modules: list[str] = []
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    def function(loader: yaml.SafeLoader, node: yaml.Node) -> str:
+        spec = str(loader.construct_scalar(node))  # type: ignore[arg-type]
+        modules.append(spec)
+        return _Function(f"!function {spec}")
+
+    Loader.add_constructor("!function", function)
+    config = yaml.load(path.read_text(encoding="utf-8"), Loader=Loader)  # noqa: S506 - SafeLoader
+    if not isinstance(config, dict):
+        raise InputError(f"{path}: not a YAML mapping")
+    for spec in modules:
+        module = _module_file(spec, path.parent)
+        if module not in files:
+            files[module] = _pin(module, include)
+    includes = config.pop("include", None)
+    if includes is None:
+        return config
+    merged: dict[str, Any] = {}
+    for name in includes if isinstance(includes, list) else [includes]:
+        found = Path(name) if Path(name).is_absolute() else path.parent / name
+        included = _walk(found, include, files)
+        included.pop("task_list", None)
+        merged.update(included)
+    merged.update(config)
+    return merged
+
+
+def _module_file(spec: str, base: Path) -> Path:
+    """The file a ``!function`` names, looked up as lm-eval looks it up: a module beside the
+    YAML file first, then an importable one."""
+    module, _, _ = spec.rpartition(".")
+    beside = base / f"{module.replace('.', '/')}.py"
+    if beside.exists():
+        return beside.resolve()
+    found = importlib.util.find_spec(module) if module else None
+    if found is None or found.origin is None:
+        raise InputError(f"!function {spec}: no module {module!r} beside the YAML or installed")
+    return Path(found.origin).resolve()
+
+
+def resolve(task: str, include_path: Path | None) -> HarnessSpec:
+    """lm-eval's task ``task``, found by lm-eval's ``TaskManager`` (in ``include_path`` first
+    when given, then with lm-eval's own tasks), its config read and every file pinned.
+    :class:`InputError`, one line, for an unknown task, a group or tag, a task class, and
+    anything lm-eval cannot build."""
+    lm_eval_package()
+    from lm_eval.tasks import TaskManager
+    from lm_eval.tasks._index import Kind
+
+    include = None if include_path is None else include_path.resolve()
+    if include is not None and not include.is_dir():
+        raise InputError(f"--include-path {include_path}: no such folder")
+    entry = None
+    managers: list[Any] = []
+    if include is not None:
+        managers.append(TaskManager(include_path=str(include), include_defaults=False))
+        entry = managers[-1].task_index.get(task)
+    if entry is None:
+        managers.append(TaskManager(include_path=None if include is None else str(include)))
+        entry = managers[-1].task_index.get(task)
+    if entry is None:
+        close = difflib.get_close_matches(task, managers[-1].all_tasks, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise InputError(f"lm-eval has no task '{task}'{hint}")
+    if entry.kind in (Kind.GROUP, Kind.TAG):
+        raise InputError(
+            f"'{task}' is an lm-eval {entry.kind.name.lower()}: groups are not supported yet; "
+            "register its tasks one by one"
+        )
+    if entry.kind is Kind.PY_TASK or entry.yaml_path is None:
+        raise InputError(f"'{task}' is an lm-eval task class: task classes are not supported yet")
+    files: dict[Path, PinnedFile] = {}
+    config = _walk(Path(entry.yaml_path), include, files)
+    if "class" in config:
+        raise InputError(f"'{task}' is an lm-eval task class: task classes are not supported yet")
+    if config.get("task") != task:
+        raise InputError(f"'{task}': its YAML defines {config.get('task')!r}, not one task")
+    for key in _STRUCTURAL:
+        config.pop(key, None)
+    spec = _spec_with(task, include, files, config)
+    built = _configurable(config_of(spec, checked=False))
+    return spec.model_copy(
+        update={
+            "output_type": str(built.get_config("output_type")),
+            "metrics": _metric_names(built),
+        }
+    )
+
+
+def _spec_with(
+    task: str, include: Path | None, files: dict[Path, PinnedFile], config: dict[str, Any]
+) -> HarnessSpec:
+    fewshot = config.get("fewshot_config") or {}
+    split = None
+    if not (isinstance(fewshot, dict) and fewshot.get("samples") and not fewshot.get("split")):
+        split = next(
+            (
+                str(s)
+                for s in (
+                    fewshot.get("split") if isinstance(fewshot, dict) else None,
+                    config.get("fewshot_split"),
+                    config.get("training_split"),
+                    config.get("validation_split"),
+                    config.get("test_split"),
+                )
+                if s
+            ),
+            None,
+        )
+    shots = config.get("num_fewshot")
+    return HarnessSpec(
+        lm_eval=task,
+        include_path=None if include is None else str(include),
+        files=tuple(files.values()),
+        config=_plain(config),
+        output_type=str(config.get("output_type", "generate_until")),
+        metrics=(),
+        num_fewshot=shots if isinstance(shots, int) else None,
+        fewshot_split=split,
+    )
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as JSON holds it (``!function`` values as their text)."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    return str(value)
+
+
+def verify(spec: HarnessSpec) -> Path:
+    """Check every file of ``spec`` against its pinned sha256 on this machine; return the
+    task's YAML file. :class:`InputError`, one line, for a changed or missing file or another
+    lm-eval version."""
+    lm_eval_package()
+    if spec.version != LM_EVAL_VERSION:
+        raise InputError(
+            f"lm-eval task '{spec.lm_eval}' was registered with lm-eval {spec.version}; this "
+            f"machine runs {LM_EVAL_VERSION}: register it again"
+        )
+    for file in spec.files:
+        path = _root_of(file, spec.include_path) / file.path
+        try:
+            digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        except OSError as exc:
+            raise InputError(f"lm-eval task '{spec.lm_eval}': {path}: {first_line(exc)}") from None
+        if digest != file.sha256:
+            raise InputError(
+                f"lm-eval task '{spec.lm_eval}': {path} changed since it was registered "
+                f"(sha256 {digest[:12]}, pinned {file.sha256[:12]}): register it again"
+            )
+    first = spec.files[0]
+    return _root_of(first, spec.include_path) / first.path
+
+
+def config_of(spec: HarnessSpec, *, checked: bool = True) -> dict[str, Any]:
+    """The task's config as lm-eval loads it (``!function`` values imported), from its pinned
+    files, checked first (:func:`verify`) unless ``checked`` is False (at registration, where
+    they were just pinned)."""
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    first = spec.files[0]
+    path = verify(spec) if checked else _root_of(first, spec.include_path) / first.path
+    config = copy.deepcopy(load_yaml(path, resolve_func=True))
+    for key in _STRUCTURAL:
+        config.pop(key, None)
+    return config
+
+
+def _configurable(config: dict[str, Any], docs: Mapping[str, Dataset] | None = None) -> Any:
+    """lm-eval's ``ConfigurableTask`` for ``config`` over ``docs`` (split name -> documents);
+    without ``docs``, over one empty-valued document (only its config is read)."""
+    from datasets import Dataset, DatasetDict
+    from lm_eval.api.task import ConfigurableTask
+
+    if docs is None:
+        placeholder = Dataset.from_list([{"_": ""}])
+        split = "test"
+        config = {**config, "test_split": split, "validation_split": None}
+        config |= {"training_split": None, "fewshot_split": None, "process_docs": None}
+        config |= {"doc_to_text": "", "doc_to_target": "", "doc_to_choice": None}
+        config["fewshot_config"] = None
+        docs = {split: placeholder}
+    chosen = DatasetDict(dict(docs))
+
+    def dataset(**_: Any) -> DatasetDict:
+        return chosen
+
+    try:
+        return ConfigurableTask(config={**config, "custom_dataset": dataset})
+    except InputError:
+        raise
+    except Exception as exc:
+        name = config.get("task", "?")
+        raise InputError(f"lm-eval cannot build task '{name}': {first_line(exc)}") from None
+
+
+def _metric_names(task: Any) -> tuple[str, ...]:
+    filters = [f.name for f in task._filters]  # noqa: SLF001 - lm-eval keeps them there only
+    return tuple(metric_name(m, f) for f in filters for m in task.aggregation())
+
+
+def build_task(
+    run: HarnessRun,
+    rows: Dataset,
+    fewshot_rows: Dataset | None,
+    generation: Mapping[str, Any] | None = None,
+) -> Any:
+    """The task ``run`` records, as lm-eval builds it, over ``rows`` (the evaluated split,
+    its ``test_split``) and ``fewshot_rows`` (its few-shot split, under the same name), with
+    the run's few-shot count and lm-eval's few-shot seed; ``generation``: ``--gen_kwargs``."""
+    config = config_of(run.harness)
+    config["test_split"] = run.split
+    docs: dict[str, Dataset] = {run.split: rows}
+    if run.num_fewshot == 0 or fewshot_rows is None or run.fewshot_split is None:
+        config |= {"training_split": None, "validation_split": None, "fewshot_split": None}
+        fewshot = config.get("fewshot_config")
+        if isinstance(fewshot, dict) and fewshot.get("split"):
+            config["fewshot_config"] = {**fewshot, "split": None}
+    else:
+        docs[run.fewshot_split] = fewshot_rows
+    task = _configurable(config, docs)
+    if generation and task.get_config("output_type") == "generate_until":
+        task.set_config(key="generation_kwargs", value=dict(generation), update=True)
+    if task.get_config("num_fewshot") != 0 or run.num_fewshot == 0:
+        task.set_config(key="num_fewshot", value=run.num_fewshot)
+    task.set_fewshot_seed(seed=FEWSHOT_SEED)
+    return task
+
+
+def build_requests(task: Any, sample_ids: Sequence[int]) -> dict[int, list[HarnessRequest]]:
+    """Every document's requests as lm-eval builds them (``build_all_requests`` in one
+    process: rank 0 of 1, its few-shot sampler drawing in document order), by sample id."""
+    ordered = sorted(sample_ids)
+    every = ordered == list(range(len(ordered)))
+    task.build_all_requests(
+        limit=len(ordered) if every else None,
+        samples=None if every else ordered,
+        rank=0,
+        world_size=1,
+    )
+    built: dict[int, list[HarnessRequest]] = {}
+    for instance in task.instances:
+        sample_id = ordered[instance.doc_id]
+        built.setdefault(sample_id, []).append(
+            HarnessRequest(
+                request_type=instance.request_type,
+                arguments=_plain(list(instance.args)),
+                idx=instance.idx,
+                repeats=instance.repeats or 1,
+            )
+        )
+    for requests in built.values():
+        requests.sort(key=lambda r: r.idx)
+    return built
+
+
+def harness_lm(model: Any, tokenizer: Any, batch_size: int, max_length: int | None) -> Any:
+    """lm-eval's ``HFLM`` around an already loaded transformers model and tokenizer, so
+    log-likelihoods and generations are computed by lm-eval's code."""
+    lm_eval_package()
+    from lm_eval.models.huggingface import HFLM
+
+    return HFLM(
+        pretrained=model, tokenizer=tokenizer, batch_size=batch_size, max_length=max_length
+    )
+
+
+def _argument(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
+def answer(lm: Any, documents: Sequence[Sequence[HarnessRequest]]) -> list[list[list[Any]]]:
+    """Each document's requests answered by ``lm`` (lm-eval's model API: every request of one
+    type in one call, ``repeats`` times each, as lm-eval's evaluator calls it): per document,
+    per request, its responses."""
+    from lm_eval.api.instance import Instance
+
+    by_type: dict[str, list[tuple[int, int, Any]]] = {}
+    for d, requests in enumerate(documents):
+        for r, request in enumerate(requests):
+            instance = Instance(
+                request_type=request.request_type,
+                doc={},
+                arguments=tuple(_argument(a) for a in request.arguments),
+                idx=request.idx,
+                metadata=(None, d, request.repeats),
+            )
+            for _ in range(request.repeats):
+                by_type.setdefault(request.request_type, []).append((d, r, instance))
+    answers: list[list[list[Any]]] = [[[] for _ in requests] for requests in documents]
+    for request_type, entries in by_type.items():
+        responses = getattr(lm, request_type)([instance for _, _, instance in entries])
+        for (d, r, _), response in zip(entries, responses, strict=True):
+            answers[d][r].append(_plain(response))
+    return answers
+
+
+class Scoring:
+    """A task's scoring side, as lm-eval scores: per document its filters and
+    ``process_results`` (on the document ``process_docs`` made), per run its aggregation
+    functions and standard errors (``lm_eval.api.metrics``)."""
+
+    def __init__(self, run: HarnessRun, first_row: Mapping[str, Any]) -> None:
+        from datasets import Dataset
+
+        self.run = run
+        self.task = build_task(run, Dataset.from_list([dict(first_row)]), None)
+
+    def document(self, row: Mapping[str, Any]) -> dict[str, Any]:
+        """``row`` as the task's documents are (its ``process_docs`` applied)."""
+        from datasets import Dataset
+
+        process = self.task.config.process_docs
+        if process is None:
+            return dict(row)
+        done = process(Dataset.from_list([dict(row)]))
+        if len(done) != 1:
+            raise InputError("the task's process_docs does not keep one document per row")
+        return dict(done[0])
+
+    def score(
+        self, row: Mapping[str, Any], requests: Sequence[HarnessRequest], responses: list[Any]
+    ) -> tuple[dict[str, float], dict[str, Any]]:
+        """The document's metrics (evalq's names) and what lm-eval's ``--log_samples`` logs
+        for it: its arguments, responses, filtered responses per filter, and target."""
+        from lm_eval.api.instance import Instance
+
+        doc = self.document(row)
+        instances = [
+            Instance(
+                request_type=request.request_type,
+                doc=doc,
+                arguments=tuple(_argument(a) for a in request.arguments),
+                idx=request.idx,
+                metadata=(self.run.harness.lm_eval, 0, request.repeats),
+                resps=[_argument(r) if isinstance(r, list) else r for r in got],
+            )
+            for request, got in zip(requests, responses, strict=True)
+        ]
+        metrics: dict[str, float] = {}
+        filtered: dict[str, list[Any]] = {}
+        for ensemble in self.task._filters:  # noqa: SLF001 - as task.apply_filters runs them
+            ensemble.apply(instances)
+            kept = [instance.filtered_resps[ensemble.name] for instance in instances]
+            filtered[ensemble.name] = _plain(kept)
+            for metric, value in self.task.process_results(doc, kept).items():
+                metrics[metric_name(metric, ensemble.name)] = _number(metric, value)
+        logged = {
+            "arguments": [list(i.args) for i in instances],
+            "resps": [i.resps for i in instances],
+            "filtered_resps": filtered,
+            "target": _plain(self.task.doc_to_target(doc)),
+        }
+        return metrics, _plain(logged)
+
+    def _functions(self) -> Iterator[tuple[str, Callable[[list[float]], float]]]:
+        aggregation = self.task.aggregation()
+        for ensemble in self.task._filters:  # noqa: SLF001
+            for metric, function in aggregation.items():
+                yield metric_name(metric, ensemble.name), function
+
+    def aggregate(self, scores: Sequence[Mapping[str, float]]) -> dict[str, float]:
+        """Each metric by the task's aggregation function (``mean``, ...)."""
+        return {
+            name: float(function([s[name] for s in scores if name in s]))
+            for name, function in self._functions()
+            if any(name in s for s in scores)
+        }
+
+    def stderrs(self, scores: Sequence[Mapping[str, float]]) -> dict[str, float | None]:
+        """Each metric's standard error as lm-eval computes it (``stderr_for_metric``)."""
+        from lm_eval.api.metrics import stderr_for_metric
+
+        found: dict[str, float | None] = {}
+        for name, function in self._functions():
+            values = [s[name] for s in scores if name in s]
+            stderr = stderr_for_metric(function, STDERR_BOOTSTRAP)
+            value = stderr(values) if stderr is not None and len(values) > 1 else None
+            found[name] = None if value is None or not math.isfinite(value) else float(value)
+        return found
+
+
+def _number(metric: str, value: Any) -> float:
+    """A per-document value evalq stores (a float); lm-eval's tuples for corpus-level metrics
+    (perplexity's, bleu's) are refused for now."""
+    if isinstance(value, bool | int | float):
+        return float(value)
+    raise InputError(
+        f"metric '{metric}' gives {type(value).__name__} values per document: corpus-level "
+        "metrics are not supported yet"
+    )
