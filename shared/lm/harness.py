@@ -69,6 +69,10 @@ class HarnessSpec(_Model):
     """The task's config as its YAML files say it (includes merged, ``!function`` values as
     ``!function module.name``): what ``tasks list`` shows."""
     output_type: str
+    labels: tuple[str, ...] = ()
+    """The document fields its ``doc_to_target`` reads (a column, or a Jinja template's
+    variables): label fields like a YAML task's ``target``, scrubbed from every split's rows
+    before any inference (:mod:`evalq.shared.store.labels`)."""
     metrics: tuple[str, ...]
     """Its metrics as evalq names them (:func:`metric_name`), one per metric and filter."""
     num_fewshot: int | None = None

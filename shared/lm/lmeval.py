@@ -230,10 +230,24 @@ def _spec_with(
         files=tuple(files.values()),
         config=_plain(config),
         output_type=str(config.get("output_type", "generate_until")),
+        labels=_target_fields(config.get("doc_to_target")),
         metrics=(),
         num_fewshot=shots if isinstance(shots, int) else None,
         fewshot_split=split,
     )
+
+
+def _target_fields(target: Any) -> tuple[str, ...]:
+    """The fields a ``doc_to_target`` reads: a Jinja template's undeclared variables, or the
+    text itself (a column's name); none for a number or a ``!function``."""
+    if not isinstance(target, str) or isinstance(target, _Function):
+        return ()
+    import jinja2
+    from jinja2 import meta
+
+    if "{" not in target:
+        return (target,)
+    return tuple(sorted(meta.find_undeclared_variables(jinja2.Environment().parse(target))))
 
 
 def _plain(value: Any) -> Any:
@@ -420,11 +434,16 @@ class Scoring:
     ``process_results`` (on the document ``process_docs`` made), per run its aggregation
     functions and standard errors (``lm_eval.api.metrics``)."""
 
-    def __init__(self, run: HarnessRun, first_row: Mapping[str, Any]) -> None:
+    def __init__(self, run: HarnessRun, first_row: Mapping[str, Any] | None) -> None:
+        """Built on ``first_row`` (the task is built on a document, as lm-eval builds it);
+        without one, for aggregation only (its filters and aggregation functions)."""
         from datasets import Dataset
 
         self.run = run
-        self.task = build_task(run, Dataset.from_list([dict(first_row)]), None)
+        if first_row is None:
+            self.task = _configurable(config_of(run.harness))
+        else:
+            self.task = build_task(run, Dataset.from_list([dict(first_row)]), None)
 
     def document(self, row: Mapping[str, Any]) -> dict[str, Any]:
         """``row`` as the task's documents are (its ``process_docs`` applied)."""
