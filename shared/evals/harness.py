@@ -165,7 +165,9 @@ class HarnessKind(TaskKind):
 
     def evaluation(self, meta: RunMeta, services: Services | None) -> HarnessTask:
         assert meta.task is not None  # claimed: the run records an lm-eval task
-        return HarnessTask(meta.eval, HarnessRun.model_validate_json(meta.task), meta.params, services)
+        return HarnessTask(
+            meta.eval, HarnessRun.model_validate_json(meta.task), meta.params, services
+        )
 
 
 register_kind(HarnessKind())

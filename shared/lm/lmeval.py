@@ -121,7 +121,7 @@ def _walk(path: Path, include: Path | None, files: dict[Path, PinnedFile]) -> di
         return _Function(f"!function {spec}")
 
     Loader.add_constructor("!function", function)
-    config = yaml.load(path.read_text(encoding="utf-8"), Loader=Loader)  # noqa: S506 - SafeLoader
+    config = yaml.load(path.read_text(encoding="utf-8"), Loader=Loader)
     if not isinstance(config, dict):
         raise InputError(f"{path}: not a YAML mapping")
     for spec in modules:
@@ -294,7 +294,7 @@ def config_of(spec: HarnessSpec, *, checked: bool = True) -> dict[str, Any]:
 
     first = spec.files[0]
     path = verify(spec) if checked else _root_of(first, spec.include_path) / first.path
-    config = copy.deepcopy(load_yaml(path, resolve_func=True))
+    config: dict[str, Any] = copy.deepcopy(load_yaml(path, resolve_func=True))
     for key in _STRUCTURAL:
         config.pop(key, None)
     return config
@@ -329,7 +329,7 @@ def _configurable(config: dict[str, Any], docs: Mapping[str, Dataset] | None = N
 
 
 def _metric_names(task: Any) -> tuple[str, ...]:
-    filters = [f.name for f in task._filters]  # noqa: SLF001 - lm-eval keeps them there only
+    filters = [f.name for f in task._filters]
     return tuple(metric_name(m, f) for f in filters for m in task.aggregation())
 
 
@@ -394,9 +394,7 @@ def harness_lm(model: Any, tokenizer: Any, batch_size: int, max_length: int | No
     lm_eval_package()
     from lm_eval.models.huggingface import HFLM
 
-    return HFLM(
-        pretrained=model, tokenizer=tokenizer, batch_size=batch_size, max_length=max_length
-    )
+    return HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, max_length=max_length)
 
 
 def _argument(value: Any) -> Any:
@@ -478,7 +476,7 @@ class Scoring:
         ]
         metrics: dict[str, float] = {}
         filtered: dict[str, list[Any]] = {}
-        for ensemble in self.task._filters:  # noqa: SLF001 - as task.apply_filters runs them
+        for ensemble in self.task._filters:
             ensemble.apply(instances)
             kept = [instance.filtered_resps[ensemble.name] for instance in instances]
             filtered[ensemble.name] = _plain(kept)
@@ -494,7 +492,7 @@ class Scoring:
 
     def _functions(self) -> Iterator[tuple[str, Callable[[list[float]], float]]]:
         aggregation = self.task.aggregation()
-        for ensemble in self.task._filters:  # noqa: SLF001
+        for ensemble in self.task._filters:
             for metric, function in aggregation.items():
                 yield metric_name(metric, ensemble.name), function
 

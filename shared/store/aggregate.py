@@ -95,7 +95,9 @@ def _stats(run_id: str, counted: Counted, evaluation: Evaluation, clusters: Clus
                 raise ValueError("its clusters were not given")
             grouped = clusters(sorted(counted.scores))
         own = runner_of(evaluation).stats(counted.scores)
-        described = own if own is not None else describe(counted.scores, custom, grouped, counted.ranges)
+        described = (
+            own if own is not None else describe(counted.scores, custom, grouped, counted.ranges)
+        )
         stats = counted.noted(described)
         return json.dumps(
             {name: stat.model_dump(mode="json") for name, stat in stats.items()},
