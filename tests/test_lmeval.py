@@ -1,0 +1,311 @@
+"""lm-evaluation-harness tasks on the fleet, with lm-eval's own numbers: a task registered from
+lm-eval (``tasks add NAME --lm-eval TASK --include-path DIR``), its requests built once at
+submit, answered by real workers on SmolLM2-135M, and scored and aggregated by lm-eval's code.
+The parity tests run lm-eval 0.4.13 single-process in the same test, on the same model and the
+same documents (an include folder's YAML points lm-eval's own arc_easy and gsm8k configs at the
+local files), and compare its metrics, standard errors and logged ``arguments`` with evalq's.
+The fast tests check registration, pinning and the refusals without Redis."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from evalq.producer.service.client import Client
+from evalq.producer.service.submit import SubmitRequest
+from evalq.shared.access.policy import Tier
+from evalq.shared.access.tiers import TierRegistry
+from evalq.shared.errors import InputError, TierRefusedError
+from evalq.shared.lm import lmeval
+from evalq.shared.lm.harness import HarnessRun, HarnessSpec
+from evalq.shared.lm.local import smollm2
+from evalq.shared.lm.spec import ModelSpec
+from evalq.shared.settings import Settings
+from evalq.shared.store.runs import RunStore
+from tests.conftest import Stack
+from tests.helpers import list_splits, wait_completed, write_rows
+
+LM_EVAL_TASKS = Path(lmeval.lm_eval_package().__file__ or "").parent / "tasks"
+
+ARC = [
+    ("Which gas do plants take in from the air?",
+     ["carbon dioxide", "helium", "neon", "argon"], "ABCD", "A"),
+    ("What is the boiling point of water at sea level?",
+     ["50 degrees Celsius", "100 degrees Celsius", "150 degrees Celsius"], "ABC", "B"),
+    ("Which planet is closest to the Sun?", ["Venus", "Mars", "Mercury", "Jupiter"], "1234", "3"),
+    ("What do bees make?", ["cow milk", "honey", "spider silk", "sheep wool"], "ABCD", "B"),
+    ("Which tool measures temperature?",
+     ["a ruler", "a kitchen scale", "a thermometer", "a clock"], "ABCD", "C"),
+    ("What is frozen water called?", ["steam", "ice", "fog", "morning dew"], "ABCD", "B"),
+]  # fmt: skip
+GSM = [
+    ("Tom has 3 apples and buys 4 more. How many apples does he have?", "3 + 4 = 7", 7),
+    ("A box holds 6 eggs. How many eggs are in 2 boxes?", "2 * 6 = 12", 12),
+    ("Sara had 10 pencils and gave away 3. How many are left?", "10 - 3 = 7", 7),
+    ("A car travels 20 miles each hour. How far does it go in 3 hours?", "20 * 3 = 60", 60),
+    ("There are 5 birds and 2 fly away. How many remain?", "5 - 2 = 3", 3),
+    ("Each pack has 8 cards. How many cards are in 3 packs?", "3 * 8 = 24", 24),
+    ("Mia reads 5 pages a day. How many pages does she read in 4 days?", "5 * 4 = 20", 20),
+    ("A farmer has 12 cows and sells 5. How many cows are left?", "12 - 5 = 7", 7),
+]
+BATCH = 4
+"""Requests per forward pass, evalq's (``--model-arg batch_size``) and lm-eval's alike."""
+
+
+def _arc_rows(chosen: list[tuple[str, list[str], str, str]]) -> list[dict[str, object]]:
+    return [
+        {"id": f"q{i}", "question": q, "choices": {"text": texts, "label": list(labels)},
+         "answerKey": key}
+        for i, (q, texts, labels, key) in enumerate(chosen)
+    ]  # fmt: skip
+
+
+def _gsm_rows(chosen: list[tuple[str, str, int]]) -> list[dict[str, object]]:
+    return [{"question": q, "answer": f"{work}\n#### {n}"} for q, work, n in chosen]
+
+
+def _task_yaml(name: str, base: str, data: Path, extra: str = "") -> str:
+    """An include folder's task: lm-eval's own config ``base`` read from the local ``data``
+    (its ``test`` and ``train`` files; evalq replaces the dataset with a registered one)."""
+    return (
+        f"include: {LM_EVAL_TASKS / base}\ntask: {name}\ndataset_path: json\n"
+        f"dataset_name: null\ndataset_kwargs:\n  data_files:\n"
+        f"    test: {data / 'test.jsonl'}\n    train: {data / 'train.jsonl'}\n{extra}"
+    )
+
+
+GSM_EXTRA = """num_fewshot: 3
+generation_kwargs:
+  until: ["Question:", "</s>", "<|im_end|>"]
+  do_sample: false
+  temperature: 0.0
+  max_gen_toks: 24
+"""
+"""gsm8k's own config, its generations cut at 24 tokens (a CPU's test)."""
+
+
+@pytest.fixture(scope="module")
+def tasks(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Data in the benchmarks' own columns (arc: ``test``/``train``; gsm8k: ``test``,
+    ``train``, and a ``held`` copy of ``train``) and an include folder with ``arc_local``
+    (lm-eval's arc_easy) and ``gsm_local`` (lm-eval's gsm8k, 3-shot from ``train``)."""
+    root = tmp_path_factory.mktemp("lmeval")
+    write_rows(root / "arc", "test", _arc_rows(ARC))
+    write_rows(root / "arc", "train", _arc_rows(ARC[:3]))
+    write_rows(root / "gsm", "test", _gsm_rows(GSM[:5]))
+    write_rows(root / "gsm", "train", _gsm_rows(GSM[5:] + GSM[:2]))
+    write_rows(root / "gsm", "held", _gsm_rows(GSM[4:]))
+    folder = root / "tasks"
+    folder.mkdir()
+    (folder / "arc_local.yaml").write_text(
+        _task_yaml("arc_local", "arc/arc_easy.yaml", root / "arc", "validation_split: null\n")
+    )
+    (folder / "gsm_local.yaml").write_text(
+        _task_yaml("gsm_local", "gsm8k/gsm8k.yaml", root / "gsm", GSM_EXTRA)
+    )
+    return folder
+
+
+@pytest.fixture(scope="module")
+def model() -> Path:
+    """SmolLM2-135M as a transformers folder (converted once from the shipped GGUF file)."""
+    return smollm2(Settings().models)
+
+
+def _lm_eval_reference(tasks: Path, model: Path, task: str) -> tuple[dict[str, Any], list[Any]]:
+    """lm-eval 0.4.13 itself, single process, on the same model and documents: its results
+    for ``task`` and its logged samples (``--log_samples``)."""
+    from lm_eval import simple_evaluate
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    lm = HFLM(pretrained=str(model), device="cpu", dtype="float32", batch_size=BATCH)
+    manager = TaskManager(include_path=str(tasks), include_defaults=False)
+    out = simple_evaluate(model=lm, tasks=[task], task_manager=manager, log_samples=True)
+    assert out is not None
+    return out["results"][task], out["samples"][task]
+
+
+@pytest.fixture
+def place(stack: Stack, model: Path, tasks: Path) -> Iterator[tuple[Client, Client, str, str]]:
+    """A user and an admin (model root: SmolLM2's folder's parent), and the two datasets:
+    arc (``test``, ``train`` viewable) and gsm (``test``, ``train`` viewable, ``held``
+    non_viewable)."""
+    data = tasks.parent
+    arc = list_splits(stack.client, data / "arc", "test", "train")
+    gsm = list_splits(stack.client, data / "gsm", "test", "train")
+    TierRegistry(stack.client).set(gsm, "held", Tier.NON_VIEWABLE, who="tests")
+    settings = stack.settings.model_copy(update={"model_roots": (model.parent,)})
+    user = Client(settings.model_copy(update={"principal": "lmeval-user"}))
+    admin = Client(settings.model_copy(update={"principal": "lmeval-admin"}), admin=True)
+    yield user, admin, arc, gsm
+    user.close()
+    admin.close()
+
+
+def _plain(value: Any) -> Any:
+    return json.loads(json.dumps(value))
+
+
+def _run(
+    stack: Stack, user: Client, name: str, dataset: str, model: Path, **more: object
+) -> tuple[dict[str, Any], dict[int, Any]]:
+    """Submit ``name`` on ``dataset/test`` and wait: its stats and its results by sample."""
+    fields = {"eval": name, "dataset": dataset, "split": "test", "model": f"hf/{model}"}
+    request = SubmitRequest.model_validate(
+        {**fields, "model_args": {"batch_size": str(BATCH)}, **more}
+    )
+    meta = user.submit(request)
+    wait_completed(stack.client, meta.run_id, timeout=600)
+    view = user.status(meta.run_id)
+    assert view.stats is not None
+    stats = {k: v.model_dump(mode="json") for k, v in view.stats.items()}
+    return stats, {r.sample_id: r for r in user.results(meta.run_id)}
+
+
+def _assert_parity(
+    stats: dict[str, Any], results: dict[int, Any], reference: dict[str, Any], logged: list[Any]
+) -> None:
+    """evalq's metrics and standard errors are lm-eval's (``metric,filter`` keys; the ``none``
+    filter's bare), and each document's prompts and per-document metrics are those it logged."""
+    names = {k.partition(",")[0] for k in reference if k != "alias" and "_stderr" not in k}
+    for key, value in reference.items():
+        metric, _, filter_name = key.partition(",")
+        if metric not in names:
+            continue
+        ours = metric if filter_name == "none" else key
+        assert stats[ours]["mean"] == value, key
+        assert stats[ours]["stderr"] == reference[f"{metric}_stderr,{filter_name}"], key
+    assert sorted(results) == sorted({s["doc_id"] for s in logged})
+    for sample in logged:
+        mine = results[sample["doc_id"]]
+        assert [r["arguments"] for r in mine.output["requests"]] == _plain(sample["arguments"])
+        assert mine.output["resps"] == _plain(sample["resps"])
+        filtered = "" if sample["filter"] == "none" else f",{sample['filter']}"
+        for metric in sample["metrics"]:
+            assert mine.scores[metric + filtered] == float(sample[metric]), metric
+
+
+def test_multiple_choice_with_multi_token_choices_equals_lm_eval(
+    stack: Stack, place: tuple[Client, Client, str, str], tasks: Path, model: Path
+) -> None:
+    user, admin, arc, _ = place
+    added = admin.add_lm_eval_task("arc-lm", "arc_local", include_path=str(tasks))
+    assert isinstance(added.spec, HarnessSpec)
+    assert (added.spec.output_type, added.spec.metrics) == ("multiple_choice", ("acc", "acc_norm"))
+    stats, results = _run(stack, user, "arc-lm", arc, model)
+    reference, logged = _lm_eval_reference(tasks, model, "arc_local")
+    _assert_parity(stats, results, reference, logged)
+    assert len(logged) == len(ARC)
+    assert {len(r.output["requests"]) for r in results.values()} == {3, 4}
+
+
+def test_generation_with_few_shot_and_two_regex_filters_equals_lm_eval(
+    stack: Stack, place: tuple[Client, Client, str, str], tasks: Path, model: Path
+) -> None:
+    user, admin, _, gsm = place
+    added = admin.add_lm_eval_task("gsm-lm", "gsm_local", include_path=str(tasks))
+    assert isinstance(added.spec, HarnessSpec)
+    metrics = ("exact_match,strict-match", "exact_match,flexible-extract")
+    assert (added.spec.metrics, added.spec.num_fewshot, added.spec.fewshot_split) == (
+        metrics, 3, "train",
+    )  # fmt: skip
+    stats, results = _run(stack, user, "gsm-lm", gsm, model)
+    reference, logged = _lm_eval_reference(tasks, model, "gsm_local")
+    _assert_parity(stats, results, reference, logged)
+    assert len(logged) == 2 * len(results)  # one logged sample per document and filter
+    for result in results.values():  # three examples from train, with their answers
+        context = result.output["requests"][0]["arguments"][0]
+        assert context.count("Question:") == 4
+        assert context.count("####") == 3
+
+
+def test_few_shot_from_a_held_out_split_is_refused_before_any_charge(
+    stack: Stack, place: tuple[Client, Client, str, str], tasks: Path, model: Path, tmp_path: Path
+) -> None:
+    user, admin, _, gsm = place
+    held = tmp_path / "tasks"
+    held.mkdir()
+    (held / "gsm_held.yaml").write_text(
+        (tasks / "gsm_local.yaml").read_text().replace("task: gsm_local", "task: gsm_held")
+        + "fewshot_split: held\n"
+    )
+    same = held / "gsm_same.yaml"
+    same.write_text(
+        (tasks / "gsm_local.yaml").read_text().replace("task: gsm_local", "task: gsm_same")
+        + "fewshot_split: test\n"
+    )
+    admin.add_lm_eval_task("gsm-held", "gsm_held", include_path=str(held))
+    admin.add_lm_eval_task("gsm-same", "gsm_same", include_path=str(held))
+    runs = RunStore(stack.client)
+    before = len(runs.recent(10_000))
+    fields = {"dataset": gsm, "split": "test", "model": f"hf/{model}"}
+    for name, said in (("gsm-held", "is non_viewable"), ("gsm-same", "the evaluated split")):
+        with pytest.raises(TierRefusedError) as refused:
+            user.submit(SubmitRequest.model_validate({"eval": name, **fields}))
+        assert refused.value.exit_code == 3
+        assert said in str(refused.value)
+        assert "\n" not in str(refused.value)
+    assert len(runs.recent(10_000)) == before  # nothing recorded, so nothing charged
+
+
+def test_registration_pins_every_file_and_refuses_a_changed_one(tasks: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "tasks"
+    shutil.copytree(tasks, folder)
+    spec = lmeval.resolve("gsm_local", folder)
+    assert [(f.root, f.path) for f in spec.files] == [
+        ("include", "gsm_local.yaml"),
+        ("lm_eval", "tasks/gsm8k/gsm8k.yaml"),
+    ]
+    assert spec.labels == ("answer",)
+    assert spec.config["num_fewshot"] == 3
+    assert lmeval.verify(spec) == folder / "gsm_local.yaml"
+    yaml_file = folder / "gsm_local.yaml"
+    yaml_file.write_text(yaml_file.read_text().replace("max_gen_toks: 24", "max_gen_toks: 25"))
+    with pytest.raises(InputError, match="changed since it was registered") as changed:
+        lmeval.verify(spec)
+    assert "\n" not in str(changed.value)
+    run = HarnessRun(harness=spec, model=ModelSpec.parse("hf/x"), num_fewshot=0, split="test")
+    with pytest.raises(InputError, match="changed since it was registered"):
+        lmeval.config_of(run.harness)
+
+
+def test_a_function_module_is_pinned_with_the_yaml(tmp_path: Path) -> None:
+    (tmp_path / "utils.py").write_text("def docs(dataset):\n    return dataset\n")
+    (tmp_path / "fn_task.yaml").write_text(
+        "task: fn_task\ndataset_path: json\noutput_type: multiple_choice\ntest_split: test\n"
+        "process_docs: !function utils.docs\ndoc_to_text: '{{q}}'\ndoc_to_target: gold\n"
+        "doc_to_choice: '{{options}}'\nmetric_list:\n  - metric: acc\n"
+    )
+    spec = lmeval.resolve("fn_task", tmp_path)
+    assert [f.path for f in spec.files] == ["fn_task.yaml", "utils.py"]
+    assert spec.config["process_docs"] == "!function utils.docs"
+    assert spec.labels == ("gold",)
+    (tmp_path / "utils.py").write_text("def docs(dataset):\n    return dataset.select([])\n")
+    with pytest.raises(InputError, match=r"utils\.py changed since it was registered"):
+        lmeval.verify(spec)
+
+
+def test_unknown_tasks_groups_and_a_missing_lm_eval_are_one_line(
+    tasks: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(InputError, match="lm-eval has no task 'arc_locl'.*'arc_local'"):
+        lmeval.resolve("arc_locl", tasks)
+    group = tasks.parent / "group"
+    group.mkdir(exist_ok=True)
+    (group / "both.yaml").write_text("group: both\ntask:\n  - arc_local\n  - gsm_local\n")
+    shutil.copy(tasks / "arc_local.yaml", group)
+    shutil.copy(tasks / "gsm_local.yaml", group)
+    with pytest.raises(InputError, match="'both' is an lm-eval group: groups are not supported"):
+        lmeval.resolve("both", group)
+    monkeypatch.setitem(__import__("sys").modules, "lm_eval", None)
+    with pytest.raises(InputError) as missing:
+        lmeval.resolve("arc_local", tasks)
+    assert str(missing.value) == (
+        "lm-eval tasks need lm-eval 0.4.13: pip install 'evalq[lm-eval]'"
+    )
