@@ -256,7 +256,9 @@ def test_few_shot_from_a_held_out_split_is_refused_before_any_charge(
     assert len(runs.recent(10_000)) == before  # nothing recorded, so nothing charged
 
 
-def test_registration_pins_every_file_and_refuses_a_changed_one(tasks: Path, tmp_path: Path) -> None:
+def test_registration_pins_every_file_and_refuses_a_changed_one(
+    tasks: Path, tmp_path: Path
+) -> None:
     folder = tmp_path / "tasks"
     shutil.copytree(tasks, folder)
     spec = lmeval.resolve("gsm_local", folder)
@@ -308,6 +310,4 @@ def test_unknown_tasks_groups_and_a_missing_lm_eval_are_one_line(
     monkeypatch.setitem(__import__("sys").modules, "lm_eval", None)
     with pytest.raises(InputError) as missing:
         lmeval.resolve("arc_local", tasks)
-    assert str(missing.value) == (
-        "lm-eval tasks need lm-eval 0.4.13: pip install 'evalq[lm-eval]'"
-    )
+    assert str(missing.value) == ("lm-eval tasks need lm-eval 0.4.13: pip install 'evalq[lm-eval]'")

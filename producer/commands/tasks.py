@@ -13,7 +13,6 @@ from rich.table import Table
 from evalq.producer.clients.api import open_api
 from evalq.shared.cli import JsonFlag, out, print_json
 from evalq.shared.errors import InputError
-from evalq.shared.lm.harness import HarnessSpec
 
 __all__ = ["tasks_app"]
 
@@ -76,6 +75,8 @@ def tasks_add(  # noqa: PLR0917 - a typer command: its options are its parameter
     if as_json:
         print_json(added.model_dump(mode="json"))
         return
+    from evalq.shared.lm.harness import HarnessSpec
+
     spec = added.spec
     if isinstance(spec, HarnessSpec):
         described = f"lm-eval {spec.lm_eval}, {spec.output_type}, metrics {', '.join(spec.metrics)}"
@@ -92,6 +93,8 @@ def tasks_list(as_json: JsonFlag = False) -> None:
     if as_json:
         print_json([task.model_dump(mode="json") for task in found])
         return
+    from evalq.shared.lm.harness import HarnessSpec
+
     table = Table("task", "kind", "output", "metrics", "few-shot", "digest")
     for task in found:
         spec = task.spec
