@@ -298,7 +298,9 @@ def test_a_function_module_is_pinned_with_the_yaml(tmp_path: Path) -> None:
 def test_unknown_tasks_groups_and_a_missing_lm_eval_are_one_line(
     tasks: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with pytest.raises(InputError, match=r"lm-eval has no task 'arc_locl' \(did you mean 'arc_local'\?\)"):
+    with pytest.raises(
+        InputError, match=r"lm-eval has no task 'arc_locl' \(did you mean 'arc_local'\?\)"
+    ):
         lmeval.resolve("arc_locl", tasks)
     group = tasks.parent / "group"
     group.mkdir(exist_ok=True)
