@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,9 @@ import pytest
 from evalq.producer.service.client import Client
 from evalq.producer.service.submit import SubmitRequest
 from evalq.shared.access.policy import Tier
+from evalq.shared.access.roles import Role
 from evalq.shared.access.tiers import TierRegistry
+from evalq.shared.cli import python
 from evalq.shared.errors import InputError, TierRefusedError
 from evalq.shared.lm import lmeval
 from evalq.shared.lm.harness import HarnessRun, HarnessSpec
@@ -28,7 +31,7 @@ from evalq.shared.lm.spec import ModelSpec
 from evalq.shared.settings import Settings
 from evalq.shared.store.runs import RunStore
 from tests.conftest import Stack
-from tests.helpers import list_splits, wait_completed, write_rows
+from tests.helpers import REPO, cli_env, gateway, list_splits, wait_completed, write_rows
 
 LM_EVAL_TASKS = Path(lmeval.lm_eval_package().__file__ or "").parent / "tasks"
 
@@ -313,3 +316,52 @@ def test_unknown_tasks_groups_and_a_missing_lm_eval_are_one_line(
     with pytest.raises(InputError) as missing:
         lmeval.resolve("arc_local", tasks)
     assert str(missing.value) == ("lm-eval tasks need lm-eval 0.4.13: pip install 'evalq[lm-eval]'")
+
+
+def test_the_cli_registers_lists_and_runs_an_lm_eval_task_through_the_gateway(
+    stack: Stack, place: tuple[Client, Client, str, str], tasks: Path, model: Path, tmp_path: Path
+) -> None:
+    """``tasks add NAME --lm-eval TASK --include-path DIR`` is an admin's (a user's is refused,
+    exit 3); ``tasks list`` shows its kind, output type, metrics and few-shot; ``submit
+    --num-fewshot`` runs it and ``status --json`` names its metrics as lm-eval does."""
+    _, operator, arc, _ = place
+    admin_token = operator.create_token("lmeval-root", Role.ADMIN)
+    user_token = operator.create_token("lmeval-cli", Role.USER)
+    roots = str(model.parent)
+    with gateway(stack.server.url, tmp_path / "gw.log", EVALQ_MODEL_ROOTS=roots) as (api, _):
+
+        def cli(token: str, *args: str) -> subprocess.CompletedProcess[str]:
+            env = cli_env("redis://must-not-be-read.invalid:1/0", EVALQ_API_URL=api)
+            env["COLUMNS"] = "200"  # a table's row on one line
+            return subprocess.run(
+                [*python("-c", "from evalq.shared.cli import main; main()"), *args],
+                env={**env, "EVALQ_TOKEN": token}, cwd=REPO, capture_output=True, text=True,
+                timeout=600, check=False,
+            )  # fmt: skip
+
+        add = ("tasks", "add", "arc-cli", "--lm-eval", "arc_local", "--include-path", str(tasks))
+        refused = cli(user_token, *add)
+        assert refused.returncode == 3, refused.stderr
+        added = cli(admin_token, *add)
+        assert added.returncode == 0, added.stderr
+        assert added.stdout.strip() == (
+            "registered task arc-cli: lm-eval arc_local, multiple_choice, metrics acc, acc_norm"
+        )
+        table = cli(user_token, "tasks", "list")
+        line = next(x for x in table.stdout.splitlines() if "arc-cli" in x)
+        for shown in ("lm-eval", "multiple_choice", "acc, acc_norm", "0 from train"):
+            assert shown in line
+        listed = {
+            t["name"]: t for t in json.loads(cli(user_token, "tasks", "list", "--json").stdout)
+        }
+        assert listed["arc-cli"]["spec"]["lm_eval"] == "arc_local"
+        submitted = cli(
+            user_token, "submit", "arc-cli", "--dataset", arc, "--split", "test", "--model",
+            f"hf/{model}", "--model-arg", f"batch_size={BATCH}", "--num-fewshot", "0",
+            "--follow", "--json",
+        )  # fmt: skip
+        assert submitted.returncode == 0, submitted.stderr
+        run_id = json.loads(submitted.stdout.splitlines()[0])["run_id"]
+        status = json.loads(cli(user_token, "status", run_id, "--json").stdout)
+        assert sorted(status["stats"]) == ["acc", "acc_norm"]
+        assert {s["method"] for s in status["stats"].values()} == {"lm-eval"}
