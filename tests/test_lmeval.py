@@ -56,6 +56,24 @@ GSM = [
     ("Mia reads 5 pages a day. How many pages does she read in 4 days?", "5 * 4 = 20", 20),
     ("A farmer has 12 cows and sells 5. How many cows are left?", "12 - 5 = 7", 7),
 ]
+HELLASWAG = [
+    ("Baking cookies", "A woman puts dough on a tray.", "she",
+     ["slides the tray into the oven.", "throws the tray [title] out the window.",
+      "paints the dough blue.", "sings to the tray loudly."], "0"),
+    ("Washing a car", "A man sprays the car with a hose.", "he",
+     ["eats the hose.", "scrubs the car with a sponge.", "drives the hose home.",
+      "reads a book to the car."], "1"),
+    ("Playing guitar", "A boy holds a guitar on his lap.", "he",
+     ["bakes the guitar.", "mails the guitar to the moon.", "strums the strings and sings.",
+      "plants the guitar in the garden."], "2"),
+    ("Brushing teeth", "A girl puts toothpaste on a brush.", "she",
+     ["brushes the dog's fur with it.", "puts it in the fridge.", "writes a letter.",
+      "brushes her teeth in front of the mirror."], "3"),
+    ("Walking a dog", "A man clips a leash to a dog.", "they",
+     ["walk down the street together.", "fly over the house.", "swim in the soup.",
+      "paint the leash [header] red."], "0"),
+]  # fmt: skip
+"""Documents in hellaswag's columns (``process_docs`` makes ``query``, ``choices``, ``gold``)."""
 BATCH = 4
 """Requests per forward pass, evalq's (``--model-arg batch_size``) and lm-eval's alike."""
 
@@ -103,6 +121,11 @@ def tasks(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_rows(root / "gsm", "test", _gsm_rows(GSM[:5]))
     write_rows(root / "gsm", "train", _gsm_rows(GSM[5:] + GSM[:2]))
     write_rows(root / "gsm", "held", _gsm_rows(GSM[4:]))
+    swag = [
+        {"activity_label": a, "ctx_a": ctx_a, "ctx_b": ctx_b, "endings": e, "label": label}
+        for a, ctx_a, ctx_b, e, label in HELLASWAG
+    ]
+    write_rows(root / "swag", "validation", swag)
     folder = root / "tasks"
     folder.mkdir()
     (folder / "arc_local.yaml").write_text(
@@ -110,6 +133,11 @@ def tasks(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     (folder / "gsm_local.yaml").write_text(
         _task_yaml("gsm_local", "gsm8k/gsm8k.yaml", root / "gsm", GSM_EXTRA)
+    )
+    (folder / "swag_local.yaml").write_text(
+        f"include: {LM_EVAL_TASKS / 'hellaswag/hellaswag.yaml'}\ntask: swag_local\n"
+        f"dataset_path: json\ndataset_kwargs:\n  data_files:\n"
+        f"    validation: {root / 'swag' / 'validation.jsonl'}\ntraining_split: null\n"
     )
     return folder
 
@@ -156,13 +184,11 @@ def _plain(value: Any) -> Any:
 
 
 def _run(
-    stack: Stack, user: Client, name: str, dataset: str, model: Path, **more: object
+    stack: Stack, user: Client, name: str, dataset: str, model: Path, *, split: str = "test"
 ) -> tuple[dict[str, Any], dict[int, Any]]:
-    """Submit ``name`` on ``dataset/test`` and wait: its stats and its results by sample."""
-    fields = {"eval": name, "dataset": dataset, "split": "test", "model": f"hf/{model}"}
-    request = SubmitRequest.model_validate(
-        {**fields, "model_args": {"batch_size": str(BATCH)}, **more}
-    )
+    """Submit ``name`` on ``dataset/split`` and wait: its stats and its results by sample."""
+    fields = {"eval": name, "dataset": dataset, "split": split, "model": f"hf/{model}"}
+    request = SubmitRequest.model_validate({**fields, "model_args": {"batch_size": str(BATCH)}})
     meta = user.submit(request)
     wait_completed(stack.client, meta.run_id, timeout=600)
     view = user.status(meta.run_id)
@@ -228,6 +254,31 @@ def test_generation_with_few_shot_and_two_regex_filters_equals_lm_eval(
         context = result.output["requests"][0]["arguments"][0]
         assert context.count("Question:") == 4
         assert context.count("####") == 3
+
+
+def test_multiple_choice_with_process_docs_as_a_function_equals_lm_eval(
+    stack: Stack, tasks: Path, model: Path
+) -> None:
+    swag = list_splits(stack.client, tasks.parent / "swag", "validation")
+    settings = stack.settings.model_copy(update={"model_roots": (model.parent,)})
+    admin = Client(settings.model_copy(update={"principal": "swag-admin"}), admin=True)
+    try:
+        added = admin.add_lm_eval_task("swag-lm", "swag_local", include_path=str(tasks))
+        assert isinstance(added.spec, HarnessSpec)
+        assert [f.path for f in added.spec.files][1:] == [
+            "tasks/hellaswag/hellaswag.yaml", "tasks/hellaswag/utils.py",
+        ]  # fmt: skip
+        assert added.spec.labels == ("label",)
+        stats, results = _run(stack, admin, "swag-lm", swag, model, split="validation")
+    finally:
+        admin.close()
+    reference, logged = _lm_eval_reference(tasks, model, "swag_local")
+    _assert_parity(stats, results, reference, logged)
+    first = results[0].output["requests"][0]["arguments"]
+    assert first == [
+        "Baking cookies: A woman puts dough on a tray. She",
+        " slides the tray into the oven.",
+    ]
 
 
 def test_few_shot_from_a_held_out_split_is_refused_before_any_charge(
