@@ -28,10 +28,11 @@ from evalq.shared.lm import lmeval
 from evalq.shared.lm.harness import HarnessRun, HarnessSpec
 from evalq.shared.lm.local import smollm2
 from evalq.shared.lm.spec import ModelSpec
+from evalq.shared.models import RunStatus
 from evalq.shared.settings import Settings
 from evalq.shared.store.runs import RunStore
 from tests.conftest import Stack
-from tests.helpers import REPO, cli_env, gateway, list_splits, wait_completed, write_rows
+from tests.helpers import REPO, cli_env, gateway, list_splits, wait_ended, write_rows
 
 LM_EVAL_TASKS = Path(lmeval.lm_eval_package().__file__ or "").parent / "tasks"
 
@@ -190,7 +191,7 @@ def _run(
     fields = {"eval": name, "dataset": dataset, "split": split, "model": f"hf/{model}"}
     request = SubmitRequest.model_validate({**fields, "model_args": {"batch_size": str(BATCH)}})
     meta = user.submit(request)
-    wait_completed(stack.client, meta.run_id, timeout=600)
+    assert wait_ended(stack.client, meta.run_id, timeout=170) is RunStatus.COMPLETED
     view = user.status(meta.run_id)
     assert view.stats is not None
     stats = {k: v.model_dump(mode="json") for k, v in view.stats.items()}
