@@ -16,20 +16,25 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
+from evalq.producer.operations.redis_server import RedisServer
 from evalq.producer.service.client import Client
 from evalq.producer.service.submit import SubmitRequest
 from evalq.shared.access.policy import Tier
 from evalq.shared.access.roles import Role
 from evalq.shared.access.tiers import TierRegistry
 from evalq.shared.cli import python
-from evalq.shared.errors import InputError, TierRefusedError
+from evalq.shared.errors import InputError, PermanentError, TierRefusedError
+from evalq.shared.evals.harness import HarnessTask, WarmHarness
 from evalq.shared.lm import lmeval
-from evalq.shared.lm.harness import HarnessRun, HarnessSpec
+from evalq.shared.lm.harness import HarnessRequest, HarnessRun, HarnessSpec
 from evalq.shared.lm.local import smollm2
 from evalq.shared.lm.spec import ModelSpec
 from evalq.shared.models import RunStatus
+from evalq.shared.services import Services
 from evalq.shared.settings import Settings
+from evalq.shared.store.requests import RequestStore
 from evalq.shared.store.runs import RunStore
 from tests.conftest import Stack
 from tests.helpers import REPO, cli_env, gateway, list_splits, wait_ended, write_rows
@@ -417,3 +422,46 @@ def test_the_cli_registers_lists_and_runs_an_lm_eval_task_through_the_gateway(
         status = json.loads(cli(user_token, "status", run_id, "--json").stdout)
         assert sorted(status["stats"]) == ["acc", "acc_norm"]
         assert {s["method"] for s in status["stats"].values()} == {"lm-eval"}
+
+
+class _SpyLM:
+    """lm-eval's model API, recording every request it is asked (the model: the outer edge)."""
+
+    def __init__(self) -> None:
+        self.seen: list[Any] = []
+
+    def loglikelihood(self, requests: list[Any]) -> list[tuple[float, bool]]:
+        self.seen.extend(requests)
+        return [(-float(len(r.args[1])), False) for r in requests]
+
+
+def test_the_model_sees_request_arguments_only(redis_only: RedisServer, tasks: Path) -> None:
+    """A worker's model is asked each sample's stored requests, by run and id: no document,
+    no label, even though the worker holds the (label-free) row."""
+    client = redis.Redis.from_url(redis_only.url)
+    spec = lmeval.resolve("arc_local", tasks)
+    run = HarnessRun(harness=spec, model=ModelSpec.parse("hf/x"), num_fewshot=0, split="test")
+    asked = [("Q?", " yes"), ("Q?", " no")]
+    built = {
+        7: [
+            HarnessRequest(request_type="loglikelihood", arguments=list(pair), idx=i)
+            for i, pair in enumerate(asked)
+        ]
+    }
+    fields, _ = RequestStore.encoded(built)
+    RequestStore(client).put("r1", fields)
+    services = Services(Settings(), client)
+    spy = _SpyLM()
+    row = {"id": "secret-id", "question": "secret question", "choices": {"text": ["a"]}}
+    [output] = HarnessTask("arc-lm", run, services=services).infer_samples(
+        WarmHarness(None, spy), [row], [("r1", 7)]
+    )
+    assert [(r.doc, r.args) for r in spy.seen] == [({}, pair) for pair in asked]
+    assert output == {
+        "requests": [r.model_dump(mode="json") for r in built[7]],
+        "resps": [[[-4.0, False]], [[-3.0, False]]],
+    }
+    with pytest.raises(PermanentError, match="no lm-eval requests for sample 8"):
+        HarnessTask("arc-lm", run, services=services).infer_samples(
+            WarmHarness(None, spy), [row], [("r1", 8)]
+        )
