@@ -127,7 +127,7 @@ def tasks(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_rows(root / "gsm", "test", _gsm_rows(GSM[:5]))
     write_rows(root / "gsm", "train", _gsm_rows(GSM[5:] + GSM[:2]))
     write_rows(root / "gsm", "held", _gsm_rows(GSM[4:]))
-    swag = [
+    swag: list[dict[str, object]] = [
         {"activity_label": a, "ctx_a": ctx_a, "ctx_b": ctx_b, "endings": e, "label": label}
         for a, ctx_a, ctx_b, e, label in HELLASWAG
     ]
