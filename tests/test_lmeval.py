@@ -21,6 +21,7 @@ import redis
 from evalq.producer.operations.redis_server import RedisServer
 from evalq.producer.service.client import Client
 from evalq.producer.service.submit import SubmitRequest
+from evalq.producer.service.views import SampleQuery
 from evalq.shared.access.policy import Tier
 from evalq.shared.access.roles import Role
 from evalq.shared.access.tiers import TierRegistry
@@ -191,16 +192,16 @@ def _plain(value: Any) -> Any:
 
 def _run(
     stack: Stack, user: Client, name: str, dataset: str, model: Path, *, split: str = "test"
-) -> tuple[dict[str, Any], dict[int, Any]]:
-    """Submit ``name`` on ``dataset/split`` and wait: its stats and its results by sample."""
+) -> tuple[str, dict[str, Any], dict[int, Any]]:
+    """Submit ``name`` on ``dataset/split`` and wait: its id, stats and results by sample."""
     fields = {"eval": name, "dataset": dataset, "split": split, "model": f"hf/{model}"}
     request = SubmitRequest.model_validate({**fields, "model_args": {"batch_size": str(BATCH)}})
     meta = user.submit(request)
-    assert wait_ended(stack.client, meta.run_id, timeout=170) is RunStatus.COMPLETED
+    assert wait_ended(stack.client, meta.run_id, timeout=500) is RunStatus.COMPLETED
     view = user.status(meta.run_id)
     assert view.stats is not None
     stats = {k: v.model_dump(mode="json") for k, v in view.stats.items()}
-    return stats, {r.sample_id: r for r in user.results(meta.run_id)}
+    return meta.run_id, stats, {r.sample_id: r for r in user.results(meta.run_id)}
 
 
 def _assert_parity(
@@ -228,6 +229,7 @@ def _assert_parity(
             assert mine.scores[metric + filtered] == float(sample[metric]), metric
 
 
+@pytest.mark.timeout(600)  # SmolLM2 on a CPU, run by evalq and by lm-eval
 def test_multiple_choice_with_multi_token_choices_equals_lm_eval(
     stack: Stack, place: tuple[Client, Client, str, str], tasks: Path, model: Path
 ) -> None:
@@ -235,13 +237,14 @@ def test_multiple_choice_with_multi_token_choices_equals_lm_eval(
     added = admin.add_lm_eval_task("arc-lm", "arc_local", include_path=str(tasks))
     assert isinstance(added.spec, HarnessSpec)
     assert (added.spec.output_type, added.spec.metrics) == ("multiple_choice", ("acc", "acc_norm"))
-    stats, results = _run(stack, user, "arc-lm", arc, model)
+    _, stats, results = _run(stack, user, "arc-lm", arc, model)
     reference, logged = _lm_eval_reference(tasks, model, "arc_local")
     _assert_parity(stats, results, reference, logged)
     assert len(logged) == len(ARC)
     assert {len(r.output["requests"]) for r in results.values()} == {3, 4}
 
 
+@pytest.mark.timeout(600)  # SmolLM2 on a CPU, run by evalq and by lm-eval
 def test_generation_with_few_shot_and_two_regex_filters_equals_lm_eval(
     stack: Stack, place: tuple[Client, Client, str, str], tasks: Path, model: Path
 ) -> None:
@@ -252,16 +255,22 @@ def test_generation_with_few_shot_and_two_regex_filters_equals_lm_eval(
     assert (added.spec.metrics, added.spec.num_fewshot, added.spec.fewshot_split) == (
         metrics, 3, "train",
     )  # fmt: skip
-    stats, results = _run(stack, user, "gsm-lm", gsm, model)
+    run_id, stats, results = _run(stack, user, "gsm-lm", gsm, model)
     reference, logged = _lm_eval_reference(tasks, model, "gsm_local")
     _assert_parity(stats, results, reference, logged)
     assert len(logged) == 2 * len(results)  # one logged sample per document and filter
+    page = user.samples.page(run_id, SampleQuery(with_input=True))
+    for shown in page.samples:  # a sample's page: its prompt, row and target
+        assert shown.prompt == results[shown.sample_id].output["requests"][0]["arguments"][0]
+        assert shown.input is not None
+        assert shown.target == shown.input["answer"]
     for result in results.values():  # three examples from train, with their answers
         context = result.output["requests"][0]["arguments"][0]
         assert context.count("Question:") == 4
         assert context.count("####") == 3
 
 
+@pytest.mark.timeout(600)  # SmolLM2 on a CPU, run by evalq and by lm-eval
 def test_multiple_choice_with_process_docs_as_a_function_equals_lm_eval(
     stack: Stack, tasks: Path, model: Path
 ) -> None:
@@ -275,7 +284,7 @@ def test_multiple_choice_with_process_docs_as_a_function_equals_lm_eval(
             "tasks/hellaswag/hellaswag.yaml", "tasks/hellaswag/utils.py",
         ]  # fmt: skip
         assert added.spec.labels == ("label",)
-        stats, results = _run(stack, admin, "swag-lm", swag, model, split="validation")
+        _, stats, results = _run(stack, admin, "swag-lm", swag, model, split="validation")
     finally:
         admin.close()
     reference, logged = _lm_eval_reference(tasks, model, "swag_local")
@@ -375,6 +384,7 @@ def test_unknown_tasks_groups_and_a_missing_lm_eval_are_one_line(
     assert str(missing.value) == ("lm-eval tasks need lm-eval 0.4.13: pip install 'evalq[lm-eval]'")
 
 
+@pytest.mark.timeout(600)  # SmolLM2 on a CPU, run by evalq and by lm-eval
 def test_the_cli_registers_lists_and_runs_an_lm_eval_task_through_the_gateway(
     stack: Stack, place: tuple[Client, Client, str, str], tasks: Path, model: Path, tmp_path: Path
 ) -> None:

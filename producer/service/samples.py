@@ -20,6 +20,7 @@ from evalq.producer.service.follower import Follower
 from evalq.producer.service.views import SamplePage, SampleQuery, rows_per_read
 from evalq.shared.data.spec import DatasetSpec
 from evalq.shared.errors import EvalqError, TierRefusedError
+from evalq.shared.evals.harness import harness_run
 from evalq.shared.evals.language import language_run
 from evalq.shared.evaluation import label_fields
 from evalq.shared.models import RunMeta, SampleResult, SampleState
@@ -171,16 +172,20 @@ def labels_of(meta: RunMeta) -> tuple[str, ...]:
     """The label fields of the run's evaluation, its target first: a language task's as its
     record keeps them, a Python evaluation's as this process loaded it (none when it did not)."""
     run = language_run(meta)
-    return run.task.label_fields if run is not None else label_fields(meta.eval)
+    if run is not None:
+        return run.task.label_fields
+    harness = harness_run(meta)
+    return harness.harness.labels if harness is not None else label_fields(meta.eval)
 
 
 def target_of(meta: RunMeta, row: dict[str, Any]) -> Any:
-    """A full row's target: a language task's target field; a Python evaluation's label field,
-    or its label fields' values when it has several (None when it declares none)."""
+    """A full row's target: a language task's target field; a Python evaluation's or an
+    lm-eval task's label field, or its label fields' values when it has several (None when it
+    declares none)."""
     run = language_run(meta)
     if run is not None:
         return row.get(run.task.target)
-    labels = label_fields(meta.eval)
+    labels = labels_of(meta)
     if not labels:
         return None
     if len(labels) == 1:
@@ -196,5 +201,17 @@ def _shown(meta: RunMeta, result: SampleResult, row: dict[str, Any]) -> SampleRe
             prompt = run.shown_prompt(row, result.sample_id)
         except EvalqError:  # a row the task cannot fill: the sample failed for it
             prompt = None
+    elif harness_run(meta) is not None and isinstance(result.output, dict):
+        prompt = _first_context(result.output)
     update = {"input": row, "target": target_of(meta, row), "prompt": prompt}
     return result.model_copy(update=update)
+
+
+def _first_context(output: dict[str, Any]) -> str | None:
+    """An lm-eval task's output's first request's context (what its model read first)."""
+    requests = output.get("requests")
+    if isinstance(requests, list) and requests and isinstance(requests[0], dict):
+        arguments = requests[0].get("arguments")
+        if isinstance(arguments, list) and arguments and isinstance(arguments[0], str):
+            return arguments[0]
+    return None

@@ -30,7 +30,7 @@ from evalq.shared.services import Services
 from evalq.shared.stats import Z95, Interval, Stat
 from evalq.shared.store.requests import RequestStore
 
-__all__ = ["HarnessKind", "HarnessTask", "WarmHarness"]
+__all__ = ["HarnessKind", "HarnessTask", "WarmHarness", "harness_run"]
 
 
 @dataclass(frozen=True)
@@ -164,10 +164,16 @@ class HarnessKind(TaskKind):
         return is_harness_run(meta.task)
 
     def evaluation(self, meta: RunMeta, services: Services | None) -> HarnessTask:
-        assert meta.task is not None  # claimed: the run records an lm-eval task
-        return HarnessTask(
-            meta.eval, HarnessRun.model_validate_json(meta.task), meta.params, services
-        )
+        run = harness_run(meta)
+        assert run is not None  # claimed: the run records an lm-eval task
+        return HarnessTask(meta.eval, run, meta.params, services)
+
+
+def harness_run(meta: RunMeta) -> HarnessRun | None:
+    """The lm-eval task and model run ``meta`` records; None for a run of another kind."""
+    if meta.task is None or not is_harness_run(meta.task):
+        return None
+    return HarnessRun.model_validate_json(meta.task)
 
 
 register_kind(HarnessKind())
