@@ -264,6 +264,12 @@ def test_generation_with_few_shot_and_two_regex_filters_equals_lm_eval(
         assert shown.prompt == results[shown.sample_id].output["requests"][0]["arguments"][0]
         assert shown.input is not None
         assert shown.target == shown.input["answer"]
+    by_id = {shown.sample_id: shown.logged for shown in page.samples}
+    for sample in logged:  # and what --log_samples logs: filtered responses, target
+        mine = by_id[sample["doc_id"]]
+        assert mine is not None
+        assert mine["filtered_resps"][sample["filter"]] == _plain(sample["filtered_resps"])
+        assert mine["target"] == sample["target"]
     for result in results.values():  # three examples from train, with their answers
         context = result.output["requests"][0]["arguments"][0]
         assert context.count("Question:") == 4
