@@ -331,15 +331,10 @@ def _metric_names(task: Any) -> tuple[str, ...]:
     return tuple(metric_name(m, f) for f in filters for m in task.aggregation())
 
 
-def build_task(
-    run: HarnessRun,
-    rows: Dataset,
-    fewshot_rows: Dataset | None,
-    generation: Mapping[str, Any] | None = None,
-) -> Any:
+def build_task(run: HarnessRun, rows: Dataset, fewshot_rows: Dataset | None) -> Any:
     """The task ``run`` records, as lm-eval builds it, over ``rows`` (the evaluated split,
     its ``test_split``) and ``fewshot_rows`` (its few-shot split, under the same name), with
-    the run's few-shot count and lm-eval's few-shot seed; ``generation``: ``--gen_kwargs``."""
+    the run's few-shot count and lm-eval's few-shot seed."""
     config = config_of(run.harness)
     config["test_split"] = run.split
     docs: dict[str, Dataset] = {run.split: rows}
@@ -351,10 +346,7 @@ def build_task(
     else:
         docs[run.fewshot_split] = fewshot_rows
     task = _configurable(config, docs)
-    if generation and task.get_config("output_type") == "generate_until":
-        task.set_config(key="generation_kwargs", value=dict(generation), update=True)
-    if task.get_config("num_fewshot") != 0 or run.num_fewshot == 0:
-        task.set_config(key="num_fewshot", value=run.num_fewshot)
+    task.set_config(key="num_fewshot", value=run.num_fewshot)
     task.set_fewshot_seed(seed=FEWSHOT_SEED)
     return task
 
