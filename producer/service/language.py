@@ -212,7 +212,7 @@ def prepare_harness(  # noqa: PLR0913 - the run, its split and its rows, each na
     the task's few-shot split of the same dataset, which must be a registered, viewable split
     other than the evaluated one: :class:`TierRefusedError` (exit 3), one line, before
     anything is charged, otherwise."""
-    from evalq.shared.lm.lmeval import build_requests, build_task
+    from evalq.shared.lm.lmeval_runtime import build_requests, build_task
 
     spec = run.harness
     shots = spec.num_fewshot or 0

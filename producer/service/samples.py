@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from datasets import Dataset
 
-    from evalq.shared.lm.lmeval import Scoring
+    from evalq.shared.lm.lmeval_runtime import Scoring
 
 __all__ = ["FOLLOW_BLOCK_MS", "Samples", "labels_of", "target_of"]
 
@@ -240,7 +240,7 @@ def _logged(
     """An lm-eval sample's filtered responses and target, by the task's own filters and
     ``doc_to_target`` on the full row (lm-eval's code, here; None where it cannot say)."""
     from evalq.shared.lm.harness import HarnessRequest
-    from evalq.shared.lm.lmeval import Scoring
+    from evalq.shared.lm.lmeval_runtime import Scoring
 
     try:
         scoring = scorings.get(run_id)

@@ -22,7 +22,7 @@ from evalq.shared.errors import PermanentError
 from evalq.shared.evaluation import Evaluation
 from evalq.shared.kinds import Graded, Runner, TaskKind, register_kind
 from evalq.shared.lm.harness import HarnessRequest, HarnessRun, is_harness_run
-from evalq.shared.lm.lmeval import Scoring, answer, harness_lm
+from evalq.shared.lm.lmeval_runtime import Scoring, answer, harness_lm
 from evalq.shared.lm.providers import load_model
 from evalq.shared.lm.spec import identity
 from evalq.shared.models import RunMeta

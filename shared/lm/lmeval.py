@@ -1,9 +1,7 @@
-"""lm-evaluation-harness's own code, driven for evalq: a task resolved by lm-eval's
-``TaskManager`` and pinned (:func:`resolve`), rebuilt from its pinned files on the evaluated and
-few-shot splits of an evalq dataset (:func:`build_task`), its requests built as lm-eval builds
-them in one process (:func:`build_requests`), answered by lm-eval's ``HFLM`` around a warm model
-(:func:`answer`), and each document scored and the run aggregated by the task's filters,
-``process_results`` and aggregation functions (:class:`Scoring`).
+"""lm-evaluation-harness's tasks found and pinned for evalq: a task resolved by lm-eval's
+``TaskManager`` and every file it is made of pinned (:func:`resolve`), checked on every machine
+that loads it (:func:`verify`), and its config loaded as lm-eval loads it (:func:`config_of`,
+:func:`configurable`). Running it is :mod:`evalq.shared.lm.lmeval_runtime`'s.
 
 lm-eval is an optional dependency (``pip install 'evalq[lm-eval]'``), imported by these
 functions, never with the module; a missing or other version is refused in one line.
@@ -16,8 +14,7 @@ import difflib
 import hashlib
 import importlib
 import importlib.util
-import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -28,8 +25,6 @@ from evalq.shared.errors import InputError, first_line
 from evalq.shared.lm.harness import (
     INSTALL,
     LM_EVAL_VERSION,
-    HarnessRequest,
-    HarnessRun,
     HarnessSpec,
     PinnedFile,
     metric_name,
@@ -38,24 +33,10 @@ from evalq.shared.lm.harness import (
 if TYPE_CHECKING:
     from datasets import Dataset
 
-__all__ = [
-    "Scoring",
-    "answer",
-    "build_requests",
-    "build_task",
-    "harness_lm",
-    "lm_eval_package",
-    "resolve",
-    "verify",
-]
+__all__ = ["config_of", "configurable", "lm_eval_package", "plain", "resolve", "verify"]
 
 _STRUCTURAL = ("tag", "group", "task_list")
 """Keys of a task's YAML that say where it is listed, not what it is (lm-eval drops them)."""
-STDERR_BOOTSTRAP = 100_000
-"""lm-eval's default ``bootstrap_iters``: metrics with a closed-form standard error (``mean``)
-use that, the bootstrapped ones this many draws."""
-FEWSHOT_SEED = 1234
-"""lm-eval's default ``fewshot_random_seed``."""
 
 
 def lm_eval_package() -> ModuleType:
@@ -192,7 +173,7 @@ def resolve(task: str, include_path: Path | None) -> HarnessSpec:
     for key in _STRUCTURAL:
         config.pop(key, None)
     spec = _spec_with(task, include, files, config)
-    built = _configurable(config_of(spec, checked=False))
+    built = configurable(config_of(spec, checked=False))
     return spec.model_copy(
         update={
             "output_type": str(built.get_config("output_type")),
@@ -226,7 +207,7 @@ def _spec_with(
         lm_eval=task,
         include_path=None if include is None else str(include),
         files=tuple(files.values()),
-        config=_plain(config),
+        config=plain(config),
         output_type=str(config.get("output_type", "generate_until")),
         labels=_target_fields(config.get("doc_to_target")),
         metrics=(),
@@ -248,12 +229,12 @@ def _target_fields(target: Any) -> tuple[str, ...]:
     return tuple(sorted(meta.find_undeclared_variables(jinja2.Environment().parse(target))))
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
     """``value`` as JSON holds it (``!function`` values as their text)."""
     if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
+        return [plain(v) for v in value]
     if value is None or isinstance(value, bool | int | float | str):
         return value
     return str(value)
@@ -298,7 +279,7 @@ def config_of(spec: HarnessSpec, *, checked: bool = True) -> dict[str, Any]:
     return config
 
 
-def _configurable(config: dict[str, Any], docs: Mapping[str, Dataset] | None = None) -> Any:
+def configurable(config: dict[str, Any], docs: Mapping[str, Dataset] | None = None) -> Any:
     """lm-eval's ``ConfigurableTask`` for ``config`` over ``docs`` (split name -> documents);
     without ``docs``, over one empty-valued document (only its config is read)."""
     from datasets import Dataset, DatasetDict
@@ -329,190 +310,3 @@ def _configurable(config: dict[str, Any], docs: Mapping[str, Dataset] | None = N
 def _metric_names(task: Any) -> tuple[str, ...]:
     filters = [f.name for f in task._filters]
     return tuple(metric_name(m, f) for f in filters for m in task.aggregation())
-
-
-def build_task(run: HarnessRun, rows: Dataset, fewshot_rows: Dataset | None) -> Any:
-    """The task ``run`` records, as lm-eval builds it, over ``rows`` (the evaluated split,
-    its ``test_split``) and ``fewshot_rows`` (its few-shot split, under the same name), with
-    the run's few-shot count and lm-eval's few-shot seed."""
-    config = config_of(run.harness)
-    config["test_split"] = run.split
-    docs: dict[str, Dataset] = {run.split: rows}
-    if run.num_fewshot == 0 or fewshot_rows is None or run.fewshot_split is None:
-        config |= {"training_split": None, "validation_split": None, "fewshot_split": None}
-        fewshot = config.get("fewshot_config")
-        if isinstance(fewshot, dict) and fewshot.get("split"):
-            config["fewshot_config"] = {**fewshot, "split": None}
-    else:
-        docs[run.fewshot_split] = fewshot_rows
-    task = _configurable(config, docs)
-    task.set_config(key="num_fewshot", value=run.num_fewshot)
-    task.set_fewshot_seed(seed=FEWSHOT_SEED)
-    return task
-
-
-def build_requests(task: Any, sample_ids: Sequence[int]) -> dict[int, list[HarnessRequest]]:
-    """Every document's requests as lm-eval builds them (``build_all_requests`` in one
-    process: rank 0 of 1, its few-shot sampler drawing in document order), by sample id."""
-    ordered = sorted(sample_ids)
-    every = ordered == list(range(len(ordered)))
-    task.build_all_requests(
-        limit=len(ordered) if every else None,
-        samples=None if every else ordered,
-        rank=0,
-        world_size=1,
-    )
-    built: dict[int, list[HarnessRequest]] = {}
-    for instance in task.instances:
-        sample_id = ordered[instance.doc_id]
-        built.setdefault(sample_id, []).append(
-            HarnessRequest(
-                request_type=instance.request_type,
-                arguments=_plain(list(instance.args)),
-                idx=instance.idx,
-                repeats=instance.repeats or 1,
-            )
-        )
-    for requests in built.values():
-        requests.sort(key=lambda r: r.idx)
-    return built
-
-
-def harness_lm(model: Any, tokenizer: Any, batch_size: int, max_length: int | None) -> Any:
-    """lm-eval's ``HFLM`` around an already loaded transformers model and tokenizer, so
-    log-likelihoods and generations are computed by lm-eval's code."""
-    lm_eval_package()
-    from lm_eval.models.huggingface import HFLM
-
-    return HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, max_length=max_length)
-
-
-def _argument(value: Any) -> Any:
-    return tuple(value) if isinstance(value, list) else value
-
-
-def answer(lm: Any, documents: Sequence[Sequence[HarnessRequest]]) -> list[list[list[Any]]]:
-    """Each document's requests answered by ``lm`` (lm-eval's model API: every request of one
-    type in one call, ``repeats`` times each, as lm-eval's evaluator calls it): per document,
-    per request, its responses."""
-    from lm_eval.api.instance import Instance
-
-    by_type: dict[str, list[tuple[int, int, Any]]] = {}
-    for d, requests in enumerate(documents):
-        for r, request in enumerate(requests):
-            instance = Instance(
-                request_type=request.request_type,
-                doc={},
-                arguments=tuple(_argument(a) for a in request.arguments),
-                idx=request.idx,
-                metadata=(None, d, request.repeats),
-            )
-            for _ in range(request.repeats):
-                by_type.setdefault(request.request_type, []).append((d, r, instance))
-    answers: list[list[list[Any]]] = [[[] for _ in requests] for requests in documents]
-    for request_type, entries in by_type.items():
-        responses = getattr(lm, request_type)([instance for _, _, instance in entries])
-        for (d, r, _), response in zip(entries, responses, strict=True):
-            answers[d][r].append(_plain(response))
-    return answers
-
-
-class Scoring:
-    """A task's scoring side, as lm-eval scores: per document its filters and
-    ``process_results`` (on the document ``process_docs`` made), per run its aggregation
-    functions and standard errors (``lm_eval.api.metrics``)."""
-
-    def __init__(self, run: HarnessRun, first_row: Mapping[str, Any] | None) -> None:
-        """Built on ``first_row`` (the task is built on a document, as lm-eval builds it);
-        without one, for aggregation only (its filters and aggregation functions)."""
-        from datasets import Dataset
-
-        self.run = run
-        if first_row is None:
-            self.task = _configurable(config_of(run.harness))
-        else:
-            self.task = build_task(run, Dataset.from_list([dict(first_row)]), None)
-
-    def document(self, row: Mapping[str, Any]) -> dict[str, Any]:
-        """``row`` as the task's documents are (its ``process_docs`` applied)."""
-        from datasets import Dataset
-
-        process = self.task.config.process_docs
-        if process is None:
-            return dict(row)
-        done = process(Dataset.from_list([dict(row)]))
-        if len(done) != 1:
-            raise InputError("the task's process_docs does not keep one document per row")
-        return dict(done[0])
-
-    def score(
-        self, row: Mapping[str, Any], requests: Sequence[HarnessRequest], responses: list[Any]
-    ) -> tuple[dict[str, float], dict[str, Any]]:
-        """The document's metrics (evalq's names) and what lm-eval's ``--log_samples`` logs
-        for it: its arguments, responses, filtered responses per filter, and target."""
-        from lm_eval.api.instance import Instance
-
-        doc = self.document(row)
-        instances = [
-            Instance(
-                request_type=request.request_type,
-                doc=doc,
-                arguments=tuple(_argument(a) for a in request.arguments),
-                idx=request.idx,
-                metadata=(self.run.harness.lm_eval, 0, request.repeats),
-                resps=[_argument(r) if isinstance(r, list) else r for r in got],
-            )
-            for request, got in zip(requests, responses, strict=True)
-        ]
-        metrics: dict[str, float] = {}
-        filtered: dict[str, list[Any]] = {}
-        for ensemble in self.task._filters:
-            ensemble.apply(instances)
-            kept = [instance.filtered_resps[ensemble.name] for instance in instances]
-            filtered[ensemble.name] = _plain(kept)
-            for metric, value in self.task.process_results(doc, kept).items():
-                metrics[metric_name(metric, ensemble.name)] = _number(metric, value)
-        logged = {
-            "arguments": [list(i.args) for i in instances],
-            "resps": [i.resps for i in instances],
-            "filtered_resps": filtered,
-            "target": _plain(self.task.doc_to_target(doc)),
-        }
-        return metrics, _plain(logged)
-
-    def _functions(self) -> Iterator[tuple[str, Callable[[list[float]], float]]]:
-        aggregation = self.task.aggregation()
-        for ensemble in self.task._filters:
-            for metric, function in aggregation.items():
-                yield metric_name(metric, ensemble.name), function
-
-    def aggregate(self, scores: Sequence[Mapping[str, float]]) -> dict[str, float]:
-        """Each metric by the task's aggregation function (``mean``, ...)."""
-        return {
-            name: float(function([s[name] for s in scores if name in s]))
-            for name, function in self._functions()
-            if any(name in s for s in scores)
-        }
-
-    def stderrs(self, scores: Sequence[Mapping[str, float]]) -> dict[str, float | None]:
-        """Each metric's standard error as lm-eval computes it (``stderr_for_metric``)."""
-        from lm_eval.api.metrics import stderr_for_metric
-
-        found: dict[str, float | None] = {}
-        for name, function in self._functions():
-            values = [s[name] for s in scores if name in s]
-            stderr = stderr_for_metric(function, STDERR_BOOTSTRAP)
-            value = stderr(values) if stderr is not None and len(values) > 1 else None
-            found[name] = None if value is None or not math.isfinite(value) else float(value)
-        return found
-
-
-def _number(metric: str, value: Any) -> float:
-    """A per-document value evalq stores (a float); lm-eval's tuples for corpus-level metrics
-    (perplexity's, bleu's) are refused for now."""
-    if isinstance(value, bool | int | float):
-        return float(value)
-    raise InputError(
-        f"metric '{metric}' gives {type(value).__name__} values per document: corpus-level "
-        "metrics are not supported yet"
-    )
