@@ -11,7 +11,7 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	# torch first, pinned, so nothing later pulls a different (multi-GB CUDA) build
 	$(BIN)/python -m pip install -q "$(TORCH)"
-	$(BIN)/python -m pip install -q -e ".[dev]"
+	$(BIN)/python -m pip install -q -e ".[dev,lm-eval]"
 	touch $@
 
 install: $(BIN)/.installed
@@ -59,7 +59,8 @@ browser:
 	  echo "could not install chromium: the report screenshot test will be skipped"; }
 
 # Two pytest processes, each running whole test files (pyproject.toml's addopts).
-test: lint browser
+# The lm-eval parity tests (tests/test_lmeval.py) run lm-eval and evalq on SmolLM2-135M: `lm`.
+test: lint browser lm
 	$(BIN)/python -m pytest
 
 clean:

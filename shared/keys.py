@@ -388,6 +388,12 @@ class RunKeys:
         return self._key("spilled")
 
     @property
+    def requests(self) -> str:
+        """Hash: sample id -> the lm-eval requests built for it at submission (their
+        arguments only, :mod:`evalq.shared.store.requests`)."""
+        return self._key("requests")
+
+    @property
     def per_sample(self) -> list[str]:
         """Every key whose size grows with the run's samples: freed when the run is archived
         (``seal.lua``) or purged."""
@@ -412,6 +418,7 @@ class RunKeys:
             self.ranges_of("outputs"),
             self.ranges_of("scores"),
             self.scratch,
+            self.requests,
         ]
 
     @property

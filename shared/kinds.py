@@ -25,6 +25,7 @@ from evalq.shared.errors import PluginError
 from evalq.shared.evaluation import Evaluation, create, model_key
 from evalq.shared.models import Grade, RunMeta
 from evalq.shared.services import Services
+from evalq.shared.stats import Stat
 
 __all__ = [
     "BUILTIN_KINDS",
@@ -45,7 +46,7 @@ Graded = tuple[dict[str, float], Grade]
 
 K = TypeVar("K", bound="TaskKind")
 
-BUILTIN_KINDS = ("evalq.shared.evals.language",)
+BUILTIN_KINDS = ("evalq.shared.evals.language", "evalq.shared.evals.harness")
 """Modules that register the built-in kinds besides the Python evaluation's, imported the first
 time a run's kind is looked up."""
 
@@ -88,6 +89,12 @@ class Runner(ABC):
     @abstractmethod
     def described(self) -> str:
         """What provenance names the evaluation by."""
+
+    def stats(self, scores: Mapping[int, Mapping[str, float]]) -> dict[str, Stat] | None:
+        """Each metric's value and uncertainty as the evaluation's own framework reports them
+        (an lm-eval task: lm-eval's aggregation and standard error), from the counted
+        ``scores``; None: evalq's (:func:`evalq.shared.stats.describe`)."""
+        return None
 
 
 class PythonRunner(Runner):

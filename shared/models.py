@@ -378,6 +378,10 @@ class SampleResult(BaseModel):
     few-shot examples as the model read it (a ``chat`` task on an ``hf/`` model: the text its
     tokenizer's chat template made), or the messages an endpoint ``chat`` task sent
     (:meth:`evalq.shared.lm.run.LanguageRun.shown_prompt`)."""
+    logged: dict[str, JSONValue] | None = None
+    """A page's lm-eval sample read with its row (``with_input``): what lm-eval's
+    ``--log_samples`` logs beside the output's arguments and responses: its filtered
+    responses (by filter) and its target, as the task's code gives them."""
 
     @property
     def state(self) -> SampleState:

@@ -203,7 +203,7 @@ def test_a_registered_kind_builds_the_runs_it_claims(monkeypatch: pytest.MonkeyP
     assert isinstance(evaluation_of(_meta("probe-one"), services), _Probe)
     assert kind.services == [services]
     assert kind_of(_meta("null")).name == "python"  # the others' runs stay theirs
-    assert sorted(kinds.registered_kinds()) == ["language", "probe", "python"]
+    assert sorted(kinds.registered_kinds()) == ["language", "lm-eval", "probe", "python"]
     with pytest.raises(PluginError, match="registered twice"):
         register_kind(_OtherProbeKind())
 

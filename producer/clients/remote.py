@@ -279,6 +279,16 @@ class RemoteClient:
         body = {"name": name, "text": text, "dataset": dataset, "split": split}
         return RegisteredTask.model_validate(self.call("POST", "/v1/tasks", body))
 
+    def add_lm_eval_task(
+        self, name: str, task: str, *, include_path: str | None = None
+    ) -> RegisteredTask:
+        """Register lm-eval's task ``task`` (admin), resolved and pinned by the gateway (an
+        include folder on its machine, searched first)."""
+        from evalq.shared.access.task import RegisteredTask
+
+        body = {"name": name, "lm_eval": task, "include_path": include_path}
+        return RegisteredTask.model_validate(self.call("POST", "/v1/tasks", body))
+
     def tasks(self) -> list[RegisteredTask]:
         """Every registered language task."""
         from evalq.shared.access.task import RegisteredTask

@@ -33,6 +33,12 @@ def submit_command(  # noqa: PLR0913, PLR0917 - a typer command: its options are
     ] = None,
     limit: Annotated[int | None, typer.Option(help="Evaluate the first N samples.")] = None,
     ids: Annotated[str | None, typer.Option(help="Comma-separated sample ids.")] = None,
+    num_fewshot: Annotated[
+        int | None,
+        typer.Option(
+            min=0, help="Few-shot examples per prompt (lm-eval tasks; default: its config's)."
+        ),
+    ] = None,
     param: Annotated[
         list[str] | None, typer.Option(help="Eval parameter k=v (repeatable).")
     ] = None,
@@ -105,6 +111,7 @@ def submit_command(  # noqa: PLR0913, PLR0917 - a typer command: its options are
         data=data,
         split=split,
         limit=limit,
+        num_fewshot=num_fewshot,
         ids=tuple(parse_ids(ids)) if ids is not None else None,
         params=parse_params(param or []),
         model=model,

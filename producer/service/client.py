@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import redis
@@ -330,8 +331,23 @@ class Client:
 
         return TaskRegistry(redis_).add(name, text, who=self.principal, check=against)[0]
 
+    def add_lm_eval_task(
+        self, name: str, task: str, *, include_path: str | None = None
+    ) -> RegisteredTask:
+        """Register lm-eval's task ``task`` (found by lm-eval's ``TaskManager``, in
+        ``include_path`` first when given) as ``name`` (audited), its config and every file it
+        is made of pinned by sha256 (:func:`evalq.shared.lm.lmeval.resolve`)."""
+        from evalq.shared.lm.lmeval import resolve as resolve_lm_eval
+
+        load_plugins(self.settings.plugins)  # a task may not take a Python evaluation's name
+        folder = None if include_path is None else Path(include_path)
+        registry = TaskRegistry(self._direct.redis)
+        return registry.add_harness(
+            name, lambda: resolve_lm_eval(task, folder), who=self.principal
+        )[0]
+
     def tasks(self) -> list[RegisteredTask]:
-        """Every registered language task."""
+        """Every registered task (YAML language tasks and lm-eval tasks)."""
         return TaskRegistry(self._direct.redis).all()
 
     def set_tier(self, dataset: str, split: str, tier: Tier) -> Tier | None:

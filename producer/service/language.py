@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 
@@ -21,9 +21,11 @@ from evalq.shared.access.tasks import TaskRegistry
 from evalq.shared.access.tiers import TierRegistry
 from evalq.shared.data.loading import spec_of
 from evalq.shared.data.remote import DataCache
-from evalq.shared.errors import InputError, UnknownEvalError
+from evalq.shared.errors import InputError, TierRefusedError, UnknownEvalError
+from evalq.shared.evals.harness import HarnessTask
 from evalq.shared.evals.language import LanguageTask, language_run
 from evalq.shared.evaluation import Evaluation, create, registered
+from evalq.shared.lm.harness import HarnessRun, HarnessSpec
 from evalq.shared.lm.providers import provider
 from evalq.shared.lm.run import Example, LanguageRun
 from evalq.shared.lm.spec import ModelSpec, canonical, present
@@ -32,11 +34,24 @@ from evalq.shared.models import RunMeta
 from evalq.shared.names import PLUGIN_NAME
 from evalq.shared.store.endpoints import EndpointRegistry
 from evalq.shared.store.labels import LabelFields
+from evalq.shared.store.requests import RequestStore
 
-__all__ = ["Resolved", "check_rows", "check_split", "rescorer", "resolve", "with_examples"]
+if TYPE_CHECKING:
+    from datasets import Dataset
 
-Resolved = tuple[Evaluation, LanguageRun | None]
-"""The evaluation a request names, and its language run when it is a registered task."""
+__all__ = [
+    "Resolved",
+    "check_rows",
+    "check_split",
+    "prepare_harness",
+    "rescorer",
+    "resolve",
+    "with_examples",
+]
+
+Resolved = tuple[Evaluation, LanguageRun | HarnessRun | None]
+"""The evaluation a request names, and its run's record when it is a registered task (a YAML
+language task's or an lm-eval task's)."""
 
 
 def _task(client: redis.Redis, name: str) -> RegisteredTask:
@@ -47,8 +62,9 @@ def _task(client: redis.Redis, name: str) -> RegisteredTask:
     found = tasks.get(name) if PLUGIN_NAME.match(name) else None
     if found is None:
         raise UnknownEvalError(name, [*registered(), *(t.name for t in tasks.all())])
-    admit_prompt(name, found.spec, LabelFields(client).all())
-    found.spec.check_scorer()  # with this process's scorers, which may have changed since
+    if isinstance(found.spec, TaskSpec):
+        admit_prompt(name, found.spec, LabelFields(client).all())
+        found.spec.check_scorer()  # with this process's scorers, which may have changed since
     return found
 
 
@@ -80,6 +96,15 @@ def resolve(
             "--model openai/<name> --model-arg base_url=…"
         )
     spec = canonical(ModelSpec.parse(model, model_args))
+    if isinstance(task.spec, HarnessSpec):
+        if spec.endpoint is not None:
+            raise InputError(
+                f"task '{name}' is an lm-eval task: it runs on hf/ models (endpoint models "
+                "are not supported for lm-eval tasks yet)"
+            )
+        admit_model(spec.name, admin, model_roots)
+        harness = HarnessRun(harness=task.spec, model=present(spec), num_fewshot=0, split="")
+        return HarnessTask(name, harness, params), harness
     _admit_grader(client, task.spec)
     if task.spec.choices is not None and not provider(spec.provider).loglikelihoods:
         raise InputError(
@@ -106,6 +131,10 @@ def rescorer(
         return create(name, params), None
     task = _task(client, name)
     made = language_run(source)
+    if isinstance(task.spec, HarnessSpec):
+        raise InputError(
+            f"task '{name}' is an lm-eval task: rescoring with it is not supported yet"
+        )
     if made is None:
         raise InputError(
             f"task '{name}' scores language runs' outputs; run {source.run_id} is the Python "
@@ -162,6 +191,64 @@ def with_examples(
     chosen = fewshot_indices(len(rows), fewshot.n + (1 if same else 0), fewshot.seed)
     examples = tuple(Example(row_id=i, row=dict(rows[i])) for i in chosen)
     return run.model_copy(update={"examples": examples, "same_split": same})
+
+
+def prepare_harness(  # noqa: PLR0913 - the run, its split and its rows, each named
+    client: redis.Redis,
+    run: HarnessRun,
+    *,
+    dataset: str,
+    registered: bool,
+    split: str,
+    rows: Dataset,
+    sample_ids: Sequence[int],
+    num_fewshot: int | None,
+    data_cache: DataCache | None = None,
+) -> tuple[HarnessRun, dict[str, bytes]]:
+    """An lm-eval task's run on ``dataset/split`` (its documents ``rows``), with every
+    sample's requests built once, here, as lm-eval builds them in one process (its few-shot
+    sampler and seed; :func:`evalq.shared.lm.lmeval.build_requests`), encoded as they are
+    stored (:class:`evalq.shared.store.requests.RequestStore`). Few-shot examples come from
+    the task's few-shot split of the same dataset, which must be a registered, viewable split
+    other than the evaluated one: :class:`TierRefusedError` (exit 3), one line, before
+    anything is charged, otherwise."""
+    from evalq.shared.lm.lmeval_runtime import build_requests, build_task
+
+    spec = run.harness
+    shots = spec.num_fewshot or 0
+    if num_fewshot is not None and spec.num_fewshot != 0:  # lm-eval keeps a config's 0
+        shots = num_fewshot
+    fewshot = spec.fewshot_split if shots > 0 else None
+    fewshot_rows = None
+    where = f"{dataset}/{fewshot}"
+    if fewshot is not None:
+        if fewshot == split:
+            raise TierRefusedError(
+                f"refused: lm-eval task '{spec.lm_eval}' draws its few-shot examples from "
+                f"'{split}', the evaluated split: an example would show a sample's own label"
+            )
+        if not registered:
+            raise InputError(
+                "few-shot examples come from a registered dataset's viewable split: register "
+                "the source (evalq datasets add) and submit with --dataset"
+            )
+        record = DatasetRegistry(client).named(dataset)
+        if fewshot not in record.splits:
+            raise TierRefusedError(
+                f"refused: lm-eval task '{spec.lm_eval}' draws its few-shot examples from "
+                f"'{fewshot}', which {dataset} does not have"
+            )
+        admit_fewshot(where, TierRegistry(client).resolve(dataset, fewshot))
+        _, fewshot_rows = spec_of(record.source(fewshot), fewshot, cache=data_cache)
+    run = run.model_copy(update={"num_fewshot": shots, "split": split, "fewshot_split": fewshot})
+    task = build_task(run, rows, fewshot_rows)
+    if len(task.eval_docs) != len(rows):
+        raise InputError(
+            f"lm-eval task '{spec.lm_eval}': its process_docs keeps {len(task.eval_docs)} of "
+            f"the split's {len(rows)} rows (documents that are not rows: not supported yet)"
+        )
+    fields, digest = RequestStore.encoded(build_requests(task, sample_ids))
+    return run.model_copy(update={"requests_digest": digest}), fields
 
 
 def check_split(

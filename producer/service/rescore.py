@@ -33,6 +33,7 @@ from evalq.shared.access.tiers import TierRegistry
 from evalq.shared.connection import server_time
 from evalq.shared.errors import InputError
 from evalq.shared.kinds import evaluation_of
+from evalq.shared.lm.run import LanguageRun
 from evalq.shared.models import RunMeta, RunStatus
 from evalq.shared.names import RUN_ID
 from evalq.shared.queue.backlog import SCORE_LANE, Backlog
@@ -94,7 +95,8 @@ def rescore(
         TierRegistry(client).resolve(source.dataset_id, source.split), source.registered
     )
     admit_split(where, tier, admin)
-    admit_grader(where, tier, admin, language is not None and language.task.grader is not None)
+    graded = isinstance(language, LanguageRun) and language.task.grader is not None
+    admit_grader(where, tier, admin, graded)
     produced = [i for chunk in results.output_chunks(run_id, COPY_CHUNK) for i in chunk]
     if not produced:
         raise InputError(f"run {run_id} has no stored output to rescore")

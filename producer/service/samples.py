@@ -20,8 +20,10 @@ from evalq.producer.service.follower import Follower
 from evalq.producer.service.views import SamplePage, SampleQuery, rows_per_read
 from evalq.shared.data.spec import DatasetSpec
 from evalq.shared.errors import EvalqError, TierRefusedError
+from evalq.shared.evals.harness import harness_run
 from evalq.shared.evals.language import language_run
 from evalq.shared.evaluation import label_fields
+from evalq.shared.lm.harness import HarnessRun
 from evalq.shared.models import RunMeta, SampleResult, SampleState
 from evalq.shared.store.archive import PART_ROWS, table_of
 from evalq.shared.store.pages import PageQuery, PageReader
@@ -31,8 +33,12 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from datasets import Dataset
 
+    from evalq.shared.lm.lmeval_runtime import Scoring
+
 __all__ = ["FOLLOW_BLOCK_MS", "Samples", "labels_of", "target_of"]
 
+SCORINGS = 8
+"""Runs whose lm-eval task a process keeps built for their sample pages."""
 FOLLOW_BLOCK_MS = 500
 """How long each step of ``follow_results`` waits for a new result before it looks again
 whether the run ended."""
@@ -43,6 +49,9 @@ class Samples:
 
     def __init__(self, direct: Direct) -> None:
         self._direct = direct
+        self._scorings: dict[str, Scoring] = {}
+        """lm-eval tasks built for their runs' sample pages (:func:`_logged`), the latest
+        :data:`SCORINGS` runs'."""
 
     def results(self, run_id: str, with_input: bool = False) -> Iterator[SampleResult]:
         """Per-sample results (each with its row when ``with_input``: the run's data must be
@@ -97,7 +106,7 @@ class Samples:
         if query.with_input and found:  # asked once above: one check, one audit entry
             row_of = self._row_reader(run_id)
             meta = self._direct.runs.get(run_id)
-            found = [_shown(meta, r, row_of(r.sample_id)) for r in found]
+            found = [_shown(meta, r, row_of(r.sample_id), self._scorings) for r in found]
         return SamplePage(run_id=run_id, total=total, offset=query.offset, samples=found)
 
     def follow(self, run_id: str, with_input: bool = False) -> Iterator[SampleResult]:
@@ -171,16 +180,20 @@ def labels_of(meta: RunMeta) -> tuple[str, ...]:
     """The label fields of the run's evaluation, its target first: a language task's as its
     record keeps them, a Python evaluation's as this process loaded it (none when it did not)."""
     run = language_run(meta)
-    return run.task.label_fields if run is not None else label_fields(meta.eval)
+    if run is not None:
+        return run.task.label_fields
+    harness = harness_run(meta)
+    return harness.harness.labels if harness is not None else label_fields(meta.eval)
 
 
 def target_of(meta: RunMeta, row: dict[str, Any]) -> Any:
-    """A full row's target: a language task's target field; a Python evaluation's label field,
-    or its label fields' values when it has several (None when it declares none)."""
+    """A full row's target: a language task's target field; a Python evaluation's or an
+    lm-eval task's label field, or its label fields' values when it has several (None when it
+    declares none)."""
     run = language_run(meta)
     if run is not None:
         return row.get(run.task.target)
-    labels = label_fields(meta.eval)
+    labels = labels_of(meta)
     if not labels:
         return None
     if len(labels) == 1:
@@ -188,7 +201,9 @@ def target_of(meta: RunMeta, row: dict[str, Any]) -> Any:
     return {name: row.get(name) for name in labels}
 
 
-def _shown(meta: RunMeta, result: SampleResult, row: dict[str, Any]) -> SampleResult:
+def _shown(
+    meta: RunMeta, result: SampleResult, row: dict[str, Any], scorings: dict[str, Scoring]
+) -> SampleResult:
     """``result`` with its row, target and (a language task's) prompt: per-sample reads."""
     run, prompt = language_run(meta), None
     if run is not None:
@@ -196,5 +211,45 @@ def _shown(meta: RunMeta, result: SampleResult, row: dict[str, Any]) -> SampleRe
             prompt = run.shown_prompt(row, result.sample_id)
         except EvalqError:  # a row the task cannot fill: the sample failed for it
             prompt = None
-    update = {"input": row, "target": target_of(meta, row), "prompt": prompt}
+    logged = None
+    harness = harness_run(meta)
+    if harness is not None and isinstance(result.output, dict):
+        prompt = _first_context(result.output)
+        logged = _logged(scorings, meta.run_id, harness, row, result.output)
+    update = {"input": row, "target": target_of(meta, row), "prompt": prompt, "logged": logged}
     return result.model_copy(update=update)
+
+
+def _first_context(output: dict[str, Any]) -> str | None:
+    """An lm-eval task's output's first request's context (what its model read first)."""
+    requests = output.get("requests")
+    if isinstance(requests, list) and requests and isinstance(requests[0], dict):
+        arguments = requests[0].get("arguments")
+        if isinstance(arguments, list) and arguments and isinstance(arguments[0], str):
+            return arguments[0]
+    return None
+
+
+def _logged(
+    scorings: dict[str, Scoring],
+    run_id: str,
+    run: HarnessRun,
+    row: dict[str, Any],
+    output: dict[str, Any],
+) -> dict[str, Any] | None:
+    """An lm-eval sample's filtered responses and target, by the task's own filters and
+    ``doc_to_target`` on the full row (lm-eval's code, here; None where it cannot say)."""
+    from evalq.shared.lm.harness import HarnessRequest
+    from evalq.shared.lm.lmeval_runtime import Scoring
+
+    try:
+        scoring = scorings.get(run_id)
+        if scoring is None:
+            scoring = scorings[run_id] = Scoring(run, row)
+            while len(scorings) > SCORINGS:
+                scorings.pop(next(iter(scorings)))
+        requests = [HarnessRequest.model_validate(r) for r in output["requests"]]
+        _, logged = scoring.score(row, requests, output["resps"])
+    except Exception:  # an output or row the task cannot read: the sample shows without it
+        return None
+    return {"filtered_resps": logged["filtered_resps"], "target": logged["target"]}

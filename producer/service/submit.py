@@ -24,7 +24,7 @@ import redis
 from celery import Celery
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from evalq.producer.service.language import check_rows, resolve, with_examples
+from evalq.producer.service.language import check_rows, prepare_harness, resolve, with_examples
 from evalq.shared.access.ledger import Ledger
 from evalq.shared.access.policy import (
     Access,
@@ -46,9 +46,12 @@ from evalq.shared.data.remote import DataCache
 from evalq.shared.data.routing import RoutingKind
 from evalq.shared.data.spec import Source, publish_spec
 from evalq.shared.errors import InputError, SampleIdError
+from evalq.shared.lm.harness import HarnessRun
+from evalq.shared.lm.run import LanguageRun
 from evalq.shared.models import Priority, RunMeta, RunStatus
 from evalq.shared.queue.backlog import Backlog
 from evalq.shared.store.audit import audit_admin
+from evalq.shared.store.requests import RequestStore
 from evalq.shared.store.runs import RunStore
 
 __all__ = [
@@ -81,6 +84,9 @@ class SubmitRequest(BaseModel):
     data: str | None = Field(default=None, max_length=4096)
     """An unregistered source (``--data``): operators and admins only (it is ``no_access``)."""
     limit: int | None = Field(default=None, ge=1)
+    num_fewshot: int | None = Field(default=None, ge=0, le=1024)
+    """``--num-fewshot``: an lm-eval task's few-shot examples per prompt (default: its
+    config's; a config that sets 0 keeps 0, as lm-eval does)."""
     ids: tuple[Annotated[int, Field(ge=0, lt=2**53)], ...] | None = Field(
         default=None, max_length=10_000_000
     )
@@ -246,6 +252,8 @@ def submit(  # noqa: PLR0913 - the client's handles and settings, each named
         admin=admin,
         model_roots=model_roots,
     )
+    if request.num_fewshot is not None and not isinstance(language, HarnessRun):
+        raise InputError("--num-fewshot is for lm-eval tasks (a YAML task sets its few-shot)")
     if request.cache:
         if language is None or language.model.endpoint is None:
             raise InputError(
@@ -262,7 +270,8 @@ def submit(  # noqa: PLR0913 - the client's handles and settings, each named
     source, tier = _locate(client, request, admin, suggest, data_cache)
     admit_split(where, tier, admin)
     admit_sample_choice(where, tier, admin, request.ids is not None)
-    admit_grader(where, tier, admin, language is not None and language.task.grader is not None)
+    graded = isinstance(language, LanguageRun) and language.task.grader is not None
+    admit_grader(where, tier, admin, graded)
     defaults = PriorityStore(client).defaults(principal, request.dataset or "", request.split)
     priority = admit_priority(
         request.priority,
@@ -277,7 +286,20 @@ def submit(  # noqa: PLR0913 - the client's handles and settings, each named
         sample_ids = resolve_ids(spec.n_rows, request.limit, request.ids)
     admit_run(where, tier, admin, len(sample_ids))
     dataset = request.dataset or str(request.data)
-    if language is not None:
+    requests: dict[str, bytes] = {}
+    if isinstance(language, HarnessRun):
+        language, requests = prepare_harness(
+            client,
+            language,
+            dataset=dataset,
+            registered=request.dataset is not None,
+            split=request.split,
+            rows=rows,
+            sample_ids=sample_ids,
+            num_fewshot=request.num_fewshot,
+            data_cache=data_cache,
+        )
+    elif language is not None:
         shown = read_access(where, tier, admin, len(sample_ids)).access is Access.FULL
         check_rows(language.task, rows, sample_ids, shown=shown)
         language = with_examples(
@@ -310,13 +332,13 @@ def submit(  # noqa: PLR0913 - the client's handles and settings, each named
     )
     publish_spec(client, spec)
     backlog = Backlog(client)
-    start(
-        client,
-        meta,
-        sample_ids,
-        lambda: backlog.enqueue(app, meta, shard_order(spec, rows, sample_ids)),
-        archive=archive,
-    )
+
+    def enqueue() -> None:
+        if requests:  # an lm-eval task's: where its workers read them, before any message
+            RequestStore(client).put(meta.run_id, requests)
+        backlog.enqueue(app, meta, shard_order(spec, rows, sample_ids))
+
+    start(client, meta, sample_ids, enqueue, archive=archive)
     return meta
 
 

@@ -18,6 +18,7 @@ from evalq.shared.access.task import RegisteredTask
 from evalq.shared.errors import InputError
 from evalq.shared.evaluation import registered
 from evalq.shared.keys import AUDIT, TASKS
+from evalq.shared.lm.harness import HarnessSpec
 from evalq.shared.lm.task import TaskSpec
 from evalq.shared.names import PLUGIN_NAME
 from evalq.shared.store.scripts import register
@@ -45,19 +46,26 @@ class TaskRegistry:
         name, a Python evaluation's name or a bad file (its scorer checked against this
         process's: :meth:`TaskSpec.check_scorer`), or what ``check`` refuses of the task
         (a split it is checked against), before anything is stored."""
-        if not PLUGIN_NAME.match(name):
-            raise InputError(
-                f"invalid task name {name!r}: 1-128 lower-case letters, digits, '_', '-' or "
-                "'.', starting with a letter or digit"
-            )
-        if name in registered():
-            raise InputError(f"'{name}' is a Python evaluation's name: choose another task name")
+        _check_name(name)
         spec = TaskSpec.from_yaml(text)
         if check is not None:
             check(spec)
-        record = RegisteredTask(
-            name=name, spec=spec, digest=spec.digest, who=who, added=time.time()
-        )
+        return self._store(name, spec, spec.digest, who)
+
+    def add_harness(
+        self, name: str, resolve: Callable[[], HarnessSpec], *, who: str
+    ) -> tuple[RegisteredTask, RegisteredTask | None]:
+        """Register the lm-eval task ``resolve`` gives (lm-eval's ``TaskManager``, its files
+        pinned: :func:`evalq.shared.lm.lmeval.resolve`) as ``name`` (or replace it), audited
+        like :meth:`add`; the name is checked before lm-eval is asked."""
+        _check_name(name)
+        spec = resolve()
+        return self._store(name, spec, spec.digest, who)
+
+    def _store(
+        self, name: str, spec: TaskSpec | HarnessSpec, digest: str, who: str
+    ) -> tuple[RegisteredTask, RegisteredTask | None]:
+        record = RegisteredTask(name=name, spec=spec, digest=digest, who=who, added=time.time())
         before = self._add(
             keys=[TASKS, AUDIT], args=[name, record.model_dump_json(), who, time.time()]
         )
@@ -72,3 +80,15 @@ class TaskRegistry:
         """Every registered task, by name."""
         raw = self._client.hgetall(TASKS)
         return [RegisteredTask.model_validate_json(raw[name]) for name in sorted(raw)]
+
+
+def _check_name(name: str) -> None:
+    """:class:`InputError` for a name a task may not have: not a plugin-like name, or a Python
+    evaluation's (one name, one meaning)."""
+    if not PLUGIN_NAME.match(name):
+        raise InputError(
+            f"invalid task name {name!r}: 1-128 lower-case letters, digits, '_', '-' or "
+            "'.', starting with a letter or digit"
+        )
+    if name in registered():
+        raise InputError(f"'{name}' is a Python evaluation's name: choose another task name")

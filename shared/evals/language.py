@@ -24,6 +24,7 @@ from evalq.shared.evals.endpoints import endpoint_model
 from evalq.shared.evaluation import Evaluation
 from evalq.shared.kinds import Graded, Runner, TaskKind, register_kind
 from evalq.shared.lm.endpoint import EndpointModel
+from evalq.shared.lm.harness import is_harness_run
 from evalq.shared.lm.providers import ChoiceModel, LanguageModel, load_model, provider
 from evalq.shared.lm.request import ChoiceRequest, Generation, GenerationRequest, Prompt
 from evalq.shared.lm.run import LanguageRun
@@ -233,7 +234,7 @@ class LanguageKind(TaskKind):
     name = "language"
 
     def claims(self, meta: RunMeta) -> bool:
-        return meta.task is not None
+        return meta.task is not None and not is_harness_run(meta.task)
 
     def evaluation(self, meta: RunMeta, services: Services | None) -> LanguageTask:
         run = language_run(meta)
@@ -243,8 +244,10 @@ class LanguageKind(TaskKind):
 
 def language_run(meta: RunMeta) -> LanguageRun | None:
     """The task, model and few-shot examples run ``meta`` records; None for a Python
-    evaluation's run."""
-    return None if meta.task is None else LanguageRun.model_validate_json(meta.task)
+    evaluation's run and an lm-eval task's (:mod:`evalq.shared.evals.harness`)."""
+    if meta.task is None or is_harness_run(meta.task):
+        return None
+    return LanguageRun.model_validate_json(meta.task)
 
 
 register_kind(LanguageKind())

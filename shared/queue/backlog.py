@@ -53,6 +53,7 @@ from kombu import Connection
 
 from evalq.shared.evaluation import model_key
 from evalq.shared.keys import FAIR, FAIR_SCORE, FairKeys, RunKeys
+from evalq.shared.lm.harness import HarnessRun, is_harness_run
 from evalq.shared.lm.run import LanguageRun
 from evalq.shared.models import RunMeta, SampleTask, Stage
 from evalq.shared.queue.broker import CapturingChannel, CapturingTransport
@@ -90,7 +91,9 @@ Runs on the model being served interleave by virtual time within the turn."""
 
 
 @lru_cache(maxsize=256)
-def _language_run(task: str) -> LanguageRun:
+def _language_run(task: str) -> LanguageRun | HarnessRun:
+    if is_harness_run(task):
+        return HarnessRun.model_validate_json(task)
     return LanguageRun.model_validate_json(task)
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from evalq.shared.errors import first_line
 from evalq.shared.evaluation import Evaluation
 from evalq.shared.failures import Counted
+from evalq.shared.kinds import runner_of
 from evalq.shared.models import RunStatus, to_json
 from evalq.shared.stats import describe
 from evalq.shared.store.wire import error_kind
@@ -93,7 +94,11 @@ def _stats(run_id: str, counted: Counted, evaluation: Evaluation, clusters: Clus
             if clusters is None:
                 raise ValueError("its clusters were not given")
             grouped = clusters(sorted(counted.scores))
-        stats = counted.noted(describe(counted.scores, custom, grouped, counted.ranges))
+        own = runner_of(evaluation).stats(counted.scores)
+        described = (
+            own if own is not None else describe(counted.scores, custom, grouped, counted.ranges)
+        )
+        stats = counted.noted(described)
         return json.dumps(
             {name: stat.model_dump(mode="json") for name, stat in stats.items()},
             allow_nan=False,

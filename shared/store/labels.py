@@ -13,7 +13,8 @@ same set themselves, never from a message, and scrub all of it before inference.
 
 The registry (``evalq:tasks``) is written by the gateway alone (``TaskRegistry`` in
 :mod:`evalq.shared.access.tasks`); workers may read it (their ACL user's ``%R~``). Each record
-is read for its ``target`` and ``labels`` only, so a record a newer gateway wrote with keys this
+is read for its ``target`` and ``labels`` only (an lm-eval task's record for its ``labels``:
+the fields its ``doc_to_target`` reads), so a record a newer gateway wrote with keys this
 process does not know still counts; a record without a readable ``target`` raises: a label
 set that may be missing a field is not one to scrub by.
 """
@@ -59,7 +60,10 @@ class LabelFields:
 @lru_cache(maxsize=1024)
 def _fields(name: str, record: str) -> tuple[str, ...]:
     try:
-        spec = _Labelled.model_validate(json.loads(record)["spec"])
+        found = json.loads(record)["spec"]
+        if isinstance(found, dict) and "lm_eval" in found:  # an lm-eval task: what it targets
+            return tuple(str(field) for field in found["labels"])
+        spec = _Labelled.model_validate(found)
     except (ValueError, TypeError, KeyError, ValidationError):
         raise PermanentError(
             f"task {name!r}'s record in the registry names no readable target: its label "
