@@ -25,7 +25,6 @@ from evalq.producer.service.views import SampleQuery
 from evalq.shared.access.policy import Tier
 from evalq.shared.access.roles import Role
 from evalq.shared.access.tiers import TierRegistry
-from evalq.shared.cli import python
 from evalq.shared.errors import InputError, PermanentError, TierRefusedError
 from evalq.shared.evals.harness import HarnessTask, WarmHarness
 from evalq.shared.lm import lmeval
@@ -38,7 +37,7 @@ from evalq.shared.settings import Settings
 from evalq.shared.store.requests import RequestStore
 from evalq.shared.store.runs import RunStore
 from tests.conftest import Stack
-from tests.helpers import REPO, cli_env, gateway, list_splits, wait_ended, write_rows
+from tests.helpers import cli_env, cli_in_process, gateway, list_splits, wait_ended, write_rows
 
 LM_EVAL_TASKS = Path(lmeval.lm_eval_package().__file__ or "").parent / "tasks"
 
@@ -406,11 +405,7 @@ def test_the_cli_registers_lists_and_runs_an_lm_eval_task_through_the_gateway(
         def cli(token: str, *args: str) -> subprocess.CompletedProcess[str]:
             env = cli_env("redis://must-not-be-read.invalid:1/0", EVALQ_API_URL=api)
             env["COLUMNS"] = "200"  # a table's row on one line
-            return subprocess.run(
-                [*python("-c", "from evalq.shared.cli import main; main()"), *args],
-                env={**env, "EVALQ_TOKEN": token}, cwd=REPO, capture_output=True, text=True,
-                timeout=600, check=False,
-            )  # fmt: skip
+            return cli_in_process({**env, "EVALQ_TOKEN": token}, *args)
 
         add = ("tasks", "add", "arc-cli", "--lm-eval", "arc_local", "--include-path", str(tasks))
         refused = cli(user_token, *add)
