@@ -62,6 +62,8 @@ AUDIT = "evalq:audit"
 ENDED = {"completed", "failed", "cancelled"}
 RELEASED = "released"
 """The audit action of a held-out run's release (compared per recording, not per invocation)."""
+RELEASE_KEYS = ("action", "run", "dataset", "split", "who", "mechanism")
+"""What two recordings' releases are compared by (not the metrics released)."""
 ARCHIVE_WAIT = 20.0
 """Seconds a run that ended is waited for to be archived (its status shows when it was)."""
 MISSING = "nosuchrun0000000"
@@ -757,6 +759,8 @@ def normalised(recording: dict[str, Any]) -> dict[str, Any]:
     for call in calls:  # a release is written by the first read after its run ends, whichever
         releases += [e for e in call["audit"] if e.get("action") == RELEASED]  # invocation
         call["audit"] = [e for e in call["audit"] if e.get("action") != RELEASED]  # that is
+    # what a held-out run scored depends on the samples the gateway drew for it at random
+    releases = [{k: e.get(k) for k in RELEASE_KEYS} for e in releases]
     return {
         "counts": recording["counts"],
         "openapi": norm.value(recording["openapi"]),
