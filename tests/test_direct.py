@@ -136,7 +136,7 @@ def test_run_counts_are_one_route_both_modes_and_the_cli_call(
     request = SubmitRequest(eval="slow", dataset=name, split="validation")
     alice, bob = (Client(settings, principal=who) for who in ("alice", "bob"))
     first = alice.submit(request).run_id
-    alice.submit(request)
+    queued = alice.submit(request).run_id
     bob.submit(request)
     alice.cancel(first)
 
@@ -155,6 +155,11 @@ def test_run_counts_are_one_route_both_modes_and_the_cli_call(
     refused = direct("/v1/runs/counts", "-f", "principal")
     assert (refused.returncode, refused.stderr.strip()) == (
         2, "error: --field 'principal': expected KEY=VALUE"
+    )  # fmt: skip
+    stream = direct(f"/v1/runs/{queued}/events")  # a stream that never ends (no worker)
+    assert (stream.returncode, stream.stderr.strip()) == (
+        2, f"error: /v1/runs/{queued}/events answers no single JSON value (its answer is "
+        "text/event-stream)",
     )  # fmt: skip
     token = client.create_token("alice", Role.USER)
     served = create_gateway(settings)

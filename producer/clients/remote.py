@@ -145,7 +145,14 @@ class RemoteClient:
         with nothing to validate needs no method of its own."""
         query = {k: v for k, v in params.items() if v is not None}
         request = self._http.build_request(method, path, json=body, params=query)
-        return self._send(request).json()
+        response = self._send(request, stream=True)
+        try:  # a stream (events, followed results) is refused at its first line, not its end
+            kind = response.headers.get("content-type", "").partition(";")[0].strip()
+            if kind != "application/json":
+                raise ValueError(f"its answer is {kind or 'of no content type'}")
+            return json.loads(response.read())
+        finally:
+            response.close()
 
     def flag(self) -> dict[str, Any]:
         """The query that asks for ``--admin`` (none without it)."""
