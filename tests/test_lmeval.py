@@ -25,6 +25,7 @@ from evalq.producer.service.views import SampleQuery
 from evalq.shared.access.policy import Tier
 from evalq.shared.access.roles import Role
 from evalq.shared.access.tiers import TierRegistry
+from evalq.shared.connection import connect
 from evalq.shared.errors import InputError, PermanentError, TierRefusedError
 from evalq.shared.evals.harness import HarnessTask, WarmHarness
 from evalq.shared.lm import lmeval
@@ -476,3 +477,54 @@ def test_the_model_sees_request_arguments_only(redis_only: RedisServer, tasks: P
         HarnessTask("arc-lm", run, services=services).infer_samples(
             WarmHarness(None, spy), [row], [("r1", 8)]
         )
+
+
+def test_held_out_labels_reach_no_request_by_few_shot_fallback_or_another_task(
+    redis_only: RedisServer, model: Path, tmp_path: Path
+) -> None:
+    """The attack review's two leaks, as a user on a ``non_viewable`` split: a task naming only
+    ``test_split`` drew its few-shot examples, by lm-eval's own fallback, from the evaluated
+    split (a sample's own answer in its prompt); an lm-eval prompt showed a column another
+    registered task calls its label. Neither label reaches a stored request now."""
+    server = connect(redis_only.url)
+    settings = Settings(redis_url=redis_only.url, model_roots=(model.parent,))
+    user = Client(settings.model_copy(update={"principal": "lmeval-user"}))
+    admin = Client(settings.model_copy(update={"principal": "lmeval-admin"}), admin=True)
+    rows: list[dict[str, object]] = [
+        {"question": f"held question {i}", "answer": f"SECRET{i}"} for i in range(6)
+    ]
+    write_rows(tmp_path / "data", "heldout", rows)
+    public: list[dict[str, object]] = [
+        {"question": f"public question {i}", "answer": f"pub{i}"} for i in range(6)
+    ]
+    write_rows(tmp_path / "data", "test", public)
+    name = list_splits(server, tmp_path / "data", "test")
+    TierRegistry(server).set(name, "heldout", Tier.NON_VIEWABLE, who="tests")
+    folder = tmp_path / "tasks"
+    folder.mkdir()
+    (folder / "qa.yaml").write_text(
+        "task: qa\ndataset_path: json\ntest_split: test\noutput_type: generate_until\n"
+        "doc_to_text: 'Q: {{question}}\\nA:'\ndoc_to_target: '{{answer}}'\n"
+        "generation_kwargs: {until: ['\\n'], max_gen_toks: 4}\n"
+        "metric_list: [{metric: exact_match}]\n"
+    )
+    (folder / "rate.yaml").write_text(
+        "task: rate\ndataset_path: json\ntest_split: test\noutput_type: multiple_choice\n"
+        "doc_to_text: 'Q: {{question}} Proposed: {{answer}}. Correct?'\ndoc_to_target: 0\n"
+        "doc_to_choice: ['yes', 'no']\nmetric_list: [{metric: acc}]\n"
+    )
+    admin.add_lm_eval_task("qa", "qa", include_path=str(folder))
+    admin.add_lm_eval_task("rate", "rate", include_path=str(folder))
+    hf = f"hf/{model}"
+    meta = user.submit(
+        SubmitRequest(eval="qa", dataset=name, split="heldout", model=hf, num_fewshot=2)
+    )
+    contexts = [r[0].arguments[0] for r in RequestStore(server).get(meta.run_id, range(6))]
+    assert all("public question" in c for c in contexts), contexts
+    assert not any("SECRET" in c for c in contexts), contexts
+    # 'answer' is the label of qa: its rows reach rate's prompt without it, and lm-eval says so
+    with pytest.raises(InputError, match="'answer' is undefined"):
+        user.submit(SubmitRequest(eval="rate", dataset=name, split="heldout", model=hf))
+    assert len(RunStore(server).recent(10)) == 1  # nothing recorded nor charged for it
+    user.close()
+    admin.close()

@@ -241,7 +241,10 @@ def prepare_harness(  # noqa: PLR0913 - the run, its split and its rows, each na
         admit_fewshot(where, TierRegistry(client).resolve(dataset, fewshot))
         _, fewshot_rows = spec_of(record.source(fewshot), fewshot, cache=data_cache)
     run = run.model_copy(update={"num_fewshot": shots, "split": split, "fewshot_split": fewshot})
-    task = build_task(run, rows, fewshot_rows)
+    # another task's labels never reach a prompt (what admit_prompt checks of a YAML task); the
+    # task's own target fields stay for lm-eval's doc_to_target
+    others = sorted((LabelFields(client).all() - set(spec.labels)) & set(rows.column_names))
+    task = build_task(run, rows.remove_columns(others), fewshot_rows)
     if len(task.eval_docs) != len(rows):
         raise InputError(
             f"lm-eval task '{spec.lm_eval}': its process_docs keeps {len(task.eval_docs)} of "

@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from evalq.shared.errors import InputError
+from evalq.shared.errors import InputError, first_line
 from evalq.shared.lm.harness import HarnessRequest, HarnessRun, metric_name
 from evalq.shared.lm.lmeval import config_of, configurable, lm_eval_package, plain
 
@@ -41,8 +41,12 @@ def build_task(run: HarnessRun, rows: Dataset, fewshot_rows: Dataset | None) -> 
         fewshot = config.get("fewshot_config")
         if isinstance(fewshot, dict) and fewshot.get("split"):
             config["fewshot_config"] = {**fewshot, "split": None}
-    else:
+    else:  # the admitted split by name: lm-eval's own fallback would read the evaluated one
         docs[run.fewshot_split] = fewshot_rows
+        config["fewshot_split"] = run.fewshot_split
+        fewshot = config.get("fewshot_config")
+        if isinstance(fewshot, dict):
+            config["fewshot_config"] = {**fewshot, "split": run.fewshot_split}
     task = configurable(config, docs)
     task.set_config(key="num_fewshot", value=run.num_fewshot)
     task.set_fewshot_seed(seed=FEWSHOT_SEED)
@@ -54,12 +58,16 @@ def build_requests(task: Any, sample_ids: Sequence[int]) -> dict[int, list[Harne
     process: rank 0 of 1, its few-shot sampler drawing in document order), by sample id."""
     ordered = sorted(sample_ids)
     every = ordered == list(range(len(ordered)))
-    task.build_all_requests(
-        limit=len(ordered) if every else None,
-        samples=None if every else ordered,
-        rank=0,
-        world_size=1,
-    )
+    try:
+        task.build_all_requests(
+            limit=len(ordered) if every else None,
+            samples=None if every else set(ordered),  # lm-eval asks `i in samples` per row
+            rank=0,
+            world_size=1,
+        )
+    except Exception as exc:  # lm-eval's code on the caller's documents: a Jinja field the
+        # rows lack, more few-shot examples than the split has, ...
+        raise InputError(f"lm-eval could not build the task's requests: {first_line(exc)}") from exc
     built: dict[int, list[HarnessRequest]] = {}
     for instance in task.instances:
         sample_id = ordered[instance.doc_id]
