@@ -82,6 +82,8 @@ _SHA = re.compile(r"\b[0-9a-f]{64}\b")
 _RUN = re.compile(r"\b[0-9a-f]{16}\b")
 _UUID = re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b")
 _TOKEN = re.compile(r"\bevalq_[A-Za-z0-9_-]{16,}\b")
+_PROGRESS = re.compile(r": \d+/\d+ settled \(\d+%\)")
+"""A followed run's progress line (:func:`normalised` keeps its last)."""
 _PID = re.compile(r"\b(pid|PID)[ =:]+\d+")
 _HEX_ID = re.compile(r"\b[0-9a-f]{12}\b")
 EPOCHS = (1.6e9, 2.0e9)
@@ -755,6 +757,13 @@ def normalised(recording: dict[str, Any]) -> dict[str, Any]:
         for door, texts in recording["help"].items()
     }  # fmt: skip
     calls = [norm.call(c) for c in recording["calls"]]
+    for call in calls:  # how many progress lines a followed run prints depends on its pace
+        if "--follow" in call["argv"]:
+            lines = call["stdout"].splitlines()
+            progress = [i for i, line in enumerate(lines) if _PROGRESS.search(line)]
+            call["stdout"] = "\n".join(
+                line for i, line in enumerate(lines) if i not in progress[:-1]
+            )
     releases = [norm.value(e) for e in recording.get("releases", [])]
     for call in calls:  # a release is written by the first read after its run ends, whichever
         releases += [e for e in call["audit"] if e.get("action") == RELEASED]  # invocation
