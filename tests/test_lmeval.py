@@ -384,6 +384,23 @@ def test_unknown_tasks_groups_and_a_missing_lm_eval_are_one_line(
     shutil.copy(tasks / "gsm_local.yaml", group)
     with pytest.raises(InputError, match="'both' is an lm-eval group: groups are not supported"):
         lmeval.resolve("both", group)
+    corpus = tasks.parent / "corpus"
+    corpus.mkdir(exist_ok=True)
+    (corpus / "bleu_local.yaml").write_text(
+        "task: bleu_local\ndataset_path: json\ntest_split: test\noutput_type: generate_until\n"
+        "doc_to_text: '{{question}}'\ndoc_to_target: '{{answer}}'\n"
+        "metric_list: [{metric: bleu}, {metric: exact_match}]\n"
+    )
+    with pytest.raises(InputError, match=r"aggregates bleu \(bleu\): corpus-level metrics are"):
+        lmeval.resolve("bleu_local", corpus)  # refused where it is registered, not at scoring
+    (corpus / "needs.py").write_text("import evalq_no_such_module\n")
+    (corpus / "needs_local.yaml").write_text(
+        "task: needs_local\ndataset_path: json\ntest_split: test\noutput_type: generate_until\n"
+        "process_docs: !function needs.process\ndoc_to_text: '{{question}}'\n"
+        "doc_to_target: '{{answer}}'\nmetric_list: [{metric: exact_match}]\n"
+    )
+    with pytest.raises(InputError, match="lm-eval cannot read task 'needs_local': No module"):
+        lmeval.resolve("needs_local", corpus)
     monkeypatch.setitem(__import__("sys").modules, "lm_eval", None)
     with pytest.raises(InputError) as missing:
         lmeval.resolve("arc_local", tasks)

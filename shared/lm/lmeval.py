@@ -135,6 +135,11 @@ def _module_file(spec: str, base: Path) -> Path:
     return Path(found.origin).resolve()
 
 
+PER_SAMPLE = frozenset({"mean", "median"})
+"""lm-eval's aggregations over one number per document (the others, perplexity's and bleu's,
+aggregate what a document's ``process_results`` returns as a tuple)."""
+
+
 def resolve(task: str, include_path: Path | None) -> HarnessSpec:
     """lm-eval's task ``task``, found by lm-eval's ``TaskManager``: in ``include_path`` when
     given (its YAML may include lm-eval's own files by path), else among lm-eval's own tasks;
@@ -174,6 +179,14 @@ def resolve(task: str, include_path: Path | None) -> HarnessSpec:
         config.pop(key, None)
     spec = _spec_with(task, include, files, config)
     built = configurable(config_of(spec, checked=False))
+    corpus = {
+        name: how.__name__
+        for name, how in built.aggregation().items()
+        if getattr(how, "__name__", "") not in PER_SAMPLE
+    }
+    if corpus:
+        named = ", ".join(f"{m} ({how})" for m, how in sorted(corpus.items()))
+        raise InputError(f"'{task}' aggregates {named}: corpus-level metrics are not supported yet")
     return spec.model_copy(
         update={
             "output_type": str(built.get_config("output_type")),
@@ -273,7 +286,11 @@ def config_of(spec: HarnessSpec, *, checked: bool = True) -> dict[str, Any]:
 
     first = spec.files[0]
     path = verify(spec) if checked else _root_of(first, spec.include_path) / first.path
-    config: dict[str, Any] = copy.deepcopy(load_yaml(path, resolve_func=True))
+    try:  # a `!function` module may import what this process lacks
+        loaded = load_yaml(path, resolve_func=True)
+    except Exception as exc:
+        raise InputError(f"lm-eval cannot read task '{spec.lm_eval}': {first_line(exc)}") from exc
+    config: dict[str, Any] = copy.deepcopy(loaded)
     for key in _STRUCTURAL:
         config.pop(key, None)
     return config
