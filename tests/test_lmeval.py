@@ -512,7 +512,7 @@ def test_held_out_labels_reach_no_request_by_few_shot_fallback_or_another_task(
     ]
     write_rows(tmp_path / "data", "heldout", rows)
     public: list[dict[str, object]] = [
-        {"question": f"public question {i}", "answer": f"pub{i}"} for i in range(6)
+        {"question": f"public question {i} {'x' * 300}", "answer": f"pub{i}"} for i in range(6)
     ]
     write_rows(tmp_path / "data", "test", public)
     name = list_splits(server, tmp_path / "data", "test")
@@ -543,5 +543,14 @@ def test_held_out_labels_reach_no_request_by_few_shot_fallback_or_another_task(
     with pytest.raises(InputError, match="'answer' is undefined"):
         user.submit(SubmitRequest(eval="rate", dataset=name, split="heldout", model=hf))
     assert len(RunStore(server).recent(10)) == 1  # nothing recorded nor charged for it
+    small = Client(
+        settings.model_copy(update={"principal": "lmeval-user", "max_output_bytes": 1024})
+    )
+    with pytest.raises(InputError, match=r"requests take [\d,]+ bytes, over the 1,024 its output"):
+        small.submit(
+            SubmitRequest(eval="qa", dataset=name, split="heldout", model=hf, num_fewshot=3)
+        )
+    assert len(RunStore(server).recent(10)) == 1
+    small.close()
     user.close()
     admin.close()

@@ -127,6 +127,7 @@ class Client:
             model_roots=self.settings.allowed_model_roots,
             suggest=suggests_datasets(self.admin, direct.sees_sources),
             data_cache=direct.data_cache,
+            sizes=(self.settings.max_output_bytes, self.settings.max_run_bytes),
         )
         return direct.outward(meta)
 

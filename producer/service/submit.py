@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import secrets
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated
 
@@ -239,10 +239,13 @@ def submit(  # noqa: PLR0913 - the client's handles and settings, each named
     suggest: bool = False,
     model_roots: Sequence[Path] = (),
     data_cache: DataCache | None = None,
+    sizes: tuple[int, int] = (262_144, 512 * 2**20),
 ) -> RunMeta:
     """Gate, publish and enqueue ``request`` (its results to be archived under ``archive``);
     return the new run's record. ``suggest``: an unknown dataset name's error may name the
-    closest registered one; ``data_cache``: where an object-store source's copies are kept."""
+    closest registered one; ``data_cache``: where an object-store source's copies are kept;
+    ``sizes``: the most bytes a sample's output and a run's may take (an lm-eval task's
+    requests, which its outputs repeat, are held to them before anything is stored)."""
     evaluation, language = resolve(
         client,
         request.eval,
@@ -299,6 +302,7 @@ def submit(  # noqa: PLR0913 - the client's handles and settings, each named
             num_fewshot=request.num_fewshot,
             data_cache=data_cache,
         )
+        _check_sizes(requests, *sizes)
     elif language is not None:
         shown = read_access(where, tier, admin, len(sample_ids)).access is Access.FULL
         check_rows(language.task, rows, sample_ids, shown=shown)
@@ -340,6 +344,24 @@ def submit(  # noqa: PLR0913 - the client's handles and settings, each named
 
     start(client, meta, sample_ids, enqueue, archive=archive)
     return meta
+
+
+def _check_sizes(requests: Mapping[str, bytes], per_sample: int, per_run: int) -> None:
+    """An lm-eval run's requests within what its outputs may take: :class:`InputError` (exit
+    2, nothing stored or charged) for a sample's over ``per_sample`` bytes or all over
+    ``per_run``."""
+    largest = max(map(len, requests.values()), default=0)
+    if largest > per_sample:
+        raise InputError(
+            f"a sample's lm-eval requests take {largest:,} bytes, over the {per_sample:,} its "
+            "output may (EVALQ_MAX_OUTPUT_BYTES): use fewer few-shot examples"
+        )
+    total = sum(map(len, requests.values()))
+    if total > per_run:
+        raise InputError(
+            f"the run's lm-eval requests take {total:,} bytes, over the {per_run:,} a run may "
+            "(EVALQ_MAX_RUN_BYTES): use --limit or fewer few-shot examples"
+        )
 
 
 def start(
