@@ -22,6 +22,7 @@ from click.testing import CliRunner
 from evalq.producer.operations.redis_server import free_port
 from evalq.producer.service.client import Client
 from evalq.producer.service.views import RunView
+from evalq.shared import cli
 from evalq.shared.access.ledger import Ledger
 from evalq.shared.access.policy import Tier
 from evalq.shared.access.registry import DatasetRegistry
@@ -236,7 +237,12 @@ def evalq_in_process(redis_url: str, *args: str, **env: str) -> subprocess.Compl
 
 def cli_in_process(env: Mapping[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     """The ``evalq`` console entry point run in this process with ``env`` as its whole
-    environment (restored after), its settings read afresh; its exit status and output."""
+    environment (restored after), its settings read afresh; its exit status and output. Its
+    consoles are as wide as ``COLUMNS`` says, else 80 (what rich gives a process whose output
+    is not a terminal: it reads ``COLUMNS`` once, when a console is made)."""
+    columns = env.get("COLUMNS", "")
+    for console in (cli.out, cli.err):
+        console.width = int(columns) if columns.isdigit() else 80
     changes: dict[str, str | None] = {k: v for k, v in env.items() if os.environ.get(k) != v}
     changes.update({k: None for k in os.environ if k not in env})
     with CliRunner().isolation(env=changes) as (stdout, stderr, _):

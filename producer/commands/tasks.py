@@ -88,24 +88,25 @@ def tasks_add(  # noqa: PLR0917 - a typer command: its options are its parameter
 
 @tasks_app.command("list")
 def tasks_list(as_json: JsonFlag = False) -> None:
-    """List registered tasks: each one's kind, output type, metrics (scorer), target and
-    few-shot."""
+    """List registered tasks: each one's kind, output type, metrics (scorer) and few-shot
+    (``--json``: each one's whole spec, its target too)."""
     found = open_api().tasks()
     if as_json:
         print_json([task.model_dump(mode="json") for task in found])
         return
     from evalq.shared.lm.harness import HarnessSpec
 
-    table = Table("task", "kind", "output", "metrics", "target", "few-shot", "digest")
+    table = Table("task", "kind", "output", "metrics", "few-shot", "digest")
+    for column in table.columns:  # a narrow terminal folds a long name, never cuts it
+        column.overflow = "fold"
     for task in found:
         spec = task.spec
         if isinstance(spec, HarnessSpec):
             output, metrics = spec.output_type, ", ".join(spec.metrics)
-            target = ", ".join(spec.labels) or "-"
             shots = f"{spec.num_fewshot or 0} from {spec.fewshot_split or '-'}"
         else:
             output = "choices" if spec.choices is not None else "generate"
-            metrics, target = spec.scorer, spec.target
+            metrics = spec.scorer
             shots = f"{spec.fewshot.n} from {spec.fewshot.split}" if spec.fewshot else "-"
-        table.add_row(task.name, task.kind, output, metrics, target, shots, task.digest[:12])
+        table.add_row(task.name, task.kind, output, metrics, shots, task.digest[:12])
     out.print(table)
