@@ -50,6 +50,7 @@ from evalq.shared.lm.harness import HarnessRun
 from evalq.shared.lm.run import LanguageRun
 from evalq.shared.models import Priority, RunMeta, RunStatus
 from evalq.shared.queue.backlog import Backlog
+from evalq.shared.settings import Settings
 from evalq.shared.store.audit import audit_admin
 from evalq.shared.store.requests import RequestStore
 from evalq.shared.store.runs import RunStore
@@ -239,13 +240,14 @@ def submit(  # noqa: PLR0913 - the client's handles and settings, each named
     suggest: bool = False,
     model_roots: Sequence[Path] = (),
     data_cache: DataCache | None = None,
-    sizes: tuple[int, int] = (262_144, 512 * 2**20),
+    sizes: tuple[int, int] | None = None,
 ) -> RunMeta:
     """Gate, publish and enqueue ``request`` (its results to be archived under ``archive``);
     return the new run's record. ``suggest``: an unknown dataset name's error may name the
     closest registered one; ``data_cache``: where an object-store source's copies are kept;
     ``sizes``: the most bytes a sample's output and a run's may take (an lm-eval task's
-    requests, which its outputs repeat, are held to them before anything is stored)."""
+    requests, which its outputs repeat, are held to them before anything is stored; None:
+    the settings' defaults)."""
     evaluation, language = resolve(
         client,
         request.eval,
@@ -302,7 +304,7 @@ def submit(  # noqa: PLR0913 - the client's handles and settings, each named
             num_fewshot=request.num_fewshot,
             data_cache=data_cache,
         )
-        _check_sizes(requests, *sizes)
+        _check_sizes(requests, *(sizes or _DEFAULT_SIZES))
     elif language is not None:
         shown = read_access(where, tier, admin, len(sample_ids)).access is Access.FULL
         check_rows(language.task, rows, sample_ids, shown=shown)
@@ -344,6 +346,13 @@ def submit(  # noqa: PLR0913 - the client's handles and settings, each named
 
     start(client, meta, sample_ids, enqueue, archive=archive)
     return meta
+
+
+_DEFAULT_SIZES = (
+    Settings.model_fields["max_output_bytes"].default,
+    Settings.model_fields["max_run_bytes"].default,
+)
+"""``EVALQ_MAX_OUTPUT_BYTES`` and ``EVALQ_MAX_RUN_BYTES`` unset."""
 
 
 def _check_sizes(requests: Mapping[str, bytes], per_sample: int, per_run: int) -> None:
