@@ -17,14 +17,29 @@ import redis
 from celery import Celery
 
 from evalq.producer.operations.redis_server import RedisServer
-from evalq.producer.operations.workers import LocalWorkers
+from evalq.producer.operations.workers import LocalWorkers, WorkerProcess
 from evalq.producer.service.client import Client
 from evalq.shared.access.roles import Role
 from evalq.shared.connection import connect
 from evalq.shared.evaluation import load_plugins
 from evalq.shared.queue.celery_app import create_app
 from evalq.shared.settings import Settings
-from tests.helpers import REPO, cli_env, cli_in_process, gateway, wait_for
+from tests.helpers import NOWHERE, REPO, cli_env, cli_in_process, fork_server, gateway, wait_for
+from tests.zygote import WORKER
+
+
+class ForkedWorkers(LocalWorkers):
+    """Workers forked by the fork server when only their ``EVALQ_*`` variables differ from its
+    environment (and no launcher or working directory is asked for); others are started as
+    :class:`LocalWorkers` starts them."""
+
+    def _spawn(self, index: int) -> WorkerProcess:
+        if not self.launcher and self.cwd is None:
+            log = None if self.log_dir is None else self.log_dir / f"worker-{index}.log"
+            forked = fork_server(WORKER).spawn(self.arguments(), self._env, log)
+            if forked is not None:
+                return forked
+        return super()._spawn(index)
 
 
 @dataclass
@@ -44,7 +59,7 @@ class Stack:
     ) -> LocalWorkers:
         """One more worker process with the test plugins and batches of 16, plus ``env``,
         talking to ``url`` (default: the server's)."""
-        workers = LocalWorkers(
+        workers = ForkedWorkers(
             url or self.server.url,
             queues=queues,
             env={
@@ -215,9 +230,6 @@ def redis_only(tmp_path: Path, stop_later: Callable[[RedisServer], None]) -> Ite
     server = RedisServer(tmp_path / "redis").start()
     yield server
     stop_later(server)
-
-
-NOWHERE = "redis://must-not-be-read.invalid:1/0"
 
 
 @dataclass

@@ -36,6 +36,7 @@ from evalq.shared.store.live import settled_ids
 from evalq.shared.store.reader import ResultReader
 from evalq.shared.store.runs import RunStore
 from tests.plugins import predict
+from tests.zygote import CLI, Started, Zygote
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parent.parent
@@ -207,6 +208,21 @@ with every capability given up for good: a process of uid 0 then is what one of 
 is."""
 
 
+NOWHERE = "redis://must-not-be-read.invalid:1/0"
+"""A Redis URL for a process that must not read Redis itself (a gateway client, the fork server)."""
+
+
+_SERVERS: dict[str, Zygote] = {}
+
+
+def fork_server(program: str) -> Zygote:
+    """This pytest process's fork server of ``program`` (tests/zygote.py), started at its first
+    use with the tests' environment (:func:`cli_env`'s, but for its ``EVALQ_*`` variables)."""
+    if program not in _SERVERS:
+        _SERVERS[program] = Zygote(program, cli_env(NOWHERE))
+    return _SERVERS[program]
+
+
 def cli_env(redis_url: str, **extra: str) -> dict[str, str]:
     env = {**os.environ, "EVALQ_REDIS_URL": redis_url, "EVALQ_PLUGINS": "tests.plugins"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
@@ -268,9 +284,7 @@ def answers(url: str) -> bool:
 
 
 @contextmanager
-def gateway(
-    redis_url: str, log: Path, **settings: str
-) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+def gateway(redis_url: str, log: Path, **settings: str) -> Iterator[tuple[str, Started]]:
     """``evalq serve`` on a free port with the test plugins and ``settings`` (``EVALQ_*``; none
     inherited from the test's environment; its runs archived beside ``log`` unless
     ``EVALQ_ARCHIVE_URL`` is given), until the block ends; yields its base URL once it
@@ -286,12 +300,15 @@ def gateway(
     )
     env.update(settings)
     port = free_port()
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-c", "from evalq.shared.cli import main; main()",
-             "serve", "--port", str(port)],
-            env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+    log.write_bytes(b"")
+    argv = ["serve", "--port", str(port)]
+    process: Started | None = fork_server(CLI).spawn(argv, env, log)
+    if process is None:
+        with log.open("wb") as out:
+            process = subprocess.Popen(
+                [sys.executable, "-c", "from evalq.shared.cli import main; main()", *argv],
+                env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+            )  # fmt: skip
     api = f"http://127.0.0.1:{port}"
     try:
         wait_for(lambda: answers(f"{api}/openapi.json"), 60, "the gateway to answer")

@@ -35,6 +35,7 @@ from evalq.shared.keys import HOLDS, RUNS
 from evalq.shared.models import RunMeta, RunStatus
 from tests.conftest import Stack, shared_stack
 from tests.helpers import (
+    NOWHERE,
     REPO,
     assert_settled_once,
     cli_env,
@@ -319,7 +320,7 @@ def test_a_task_that_shows_another_task_s_label_is_refused_before_anything_is_se
             "--model", "openai/served", "--model-arg", f"base_url={own.base}", "--json",
         ]  # fmt: skip
         with gateway(stack.server.url, tmp_path / "gw.log") as (api, _):
-            env = cli_env("redis://must-not-be-read.invalid:1/0", EVALQ_API_URL=api)
+            env = cli_env(NOWHERE, EVALQ_API_URL=api)
             done = subprocess.run(
                 [sys.executable, "-c", "from evalq.shared.cli import main; main()", *submit],
                 env={**env, "EVALQ_TOKEN": token}, cwd=REPO, capture_output=True, text=True,

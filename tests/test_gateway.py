@@ -31,6 +31,7 @@ from evalq.shared.queue.celery_app import create_app
 from evalq.shared.settings import Settings
 from evalq.shared.store.reader import ResultReader
 from tests.helpers import (
+    NOWHERE,
     REPO,
     audit_entries,
     cli_in_process,
@@ -47,7 +48,6 @@ PASSWORDS = {
     "EVALQ_ACL_WORKER_PASSWORD": "worker-password-22",
     "EVALQ_ACL_MONITOR_PASSWORD": "monitor-password-333",
 }
-NOWHERE = "redis://must-not-be-read.invalid:1/0"
 HIDDEN = "HIDDEN-ROW"
 
 

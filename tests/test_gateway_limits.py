@@ -32,12 +32,11 @@ from evalq.shared.access.policy import Tier
 from evalq.shared.access.roles import Caller, Role, sees_budget
 from evalq.shared.errors import ThrottledError
 from evalq.shared.settings import Settings
-from tests.helpers import REPO, labelled_rows, wait_for, write_rows
+from tests.helpers import NOWHERE, REPO, labelled_rows, wait_for, write_rows
 from tests.helpers import gateway as serve
+from tests.zygote import Started
 
 integration = pytest.mark.integration
-
-NOWHERE = "redis://must-not-be-read.invalid:1/0"
 
 
 @dataclass
@@ -55,7 +54,7 @@ class Place:
 @dataclass
 class Gateway:
     api: str
-    process: subprocess.Popen[bytes]
+    process: Started
 
 
 @pytest.fixture(scope="module")

@@ -36,7 +36,7 @@ from evalq.shared.lm.task import TaskSpec
 from evalq.shared.models import Usage, shown_model, to_json
 from evalq.shared.store.wire import result_line, result_of, text_line
 from tests.conftest import Stack
-from tests.helpers import REPO, cli_env, gateway, list_splits, wait_completed, write_rows
+from tests.helpers import NOWHERE, REPO, cli_env, gateway, list_splits, wait_completed, write_rows
 from tests.lm_fixtures import tiny_model
 
 ADD = """
@@ -411,7 +411,7 @@ def test_the_cli_registers_lists_and_runs_a_task_through_the_gateway(
     ):
 
         def cli(token: str, *args: str) -> subprocess.CompletedProcess[str]:
-            env = cli_env("redis://must-not-be-read.invalid:1/0", EVALQ_API_URL=api)
+            env = cli_env(NOWHERE, EVALQ_API_URL=api)
             return subprocess.run(
                 [*python("-c", "from evalq.shared.cli import main; main()"), *args],
                 env={**env, "EVALQ_TOKEN": token}, cwd=REPO, capture_output=True, text=True,

@@ -38,7 +38,15 @@ from evalq.shared.settings import Settings
 from evalq.shared.store.requests import RequestStore
 from evalq.shared.store.runs import RunStore
 from tests.conftest import Stack
-from tests.helpers import cli_env, cli_in_process, gateway, list_splits, wait_ended, write_rows
+from tests.helpers import (
+    NOWHERE,
+    cli_env,
+    cli_in_process,
+    gateway,
+    list_splits,
+    wait_ended,
+    write_rows,
+)
 
 LM_EVAL_TASKS = Path(lmeval.lm_eval_package().__file__ or "").parent / "tasks"
 
@@ -421,7 +429,7 @@ def test_the_cli_registers_lists_and_runs_an_lm_eval_task_through_the_gateway(
     with gateway(stack.server.url, tmp_path / "gw.log", EVALQ_MODEL_ROOTS=roots) as (api, _):
 
         def cli(token: str, *args: str) -> subprocess.CompletedProcess[str]:
-            env = cli_env("redis://must-not-be-read.invalid:1/0", EVALQ_API_URL=api)
+            env = cli_env(NOWHERE, EVALQ_API_URL=api)
             env["COLUMNS"] = "200"  # a table's row on one line
             return cli_in_process({**env, "EVALQ_TOKEN": token}, *args)
 

@@ -15,8 +15,9 @@ import pytest
 from evalq.producer.service.client import Client
 from evalq.shared.access.roles import Role
 from evalq.shared.keys import RUNS
-from tests.conftest import NOWHERE, Door, Stack
+from tests.conftest import Door, Stack
 from tests.helpers import (
+    NOWHERE,
     cli_env,
     gateway,
     labelled_rows,

@@ -31,8 +31,9 @@ from evalq.shared.access.roles import Role
 from evalq.shared.access.tiers import TierRegistry
 from evalq.shared.models import RunFilter
 from tests.browser import colored_pixels, launched
-from tests.conftest import NOWHERE, Door, Stack
+from tests.conftest import Door, Stack
 from tests.helpers import (
+    NOWHERE,
     audit_entries,
     cli_env,
     gateway,

@@ -41,7 +41,7 @@ from evalq.producer.operations.redis_server import (
     version,
 )
 from evalq.producer.operations.supervise import Supervisor, Unit, kill_group
-from evalq.producer.operations.workers import LocalWorkers
+from evalq.producer.operations.workers import LocalWorkers, WorkerProcess
 from evalq.producer.service.client import Client
 from evalq.shared.access.roles import Role
 from evalq.shared.access.tokens import TokenStore
@@ -138,7 +138,7 @@ class _Child:
             self.process.wait()
 
 
-def _ended(process: subprocess.Popen[bytes]) -> int | None:
+def _ended(process: WorkerProcess) -> int | None:
     """``process``'s exit status once it has exited, what is left of its session killed then
     (a worker's pool processes outlive a SIGKILLed worker); None while it runs."""
     code = process.poll()

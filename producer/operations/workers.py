@@ -8,7 +8,7 @@ import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, Any, Protocol
 
 from celery import Celery
 from kombu.exceptions import OperationalError
@@ -19,7 +19,24 @@ from evalq.shared.cli import python
 from evalq.shared.errors import EvalqError
 from evalq.shared.settings import Settings
 
-__all__ = ["LocalWorkers"]
+__all__ = ["LocalWorkers", "WorkerProcess"]
+
+
+class WorkerProcess(Protocol):
+    """What :class:`LocalWorkers` needs of a started worker: a :class:`subprocess.Popen` is one
+    (the tests' fork server hands out another)."""
+
+    pid: int
+    args: Any
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    def poll(self) -> int | None: ...
+
+    def send_signal(self, sig: int) -> None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
 
 
 class LocalWorkers:
@@ -50,7 +67,7 @@ class LocalWorkers:
         self.log_dir = log_dir
         self.launcher = list(launcher)
         self.cwd = cwd
-        self.processes: list[subprocess.Popen[bytes]] = []
+        self.processes: list[WorkerProcess] = []
         self._env: dict[str, str] = {}
 
     def start(self, app: Celery, timeout: float = 60.0) -> LocalWorkers:
@@ -73,15 +90,12 @@ class LocalWorkers:
             raise
         return self
 
-    def _spawn(self, index: int) -> subprocess.Popen[bytes]:
-        command = [
-            *self.launcher,
-            *python("-m", "evalq.worker"),
-            "--queues",
-            self.queues,
-            "--concurrency",
-            str(self.concurrency),
-        ]
+    def arguments(self) -> list[str]:
+        """What follows ``python -m evalq.worker`` on each worker's command line."""
+        return ["--queues", self.queues, "--concurrency", str(self.concurrency)]
+
+    def _spawn(self, index: int) -> WorkerProcess:
+        command = [*self.launcher, *python("-m", "evalq.worker"), *self.arguments()]
         with self._log(index) as log:
             return subprocess.Popen(
                 command,
@@ -93,7 +107,7 @@ class LocalWorkers:
                 start_new_session=True,
             )
 
-    def restart(self, index: int) -> subprocess.Popen[bytes]:
+    def restart(self, index: int) -> WorkerProcess:
         """Start worker ``index`` again, as :meth:`start` started it, once its process has
         exited (what it left of its session, its pool processes, is killed first); it is not
         waited for."""
@@ -118,8 +132,8 @@ class LocalWorkers:
             if dead:
                 self.stop()
                 raise EvalqError(f"a worker exited during start-up: {dead[0]!r}")
-            try:
-                replies = app.control.ping(timeout=0.5) or []
+            try:  # answered as soon as every process has replied, else after the timeout
+                replies = app.control.ping(timeout=0.2, limit=len(self.processes)) or []
             except (OSError, RedisError, OperationalError):
                 replies = []  # a pooled connection that died with a Redis restart: next one
             if len(replies) >= len(self.processes):
