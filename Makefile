@@ -58,7 +58,7 @@ browser:
 	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null || \
 	  echo "could not install chromium: the report screenshot test will be skipped"; }
 
-# Two pytest processes, each running whole test files (pyproject.toml's addopts).
+# Three pytest processes, each running whole test files (pyproject.toml's addopts).
 # The lm-eval parity tests (tests/test_lmeval.py) run lm-eval and evalq on SmolLM2-135M: `lm`.
 test: lint browser lm
 	$(BIN)/python -m pytest

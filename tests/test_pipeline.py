@@ -16,6 +16,7 @@ from evalq.shared.store.reader import ResultReader
 from tests.conftest import Stack
 from tests.helpers import (
     expected_accuracy,
+    gateway,
     labelled_rows,
     list_splits,
     wait_completed,
@@ -23,6 +24,7 @@ from tests.helpers import (
     write_rows,
 )
 from tests.plugins import LABELS
+from tests.zygote import ForkedProcess
 
 pytestmark = pytest.mark.integration
 
@@ -40,6 +42,19 @@ def _run(stack: Stack, folder: Path, rows: list[dict[str, object]], eval_name: s
     )
     wait_completed(stack.client, meta.run_id)
     return meta
+
+
+def test_the_tests_workers_and_gateways_are_forked_by_the_fork_server(
+    fresh_stack: Stack, tmp_path: Path
+) -> None:
+    """Most of the suite's time is starting processes: a worker or gateway whose environment
+    the fork server accepts (tests/zygote.py) is forked from it, not started anew, whichever
+    test pytest is running (``PYTEST_CURRENT_TEST`` differs from when the server started)."""
+    other = {"PYTEST_CURRENT_TEST": "tests/test_other.py::test_other (call)"}
+    workers = fresh_stack.start_workers(**other)
+    assert all(isinstance(process, ForkedProcess) for process in workers.processes)
+    with gateway(fresh_stack.server.url, tmp_path / "gw.log", **other) as (_, process):
+        assert isinstance(process, ForkedProcess)
 
 
 def test_every_sample_scored_once_with_the_direct_aggregate(stack: Stack, tmp_path: Path) -> None:

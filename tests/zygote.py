@@ -63,7 +63,11 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def _base(env: Mapping[str, str]) -> dict[str, str]:
-    return {k: v for k, v in env.items() if not k.startswith("EVALQ_")}
+    """``env`` but for what a process reads only once it runs: evalq's settings, and the name
+    of the test pytest is running (``PYTEST_CURRENT_TEST``, which changes with every test)."""
+    return {
+        k: v for k, v in env.items() if not k.startswith("EVALQ_") and k != "PYTEST_CURRENT_TEST"
+    }
 
 
 class ForkedProcess:
