@@ -8,8 +8,11 @@ The fast tests check registration, pinning and the refusals without Redis."""
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import shutil
+import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -163,9 +166,11 @@ def model() -> Path:
     return smollm2(Settings().models)
 
 
+@functools.cache
 def _lm_eval_reference(tasks: Path, model: Path, task: str) -> tuple[dict[str, Any], list[Any]]:
     """lm-eval 0.4.13 itself, single process, on the same model and documents: its results
-    for ``task`` and its logged samples (``--log_samples``)."""
+    for ``task`` and its logged samples (``--log_samples``), run once per task in a process
+    (the tests that compare with it only read it)."""
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
@@ -198,6 +203,14 @@ def _plain(value: Any) -> Any:
     return json.loads(json.dumps(value))
 
 
+def _flat(value: Any) -> list[Any]:
+    """The leaves of nested lists, in order (a response's log-likelihoods, greedy flags, and
+    texts), as JSON has them."""
+    if isinstance(value, list | tuple):
+        return [leaf for item in value for leaf in _flat(item)]
+    return [_plain(value)]
+
+
 def _run(
     stack: Stack, user: Client, name: str, dataset: str, model: Path, *, split: str = "test"
 ) -> tuple[str, dict[str, Any], dict[int, Any]]:
@@ -213,10 +226,18 @@ def _run(
 
 
 def _assert_parity(
-    stats: dict[str, Any], results: dict[int, Any], reference: dict[str, Any], logged: list[Any]
+    stats: dict[str, Any],
+    results: dict[int, Any],
+    reference: dict[str, Any],
+    logged: list[Any],
+    *,
+    rel: float = 0.0,
 ) -> None:
     """evalq's metrics and standard errors are lm-eval's (``metric,filter`` keys; the ``none``
-    filter's bare), and each document's prompts and per-document metrics are those it logged."""
+    filter's bare), and each document's prompts, raw responses and per-document metrics are
+    those it logged. Raw log-likelihoods are equal, or within ``rel`` of lm-eval's where the
+    model was called with the documents batched otherwise (a batch's padding changes the
+    floats' last digits: a run whose worker died is retried a document per call)."""
     compared = 0
     for key, value in reference.items():
         metric, _, filter_name = key.partition(",")
@@ -231,7 +252,11 @@ def _assert_parity(
     for sample in logged:
         mine = results[sample["doc_id"]]
         assert [r["arguments"] for r in mine.output["requests"]] == _plain(sample["arguments"])
-        assert mine.output["resps"] == _plain(sample["resps"])
+        answered, logged_resps = _flat(mine.output["resps"]), _flat(sample["resps"])
+        assert len(answered) == len(logged_resps)
+        for got, want in zip(answered, logged_resps, strict=True):
+            close = rel and isinstance(want, float)
+            assert got == (pytest.approx(want, rel=rel, abs=0) if close else want)
         filtered = "" if sample["filter"] == "none" else f",{sample['filter']}"
         for metric in sample["metrics"]:
             assert mine.scores[metric + filtered] == float(sample[metric]), metric
@@ -250,6 +275,44 @@ def test_multiple_choice_with_multi_token_choices_equals_lm_eval(
     _assert_parity(stats, results, reference, logged)
     assert len(logged) == len(ARC)
     assert {len(r.output["requests"]) for r in results.values()} == {3, 4}
+
+
+@pytest.mark.timeout(600)  # SmolLM2 on a CPU, run by evalq and by lm-eval
+def test_a_worker_sigkilled_mid_run_changes_no_number_and_scores_each_document_once(
+    fresh_stack: Stack, tasks: Path, model: Path
+) -> None:
+    """The worker (main process and pool) is SIGKILLed while its model answers the run's
+    requests (the run is one message, its outputs written when all are answered); a new worker
+    takes the message back after the visibility timeout. The run's numbers are lm-eval's, as
+    the uninterrupted run's are, and each document is inferred and scored once."""
+    stack = fresh_stack
+    arc = list_splits(stack.client, tasks.parent / "arc", "test", "train")
+    settings = stack.settings.model_copy(
+        update={"model_roots": (model.parent,), "principal": "kill-admin"}
+    )
+    admin = Client(settings, admin=True)
+    try:
+        admin.add_lm_eval_task("arc-kill", "arc_local", include_path=str(tasks))
+        victim = stack.start_workers(EVALQ_VISIBILITY_TIMEOUT="5")
+        fields = {"eval": "arc-kill", "dataset": arc, "split": "test", "model": f"hf/{model}"}
+        request = SubmitRequest.model_validate({**fields, "model_args": {"batch_size": str(BATCH)}})
+        meta = admin.submit(request)
+        stack.wait_logged("Running loglikelihood requests:", timeout=300)  # lm-eval's bar
+        for process in victim.processes:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(60)
+        assert admin.status(meta.run_id).progress.inferred == 0  # killed mid-message
+        stack.start_workers(EVALQ_VISIBILITY_TIMEOUT="5")
+        assert wait_ended(stack.client, meta.run_id, timeout=500) is RunStatus.COMPLETED
+        view = admin.status(meta.run_id)
+        progress = view.progress
+        assert (progress.inferred, progress.scored, progress.failed) == (len(ARC), len(ARC), 0)
+        assert view.stats is not None
+        stats = {k: v.model_dump(mode="json") for k, v in view.stats.items()}
+        results = {r.sample_id: r for r in admin.results(meta.run_id)}
+    finally:
+        admin.close()
+    _assert_parity(stats, results, *_lm_eval_reference(tasks, model, "arc_local"), rel=1e-5)
 
 
 @pytest.mark.timeout(600)  # SmolLM2 on a CPU, run by evalq and by lm-eval

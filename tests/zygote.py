@@ -93,8 +93,11 @@ class ForkedProcess:
         self.send_signal(signal.SIGKILL)
 
     def send_signal(self, sig: int) -> None:
+        """As :meth:`subprocess.Popen.send_signal`: nothing once it has exited (its exit may
+        not be reported yet)."""
         if self.returncode is None:
-            os.kill(self.pid, sig)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
 
     def wait(self, timeout: float | None = None) -> int:
         with self.zygote.changed:
