@@ -278,3 +278,18 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
     if config.option.markexpr == "not integration" and not explicit:
         config.option.numprocesses = 0
         config.option.dist = "no"
+
+
+INTEGRATION_ONLY = "\npytestmark = pytest.mark.integration\n"
+"""How a test module marks every test in it integration (a line of its own, at top level)."""
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """The fast layer does not import a module whose every test it would deselect (one with
+    ``pytestmark = pytest.mark.integration``): their imports (Playwright, schemathesis, lm-eval,
+    ...) were a tenth of its time."""
+    if config.option.markexpr != "not integration" or collection_path.suffix != ".py":
+        return None
+    if not collection_path.name.startswith("test_"):
+        return None
+    return INTEGRATION_ONLY in collection_path.read_text(encoding="utf-8") or None
