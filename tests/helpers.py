@@ -217,9 +217,10 @@ _SERVERS: dict[str, Zygote] = {}
 
 def fork_server(program: str) -> Zygote:
     """This pytest process's fork server of ``program`` (tests/zygote.py), started at its first
-    use with the tests' environment (:func:`cli_env`'s, but for its ``EVALQ_*`` variables)."""
+    use with the environment the process started with (:data:`_STARTED_WITH`: a test may
+    change its own, with ``monkeypatch.setenv``, while it starts the first one)."""
     if program not in _SERVERS:
-        _SERVERS[program] = Zygote(program, cli_env(NOWHERE))
+        _SERVERS[program] = Zygote(program, _STARTED_WITH)
     return _SERVERS[program]
 
 
@@ -229,6 +230,11 @@ def cli_env(redis_url: str, **extra: str) -> dict[str, str]:
     env.pop("EVALQ_BROKER_URL", None)
     env.update(extra)
     return env
+
+
+_STARTED_WITH = cli_env(NOWHERE)
+"""The tests' environment as this process started with it (read when this module is first
+imported, before any test runs)."""
 
 
 def evalq(redis_url: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:

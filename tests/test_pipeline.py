@@ -16,6 +16,7 @@ from evalq.shared.store.reader import ResultReader
 from tests.conftest import Stack
 from tests.helpers import (
     expected_accuracy,
+    fork_server,
     gateway,
     labelled_rows,
     list_splits,
@@ -24,7 +25,7 @@ from tests.helpers import (
     write_rows,
 )
 from tests.plugins import LABELS
-from tests.zygote import ForkedProcess
+from tests.zygote import CLI, WORKER, ForkedProcess
 
 pytestmark = pytest.mark.integration
 
@@ -52,9 +53,10 @@ def test_the_tests_workers_and_gateways_are_forked_by_the_fork_server(
     test pytest is running (``PYTEST_CURRENT_TEST`` differs from when the server started)."""
     other = {"PYTEST_CURRENT_TEST": "tests/test_other.py::test_other (call)"}
     workers = fresh_stack.start_workers(**other)
-    assert all(isinstance(process, ForkedProcess) for process in workers.processes)
+    forked = all(isinstance(process, ForkedProcess) for process in workers.processes)
+    assert forked, fork_server(WORKER).refused
     with gateway(fresh_stack.server.url, tmp_path / "gw.log", **other) as (_, process):
-        assert isinstance(process, ForkedProcess)
+        assert isinstance(process, ForkedProcess), fork_server(CLI).refused
 
 
 def test_every_sample_scored_once_with_the_direct_aggregate(stack: Stack, tmp_path: Path) -> None:

@@ -123,6 +123,8 @@ class Zygote:
         self.base = _base(env)
         self.exits: dict[int, int] = {}
         self.gone = False
+        self.refused: str | None = None
+        """Why the last process it did not fork was not forked."""
         self.changed = threading.Condition()
         self._pids: list[int] = []
         self._lock = threading.Lock()
@@ -160,12 +162,17 @@ class Zygote:
         """The program with ``ARGV``, forked with ``env`` and its output appended to ``log``
         (none: discarded); ``None`` when ``env`` differs from the server's in more than
         ``EVALQ_*`` variables, or the server is gone."""
-        if _base(env) != self.base:
+        differ = sorted(
+            k for k in _base(env).keys() | self.base.keys() if _base(env).get(k) != self.base.get(k)
+        )
+        if differ:
+            self.refused = f"its environment differs in {', '.join(differ)}"
             return None
         request = {"argv": [self.program, *argv], "env": dict(env), "log": str(log or os.devnull)}
         with self._lock:
             self._ready.wait(60)
             if self.gone:
+                self.refused = f"the fork server exited ({self._server.poll()})"
                 return None
             assert self._server.stdin is not None
             self._server.stdin.write(json.dumps(request).encode() + b"\n")
@@ -173,6 +180,7 @@ class Zygote:
             with self.changed:
                 self.changed.wait_for(lambda: self._pids or self.gone, 60)
                 if not self._pids:
+                    self.refused = "the fork server did not answer"
                     return None
                 pid = self._pids.pop(0)
         return ForkedProcess(self, pid, [self.program, *argv])
