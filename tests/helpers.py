@@ -36,7 +36,7 @@ from evalq.shared.store.live import settled_ids
 from evalq.shared.store.reader import ResultReader
 from evalq.shared.store.runs import RunStore
 from tests.plugins import predict
-from tests.zygote import CLI, Started, Zygote
+from tests.zygote import CLI, Started, Zygote, base_env
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parent.parent
@@ -212,16 +212,21 @@ NOWHERE = "redis://must-not-be-read.invalid:1/0"
 """A Redis URL for a process that must not read Redis itself (a gateway client, the fork server)."""
 
 
-_SERVERS: dict[str, Zygote] = {}
+_SERVERS: dict[tuple[str, frozenset[tuple[str, str]]], Zygote] = {}
 
 
 def fork_server(program: str) -> Zygote:
-    """This pytest process's fork server of ``program`` (tests/zygote.py), started at its first
-    use with the environment the process started with (:data:`_STARTED_WITH`: a test may
-    change its own, with ``monkeypatch.setenv``, while it starts the first one)."""
-    if program not in _SERVERS:
-        _SERVERS[program] = Zygote(program, _STARTED_WITH)
-    return _SERVERS[program]
+    """A fork server of ``program`` (tests/zygote.py) started with this process's environment
+    as it is now (:func:`cli_env`'s, but for its ``EVALQ_*`` variables), as a process started
+    now would import with it: libraries this process imports set variables of their own
+    (lm-eval ``HF_XET_HIGH_PERFORMANCE``, scikit-learn ``KMP_DUPLICATE_LIB_OK``, torch's
+    compiler ``TORCHINDUCTOR_CACHE_DIR``), and a test may set one with ``monkeypatch``. One per
+    environment seen, each kept until pytest exits (it reports its processes' exits)."""
+    ambient = cli_env(NOWHERE)
+    key = (program, frozenset(base_env(ambient).items()))
+    if key not in _SERVERS:
+        _SERVERS[key] = Zygote(program, ambient)
+    return _SERVERS[key]
 
 
 def cli_env(redis_url: str, **extra: str) -> dict[str, str]:
@@ -230,11 +235,6 @@ def cli_env(redis_url: str, **extra: str) -> dict[str, str]:
     env.pop("EVALQ_BROKER_URL", None)
     env.update(extra)
     return env
-
-
-_STARTED_WITH = cli_env(NOWHERE)
-"""The tests' environment as this process started with it (read when this module is first
-imported, before any test runs)."""
 
 
 def evalq(redis_url: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:

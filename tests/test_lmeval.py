@@ -167,17 +167,26 @@ def model() -> Path:
 
 
 @functools.cache
+def _lm_eval_model(model: Path) -> Any:
+    """lm-eval's ``hf`` model on SmolLM2, loaded once per process (it keeps no state between
+    evaluations)."""
+    from lm_eval.models.huggingface import HFLM
+
+    return HFLM(pretrained=str(model), device="cpu", dtype="float32", batch_size=BATCH)
+
+
+@functools.cache
 def _lm_eval_reference(tasks: Path, model: Path, task: str) -> tuple[dict[str, Any], list[Any]]:
     """lm-eval 0.4.13 itself, single process, on the same model and documents: its results
     for ``task`` and its logged samples (``--log_samples``), run once per task in a process
     (the tests that compare with it only read it)."""
     from lm_eval import simple_evaluate
-    from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
 
-    lm = HFLM(pretrained=str(model), device="cpu", dtype="float32", batch_size=BATCH)
     manager = TaskManager(include_path=str(tasks), include_defaults=False)
-    out = simple_evaluate(model=lm, tasks=[task], task_manager=manager, log_samples=True)
+    out = simple_evaluate(
+        model=_lm_eval_model(model), tasks=[task], task_manager=manager, log_samples=True
+    )
     assert out is not None
     return out["results"][task], out["samples"][task]
 

@@ -46,11 +46,14 @@ def _run(stack: Stack, folder: Path, rows: list[dict[str, object]], eval_name: s
 
 
 def test_the_tests_workers_and_gateways_are_forked_by_the_fork_server(
-    fresh_stack: Stack, tmp_path: Path
+    fresh_stack: Stack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Most of the suite's time is starting processes: a worker or gateway whose environment
     the fork server accepts (tests/zygote.py) is forked from it, not started anew, whichever
-    test pytest is running (``PYTEST_CURRENT_TEST`` differs from when the server started)."""
+    test pytest is running (``PYTEST_CURRENT_TEST`` differs from when the server started) and
+    whatever this process's own environment gained since (a library imported here sets
+    variables: lm-eval ``HF_XET_HIGH_PERFORMANCE``; a clean-clone CI forked no worker after)."""
+    monkeypatch.setenv("TESTS_A_LIBRARY_SET_THIS", "1")
     other = {"PYTEST_CURRENT_TEST": "tests/test_other.py::test_other (call)"}
     workers = fresh_stack.start_workers(**other)
     forked = all(isinstance(process, ForkedProcess) for process in workers.processes)

@@ -62,7 +62,7 @@ PROGRAMS: dict[str, tuple[str, ...]] = {
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _base(env: Mapping[str, str]) -> dict[str, str]:
+def base_env(env: Mapping[str, str]) -> dict[str, str]:
     """``env`` but for what a process reads only once it runs: evalq's settings, and the name
     of the test pytest is running (``PYTEST_CURRENT_TEST``, which changes with every test)."""
     return {
@@ -120,7 +120,7 @@ class Zygote:
 
     def __init__(self, program: str, env: Mapping[str, str]) -> None:
         self.program = program
-        self.base = _base(env)
+        self.base = base_env(env)
         self.exits: dict[int, int] = {}
         self.gone = False
         self.refused: str | None = None
@@ -163,7 +163,9 @@ class Zygote:
         (none: discarded); ``None`` when ``env`` differs from the server's in more than
         ``EVALQ_*`` variables, or the server is gone."""
         differ = sorted(
-            k for k in _base(env).keys() | self.base.keys() if _base(env).get(k) != self.base.get(k)
+            k
+            for k in base_env(env).keys() | self.base.keys()
+            if base_env(env).get(k) != self.base.get(k)
         )
         if differ:
             self.refused = f"its environment differs in {', '.join(differ)}"
