@@ -5,8 +5,8 @@ model, documents and batch size.
 Two lm-eval tasks over ``bench/lmeval/data`` (``make_data.py``), written as lm-eval YAML into an
 include folder: ``bench_mc``, multiple choice (100 four-option questions, ``acc`` and
 ``acc_norm``: 400 log-likelihood requests), and ``bench_arith``, ``generate_until`` (200
-additions, greedy, 8 new tokens at most, stop at a newline, ``exact_match``). SmolLM2-135M by
-default (``evalq.shared.lm.local.smollm2``; ``--model`` for another transformers folder).
+additions, greedy, 8 new tokens at most, stop at a newline, ``exact_match`` ignoring spaces).
+SmolLM2-135M by default (``evalq.shared.lm.local.smollm2``; ``--model`` for another folder).
 
 - lm-eval: ``simple_evaluate`` with lm-eval's ``HFLM`` (``--batch-size``) in a subprocess of its
   own with every core's thread, the model loaded before the clock starts (evalq's workers are
@@ -70,7 +70,7 @@ doc_to_target: "{{answer}}"
 target_delimiter: " "
 generation_kwargs: {until: ["\\n"], max_gen_toks: 8, do_sample: false}
 metric_list:
-  - {metric: exact_match, aggregation: mean, higher_is_better: true}
+  - {metric: exact_match, aggregation: mean, higher_is_better: true, regexes_to_ignore: [" "]}
 """),
 }  # fmt: skip
 """Each task: its data file's stem, and its config (its dataset lines are added per folder)."""
