@@ -26,6 +26,7 @@ lm: install
 bench-lm: lm
 	$(BIN)/python -m pip install -q -e ".[dev,lm,peers]"
 	$(BIN)/python -m bench.generate
+	$(BIN)/python -m bench.harness
 	$(BIN)/python -m bench.fairness --big 8000 --workers 1
 
 demo: install
