@@ -35,8 +35,7 @@ class ForkedWorkers(LocalWorkers):
 
     def _spawn(self, index: int) -> WorkerProcess:
         if not self.launcher and self.cwd is None:
-            log = None if self.log_dir is None else self.log_dir / f"worker-{index}.log"
-            forked = fork_server(WORKER).spawn(self.arguments(), self._env, log)
+            forked = fork_server(WORKER).spawn(self.arguments(), self._env, self.log_path(index))
             if forked is not None:
                 return forked
         return super()._spawn(index)

@@ -310,7 +310,7 @@ def gateway(redis_url: str, log: Path, **settings: str) -> Iterator[tuple[str, S
     argv = ["serve", "--port", str(port)]
     process: Started | None = fork_server(CLI).spawn(argv, env, log)
     if process is None:
-        with log.open("wb") as out:
+        with log.open("ab") as out:
             process = subprocess.Popen(
                 [sys.executable, "-c", "from evalq.shared.cli import main; main()", *argv],
                 env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,

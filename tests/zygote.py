@@ -162,10 +162,9 @@ class Zygote:
         """The program with ``ARGV``, forked with ``env`` and its output appended to ``log``
         (none: discarded); ``None`` when ``env`` differs from the server's in more than
         ``EVALQ_*`` variables, or the server is gone."""
+        asked = base_env(env)
         differ = sorted(
-            k
-            for k in base_env(env).keys() | self.base.keys()
-            if base_env(env).get(k) != self.base.get(k)
+            k for k in asked.keys() | self.base.keys() if asked.get(k) != self.base.get(k)
         )
         if differ:
             self.refused = f"its environment differs in {', '.join(differ)}"

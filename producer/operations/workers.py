@@ -118,10 +118,13 @@ class LocalWorkers:
         self.processes[index] = self._spawn(index)
         return self.processes[index]
 
+    def log_path(self, index: int) -> Path | None:
+        """Where worker ``index``'s output is appended (None: discarded)."""
+        return None if self.log_dir is None else self.log_dir / f"worker-{index}.log"
+
     def _log(self, index: int) -> IO[bytes]:
-        if self.log_dir is None:
-            return open(os.devnull, "wb")
-        return (self.log_dir / f"worker-{index}.log").open("ab")
+        path = self.log_path(index)
+        return open(os.devnull, "wb") if path is None else path.open("ab")
 
     def wait_ready(self, app: Celery, timeout: float) -> None:
         """Block until every started process answers a control ping (a broker connection
