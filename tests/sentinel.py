@@ -136,7 +136,40 @@ class SentinelGroup:
         master = str(self.master_port())
         dead.options = [*DATA_OPTIONS, "--replicaof", "127.0.0.1", master]
         dead.start()
-        _until(lambda: self._linked(dead), timeout, "the old master back as a replica")
+        try:
+            _until(self._whole, timeout, "the old master back as a replica")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; {self.describe()}") from None
+
+    def describe(self) -> str:
+        """Each node's replication role and link, and the master the sentinels name: what a
+        failed wait says, for the next reader of a CI log."""
+        parts = []
+        for node in self.nodes:
+            try:
+                with redis.Redis(port=node.port, socket_timeout=1, decode_responses=True) as c:
+                    info = c.info("replication")
+                parts.append(
+                    f"node {node.port}: {info['role']}"
+                    f" link={info.get('master_link_status', '-')}"
+                    f" of={info.get('master_port', '-')}"
+                )
+            except redis.RedisError as exc:
+                parts.append(f"node {node.port}: {type(exc).__name__}")
+        try:
+            parts.append(f"sentinels name {self.master_port()}")
+        except AssertionError:
+            parts.append("no sentinel answers")
+        return ", ".join(parts)
+
+    def _whole(self) -> bool:
+        """Every node but the one the sentinels name as the master is its replica, in sync.
+        Not "the dead node is a replica": on a loaded machine the sentinels may fail over
+        again (the master missing their pings for ``down_after_ms``) once the dead node is
+        back, making it the master and the other node its replica; the group is whole then
+        too."""
+        master = self.master_port()
+        return all(self._linked(node) for node in self.nodes if node.port != master)
 
     def stop(self) -> None:
         for process in self._sentinels:
