@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
+import httpx
 import redis
 from click.testing import CliRunner
 
@@ -330,3 +331,47 @@ def serving(redis_url: str, log: Path) -> Iterator[str]:
     base URL once it answers."""
     with gateway(redis_url, log) as (api, _):
         yield api
+
+
+class Server:
+    """The test server (:mod:`tests.openai_server`) in its own process; ``control`` and
+    ``stats`` talk to it."""
+
+    def __init__(self, log: Path, key: str | None, model_dir: Path | None = None) -> None:
+        """``key``: the one key it accepts (None: any); ``model_dir``: a real model it serves
+        (it answers log-likelihoods then) instead of the fake."""
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        command = [sys.executable, "-m", "tests.openai_server", "--port", str(self.port)]
+        if key is not None:
+            command += ["--key", key]
+        if model_dir is not None:
+            command += ["--model-dir", str(model_dir)]
+        self._log = log.open("w")
+        self.process = subprocess.Popen(command, cwd=REPO, stdout=self._log, stderr=self._log)
+        wait_for(self._up, 60, "the endpoint server")
+
+    @property
+    def base(self) -> str:
+        return f"{self.url}/v1"
+
+    def _up(self) -> bool:
+        if self.process.poll() is not None:
+            raise AssertionError(f"the endpoint server exited with {self.process.returncode}")
+        try:
+            return httpx.get(f"{self.url}/stats", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def control(self, **settings: Any) -> None:
+        httpx.post(f"{self.url}/control", json=settings, timeout=10).raise_for_status()
+
+    def stats(self) -> dict[str, Any]:
+        reply = httpx.get(f"{self.url}/stats", timeout=10)
+        reply.raise_for_status()
+        return dict(reply.json())
+
+    def stop(self) -> None:
+        self.process.kill()
+        self.process.wait(30)
+        self._log.close()

@@ -10,9 +10,12 @@ answers of each kind, and with a ``delay`` the most requests it held at once).
 The model is a fake at the outer edge: it answers "What is A plus B?" with the sum (wrong on
 purpose for the models named ``wrong-*``), a grader's prompt (evalq's default, with its expert
 answer and submission) with ``GRADE: C`` when the two agree and ``GRADE: I`` otherwise,
-anything else with "ok"; tokens are words. With
-``--model-dir`` it serves a real model instead (:class:`evalq.shared.lm.hf.HFModel`, one request at
-a time), which is what ``bench/endpoint.py`` measures.
+anything else with "ok"; tokens are words; it answers no log-likelihoods (an ``echo`` request
+gets a plain answer, as from a server without them). With ``--model-dir`` it serves a real model
+instead (:class:`evalq.shared.lm.hf.HFModel`, one request at a time), which is what
+``bench/endpoint.py`` measures, and answers a prompt of token ids with ``echo`` and ``logprobs``
+as vLLM does: each prompt token's log-probability (None for the first) and the most likely
+token's at each position, then one greedy token's.
 
 Run: ``python -m tests.openai_server --port P [--model-dir DIR] [--key KEY]``.
 """
@@ -113,9 +116,10 @@ def _add_control(app: FastAPI, state: _State) -> None:
         return {"ok": "reset"}
 
 
-def make_app(key: str | None = None, generate: Any = None) -> FastAPI:
+def make_app(key: str | None = None, generate: Any = None, score: Any = None) -> FastAPI:
     """The server; ``generate(prompt_text, max_tokens) -> (text, prompt_tokens,
-    completion_tokens)`` replaces the fake model."""
+    completion_tokens)`` replaces the fake model, and ``score(token_ids) -> (text, logprobs)``
+    answers ``echo`` requests."""
     app = FastAPI()
     state = _State()
     serial = asyncio.Lock()  # the real model answers one request at a time
@@ -152,6 +156,10 @@ def make_app(key: str | None = None, generate: Any = None) -> FastAPI:
         max_tokens = int(body.get("max_tokens") or 16)
         if state.control["echo_key"]:
             return _count(state, "echoed", _echo(given.removeprefix("Bearer "), text, chat))
+        tokens = body.get("prompt")
+        if score is not None and body.get("echo") and isinstance(tokens, list):
+            async with serial:
+                return _count(state, "scored", await _scored(score, model, tokens))
         if generate is not None:
             async with serial:
                 made, prompt_tokens, completion_tokens = await asyncio.to_thread(
@@ -176,6 +184,14 @@ def make_app(key: str | None = None, generate: Any = None) -> FastAPI:
         return await answer(request, chat=True)
 
     return app
+
+
+async def _scored(score: Any, model: str, tokens: list[int]) -> Response:
+    """An ``echo`` request's answer: the prompt's log-probabilities and one greedy token."""
+    made, logprobs = await asyncio.to_thread(score, tokens)
+    reply = _reply(model, made, False, len(tokens), 1)
+    reply["choices"][0]["logprobs"] = logprobs
+    return JSONResponse(reply)
 
 
 def _fault(state: _State, draw: float) -> Response | None:
@@ -268,6 +284,37 @@ def _hf_generate(model_dir: str) -> Any:
     return generate
 
 
+def _hf_score(model_dir: str) -> Any:
+    """``score(token_ids)``: the echoed prompt's log-probabilities by SmolLM2 (float32, one
+    sequence a forward pass), as vLLM's ``/v1/completions`` reports them with ``logprobs: 1``."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+
+    def named(token: int) -> str:
+        return str(tokenizer.decode([token]))
+
+    lm: Any = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+    lm.eval()
+
+    def score(tokens: list[int]) -> tuple[str, dict[str, Any]]:
+        with torch.no_grad():
+            logits = lm(torch.tensor([tokens])).logits[0].float()
+        table = torch.log_softmax(logits, dim=-1)
+        best = [int(i) for i in table.argmax(dim=-1)]
+        every = [*tokens, best[-1]]  # the prompt, then one greedy token
+        values: list[float | None] = [None]
+        tops: list[dict[str, float] | None] = [None]
+        for i in range(1, len(every)):
+            values.append(float(table[i - 1, every[i]]))
+            tops.append({named(best[i - 1]): float(table[i - 1, best[i - 1]])})
+        shown = [named(t) for t in every]
+        return named(best[-1]), {"tokens": shown, "token_logprobs": values, "top_logprobs": tops}
+
+    return score
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, required=True)
@@ -275,7 +322,8 @@ def main() -> None:
     parser.add_argument("--model-dir", default=None)
     args = parser.parse_args()
     generate = _hf_generate(args.model_dir) if args.model_dir else None
-    app = make_app(args.key, generate)
+    score = _hf_score(args.model_dir) if args.model_dir else None
+    app = make_app(args.key, generate, score)
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
 
 

@@ -23,7 +23,6 @@ import httpx
 import pytest
 
 from evalq.producer.clients.remote import RemoteClient
-from evalq.producer.operations.redis_server import free_port
 from evalq.producer.service.client import Client
 from evalq.producer.service.policy_file import PolicyFile
 from evalq.producer.service.submit import SubmitRequest
@@ -37,6 +36,7 @@ from tests.conftest import Stack, shared_stack
 from tests.helpers import (
     NOWHERE,
     REPO,
+    Server,
     assert_settled_once,
     cli_env,
     gateway,
@@ -62,45 +62,6 @@ scorer: exact_match
 """
 
 
-class Server:
-    """The test server in its own process; ``control`` and ``stats`` talk to it."""
-
-    def __init__(self, log: Path, key: str | None = KEY) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        command = [sys.executable, "-m", "tests.openai_server", "--port", str(self.port)]
-        if key is not None:
-            command += ["--key", key]
-        self._log = log.open("w")
-        self.process = subprocess.Popen(command, cwd=REPO, stdout=self._log, stderr=self._log)
-        wait_for(self._up, 60, "the endpoint server")
-
-    @property
-    def base(self) -> str:
-        return f"{self.url}/v1"
-
-    def _up(self) -> bool:
-        if self.process.poll() is not None:
-            raise AssertionError(f"the endpoint server exited with {self.process.returncode}")
-        try:
-            return httpx.get(f"{self.url}/stats", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    def control(self, **settings: Any) -> None:
-        httpx.post(f"{self.url}/control", json=settings, timeout=10).raise_for_status()
-
-    def stats(self) -> dict[str, Any]:
-        reply = httpx.get(f"{self.url}/stats", timeout=10)
-        reply.raise_for_status()
-        return dict(reply.json())
-
-    def stop(self) -> None:
-        self.process.kill()
-        self.process.wait(30)
-        self._log.close()
-
-
 @pytest.fixture(scope="module")
 def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """The stack of the tests that only add runs, each against servers and on data of its
@@ -111,7 +72,7 @@ def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[Server]:
-    running = Server(tmp_path / "server.log")
+    running = Server(tmp_path / "server.log", KEY)
     yield running
     running.stop()
 

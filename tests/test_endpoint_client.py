@@ -28,7 +28,12 @@ from evalq.shared.lm.endpoint import (
     OverReported,
 )
 from evalq.shared.lm.limits import EndpointLimits
-from evalq.shared.lm.request import Generation, GenerationRequest
+from evalq.shared.lm.request import (
+    Generation,
+    GenerationRequest,
+    Loglikelihood,
+    LoglikelihoodRequest,
+)
 from evalq.shared.lm.run import LanguageRun
 from evalq.shared.lm.spec import ModelSpec
 from evalq.shared.lm.task import TaskSpec
@@ -86,7 +91,8 @@ def serve() -> Iterator[Callable[[Handler], str]]:
             protocol_version = "HTTP/1.1"
 
             def do_POST(self) -> None:
-                self.rfile.read(int(self.headers.get("content-length", 0)))
+                raw = self.rfile.read(int(self.headers.get("content-length", 0)))
+                self.body = json.loads(raw) if raw else None  # what was sent, for the test
                 handle(self)
 
             def log_message(self, *_: Any) -> None:
@@ -367,3 +373,80 @@ def test_a_cache_claim_lasts_one_try_and_a_wait_not_the_whole_patience(
     (out,) = model.generate([GenerationRequest("What is 1 plus 2?", 8)])
     assert isinstance(out, Generation)
     assert claimed == [2 + BACKOFF_CAP]  # was 2 * 6 + 30 * 5 = 162 s
+
+
+SCORED = LoglikelihoodRequest((5, 6, 7), 1)
+"""The log-likelihood of tokens 6 and 7 after token 5."""
+ECHOED: dict[str, list[Any]] = {
+    "token_logprobs": [None, -0.5, -1.0, -2.0],  # the prompt's three tokens, then one made
+    "top_logprobs": [None, {"a": -0.5}, {"b": -0.25}, {"c": -2.0}],
+}
+SCORE_USAGE = {"prompt_tokens": 3, "completion_tokens": 1}
+
+
+def _echoed(usage: dict[str, int] = SCORE_USAGE, **logprobs: object) -> bytes:
+    """An echoed answer to :data:`SCORED`, ``logprobs`` replacing :data:`ECHOED`'s lists."""
+    choice = {"text": "c", "logprobs": {**ECHOED, **logprobs}}
+    return json.dumps({"choices": [choice], "usage": usage}).encode()
+
+
+MALFORMED_SCORES = {
+    "no-logprobs": json.dumps(ANSWER).encode(),  # a server without log-likelihoods
+    "fewer-tokens": _echoed(token_logprobs=[None, -0.5], top_logprobs=[None, {"a": -0.5}]),
+    "more-tokens": _echoed(
+        token_logprobs=[None] + [-0.5] * 5, top_logprobs=[None] + [{"a": -0.5}] * 5
+    ),
+    "positive": _echoed(token_logprobs=[None, -0.5, 0.5, -2.0]),
+    "nan": _echoed(token_logprobs=[None, -0.5, float("nan"), -2.0]),
+    "text": _echoed(token_logprobs=[None, -0.5, "-1.0", -2.0]),
+    "bool": _echoed(token_logprobs=[None, -0.5, False, -2.0]),
+    "tops-not-maps": _echoed(top_logprobs=[None, [-0.5], [-0.25], [-2.0]]),
+    "over-usage": _echoed({"prompt_tokens": 10**6, "completion_tokens": 1}),
+    "deep": b"[" * 200_000,
+}
+
+
+def test_an_echoed_answer_is_read_as_lm_eval_reads_it_and_cached(
+    redis_only: RedisServer,
+    serve: Callable[[Handler], str],
+    fleet: Callable[[str, EndpointLimits], RateLimit],
+) -> None:
+    """The continuation's tokens' log-probabilities summed, greedy only where each is its
+    position's best (lm-eval's ``parse_logprobs``); the body is lm-eval's ``local-completions``
+    payload; a second ask is the cache's, not the server's."""
+    bodies: list[dict[str, Any]] = []
+
+    def answer(handler: BaseHTTPRequestHandler) -> None:
+        body = vars(handler)["body"]  # what it was sent (the fixture's server keeps it)
+        bodies.append(body)
+        n = len(body["prompt"])  # the prompt's tokens echoed, then one made
+        logprobs = {k: v[:n] + v[-1:] for k, v in ECHOED.items()}
+        usage = {"prompt_tokens": n, "completion_tokens": 1}
+        reply = {"choices": [{"text": "c", "logprobs": logprobs}], "usage": usage}
+        _reply(handler, 200, json.dumps(reply).encode())
+
+    url = serve(answer)
+    cache = ResponseCache(connect(redis_only.url), 3600, 65536)
+    spec = ModelSpec.parse("openai/m", {"base_url": url, "max_retries": "0"})
+    model = EndpointModel(spec, fleet(url, EndpointLimits()), None, cache)
+    first, again = model.loglikelihoods([SCORED]), model.loglikelihoods([SCORED])
+    assert first == [Loglikelihood(-1.5, False, 3, 1)]
+    assert again == [Loglikelihood(-1.5, False, 3, 1, cached=True)]
+    assert bodies == [
+        {"model": "m", "prompt": [5, 6, 7], "max_tokens": 1, "temperature": 0, "logprobs": 1,
+         "echo": True}
+    ]  # fmt: skip
+    greedy = LoglikelihoodRequest((5, 6), 1)  # token 6 was the best one at its position
+    assert model.loglikelihoods([greedy]) == [Loglikelihood(-0.5, True, 2, 1)]
+
+
+@pytest.mark.parametrize("body", MALFORMED_SCORES.values(), ids=MALFORMED_SCORES.keys())
+def test_a_malformed_echoed_answer_is_a_bad_response_of_its_request(
+    serve: Callable[[Handler], str],
+    fleet: Callable[[str, EndpointLimits], RateLimit],
+    body: bytes,
+) -> None:
+    url = serve(lambda h: _reply(h, 200, body))
+    (out,) = _model(fleet(url, EndpointLimits()), url, None).loglikelihoods([SCORED])
+    assert isinstance(out, BadResponse), out  # OverReported for a count past the request's
+    assert len(str(out)) < 400

@@ -25,6 +25,7 @@ from evalq.producer.operations.redis_server import RedisServer
 from evalq.producer.service.client import Client
 from evalq.producer.service.submit import SubmitRequest
 from evalq.producer.service.views import SampleQuery
+from evalq.shared.access.ledger import Ledger
 from evalq.shared.access.policy import Tier
 from evalq.shared.access.roles import Role
 from evalq.shared.access.tiers import TierRegistry
@@ -33,16 +34,19 @@ from evalq.shared.errors import InputError, PermanentError, TierRefusedError
 from evalq.shared.evals.harness import HarnessTask, WarmHarness
 from evalq.shared.lm import lmeval
 from evalq.shared.lm.harness import HarnessRequest, HarnessRun, HarnessSpec
+from evalq.shared.lm.limits import EndpointLimits
 from evalq.shared.lm.local import smollm2
 from evalq.shared.lm.spec import ModelSpec
 from evalq.shared.models import RunStatus
 from evalq.shared.services import Services
 from evalq.shared.settings import Settings
+from evalq.shared.store.endpoints import EndpointRegistry
 from evalq.shared.store.requests import RequestStore
 from evalq.shared.store.runs import RunStore
 from tests.conftest import Stack
 from tests.helpers import (
     NOWHERE,
+    Server,
     cli_env,
     cli_in_process,
     gateway,
@@ -92,6 +96,15 @@ HELLASWAG = [
       "paint the leash [header] red."], "0"),
 ]  # fmt: skip
 """Documents in hellaswag's columns (``process_docs`` makes ``query``, ``choices``, ``gold``)."""
+WIKI = [
+    " = Robert Boulter = \n Robert Boulter is an English film , television and theatre actor . "
+    "He had a guest @-@ starring role on the television series The Bill in 2000 . \n",
+    " = Tropical Storm Ana = \n Tropical Storm Ana was the first named storm of the 1 @,@ 200 "
+    "season . It formed near the Bahamas ; it moved north @-@ east and weakened . \n",
+    ' = Kiss You = \n " Kiss You " is a song recorded by the boy band . It was released on '
+    "7 January 2013 , and it reached number 9 in the charts ( in the United Kingdom ) . \n",
+]
+"""Documents in wikitext_document_level's column (``page``, wikitext's tokenized text)."""
 BATCH = 4
 """Requests per forward pass, evalq's (``--model-arg batch_size``) and lm-eval's alike."""
 
@@ -144,6 +157,7 @@ def tasks(tmp_path_factory: pytest.TempPathFactory) -> Path:
         for a, ctx_a, ctx_b, e, label in HELLASWAG
     ]
     write_rows(root / "swag", "validation", swag)
+    write_rows(root / "wiki", "test", [{"page": page} for page in WIKI])
     folder = root / "tasks"
     folder.mkdir()
     (folder / "arc_local.yaml").write_text(
@@ -156,6 +170,12 @@ def tasks(tmp_path_factory: pytest.TempPathFactory) -> Path:
         f"include: {LM_EVAL_TASKS / 'hellaswag/hellaswag.yaml'}\ntask: swag_local\n"
         f"dataset_path: json\ndataset_kwargs:\n  data_files:\n"
         f"    validation: {root / 'swag' / 'validation.jsonl'}\ntraining_split: null\n"
+    )
+    (folder / "wiki_local.yaml").write_text(
+        f"include: {LM_EVAL_TASKS / 'wikitext/wikitext.yaml'}\ntask: wiki_local\n"
+        f"dataset_path: json\ndataset_name: null\ndataset_kwargs:\n  data_files:\n"
+        f"    test: {root / 'wiki' / 'test.jsonl'}\ntraining_split: null\n"
+        "validation_split: null\n"
     )
     return folder
 
@@ -221,11 +241,22 @@ def _flat(value: Any) -> list[Any]:
 
 
 def _run(
-    stack: Stack, user: Client, name: str, dataset: str, model: Path, *, split: str = "test"
+    stack: Stack,
+    user: Client,
+    name: str,
+    dataset: str,
+    model: Path | str,
+    *,
+    split: str = "test",
+    model_args: dict[str, str] | None = None,
 ) -> tuple[str, dict[str, Any], dict[int, Any]]:
-    """Submit ``name`` on ``dataset/split`` and wait: its id, stats and results by sample."""
-    fields = {"eval": name, "dataset": dataset, "split": split, "model": f"hf/{model}"}
-    request = SubmitRequest.model_validate({**fields, "model_args": {"batch_size": str(BATCH)}})
+    """Submit ``name`` on ``dataset/split`` and wait: its id, stats and results by sample.
+    ``model``: a folder (``hf/``, :data:`BATCH` a forward pass), or a spec and its
+    ``model_args``."""
+    spec = f"hf/{model}" if isinstance(model, Path) else model
+    fields = {"eval": name, "dataset": dataset, "split": split, "model": spec}
+    args = {"batch_size": str(BATCH)} if model_args is None else model_args
+    request = SubmitRequest.model_validate({**fields, "model_args": args})
     meta = user.submit(request)
     assert wait_ended(stack.client, meta.run_id, timeout=500) is RunStatus.COMPLETED
     view = user.status(meta.run_id)
@@ -382,6 +413,93 @@ def test_multiple_choice_with_process_docs_as_a_function_equals_lm_eval(
     ]
 
 
+@pytest.mark.timeout(600)  # SmolLM2 on a CPU, run by evalq and by lm-eval
+def test_perplexity_over_rolling_windows_with_a_process_results_function_equals_lm_eval(
+    stack: Stack, tasks: Path, model: Path
+) -> None:
+    """wikitext's config: ``loglikelihood_rolling`` requests, ``process_results`` as a
+    ``!function`` giving ``(loglikelihood, words)`` and ``(loglikelihood, bytes)`` tuples, and
+    lm-eval's corpus-level aggregations over them (``weighted_perplexity``,
+    ``bits_per_byte``)."""
+    wiki = list_splits(stack.client, tasks.parent / "wiki", "test")
+    settings = stack.settings.model_copy(update={"model_roots": (model.parent,)})
+    admin = Client(settings.model_copy(update={"principal": "wiki-admin"}), admin=True)
+    try:
+        added = admin.add_lm_eval_task("wiki-lm", "wiki_local", include_path=str(tasks))
+        assert isinstance(added.spec, HarnessSpec)
+        assert added.spec.output_type == "loglikelihood_rolling"
+        assert added.spec.metrics == ("word_perplexity", "byte_perplexity", "bits_per_byte")
+        _, stats, results = _run(stack, admin, "wiki-lm", wiki, model)
+    finally:
+        admin.close()
+    reference, logged = _lm_eval_reference(tasks, model, "wiki_local")
+    assert sorted(stats) == sorted(added.spec.metrics)
+    for metric in added.spec.metrics:
+        assert stats[metric]["mean"] == pytest.approx(reference[f"{metric},none"], rel=1e-4)
+        assert stats[metric]["n"] == len(WIKI)
+    assert sorted(results) == sorted(s["doc_id"] for s in logged) == list(range(len(WIKI)))
+    for sample in logged:
+        mine = results[sample["doc_id"]]
+        assert [r["arguments"] for r in mine.output["requests"]] == _plain(sample["arguments"])
+        (got,), (want,) = _flat(mine.output["resps"]), _flat(sample["resps"])
+        assert got == pytest.approx(want, rel=1e-4)
+        for metric in added.spec.metrics:
+            loglikelihood, count = sample[metric]
+            assert mine.scores[f"{metric}[0]"] == pytest.approx(loglikelihood, rel=1e-4)
+            assert mine.scores[f"{metric}[1]"] == count
+
+
+@pytest.mark.timeout(600)  # SmolLM2 on a CPU, served and loaded locally
+def test_multiple_choice_on_an_openai_compatible_server_equals_the_local_model(
+    stack: Stack, place: tuple[Client, Client, str, str], tasks: Path, model: Path, tmp_path: Path
+) -> None:
+    """arc (multi-token choices) on SmolLM2 served by the test server (``/v1/completions``
+    with ``echo`` and ``logprobs``, as vLLM answers it) and on SmolLM2 loaded by a worker:
+    each choice's log-likelihood within 1e-4, the same greedy flags and the same metrics. A
+    server that answers no log-likelihoods, and a model without its tokenizer, are refused
+    at submit in one line, before anything is charged."""
+    user, admin, arc, _ = place
+    admin.add_lm_eval_task("arc-served", "arc_local", include_path=str(tasks))
+    served = Server(tmp_path / "served.log", key=None, model_dir=model)
+    plain = Server(tmp_path / "plain.log", key=None)  # the fake: it answers no log-likelihoods
+    try:
+        for server in (served, plain):
+            EndpointRegistry(stack.client).set(server.base, EndpointLimits(), who="tests")
+        args = {"base_url": served.base, "tokenizer": str(model)}
+        request = {"eval": "arc-served", "dataset": arc, "split": "test", "model": "openai/served"}
+        before = Ledger(stack.client).get(arc, "test")
+        with pytest.raises(InputError, match=r"did not answer \(/completions with echo"):
+            user.submit(
+                SubmitRequest.model_validate(
+                    {**request, "model_args": {**args, "base_url": plain.base}}
+                )
+            )
+        with pytest.raises(InputError, match=r"needs its tokenizer \(--model-arg tokenizer="):
+            user.submit(
+                SubmitRequest.model_validate({**request, "model_args": {"base_url": served.base}})
+            )
+        assert Ledger(stack.client).get(arc, "test") == before
+        _, stats, results = _run(stack, user, "arc-served", arc, "openai/served", model_args=args)
+        scored = served.stats()["answers"]["scored"]
+    finally:
+        served.stop()
+        plain.stop()
+    _, local_stats, local = _run(stack, user, "arc-served", arc, model)
+    assert stats == local_stats
+    assert sorted(results) == sorted(local) == list(range(len(ARC)))
+    requests = 0
+    for sample_id, result in results.items():
+        mine, theirs = result.output, local[sample_id].output
+        assert mine["requests"] == theirs["requests"]
+        requests += len(mine["requests"])
+        for got, want in zip(_flat(mine["resps"]), _flat(theirs["resps"]), strict=True):
+            if isinstance(want, float):
+                assert got == pytest.approx(want, abs=1e-4)
+            else:
+                assert got == want
+    assert scored == requests + 1  # each choice once, and the submit's one question
+
+
 def test_few_shot_from_a_held_out_split_is_refused_before_any_charge(
     stack: Stack, place: tuple[Client, Client, str, str], tasks: Path, model: Path, tmp_path: Path
 ) -> None:
@@ -471,7 +589,9 @@ def test_unknown_tasks_groups_and_a_missing_lm_eval_are_one_line(
         "doc_to_text: '{{question}}'\ndoc_to_target: '{{answer}}'\n"
         "metric_list: [{metric: bleu}, {metric: exact_match}]\n"
     )
-    with pytest.raises(InputError, match=r"aggregates bleu \(bleu\): corpus-level metrics are"):
+    with pytest.raises(
+        InputError, match=r"aggregates bleu \(bleu\): corpus-level metrics over texts are"
+    ):
         lmeval.resolve("bleu_local", corpus)  # refused where it is registered, not at scoring
     (corpus / "needs.py").write_text("import evalq_no_such_module\n")
     (corpus / "needs_local.yaml").write_text(

@@ -24,8 +24,8 @@ from evalq.shared.access.policy import Tier
 from evalq.shared.errors import EvalqError
 from evalq.shared.keys import RUNS, RunKeys, budget_key
 from evalq.shared.models import RunStatus
-from tests.helpers import gateway, wait_for, write_rows
-from tests.test_endpoint import SUM, Server
+from tests.helpers import Server, gateway, wait_for, write_rows
+from tests.test_endpoint import SUM
 from tests.test_gateway import Door, _run_id, door  # noqa: F401
 
 pytestmark = pytest.mark.integration

@@ -22,6 +22,7 @@ from evalq.shared.access.tiers import TierRegistry
 from evalq.shared.data.loading import spec_of
 from evalq.shared.data.remote import DataCache
 from evalq.shared.errors import InputError, TierRefusedError, UnknownEvalError
+from evalq.shared.evals.endpoints import loglikelihoods_refused
 from evalq.shared.evals.harness import HarnessTask
 from evalq.shared.evals.language import LanguageTask, language_run
 from evalq.shared.evaluation import Evaluation, create, registered
@@ -97,13 +98,8 @@ def resolve(
         )
     spec = canonical(ModelSpec.parse(model, model_args))
     if isinstance(task.spec, HarnessSpec):
-        if spec.endpoint is not None:
-            raise InputError(
-                f"task '{name}' is an lm-eval task: it runs on hf/ models (endpoint models "
-                "are not supported for lm-eval tasks yet)"
-            )
-        admit_model(spec.name, admin, model_roots)
-        harness = HarnessRun(harness=task.spec, model=present(spec), num_fewshot=0, split="")
+        spec = _harness_model(client, name, task.spec, spec, admin=admin, model_roots=model_roots)
+        harness = HarnessRun(harness=task.spec, model=spec, num_fewshot=0, split="")
         return HarnessTask(name, harness, params), harness
     _admit_grader(client, task.spec)
     if task.spec.choices is not None and not provider(spec.provider).loglikelihoods:
@@ -151,6 +147,48 @@ def _admit(client: redis.Redis, spec: ModelSpec) -> None:
     if spec.endpoint is not None:
         listed = EndpointRegistry(client).get(spec.endpoint)
         admit_endpoint(spec.endpoint, spec.args, listed)
+
+
+LOGLIKELIHOOD_TYPES = frozenset({"multiple_choice", "loglikelihood", "loglikelihood_rolling"})
+"""lm-eval output types whose requests read log-likelihoods."""
+
+
+def _harness_model(
+    client: redis.Redis,
+    name: str,
+    task: HarnessSpec,
+    spec: ModelSpec,
+    *,
+    admin: bool,
+    model_roots: Sequence[Path],
+) -> ModelSpec:
+    """The model an lm-eval task runs on, admitted: a local folder or Hub id as any local
+    model; an endpoint listed in the policy, with its tokenizer (``--model-arg tokenizer=``,
+    admitted as a model folder) when the task reads log-likelihoods, and a server that
+    answered one (:func:`loglikelihoods_refused`): refused in one line otherwise."""
+    if spec.endpoint is None:
+        admit_model(spec.name, admin, model_roots)
+        return present(spec)
+    _admit(client, spec)
+    if spec.args.tokenizer is not None:
+        tokenizer = canonical(ModelSpec(provider="hf", name=spec.args.tokenizer))
+        admit_model(tokenizer.name, admin, model_roots)
+        args = spec.args.model_copy(update={"tokenizer": present(tokenizer).name})
+        spec = spec.model_copy(update={"args": args})
+    if task.output_type not in LOGLIKELIHOOD_TYPES:
+        return spec
+    if spec.args.tokenizer is None:
+        raise InputError(
+            f"task '{name}' reads log-likelihoods: an endpoint model needs its tokenizer "
+            "(--model-arg tokenizer=FOLDER), as lm-eval's local-completions does"
+        )
+    refused = loglikelihoods_refused(spec, client)
+    if refused is not None:
+        raise InputError(
+            f"task '{name}' reads log-likelihoods, which {spec.endpoint} did not answer "
+            f"(/completions with echo and logprobs): {refused}"
+        )
+    return spec
 
 
 def _admit_grader(client: redis.Redis, task: TaskSpec) -> None:

@@ -3,8 +3,10 @@
 A run's record carries the task as registered and the model (:class:`HarnessRun`); its
 documents' requests were built once at submission, as lm-eval builds them, and stored with the
 run (:mod:`evalq.shared.store.requests`). A worker's ``infer`` reads a batch's requests by run
-and sample id and answers them with lm-eval's ``HFLM`` around its warm model: it never reads a
-document (the rows it is handed, label-free, go unused). ``score`` gets the full row and runs
+and sample id and answers them with lm-eval's ``HFLM`` around its warm model, or, on an endpoint
+model, lm-eval's model API answered through evalq's client
+(:class:`evalq.shared.lm.lmeval_endpoint.EndpointLM`): it never reads a document (the rows it is
+handed, label-free, go unused). ``score`` gets the full row and runs
 the task's filters and ``process_results`` on it; the run's aggregate and standard errors are
 lm-eval's (:class:`evalq.shared.lm.lmeval.Scoring`). Each output is what lm-eval's
 ``--log_samples`` logs of a document's inference: its requests' arguments and responses.
@@ -22,7 +24,7 @@ from evalq.shared.errors import PermanentError
 from evalq.shared.evaluation import Evaluation
 from evalq.shared.kinds import Graded, Runner, TaskKind, register_kind
 from evalq.shared.lm.harness import HarnessRequest, HarnessRun, is_harness_run
-from evalq.shared.lm.lmeval_runtime import Scoring, answer, harness_lm
+from evalq.shared.lm.lmeval_runtime import Scoring, answer, harness_lm, items
 from evalq.shared.lm.providers import load_model
 from evalq.shared.lm.spec import identity
 from evalq.shared.models import RunMeta
@@ -36,10 +38,20 @@ __all__ = ["HarnessKind", "HarnessTask", "WarmHarness", "harness_run"]
 @dataclass(frozen=True)
 class WarmHarness:
     """A worker's warm model for lm-eval tasks: the loaded model and lm-eval's ``HFLM``
-    around it (made once, kept with the model)."""
+    around it (made once, kept with the model); for an endpoint model, its tokenizer (None:
+    the run names none), lm-eval's model API made per run (its requests are the run's)."""
 
     model: Any
-    lm: Any
+    lm: Any = None
+    tokenizer: Any = None
+
+    def lm_for(self, run_id: str) -> Any:
+        """lm-eval's model API for run ``run_id``'s requests."""
+        if self.lm is not None:
+            return self.lm
+        from evalq.shared.lm.lmeval_endpoint import EndpointLM
+
+        return EndpointLM(self.model, self.tokenizer, run_id)
 
 
 class HarnessTask(Evaluation, Runner):
@@ -77,11 +89,15 @@ class HarnessTask(Evaluation, Runner):
         return f"lm-eval task {self.name} ({self.run.harness.lm_eval})"
 
     def load(self, device: str) -> WarmHarness:
-        """The model by its provider, and lm-eval's ``HFLM`` around it (``hf/`` models)."""
+        """The model by its provider, and lm-eval's ``HFLM`` around it (``hf/`` models) or an
+        endpoint model's tokenizer."""
         spec = self.run.model
+        loaded = load_model(spec, device, self.services, self.run.cache)
         if spec.endpoint is not None:
-            raise PermanentError("lm-eval tasks run on hf/ models (endpoints: not supported yet)")
-        loaded = load_model(spec, device, self.services)
+            from evalq.shared.lm.lmeval_endpoint import load_tokenizer
+
+            path = spec.args.tokenizer
+            return WarmHarness(loaded, tokenizer=load_tokenizer(path) if path else None)
         hf_model, tokenizer = getattr(loaded, "model", None), getattr(loaded, "tokenizer", None)
         if hf_model is None or tokenizer is None:
             raise PermanentError(f"lm-eval tasks run on transformers models, not {spec.provider}/")
@@ -106,10 +122,21 @@ class HarnessTask(Evaluation, Runner):
         for run_id, ids in by_run.items():
             found |= dict(zip(((run_id, i) for i in ids), store.get(run_id, ids), strict=True))
         documents = [found[sample] for sample in samples]
-        answers = answer(model.lm, documents)
+        every = list(range(len(samples)))
+        groups = (  # a local model answers the batch in one call; an endpoint, each run's
+            [every]
+            if model.lm is not None
+            else [[i for i in every if samples[i][0] == run_id] for run_id in by_run]
+        )
+        answers: dict[int, Any] = {}
+        for mine in groups:
+            lm = model.lm_for(samples[mine[0]][0])
+            answers |= dict(zip(mine, answer(lm, [documents[i] for i in mine]), strict=True))
         return [
-            {"requests": [r.model_dump(mode="json") for r in requests], "resps": got}
-            for requests, got in zip(documents, answers, strict=True)
+            got
+            if isinstance(got := answers[i], Exception)
+            else {"requests": [r.model_dump(mode="json") for r in documents[i]], "resps": got}
+            for i in every
         ]
 
     def grade(
@@ -143,7 +170,7 @@ class HarnessTask(Evaluation, Runner):
         for name, stderr in scoring.stderrs(values).items():
             if name not in means:
                 continue
-            mean, n = means[name], sum(1 for s in values if name in s)
+            mean, n = means[name], len(items(values, name))
             interval = None
             if stderr is not None and math.isfinite(mean):
                 low, high = mean - Z95 * stderr, mean + Z95 * stderr

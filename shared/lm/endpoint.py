@@ -1,5 +1,8 @@
 """Endpoint models: an OpenAI-compatible server (vLLM, TGI, a provider's API) answering
 ``/v1/completions`` or ``/v1/chat/completions``, called by every worker under one rate limit.
+Besides generations it reads log-likelihoods of token sequences the way lm-eval's
+``local-completions`` does: ``/v1/completions`` with the tokens as the prompt, ``echo`` and
+``logprobs`` (:meth:`EndpointModel.loglikelihoods`), through the same limit, cache and budget.
 
 A batch's requests go out concurrently (httpx's async client) with a timeout each. Before each
 request the fleet-wide limiter (:class:`evalq.shared.store.rate.RateLimit`) admits it or says how
@@ -26,8 +29,10 @@ can catch, so what it says is not passed on at all. The limiter and the key come
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
+import math
 import random
 import re
 import time
@@ -57,6 +62,8 @@ from evalq.shared.lm.request import (
     PROMPT_OVERHEAD,
     Generation,
     GenerationRequest,
+    Loglikelihood,
+    LoglikelihoodRequest,
     Prompt,
     cut_at_stop,
 )
@@ -141,14 +148,16 @@ def request_digest(
 
 
 Failure = EndpointError | TokensExhausted
-"""Why a request has no generation: its retries ran out, or its run's token budget did."""
+"""Why a request has no answer: its retries ran out, or its run's token budget did."""
+Request = GenerationRequest | LoglikelihoodRequest
+Answer = Generation | Loglikelihood
 
 
 @dataclass
 class _Try:
-    """What one try came to: a generation, or an error and how long the server asked to wait."""
+    """What one try came to: an answer, or an error and how long the server asked to wait."""
 
-    generation: Generation | None = None
+    answer: Answer | None = None
     error: EndpointError | None = None
     retry_after: float | None = None
     unanswered: bool = False
@@ -221,14 +230,32 @@ class EndpointModel:
         cache (``runs``: each request's run; None: no run, neither); every request refused
         when the endpoint is no longer listed as the run named it (the policy's limits are
         read again for each batch)."""
+        return [
+            made if isinstance(made, Generation | Exception) else BadResponse("not a generation")
+            for made in self._all(requests, runs)
+        ]
+
+    def loglikelihoods(
+        self, requests: Sequence[LoglikelihoodRequest], runs: Sequence[str] | None = None
+    ) -> list[Loglikelihood | Failure]:
+        """Each request's continuation log-likelihood, or the error its retries ended with,
+        metered, cached and refused as :meth:`generate`'s are."""
+        return [
+            made if isinstance(made, Loglikelihood | Exception) else BadResponse("not scored")
+            for made in self._all(requests, runs)
+        ]
+
+    def _all(
+        self, requests: Sequence[Request], runs: Sequence[str] | None
+    ) -> list[Answer | Failure]:
         refused = self.rate.refresh(self.spec.args)
         if refused is not None:
             return [Refused(refused) for _ in requests]
-        return asyncio.run(self._generate_all(requests, runs or [""] * len(requests)))
+        return asyncio.run(self._ask_all(requests, runs or [""] * len(requests)))
 
-    async def _generate_all(
-        self, requests: Sequence[GenerationRequest], runs: Sequence[str]
-    ) -> list[Generation | Failure]:
+    async def _ask_all(
+        self, requests: Sequence[Request], runs: Sequence[str]
+    ) -> list[Answer | Failure]:
         limits = httpx.Limits(max_connections=self.spec.args.concurrency)
         timeout = httpx.Timeout(self.spec.args.timeout)
         async with httpx.AsyncClient(limits=limits, timeout=timeout) as http:
@@ -264,10 +291,10 @@ class EndpointModel:
     async def _one(
         self,
         http: httpx.AsyncClient,
-        request: GenerationRequest,
+        request: Request,
         run: str,
         served: str | None = None,
-    ) -> Generation | Failure:
+    ) -> Answer | Failure:
         """The request's answer: from its run's principal's cache when that holds it (charged
         nothing), else asked (once for all the identical requests in flight) and kept. The
         asker's claim lasts one try and the longest wait before the next (a worker killed
@@ -288,12 +315,7 @@ class EndpointModel:
             hit = self.cache.get(digest)
             if hit is not None:
                 self.rate.count(cached=1)
-                return Generation(
-                    str(hit["text"]),
-                    int(hit["prompt_tokens"]),
-                    int(hit["completion_tokens"]),
-                    cached=True,
-                )
+                return _from_cache(request, hit)
             claimed = self.cache.claim(digest, held_for)
             if claimed or time.monotonic() > deadline:
                 break
@@ -305,20 +327,15 @@ class EndpointModel:
             if claimed:  # a waiter asks for itself rather than wait for the lock to lapse
                 self.cache.release(digest)
             raise
-        if isinstance(made, Generation):
-            answer = {
-                "text": made.text,
-                "prompt_tokens": made.prompt_tokens,
-                "completion_tokens": made.completion_tokens,
-            }
-            self.cache.put(digest, answer)
+        if isinstance(made, Generation | Loglikelihood):
+            self.cache.put(digest, _to_cache(made))
         elif claimed:
             self.cache.release(digest)
         return made
 
     async def _asked(
-        self, http: httpx.AsyncClient, request: GenerationRequest, meter: Meter | None, gate: Gate
-    ) -> Generation | Failure:
+        self, http: httpx.AsyncClient, request: Request, meter: Meter | None, gate: Gate
+    ) -> Answer | Failure:
         """The request made, with retries, under the fleet's limit, this worker's ``gate`` (its
         principal's) and its run's token budget."""
         attempt = 0
@@ -331,15 +348,15 @@ class EndpointModel:
                 except TokensExhausted as exc:
                     return exc
                 throttled = isinstance(tried.error, RateLimited)
-                if tried.generation is not None:
+                if tried.answer is not None:
                     gate.succeeded()
                 elif throttled:
                     gate.throttled()
-            if tried.generation is not None:
-                used = tried.generation.prompt_tokens + tried.generation.completion_tokens
+            if tried.answer is not None:
+                used = tried.answer.prompt_tokens + tried.answer.completion_tokens
                 self.rate.adjust(used - estimate)
                 self.rate.count(requests=1, tokens=used)
-                return tried.generation
+                return tried.answer
             error = tried.error or BadResponse("no answer")
             if tried.retry_after:  # the server's word holds for the whole fleet
                 self.rate.pause(tried.retry_after)
@@ -353,7 +370,7 @@ class EndpointModel:
             attempt += 1
 
     async def _metered(
-        self, http: httpx.AsyncClient, request: GenerationRequest, meter: Meter | None
+        self, http: httpx.AsyncClient, request: Request, meter: Meter | None
     ) -> _Try:
         """One try, its worst case held on the run's token budget before it is sent and its
         usage charged when it returns (raises :class:`TokensExhausted`, nothing sent, when
@@ -365,8 +382,8 @@ class EndpointModel:
         used = worst  # unless the try says otherwise: it may have been served (or cancelled)
         try:
             tried = await self._try(http, request)
-            if tried.generation is not None:
-                used = tried.generation.prompt_tokens + tried.generation.completion_tokens
+            if tried.answer is not None:
+                used = tried.answer.prompt_tokens + tried.answer.completion_tokens
             elif not tried.unanswered:
                 used = 0  # refused with a status: nothing was generated
             return tried
@@ -393,10 +410,10 @@ class EndpointModel:
         while (wait := self.rate.take(tokens)) > 0:
             await asyncio.sleep(wait + self._rng.uniform(0.0, min(wait, 0.05)))
 
-    async def _try(self, http: httpx.AsyncClient, request: GenerationRequest) -> _Try:
+    async def _try(self, http: httpx.AsyncClient, request: Request) -> _Try:
         """One try: the request sent and its answer read (at most :data:`MAX_BODY` bytes),
         all within the timeout."""
-        chat = not isinstance(request.prompt, str)
+        chat = isinstance(request, GenerationRequest) and not isinstance(request.prompt, str)
         path = "/chat/completions" if chat else "/completions"
         body = self._body(request)
         try:
@@ -432,9 +449,20 @@ class EndpointModel:
                 "be (EVALQ_MAX_OUTPUT_BYTES)"
             )
             return _Try(error=big, unanswered=True)
+        if isinstance(request, LoglikelihoodRequest):
+            return self._scored(raw, request)
         return self._read(raw, request, chat)
 
-    def _body(self, request: GenerationRequest) -> dict[str, Any]:
+    def _body(self, request: Request) -> dict[str, Any]:
+        if isinstance(request, LoglikelihoodRequest):  # lm-eval's local-completions' payload
+            return {
+                "model": self.spec.name,
+                "prompt": list(request.tokens),
+                "max_tokens": 1,
+                "temperature": 0,
+                "logprobs": 1,
+                "echo": True,
+            }
         body: dict[str, Any] = {
             "model": self.spec.name,
             "max_tokens": request.max_new_tokens,
@@ -469,16 +497,87 @@ class EndpointModel:
         except Exception as exc:  # RecursionError, UnicodeError, …: whatever the answer holds
             error = BadResponse(f"{self.url}: an unreadable answer ({unreadable(exc)})")
             return _Try(error=error, unanswered=True)
-        most = (request.most_prompt_tokens(), request.max_new_tokens)
+        over = self._overreported(request, prompt_tokens, completion_tokens)
+        if over is not None:
+            return _Try(error=over, unanswered=True)
+        text = cut_at_stop(text, request.stop)
+        return _Try(answer=Generation(text, prompt_tokens, completion_tokens))
+
+    def _scored(self, raw: bytes, request: LoglikelihoodRequest) -> _Try:
+        """The continuation's log-likelihood an echoed answer holds, read as lm-eval's
+        ``local-completions`` reads it (each continuation token's ``token_logprobs`` summed;
+        greedy when each is its position's best ``top_logprobs``), or why it is a bad one."""
+        try:
+            data = json.loads(raw)
+            logprobs = data["choices"][0]["logprobs"]
+            usage = data["usage"]
+            prompt_tokens, completion_tokens = usage["prompt_tokens"], usage["completion_tokens"]
+            for count in (prompt_tokens, completion_tokens):
+                if type(count) is not int or count < 0:
+                    raise Unreadable("a token count that is not a count")
+            n = len(request.tokens)
+            values, tops = logprobs["token_logprobs"], logprobs["top_logprobs"]
+            if not (isinstance(values, list) and isinstance(tops, list)):
+                raise Unreadable("no log-probabilities")
+            if len(values) not in (n, n + 1) or len(tops) != len(values):
+                raise Unreadable("log-probabilities of another number of tokens than sent")
+            scored = [_logprob(v) for v in values[request.context_length : n]]
+            best = [
+                max(_logprob(v) for v in top.values()) for top in tops[request.context_length : n]
+            ]
+        except Exception as exc:  # whatever the answer holds
+            error = BadResponse(f"{self.url}: an unreadable answer ({unreadable(exc)})")
+            return _Try(error=error, unanswered=True)
+        over = self._overreported(request, prompt_tokens, completion_tokens)
+        if over is not None:
+            return _Try(error=over, unanswered=True)
+        greedy = all(v == b for v, b in zip(scored, best, strict=True))
+        made = Loglikelihood(math.fsum(scored), greedy, prompt_tokens, completion_tokens)
+        return _Try(answer=made)
+
+    def _overreported(
+        self, request: Request, prompt_tokens: int, completion_tokens: int
+    ) -> OverReported | None:
+        """Why an answer's usage is not believed (more than the request can use), or None."""
+        limit = request.max_new_tokens if isinstance(request, GenerationRequest) else 1
+        most = (request.most_prompt_tokens(), limit)
         for what, count, bound in zip(
             ("prompt", "completion"), (prompt_tokens, completion_tokens), most, strict=True
         ):
             if count > bound:
-                over = OverReported(
+                return OverReported(
                     f"{self.url} reported {count} {what} tokens; this request can use at most "
                     f"{bound} (its prompt's bytes and {PROMPT_OVERHEAD} a message, or its "
                     "max_new_tokens)"
                 )
-                return _Try(error=over, unanswered=True)
-        text = cut_at_stop(text, request.stop)
-        return _Try(generation=Generation(text, prompt_tokens, completion_tokens))
+        return None
+
+
+def _logprob(value: Any) -> float:
+    """A log-probability from an answer: a finite float, at most 0."""
+    if type(value) not in (int, float) or not math.isfinite(value) or value > 0:
+        raise Unreadable("a log-probability that is not one")
+    return float(value)
+
+
+def _to_cache(made: Answer) -> dict[str, Any]:
+    """What the response cache keeps of an answer (all but ``cached``)."""
+    kept = dataclasses.asdict(made)
+    del kept["cached"]
+    return kept
+
+
+def _from_cache(request: Request, hit: dict[str, Any]) -> Answer:
+    """A cached answer to ``request`` (answers of two kinds never share a key: their bodies
+    differ)."""
+    if isinstance(request, LoglikelihoodRequest):
+        return Loglikelihood(
+            float(hit["logprob"]),
+            bool(hit["is_greedy"]),
+            int(hit["prompt_tokens"]),
+            int(hit["completion_tokens"]),
+            cached=True,
+        )
+    return Generation(
+        str(hit["text"]), int(hit["prompt_tokens"]), int(hit["completion_tokens"]), cached=True
+    )

@@ -114,11 +114,17 @@ class HarnessRun(_Model):
     never the evaluated split); None for a run without examples drawn from data."""
     requests_digest: str = ""
     """sha256 of every document's requests as they were stored at submission."""
+    cache: bool = False
+    """``submit --cache``: an endpoint model's answers come from, and go to, the fleet's
+    response cache (as a YAML task's run's do)."""
 
     def model_key(self) -> str:
-        """The warm model this run needs: lm-eval's ``HFLM`` around the spec's model (runs of
-        any lm-eval task on that model share it)."""
-        return f"lm-eval:{self.model}:{json.dumps(self.model.arg_items(), sort_keys=True)}"
+        """The warm model this run needs: lm-eval's ``HFLM`` around the spec's model, or the
+        endpoint model and its tokenizer (runs of any lm-eval task on that model share it),
+        and whether it answers from the cache."""
+        cached = ":cached" if self.cache else ""
+        args = json.dumps(self.model.arg_items(), sort_keys=True)
+        return f"lm-eval:{self.model}:{args}{cached}"
 
 
 def is_harness_run(task: str | None) -> bool:

@@ -135,9 +135,11 @@ def _module_file(spec: str, base: Path) -> Path:
     return Path(found.origin).resolve()
 
 
-PER_SAMPLE = frozenset({"mean", "median"})
-"""lm-eval's aggregations over one number per document (the others, perplexity's and bleu's,
-aggregate what a document's ``process_results`` returns as a tuple)."""
+OVER_TEXTS = frozenset({"bleu", "chrf", "chrfpp", "ter", "brier_score"})
+"""lm-eval's aggregations over what is not numbers per document (texts, a list of
+probabilities): refused at registration. The others aggregate a number per document
+(``mean``, ``perplexity``) or a tuple of numbers (``weighted_perplexity``, ``bits_per_byte``,
+``f1``, ``matthews_corrcoef``), which evalq stores one number a score."""
 
 
 def resolve(task: str, include_path: Path | None) -> HarnessSpec:
@@ -179,14 +181,16 @@ def resolve(task: str, include_path: Path | None) -> HarnessSpec:
         config.pop(key, None)
     spec = _spec_with(task, include, files, config)
     built = configurable(config_of(spec, checked=False))
-    corpus = {
+    texts = {
         name: how.__name__
         for name, how in built.aggregation().items()
-        if getattr(how, "__name__", "") not in PER_SAMPLE
+        if getattr(how, "__name__", "") in OVER_TEXTS
     }
-    if corpus:
-        named = ", ".join(f"{m} ({how})" for m, how in sorted(corpus.items()))
-        raise InputError(f"'{task}' aggregates {named}: corpus-level metrics are not supported yet")
+    if texts:
+        named = ", ".join(f"{m} ({how})" for m, how in sorted(texts.items()))
+        raise InputError(
+            f"'{task}' aggregates {named}: corpus-level metrics over texts are not supported yet"
+        )
     return spec.model_copy(
         update={
             "output_type": str(built.get_config("output_type")),

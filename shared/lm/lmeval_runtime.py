@@ -97,10 +97,13 @@ def _argument(value: Any) -> Any:
     return tuple(value) if isinstance(value, list) else value
 
 
-def answer(lm: Any, documents: Sequence[Sequence[HarnessRequest]]) -> list[list[list[Any]]]:
+def answer(
+    lm: Any, documents: Sequence[Sequence[HarnessRequest]]
+) -> list[list[list[Any]] | Exception]:
     """Each document's requests answered by ``lm`` (lm-eval's model API: every request of one
     type in one call, ``repeats`` times each, as lm-eval's evaluator calls it): per document,
-    per request, its responses."""
+    per request, its responses; or, for a document a request of which ``lm`` answered with an
+    error (an endpoint's retries ran out), that error."""
     from lm_eval.api.instance import Instance
 
     by_type: dict[str, list[tuple[int, int, Any]]] = {}
@@ -116,11 +119,15 @@ def answer(lm: Any, documents: Sequence[Sequence[HarnessRequest]]) -> list[list[
             for _ in range(request.repeats):
                 by_type.setdefault(request.request_type, []).append((d, r, instance))
     answers: list[list[list[Any]]] = [[[] for _ in requests] for requests in documents]
+    failed: dict[int, Exception] = {}
     for request_type, entries in by_type.items():
         responses = getattr(lm, request_type)([instance for _, _, instance in entries])
         for (d, r, _), response in zip(entries, responses, strict=True):
-            answers[d][r].append(plain(response))
-    return answers
+            if isinstance(response, Exception):
+                failed.setdefault(d, response)
+            else:
+                answers[d][r].append(plain(response))
+    return [failed.get(d, got) for d, got in enumerate(answers)]
 
 
 class Scoring:
@@ -177,7 +184,7 @@ class Scoring:
             kept = [instance.filtered_resps[ensemble.name] for instance in instances]
             filtered[ensemble.name] = plain(kept)
             for metric, value in self.task.process_results(doc, kept).items():
-                metrics[metric_name(metric, ensemble.name)] = _number(metric, value)
+                metrics |= _numbers(metric, ensemble.name, value)
         logged = {
             "arguments": [list(i.args) for i in instances],
             "resps": [i.resps for i in instances],
@@ -193,12 +200,14 @@ class Scoring:
                 yield metric_name(metric, ensemble.name), function
 
     def aggregate(self, scores: Sequence[Mapping[str, float]]) -> dict[str, float]:
-        """Each metric by the task's aggregation function (``mean``, ...)."""
-        return {
-            name: float(function([s[name] for s in scores if name in s]))
-            for name, function in self._functions()
-            if any(name in s for s in scores)
-        }
+        """Each metric by the task's aggregation function (``mean``, ``weighted_perplexity``,
+        ...), over each document's value or tuple (:func:`items`)."""
+        found: dict[str, float] = {}
+        for name, function in self._functions():
+            values = items(scores, name)
+            if values:
+                found[name] = float(function(values))
+        return found
 
     def stderrs(self, scores: Sequence[Mapping[str, float]]) -> dict[str, float | None]:
         """Each metric's standard error as lm-eval computes it (``stderr_for_metric``)."""
@@ -206,19 +215,51 @@ class Scoring:
 
         found: dict[str, float | None] = {}
         for name, function in self._functions():
-            values = [s[name] for s in scores if name in s]
+            values = items(scores, name)
             stderr = stderr_for_metric(function, STDERR_BOOTSTRAP)
             value = stderr(values) if stderr is not None and len(values) > 1 else None
             found[name] = None if value is None or not math.isfinite(value) else float(value)
         return found
 
 
-def _number(metric: str, value: Any) -> float:
-    """A per-document value evalq stores (a float); lm-eval's tuples for corpus-level metrics
-    (perplexity's, bleu's) are refused for now."""
+def part_name(name: str, index: int) -> str:
+    """The score a tuple's ``index``-th number is stored under: ``word_perplexity[0]``,
+    ``f1[1],strict-match``."""
+    metric, comma, filter_name = name.partition(",")
+    return f"{metric}[{index}]{comma}{filter_name}"
+
+
+def _numbers(metric: str, filter_name: str, value: Any) -> dict[str, float]:
+    """A document's value of ``metric`` as the floats evalq stores: a number under the
+    metric's name; a tuple of numbers (a corpus-level metric's: perplexity's ``(loglikelihood,
+    words)``, f1's ``(gold, prediction)``) one number a score (:func:`part_name`), for
+    :func:`items` to put together again; anything else (bleu's texts) refused."""
+    name = metric_name(metric, filter_name)
     if isinstance(value, bool | int | float):
-        return float(value)
+        return {name: float(value)}
+    if (
+        isinstance(value, tuple | list)
+        and value
+        and all(isinstance(v, bool | int | float) for v in value)
+    ):
+        return {part_name(name, i): float(v) for i, v in enumerate(value)}
     raise InputError(
-        f"metric '{metric}' gives {type(value).__name__} values per document: corpus-level "
-        "metrics are not supported yet"
+        f"metric '{metric}' gives {type(value).__name__} values per document that are not "
+        "numbers: corpus-level metrics over texts are not supported yet"
     )
+
+
+def items(scores: Sequence[Mapping[str, float]], name: str) -> list[Any]:
+    """Each document's value of metric ``name``, as lm-eval's aggregation function takes it:
+    the number, or the tuple :func:`_numbers` stored a number a score."""
+    found: list[Any] = []
+    for score in scores:
+        if name in score:
+            found.append(score[name])
+            continue
+        parts: list[float] = []
+        while (part := part_name(name, len(parts))) in score:
+            parts.append(score[part])
+        if parts:
+            found.append(tuple(parts))
+    return found

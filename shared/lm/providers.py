@@ -143,7 +143,9 @@ def _loader(found: Provider) -> Loader:
 
 LOCAL_ARGS = frozenset({"dtype", "batch_size", "max_length"})
 """Arguments of a local (``hf``) model."""
-ENDPOINT_ARGS = frozenset({"base_url", "api_key_env", "concurrency", "timeout", "max_retries"})
+ENDPOINT_ARGS = frozenset(
+    {"base_url", "api_key_env", "concurrency", "timeout", "max_retries", "tokenizer"}
+)
 """Arguments of an endpoint (``openai``) model."""
 
 register_provider(

@@ -14,6 +14,8 @@ __all__ = [
     "ChoiceScore",
     "Generation",
     "GenerationRequest",
+    "Loglikelihood",
+    "LoglikelihoodRequest",
     "Message",
     "Prompt",
     "cut_at_stop",
@@ -111,6 +113,47 @@ class ChoiceScore:
     """Whether every continuation token is the model's argmax at its position."""
     tokens: int
     """How many continuation tokens were scored."""
+
+
+@dataclass(frozen=True)
+class LoglikelihoodRequest:
+    """Tokens to score, already tokenized by the caller (as lm-eval's ``local-completions``
+    sends them): the log-likelihood of ``tokens[context_length:]`` after the tokens before."""
+
+    tokens: tuple[int, ...]
+    context_length: int
+
+    def __post_init__(self) -> None:
+        if not 0 < self.context_length < len(self.tokens):
+            raise InputError(
+                f"a log-likelihood request needs a context and a continuation: "
+                f"{self.context_length} of {len(self.tokens)} tokens are context"
+            )
+
+    def most_prompt_tokens(self) -> int:
+        """Its prompt's tokens, counted before it is sent (and :data:`PROMPT_OVERHEAD` for a
+        server that adds its own): an answer that reports more is not believed."""
+        return len(self.tokens) + PROMPT_OVERHEAD
+
+    def worst_tokens(self) -> int:
+        """What a token budget holds: the prompt and the one token the server generates."""
+        return self.most_prompt_tokens() + 1
+
+    def estimated_tokens(self) -> int:
+        """What the rate limit admits it as: its tokens exactly, and the one generated."""
+        return len(self.tokens) + 1
+
+
+@dataclass(frozen=True)
+class Loglikelihood:
+    """A continuation's summed log-probability as a server reported it, and its usage."""
+
+    logprob: float
+    is_greedy: bool
+    """Whether each continuation token is the server's most likely one at its position."""
+    prompt_tokens: int
+    completion_tokens: int
+    cached: bool = False
 
 
 def cut_at_stop(text: str, stops: Sequence[str]) -> str:

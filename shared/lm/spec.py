@@ -81,6 +81,10 @@ class ModelArgs(BaseModel):
     """Seconds an endpoint request may take before it counts as a timeout."""
     max_retries: int = Field(default=5, ge=0, le=20)
     """Retries of a request answered 429 or 5xx, or timed out, before the sample fails."""
+    tokenizer: str | None = Field(default=None, min_length=1)
+    """An endpoint model's tokenizer, a folder on the worker (admitted as a local model's
+    folder is): lm-eval tasks' log-likelihood requests are tokenized with it, as lm-eval's
+    ``local-completions`` tokenizes them."""
 
     @field_validator("base_url")
     @classmethod
