@@ -89,6 +89,9 @@ def _place(stack: Stack, folder: Path, n: int, endpoints: dict[str, Any]) -> tup
     admin = Client(stack.settings.model_copy(update={"principal": "ops"}), admin=True)
     admin.add_task("sum-chat", SUM.replace("CHAT", "true"))
     admin.add_task("sum-text", SUM.replace("CHAT", "false"))
+    admin.add_task(
+        "sum-pick", 'prompt: "{a} plus {b}?"\nchoices: options\ntarget: answer\nscorer: accuracy\n'
+    )
     admin.apply_policy(PolicyFile.model_validate({"endpoints": endpoints}))
     admin.close()
     return Client(stack.settings.model_copy(update={"principal": "agent"})), name
@@ -179,6 +182,13 @@ def test_what_a_caller_may_not_name_is_refused_in_one_line(
         user.submit(
             SubmitRequest(eval="sum-chat", dataset=dataset, split="validation", model="openai/x")
         )
+    with pytest.raises(InputError, match="a YAML task reads log-likelihoods from local models"):
+        user.submit(
+            SubmitRequest(
+                eval="sum-pick", dataset=dataset, split="validation", model="openai/x",
+                model_args={"base_url": server.base},
+            )
+        )  # fmt: skip
     assert server.stats()["arrivals"] == []
     user.close()
 

@@ -104,8 +104,9 @@ def resolve(
     _admit_grader(client, task.spec)
     if task.spec.choices is not None and not provider(spec.provider).loglikelihoods:
         raise InputError(
-            f"task '{name}' is multiple choice: it needs log-likelihoods, which evalq "
-            f"does not read from {spec.provider}/ models (they generate)"
+            f"task '{name}' is multiple choice: a YAML task reads log-likelihoods from "
+            f"local models only, not {spec.provider}/ ones (an lm-eval multiple-choice task "
+            "runs on an endpoint model that answers them)"
         )
     if spec.endpoint is not None:
         _admit(client, spec)
