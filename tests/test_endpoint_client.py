@@ -402,6 +402,7 @@ MALFORMED_SCORES = {
     "bool": _echoed(token_logprobs=[None, -0.5, False, -2.0]),
     "tops-not-maps": _echoed(top_logprobs=[None, [-0.5], [-0.25], [-2.0]]),
     "over-usage": _echoed({"prompt_tokens": 10**6, "completion_tokens": 1}),
+    "overflow": _echoed(token_logprobs=[None, -1e308, -1e308, -2.0]),  # was: OverflowError
     "deep": b"[" * 200_000,
 }
 
@@ -450,3 +451,25 @@ def test_a_malformed_echoed_answer_is_a_bad_response_of_its_request(
     (out,) = _model(fleet(url, EndpointLimits()), url, None).loglikelihoods([SCORED])
     assert isinstance(out, BadResponse), out  # OverReported for a count past the request's
     assert len(str(out)) < 400
+
+
+def test_an_lm_eval_generation_on_an_endpoint_needs_no_tokenizer(
+    serve: Callable[[Handler], str], fleet: Callable[[str, EndpointLimits], RateLimit]
+) -> None:
+    """A generation task's context goes as text, so a run that names no tokenizer gets its
+    texts (was: AttributeError on every sample, reading the missing tokenizer's EOS)."""
+    from evalq.shared.lm.lmeval_endpoint import EndpointLM
+
+    sent: list[dict[str, Any]] = []
+
+    def answer(handler: BaseHTTPRequestHandler) -> None:
+        sent.append(vars(handler)["body"])
+        _reply(handler, 200, json.dumps(ANSWER).encode())
+
+    url = serve(answer)
+    lm = EndpointLM(_model(fleet(url, EndpointLimits()), url, None), None, "")
+    asked = type("Instance", (), {"args": ("What is 1 plus 2?", {"until": ["\n"]})})()
+    assert lm.generate_until([asked]) == ["3"]
+    assert (sent[0]["prompt"], sent[0]["stop"], sent[0]["max_tokens"]) == (
+        "What is 1 plus 2?", ["\n"], 256,
+    )  # fmt: skip

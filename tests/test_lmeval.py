@@ -481,6 +481,10 @@ def test_multiple_choice_on_an_openai_compatible_server_equals_the_local_model(
         assert Ledger(stack.client).get(arc, "test") == before
         _, stats, results = _run(stack, user, "arc-served", arc, "openai/served", model_args=args)
         scored = served.stats()["answers"]["scored"]
+        # perplexity over rolling windows too (was: lm-eval's borrowed method, NameError)
+        admin.add_lm_eval_task("wiki-served", "wiki_local", include_path=str(tasks))
+        wiki = list_splits(stack.client, tasks.parent / "wiki", "test")
+        _, perplexity, _ = _run(stack, user, "wiki-served", wiki, "openai/served", model_args=args)
     finally:
         served.stop()
         plain.stop()
@@ -498,6 +502,9 @@ def test_multiple_choice_on_an_openai_compatible_server_equals_the_local_model(
             else:
                 assert got == want
     assert scored == requests + 1  # each choice once, and the submit's one question
+    reference, _ = _lm_eval_reference(tasks, model, "wiki_local")
+    for metric in ("word_perplexity", "byte_perplexity", "bits_per_byte"):
+        assert perplexity[metric]["mean"] == pytest.approx(reference[f"{metric},none"], rel=1e-4)
 
 
 def test_few_shot_from_a_held_out_split_is_refused_before_any_charge(
@@ -590,9 +597,17 @@ def test_unknown_tasks_groups_and_a_missing_lm_eval_are_one_line(
         "metric_list: [{metric: bleu}, {metric: exact_match}]\n"
     )
     with pytest.raises(
-        InputError, match=r"aggregates bleu \(bleu\): corpus-level metrics over texts are"
+        InputError, match=r"aggregates bleu \(bleu\): corpus-level metrics over texts, and"
     ):
         lmeval.resolve("bleu_local", corpus)  # refused where it is registered, not at scoring
+    (corpus / "agg.py").write_text("def rouge1_agg(items):\n    return 0.0\n")
+    (corpus / "own_local.yaml").write_text(
+        "task: own_local\ndataset_path: json\ntest_split: test\noutput_type: generate_until\n"
+        "doc_to_text: '{{question}}'\ndoc_to_target: '{{answer}}'\n"
+        "metric_list: [{metric: !function agg.rouge1_agg, aggregation: !function agg.rouge1_agg}]\n"
+    )
+    with pytest.raises(InputError, match=r"\(rouge1_agg\): corpus-level metrics over texts, and a"):
+        lmeval.resolve("own_local", corpus)  # was: registered, every document failed at scoring
     (corpus / "needs.py").write_text("import evalq_no_such_module\n")
     (corpus / "needs_local.yaml").write_text(
         "task: needs_local\ndataset_path: json\ntest_split: test\noutput_type: generate_until\n"

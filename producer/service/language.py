@@ -165,8 +165,9 @@ def _harness_model(
 ) -> ModelSpec:
     """The model an lm-eval task runs on, admitted: a local folder or Hub id as any local
     model; an endpoint listed in the policy, with its tokenizer (``--model-arg tokenizer=``,
-    admitted as a model folder) when the task reads log-likelihoods, and a server that
-    answered one (:func:`loglikelihoods_refused`): refused in one line otherwise."""
+    admitted as a model folder) when the task reads log-likelihoods: refused in one line
+    otherwise. Whether the server answers them is asked later (:func:`prepare_harness`),
+    once the caller is admitted to the split."""
     if spec.endpoint is None:
         admit_model(spec.name, admin, model_roots)
         return present(spec)
@@ -182,12 +183,6 @@ def _harness_model(
         raise InputError(
             f"task '{name}' reads log-likelihoods: an endpoint model needs its tokenizer "
             "(--model-arg tokenizer=FOLDER), as lm-eval's local-completions does"
-        )
-    refused = loglikelihoods_refused(spec, client)
-    if refused is not None:
-        raise InputError(
-            f"task '{name}' reads log-likelihoods, which {spec.endpoint} did not answer "
-            f"(/completions with echo and logprobs): {refused}"
         )
     return spec
 
@@ -247,13 +242,23 @@ def prepare_harness(  # noqa: PLR0913 - the run, its split and its rows, each na
     """An lm-eval task's run on ``dataset/split`` (its documents ``rows``), with every
     sample's requests built once, here, as lm-eval builds them in one process (its few-shot
     sampler and seed; :func:`evalq.shared.lm.lmeval.build_requests`), encoded as they are
-    stored (:class:`evalq.shared.store.requests.RequestStore`). Few-shot examples come from
-    the task's few-shot split of the same dataset, which must be a registered, viewable split
-    other than the evaluated one: :class:`TierRefusedError` (exit 3), one line, before
-    anything is charged, otherwise."""
+    stored (:class:`evalq.shared.store.requests.RequestStore`); on an endpoint model, the
+    server of a task that reads log-likelihoods is asked one first
+    (:func:`loglikelihoods_refused`: refused in one line when it answers none). Few-shot
+    examples come from the task's few-shot split of the same dataset, which must be a
+    registered, viewable split other than the evaluated one: :class:`TierRefusedError` (exit
+    3), one line, before anything is charged, otherwise."""
     from evalq.shared.lm.lmeval_runtime import build_requests, build_task
 
     spec = run.harness
+    if run.model.endpoint is not None and spec.output_type in LOGLIKELIHOOD_TYPES:
+        refused = loglikelihoods_refused(run.model, client)
+        if refused is not None:
+            raise InputError(
+                f"lm-eval task '{spec.lm_eval}' reads log-likelihoods, which "
+                f"{run.model.endpoint} did not answer (/completions with echo and logprobs): "
+                f"{refused}"
+            )
     shots = spec.num_fewshot or 0
     if num_fewshot is not None and spec.num_fewshot != 0:  # lm-eval keeps a config's 0
         shots = num_fewshot

@@ -89,7 +89,8 @@ def loglikelihoods_refused(spec: ModelSpec, client: redis.Redis) -> str | None:
     """Why the server ``spec`` names cannot answer log-likelihoods, in one line (None: it
     answered one): one request of two tokens with ``echo`` and ``logprobs``, as the workers
     will send them, under the fleet's rate limit, with the key this process holds for it (the
-    policy's variable), untried again and within :data:`PROBE_TIMEOUT` seconds."""
+    policy's variable), untried again and within :data:`PROBE_TIMEOUT` seconds, the wait for
+    the rate limit included."""
     if spec.endpoint is None:
         raise PermanentError(f"model {spec}: not an endpoint model")
     quick = spec.args.model_copy(
@@ -100,5 +101,5 @@ def loglikelihoods_refused(spec: ModelSpec, client: redis.Redis) -> str | None:
     if refused is not None:
         return refused
     model = EndpointModel(spec.model_copy(update={"args": quick}), rate, _key(rate))
-    (made,) = model.loglikelihoods([PROBE])
+    (made,) = model.loglikelihoods([PROBE], within=PROBE_TIMEOUT)
     return first_line(made) if isinstance(made, Exception) else None

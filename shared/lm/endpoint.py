@@ -236,22 +236,32 @@ class EndpointModel:
         ]
 
     def loglikelihoods(
-        self, requests: Sequence[LoglikelihoodRequest], runs: Sequence[str] | None = None
+        self,
+        requests: Sequence[LoglikelihoodRequest],
+        runs: Sequence[str] | None = None,
+        within: float | None = None,
     ) -> list[Loglikelihood | Failure]:
         """Each request's continuation log-likelihood, or the error its retries ended with,
-        metered, cached and refused as :meth:`generate`'s are."""
+        metered, cached and refused as :meth:`generate`'s are; ``within``: the seconds the
+        whole batch may take, waits for the rate limit included (None: unbounded), after
+        which each request is a :class:`Timeout`."""
         return [
             made if isinstance(made, Loglikelihood | Exception) else BadResponse("not scored")
-            for made in self._all(requests, runs)
+            for made in self._all(requests, runs, within)
         ]
 
     def _all(
-        self, requests: Sequence[Request], runs: Sequence[str] | None
+        self, requests: Sequence[Request], runs: Sequence[str] | None, within: float | None = None
     ) -> list[Answer | Failure]:
         refused = self.rate.refresh(self.spec.args)
         if refused is not None:
             return [Refused(refused) for _ in requests]
-        return asyncio.run(self._ask_all(requests, runs or [""] * len(requests)))
+        asked = self._ask_all(requests, runs or [""] * len(requests))
+        try:
+            return asyncio.run(asyncio.wait_for(asked, within))
+        except TimeoutError:
+            late = Timeout(f"no answer from {self.url} within {within}s (rate limit included)")
+            return [late for _ in requests]
 
     async def _ask_all(
         self, requests: Sequence[Request], runs: Sequence[str]
@@ -525,6 +535,9 @@ class EndpointModel:
             best = [
                 max(_logprob(v) for v in top.values()) for top in tops[request.context_length : n]
             ]
+            total = math.fsum(scored)  # -1e308 twice: OverflowError, caught here
+            if not math.isfinite(total):
+                raise Unreadable("a log-likelihood that is not finite")
         except Exception as exc:  # whatever the answer holds
             error = BadResponse(f"{self.url}: an unreadable answer ({unreadable(exc)})")
             return _Try(error=error, unanswered=True)
@@ -532,7 +545,7 @@ class EndpointModel:
         if over is not None:
             return _Try(error=over, unanswered=True)
         greedy = all(v == b for v, b in zip(scored, best, strict=True))
-        made = Loglikelihood(math.fsum(scored), greedy, prompt_tokens, completion_tokens)
+        made = Loglikelihood(total, greedy, prompt_tokens, completion_tokens)
         return _Try(answer=made)
 
     def _overreported(

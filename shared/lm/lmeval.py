@@ -135,11 +135,22 @@ def _module_file(spec: str, base: Path) -> Path:
     return Path(found.origin).resolve()
 
 
-OVER_TEXTS = frozenset({"bleu", "chrf", "chrfpp", "ter", "brier_score"})
-"""lm-eval's aggregations over what is not numbers per document (texts, a list of
-probabilities): refused at registration. The others aggregate a number per document
-(``mean``, ``perplexity``) or a tuple of numbers (``weighted_perplexity``, ``bits_per_byte``,
-``f1``, ``matthews_corrcoef``), which evalq stores one number a score."""
+OVER_NUMBERS = frozenset(
+    {
+        "mean",
+        "median",
+        "nanmean",
+        "perplexity",
+        "weighted_perplexity",
+        "bits_per_byte",
+        "f1_score",
+        "matthews_corrcoef",
+    }
+)
+"""lm-eval's aggregation functions over a number per document (``mean``, ``perplexity``) or a
+tuple of numbers (``weighted_perplexity``'s ``(loglikelihood, words)``, ``f1``'s ``(gold,
+prediction)``), which evalq stores one number a score. Any other (bleu's, chrf's and ter's over
+texts, ``brier_score``'s over lists, a task's own ``!function``) is refused at registration."""
 
 
 def resolve(task: str, include_path: Path | None) -> HarnessSpec:
@@ -181,15 +192,17 @@ def resolve(task: str, include_path: Path | None) -> HarnessSpec:
         config.pop(key, None)
     spec = _spec_with(task, include, files, config)
     built = configurable(config_of(spec, checked=False))
-    texts = {
-        name: how.__name__
+    others = {
+        name: getattr(how, "__name__", "?")
         for name, how in built.aggregation().items()
-        if getattr(how, "__name__", "") in OVER_TEXTS
+        if getattr(how, "__module__", "") != "lm_eval.api.metrics"
+        or getattr(how, "__name__", "") not in OVER_NUMBERS
     }
-    if texts:
-        named = ", ".join(f"{m} ({how})" for m, how in sorted(texts.items()))
+    if others:
+        named = ", ".join(f"{m} ({how})" for m, how in sorted(others.items()))
         raise InputError(
-            f"'{task}' aggregates {named}: corpus-level metrics over texts are not supported yet"
+            f"'{task}' aggregates {named}: corpus-level metrics over texts, and a task's own "
+            "aggregation functions, are not supported yet"
         )
     return spec.model_copy(
         update={

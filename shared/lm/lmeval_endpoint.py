@@ -3,8 +3,9 @@ it, but through evalq's client (:class:`evalq.shared.lm.endpoint.EndpointModel`)
 rate limit, the run's response cache and token budget, its retries and its error kinds.
 
 What lm-eval's own code does is done by it: a context and continuation are tokenized by
-``TemplateLM``'s ``_encode_pair`` and a text's rolling windows by ``TemplateAPI``'s
-``loglikelihood_rolling`` (borrowed, unbound), with the tokenizer the run names
+``TemplateLM``'s ``_encode_pair`` and a text's rolling windows cut by ``lm_eval.utils``'
+``get_rolling_token_windows`` and ``make_disjoint_window`` (as ``TemplateAPI``'s
+``loglikelihood_rolling`` cuts them), with the tokenizer the run names
 (``--model-arg tokenizer=…``, loaded as lm-eval loads an API model's). What
 ``local-completions`` sends, this sends: the tokens, left-truncated to ``max_length - 1``, with
 ``echo`` and ``logprobs``; a continuation's log-likelihood is the sum of its tokens' reported
@@ -21,11 +22,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from lm_eval import utils
 from lm_eval.api.model import TemplateLM
-from lm_eval.models.api_models import TemplateAPI
 from lm_eval.models.utils import configure_pad_token, handle_stop_sequences
 
-from evalq.shared.errors import EndpointError, TokensExhausted
+from evalq.shared.errors import InputError
 from evalq.shared.lm.endpoint import EndpointModel
 from evalq.shared.lm.request import GenerationRequest, LoglikelihoodRequest
 
@@ -57,8 +58,6 @@ class EndpointLM(TemplateLM):  # type: ignore[misc]  # lm-eval has no type infor
         self.run_id = run_id
         self.max_length = API_MAX_LENGTH - 1
         """As ``TemplateAPI`` keeps its default: the window less the one token generated."""
-        self._raising = False
-        """Whether a failed request is raised (within a rolling text) or returned."""
 
     @property
     def eot_token_id(self) -> int:
@@ -81,34 +80,48 @@ class EndpointLM(TemplateLM):  # type: ignore[misc]  # lm-eval has no type infor
     ) -> list[Any]:
         """Each ``(key, context, continuation)``'s ``(log-likelihood, is_greedy)``, or the
         error its request ended with; truncated as ``batch_loglikelihood_requests`` does."""
-        asked = []
-        for _key, context, continuation in requests:
+        asked: dict[int, LoglikelihoodRequest] = {}
+        found: list[Any] = [(0.0, True)] * len(requests)  # an empty continuation's, as lm-eval's
+        for i, (_key, context, continuation) in enumerate(requests):
+            if not continuation:
+                continue
             whole = context + continuation
             kept = whole[-self.max_length :]
             length = len(context) - max(0, len(whole) - self.max_length)
-            asked.append(LoglikelihoodRequest(tuple(kept), length))
-        answers = self.model.loglikelihoods(asked, [self.run_id] * len(asked))
-        failed = next((a for a in answers if isinstance(a, Exception)), None)
-        if failed is not None and self._raising:
-            raise failed
-        return [a if isinstance(a, Exception) else (a.logprob, a.is_greedy) for a in answers]
+            try:
+                asked[i] = LoglikelihoodRequest(tuple(kept), length)
+            except InputError as exc:  # a continuation longer than the window: its document's
+                found[i] = exc
+        answers = self.model.loglikelihoods(list(asked.values()), [self.run_id] * len(asked))
+        for i, made in zip(asked, answers, strict=True):
+            found[i] = made if isinstance(made, Exception) else (made.logprob, made.is_greedy)
+        return found
 
     def loglikelihood_rolling(
         self, requests: Sequence[Any], disable_tqdm: bool = False
     ) -> list[Any]:
-        """Each text's log-likelihood by lm-eval's own ``TemplateAPI.loglikelihood_rolling``
-        (its disjoint rolling windows, scored by :meth:`_loglikelihood_tokens` and summed),
-        one text at a time: a text a window of which failed is that window's error."""
-        found: list[Any] = []
-        for request in requests:
-            self._raising = True
-            try:
-                found += TemplateAPI.loglikelihood_rolling(self, [request], disable_tqdm=True)
-            except (EndpointError, TokensExhausted) as failed:
-                found.append(failed)
-            finally:
-                self._raising = False
-        return found
+        """Each text's log-likelihood as ``TemplateAPI.loglikelihood_rolling`` computes it: its
+        disjoint rolling windows (lm-eval's functions), scored by
+        :meth:`_loglikelihood_tokens` (every text's windows in one batch) and summed; a text a
+        window of which failed is that window's error."""
+        owners: list[int] = []
+        windows: list[tuple[Any, list[int], list[int]]] = []
+        for t, request in enumerate(requests):
+            (text,) = request.args
+            for window in utils.get_rolling_token_windows(
+                token_list=self.tok_encode(text),
+                prefix_token=self.prefix_token_id,
+                max_seq_len=self.max_length - 1,
+                context_len=1,
+            ):
+                owners.append(t)
+                windows.append((None, *utils.make_disjoint_window(window)))
+        totals: list[Any] = [0.0] * len(requests)
+        for t, scored in zip(owners, self._loglikelihood_tokens(windows), strict=True):
+            if isinstance(totals[t], Exception):
+                continue
+            totals[t] = scored if isinstance(scored, Exception) else totals[t] + scored[0]
+        return totals
 
     def generate_until(self, requests: Sequence[Any], disable_tqdm: bool = False) -> list[Any]:
         """Each ``(context, generation arguments)``'s text, with ``local-completions``'
@@ -117,7 +130,8 @@ class EndpointLM(TemplateLM):  # type: ignore[misc]  # lm-eval has no type infor
         for instance in requests:
             context, kwargs = instance.args
             kwargs = dict(kwargs)
-            stop = handle_stop_sequences(kwargs.get("until"), self.tokenizer.eos_token)
+            eos = self.tokenizer.eos_token if self.tokenizer is not None else None
+            stop = handle_stop_sequences(kwargs.get("until"), eos)
             asked.append(
                 GenerationRequest(
                     context,
