@@ -38,7 +38,7 @@ import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import httpx
 
@@ -230,10 +230,7 @@ class EndpointModel:
         cache (``runs``: each request's run; None: no run, neither); every request refused
         when the endpoint is no longer listed as the run named it (the policy's limits are
         read again for each batch)."""
-        return [
-            made if isinstance(made, Generation | Exception) else BadResponse("not a generation")
-            for made in self._all(requests, runs)
-        ]
+        return cast("list[Generation | Failure]", self._all(requests, runs))
 
     def loglikelihoods(
         self,
@@ -245,14 +242,13 @@ class EndpointModel:
         metered, cached and refused as :meth:`generate`'s are; ``within``: the seconds the
         whole batch may take, waits for the rate limit included (None: unbounded), after
         which each request is a :class:`Timeout`."""
-        return [
-            made if isinstance(made, Loglikelihood | Exception) else BadResponse("not scored")
-            for made in self._all(requests, runs, within)
-        ]
+        return cast("list[Loglikelihood | Failure]", self._all(requests, runs, within))
 
     def _all(
         self, requests: Sequence[Request], runs: Sequence[str] | None, within: float | None = None
     ) -> list[Answer | Failure]:
+        """Each request's answer (of its own kind: a generation for a generation request), or
+        its failure, in order."""
         refused = self.rate.refresh(self.spec.args)
         if refused is not None:
             return [Refused(refused) for _ in requests]
@@ -459,8 +455,6 @@ class EndpointModel:
                 "be (EVALQ_MAX_OUTPUT_BYTES)"
             )
             return _Try(error=big, unanswered=True)
-        if isinstance(request, LoglikelihoodRequest):
-            return self._scored(raw, request)
         return self._read(raw, request, chat)
 
     def _body(self, request: Request) -> dict[str, Any]:
@@ -490,63 +484,27 @@ class EndpointModel:
             body["messages"] = [{"role": r, "content": c} for r, c in request.prompt]
         return body
 
-    def _read(self, raw: bytes, request: GenerationRequest, chat: bool) -> _Try:
-        """The generation an answer holds, or why it is a bad one (any shape, any depth)."""
+    def _read(self, raw: bytes, request: Request, chat: bool) -> _Try:
+        """The answer an answer holds (a generation's text, or an echoed log-likelihood:
+        :func:`_text`, :func:`_scored`) and its usage, or why it is a bad one (any shape, any
+        depth, a usage past what the request can use)."""
         try:
             data = json.loads(raw)
-            choice = data["choices"][0]
-            text = choice["message"]["content"] if chat else choice["text"]
-            usage = data["usage"]
-            prompt_tokens, completion_tokens = usage["prompt_tokens"], usage["completion_tokens"]
-            if not isinstance(text, str):
-                raise TypeError("the text is not a string")
-            text.encode("utf-8")  # a lone surrogate could not be stored
-            for count in (prompt_tokens, completion_tokens):
-                if type(count) is not int or count < 0:
-                    raise Unreadable("a token count that is not a count")
+            if isinstance(request, LoglikelihoodRequest):
+                logprob, greedy = _scored(data["choices"][0]["logprobs"], request)
+            else:
+                text = _text(data["choices"][0], chat)
+            prompt_tokens, completion_tokens = _usage(data["usage"])
         except Exception as exc:  # RecursionError, UnicodeError, …: whatever the answer holds
             error = BadResponse(f"{self.url}: an unreadable answer ({unreadable(exc)})")
             return _Try(error=error, unanswered=True)
         over = self._overreported(request, prompt_tokens, completion_tokens)
         if over is not None:
             return _Try(error=over, unanswered=True)
+        if isinstance(request, LoglikelihoodRequest):
+            return _Try(answer=Loglikelihood(logprob, greedy, prompt_tokens, completion_tokens))
         text = cut_at_stop(text, request.stop)
         return _Try(answer=Generation(text, prompt_tokens, completion_tokens))
-
-    def _scored(self, raw: bytes, request: LoglikelihoodRequest) -> _Try:
-        """The continuation's log-likelihood an echoed answer holds, read as lm-eval's
-        ``local-completions`` reads it (each continuation token's ``token_logprobs`` summed;
-        greedy when each is its position's best ``top_logprobs``), or why it is a bad one."""
-        try:
-            data = json.loads(raw)
-            logprobs = data["choices"][0]["logprobs"]
-            usage = data["usage"]
-            prompt_tokens, completion_tokens = usage["prompt_tokens"], usage["completion_tokens"]
-            for count in (prompt_tokens, completion_tokens):
-                if type(count) is not int or count < 0:
-                    raise Unreadable("a token count that is not a count")
-            n = len(request.tokens)
-            values, tops = logprobs["token_logprobs"], logprobs["top_logprobs"]
-            if not (isinstance(values, list) and isinstance(tops, list)):
-                raise Unreadable("no log-probabilities")
-            if len(values) not in (n, n + 1) or len(tops) != len(values):
-                raise Unreadable("log-probabilities of another number of tokens than sent")
-            scored = [_logprob(v) for v in values[request.context_length : n]]
-            best = [
-                max(_logprob(v) for v in top.values()) for top in tops[request.context_length : n]
-            ]
-            total = math.fsum(scored)  # -1e308 twice: OverflowError, caught here
-            if not math.isfinite(total):
-                raise Unreadable("a log-likelihood that is not finite")
-        except Exception as exc:  # whatever the answer holds
-            error = BadResponse(f"{self.url}: an unreadable answer ({unreadable(exc)})")
-            return _Try(error=error, unanswered=True)
-        over = self._overreported(request, prompt_tokens, completion_tokens)
-        if over is not None:
-            return _Try(error=over, unanswered=True)
-        greedy = all(v == b for v, b in zip(scored, best, strict=True))
-        made = Loglikelihood(total, greedy, prompt_tokens, completion_tokens)
-        return _Try(answer=made)
 
     def _overreported(
         self, request: Request, prompt_tokens: int, completion_tokens: int
@@ -564,6 +522,42 @@ class EndpointModel:
                     "max_new_tokens)"
                 )
         return None
+
+
+def _text(choice: Any, chat: bool) -> str:
+    """A generation's text: the chat message's content, or the completion's."""
+    text = choice["message"]["content"] if chat else choice["text"]
+    if not isinstance(text, str):
+        raise TypeError("the text is not a string")
+    text.encode("utf-8")  # a lone surrogate could not be stored
+    return text
+
+
+def _scored(logprobs: Any, request: LoglikelihoodRequest) -> tuple[float, bool]:
+    """The continuation's log-likelihood an echoed answer's ``logprobs`` hold, read as
+    lm-eval's ``local-completions`` reads it: each continuation token's ``token_logprobs``
+    summed; greedy when each is its position's best ``top_logprobs``."""
+    n = len(request.tokens)
+    values, tops = logprobs["token_logprobs"], logprobs["top_logprobs"]
+    if not (isinstance(values, list) and isinstance(tops, list)):
+        raise Unreadable("no log-probabilities")
+    if len(values) not in (n, n + 1) or len(tops) != len(values):
+        raise Unreadable("log-probabilities of another number of tokens than sent")
+    scored = [_logprob(v) for v in values[request.context_length : n]]
+    best = [max(_logprob(v) for v in top.values()) for top in tops[request.context_length : n]]
+    total = math.fsum(scored)  # -1e308 twice: OverflowError, a bad response like any other
+    if not math.isfinite(total):
+        raise Unreadable("a log-likelihood that is not finite")
+    return total, all(v == b for v, b in zip(scored, best, strict=True))
+
+
+def _usage(usage: Any) -> tuple[int, int]:
+    """An answer's prompt and completion token counts, each a count."""
+    counts = usage["prompt_tokens"], usage["completion_tokens"]
+    for count in counts:
+        if type(count) is not int or count < 0:
+            raise Unreadable("a token count that is not a count")
+    return counts
 
 
 def _logprob(value: Any) -> float:
