@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -228,6 +229,17 @@ def place(stack: Stack, model: Path, tasks: Path) -> Iterator[tuple[Client, Clie
     admin.close()
 
 
+@contextmanager
+def _admin(stack: Stack, model: Path, principal: str) -> Iterator[Client]:
+    """An admin of ``stack`` as ``principal``, its model root SmolLM2's folder's parent."""
+    update = {"model_roots": (model.parent,), "principal": principal}
+    admin = Client(stack.settings.model_copy(update=update), admin=True)
+    try:
+        yield admin
+    finally:
+        admin.close()
+
+
 def _plain(value: Any) -> Any:
     return json.loads(json.dumps(value))
 
@@ -327,11 +339,7 @@ def test_a_worker_sigkilled_mid_run_changes_no_number_and_scores_each_document_o
     the uninterrupted run's are, and each document is inferred and scored once."""
     stack = fresh_stack
     arc = list_splits(stack.client, tasks.parent / "arc", "test", "train")
-    settings = stack.settings.model_copy(
-        update={"model_roots": (model.parent,), "principal": "kill-admin"}
-    )
-    admin = Client(settings, admin=True)
-    try:
+    with _admin(stack, model, "kill-admin") as admin:
         admin.add_lm_eval_task("arc-kill", "arc_local", include_path=str(tasks))
         victim = stack.start_workers(EVALQ_VISIBILITY_TIMEOUT="5")
         fields = {"eval": "arc-kill", "dataset": arc, "split": "test", "model": f"hf/{model}"}
@@ -350,8 +358,6 @@ def test_a_worker_sigkilled_mid_run_changes_no_number_and_scores_each_document_o
         assert view.stats is not None
         stats = {k: v.model_dump(mode="json") for k, v in view.stats.items()}
         results = {r.sample_id: r for r in admin.results(meta.run_id)}
-    finally:
-        admin.close()
     _assert_parity(stats, results, *_lm_eval_reference(tasks, model, "arc_local"), rel=1e-5)
 
 
@@ -392,9 +398,7 @@ def test_multiple_choice_with_process_docs_as_a_function_equals_lm_eval(
     stack: Stack, tasks: Path, model: Path
 ) -> None:
     swag = list_splits(stack.client, tasks.parent / "swag", "validation")
-    settings = stack.settings.model_copy(update={"model_roots": (model.parent,)})
-    admin = Client(settings.model_copy(update={"principal": "swag-admin"}), admin=True)
-    try:
+    with _admin(stack, model, "swag-admin") as admin:
         added = admin.add_lm_eval_task("swag-lm", "swag_local", include_path=str(tasks))
         assert isinstance(added.spec, HarnessSpec)
         assert [f.path for f in added.spec.files][1:] == [
@@ -402,8 +406,6 @@ def test_multiple_choice_with_process_docs_as_a_function_equals_lm_eval(
         ]  # fmt: skip
         assert added.spec.labels == ("label",)
         _, stats, results = _run(stack, admin, "swag-lm", swag, model, split="validation")
-    finally:
-        admin.close()
     reference, logged = _lm_eval_reference(tasks, model, "swag_local")
     _assert_parity(stats, results, reference, logged)
     first = results[0].output["requests"][0]["arguments"]
@@ -422,16 +424,12 @@ def test_perplexity_over_rolling_windows_with_a_process_results_function_equals_
     lm-eval's corpus-level aggregations over them (``weighted_perplexity``,
     ``bits_per_byte``)."""
     wiki = list_splits(stack.client, tasks.parent / "wiki", "test")
-    settings = stack.settings.model_copy(update={"model_roots": (model.parent,)})
-    admin = Client(settings.model_copy(update={"principal": "wiki-admin"}), admin=True)
-    try:
+    with _admin(stack, model, "wiki-admin") as admin:
         added = admin.add_lm_eval_task("wiki-lm", "wiki_local", include_path=str(tasks))
         assert isinstance(added.spec, HarnessSpec)
         assert added.spec.output_type == "loglikelihood_rolling"
         assert added.spec.metrics == ("word_perplexity", "byte_perplexity", "bits_per_byte")
         _, stats, results = _run(stack, admin, "wiki-lm", wiki, model)
-    finally:
-        admin.close()
     reference, logged = _lm_eval_reference(tasks, model, "wiki_local")
     assert sorted(stats) == sorted(added.spec.metrics)
     for metric in added.spec.metrics:

@@ -115,28 +115,26 @@ class HarnessTask(Evaluation, Runner):
         if self.services is None:
             raise PermanentError("an lm-eval task's requests are read by a worker only")
         store = RequestStore(self.services.client)
-        by_run: dict[str, list[int]] = defaultdict(list)
-        for run_id, sample_id in samples:
-            by_run[run_id].append(sample_id)
-        found: dict[tuple[str, int], list[HarnessRequest]] = {}
-        for run_id, ids in by_run.items():
-            found |= dict(zip(((run_id, i) for i in ids), store.get(run_id, ids), strict=True))
-        documents = [found[sample] for sample in samples]
-        every = list(range(len(samples)))
-        groups = (  # a local model answers the batch in one call; an endpoint, each run's
-            [every]
-            if model.lm is not None
-            else [[i for i in every if samples[i][0] == run_id] for run_id in by_run]
-        )
-        answers: dict[int, Any] = {}
-        for mine in groups:
-            lm = model.lm_for(samples[mine[0]][0])
-            answers |= dict(zip(mine, answer(lm, [documents[i] for i in mine]), strict=True))
+        by_run: dict[str, list[int]] = defaultdict(list)  # each run's samples' places
+        for place, (run_id, _) in enumerate(samples):
+            by_run[run_id].append(place)
+        documents: list[list[HarnessRequest]] = [[] for _ in samples]
+        for run_id, places in by_run.items():
+            stored = store.get(run_id, [samples[p][1] for p in places])
+            for place, requests in zip(places, stored, strict=True):
+                documents[place] = requests
+        # a local model answers the batch in one call; an endpoint, each run's (its meter's)
+        groups = [list(range(len(samples)))] if model.lm is not None else list(by_run.values())
+        answers: list[Any] = [None] * len(samples)
+        for places in groups:
+            lm = model.lm_for(samples[places[0]][0])
+            for place, got in zip(places, answer(lm, [documents[p] for p in places]), strict=True):
+                answers[place] = got
         return [
             got
-            if isinstance(got := answers[i], Exception)
-            else {"requests": [r.model_dump(mode="json") for r in documents[i]], "resps": got}
-            for i in every
+            if isinstance(got, Exception)
+            else {"requests": [r.model_dump(mode="json") for r in documents[p]], "resps": got}
+            for p, got in enumerate(answers)
         ]
 
     def grade(
