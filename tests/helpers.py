@@ -325,14 +325,6 @@ def gateway(redis_url: str, log: Path, **settings: str) -> Iterator[tuple[str, S
         process.wait(30)
 
 
-@contextmanager
-def serving(redis_url: str, log: Path) -> Iterator[str]:
-    """``evalq serve`` on a free port with the test plugins, until the block ends; yields its
-    base URL once it answers."""
-    with gateway(redis_url, log) as (api, _):
-        yield api
-
-
 class Server:
     """The test server (:mod:`tests.openai_server`) in its own process; ``control`` and
     ``stats`` talk to it."""

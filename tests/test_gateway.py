@@ -35,8 +35,8 @@ from tests.helpers import (
     REPO,
     audit_entries,
     cli_in_process,
+    gateway,
     labelled_rows,
-    serving,
     wait_for,
     write_rows,
 )
@@ -137,7 +137,12 @@ def door(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Door]:
     (root / "workers").mkdir()
     workers.start(create_app(settings))
     try:
-        with serving(_url(server, "gateway"), root / "gateway.log") as api:
+        # no per-principal rate: the module's tests send alice's requests in bursts on purpose
+        # (every route three times, a fuzzer), and a 429 answers before any route runs, which
+        # let them pass without reaching the routes and failed the next test's first request;
+        # the rate itself is tests/test_gateway_limits.py's
+        unlimited = {"EVALQ_GATEWAY_RATE": "0", "EVALQ_GATEWAY_ADMIN_RATE": "0"}
+        with gateway(_url(server, "gateway"), root / "gateway.log", **unlimited) as (api, _):
             yield Door(server, root, api, tokens["root"], tokens["alice"], tokens["bob"], operator)
     finally:
         workers.stop()
