@@ -182,6 +182,8 @@ def test_what_a_caller_may_not_name_is_refused_in_one_line(
         user.submit(
             SubmitRequest(eval="sum-chat", dataset=dataset, split="validation", model="openai/x")
         )
+    with pytest.raises(InputError, match="model arg tokenizer is for lm-eval tasks"):
+        _submit(user, dataset, server.base, tokenizer="/models/tok")  # was: accepted, ignored
     with pytest.raises(InputError, match="a YAML task reads log-likelihoods from local models"):
         user.submit(
             SubmitRequest(

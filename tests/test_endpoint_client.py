@@ -441,6 +441,16 @@ def test_an_echoed_answer_is_read_as_lm_eval_reads_it_and_cached(
     assert model.loglikelihoods([greedy]) == [Loglikelihood(-0.5, True, 2, 1)]
 
 
+def test_an_echoed_answer_is_charged_at_least_the_tokens_sent(
+    serve: Callable[[Handler], str], fleet: Callable[[str, EndpointLimits], RateLimit]
+) -> None:
+    """The attack review: a server reporting ``prompt_tokens: 0`` had the run charged nothing
+    and the fleet's limiter refunded the estimate; the tokens sent are known exactly."""
+    url = serve(lambda h: _reply(h, 200, _echoed({"prompt_tokens": 0, "completion_tokens": 1})))
+    (out,) = _model(fleet(url, EndpointLimits()), url, None).loglikelihoods([SCORED])
+    assert out == Loglikelihood(-1.5, False, 3, 1)
+
+
 @pytest.mark.parametrize("body", MALFORMED_SCORES.values(), ids=MALFORMED_SCORES.keys())
 def test_a_malformed_echoed_answer_is_a_bad_response_of_its_request(
     serve: Callable[[Handler], str],

@@ -108,6 +108,11 @@ def resolve(
             f"local models only, not {spec.provider}/ ones (an lm-eval multiple-choice task "
             "runs on an endpoint model that answers them)"
         )
+    if spec.args.tokenizer is not None:
+        raise InputError(
+            f"model arg tokenizer is for lm-eval tasks (their log-likelihood requests), not "
+            f"task '{name}'"
+        )
     if spec.endpoint is not None:
         _admit(client, spec)
     else:

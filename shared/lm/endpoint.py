@@ -501,8 +501,9 @@ class EndpointModel:
         over = self._overreported(request, prompt_tokens, completion_tokens)
         if over is not None:
             return _Try(error=over, unanswered=True)
-        if isinstance(request, LoglikelihoodRequest):
-            return _Try(answer=Loglikelihood(logprob, greedy, prompt_tokens, completion_tokens))
+        if isinstance(request, LoglikelihoodRequest):  # its tokens were sent: never fewer
+            read = max(prompt_tokens, len(request.tokens))
+            return _Try(answer=Loglikelihood(logprob, greedy, read, completion_tokens))
         text = cut_at_stop(text, request.stop)
         return _Try(answer=Generation(text, prompt_tokens, completion_tokens))
 
